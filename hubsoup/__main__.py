@@ -1,0 +1,5 @@
+import sys
+
+from hubsoup.cli import main
+
+sys.exit(main())

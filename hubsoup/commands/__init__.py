@@ -1,0 +1,1 @@
+"""CLI commands beyond the core ones: each module defines ``register(subparsers)``."""

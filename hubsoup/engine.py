@@ -1,0 +1,83 @@
+"""Runs a plan: statistics passes, then block by block, tensor by tensor, the merge.
+
+The engine knows no method by name. For each tensor it loads the base and every
+input's task vector onto the block's device (stacked, float32), asks the method for
+the merged task vector, adds it to the base, casts to the output dtype and hands it
+to the writer. Only one tensor's worth of data per input is alive at a time, so peak
+memory is about (inputs + 2) × the largest tensor, whatever the number of layers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from tqdm.auto import tqdm
+
+from hubsoup.errors import NonFiniteTensorError
+from hubsoup.methods.base import Method, TensorContext
+from hubsoup.plan import Block, Plan, TensorEntry
+from hubsoup.sources.checkpoint import Checkpoint
+
+log = logging.getLogger(__name__)
+
+
+class DeltaSource(Protocol):
+    label: str
+
+    def delta_into(self, out: torch.Tensor, name: str, base: torch.Tensor) -> None: ...
+
+
+@dataclass
+class Job:
+    plan: Plan
+    base: Checkpoint
+    inputs: list[DeltaSource]
+    method: Method
+    params: Any
+    recipe_hash: str
+
+
+def _load(job: Job, block: Block, entry: TensorEntry) -> tuple[torch.Tensor, torch.Tensor]:
+    base = job.base.tensor(entry.name).to(block.device, torch.float32)
+    if not bool(torch.isfinite(base).all()):
+        raise NonFiniteTensorError(f"base '{job.base.label}': tensor '{entry.name}' has NaN/inf values")
+    deltas = torch.empty((len(job.inputs), *base.shape), dtype=torch.float32, device=block.device)
+    for src, row in zip(job.inputs, deltas):
+        src.delta_into(row, entry.name, base)
+    return base, deltas
+
+
+def _context(job: Job, block: Block, entry: TensorEntry, stats: dict) -> TensorContext:
+    return TensorContext(entry.name, block.info, len(job.inputs), stats, job.recipe_hash)
+
+
+def run(job: Job, writer, out_dtype: torch.dtype | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Execute ``job`` into ``writer``; returns the statistics the method gathered."""
+    stats: dict[str, Any] = {}
+    passes = job.method.passes(job.params, len(job.inputs))
+    mergeable = [(b, e) for b, e in job.plan.entries() if e.mergeable]
+    for i, p in enumerate(passes):
+        for block, entry in tqdm(mergeable, desc=f"statistics pass {i + 1}/{len(passes)}", unit="tensor",
+                                 disable=quiet, leave=False):
+            base, deltas = _load(job, block, entry)
+            p.update(_context(job, block, entry, stats), base, deltas)
+            del base, deltas
+        p.finish(stats)
+
+    for block in tqdm(job.plan.blocks, desc=f"merging ({job.method.name})", unit="block", disable=quiet):
+        for entry in block.tensors:
+            if not entry.mergeable:
+                out = job.base.tensor(entry.name)  # integer buffers, masks: the base's, untouched
+            else:
+                base, deltas = _load(job, block, entry)
+                merged = job.method.merge(base, deltas, job.params, _context(job, block, entry, stats))
+                del deltas
+                out = merged.add_(base).to(out_dtype or entry.dtype)
+                del base, merged
+            for name in (entry.name, *entry.aliases):
+                writer.write(name, out)
+            del out
+    return stats

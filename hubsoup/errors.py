@@ -1,0 +1,60 @@
+"""Every exception hubsoup raises on purpose.
+
+All derive from :class:`HubsoupError`, whose message is one line that names the
+input, file or tensor at fault and says what to do. The CLI prints that line and
+exits non-zero; ``--verbose`` adds the traceback.
+
+Example:
+    >>> import hubsoup
+    >>> try:
+    ...     hubsoup.merge(["./does-not-exist"], method="linear", base="./base", out="./x")
+    ... except hubsoup.HubsoupError as e:
+    ...     print(e)  # doctest: +SKIP
+    input './does-not-exist': no such local folder and not a valid Hub repo ID
+"""
+
+from __future__ import annotations
+
+
+class HubsoupError(Exception):
+    """Base class of hubsoup's own errors."""
+
+
+class InputError(HubsoupError):
+    """An input (local folder or Hub repo) cannot be found, opened or read."""
+
+
+class CorruptCheckpointError(InputError):
+    """A weight file is truncated, corrupt or not a safetensors file."""
+
+
+class PickleRefusedError(InputError):
+    """Only pickle (``.bin``/``.pt``) weights exist and ``allow_pickle`` was not given."""
+
+
+class BaseModelError(HubsoupError):
+    """The base (pre-trained) model cannot be determined or disagrees with the inputs."""
+
+
+class IncompatibleInputError(HubsoupError):
+    """An input does not match the base: architecture, hidden size, tensors or shapes."""
+
+
+class NonFiniteTensorError(HubsoupError):
+    """An input tensor holds NaN or infinity."""
+
+
+class MethodError(HubsoupError):
+    """Unknown method, or a method used with the wrong number of inputs."""
+
+
+class ParameterError(MethodError):
+    """Unknown parameter, unparsable value, or value out of range."""
+
+
+class OutputExistsError(HubsoupError):
+    """The output folder exists and ``overwrite`` was not given."""
+
+
+class PushError(HubsoupError):
+    """Uploading to the Hub failed; the local output is intact."""

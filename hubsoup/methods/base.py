@@ -1,0 +1,137 @@
+"""The method interface the engine calls, and the registry it finds methods in.
+
+A method is tensor math only: it never opens a file. The engine streams the model
+and, for every mergeable tensor, calls :meth:`Method.merge` with the base tensor and
+the inputs' task vectors stacked into one float32 tensor of shape ``(N, *shape)`` on
+the block's device; the method returns the merged task vector. The method owns the
+stack and may overwrite it in place: that is what keeps peak memory near
+(N + 2) tensors. Methods that need whole-model statistics first (global
+thresholds, norms) return :class:`StatsPass` objects from :meth:`Method.passes`;
+the engine streams the model once per pass before merging, so no method ever holds
+a whole model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from hubsoup.errors import MethodError
+from hubsoup.plan import BlockInfo
+
+
+@dataclass
+class TensorContext:
+    """What a method may know about the tensor it is merging."""
+
+    name: str
+    block: BlockInfo | None
+    """The transformer block holding the tensor (None: embeddings, final norm, head)."""
+    n_inputs: int
+    stats: dict[str, Any] = field(default_factory=dict)
+    """Results of the method's statistics passes."""
+    recipe_hash: str = ""
+
+    def generator(self, salt: str = "", device: str | torch.device = "cpu") -> torch.Generator:
+        """A random generator seeded from the recipe and the tensor name: reruns repeat exactly."""
+        digest = hashlib.sha256(f"{self.recipe_hash}|{self.name}|{salt}".encode()).digest()
+        g = torch.Generator(device=device)
+        g.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+        return g
+
+
+class StatsPass:
+    """One streaming pass over every mergeable tensor before the merge.
+
+    ``update`` sees each tensor once (its base and task vectors); ``finish`` stores
+    what it learned in ``stats``, which later passes and the merge read.
+    """
+
+    def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
+        """See one tensor: ``deltas`` is the (N, *shape) stack; read it, never modify it."""
+        raise NotImplementedError
+
+    def finish(self, stats: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class Method:
+    """Base class of merge methods. Subclasses set the class attributes and ``merge``."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    paper: ClassVar[str] = ""
+    """Title of the paper it comes from."""
+    paper_url: ClassVar[str] = ""
+    Params: ClassVar[type]
+    min_inputs: ClassVar[int] = 1
+    max_inputs: ClassVar[int | None] = None
+
+    def parse(self, given: dict[str, Any]) -> Any:
+        """Build this method's parameters from user values (CLI strings or Python objects).
+
+        Modifiers that wrap another method override this to split off the inner
+        method's parameters.
+        """
+        from hubsoup.params import parse_params
+
+        return parse_params(self.Params, given, method=self.name)
+
+    def describe_params(self, params: Any) -> dict[str, Any]:
+        """Parameters as plain values, for the recipe and the card."""
+        from hubsoup.params import to_dict
+
+        return to_dict(params)
+
+    def check_inputs(self, params: Any, n_inputs: int) -> None:
+        if n_inputs < self.min_inputs or (self.max_inputs is not None and n_inputs > self.max_inputs):
+            want = (f"exactly {self.min_inputs}" if self.min_inputs == self.max_inputs
+                    else f"at least {self.min_inputs}" if self.max_inputs is None
+                    else f"{self.min_inputs} to {self.max_inputs}")
+            raise MethodError(f"method '{self.name}' takes {want} input model(s), got {n_inputs}")
+        weights = getattr(params, "weights", None)
+        if weights is not None and len(weights) != n_inputs:
+            raise MethodError(
+                f"method '{self.name}': {len(weights)} weights given for {n_inputs} inputs"
+            )
+
+    def passes(self, params: Any, n_inputs: int) -> list[StatsPass]:
+        """Statistics passes to run before merging (none by default)."""
+        return []
+
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: Any,
+              ctx: TensorContext) -> torch.Tensor:
+        """Merged task vector of one tensor (float32, shape of ``base``)."""
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Class decorator adding a method to the registry under ``cls.name``."""
+    assert dataclasses.is_dataclass(cls.Params), f"{cls.__name__}.Params must be a dataclass"
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_method(name: str) -> Method:
+    """The registered method called ``name``."""
+    try:
+        return _REGISTRY[name]()
+    except KeyError:
+        import difflib
+
+        close = difflib.get_close_matches(name, _REGISTRY, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise MethodError(
+            f"unknown method '{name}'{hint}; `hubsoup methods` lists them: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+
+
+def available() -> dict[str, type[Method]]:
+    return dict(sorted(_REGISTRY.items()))

@@ -1,0 +1,34 @@
+"""Task arithmetic: θ = θ_0 + λ Σ_i w_i τ_i."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hubsoup.methods.base import Method, register
+from hubsoup.methods.linear import weighted_average
+from hubsoup.params import param
+
+
+def task_arithmetic(deltas: list[torch.Tensor], weights: list[float], scale: float) -> torch.Tensor:
+    return weighted_average(deltas, weights, normalize=False).mul_(scale)
+
+
+@dataclass
+class TaskArithmeticParams:
+    scale: float = param(0.3, "λ, the scale of the summed task vectors (papers search 0.1..1.0; 0.3 is "
+                              "LwPTV's fixed vision setting)", range=(None, None), source="ours")
+    weights: tuple[float, ...] | None = param(None, "per-input weights inside the sum (default 1 each)")
+
+
+@register
+class TaskArithmetic(Method):
+    name = "task_arithmetic"
+    summary = "Add the scaled sum of task vectors to the base."
+    paper = "Editing Models with Task Arithmetic (Ilharco et al., 2023)"
+    paper_url = "https://arxiv.org/abs/2212.04089"
+    Params = TaskArithmeticParams
+
+    def merge(self, base, deltas, params, ctx):
+        return task_arithmetic(deltas, params.weights or [1.0] * len(deltas), params.scale)

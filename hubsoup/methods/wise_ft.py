@@ -1,0 +1,26 @@
+"""WiSE-FT: interpolate between the pre-trained and one fine-tuned model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hubsoup.methods.base import Method, register
+from hubsoup.params import param
+
+
+@dataclass
+class WiseFtParams:
+    gamma: float = param(0.5, "interpolation weight of the fine-tune: θ = (1-γ)θ_0 + γθ_ft", range=(0.0, 1.0))
+
+
+@register
+class WiseFt(Method):
+    name = "wise_ft"
+    summary = "Weight-space ensemble of the pre-trained model and one fine-tune."
+    paper = "Robust fine-tuning of zero-shot models (Wortsman et al., 2022)"
+    paper_url = "https://arxiv.org/abs/2109.01903"
+    Params = WiseFtParams
+    min_inputs = max_inputs = 1
+
+    def merge(self, base, deltas, params, ctx):
+        return deltas[0] * params.gamma

@@ -1,0 +1,218 @@
+"""The merge plan: a model's tensors grouped into transformer blocks in forward order.
+
+Each block knows its stack (``model.layers``, ``decoder.block``, ...), its depth in
+that stack and the stack's number of layers (from the config), and the device it
+is computed on. Tied weights appear once (their aliases are written with the same
+result); non-float tensors are marked to be copied from the base.
+
+Example:
+    >>> from hubsoup.plan import block_of
+    >>> block_of("decoder.block.3.layer.0.SelfAttention.q.weight")
+    ('decoder.block', 3)
+    >>> block_of("lm_head.weight") is None
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from hubsoup.errors import IncompatibleInputError
+
+log = logging.getLogger(__name__)
+
+# The leftmost `<container>.<int>.` names the block: `decoder.block.3.layer.0.x` is block 3
+# of `decoder.block` (a substring test for ".0." would wrongly say 0).
+_BLOCK_RE = re.compile(r"^(?P<stack>(?:.*?\.)?(?:layers|layer|h|block|blocks|resblocks))\.(?P<idx>\d+)\.")
+_EMBEDDING_HINTS = ("embed", "wte", "wpe", "shared", "patch", "class_embedding", "position", "pre_layrnorm",
+                    "pre_layernorm", "token_type", "ln_pre")
+
+
+def block_of(name: str) -> tuple[str, int] | None:
+    """``(stack, index)`` of the transformer block holding tensor ``name``, or None."""
+    m = _BLOCK_RE.match(name)
+    return (m.group("stack"), int(m.group("idx"))) if m else None
+
+
+def num_layers_for(stack: str, config: dict) -> int | None:
+    """Number of blocks of ``stack`` according to the model config."""
+    def first(cfg: dict, *keys: str) -> int | None:
+        for k in keys:
+            if isinstance(cfg.get(k), int):
+                return cfg[k]
+        return None
+
+    sub = config
+    for tower in ("vision", "text"):
+        if f"{tower}_model" in stack and isinstance(config.get(f"{tower}_config"), dict):
+            sub = config[f"{tower}_config"]
+    if "decoder" in stack:
+        return first(sub, "num_decoder_layers", "decoder_layers", "num_layers", "num_hidden_layers", "n_layer")
+    return first(sub, "num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "n_layers")
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """Where a tensor sits in the network: block ``index`` of ``stack`` (of ``num_layers``)."""
+
+    stack: str
+    index: int
+    num_layers: int
+
+    @property
+    def depth(self) -> float:
+        """Relative depth in [0, 1]: 0 for the first block, 1 for the last."""
+        return self.index / (self.num_layers - 1) if self.num_layers > 1 else 0.0
+
+
+@dataclass
+class TensorEntry:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    aliases: tuple[str, ...] = ()
+    """Tied copies present in the checkpoint: written with the same result."""
+
+    @property
+    def mergeable(self) -> bool:
+        return self.dtype.is_floating_point
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass
+class Block:
+    name: str
+    info: BlockInfo | None
+    tensors: list[TensorEntry] = field(default_factory=list)
+    device: str = "cpu"
+
+
+@dataclass
+class Plan:
+    blocks: list[Block]
+
+    def entries(self):
+        """(block, entry) pairs in forward order."""
+        for block in self.blocks:
+            for entry in block.tensors:
+                yield block, entry
+
+    def output_entries(self) -> list[tuple[str, TensorEntry]]:
+        """Every name written to the output (aliases included) with its entry."""
+        out = []
+        for _, e in self.entries():
+            out.append((e.name, e))
+            out.extend((a, e) for a in e.aliases)
+        return out
+
+    @property
+    def largest_tensor_bytes(self) -> int:
+        return max((e.numel * 4 for _, e in self.entries()), default=0)
+
+    def summary(self) -> str:
+        lines = []
+        for b in self.blocks:
+            size = sum(e.numel for e in b.tensors)
+            where = f"block {b.info.index}/{b.info.num_layers} of {b.info.stack}" if b.info else "outside blocks"
+            lines.append(f"{b.name:<40} {len(b.tensors):>4} tensors {size:>12,} params  {where}  [{b.device}]")
+        return "\n".join(lines)
+
+
+def tied_groups(folder: str, keys: list[str]) -> list[list[str]]:
+    """Groups of checkpoint keys that the architecture ties together.
+
+    Asked of transformers itself: the model is built on the meta device (no memory,
+    no weights) and accelerate lists which parameters share storage. Never runs
+    remote code; unknown architectures simply report no ties.
+    """
+    try:
+        import transformers
+        from accelerate.utils import find_tied_parameters
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        archs = getattr(cfg, "architectures", None) or []
+        cls = getattr(transformers, archs[0], None) if archs else None
+        with torch.device("meta"):
+            model = cls(cfg) if cls is not None else transformers.AutoModel.from_config(cfg)
+        groups = find_tied_parameters(model)
+    except Exception as e:  # noqa: BLE001 - tie detection is best effort
+        log.debug("tie detection skipped: %s", e)
+        return []
+    present = set(keys)
+    out = []
+    for group in groups:
+        names = [n for n in group if n in present]
+        if len(names) > 1:
+            out.append(sorted(names, key=keys.index))
+    return out
+
+
+def build_plan(keys: list[str], infos: dict, config: dict, *, ties: list[list[str]] = (),
+               device: str = "cpu") -> Plan:
+    """Group the base's tensors into blocks in forward order.
+
+    ``infos`` maps each key to an object with ``shape`` and ``dtype``.
+    """
+    alias_of: dict[str, str] = {}
+    for group in ties:
+        for other in group[1:]:
+            alias_of[other] = group[0]
+    aliases: dict[str, list[str]] = {}
+    for other, head in alias_of.items():
+        aliases.setdefault(head, []).append(other)
+
+    stacks: dict[str, dict[int, Block]] = {}
+    head: list[TensorEntry] = []
+    tail: list[TensorEntry] = []
+    counts: dict[str, int] = {}
+    for name in keys:
+        if name in alias_of:
+            continue
+        info = infos[name]
+        entry = TensorEntry(name, tuple(info.shape), info.dtype, tuple(aliases.get(name, ())))
+        hit = block_of(name)
+        if hit is None:
+            (head if any(h in name.lower() for h in _EMBEDDING_HINTS) else tail).append(entry)
+            continue
+        stack, idx = hit
+        if stack not in counts:
+            n = num_layers_for(stack, config)
+            counts[stack] = n if n is not None else -1
+        stacks.setdefault(stack, {}).setdefault(idx, Block(f"{stack}.{idx}", None, [], device)).tensors.append(entry)
+
+    for stack, by_idx in stacks.items():
+        present = max(by_idx) + 1
+        n = counts[stack]
+        if n == -1:
+            log.warning("config gives no layer count for %s; using %d from the checkpoint", stack, present)
+            n = present
+        elif present > n:
+            raise IncompatibleInputError(
+                f"base checkpoint has block {present - 1} in '{stack}' but its config says {n} layers"
+            )
+        for idx, block in by_idx.items():
+            block.info = BlockInfo(stack, idx, n)
+
+    def stack_rank(stack: str) -> tuple[int, int]:
+        order = 2 if "decoder" in stack else (0 if "encoder" in stack or "vision" in stack else 1)
+        return (order, list(stacks).index(stack))
+
+    blocks: list[Block] = []
+    if head:
+        blocks.append(Block("embeddings", None, head, device))
+    for stack in sorted(stacks, key=stack_rank):
+        blocks.extend(stacks[stack][i] for i in sorted(stacks[stack]))
+    if tail:
+        blocks.append(Block("head", None, tail, device))
+    return Plan(blocks)

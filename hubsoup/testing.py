@@ -1,0 +1,92 @@
+"""Tiny models built on the fly, for tests, the demo and benchmarks.
+
+Example:
+    >>> from hubsoup.testing import make_base, make_finetune
+    >>> base = make_base("llama", "/tmp/base")                     # doctest: +SKIP
+    >>> ft = make_finetune(base, "/tmp/ft-a", seed=1)              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+ARCHS = ("llama", "mistral", "qwen2", "gpt2", "bert", "t5", "clip_vision")
+
+
+def tiny_model(arch: str, *, layers: int = 2, hidden: int = 32, vocab: int = 128, seed: int = 0):
+    """A randomly initialised transformers model of architecture ``arch`` (2-4 layers)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    heads = 4
+    if arch in ("llama", "mistral", "qwen2"):
+        cfg_cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config}[arch]
+        cfg = cfg_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=64,
+                      tie_word_embeddings=False)
+        model_cls = {"llama": tf.LlamaForCausalLM, "mistral": tf.MistralForCausalLM, "qwen2": tf.Qwen2ForCausalLM}[arch]
+    elif arch == "gpt2":
+        cfg = tf.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=64)
+        model_cls = tf.GPT2LMHeadModel
+    elif arch == "bert":
+        cfg = tf.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                            intermediate_size=hidden * 2, max_position_embeddings=64)
+        model_cls = tf.BertModel
+    elif arch == "t5":
+        cfg = tf.T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=hidden * 2, num_layers=layers,
+                          num_decoder_layers=layers, num_heads=heads, decoder_start_token_id=0)
+        model_cls = tf.T5ForConditionalGeneration
+    elif arch == "clip_vision":
+        cfg = tf.CLIPVisionConfig(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                                  num_attention_heads=heads, image_size=16, patch_size=8)
+        model_cls = tf.CLIPVisionModel
+    else:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose from {ARCHS}")
+    model = model_cls(cfg)
+    model.eval()
+    return model
+
+
+def make_base(arch: str, folder: str, *, seed: int = 0, dtype: torch.dtype | None = None, **kw) -> str:
+    """Save a tiny pre-trained stand-in of ``arch`` to ``folder``; returns the folder."""
+    model = tiny_model(arch, seed=seed, **kw)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(folder)
+    return folder
+
+
+def make_finetune(base: str, folder: str, *, seed: int, scale: float = 0.02, base_model: str | None = None,
+                  only: str | None = None) -> str:
+    """A 'fine-tune' of ``base``: every float tensor plus seeded Gaussian noise.
+
+    ``base_model`` is written into the model card's metadata (as a Hub fine-tune's
+    card would say). ``only``: perturb just tensors whose name contains it.
+    """
+    from safetensors.torch import load_file, save_file
+
+    os.makedirs(folder, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    for fname in os.listdir(base):
+        src = os.path.join(base, fname)
+        if fname.endswith(".safetensors"):
+            sd = load_file(src)
+            for k, v in sd.items():
+                if v.dtype.is_floating_point and (only is None or only in k):
+                    noise = torch.randn(v.shape, generator=g) * scale
+                    sd[k] = (v.float() + noise).to(v.dtype)
+            save_file(sd, os.path.join(folder, fname), metadata={"format": "pt"})
+        elif os.path.isfile(src) and fname != "README.md":
+            with open(src, "rb") as f_in, open(os.path.join(folder, fname), "wb") as f_out:
+                f_out.write(f_in.read())
+    if base_model:
+        write_card_metadata(folder, base_model=base_model)
+    return folder
+
+
+def write_card_metadata(folder: str, **metadata) -> None:
+    from huggingface_hub import ModelCard, ModelCardData
+
+    ModelCard.from_template(ModelCardData(**metadata)).save(os.path.join(folder, "README.md"))

@@ -1,0 +1,34 @@
+"""Test configuration.
+
+Environment variables must be set before anything imports huggingface_hub:
+``HF_ENDPOINT`` points at the local Hub server that the suite starts (see
+``hub_server.py``), ``HF_HUB_OFFLINE=1`` keeps every other test from ever
+reaching for the network, and ``HF_HOME`` is a throwaway folder.
+"""
+
+import os
+import socket
+import sys
+import tempfile
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+HUB_PORT = _free_port()
+_HF_HOME = tempfile.mkdtemp(prefix="hubsoup-test-hf-home-")
+os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{HUB_PORT}"
+os.environ["HF_HOME"] = _HF_HOME
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_XET"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+os.environ.pop("HF_TOKEN", None)
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+pytest_plugins = ["tiny_models"]
