@@ -47,11 +47,16 @@ def disjoint_merge_(stacked: torch.Tensor, sign: torch.Tensor, mode: str = "mean
 
 
 def ties_combine_(stacked: torch.Tensor, weights: Sequence[float] | None, mode: str = "mean") -> torch.Tensor:
-    """Weight the (already trimmed) rows, elect signs, and merge disjointly. Overwrites ``stacked``."""
+    """Elect signs on the (already trimmed) rows, then weight them and merge disjointly.
+
+    Signs are elected on the unweighted rows, as peft's ``merge_utils.ties`` does
+    (the TIES paper has no per-model weights). Overwrites ``stacked``.
+    """
+    sign = elect_sign(stacked)
     if weights is not None:
         for row, w in zip(stacked, weights):
             row.mul_(w)
-    return disjoint_merge_(stacked, elect_sign(stacked), mode)
+    return disjoint_merge_(stacked, sign, mode)
 
 
 @dataclass
@@ -61,7 +66,7 @@ class TiesParams:
         "model", "rank magnitudes over the whole model per task (as in the TIES paper) or per tensor (peft, mergekit)")
     merge: Literal["mean", "sum"] = param("mean", "disjoint mean (paper) or disjoint sum (dis-sum variant)")
     scale: float = param(1.0, "λ applied to the merged task vector", range=(None, None))
-    weights: tuple[float, ...] | None = param(None, "per-input weights applied after trimming (as peft)")
+    weights: tuple[float, ...] | None = param(None, "per-input weights applied after trimming and sign election (as peft)")
 
 
 @register

@@ -1,0 +1,159 @@
+"""Baseline methods on plain tensors: exact properties and cross-checks against peft."""
+
+import pytest
+import torch
+from peft.utils import merge_utils
+
+from hubsoup.methods import TensorContext, get_method
+from hubsoup.methods.select import KthLargestPass
+from hubsoup.methods.ties import disjoint_merge_, elect_sign, kth_largest_abs, trim_
+
+
+def ctx(name="w", n=3, stats=None):
+    return TensorContext(name=name, block=None, n_inputs=n, stats=stats or {}, recipe_hash="abc")
+
+
+def run(method, deltas, base=None, stats=None, **params):
+    m = get_method(method)
+    p = m.parse(params)
+    m.check_inputs(p, len(deltas))
+    base = torch.zeros_like(deltas[0]) if base is None else base
+    return m.merge(base, torch.stack(deltas).clone(), p, ctx(n=len(deltas), stats=stats))
+
+
+@pytest.fixture
+def taus():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(16, 12, generator=g) for _ in range(3)]
+
+
+def test_task_arithmetic_is_scaled_sum(taus):
+    out = run("task_arithmetic", taus, scale=0.7, weights="1,2,0.5")
+    torch.testing.assert_close(out, 0.7 * (taus[0] + 2 * taus[1] + 0.5 * taus[2]))
+
+
+def test_linear_is_weighted_mean(taus):
+    out = run("linear", taus, weights="1,1,2")
+    torch.testing.assert_close(out, (taus[0] + taus[1] + 2 * taus[2]) / 4)
+
+
+def test_ties_density_one_agreeing_signs_is_mean():
+    g = torch.Generator().manual_seed(1)
+    mag = [torch.rand(8, 8, generator=g) + 0.1 for _ in range(3)]
+    sign = torch.where(torch.rand(8, 8, generator=g) > 0.5, 1.0, -1.0)
+    taus = [m * sign for m in mag]
+    for scope in ("tensor", "model"):
+        out = run("ties", taus, density=1.0, scope=scope)
+        torch.testing.assert_close(out, sum(taus) / 3)
+        assert torch.equal(run("ties", taus, density=1.0, merge="sum", scope=scope), sum(taus))
+
+
+def test_ties_single_input_full_density_returns_it(taus):
+    torch.testing.assert_close(run("ties", taus[:1], density=1.0, scope="tensor"), taus[0])
+
+
+@pytest.mark.parametrize("density", [0.1, 0.2, 0.5, 0.9])
+def test_ties_matches_peft(taus, density):
+    ours = run("ties", taus, density=density, scope="tensor", weights="1,0.5,2")
+    weights = torch.tensor([1.0, 0.5, 2.0])
+    ref = merge_utils.ties(torch.stack(taus), weights, density, majority_sign_method="total")
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
+
+
+def test_ties_trim_keeps_exactly_k(taus):
+    t = taus[0].clone().unsqueeze(0)
+    k = int(0.2 * t[0].numel())
+    trim_(t, [kth_largest_abs(t[0], k)])
+    assert int((t != 0).sum()) == k
+    kept_min = t[t != 0].abs().min()
+    dropped = taus[0][t[0] == 0].abs()
+    assert float(dropped.max()) < float(kept_min)
+
+
+def test_elect_sign_and_disjoint_mean_by_hand():
+    stacked = torch.tensor([[1.0, -2.0, 0.0, 3.0], [2.0, 1.0, 0.0, -3.0], [-4.0, 0.5, 0.0, 1.0]])
+    sign = elect_sign(stacked.clone())
+    # sums: -1, -0.5, 0, 1 -> signs -1, -1, majority, +1 ; majority = sign(-1-1+1) = -1
+    assert sign.tolist() == [-1.0, -1.0, -1.0, 1.0]
+    out = disjoint_merge_(stacked.clone(), sign)
+    assert out.tolist() == [-4.0, -2.0, 0.0, 2.0]
+
+
+def test_global_threshold_radix_select_is_exact():
+    g = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(2, n, generator=g) * s for n, s in ((50, 1.0), (200, 0.01), (7, 30.0), (1000, 0.3))]
+    for density in (0.0, 0.013, 0.2, 0.77, 1.0):
+        sel = KthLargestPass("t", 2, density)
+        stats = {}
+        for p in sel.passes():
+            for i, t in enumerate(tensors):
+                p.update(ctx(f"t{i}", 2, stats), torch.zeros_like(t[0]), t)
+            p.finish(stats)
+        for task in range(2):
+            flat = torch.cat([t[task].flatten() for t in tensors])
+            k = int(density * flat.numel())
+            assert stats["t"][task] == kth_largest_abs(flat, k)
+            if k:
+                assert int((flat.abs() >= stats["t"][task]).sum()) == k
+
+
+def test_dare_p0_is_task_arithmetic(taus):
+    torch.testing.assert_close(run("dare", taus, p=0.0, scale=0.5), 0.5 * sum(taus))
+
+
+def test_dare_matches_peft_random_pruning(taus):
+    """Same Bernoulli stream => same masks as peft's dare_linear / dare_ties."""
+    m = get_method("dare")
+    c = ctx()
+    for then, ref_fn in (("sum", merge_utils.dare_linear), ("ties", merge_utils.dare_ties)):
+        p = m.parse({"p": 0.6, "then": then})
+        ours = m.merge(torch.zeros(16, 12), torch.stack(taus).clone(), p, c)
+        # reproduce our per-input generators as peft's global RNG, one input at a time
+        pruned = []
+        for i, t in enumerate(taus):
+            torch.manual_seed(c.generator(f"dare:0:{i}").initial_seed())
+            pruned.append(merge_utils.random_pruning(t, density=0.4, rescale=True))
+        if then == "sum":
+            ref = merge_utils.task_arithmetic(pruned, torch.ones(3))
+        else:
+            st = torch.stack(pruned)
+            ref = merge_utils.disjoint_merge(st, merge_utils.calculate_majority_sign_mask(st, "total"))
+        torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
+        assert ref_fn is not None
+
+
+def test_dare_drops_about_p_and_is_seeded(taus):
+    big = [torch.ones(200, 100)]
+    a = run("dare", big, p=0.7)
+    b = run("dare", big, p=0.7)
+    assert torch.equal(a, b)
+    frac_dropped = float((a == 0).float().mean())
+    assert abs(frac_dropped - 0.7) < 0.02
+    torch.testing.assert_close(a[a != 0], torch.full_like(a[a != 0], 1 / 0.3))
+    c = run("dare", big, p=0.7, seed=1)
+    assert not torch.equal(a, c)
+
+
+def test_consensus_k0_is_task_arithmetic_and_k_above_n_is_zero(taus):
+    torch.testing.assert_close(run("consensus", taus, k=0, scale=0.4), 0.4 * sum(taus))
+    assert torch.count_nonzero(run("consensus", taus, k=4)) == 0
+
+
+def test_consensus_tall_mask_by_hand():
+    # τ1 = [1, 0.1], τ2 = [0.1, 1], λ = 0.5 : m1 = [1>=0.05, 0.1>=0.5] = [1,0]; m2 = [0,1]
+    taus = [torch.tensor([1.0, 0.1]), torch.tensor([0.1, 1.0])]
+    assert run("consensus", taus, k=1, lambdas="0.5", scale=1.0).tolist() == pytest.approx([1.1, 1.1])
+    assert run("consensus", taus, k=2, lambdas="0.5", scale=1.0).tolist() == [0.0, 0.0]
+    # a single task's TALL mask (≥ form) is all ones: |τ| ≥ λ·0
+    assert torch.equal(run("consensus", taus[:1], k=1, scale=1.0), taus[0])
+
+
+def test_wise_ft_and_slerp_endpoints(taus):
+    base = torch.randn(16, 12)
+    torch.testing.assert_close(run("wise_ft", taus[:1], gamma=0.25), 0.25 * taus[0])
+    for t, want in ((0.0, taus[0]), (1.0, taus[1])):
+        torch.testing.assert_close(run("slerp", taus[:2], base=base, t=t), want, atol=1e-5, rtol=1e-5)
+    mid = run("slerp", taus[:2], base=base, t=0.5) + base
+    a, b = base + taus[0], base + taus[1]
+    # slerp keeps the norm between the endpoints' (lerp would shrink it)
+    assert float(mid.norm()) >= min(float(a.norm()), float(b.norm())) - 1e-4
