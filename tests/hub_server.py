@@ -1,0 +1,1163 @@
+"""A local, standard-library-only server that speaks the Hugging Face Hub HTTP API.
+
+The real clients (``huggingface_hub``'s ``HfApi`` / ``hf_hub_download`` / ``snapshot_download`` /
+``ModelCard``, ``transformers``' ``from_pretrained`` and ``peft``'s ``PeftModel.from_pretrained``)
+are pointed at it through ``HF_ENDPOINT`` (set by ``conftest.py``).  Everything lives in memory.
+
+What it implements (models, datasets and spaces alike):
+
+* ``POST /api/repos/create`` (409 + ``url`` when it exists), ``DELETE /api/repos/delete``,
+  ``PUT /api/{type}s/{repo}/settings`` (visibility);
+* ``POST .../preupload/{rev}`` (every file is ``regular``: no LFS, no Xet) and the NDJSON
+  ``POST .../commit/{rev}`` (``file`` / ``deletedFile`` / ``deletedFolder``; ``?create_pr=1``
+  opens ``refs/pr/N``);
+* ``GET .../{repo}`` and ``.../revision/{rev}`` (``sha``, ``siblings``, ``private``, ``cardData``),
+  ``.../tree/{rev}[/path]``, ``POST .../paths-info/{rev}``, ``.../refs``, ``.../commits/{rev}``,
+  ``POST/DELETE .../branch/{name}``, ``POST .../tag/{rev}`` / ``DELETE .../tag/{tag}``;
+* ``HEAD`` / ``GET /[datasets/|spaces/]{repo}/resolve/{rev}/{path}`` by branch, tag, ``refs/pr/N``
+  or (full or abbreviated) commit sha, with ``ETag`` (git blob sha1), ``X-Repo-Commit``,
+  ``Content-Length`` and ``Range`` support;
+* ``GET /api/whoami-v2``, ``POST /api/validate-yaml``, ``GET /api/agent-harnesses``.
+
+Errors carry ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``) and
+``X-Error-Message`` the way the Hub sends them, so the client raises ``RepositoryNotFoundError``,
+``RevisionNotFoundError`` and ``RemoteEntryNotFoundError``.  Private repos answer 401
+(anonymous) or 404 (another user) with ``RepoNotFound``; writes need a write token whose user
+owns the namespace (403 otherwise, 401 when anonymous).  Opening a PR (``create_pr=True``) only
+needs a write token and read access, as on the Hub.
+
+Every commit has a random 40-hex sha; each branch keeps its history, so an old sha still serves
+the old files.  A new repo starts with the Hub's "initial commit" by ``system`` holding a
+``.gitattributes`` (pass ``gitattributes=False`` to get an empty tree instead).
+
+Failure injection: ``server.fail_next(n, status=500, method="POST", path=r"/commit/")`` answers
+the next ``n`` matching requests with an error (``when="after"`` runs the request first and then
+loses its answer; ``drop=True`` closes the connection without an answer).
+``server.fail_commits(n)`` is the shorthand for the commit endpoint.
+
+Pytest fixtures (register with ``pytest_plugins = [..., "hub_server"]`` in ``conftest.py``):
+
+* ``hub_server`` (session): the running :class:`HubServer` on the port of ``HF_ENDPOINT``;
+* ``hub`` (function): the same server, emptied, with offline mode switched off for the test.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import json
+import os
+import re
+import sys
+import threading
+import traceback
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterable
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
+
+import pytest
+
+# --------------------------------------------------------------------------------------------
+# Users and tokens
+# --------------------------------------------------------------------------------------------
+
+ALICE_WRITE_TOKEN = "hf_write_alice"
+ALICE_READ_TOKEN = "hf_read_alice"
+BOB_WRITE_TOKEN = "hf_write_bob"
+BOB_READ_TOKEN = "hf_read_bob"
+
+#: token -> (user, may write)
+DEFAULT_TOKENS: dict[str, tuple[str, bool]] = {
+    ALICE_WRITE_TOKEN: ("alice", True),
+    ALICE_READ_TOKEN: ("alice", False),
+    BOB_WRITE_TOKEN: ("bob", True),
+    BOB_READ_TOKEN: ("bob", False),
+}
+#: organisation -> members (members may write to the organisation's namespace)
+DEFAULT_ORGS: dict[str, set[str]] = {"soup-org": {"alice"}}
+
+REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
+URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
+
+GITATTRIBUTES = b"""*.7z filter=lfs diff=lfs merge=lfs -text
+*.bin filter=lfs diff=lfs merge=lfs -text
+*.ckpt filter=lfs diff=lfs merge=lfs -text
+*.gguf filter=lfs diff=lfs merge=lfs -text
+*.h5 filter=lfs diff=lfs merge=lfs -text
+*.msgpack filter=lfs diff=lfs merge=lfs -text
+*.onnx filter=lfs diff=lfs merge=lfs -text
+*.pt filter=lfs diff=lfs merge=lfs -text
+*.pth filter=lfs diff=lfs merge=lfs -text
+*.safetensors filter=lfs diff=lfs merge=lfs -text
+*.zip filter=lfs diff=lfs merge=lfs -text
+"""
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+_SHORT_SHA_RE = re.compile(r"^[0-9a-f]{7,39}$")
+_PR_RE = re.compile(r"^refs/pr/(\d+)$")
+
+
+def git_blob_oid(data: bytes) -> str:
+    """Git blob sha1, the oid the Hub reports (and ``huggingface_hub.utils.sha.git_hash`` computes)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _iso(ts: float) -> str:
+    d = _dt.datetime.fromtimestamp(ts, _dt.timezone.utc)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
+
+
+def _now() -> float:
+    return _dt.datetime.now(_dt.timezone.utc).timestamp()
+
+
+def _truthy(values: list[str] | None) -> bool:
+    return bool(values) and values[-1].lower() in ("1", "true", "yes", "on")
+
+
+# --------------------------------------------------------------------------------------------
+# Storage
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Commit:
+    oid: str
+    parents: list[str]
+    tree: dict[str, str]  # path -> blob oid
+    title: str
+    message: str
+    author: str
+    date: float
+
+
+@dataclass
+class Repo:
+    type: str
+    id: str
+    private: bool
+    created_at: float
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    commits: dict[str, Commit] = field(default_factory=dict)
+    branches: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    prs: dict[int, str] = field(default_factory=dict)
+    pr_info: dict[int, dict] = field(default_factory=dict)
+    next_discussion: int = 1
+    gated: Any = False
+
+    @property
+    def namespace(self) -> str:
+        return self.id.split("/")[0]
+
+
+class HubError(Exception):
+    """An error answer: status, message, optional ``X-Error-Code`` and extra headers."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, headers: dict | None = None,
+                 body: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.headers = dict(headers or {})
+        self.body = body
+
+    def response(self) -> tuple[int, dict, bytes]:
+        headers = {"X-Error-Message": self.message, **self.headers}
+        if self.code:
+            headers["X-Error-Code"] = self.code
+        body = {"error": self.message, **(self.body or {})}
+        return _json_response(body, self.status, headers)
+
+
+def _json_response(obj: Any, status: int = 200, headers: dict | None = None) -> tuple[int, dict, bytes]:
+    data = json.dumps(obj).encode()
+    return status, {"Content-Type": "application/json; charset=utf-8", **(headers or {})}, data
+
+
+@dataclass
+class _Failure:
+    remaining: int
+    status: int
+    method: str | None
+    path: re.Pattern | None
+    message: str
+    code: str | None
+    when: str
+    drop: bool
+    headers: dict
+
+    def matches(self, method: str, path: str, when: str) -> bool:
+        return (
+            self.remaining > 0
+            and self.when == when
+            and (self.method is None or self.method == method)
+            and (self.path is None or self.path.search(path) is not None)
+        )
+
+
+@dataclass
+class _Req:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: Any
+    body: bytes
+    user: str | None
+    can_write: bool
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body or b"{}")
+        except ValueError:
+            raise HubError(400, "Invalid JSON body") from None
+
+
+# --------------------------------------------------------------------------------------------
+# The server
+# --------------------------------------------------------------------------------------------
+
+
+class HubServer:
+    """In-memory Hub.  ``HubServer(port).start()``; ``stop()``; ``reset()`` empties it."""
+
+    def __init__(self, port: int = 0, host: str = "127.0.0.1",
+                 tokens: dict[str, str | tuple[str, bool]] | None = None,
+                 orgs: dict[str, Iterable[str]] | None = None, gitattributes: bool = True,
+                 page_size: int = 1000):
+        self.host = host
+        self.port = port
+        self.tokens: dict[str, tuple[str, bool]] = {}
+        for tok, who in (DEFAULT_TOKENS if tokens is None else tokens).items():
+            self.tokens[tok] = (who, True) if isinstance(who, str) else (who[0], bool(who[1]))
+        self.orgs = {k: set(v) for k, v in (DEFAULT_ORGS if orgs is None else orgs).items()}
+        self.gitattributes = gitattributes
+        self.page_size = page_size
+        self._lock = threading.RLock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._monkeypatch = None  # set by the ``hub`` fixture (for ``login``)
+        self.reset()
+
+    # ---- life cycle ----------------------------------------------------------------------
+
+    def start(self) -> "HubServer":
+        httpd = _HTTPServer((self.host, self.port), _Handler)
+        httpd.hub = self
+        self.port = httpd.server_address[1]
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name=f"hub-server-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def __enter__(self) -> "HubServer":
+        return self.start() if self._httpd is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    url = endpoint
+
+    def reset(self) -> None:
+        """Forget every repo, blob, injected failure and logged request."""
+        with self._lock:
+            self.repos: dict[tuple[str, str], Repo] = {}
+            self.blobs: dict[str, bytes] = {}
+            self._failures: list[_Failure] = []
+            #: every request: dicts with method, path, query, status, user
+            self.requests: list[dict] = []
+            #: requests that matched no route (answered 404 without X-Error-Code)
+            self.unhandled: list[str] = []
+
+    # ---- tokens --------------------------------------------------------------------------
+
+    def token(self, user: str, write: bool = True) -> str:
+        """A token of ``user`` (a write token unless ``write=False``)."""
+        for tok, (who, can_write) in self.tokens.items():
+            if who == user and can_write == write:
+                return tok
+        raise KeyError(f"no {'write' if write else 'read'} token for {user!r}")
+
+    def api(self, user: str | None = None, write: bool = True):
+        """An ``HfApi`` on this server, authenticated as ``user`` (anonymous if ``None``)."""
+        from huggingface_hub import HfApi
+
+        return HfApi(endpoint=self.endpoint, token=self.token(user, write) if user else False)
+
+    def login(self, user: str | None, write: bool = True) -> str | None:
+        """Set ``HF_TOKEN`` (implicit token of every client) to ``user``'s token; ``None`` logs out.
+
+        Inside the ``hub`` fixture the change is undone after the test.
+        """
+        tok = self.token(user, write) if user else None
+        mp = self._monkeypatch
+        if tok is None:
+            if mp is not None:
+                mp.delenv("HF_TOKEN", raising=False)
+            else:
+                os.environ.pop("HF_TOKEN", None)
+        elif mp is not None:
+            mp.setenv("HF_TOKEN", tok)
+        else:
+            os.environ["HF_TOKEN"] = tok
+        return tok
+
+    # ---- failure injection ---------------------------------------------------------------
+
+    def fail_next(self, n: int = 1, status: int = 500, *, method: str | None = None,
+                  path: str | None = None, message: str | None = None, code: str | None = None,
+                  when: str = "before", drop: bool = False, headers: dict | None = None) -> None:
+        """Answer the next ``n`` requests matching ``method`` / ``path`` with an error.
+
+        ``path`` is a regex searched in the raw request path (no query string), e.g. ``r"/commit/"``,
+        ``r"/preupload/"``, ``r"/resolve/"``.  ``when="after"`` runs the request (the commit lands)
+        and then replaces its answer by the error, as if the answer had been lost.  ``drop=True``
+        closes the connection without any answer (the client sees a ``RemoteProtocolError``).
+        Rules are consumed in the order they were added.
+        """
+        if when not in ("before", "after"):
+            raise ValueError("when must be 'before' or 'after'")
+        with self._lock:
+            self._failures.append(_Failure(
+                remaining=n, status=status, method=method.upper() if method else None,
+                path=re.compile(path) if path else None,
+                message=message or f"Injected failure ({status})", code=code, when=when, drop=drop,
+                headers=dict(headers or {}),
+            ))
+
+    def fail_commits(self, n: int = 1, status: int = 500, **kw) -> None:
+        """Shorthand: fail the next ``n`` ``POST .../commit/...`` requests."""
+        self.fail_next(n, status, method="POST", path=r"^/api/[a-z]+/[^/]+/[^/]+/commit/", **kw)
+
+    def clear_failures(self) -> None:
+        with self._lock:
+            self._failures.clear()
+
+    @property
+    def pending_failures(self) -> int:
+        with self._lock:
+            return sum(f.remaining for f in self._failures)
+
+    def _take_failure(self, method: str, path: str, when: str) -> _Failure | None:
+        with self._lock:
+            for f in self._failures:
+                if f.matches(method, path, when):
+                    f.remaining -= 1
+                    return f
+        return None
+
+    def calls(self, method: str | None = None, path: str | None = None) -> list[dict]:
+        """Logged requests filtered by method and by a regex searched in their path."""
+        rx = re.compile(path) if path else None
+        with self._lock:
+            return [r for r in self.requests
+                    if (method is None or r["method"] == method.upper())
+                    and (rx is None or rx.search(r["path"]))]
+
+    # ---- direct (no HTTP) access for tests -----------------------------------------------
+
+    def _repo(self, repo_id: str, repo_type: str = "model") -> Repo:
+        try:
+            return self.repos[(repo_type, repo_id)]
+        except KeyError:
+            raise KeyError(f"no {repo_type} repo {repo_id!r}") from None
+
+    def files(self, repo_id: str, revision: str = "main", repo_type: str = "model") -> dict[str, bytes]:
+        """``{path: content}`` of ``repo_id`` at ``revision``."""
+        with self._lock:
+            repo = self._repo(repo_id, repo_type)
+            commit = repo.commits[self._resolve(repo, revision)]
+            return {p: self.blobs[o] for p, o in sorted(commit.tree.items())}
+
+    def head(self, repo_id: str, revision: str = "main", repo_type: str = "model") -> str:
+        """Commit sha that ``revision`` points to."""
+        with self._lock:
+            return self._resolve(self._repo(repo_id, repo_type), revision)
+
+    def history(self, repo_id: str, revision: str = "main", repo_type: str = "model") -> list[Commit]:
+        """Commits reachable from ``revision`` through first parents, newest first."""
+        with self._lock:
+            repo = self._repo(repo_id, repo_type)
+            return self._history(repo, self._resolve(repo, revision))
+
+    def exists(self, repo_id: str, repo_type: str = "model") -> bool:
+        with self._lock:
+            return (repo_type, repo_id) in self.repos
+
+    def seed(self, repo_id: str, files: dict[str, bytes | str] | str | os.PathLike, *,
+             repo_type: str = "model", private: bool = False, message: str = "seed",
+             author: str | None = None, branch: str = "main") -> str:
+        """Create (if needed) ``repo_id`` and commit ``files`` (a dict, or a local folder) to it
+        without going through HTTP.  Returns the commit sha."""
+        if not isinstance(files, dict):
+            root = Path(files)
+            files = {p.relative_to(root).as_posix(): p.read_bytes()
+                     for p in sorted(root.rglob("*")) if p.is_file() and ".cache" not in p.parts}
+        with self._lock:
+            repo = self.repos.get((repo_type, repo_id))
+            if repo is None:
+                repo = self._create(repo_type, repo_id, private)
+            if branch not in repo.branches:
+                repo.branches[branch] = repo.branches["main"]
+            parent = repo.commits[repo.branches[branch]]
+            tree = dict(parent.tree)
+            for p, content in files.items():
+                data = content.encode() if isinstance(content, str) else bytes(content)
+                oid = git_blob_oid(data)
+                self.blobs[oid] = data
+                tree[p.strip("/")] = oid
+            sha = self._new_commit(repo, [parent.oid], tree, message, "", author or repo.namespace)
+            repo.branches[branch] = sha
+            return sha
+
+    # ---- internals: repo model -----------------------------------------------------------
+
+    def _create(self, repo_type: str, repo_id: str, private: bool) -> Repo:
+        repo = Repo(type=repo_type, id=repo_id, private=private, created_at=_now())
+        tree = {}
+        if self.gitattributes:
+            oid = git_blob_oid(GITATTRIBUTES)
+            self.blobs[oid] = GITATTRIBUTES
+            tree[".gitattributes"] = oid
+        repo.branches["main"] = self._new_commit(repo, [], tree, "initial commit", "", "system")
+        self.repos[(repo_type, repo_id)] = repo
+        return repo
+
+    def _new_commit(self, repo: Repo, parents: list[str], tree: dict[str, str], title: str,
+                    message: str, author: str) -> str:
+        seed = json.dumps([uuid.uuid4().hex, repo.id, parents, sorted(tree.items()), title]).encode()
+        oid = hashlib.sha1(seed).hexdigest()
+        repo.commits[oid] = Commit(oid, parents, dict(tree), title, message, author, _now())
+        return oid
+
+    def _history(self, repo: Repo, sha: str) -> list[Commit]:
+        out = []
+        cur: str | None = sha
+        while cur is not None:
+            c = repo.commits[cur]
+            out.append(c)
+            cur = c.parents[0] if c.parents else None
+        return out
+
+    def _resolve_ref(self, repo: Repo, rev: str) -> tuple[str, str, Any]:
+        """``(sha, kind, name)`` with kind in branch / tag / pr / commit."""
+        if rev in repo.branches:
+            return repo.branches[rev], "branch", rev
+        if rev.startswith("refs/heads/") and rev[11:] in repo.branches:
+            return repo.branches[rev[11:]], "branch", rev[11:]
+        if rev in repo.tags:
+            return repo.tags[rev], "tag", rev
+        if rev.startswith("refs/tags/") and rev[10:] in repo.tags:
+            return repo.tags[rev[10:]], "tag", rev[10:]
+        m = _PR_RE.match(rev)
+        if m and int(m.group(1)) in repo.prs:
+            return repo.prs[int(m.group(1))], "pr", int(m.group(1))
+        low = rev.lower()
+        if _SHA_RE.match(low) and low in repo.commits:
+            return low, "commit", low
+        if _SHORT_SHA_RE.match(low):
+            hits = [c for c in repo.commits if c.startswith(low)]
+            if len(hits) == 1:
+                return hits[0], "commit", hits[0]
+        raise HubError(404, f"Invalid rev id: {rev}", code="RevisionNotFound")
+
+    def _resolve(self, repo: Repo, rev: str) -> str:
+        return self._resolve_ref(repo, rev)[0]
+
+    def _owns(self, user: str | None, namespace: str) -> bool:
+        return user is not None and (user == namespace or user in self.orgs.get(namespace, ()))
+
+    def _readable(self, req: _Req, repo_type: str, repo_id: str) -> Repo:
+        repo = self.repos.get((repo_type, repo_id))
+        if repo is None or (repo.private and not self._owns(req.user, repo.namespace)):
+            # Like the Hub: anonymous callers get a 401, authenticated ones a 404; both RepoNotFound.
+            raise HubError(401 if req.user is None else 404, "Repository not found", code="RepoNotFound")
+        return repo
+
+    def _require_write(self, req: _Req, namespace: str, action: str = "write to") -> None:
+        if req.user is None:
+            raise HubError(401, "Invalid username or password.")
+        if not req.can_write:
+            raise HubError(403, f"You don't have the rights to {action} {namespace}: this token has a read role")
+        if not self._owns(req.user, namespace):
+            raise HubError(403, f"You don't have the rights to {action} {namespace}")
+
+    def _repo_url(self, repo: Repo) -> str:
+        return f"{self.endpoint}/{URL_PREFIX[repo.type]}{repo.id}"
+
+    # ---- HTTP dispatch -------------------------------------------------------------------
+
+    def handle(self, req: _Req) -> tuple[int, dict, bytes]:
+        segs = [unquote(s) for s in req.path.split("/")[1:]]
+        with self._lock:
+            if segs and segs[0] == "api":
+                return self._handle_api(req, segs[1:])
+            rtype = "model"
+            if segs and segs[0] in REPO_TYPES and segs[0] != "models" and len(segs) > 1:
+                rtype, segs = REPO_TYPES[segs[0]], segs[1:]
+            if len(segs) >= 4 and segs[2] == "resolve" and req.method in ("GET", "HEAD"):
+                rev, rest = _split_rev(segs[3:])
+                return self._resolve_file(req, rtype, f"{segs[0]}/{segs[1]}", rev, "/".join(rest))
+            if len(segs) >= 3 and segs[1] == "resolve":  # a repo id without a namespace
+                raise HubError(404, "Repository not found", code="RepoNotFound")
+            return self._no_route(req)
+
+    def _no_route(self, req: _Req):
+        self.unhandled.append(f"{req.method} {req.path}")
+        raise HubError(404, f"Not handled by the test hub: {req.method} {req.path}")
+
+    def _handle_api(self, req: _Req, segs: list[str]):
+        m = req.method
+        if segs == ["repos", "create"] and m == "POST":
+            return self._create_repo(req)
+        if segs == ["repos", "delete"] and m == "DELETE":
+            return self._delete_repo(req)
+        if segs == ["whoami-v2"] and m == "GET":
+            return self._whoami(req)
+        if segs == ["validate-yaml"] and m == "POST":
+            return self._validate_yaml(req)
+        if segs == ["agent-harnesses"] and m == "GET":
+            return _json_response({"standardEnvVars": [], "harnesses": {}})
+        if segs and segs[0] in REPO_TYPES:
+            rtype = REPO_TYPES[segs[0]]
+            if len(segs) == 2:  # a repo id without a namespace
+                raise HubError(404, "Repository not found", code="RepoNotFound")
+            if len(segs) >= 3:
+                return self._handle_repo_api(req, rtype, f"{segs[1]}/{segs[2]}", segs[3:])
+        return self._no_route(req)
+
+    def _handle_repo_api(self, req: _Req, rtype: str, repo_id: str, rest: list[str]):
+        m = req.method
+        op = rest[0] if rest else ""
+        if op == "" and m == "GET":
+            return self._info(req, rtype, repo_id, None)
+        if op == "revision" and m == "GET" and len(rest) >= 2:
+            return self._info(req, rtype, repo_id, "/".join(rest[1:]))
+        if op == "tree" and m == "GET" and len(rest) >= 2:
+            rev, path = _split_rev(rest[1:])
+            return self._tree(req, rtype, repo_id, rev, "/".join(path))
+        if op == "paths-info" and m == "POST" and len(rest) >= 2:
+            return self._paths_info(req, rtype, repo_id, "/".join(rest[1:]))
+        if op == "refs" and m == "GET":
+            return self._refs(req, rtype, repo_id)
+        if op == "commits" and m == "GET" and len(rest) >= 2:
+            return self._commits(req, rtype, repo_id, "/".join(rest[1:]))
+        if op == "preupload" and m == "POST" and len(rest) >= 2:
+            return self._preupload(req, rtype, repo_id, "/".join(rest[1:]))
+        if op == "commit" and m == "POST" and len(rest) >= 2:
+            return self._commit(req, rtype, repo_id, "/".join(rest[1:]))
+        if op == "branch" and m in ("POST", "DELETE") and len(rest) >= 2:
+            return self._branch(req, rtype, repo_id, "/".join(rest[1:]))
+        if op == "tag" and m in ("POST", "DELETE") and len(rest) >= 2:
+            return self._tag(req, rtype, repo_id, "/".join(rest[1:]))
+        if op == "settings" and m == "PUT":
+            return self._settings(req, rtype, repo_id)
+        return self._no_route(req)
+
+    # ---- endpoints -----------------------------------------------------------------------
+
+    def _validate_yaml(self, req: _Req):
+        content = str(req.json().get("content") or "")
+        try:
+            _card_data(content.encode(), strict=True)
+        except ValueError as e:
+            raise HubError(400, "Invalid metadata in README.md", body={"errors": [{"message": str(e)}]}) from None
+        return _json_response({"errors": [], "warnings": []})
+
+    def _whoami(self, req: _Req):
+        if req.user is None:
+            raise HubError(401, "Invalid username or password.")
+        return _json_response({
+            "type": "user", "id": hashlib.md5(req.user.encode()).hexdigest()[:24], "name": req.user,
+            "fullname": req.user.title(), "email": f"{req.user}@example.com", "emailVerified": True,
+            "isPro": False, "canPay": False, "avatarUrl": "",
+            "orgs": [{"type": "org", "name": o, "fullname": o, "roleInOrg": "write"}
+                     for o, members in sorted(self.orgs.items()) if req.user in members],
+            "auth": {"type": "access_token",
+                     "accessToken": {"displayName": "test", "role": "write" if req.can_write else "read"}},
+        })
+
+    def _create_repo(self, req: _Req):
+        body = req.json()
+        rtype = body.get("type") or "model"
+        if rtype not in URL_PREFIX:
+            raise HubError(400, f"Invalid repo type: {rtype}")
+        name = body.get("name") or ""
+        if req.user is None:
+            raise HubError(401, "Invalid username or password.")
+        namespace = body.get("organization") or req.user
+        if not _NAME_RE.match(name) or "--" in name or not _NAME_RE.match(namespace):
+            raise HubError(400, f"Invalid repo name: {namespace}/{name}")
+        self._require_write(req, namespace, "create a repo under")
+        repo_id = f"{namespace}/{name}"
+        existing = self.repos.get((rtype, repo_id))
+        if existing is not None:
+            raise HubError(409, f"You already created this {rtype} repo", body={"url": self._repo_url(existing)})
+        if "visibility" in body:
+            private = body["visibility"] == "private"
+        else:
+            private = bool(body.get("private", False))
+        repo = self._create(rtype, repo_id, private)
+        return _json_response({"url": self._repo_url(repo), "name": repo_id, "id": repo.uid})
+
+    def _delete_repo(self, req: _Req):
+        body = req.json()
+        rtype = body.get("type") or "model"
+        namespace = body.get("organization") or req.user
+        repo_id = f"{namespace}/{body.get('name')}"
+        self._readable(req, rtype, repo_id)
+        self._require_write(req, namespace, "delete a repo of")
+        del self.repos[(rtype, repo_id)]
+        return _json_response({})
+
+    def _settings(self, req: _Req, rtype: str, repo_id: str):
+        repo = self._readable(req, rtype, repo_id)
+        self._require_write(req, repo.namespace, "change the settings of")
+        body = req.json()
+        if "visibility" in body:
+            repo.private = body["visibility"] == "private"
+        if "private" in body:
+            repo.private = bool(body["private"])
+        if "gated" in body:
+            repo.gated = body["gated"]
+        return _json_response({})
+
+    def _info(self, req: _Req, rtype: str, repo_id: str, rev: str | None):
+        repo = self._readable(req, rtype, repo_id)
+        sha = self._resolve(repo, rev or "main")
+        commit = repo.commits[sha]
+        with_blobs = _truthy(req.query.get("blobs"))
+        siblings = []
+        for p, oid in sorted(commit.tree.items()):
+            s: dict[str, Any] = {"rfilename": p}
+            if with_blobs:
+                s.update(size=len(self.blobs[oid]), blobId=oid)
+            siblings.append(s)
+        info: dict[str, Any] = {
+            "_id": repo.uid, "id": repo.id, "author": repo.namespace, "sha": sha,
+            "lastModified": _iso(commit.date), "createdAt": _iso(repo.created_at),
+            "private": repo.private, "gated": repo.gated, "disabled": False, "downloads": 0,
+            "likes": 0, "tags": [], "siblings": siblings,
+            "usedStorage": sum(len(self.blobs[o]) for o in set(commit.tree.values())),
+        }
+        card = _card_data(self.blobs[commit.tree["README.md"]]) if "README.md" in commit.tree else None
+        if card is not None:
+            info["cardData"] = card
+            tags = card.get("tags")
+            info["tags"] = list(tags) if isinstance(tags, list) else ([tags] if isinstance(tags, str) else [])
+            if rtype == "model":
+                for key in ("library_name", "pipeline_tag"):
+                    if isinstance(card.get(key), str):
+                        info[key] = card[key]
+        if rtype == "model":
+            info["modelId"] = repo.id
+            if "config.json" in commit.tree:
+                try:
+                    cfg = json.loads(self.blobs[commit.tree["config.json"]])
+                    info["config"] = {k: cfg[k] for k in ("architectures", "model_type") if k in cfg}
+                except (ValueError, TypeError):
+                    pass
+        return _json_response(info)
+
+    def _entry(self, repo: Repo, commit: Commit, path: str, is_dir: bool, expand: bool) -> dict:
+        if is_dir:
+            prefix = path + "/"
+            items = sorted((p, o) for p, o in commit.tree.items() if p.startswith(prefix))
+            oid = hashlib.sha1("\n".join(f"{p} {o}" for p, o in items).encode()).hexdigest()
+            entry: dict[str, Any] = {"type": "directory", "oid": oid, "size": 0, "path": path}
+        else:
+            oid = commit.tree[path]
+            entry = {"type": "file", "oid": oid, "size": len(self.blobs[oid]), "path": path}
+        if expand:
+            last = self._last_commit_touching(repo, commit, path, is_dir)
+            entry["lastCommit"] = {"id": last.oid, "title": last.title, "date": _iso(last.date)}
+            if not is_dir:
+                entry["securityFileStatus"] = {"status": "safe", "avScan": {"virusFound": False},
+                                              "pickleImportScan": None}
+        return entry
+
+    def _last_commit_touching(self, repo: Repo, commit: Commit, path: str, is_dir: bool) -> Commit:
+        def view(c: Commit):
+            if is_dir:
+                return sorted((p, o) for p, o in c.tree.items() if p.startswith(path + "/"))
+            return c.tree.get(path)
+
+        hist = self._history(repo, commit.oid)
+        for newer, older in zip(hist, hist[1:]):
+            if view(newer) != view(older):
+                return newer
+        return hist[-1]
+
+    @staticmethod
+    def _dirs(tree: dict[str, str]) -> set[str]:
+        out = set()
+        for p in tree:
+            parts = p.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                out.add("/".join(parts[:i]))
+        return out
+
+    def _paginate(self, req: _Req, items: list, page_size: int):
+        try:
+            start = int((req.query.get("cursor") or ["0"])[-1])
+        except ValueError:
+            raise HubError(400, "Invalid cursor") from None
+        limit = page_size
+        if req.query.get("limit"):
+            try:
+                limit = max(1, min(limit, int(req.query["limit"][-1])))
+            except ValueError:
+                pass
+        page = items[start:start + limit]
+        headers = {}
+        if start + limit < len(items):
+            q = {k: v for k, v in req.query.items() if k != "cursor"}
+            q["cursor"] = [str(start + limit)]
+            headers["Link"] = f'<{self.endpoint}{req.path}?{urlencode(q, doseq=True)}>; rel="next"'
+        return _json_response(page, headers=headers)
+
+    def _tree(self, req: _Req, rtype: str, repo_id: str, rev: str, path: str):
+        repo = self._readable(req, rtype, repo_id)
+        commit = repo.commits[self._resolve(repo, rev)]
+        path = path.strip("/")
+        recursive = _truthy(req.query.get("recursive"))
+        expand = _truthy(req.query.get("expand"))
+        dirs = self._dirs(commit.tree)
+        if path and path not in dirs:
+            raise HubError(404, f"{path} does not exist on \"{rev}\"", code="EntryNotFound",
+                           headers={"X-Repo-Commit": commit.oid})
+        prefix = path + "/" if path else ""
+        entries = []
+        for d in sorted(dirs):
+            if d.startswith(prefix) and (recursive or "/" not in d[len(prefix):]):
+                entries.append((d, True))
+        for p in sorted(commit.tree):
+            if p.startswith(prefix) and (recursive or "/" not in p[len(prefix):]):
+                entries.append((p, False))
+        entries.sort(key=lambda e: e[0])
+        items = [self._entry(repo, commit, p, d, expand) for p, d in entries]
+        return self._paginate(req, items, 50 if expand else self.page_size)
+
+    def _paths_info(self, req: _Req, rtype: str, repo_id: str, rev: str):
+        repo = self._readable(req, rtype, repo_id)
+        commit = repo.commits[self._resolve(repo, rev)]
+        ctype = req.headers.get("Content-Type", "")
+        if "json" in ctype:
+            body = req.json()
+            paths, expand = body.get("paths", []), bool(body.get("expand"))
+        else:
+            form = parse_qs(req.body.decode(), keep_blank_values=True)
+            paths, expand = form.get("paths", []), _truthy(form.get("expand"))
+        dirs = self._dirs(commit.tree)
+        out = []
+        for p in paths:
+            p = p.strip("/")
+            if p in commit.tree:
+                out.append(self._entry(repo, commit, p, False, expand))
+            elif p in dirs:
+                out.append(self._entry(repo, commit, p, True, expand))
+        return _json_response(out)
+
+    def _refs(self, req: _Req, rtype: str, repo_id: str):
+        repo = self._readable(req, rtype, repo_id)
+        data: dict[str, Any] = {
+            "branches": [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": s}
+                         for b, s in sorted(repo.branches.items())],
+            "converts": [],
+            "tags": [{"name": t, "ref": f"refs/tags/{t}", "targetCommit": s} for t, s in sorted(repo.tags.items())],
+        }
+        if _truthy(req.query.get("include_prs")):
+            data["pullRequests"] = [{"name": f"refs/pr/{n}", "ref": f"refs/pr/{n}", "targetCommit": s}
+                                    for n, s in sorted(repo.prs.items())]
+        return _json_response(data)
+
+    def _commits(self, req: _Req, rtype: str, repo_id: str, rev: str):
+        repo = self._readable(req, rtype, repo_id)
+        items = [{
+            "id": c.oid, "title": c.title, "message": c.message, "date": _iso(c.date),
+            "authors": [{"user": c.author, "avatar": ""}],
+            "formatted": {"title": c.title, "message": c.message},
+        } for c in self._history(repo, self._resolve(repo, rev))]
+        return self._paginate(req, items, 50)
+
+    def _check_commit_access(self, req: _Req, repo: Repo, create_pr: bool) -> None:
+        if create_pr:
+            # Like the Hub: anyone who can read the repo may open a PR (with a write-capable token).
+            if req.user is None:
+                raise HubError(401, "Invalid username or password.")
+            if not req.can_write:
+                raise HubError(403, "You don't have the rights to open a pull request: this token has a read role")
+        else:
+            self._require_write(req, repo.namespace, "commit to")
+
+    def _preupload(self, req: _Req, rtype: str, repo_id: str, rev: str):
+        repo = self._readable(req, rtype, repo_id)
+        create_pr = _truthy(req.query.get("create_pr"))
+        self._check_commit_access(req, repo, create_pr)
+        commit = repo.commits[self._resolve(repo, rev)]
+        files = []
+        for f in req.json().get("files", []):
+            p = f.get("path", "")
+            files.append({"path": p, "uploadMode": "regular", "shouldIgnore": False,
+                          "oid": commit.tree.get(p)})
+        return _json_response({"files": files, "commitOid": commit.oid})
+
+    def _commit(self, req: _Req, rtype: str, repo_id: str, rev: str):
+        repo = self._readable(req, rtype, repo_id)
+        create_pr = _truthy(req.query.get("create_pr"))
+        self._check_commit_access(req, repo, create_pr)
+        try:
+            lines = [json.loads(line) for line in req.body.decode().splitlines() if line.strip()]
+        except ValueError:
+            raise HubError(400, "Invalid NDJSON commit payload") from None
+        if not lines or lines[0].get("key") != "header":
+            raise HubError(400, "The first line of a commit must be its header")
+        header = lines[0].get("value") or {}
+        title = header.get("summary") or ""
+        if not title:
+            raise HubError(400, "A commit needs a summary")
+        sha, kind, name = self._resolve_ref(repo, rev)
+        parent_commit = header.get("parentCommit")
+        if parent_commit is not None:
+            parent_commit = parent_commit.lower()
+            if parent_commit not in repo.commits:
+                raise HubError(404, f"Invalid rev id: {parent_commit}", code="RevisionNotFound")
+        if create_pr:
+            if kind != "branch":
+                raise HubError(400, "A pull request must target a branch")
+            base = parent_commit or sha
+        else:
+            if kind not in ("branch", "pr"):
+                raise HubError(400, f"Invalid rev id: {rev} is not a branch")
+            if parent_commit is not None and parent_commit != sha:
+                raise HubError(412, "A commit has happened since. Please refresh and try again.")
+            base = sha
+        tree = dict(repo.commits[base].tree)
+        new_blobs = {}
+        for line in lines[1:]:
+            key, value = line.get("key"), line.get("value") or {}
+            path = (value.get("path") or "").strip("/")
+            if key == "file":
+                if not path:
+                    raise HubError(400, "A file needs a path")
+                content = value.get("content", "")
+                if value.get("encoding", "base64") == "base64":
+                    data = base64.b64decode(content)
+                else:
+                    data = content.encode()
+                oid = git_blob_oid(data)
+                new_blobs[oid] = data
+                tree[path] = oid
+            elif key == "deletedFile":
+                if path not in tree:
+                    raise HubError(404, f"A file with this name doesn't exist: {path}", code="EntryNotFound")
+                del tree[path]
+            elif key == "deletedFolder":
+                gone = [p for p in tree if p.startswith(path + "/")] if path else list(tree)
+                if not gone:
+                    raise HubError(404, f"A folder with this name doesn't exist: {path}", code="EntryNotFound")
+                for p in gone:
+                    del tree[p]
+            elif key == "lfsFile":
+                raise HubError(400, "The test hub only accepts regular uploads (it answered uploadMode=regular)")
+            else:
+                raise HubError(400, f"Unknown commit operation: {key}")
+        self.blobs.update(new_blobs)
+        oid = self._new_commit(repo, [base], tree, title, header.get("description") or "", req.user or "")
+        out: dict[str, Any] = {"success": True, "commitOid": oid,
+                               "commitUrl": f"{self._repo_url(repo)}/commit/{oid}", "hookOutput": ""}
+        if create_pr:
+            num = repo.next_discussion
+            repo.next_discussion += 1
+            repo.prs[num] = oid
+            repo.pr_info[num] = {"title": title, "author": req.user, "status": "open", "target": name}
+            out["pullRequestUrl"] = f"{self._repo_url(repo)}/discussions/{num}"
+        elif kind == "pr":
+            repo.prs[name] = oid
+        else:
+            repo.branches[name] = oid
+        return _json_response(out)
+
+    def _branch(self, req: _Req, rtype: str, repo_id: str, branch: str):
+        repo = self._readable(req, rtype, repo_id)
+        self._require_write(req, repo.namespace, "manage branches of")
+        if req.method == "DELETE":
+            if branch not in repo.branches:
+                raise HubError(404, f"Invalid rev id: {branch}", code="RevisionNotFound")
+            if branch == "main":
+                raise HubError(403, "Cannot delete the main branch")
+            del repo.branches[branch]
+            return _json_response({})
+        if branch.startswith("refs/") or not re.match(r"^[A-Za-z0-9._/-]+$", branch):
+            raise HubError(400, f"Invalid reference for a branch: {branch}")
+        if branch in repo.branches:
+            raise HubError(409, f"Reference already exists: refs/heads/{branch}")
+        start = req.json().get("startingPoint")
+        repo.branches[branch] = self._resolve(repo, start) if start else repo.branches["main"]
+        return _json_response({})
+
+    def _tag(self, req: _Req, rtype: str, repo_id: str, rev_or_tag: str):
+        repo = self._readable(req, rtype, repo_id)
+        self._require_write(req, repo.namespace, "manage tags of")
+        if req.method == "DELETE":
+            if rev_or_tag not in repo.tags:
+                raise HubError(404, f"Invalid rev id: {rev_or_tag}", code="RevisionNotFound")
+            del repo.tags[rev_or_tag]
+            return _json_response({})
+        tag = req.json().get("tag") or ""
+        if not tag or tag.startswith("refs/"):
+            raise HubError(400, f"Invalid tag name: {tag!r}")
+        if tag in repo.tags:
+            raise HubError(409, f"Tag already exists: {tag}")
+        repo.tags[tag] = self._resolve(repo, rev_or_tag)
+        return _json_response({})
+
+    def _resolve_file(self, req: _Req, rtype: str, repo_id: str, rev: str, path: str):
+        repo = self._readable(req, rtype, repo_id)
+        sha = self._resolve(repo, rev)
+        commit = repo.commits[sha]
+        if path not in commit.tree:
+            raise HubError(404, "Entry not found", code="EntryNotFound", headers={"X-Repo-Commit": sha})
+        oid = commit.tree[path]
+        data = self.blobs[oid]
+        headers = {
+            "Content-Type": _content_type(path), "ETag": f'"{oid}"', "X-Repo-Commit": sha,
+            "Accept-Ranges": "bytes", "Cache-Control": "private, max-age=0, must-revalidate",
+        }
+        rng = req.headers.get("Range")
+        if rng:
+            m = re.fullmatch(r"\s*bytes=(\d*)-(\d*)\s*", rng)
+            if m and (m.group(1) or m.group(2)):
+                size = len(data)
+                if m.group(1):
+                    start = int(m.group(1))
+                    end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
+                else:
+                    start, end = max(size - int(m.group(2)), 0), size - 1
+                if start >= size or start > end:
+                    raise HubError(416, "Requested range not satisfiable",
+                                   headers={"Content-Range": f"bytes */{size}", "X-Repo-Commit": sha})
+                headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+                return 206, headers, data[start:end + 1]
+        return 200, headers, data
+
+
+def _split_rev(segs: list[str]) -> tuple[str, list[str]]:
+    """First segment is the (URL-quoted) revision; accept an unquoted ``refs/pr/N`` too."""
+    if len(segs) >= 3 and segs[0] == "refs" and segs[1] in ("pr", "heads", "tags", "convert"):
+        return "/".join(segs[:3]), segs[3:]
+    return segs[0], segs[1:]
+
+
+def _content_type(path: str) -> str:
+    if path.endswith((".json", ".jinja", ".md", ".txt", ".yaml", ".yml", ".py", ".gitattributes")):
+        return "text/plain; charset=utf-8"
+    return "application/octet-stream"
+
+
+def _card_data(readme: bytes, strict: bool = False) -> dict | None:
+    """The YAML front matter of a README as a dict (``None`` if absent or, unless ``strict``, invalid)."""
+    text = readme.decode("utf-8", "replace")
+    m = re.match(r"^\s*---\s*\n(.*?)\n---\s*(\n|$)", text, re.S)
+    if not m:
+        return None
+    try:
+        import yaml  # huggingface_hub itself depends on PyYAML
+    except ImportError:  # pragma: no cover
+        return None
+    try:
+        data = yaml.safe_load(m.group(1))
+    except yaml.YAMLError as e:
+        if strict:
+            raise ValueError(f"Invalid YAML in the metadata: {e}") from None
+        return None
+    if data is not None and not isinstance(data, dict):
+        if strict:
+            raise ValueError("The metadata must be a YAML mapping")
+        return None
+    return data
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP plumbing
+# --------------------------------------------------------------------------------------------
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+    hub: HubServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "hubsoup-test-hub/1.0"
+    server: _HTTPServer
+
+    def log_message(self, format, *args):  # noqa: A002 - silence the default stderr log
+        pass
+
+    def do_GET(self):
+        self._dispatch("GET")
+
+    def do_HEAD(self):
+        self._dispatch("HEAD")
+
+    def do_POST(self):
+        self._dispatch("POST")
+
+    def do_PUT(self):
+        self._dispatch("PUT")
+
+    def do_DELETE(self):
+        self._dispatch("DELETE")
+
+    def do_PATCH(self):
+        self._dispatch("PATCH")
+
+    def _read_body(self) -> bytes:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            return b"".join(chunks)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _dispatch(self, method: str) -> None:
+        hub = self.server.hub
+        body = self._read_body()
+        split = urlsplit(self.path)
+        path = split.path
+        query = parse_qs(split.query, keep_blank_values=True)
+        auth = self.headers.get("Authorization") or ""
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+        user, can_write, bad_token = None, False, False
+        if token:
+            if token in hub.tokens:
+                user, can_write = hub.tokens[token]
+            else:
+                bad_token = True
+        req = _Req(method, path, query, self.headers, body, user, can_write)
+
+        failure = hub._take_failure(method, path, "before")
+        if failure is not None:
+            resp = None
+        elif bad_token:
+            resp = HubError(401, "Invalid credentials in Authorization header").response()
+        else:
+            try:
+                resp = hub.handle(req)
+            except HubError as e:
+                resp = e.response()
+            except Exception as e:  # a bug in the test hub: make it loud
+                traceback.print_exc()
+                resp = HubError(500, f"Test hub crashed: {type(e).__name__}: {e}").response()
+            failure = hub._take_failure(method, path, "after")
+        if failure is not None:
+            if failure.drop:
+                self._log(hub, req, 0)
+                self.close_connection = True
+                return
+            err = HubError(failure.status, failure.message, failure.code, failure.headers)
+            resp = err.response()
+        status, headers, data = resp
+        self._log(hub, req, status)
+        self.send_response(status)
+        for k, v in headers.items():
+            # header values must be one latin-1 line (messages may quote paths)
+            v = re.sub(r"[\r\n]+", " ", str(v)).encode("latin-1", "replace").decode("latin-1")
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("X-Request-Id", f"test-{uuid.uuid4().hex[:12]}")
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(data)
+
+    @staticmethod
+    def _log(hub: HubServer, req: _Req, status: int) -> None:
+        with hub._lock:
+            hub.requests.append({"method": req.method, "path": req.path, "query": req.query,
+                                 "status": status, "user": req.user})
+
+
+# --------------------------------------------------------------------------------------------
+# Pytest fixtures
+# --------------------------------------------------------------------------------------------
+
+
+def _endpoint_port() -> int:
+    endpoint = os.environ.get("HF_ENDPOINT")
+    if not endpoint:
+        raise RuntimeError("HF_ENDPOINT is not set: conftest.py must set it before huggingface_hub is imported")
+    port = urlsplit(endpoint).port
+    if port is None:
+        raise RuntimeError(f"HF_ENDPOINT={endpoint!r} has no port")
+    return port
+
+
+@pytest.fixture(scope="session")
+def hub_server():
+    """The test Hub, started on the port of ``HF_ENDPOINT`` the first time a test asks for it."""
+    from huggingface_hub import constants
+
+    port = _endpoint_port()
+    if urlsplit(constants.ENDPOINT).port != port:
+        raise RuntimeError("huggingface_hub was imported before conftest.py set HF_ENDPOINT")
+    server = HubServer(port=port).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hub(hub_server, monkeypatch):
+    """The test Hub, emptied, with offline mode off for the duration of the test.
+
+    Offline mode is read from ``huggingface_hub.constants.HF_HUB_OFFLINE`` (``is_offline_mode()``,
+    used by huggingface_hub and transformers) and from the ``HF_HUB_OFFLINE`` environment variable
+    (peft's ``check_file_exists_on_hf_hub``); ``datasets.config`` keeps its own copy.
+    """
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    ds_config = sys.modules.get("datasets.config")
+    if ds_config is not None:
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+            if hasattr(ds_config, name):
+                monkeypatch.setattr(ds_config, name, False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    hub_server.reset()
+    hub_server._monkeypatch = monkeypatch
+    try:
+        yield hub_server
+    finally:
+        hub_server._monkeypatch = None
+        if hub_server.unhandled:
+            warnings.warn(f"test hub got requests it does not handle: {hub_server.unhandled}", stacklevel=1)
