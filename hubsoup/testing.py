@@ -90,3 +90,17 @@ def write_card_metadata(folder: str, **metadata) -> None:
     from huggingface_hub import ModelCard, ModelCardData
 
     ModelCard.from_template(ModelCardData(**metadata)).save(os.path.join(folder, "README.md"))
+
+
+def save_tiny_tokenizer(folder: str, vocab: int = 128) -> None:
+    """A word-level tokenizer over the words ``w0 .. w{vocab-5}`` (plus [PAD] [UNK] [CLS] [SEP] [EOS])."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[EOS]"]
+    words = specials + [f"w{i}" for i in range(vocab - len(specials))]
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                                   sep_token="[SEP]", eos_token="[EOS]")
+    fast.save_pretrained(folder)

@@ -1,0 +1,18 @@
+"""Evaluation: text-classification accuracy / macro-F1 and causal-LM perplexity.
+
+Data comes from ``datasets`` (local csv/json/jsonl/parquet files or Hub dataset IDs);
+metrics are modules shipped inside hubsoup and loaded with ``evaluate.load(path)``,
+since Hub-hosted metrics are unreachable offline.
+
+Example:
+    >>> from hubsoup.eval import TaskSpec, evaluate_model
+    >>> task = TaskSpec.parse("classification:val.csv,text=sentence,label=label,name=sst")  # doctest: +SKIP
+    >>> results = evaluate_model("./soup", [task], limit=200)                               # doctest: +SKIP
+    >>> results[0].metrics                                                                  # doctest: +SKIP
+    {'accuracy': 0.91, 'f1': 0.90}
+"""
+
+from hubsoup.eval.run import TaskResult, evaluate_model, load_metric, to_eval_results
+from hubsoup.eval.tasks import TaskSpec
+
+__all__ = ["TaskSpec", "TaskResult", "evaluate_model", "load_metric", "to_eval_results"]

@@ -1,0 +1,19 @@
+"""Accuracy: the fraction of predictions equal to the references (shipped with hubsoup)."""
+
+import datasets
+import evaluate
+
+
+class Accuracy(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(
+            description="Fraction of predictions equal to the references.",
+            citation="",
+            inputs_description="predictions, references: lists of integer class ids",
+            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
+        )
+
+    def _compute(self, predictions, references):
+        if not references:
+            raise ValueError("accuracy of an empty set")
+        return {"accuracy": sum(int(p == r) for p, r in zip(predictions, references)) / len(references)}

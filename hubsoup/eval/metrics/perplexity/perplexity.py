@@ -1,0 +1,25 @@
+"""Perplexity from per-example summed negative log-likelihoods and token counts (shipped with hubsoup).
+
+exp(Σ nll / Σ tokens): the corpus-level perplexity, every token weighted equally.
+"""
+
+import math
+
+import datasets
+import evaluate
+
+
+class Perplexity(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(
+            description="Corpus perplexity exp(sum of token NLLs / number of tokens).",
+            citation="",
+            inputs_description="predictions: summed NLL (nats) per example; references: its number of predicted tokens",
+            features=datasets.Features({"predictions": datasets.Value("float64"), "references": datasets.Value("int64")}),
+        )
+
+    def _compute(self, predictions, references):
+        tokens = sum(references)
+        if tokens <= 0:
+            raise ValueError("perplexity needs at least one predicted token")
+        return {"perplexity": math.exp(sum(predictions) / tokens), "tokens": tokens}

@@ -1,0 +1,205 @@
+"""Running evaluation tasks on a model folder (or Hub repo)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from hubsoup.errors import HubsoupError, ParameterError
+from hubsoup.eval.tasks import TaskSpec
+
+_METRICS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics")
+_TASK_TYPES = {"classification": "text-classification", "perplexity": "text-generation"}
+
+
+def load_metric(name: str):
+    """One of hubsoup's shipped metric modules (accuracy, macro_f1, perplexity), via ``evaluate.load``."""
+    import evaluate
+
+    path = os.path.join(_METRICS_DIR, name)
+    if not os.path.isdir(path):
+        raise ParameterError(f"no shipped metric {name!r} (have: {', '.join(sorted(os.listdir(_METRICS_DIR)))})")
+    return evaluate.load(path)
+
+
+@dataclass
+class TaskResult:
+    task: TaskSpec
+    metrics: dict[str, float]
+    n_examples: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def main_metric(self) -> str:
+        return "accuracy" if self.task.kind == "classification" else "perplexity"
+
+    @property
+    def score(self) -> float:
+        """Higher is better: accuracy, or minus perplexity."""
+        v = self.metrics[self.main_metric]
+        return v if self.task.kind == "classification" else -v
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task.name, "kind": self.task.kind, "data": self.task.data, "split": self.task.split,
+                "n_examples": self.n_examples, "metrics": self.metrics}
+
+
+def to_eval_results(results: Sequence[TaskResult]):
+    """``huggingface_hub.EvalResult`` entries for a card's model-index."""
+    from huggingface_hub import EvalResult
+
+    out = []
+    for r in results:
+        for metric, value in r.metrics.items():
+            if metric == "tokens":
+                continue
+            out.append(EvalResult(task_type=_TASK_TYPES[r.task.kind], dataset_type=r.task.data,
+                                  dataset_name=r.task.name, dataset_split=r.task.split, dataset_config=r.task.config,
+                                  metric_type=metric, metric_value=round(float(value), 6)))
+    return out
+
+
+class _Models:
+    """Loads each kind of model once per evaluation."""
+
+    def __init__(self, model: str, device: str, tokenizer: str | None):
+        self.path, self.device, self.tokenizer_path = model, device, tokenizer
+        self._cache: dict[str, Any] = {}
+
+    def get(self, kind: str):
+        if kind not in self._cache:
+            import transformers
+
+            cls = {"encoder": transformers.AutoModel, "seqcls": transformers.AutoModelForSequenceClassification,
+                   "causal": transformers.AutoModelForCausalLM}[kind]
+            try:
+                model = cls.from_pretrained(self.path)
+            except (OSError, ValueError) as e:
+                raise HubsoupError(f"cannot load {self.path} as {cls.__name__}: {e}") from e
+            self._cache[kind] = model.to(self.device).eval()
+        return self._cache[kind]
+
+    def tokenizer(self):
+        if "tok" not in self._cache:
+            from transformers import AutoTokenizer
+
+            try:
+                tok = AutoTokenizer.from_pretrained(self.tokenizer_path or self.path)
+            except (OSError, ValueError) as e:
+                raise HubsoupError(f"no tokenizer for {self.path}; pass one (tokenizer=...): {e}") from e
+            if tok.pad_token is None:
+                tok.pad_token = tok.eos_token or tok.unk_token
+            self._cache["tok"] = tok
+        return self._cache["tok"]
+
+
+def _label_ids(values: list, names: list[str] | None, task: TaskSpec) -> list[int]:
+    if all(isinstance(v, (int,)) or (isinstance(v, float) and float(v).is_integer()) for v in values):
+        return [int(v) for v in values]
+    if names is None:
+        raise ParameterError(f"task '{task.name}': labels are strings but the head/model gives no label names")
+    index = {n: i for i, n in enumerate(names)}
+    unknown = sorted({str(v) for v in values} - set(index))
+    if unknown:
+        raise ParameterError(f"task '{task.name}': label {unknown[0]!r} is not one of the model's labels {names}")
+    return [index[str(v)] for v in values]
+
+
+def load_head(path: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """A frozen classifier head: ``weight`` [C, H], ``bias`` [C] and metadata (labels, pooling)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, "pt") as f:
+            meta = f.metadata() or {}
+            return f.get_tensor("weight").float(), f.get_tensor("bias").float(), meta
+    except Exception as e:  # noqa: BLE001
+        raise ParameterError(f"cannot read classifier head {path}: {e}") from e
+
+
+def _classify(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool) -> TaskResult:
+    tok = models.tokenizer()
+    if task.head:
+        weight, bias, meta = load_head(task.head)
+        names = json.loads(meta["labels"]) if "labels" in meta else None
+        pooling = meta.get("pooling", task.pooling)
+        model = models.get("encoder")
+    else:
+        model = models.get("seqcls")
+        cfg = model.config
+        names = [cfg.id2label[i] for i in range(cfg.num_labels)] if getattr(cfg, "id2label", None) else None
+    refs = _label_ids(list(ds[task.label]), names, task)
+    preds: list[int] = []
+    for start in tqdm(range(0, len(ds), batch_size), desc=f"eval {task.name}", disable=quiet, leave=False):
+        rows = ds[start:start + batch_size]
+        enc = tok(rows[task.text], rows[task.text_pair] if task.text_pair else None, padding=True, truncation=True,
+                  max_length=task.max_length, return_tensors="pt").to(models.device)
+        with torch.no_grad():
+            if task.head:
+                logits = pooled_logits(model, enc, weight.to(models.device), bias.to(models.device), pooling)
+            else:
+                logits = model(**enc).logits
+        preds.extend(logits.argmax(-1).tolist())
+    acc = load_metric("accuracy").compute(predictions=preds, references=refs)
+    f1 = load_metric("macro_f1").compute(predictions=preds, references=refs)
+    return TaskResult(task, {"accuracy": acc["accuracy"], "f1": f1["f1"]}, len(refs))
+
+
+def pooled_logits(model, enc, weight, bias, pooling: str = "mean") -> torch.Tensor:
+    """Logits of a frozen linear head on the encoder's pooled output."""
+    hidden = model(**enc).last_hidden_state
+    if pooling == "cls":
+        pooled = hidden[:, 0]
+    else:
+        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+    return pooled.float() @ weight.T + bias
+
+
+def _perplexity(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool) -> TaskResult:
+    tok = models.tokenizer()
+    model = models.get("causal")
+    nlls, counts = [], []
+    for start in tqdm(range(0, len(ds), batch_size), desc=f"eval {task.name}", disable=quiet, leave=False):
+        texts = ds[start:start + batch_size][task.text]
+        enc = tok(texts, padding=True, truncation=True, max_length=task.max_length, return_tensors="pt").to(models.device)
+        with torch.no_grad():
+            logits = model(**enc).logits[:, :-1].float()
+        target = enc["input_ids"][:, 1:]
+        mask = enc["attention_mask"][:, 1:].bool() & enc["attention_mask"][:, :-1].bool()
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none") * mask
+        nlls.extend(nll.sum(1).double().tolist())
+        counts.extend(mask.sum(1).tolist())
+    res = load_metric("perplexity").compute(predictions=nlls, references=counts)
+    return TaskResult(task, {"perplexity": res["perplexity"]}, len(counts), {"tokens": res["tokens"]})
+
+
+def evaluate_model(model: str, tasks: Sequence[TaskSpec], *, batch_size: int = 32, limit: int | None = None,
+                   device: str = "cpu", tokenizer: str | None = None, quiet: bool = False) -> list[TaskResult]:
+    """Evaluate ``model`` (a folder or Hub repo ID) on each task.
+
+    Args:
+        limit: use at most this many examples per task (overrides a task's own ``limit``).
+        tokenizer: where to take the tokenizer from (default: the model's).
+    """
+    models = _Models(model, device, tokenizer)
+    results = []
+    for task in tasks:
+        if limit is not None:
+            task = TaskSpec(**{**task.__dict__, "limit": limit})
+        ds = task.load()
+        if len(ds) == 0:
+            raise ParameterError(f"task '{task.name}': no examples in {task.data}")
+        run = _classify if task.kind == "classification" else _perplexity
+        results.append(run(models, task, ds, batch_size, quiet))
+    return results
+
+
+def write_results(results: Sequence[TaskResult], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump([r.to_dict() for r in results], f, indent=2)

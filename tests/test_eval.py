@@ -1,0 +1,112 @@
+"""Evaluation: shipped metrics, classification with a frozen head, perplexity, CLI."""
+
+import json
+import math
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from hubsoup.cli import main
+from hubsoup.errors import ParameterError
+from hubsoup.eval import TaskSpec, evaluate_model, load_metric, to_eval_results
+from hubsoup.testing import make_base, save_tiny_tokenizer
+
+
+def test_accuracy_and_macro_f1_by_hand():
+    preds, refs = [0, 1, 1, 2, 2, 2], [0, 1, 2, 2, 2, 0]
+    assert load_metric("accuracy").compute(predictions=preds, references=refs)["accuracy"] == pytest.approx(4 / 6)
+    # per class F1 = 2tp/(2tp+fp+fn): c0: tp1 fp0 fn1 -> 2/3 ; c1: tp1 fp1 fn0 -> 2/3 ; c2: tp2 fp1 fn1 -> 4/6
+    f1 = load_metric("macro_f1").compute(predictions=preds, references=refs)["f1"]
+    assert f1 == pytest.approx(2 / 3)
+    f1 = load_metric("macro_f1").compute(predictions=[0, 0, 1, 1], references=[0, 1, 1, 1])["f1"]
+    assert f1 == pytest.approx((2 / 3 + 4 / 5) / 2)
+
+
+def test_perplexity_metric_by_hand():
+    res = load_metric("perplexity").compute(predictions=[2.0, 4.0], references=[2, 4])
+    assert res["perplexity"] == pytest.approx(math.exp(1.0))
+
+
+def test_task_spec_parsing():
+    t = TaskSpec.parse("classification:data/val.csv,text=sentence,label=y,name=sst,limit=5")
+    assert (t.kind, t.data, t.text, t.label, t.name, t.limit) == ("classification", "data/val.csv", "sentence", "y", "sst", 5)
+    with pytest.raises(ParameterError, match="unknown key 'txt'"):
+        TaskSpec.parse("classification:x.csv,txt=a")
+    with pytest.raises(ParameterError, match="task kind must be one of"):
+        TaskSpec.parse("regression:x.csv")
+
+
+@pytest.fixture(scope="module")
+def bert_with_tok(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("evalbert") / "bert")
+    make_base("bert", folder)
+    save_tiny_tokenizer(folder)
+    return folder
+
+
+def write_csv(path, rows):
+    with open(path, "w") as f:
+        f.write("text,label\n")
+        for text, label in rows:
+            f.write(f"{text},{label}\n")
+    return str(path)
+
+
+def test_classification_with_frozen_head(bert_with_tok, tmp_path):
+    from transformers import AutoModel, AutoTokenizer
+
+    from hubsoup.eval.run import pooled_logits
+
+    rows = [(f"w{i} w{i + 3} w{i + 7}", i % 3) for i in range(30)]
+    data = write_csv(tmp_path / "val.csv", rows)
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(3, 32, generator=g), torch.randn(3, generator=g)
+    head = str(tmp_path / "head.safetensors")
+    save_file({"weight": w, "bias": b}, head, metadata={"pooling": "mean", "labels": json.dumps(["a", "b", "c"])})
+    # reference predictions computed independently, one example at a time
+    model, tok = AutoModel.from_pretrained(bert_with_tok).eval(), AutoTokenizer.from_pretrained(bert_with_tok)
+    want = []
+    for text, _ in rows:
+        with torch.no_grad():
+            want.append(int(pooled_logits(model, tok([text], return_tensors="pt"), w, b).argmax()))
+    acc = sum(int(p == y) for p, (_, y) in zip(want, rows)) / len(rows)
+    [res] = evaluate_model(bert_with_tok, [TaskSpec.parse(f"classification:{data},head={head},name=toy")],
+                           batch_size=7, quiet=True)
+    assert res.metrics["accuracy"] == pytest.approx(acc)
+    assert res.n_examples == 30
+    # a head whose bias dominates predicts one class: accuracy = that class's share
+    save_file({"weight": torch.zeros(3, 32), "bias": torch.tensor([0.0, 5.0, 0.0])}, head)
+    [res] = evaluate_model(bert_with_tok, [TaskSpec.parse(f"classification:{data},head={head}")], quiet=True)
+    assert res.metrics["accuracy"] == pytest.approx(10 / 30)
+    er = to_eval_results([res])
+    assert {e.metric_type for e in er} == {"accuracy", "f1"} and er[0].task_type == "text-classification"
+
+
+def test_perplexity_matches_model_loss(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    folder = str(tmp_path / "llama")
+    make_base("llama", folder)
+    save_tiny_tokenizer(folder)
+    data = tmp_path / "test.jsonl"
+    data.write_text("\n".join(json.dumps({"text": f"w{i} w{i + 1} w{i + 2} w{i + 5}"}) for i in range(4)) + "\n")
+    [res] = evaluate_model(folder, [TaskSpec.parse(f"perplexity:{data}")], quiet=True, batch_size=3)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.tensor([[5 + i, 6 + i, 7 + i, 10 + i] for i in range(4)])
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=ids).loss  # equal lengths: mean over all predicted tokens
+    assert res.metrics["perplexity"] == pytest.approx(math.exp(float(loss)), rel=1e-4)
+
+
+def test_eval_cli_and_bad_column(bert_with_tok, tmp_path, capsys):
+    data = write_csv(tmp_path / "v.csv", [("w1 w2", 0), ("w3", 1)])
+    head = str(tmp_path / "h.safetensors")
+    save_file({"weight": torch.zeros(2, 32), "bias": torch.tensor([1.0, 0.0])}, head)
+    out = tmp_path / "r.json"
+    assert main(["eval", bert_with_tok, "--task", f"classification:{data},head={head},name=v", "--json", str(out), "-q"]) == 0
+    assert "accuracy=0.5000" in capsys.readouterr().out
+    assert json.loads(out.read_text())[0]["metrics"]["accuracy"] == 0.5
+    assert main(["eval", bert_with_tok, "--task", f"classification:{data},text=sentence,head={head}"]) == 2
+    assert "column 'sentence' not in" in capsys.readouterr().err
