@@ -53,9 +53,51 @@ class MergeResult:
     plan: Plan = field(repr=False)
     stats: dict[str, Any] = field(default_factory=dict, repr=False)
     seconds: float = 0.0
+    output_format: str = "full"
+    """``full`` (a checkpoint) or ``lora`` (a PEFT adapter of the base)."""
+    lora: dict[str, Any] | None = field(default=None, repr=False)
+    """LoRA output only: ranks and truncation errors (``hubsoup_lora_report.json``)."""
+
+    def push_to_hub(self, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
+                    commit_message: str | None = None, token: str | bool | None = None,
+                    eval_results: Sequence[Any] | None = None, card_template: str | None = None,
+                    license: str | None = None):
+        """Upload the output folder to the Hub in one commit (the repo is created if needed).
+
+        The folder's model card is updated first, in place, so that the folder stays identical
+        to what is on the Hub and ``hubsoup push FOLDER REPO`` retries a failed push: its "how to
+        use" snippet loads ``repo_id``. Given ``eval_results`` (``huggingface_hub.EvalResult``
+        entries: the card's ``model-index`` and results table), ``card_template`` or ``license``,
+        the card is rendered again from this result (sections appended to it after the merge
+        are then lost).
+
+        Returns:
+            ``huggingface_hub.CommitInfo`` (``commit_url``, ``oid``, ``pr_url``).
+
+        Raises:
+            hubsoup.errors.PushError: what failed and how to retry; the local folder is intact.
+
+        Example:
+            >>> info = result.push_to_hub("my-org/soup", private=True)   # doctest: +SKIP
+            >>> print(info.commit_url)                                     # doctest: +SKIP
+        """
+        from hubsoup.card import write_card
+        from hubsoup.hub import check_repo_id, push_folder, retarget_card
+
+        check_repo_id(repo_id)
+        if eval_results or card_template or license:
+            write_card(self, self.path, repo_id=repo_id, eval_results=eval_results, template=card_template,
+                       license=license)
+        else:
+            retarget_card(self.path, repo_id)
+        return push_folder(self.path, repo_id, private=private, create_pr=create_pr,
+                           commit_message=commit_message, token=token)
 
     def __str__(self) -> str:
-        return (f"merged {len(self.inputs)} model(s) with {self.method} onto {self.base.label} "
+        what = ""
+        if self.lora is not None:
+            what = f" as a LoRA adapter (relative truncation error {self.lora['aggregate_rel_error']:.2e})"
+        return (f"merged {len(self.inputs)} model(s) with {self.method} onto {self.base.label}{what} "
                 f"in {self.seconds:.2f}s -> {self.path}")
 
 
@@ -85,9 +127,9 @@ def base_model_claims(ckpt: Checkpoint) -> list[str]:
     """Base models an input names for itself (card ``base_model``, adapter config)."""
     claims = []
     bm = ckpt.card_metadata().get("base_model")
-    if isinstance(bm, str):
+    if isinstance(bm, str) and bm.strip():  # peft writes `base_model: ''` when it did not know
         claims.append(bm)
-    elif isinstance(bm, list) and len(bm) == 1:
+    elif isinstance(bm, list) and len(bm) == 1 and bm[0]:
         claims.append(bm[0])
     adapter = ckpt.read_json("adapter_config.json") or {}
     if adapter.get("base_model_name_or_path"):
@@ -102,7 +144,8 @@ def resolve_base(inputs: list[Checkpoint]) -> str:
         if not claims:
             raise BaseModelError(
                 f"input '{ckpt.label}' does not say which base model it was fine-tuned from "
-                "(no base_model in its model card); pass --base ORG/NAME or a folder")
+                "(no base_model in its model card, no base_model_name_or_path in an adapter_config.json); "
+                "pass --base ORG/NAME or a folder")
         named[ckpt.label] = claims[0]
     if len(set(named.values())) > 1:
         detail = ", ".join(f"{k} -> {v}" for k, v in named.items())
@@ -141,9 +184,18 @@ def _align_names(base_keys: list[str], ckpt: Checkpoint, ignore_extra: bool) -> 
 
 def delta_source(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos: dict, *,
                  ignore_extra: bool = False, shape_mismatch: str = "error"):
-    """The task-vector source for one input, after checking its tensors against the base."""
+    """The task-vector source for one input, after checking its tensors against the base.
+
+    A full checkpoint gives a :class:`FullDelta`; a PEFT LoRA adapter (``adapter_config.json``)
+    a :class:`~hubsoup.sources.lora.LoraDelta`, which materialises each adapted tensor's ΔW
+    on demand from the adapter's factors (see ``hubsoup/sources/lora.py`` for the checks).
+    """
+    if ckpt.ref.kind == "lora":
+        from hubsoup.sources.lora import lora_source
+
+        return lora_source(ckpt, base, base_keys, infos, ignore_extra=ignore_extra)
     if ckpt.ref.kind != "full":
-        raise IncompatibleInputError(f"input '{ckpt.label}' is a {ckpt.ref.kind} adapter; adapter inputs are not supported yet")
+        raise IncompatibleInputError(f"input '{ckpt.label}' is a {ckpt.ref.kind} adapter; such inputs are not supported")
     name_map = _align_names(base_keys, ckpt, ignore_extra)
     for k in base_keys:
         shape = tuple(ckpt.info(name_map[k]).shape)
@@ -153,9 +205,11 @@ def delta_source(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos
     return FullDelta(ckpt, name_map, shape_mismatch)
 
 
-def _copy_base_files(base: Checkpoint, dest: str) -> list[str]:
+def _copy_base_files(base: Checkpoint, dest: str, tokenizer_only: bool = False) -> list[str]:
     copied = []
     for fname in _COPY_FROM_BASE:
+        if tokenizer_only and fname in ("config.json", "generation_config.json"):
+            continue  # an adapter folder with a config.json would look like a full model
         src = os.path.join(base.folder, fname)
         if os.path.isfile(src):
             shutil.copyfile(src, os.path.join(dest, fname))
@@ -167,6 +221,8 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
           params: dict[str, Any] | None = None, device: str = "cpu", dtype: str | None = None,
           shard_size: str | int = "5GB", overwrite: bool = False, allow_pickle: bool = False,
           ignore_extra: bool = False, shape_mismatch: str = "error", token: str | bool | None = None,
+          output_format: str = "full", rank: int | None = None, energy: float | None = None,
+          exemplars: dict[str, str] | Sequence[str] | None = None,
           quiet: bool = False, **kwargs: Any) -> MergeResult:
     """Merge fine-tunes of one base model and write a standard checkpoint folder.
 
@@ -183,6 +239,16 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         ignore_extra: leave out input tensors the base lacks (e.g. task heads).
         shape_mismatch: ``error`` or ``base-slice`` (merge the rows the base has).
         token: Hub token (default: the usual huggingface_hub sources).
+        output_format: ``full`` (a checkpoint) or ``lora`` (a PEFT adapter of the base holding
+            the merged task vector, per-module truncated SVD; see ``hubsoup/lora_out.py``).
+        rank: LoRA output: the rank of every module (the cap when ``energy`` is given).
+        energy: LoRA output: per module, the smallest rank keeping this fraction of ‖τ‖²_F.
+        exemplars: for data-aware methods (``lot``): ``{task: path_or_dataset}`` or
+            ``["task=path_or_dataset", ...]``, one per input; passed as the ``exemplars``
+            method parameter (so they are in the recipe and its hash).
+
+    Inputs may be PEFT LoRA adapters (folders or repos with ``adapter_config.json``),
+    mixed freely with full fine-tunes of the same base.
 
     Returns:
         :class:`MergeResult` describing the output.
@@ -196,6 +262,12 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     """
     t0 = time.perf_counter()
     params = {**(params or {}), **kwargs}
+    if exemplars:
+        from hubsoup.features import parse_exemplar_specs
+
+        given = params.get("exemplars") or []
+        given = [given] if isinstance(given, str) else list(given)
+        params["exemplars"] = given + [f"{k}={v}" for k, v in parse_exemplar_specs(exemplars).items()]
     m = get_method(method)
     p = m.parse(params)
     if shape_mismatch not in SHAPE_POLICIES:
@@ -204,6 +276,16 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         raise ParameterError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     if not inputs:
         raise ParameterError("no input models given")
+    lora_opts = None
+    if output_format == "lora":
+        from hubsoup.lora_out import LoraOptions
+
+        lora_opts = LoraOptions(rank, energy, _DTYPES[dtype] if dtype else None)
+        lora_opts.validate()
+    elif output_format != "full":
+        raise ParameterError(f"output_format must be 'full' or 'lora', got {output_format!r}")
+    elif rank is not None or energy is not None:
+        raise ParameterError("rank/energy apply to the LoRA output only (--output-format lora)")
     m.check_inputs(p, len(inputs))
     if os.path.exists(out) and not overwrite:
         from hubsoup.errors import OutputExistsError
@@ -227,24 +309,34 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     out_dtype = _DTYPES[dtype] if dtype else None
     recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref.to_dict(),
                     inputs=[c.ref.to_dict() for c in ckpts], dtype=dtype, hubsoup_version=__version__)
+    if lora_opts is not None:  # how τ is stored, not what it is: outside the hash
+        recipe.extra["output"] = {"format": "lora", "rank": rank, "energy": energy}
 
     folder = OutputFolder(out, overwrite=overwrite)
     writer = None
+    lora_report = None
     try:
-        entries = [(name, e.shape, out_dtype if (out_dtype and e.mergeable) else e.dtype)
-                   for name, e in plan.output_entries()]
-        writer = ShardedWriter(folder.path, entries, parse_size(shard_size),
-                               metadata={"hubsoup_recipe": json.dumps(recipe.to_dict(), default=str)})
-        copied = _copy_base_files(base_ckpt, folder.path)
-        if out_dtype is not None and "config.json" in copied:
-            _set_config_dtype(os.path.join(folder.path, "config.json"), dtype)
         job = Job(plan, base_ckpt, sources, m, p, recipe.hash)
-        stats = run(job, writer, out_dtype, quiet=quiet)
-        writer.close()
+        if lora_opts is not None:
+            from hubsoup.lora_out import write_adapter
+
+            stats, lora_report = write_adapter(job, base_keys, sources, lora_opts, folder.path, quiet=quiet,
+                                               metadata={"hubsoup_recipe": json.dumps(recipe.to_dict(), default=str)})
+            _copy_base_files(base_ckpt, folder.path, tokenizer_only=True)
+        else:
+            entries = [(name, e.shape, out_dtype if (out_dtype and e.mergeable) else e.dtype)
+                       for name, e in plan.output_entries()]
+            writer = ShardedWriter(folder.path, entries, parse_size(shard_size),
+                                   metadata={"hubsoup_recipe": json.dumps(recipe.to_dict(), default=str)})
+            copied = _copy_base_files(base_ckpt, folder.path)
+            if out_dtype is not None and "config.json" in copied:
+                _set_config_dtype(os.path.join(folder.path, "config.json"), dtype)
+            stats = run(job, writer, out_dtype, quiet=quiet)
+            writer.close()
         with open(os.path.join(folder.path, RECIPE_FILE), "w", encoding="utf-8") as f:
             f.write(recipe.to_yaml())
         result = MergeResult(folder.target, recipe, method, m.describe_params(p), base_ckpt.ref, [c.ref for c in ckpts],
-                             plan, _jsonable(stats), time.perf_counter() - t0)
+                             plan, _jsonable(stats), time.perf_counter() - t0, output_format, lora_report)
         from hubsoup.card import write_card
 
         write_card(result, folder.path)

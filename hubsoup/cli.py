@@ -22,14 +22,54 @@ def _params(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def _push_prepare(args) -> str:
+    """Check --push / --card-template before any merging; the output folder (``./NAME`` by default with --push)."""
+    if not args.push and (args.private or args.create_pr or args.commit_message):
+        raise ParameterError("--private, --create-pr and --commit-message need --push ORG/NAME")
+    if args.push:
+        from hubsoup.hub import check_repo_id
+
+        check_repo_id(args.push)
+    if args.card_template and not os.path.isfile(args.card_template):
+        raise ParameterError(f"card template '{args.card_template}' not found")
+    out = args.out or (os.path.join(".", args.push.split("/")[-1]) if args.push else None)
+    if not out:
+        raise ParameterError("give the output folder with --out (with --push ORG/NAME it defaults to ./NAME)")
+    if args.push and os.path.exists(out) and not args.overwrite:
+        from hubsoup.errors import OutputExistsError
+        from hubsoup.hub import retry_command
+
+        raise OutputExistsError(f"output '{out}' already exists; pass --overwrite to merge again, or push it as it "
+                                f"is with: {retry_command(out, args.push, private=args.private, create_pr=args.create_pr)}")
+    return out
+
+
+def _push_finish(args, result) -> None:
+    """--card-template, then --push: upload the output in one commit and print the commit URL."""
+    if args.card_template:
+        from hubsoup.card import write_card
+
+        write_card(result, result.path, template=args.card_template)
+    if not args.push:
+        return
+    info = result.push_to_hub(args.push, private=args.private or None, create_pr=args.create_pr,
+                              commit_message=args.commit_message)
+    print(f"pushed to {args.push}: {info.commit_url}")
+    if info.pr_url:
+        print(f"pull request: {info.pr_url}")
+
+
 def cmd_merge(args) -> int:
     from hubsoup.api import merge
 
+    args.out = _push_prepare(args)
     result = merge(args.inputs, args.method, base=args.base, out=args.out, params=_params(args.param),
                    device=args.device, dtype=args.dtype, shard_size=args.shard_size, overwrite=args.overwrite,
                    allow_pickle=args.allow_pickle, ignore_extra=args.ignore_extra,
-                   shape_mismatch=args.shape_mismatch, quiet=args.quiet)
+                   shape_mismatch=args.shape_mismatch, output_format=args.output_format, rank=args.rank,
+                   energy=args.energy, exemplars=args.exemplars, quiet=args.quiet)
     print(result)
+    _push_finish(args, result)
     return 0
 
 
@@ -84,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--method", required=True, help="merge method (see `hubsoup methods`)")
     m.add_argument("--base", help="pre-trained base model (default: from the inputs' model cards)")
     m.add_argument("--param", "-p", action="append", metavar="KEY=VALUE", help="method parameter (repeatable)")
-    m.add_argument("--out", "-o", required=True, help="output folder")
+    m.add_argument("--out", "-o", help="output folder (required unless --push ORG/NAME: then ./NAME)")
     m.add_argument("--device", default="cpu", help="device to merge on (cpu, cuda:0, ...)")
     m.add_argument("--dtype", help="output dtype (default: the base's): float32, float16, bfloat16")
     m.add_argument("--shard-size", default="5GB", help="maximum shard size (default 5GB)")
@@ -93,7 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--ignore-extra", action="store_true", help="leave out input tensors the base lacks")
     m.add_argument("--shape-mismatch", default="error", choices=["error", "base-slice"],
                    help="a tensor whose shape differs from the base's: fail, or merge the base's rows")
+    m.add_argument("--output-format", default="full", choices=["full", "lora"],
+                   help="full: a checkpoint; lora: a PEFT adapter of the base (truncated SVD of the merged task vector)")
+    m.add_argument("--rank", type=int, help="LoRA output: rank of every module (the cap with --energy)")
+    m.add_argument("--exemplars", action="append", metavar="TASK=PATH_OR_DATASET",
+                   help="unlabelled exemplars of one input's task, for data-aware methods (lot); repeat per input. "
+                        "TASK: the input as given, its folder/repo name or position; a datasets-loadable file or "
+                        "folder, or a Hub dataset ID (org/name[:split])")
+    m.add_argument("--energy", type=float,
+                   help="LoRA output: per module, the smallest rank keeping this fraction of the squared Frobenius norm")
     m.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    m.add_argument("--push", metavar="ORG/NAME", help="upload the output to this Hub repo (created if needed) in one commit")
+    m.add_argument("--private", action="store_true", help="with --push: create the repo private")
+    m.add_argument("--create-pr", action="store_true", help="with --push: open a pull request instead of committing to main")
+    m.add_argument("--commit-message", help="with --push: the commit message")
+    m.add_argument("--card-template", metavar="PATH", help="Jinja template of the model card (default cards/merge.md)")
     m.set_defaults(func=cmd_merge)
 
     ms = sub.add_parser("methods", help="list merge methods with their parameters")

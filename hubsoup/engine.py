@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hubsoup.errors import NonFiniteTensorError
+from hubsoup.lowrank import merge_without_stack
 from hubsoup.methods.base import Method, TensorContext
 from hubsoup.plan import Block, Plan, TensorEntry
 from hubsoup.sources.checkpoint import Checkpoint
@@ -56,21 +57,14 @@ def _context(job: Job, block: Block, entry: TensorEntry, stats: dict) -> TensorC
 
 def run(job: Job, writer, out_dtype: torch.dtype | None = None, quiet: bool = False) -> dict[str, Any]:
     """Execute ``job`` into ``writer``; returns the statistics the method gathered."""
-    stats: dict[str, Any] = {}
-    passes = job.method.passes(job.params, len(job.inputs))
-    mergeable = [(b, e) for b, e in job.plan.entries() if e.mergeable]
-    for i, p in enumerate(passes):
-        for block, entry in tqdm(mergeable, desc=f"statistics pass {i + 1}/{len(passes)}", unit="tensor",
-                                 disable=quiet, leave=False):
-            base, deltas = _load(job, block, entry)
-            p.update(_context(job, block, entry, stats), base, deltas)
-            del base, deltas
-        p.finish(stats)
-
+    stats = gather_stats(job, quiet)
     for block in tqdm(job.plan.blocks, desc=f"merging ({job.method.name})", unit="block", disable=quiet):
         for entry in block.tensors:
             if not entry.mergeable:
                 out = job.base.tensor(entry.name)  # integer buffers, masks: the base's, untouched
+            elif (fast := merge_without_stack(job, block, entry)) is not None:
+                out = fast.to(out_dtype or entry.dtype)  # untouched, or linear method on LoRA factors
+                del fast
             else:
                 base, deltas = _load(job, block, entry)
                 merged = job.method.merge(base, deltas, job.params, _context(job, block, entry, stats))
@@ -80,4 +74,21 @@ def run(job: Job, writer, out_dtype: torch.dtype | None = None, quiet: bool = Fa
             for name in (entry.name, *entry.aliases):
                 writer.write(name, out)
             del out
+    return stats
+
+
+def gather_stats(job: Job, quiet: bool = False) -> dict[str, Any]:
+    """The method's statistics passes (streaming the model once per pass); returns the statistics."""
+    # the plan's stacks (name -> number of blocks), for methods that treat stacks differently (LiNeS)
+    stats: dict[str, Any] = {"plan.stacks": {b.info.stack: b.info.num_layers for b in job.plan.blocks if b.info}}
+    stats.update(job.method.prepare(job.params, job, quiet=quiet))  # e.g. exemplar features (LOT)
+    passes = job.method.passes(job.params, len(job.inputs))
+    mergeable = [(b, e) for b, e in job.plan.entries() if e.mergeable]
+    for i, p in enumerate(passes):
+        for block, entry in tqdm(mergeable, desc=f"statistics pass {i + 1}/{len(passes)}", unit="tensor",
+                                 disable=quiet, leave=False):
+            base, deltas = _load(job, block, entry)
+            p.update(_context(job, block, entry, stats), base, deltas)
+            del base, deltas
+        p.finish(stats)
     return stats

@@ -58,3 +58,7 @@ class OutputExistsError(HubsoupError):
 
 class PushError(HubsoupError):
     """Uploading to the Hub failed; the local output is intact."""
+
+
+class UnsupportedAdapterError(IncompatibleInputError):
+    """A PEFT adapter of a type or with an option hubsoup cannot turn into task vectors."""

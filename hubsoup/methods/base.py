@@ -70,6 +70,9 @@ class Method:
     Params: ClassVar[type]
     min_inputs: ClassVar[int] = 1
     max_inputs: ClassVar[int | None] = None
+    zero_preserving: ClassVar[bool] = True
+    """All-zero task vectors merge to zero, so a tensor no input changes is the base's (the engine then
+    skips it, e.g. the tensors a LoRA does not adapt). Set False if the method can move such a tensor."""
 
     def parse(self, given: dict[str, Any]) -> Any:
         """Build this method's parameters from user values (CLI strings or Python objects).
@@ -99,9 +102,29 @@ class Method:
                 f"method '{self.name}': {len(weights)} weights given for {n_inputs} inputs"
             )
 
+    def linear_coefficients(self, params: Any, n_inputs: int) -> list[float] | None:
+        """The cᵢ when the merged task vector is always Σ cᵢ τᵢ (None: the method is not linear).
+
+        Linear methods let low-rank (LoRA) inputs be merged from their factors without the
+        dense stack (see ``hubsoup.lowrank``).
+        """
+        return None
+
     def passes(self, params: Any, n_inputs: int) -> list[StatsPass]:
         """Statistics passes to run before merging (none by default)."""
         return []
+
+    def prepare(self, params: Any, job: Any, quiet: bool = False) -> dict[str, Any]:
+        """Optional work before any statistics pass, with the whole job in hand; returns statistics.
+
+        ``job`` is the engine's :class:`~hubsoup.engine.Job`: the plan, the base
+        :class:`~hubsoup.sources.Checkpoint` (its folder holds config and tokenizer) and
+        the inputs' task-vector sources (``delta_into`` gives any input's tensor). The
+        returned entries join ``ctx.stats``. Methods that must *run* the models (LOT
+        Merging's exemplar features) do it here; everything else leaves it alone. Nothing
+        by default.
+        """
+        return {}
 
     def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: Any,
               ctx: TensorContext) -> torch.Tensor:

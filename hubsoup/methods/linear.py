@@ -39,6 +39,11 @@ class Linear(Method):
     paper_url = "https://arxiv.org/abs/2203.05482"
     Params = LinearParams
 
+    def linear_coefficients(self, params, n_inputs):
+        weights = list(params.weights or [1.0] * n_inputs)
+        total = sum(weights) if params.normalize else 1.0
+        return [w / total for w in weights]
+
     def merge(self, base, deltas, params, ctx):
         weights = params.weights or [1.0] * len(deltas)
         return weighted_average(deltas, weights, params.normalize)

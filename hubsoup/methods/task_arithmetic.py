@@ -30,5 +30,8 @@ class TaskArithmetic(Method):
     paper_url = "https://arxiv.org/abs/2212.04089"
     Params = TaskArithmeticParams
 
+    def linear_coefficients(self, params, n_inputs):
+        return [w * params.scale for w in (params.weights or [1.0] * n_inputs)]
+
     def merge(self, base, deltas, params, ctx):
         return task_arithmetic(deltas, params.weights or [1.0] * len(deltas), params.scale)

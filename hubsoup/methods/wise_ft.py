@@ -22,5 +22,8 @@ class WiseFt(Method):
     Params = WiseFtParams
     min_inputs = max_inputs = 1
 
+    def linear_coefficients(self, params, n_inputs):
+        return [params.gamma]
+
     def merge(self, base, deltas, params, ctx):
         return deltas[0] * params.gamma

@@ -16,6 +16,9 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
 PICKLE_SINGLE = "pytorch_model.bin"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_SAFETENSORS = "adapter_model.safetensors"
+ADAPTER_PICKLE = "adapter_model.bin"
 
 # safetensors header dtype names, as written in the file
 _ST_DTYPES = {
@@ -122,7 +125,9 @@ class Checkpoint:
         folder = self.folder
         index = os.path.join(folder, SAFETENSORS_INDEX)
         single = os.path.join(folder, SAFETENSORS_SINGLE)
-        if os.path.isfile(index):
+        if os.path.isfile(os.path.join(folder, ADAPTER_CONFIG)):
+            self._open_adapter()
+        elif os.path.isfile(index):
             weight_map = self._read_index(SAFETENSORS_INDEX)
             files = sorted(set(weight_map.values()))
             for fname in files:
@@ -150,6 +155,18 @@ class Checkpoint:
                     f"(expected {SAFETENSORS_SINGLE} or {SAFETENSORS_INDEX})"
                 )
         self._opened = True
+
+    def _open_adapter(self) -> None:
+        """A PEFT adapter folder: ``adapter_model.safetensors`` (or, if allowed, ``adapter_model.bin``)."""
+        if os.path.isfile(os.path.join(self.folder, ADAPTER_SAFETENSORS)):
+            self._open_safetensors(ADAPTER_SAFETENSORS)
+        elif os.path.isfile(os.path.join(self.folder, ADAPTER_PICKLE)):
+            self._open_pickle([ADAPTER_PICKLE])
+        else:
+            raise CorruptCheckpointError(
+                f"adapter '{self.label}': {ADAPTER_CONFIG} is there but its weights file {ADAPTER_SAFETENSORS} "
+                f"is missing from {self.folder}; the adapter is incomplete (interrupted download or save?)"
+            )
 
     def _read_index(self, name: str) -> dict[str, str]:
         index = self.read_json(name)
@@ -181,14 +198,16 @@ class Checkpoint:
             ) from e
         self._handles[fname] = handle
 
-    def _open_pickle(self) -> None:
+    def _open_pickle(self, files: list[str] | None = None) -> None:
         if not self.allow_pickle:
             raise PickleRefusedError(
                 f"input '{self.label}': only pickle weights (pytorch_model.bin) are available. "
                 "Pickle files can run arbitrary code when loaded; pass --allow-pickle "
                 "(allow_pickle=True) if you trust this source, or convert it to safetensors"
             )
-        if os.path.isfile(os.path.join(self.folder, PICKLE_INDEX)):
+        if files is not None:
+            pass
+        elif os.path.isfile(os.path.join(self.folder, PICKLE_INDEX)):
             files = sorted(set(self._read_index(PICKLE_INDEX).values()))
         else:
             files = [PICKLE_SINGLE]

@@ -135,7 +135,7 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer) -> Checkp
                 with open(index, encoding="utf-8") as f:
                     patterns = sorted(set(json.load(f).get("weight_map", {}).values()))
             elif kind == "lora":
-                patterns = ["adapter_model.safetensors"]
+                patterns = ["adapter_model.safetensors"] + (["adapter_model.bin"] if allow_pickle else [])
             else:
                 files = HfApi().list_repo_files(repo_id, revision=sha, token=token)
                 if "model.safetensors" in files:

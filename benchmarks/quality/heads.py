@@ -1,0 +1,59 @@
+"""One frozen linear head per task, trained on the frozen pre-trained encoder.
+
+The protocol of the merging papers' CLIP experiments, where each task's classifier is the
+zero-shot text-embedding head, fixed before any fine-tuning: here each task's head is a
+multinomial logistic regression on MiniLM's mean-pooled output over the task's train split
+(features standardised, L2 chosen on the validation split, standardisation folded back into
+the weights). The head is then frozen: the fine-tunes train the encoder under it, and every
+encoder (zero-shot base, fine-tune, merge) is scored on a task with that task's head, so the
+accuracies of different encoders are comparable.
+
+Heads are written to ``benchmarks/.work/quality/heads/TASK.safetensors`` (``weight`` [C, H],
+``bias`` [C], metadata ``pooling=mean`` and ``labels``), the format ``hubsoup.eval`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.quality import data  # noqa: E402
+from hubsoup import textcls  # noqa: E402
+
+HEADS_DIR = os.path.join(data.WORK, "heads")
+MAX_LENGTH = 64
+
+
+def head_path(task: str) -> str:
+    return os.path.join(HEADS_DIR, f"{task}.safetensors")
+
+
+def build(tasks: dict[str, textcls.TaskData], base_dir: str, log=print, force: bool = False) -> dict[str, dict]:
+    """Train (or read the cached) heads; returns task -> head statistics."""
+    stamp = os.path.join(HEADS_DIR, "heads.json")
+    fp = textcls.fingerprint(sorted((n, t.splits["train"][:5], len(t.splits["train"])) for n, t in tasks.items()),
+                             os.path.getsize(os.path.join(base_dir, "model.safetensors")), MAX_LENGTH)
+    if not force and os.path.isfile(stamp):
+        with open(stamp, encoding="utf-8") as f:
+            cached = json.load(f)
+        if cached.get("fingerprint") == fp and all(os.path.isfile(head_path(n)) for n in tasks):
+            return cached["heads"]
+    model, tok = textcls.load_encoder(base_dir)
+    stats = {}
+    for name, task in tasks.items():
+        xt = textcls.embed(model, tok, task.texts("train"), max_length=MAX_LENGTH)
+        xv = textcls.embed(model, tok, task.texts("validation"), max_length=MAX_LENGTH)
+        w, b, st = textcls.train_head(xt, task.label_ids("train"), xv, task.label_ids("validation"),
+                                      len(task.labels))
+        textcls.save_head(head_path(name), w, b, task.labels, task=name, l2=st["l2"])
+        log(f"  head {name:<13} L2 {st['l2']:g}: train acc {st['train_accuracy']:.3f}, val acc {st['val_accuracy']:.3f}")
+        stats[name] = st
+    with open(stamp, "w", encoding="utf-8") as f:
+        json.dump({"fingerprint": fp, "heads": stats}, f, indent=2)
+    return stats

@@ -1,0 +1,34 @@
+"""``hubsoup push DIR ORG/NAME``: upload a merge output folder to the Hub in one commit."""
+
+from __future__ import annotations
+
+import os
+
+
+def cmd_push(args) -> int:
+    from hubsoup.hub import check_repo_id, push_folder, retarget_card
+
+    check_repo_id(args.repo_id)
+    if os.path.isdir(args.folder):
+        retarget_card(args.folder, args.repo_id)  # the card's "how to use" loads the repo, not the folder
+    info = push_folder(args.folder, args.repo_id, private=args.private or None, create_pr=args.create_pr,
+                       commit_message=args.commit_message)
+    print(f"pushed to {args.repo_id}: {info.commit_url}")
+    if info.pr_url:
+        print(f"pull request: {info.pr_url}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "push", help="upload an output folder to a Hub repo (created if needed) in one commit",
+        description="Upload FOLDER (weights, config, tokenizer, model card, recipe) to the Hub repo ORG/NAME in one "
+                    "commit, creating the repo if needed, and print the commit URL. Pushing the same folder again "
+                    "makes no new commit, so a failed push is simply retried. The token comes from HF_TOKEN or "
+                    "`hf auth login`.")
+    p.add_argument("folder", help="the output folder of a merge")
+    p.add_argument("repo_id", metavar="ORG/NAME", help="target repo")
+    p.add_argument("--private", action="store_true", help="create the repo private (an existing repo keeps its visibility)")
+    p.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing to main")
+    p.add_argument("--commit-message", help="the commit message (default: Upload <method> merge made with hubsoup)")
+    p.set_defaults(func=cmd_push)

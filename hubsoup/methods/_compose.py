@@ -1,0 +1,109 @@
+"""Modifiers: methods that wrap another (inner) method.
+
+A modifier (LiNeS depth scaling, LwPTV layer masks) names its inner method with the
+``base_method`` parameter. The value may be a chain joined by ``+``: for
+``lwptv`` with ``base_method=lines+ties`` the inner method is ``lines`` whose own
+inner method is ``ties``. The user's parameters are one flat dict: each modifier
+keeps the keys its ``Params`` declares and hands every other key down the chain,
+so ``eta`` goes to ``lwptv``, ``beta`` to ``lines`` and ``density`` to ``ties``.
+A key nobody declares is an error naming every method of the chain.
+
+The parsed parameters are a :class:`Composed`: the modifier's own dataclass plus
+the inner method and its parsed parameters. The recipe stores them nested:
+``{"base_method": "ties", "alpha": ..., "base_params": {...}}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from hubsoup.errors import ParameterError
+from hubsoup.methods.base import Method, StatsPass, TensorContext, get_method
+from hubsoup.params import parse_params, to_dict
+
+
+@dataclass
+class Composed:
+    """Parsed parameters of a modifier: its own, and the inner method with its own."""
+
+    own: Any
+    inner: Method
+    inner_params: Any
+
+
+class Modifier(Method):
+    """A method wrapping ``base_method``; subclasses declare ``base_method`` in ``Params``."""
+
+    #: Defaults the modifier sets on the base method at the end of its chain when the user does
+    #: not give them, per base method name (e.g. LiNeS sets the global scale to 1).
+    inner_defaults: dict[str, dict[str, Any]] = {}
+    #: Where two modifiers of a chain set the same default, the higher priority wins.
+    defaults_priority: int = 0
+
+    def parse(self, given: dict[str, Any]) -> Composed:
+        if isinstance(given.get("base_params"), dict):  # the nested form a recipe stores
+            given = given_from_description(given)
+        own_names = _fields(self)
+        own = {k: v for k, v in given.items() if k in own_names}
+        rest = {k: v for k, v in given.items() if k not in own_names}
+        p = parse_params(self.Params, own, method=self.name)
+        chain = [n.strip() for n in str(p.base_method).split("+")]
+        if not all(chain):
+            raise ParameterError(f"method '{self.name}': base_method={p.base_method!r} names an empty method")
+        if self.name in chain:
+            raise ParameterError(f"method '{self.name}' cannot wrap itself (base_method={p.base_method!r})")
+        methods = [get_method(n) for n in chain]
+        for outer in methods[:-1]:
+            if not isinstance(outer, Modifier):
+                raise ParameterError(f"method '{self.name}': base_method={p.base_method!r} chains past "
+                                     f"'{outer.name}', which wraps no method")
+        declared = set().union(own_names, *(_fields(m) for m in methods))
+        unknown = sorted(set(rest) - declared)
+        if unknown:
+            names = ", ".join(f"'{n}'" for n in [self.name, *chain])
+            raise ParameterError(f"parameter '{unknown[0]}' belongs to none of {names} "
+                                 "(`hubsoup methods NAME` lists each one's parameters)")
+        # the modifiers' defaults for the base method at the end of the chain, highest priority first
+        leaf = methods[-1]
+        for mod in sorted([self, *methods[:-1]], key=lambda m: -m.defaults_priority):
+            for k, v in mod.inner_defaults.get(leaf.name, {}).items():
+                if k in _fields(leaf) and k not in rest:
+                    rest[k] = v
+        if len(chain) > 1:
+            rest["base_method"] = "+".join(chain[1:])
+        return Composed(p, methods[0], methods[0].parse(rest))
+
+    def describe_params(self, params: Composed) -> dict[str, Any]:
+        return {**to_dict(params.own), "base_params": params.inner.describe_params(params.inner_params)}
+
+    def check_inputs(self, params: Composed, n_inputs: int) -> None:
+        super().check_inputs(params.own, n_inputs)
+        params.inner.check_inputs(params.inner_params, n_inputs)
+
+    def inner_passes(self, params: Composed, n_inputs: int) -> list[StatsPass]:
+        return params.inner.passes(params.inner_params, n_inputs)
+
+    def inner_merge(self, base, deltas, params: Composed, ctx: TensorContext):
+        return params.inner.merge(base, deltas, params.inner_params, ctx)
+
+    def card_notes(self, described: dict[str, Any], stats: dict[str, Any], n_inputs: int) -> list[str]:
+        """Model-card notes (markdown paragraphs): the inner method's, if it has any."""
+        inner = get_method(str(described["base_method"]).split("+")[0].strip())
+        notes = getattr(inner, "card_notes", None)
+        return notes(described.get("base_params") or {}, stats, n_inputs) if notes else []
+
+
+def given_from_description(described: dict[str, Any]) -> dict[str, Any]:
+    """The flat parameter dict that :meth:`Modifier.parse` turns back into ``described``'s params."""
+    out = {k: v for k, v in described.items() if k != "base_params"}
+    inner = dict(described.get("base_params") or {})
+    if "base_params" in inner:  # a modifier below: the chain string at the top already names it
+        inner = given_from_description(inner)
+        inner.pop("base_method", None)
+    return {**inner, **out}
+
+
+def _fields(method: Method) -> set[str]:
+    return {f.name for f in dataclasses.fields(method.Params)}

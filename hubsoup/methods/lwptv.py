@@ -1,0 +1,198 @@
+"""LwPTV: layer-wise pruning of task vectors, as a mask over a base method.
+
+A statistics pass scores every layer l of every task vector by its mean absolute
+deviation from the cross-task mean, s_k^l = (1/d_l)·Σ_i |τ_k^l[i] − τ̄^l[i]|
+(float64 sums). Each task keeps its L − ⌊ηL⌋ highest-scoring layers; a layer is
+kept if any task keeps it (the OR mask m̂). The inner method then merges the masked
+task vectors {m̂ ⊙ τ_k} — in its own statistics passes too, so TIES's global top-k
+counts the zeros of pruned layers — and pruned layers come back as the base,
+bit for bit (the merged delta is exactly 0).
+
+"Layer" is one named tensor (the paper's reading, see the spec); ``unit=block``
+groups a transformer block's tensors instead (not in the paper).
+
+Usage::
+
+    hubsoup merge A B C --base B0 --method lwptv --param eta=0.7 --param base_method=ties --out soup
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from hubsoup.errors import MethodError
+from hubsoup.methods._compose import Composed, Modifier
+from hubsoup.methods.base import StatsPass, TensorContext, register
+from hubsoup.params import param
+
+
+@dataclass
+class LwptvParams:
+    base_method: str = param(
+        "task_arithmetic", "inner method merging the masked task vectors: task_arithmetic, ties (default here: "
+                           "disjoint sum, scale 0.3, as the paper), consensus, or a chain such as lines+ties; "
+                           "give its parameters alongside")
+    eta: float = param(0.7, "pruning ratio η: each task drops its ⌊ηL⌋ lowest-saliency layers (0.7 in every "
+                            "vision run; η = 0 is the base method, η = 1 the base model)", range=(0.0, 1.0))
+    eq6_literal: bool = param(
+        False, "threshold as Eq. 6 is printed, sorted(s_k)[⌊ηL⌋] read 0-based: drops one more layer and prunes "
+               "even at η = 0; default false follows the text (the ⌊ηL⌋-th smallest, η = 0 prunes nothing)",
+        source="ours")
+    score: Literal["deviation", "abs_mean"] = param(
+        "deviation", "saliency: mean |τ_k − τ̄| (paper) or mean |τ_k| (the paper's ablation)")
+    combine: Literal["union", "per_task"] = param(
+        "union", "union: one shared mask, the OR of the tasks' masks (paper); per_task: each task's own mask "
+                 "gates its own vector (the paper's ablation)")
+    unit: Literal["tensor", "block"] = param(
+        "tensor", "what a layer is: one named tensor (the paper's reading) or a whole transformer block "
+                  "(tensors outside blocks stay their own layer; not in the paper)", source="ours")
+    zero_layers: Literal["count", "exclude"] = param(
+        "count", "layers whose task vectors are zero for every task (frozen parts): count them in L, where they "
+                 "score 0 and use up the pruning budget (faithful), or leave them out of the ranking", source="ours")
+
+
+def unit_of(ctx: TensorContext, unit: str) -> str:
+    if unit == "block" and ctx.block is not None:
+        return f"{ctx.block.stack}.{ctx.block.index}"
+    return ctx.name
+
+
+def layer_masks(scores: list[list[float]], eta: float, literal: bool = False) -> list[list[bool]]:
+    """Per-task keep masks (Eq. 6): task k keeps layer l iff s_k^l > t_k.
+
+    q = ⌊ηL⌋; t_k is the q-th smallest score (1-based; q = 0 keeps everything), or with
+    ``literal`` the element at 0-based index q of the sorted scores (q = L prunes all).
+    The test is strict, so layers tied at the threshold are all pruned.
+    """
+    out = []
+    for s in scores:
+        n = len(s)
+        q = math.floor(eta * n + 1e-9)
+        ranked = sorted(s)
+        if literal:
+            t = ranked[q] if q < n else math.inf
+        else:
+            t = ranked[q - 1] if q > 0 else -math.inf
+        out.append([v > t for v in s])
+    return out
+
+
+_CHUNK = 1 << 20  # entries per task scored at a time
+
+
+class _SaliencyPass(StatsPass):
+    def __init__(self, own: LwptvParams, n: int):
+        self.own, self.n = own, n
+        self.units: dict[str, dict[str, Any]] = {}
+
+    def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
+        u = self.units.setdefault(unit_of(ctx, self.own.unit),
+                                  {"abs": [0.0] * self.n, "numel": 0, "tensors": [], "nonzero": False})
+        flat = deltas.reshape(self.n, -1)
+        total = torch.zeros(self.n, dtype=torch.float64, device=deltas.device)
+        for start in range(0, flat.shape[1], _CHUNK):  # float64 in chunks: exact enough, bounded memory
+            part = flat[:, start:start + _CHUNK].double()
+            if self.own.score == "deviation":
+                part.sub_(part.sum(dim=0).div_(self.n))
+            total += part.abs_().sum(dim=1)
+        for k, v in enumerate(total.tolist()):
+            u["abs"][k] += v
+        u["numel"] += base.numel()
+        u["tensors"].append(ctx.name)
+        u["nonzero"] = u["nonzero"] or bool(deltas.any())
+
+    def finish(self, stats: dict[str, Any]) -> None:
+        ranked = [name for name, u in self.units.items() if u["nonzero"] or self.own.zero_layers == "count"]
+        scores = [[self.units[name]["abs"][k] / max(self.units[name]["numel"], 1) for name in ranked]
+                  for k in range(self.n)]
+        masks = layer_masks(scores, self.own.eta, self.own.eq6_literal)
+        keep_tasks = {name: [True] * self.n for name in self.units}  # unranked (all-zero) layers are kept
+        for i, name in enumerate(ranked):
+            keep_tasks[name] = [m[i] for m in masks]
+        keep = {name: any(ks) for name, ks in keep_tasks.items()}
+        pruned = [t for name, u in self.units.items() if not keep[name] for t in u["tensors"]]
+        total = sum(u["numel"] for u in self.units.values())
+        kept = sum(u["numel"] for name, u in self.units.items() if keep[name])
+        stats["lwptv.keep"] = keep
+        if self.own.combine == "per_task":
+            stats["lwptv.keep_tasks"] = keep_tasks
+        stats["lwptv.scores"] = {name: [s[i] for s in scores] for i, name in enumerate(ranked)}
+        stats["lwptv.layers"] = len(ranked)
+        stats["lwptv.pruned_per_task"] = math.floor(self.own.eta * len(ranked) + 1e-9)
+        stats["lwptv.pruned"] = pruned
+        stats["lwptv.kept_layers"] = sum(keep.values())
+        stats["lwptv.kept_param_fraction"] = kept / total if total else 1.0
+
+
+class _MaskedPass(StatsPass):
+    """An inner method's statistics pass, shown the masked task vectors."""
+
+    def __init__(self, inner: StatsPass, own: LwptvParams):
+        self.inner, self.own = inner, own
+
+    def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
+        self.inner.update(ctx, base, masked(deltas, ctx, self.own, copy=True))
+
+    def finish(self, stats: dict[str, Any]) -> None:
+        self.inner.finish(stats)
+
+
+def masked(deltas: torch.Tensor, ctx: TensorContext, own: LwptvParams, copy: bool) -> torch.Tensor:
+    """m̂ ⊙ τ for one tensor (per task with ``combine=per_task``); in place unless ``copy``."""
+    unit = unit_of(ctx, own.unit)
+    if not ctx.stats["lwptv.keep"][unit]:
+        return torch.zeros_like(deltas) if copy else deltas.zero_()
+    if own.combine == "per_task":
+        tasks = ctx.stats["lwptv.keep_tasks"][unit]
+        if not all(tasks):
+            deltas = deltas.clone() if copy else deltas
+            for row, keep in zip(deltas, tasks):
+                if not keep:
+                    row.zero_()
+    return deltas
+
+
+@register
+class Lwptv(Modifier):
+    name = "lwptv"
+    summary = ("LwPTV: reset to the base the layers whose task vectors deviate least from the tasks' mean "
+               "(kept where any task ranks them in its top 1−η), then merge with a base method.")
+    paper = "Merging Smarter, Generalizing Better: Enhancing Model Merging on OOD Data (Zhang et al., 2025)"
+    paper_url = "https://arxiv.org/abs/2506.09093"
+    Params = LwptvParams
+    min_inputs = 2
+    inner_defaults = {"ties": {"merge": "sum", "scale": 0.3}}
+
+    def check_inputs(self, params: Composed, n_inputs: int) -> None:
+        if n_inputs < 2:
+            raise MethodError("method 'lwptv' needs at least 2 inputs: with one task every saliency is 0")
+        super().check_inputs(params, n_inputs)
+
+    def passes(self, params: Composed, n_inputs: int) -> list[StatsPass]:
+        return [_SaliencyPass(params.own, n_inputs),
+                *(_MaskedPass(p, params.own) for p in self.inner_passes(params, n_inputs))]
+
+    def merge(self, base, deltas, params: Composed, ctx: TensorContext):
+        if not ctx.stats["lwptv.keep"][unit_of(ctx, params.own.unit)]:
+            return torch.zeros_like(base)  # base + 0.0 is the base, bit for bit
+        return self.inner_merge(base, masked(deltas, ctx, params.own, copy=False), params, ctx)
+
+    def card_notes(self, described: dict[str, Any], stats: dict[str, Any], n_inputs: int) -> list[str]:
+        if "lwptv.keep" not in stats:
+            return super().card_notes(described, stats, n_inputs)
+        pruned = stats["lwptv.pruned"]
+        what = "tensors" if described.get("unit", "tensor") == "tensor" else "layers (blocks or tensors)"
+        rule = ("the literal Eq. 6 threshold, sorted(s)[⌊ηL⌋] 0-based" if described.get("eq6_literal")
+                else "each task drops its ⌊ηL⌋ lowest scores")
+        head = (f"**LwPTV layer mask.** η = {described.get('eta')}: of L = {stats['lwptv.layers']} ranked {what}, "
+                f"{rule} ({stats['lwptv.pruned_per_task']}); a layer is kept if "
+                f"{'any task keeps it' if described.get('combine', 'union') == 'union' else 'its own task keeps it'}. "
+                f"Kept: {stats['lwptv.kept_layers']} layers, {100 * stats['lwptv.kept_param_fraction']:.1f}% of the "
+                f"merged parameters. {len(pruned)} tensor(s) were reverted to the base model exactly.")
+        body = "\n".join(f"- `{t}`" for t in pruned)
+        note = head + (f"\n\n<details><summary>Reverted tensors</summary>\n\n{body}\n\n</details>" if pruned else "")
+        return [note, *super().card_notes(described, stats, n_inputs)]

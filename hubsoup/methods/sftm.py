@@ -1,0 +1,240 @@
+"""SFTM: superpose the singular features of every task matrix (Qiu, Wu, Yao).
+
+Per linear (or reshaped convolution) weight: trim each task matrix M_i to its
+⌈η·m·n⌉ largest magnitudes, take its thin SVD M_i = Σ_k σ u vᵀ, and find the merged
+M = Σ_a β_a u_a v_aᵀ (a running over every kept triplet of every task) that keeps
+every task's singular response: u_aᵀ M v_a = σ_a. With G = (UᵀU) ⊙ (VᵀV), the Gram
+matrix of the rank-1 components, that is the symmetric system G β = σ, which is the
+paper's (G·diag σ) α = σ with β = σ ⊙ α (same M, better conditioned). When G is
+nonsingular, M is the minimum-Frobenius-norm matrix meeting all constraints.
+
+Solving stably (the paper gives no guidance) [ours]: G and σ in float64; Cholesky of
+G + ridge·I; if that fails, if the Cholesky pivots say cond(G) > 1e10, or if the
+residual is not tiny, fall back to the eigen-decomposition pseudo-inverse that drops
+eigenvalues below ``rcond``·λ_max: the minimum-norm least-squares solution. Duplicate
+tasks (singular G) are then averaged, not added.
+
+LoRA inputs: when every input's update of a matrix is a plain LoRA (τᵢ = PᵢQᵢ), the
+singular triplets come from the factors (thin QRs of Pᵢ and Qᵢᵀ, then a ρ×ρ SVD) and
+ΔW is never formed; the paper does not say whether LoRA products were trimmed, and
+trimming destroys their low rank, so by default they are not (``lora_trim=true``
+trims the dense B·A with η instead). Inputs mixing full fine-tunes and LoRAs take the
+dense path, where every task matrix is trimmed with η.
+
+Non-matrix tensors follow Alg. 2: trim each τ_i to its top-η entries, then biases and
+embeddings take γ·Σ τ_i (task arithmetic) and normalisation parameters take the
+plain mean of the τ_i, without γ.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+
+from hubsoup.methods.base import Method, register
+from hubsoup.methods.roles import tensor_role
+from hubsoup.methods.ties import kth_largest_abs
+from hubsoup.params import param
+
+log = logging.getLogger(__name__)
+
+COND_LIMIT = 1e10
+"""Above this (lower bound from the Cholesky pivots) the pseudo-inverse path is used."""
+
+
+def keep_count(fraction: float, numel: int) -> int:
+    """⌈fraction·numel⌉, robust to float noise (0.2·10 is 2, not 3)."""
+    return min(numel, math.ceil(round(fraction * numel, 9)))
+
+
+def trim_topk_(x: torch.Tensor, fraction: float) -> torch.Tensor:
+    """In place: keep exactly ⌈fraction·numel⌉ largest |x|, zero the rest.
+
+    Ties at the threshold are broken by flat index (lowest first), so the count is
+    exact and reruns are identical.
+    """
+    n = x.numel()
+    k = keep_count(fraction, n)
+    if k >= n:
+        return x
+    if k <= 0:
+        return x.zero_()
+    t = kth_largest_abs(x, k)
+    flat = x.view(-1)
+    mag = flat.abs()
+    keep = mag > t
+    need = k - int(keep.sum())
+    if need > 0:
+        keep[torch.nonzero(mag == t).flatten()[:need]] = True
+    return flat.masked_fill_(~keep, 0.0).view_as(x)
+
+
+@dataclass
+class Features:
+    """Kept singular triplets of one task matrix: M ≈ U diag(s) Vᵀ."""
+
+    U: torch.Tensor  # (m, r)
+    s: torch.Tensor  # (r,)
+    V: torch.Tensor  # (n, r)
+
+
+def _drop_small(U, s, V, shape, rank_tol: float | None) -> Features:
+    if s.numel() == 0 or float(s[0]) == 0.0:
+        return Features(U[:, :0], s[:0], V[:, :0])
+    tol = rank_tol if rank_tol is not None else max(shape) * torch.finfo(s.dtype).eps
+    keep = s > tol * s[0]
+    return Features(U[:, keep], s[keep], V[:, keep])
+
+
+def singular_features(M: torch.Tensor, rank_tol: float | None = None) -> Features:
+    """Thin SVD of ``M`` with numerically zero singular values dropped.
+
+    ``rank_tol`` is relative to σ_max; by default max(m, n)·eps of the dtype (numpy's
+    matrix_rank rule). A zero-σ triplet would add the constraint uᵀMv = 0 and erase
+    other tasks' features in that direction.
+    """
+    U, s, Vh = torch.linalg.svd(M, full_matrices=False)
+    return _drop_small(U, s, Vh.mH, M.shape, rank_tol)
+
+
+def lora_features(B: torch.Tensor, A: torch.Tensor, scale: float = 1.0,
+                  rank_tol: float | None = None) -> Features:
+    """Singular triplets of ΔW = scale·B·A without forming ΔW (B: m×ρ, A: ρ×n).
+
+    B = Q_B R_B and Aᵀ = Q_A R_A (thin QR), SVD of scale·R_B R_Aᵀ = Ũ Σ Ṽᵀ, then
+    U = Q_B Ũ and V = Q_A Ṽ: O((m+n)ρ²) instead of O(m·n·min(m,n)).
+    """
+    Qb, Rb = torch.linalg.qr(B)
+    Qa, Ra = torch.linalg.qr(A.mH)
+    u, s, vh = torch.linalg.svd(scale * (Rb @ Ra.mH))
+    return _drop_small(Qb @ u, s, Qa @ vh.mH, (B.shape[0], A.shape[1]), rank_tol)
+
+
+def solve_gram(G: torch.Tensor, rhs: torch.Tensor, *, ridge: float = 0.0,
+               rcond: float = 1e-10) -> tuple[torch.Tensor, dict]:
+    """Solve the symmetric PSD system (G + ridge·I) x = rhs in float64, stably.
+
+    Cholesky first; the eigen pseudo-inverse (eigenvalues < rcond·λ_max dropped,
+    i.e. the minimum-norm least-squares solution) when G is singular or too badly
+    conditioned. Returns the solution and ``{"solver", "cond"}``.
+    """
+    G = G.to(torch.float64)
+    rhs = rhs.to(torch.float64)
+    if ridge > 0:
+        G = G + ridge * torch.eye(G.shape[0], dtype=G.dtype, device=G.device)
+    L, info = torch.linalg.cholesky_ex(G)
+    if int(info) == 0:
+        d = L.diagonal()
+        cond_lb = float((d.max() / d.min()) ** 2) if float(d.min()) > 0 else math.inf
+        if cond_lb <= COND_LIMIT:
+            x = torch.cholesky_solve(rhs.unsqueeze(-1), L).squeeze(-1)
+            resid = float(torch.linalg.vector_norm(G @ x - rhs))
+            if resid <= 1e-8 * max(float(torch.linalg.vector_norm(rhs)), 1e-300):
+                return x, {"solver": "cholesky", "cond": cond_lb}
+    w, Q = torch.linalg.eigh(G)
+    wmax = float(w.max()) if w.numel() else 0.0
+    keep = w > rcond * wmax
+    x = Q[:, keep] @ ((Q[:, keep].mT @ rhs) / w[keep])
+    cond = wmax / float(w[keep].min()) if bool(keep.any()) else math.inf
+    dropped = int((~keep).sum())
+    if dropped:
+        log.debug("SFTM: Gram matrix rank-deficient (%d of %d eigenvalues dropped); min-norm solution",
+                  dropped, G.shape[0])
+    return x, {"solver": "pinv", "cond": cond, "dropped": dropped}
+
+
+def superpose(features: Sequence[Features], *, ridge: float = 0.0, rcond: float = 1e-10,
+              out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, dict]:
+    """Merged task matrix M = Σ_a β_a u_a v_aᵀ with G β = σ (Alg. 1, symmetric form)."""
+    U = torch.cat([f.U for f in features], dim=1)
+    V = torch.cat([f.V for f in features], dim=1)
+    s = torch.cat([f.s for f in features])
+    dtype = out_dtype or U.dtype
+    if s.numel() == 0:
+        return torch.zeros(U.shape[0], V.shape[0], dtype=dtype, device=U.device), {"rank": 0}
+    Ud, Vd = U.to(torch.float64), V.to(torch.float64)
+    G = Ud.mT @ Ud
+    G.mul_(Vd.mT @ Vd)  # Schur product: the Gram matrix of the rank-1 components
+    del Ud, Vd
+    beta, info = solve_gram(G, s, ridge=ridge, rcond=rcond)
+    info["rank"] = int(s.numel())
+    M = (U.to(dtype) * beta.to(dtype)) @ V.to(dtype).mT
+    return M, info
+
+
+def sftm_matrices(mats: Sequence[torch.Tensor] | torch.Tensor, *, rank_tol: float | None = None,
+                  ridge: float = 0.0, rcond: float = 1e-10) -> torch.Tensor:
+    """SFTM of already-trimmed task matrices (T, m, n) → merged M (m, n), unscaled."""
+    feats = [singular_features(M, rank_tol) for M in mats]
+    M, info = superpose(feats, ridge=ridge, rcond=rcond, out_dtype=mats[0].dtype)
+    return M
+
+
+@dataclass
+class SftmParams:
+    eta: float = param(0.2, "η: kept fraction of each task matrix / vector by magnitude, per tensor "
+                            "(paper sweeps 0.10-0.50, best < 0.4)", range=(0.0, 1.0), source="ours")
+    gamma: float = param(0.6, "γ: scale of the merged task matrices, biases and embeddings; not of norm "
+                              "layers (paper sweeps 0.5-1.2, best < 0.8)", range=(None, None), source="ours")
+    lm_head: Literal["task_arithmetic", "sftm"] = param(
+        "task_arithmetic", "the untied output head: like an embedding (task arithmetic) or as a matrix",
+        source="ours")
+    rank_tol: float | None = param(None, "drop singular values ≤ rank_tol·σ_max (default max(m,n)·eps)",
+                                   range=(0.0, 1.0), source="ours")
+    ridge: float = param(0.0, "ε added to the Gram matrix diagonal before solving", range=(0.0, None),
+                         source="ours")
+    rcond: float = param(1e-10, "pseudo-inverse cut-off (relative eigenvalue) when G is singular",
+                         range=(0.0, 1.0), source="ours")
+    lora_trim: bool = param(False, "trim LoRA task matrices too (their dense B·A, by eta); default: a LoRA "
+                                   "input's ΔW is used untrimmed, straight from its factors", source="ours")
+
+
+@register
+class Sftm(Method):
+    name = "sftm"
+    summary = ("Per linear weight, superpose the singular features of the trimmed task matrices by solving "
+               "a linear system; task arithmetic for biases/embeddings, mean for norm layers.")
+    paper = "Superpose Singular Features for Model Merging (Qiu, Wu, Yao, 2025)"
+    paper_url = "https://arxiv.org/search/?query=Superpose+Singular+Features+for+Model+Merging&searchtype=title"
+    Params = SftmParams
+
+    @staticmethod
+    def _is_matrix(name: str, shape, params) -> bool:
+        role = tensor_role(name, tuple(shape))
+        return role in ("linear", "conv") or (role == "head" and params.lm_head == "sftm")
+
+    def merge_factors(self, shape, factors, params, ctx):
+        """The low-rank path (every input a plain LoRA for this tensor, τᵢ = PᵢQᵢ): SVD from the factors
+        (two thin QRs and a ρ×ρ SVD per input), never forming ΔW. None: take the dense path."""
+        if params.lora_trim or not self._is_matrix(ctx.name, shape, params):
+            return None
+        dev = next(f[0].device for f in factors if f is not None)
+        feats = []
+        for f in factors:
+            if f is None:  # this input leaves the tensor alone: no singular features
+                feats.append(Features(torch.zeros(shape[0], 0, device=dev), torch.zeros(0, device=dev),
+                                      torch.zeros(shape[1], 0, device=dev)))
+            else:
+                feats.append(lora_features(f[0].float(), f[1].float(), 1.0, params.rank_tol))
+        M, _ = superpose(feats, ridge=params.ridge, rcond=params.rcond, out_dtype=torch.float32)
+        return M.mul_(params.gamma)
+
+    def merge(self, base, deltas, params, ctx):
+        role = tensor_role(ctx.name, tuple(base.shape))
+        for row in deltas:
+            trim_topk_(row, params.eta)
+        if self._is_matrix(ctx.name, base.shape, params):
+            mats = deltas.reshape(deltas.shape[0], base.shape[0], -1)  # conv [out, in, kh, kw] -> [out, in·kh·kw]
+            feats = [singular_features(M, params.rank_tol) for M in mats]
+            del mats
+            M, info = superpose(feats, ridge=params.ridge, rcond=params.rcond, out_dtype=deltas.dtype)
+            log.debug("SFTM %s: r=%d solver=%s cond=%.3g", ctx.name, info.get("rank", 0),
+                      info.get("solver", "-"), info.get("cond", 0.0))
+            return M.reshape(base.shape).mul_(params.gamma)
+        if role == "norm":
+            return deltas.mean(dim=0)
+        return deltas.sum(dim=0).mul_(params.gamma)

@@ -1,0 +1,54 @@
+"""Helpers for method tests: run a method's passes and merge on hand-made tensors, as the engine would."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from safetensors.torch import load_file
+
+from hubsoup.methods import TensorContext, get_method
+
+
+def ctx(name="w", block=None, n=1, stats=None):
+    return TensorContext(name=name, block=block, n_inputs=n, stats={} if stats is None else stats, recipe_hash="abc")
+
+
+def merge_one(method, taus, block=None, stats=None, name="w", **params):
+    """The method's merged task vector for one tensor (no statistics passes)."""
+    m = get_method(method)
+    p = m.parse(params)
+    m.check_inputs(p, len(taus))
+    return m.merge(torch.zeros_like(taus[0]), torch.stack(taus).clone(), p, ctx(name, block, len(taus), stats))
+
+
+def run_stats(method, tensors, **params):
+    """Every statistics pass of ``method`` over ``tensors`` = {name: (block, [τ_i])}; returns (method, params, stats)."""
+    m = get_method(method)
+    p = m.parse(params)
+    n = len(next(iter(tensors.values()))[1])
+    m.check_inputs(p, n)
+    stats = {}
+    for sp in m.passes(p, n):
+        for name, (block, taus) in tensors.items():
+            sp.update(ctx(name, block, n, stats), torch.zeros_like(taus[0]), torch.stack(taus))
+        sp.finish(stats)
+    return m, p, stats
+
+
+def merge_all(method, tensors, **params):
+    """Passes, then the merged task vector of every tensor: {name: τ_merged}, stats."""
+    m, p, stats = run_stats(method, tensors, **params)
+    n = len(next(iter(tensors.values()))[1])
+    out = {name: m.merge(torch.zeros_like(ts[0]), torch.stack(ts).clone(), p, ctx(name, block, n, stats))
+           for name, (block, ts) in tensors.items()}
+    return out, stats
+
+
+def state(folder):
+    """Every tensor of a checkpoint folder."""
+    out = {}
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".safetensors"):
+            out.update(load_file(os.path.join(folder, f)))
+    return out

@@ -1,0 +1,276 @@
+"""SFTM: the exact properties of shared/methods/sftm.md §6, on plain tensors and tiny models."""
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import hubsoup
+from hubsoup.cli import main as cli_main
+from hubsoup.methods import TensorContext, get_method
+from hubsoup.methods.sftm import (
+    Features,
+    keep_count,
+    lora_features,
+    sftm_matrices,
+    singular_features,
+    solve_gram,
+    superpose,
+    trim_topk_,
+)
+
+D = torch.float64
+
+
+def rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=D)
+
+
+def gram(feats):
+    U = torch.cat([f.U for f in feats], 1)
+    V = torch.cat([f.V for f in feats], 1)
+    return (U.T @ U) * (V.T @ V), U, V, torch.cat([f.s for f in feats])
+
+
+def run(deltas, name="model.layers.0.mlp.down_proj.weight", base=None, **params):
+    m = get_method("sftm")
+    p = m.parse(params)
+    base = torch.zeros_like(deltas[0]) if base is None else base
+    ctx = TensorContext(name=name, block=None, n_inputs=len(deltas), recipe_hash="x")
+    return m.merge(base, torch.stack(deltas).clone(), p, ctx)
+
+
+# --- the linear system ------------------------------------------------------------------
+
+def test_one_task_returns_it():
+    M1 = rand(7, 5)
+    torch.testing.assert_close(sftm_matrices([M1]), M1, rtol=0, atol=1e-12)
+
+
+def test_copies_of_one_task_give_it_not_the_sum():
+    M1 = rand(6, 4, seed=1)
+    feats = [singular_features(M1) for _ in range(3)]
+    M, info = superpose(feats)
+    assert info["solver"] == "pinv" and info["dropped"] == 8  # G singular: the min-norm path
+    torch.testing.assert_close(M, M1, rtol=0, atol=1e-10)
+
+
+def _orthogonal_row_spaces(T=3, m=5, n=12, k=3, seed=2):
+    Q, _ = torch.linalg.qr(rand(n, T * k, seed=seed))
+    bases = [Q[:, i * k:(i + 1) * k] for i in range(T)]  # V_i^T V_j = 0 for i != j
+    mats = [rand(m, k, seed=seed + 10 + i) @ B.T for i, B in enumerate(bases)]
+    return mats, bases
+
+
+def test_orthogonal_row_spaces_keep_each_tasks_input_output_map():
+    mats, bases = _orthogonal_row_spaces()
+    feats = [singular_features(M) for M in mats]
+    G, *_ = gram(feats)
+    torch.testing.assert_close(G, torch.eye(G.shape[0], dtype=D), rtol=0, atol=1e-12)
+    M = sftm_matrices(mats)
+    torch.testing.assert_close(M, sum(mats), rtol=0, atol=1e-12)
+    for Mi, B in zip(mats, bases):
+        x = B @ rand(B.shape[1], 4, seed=99)  # inputs in rowspace(M_i)
+        torch.testing.assert_close(M @ x, Mi @ x, rtol=0, atol=1e-11)
+
+
+def test_orthogonal_column_spaces_sum_but_do_not_keep_the_map():
+    mats, _ = _orthogonal_row_spaces()
+    mats = [M.T for M in mats]  # now the column spaces are orthogonal, the row spaces overlap
+    M = sftm_matrices(mats)
+    torch.testing.assert_close(M, sum(mats), rtol=0, atol=1e-12)
+    M1 = mats[0]
+    x = singular_features(M1).V @ torch.ones(3, dtype=D)
+    assert float((M @ x - M1 @ x).norm()) > 1e-3
+
+
+def test_generic_constraints_hold():
+    mats = [rand(4, 6, seed=s) for s in range(3)]  # T·min(m,n) = 12 <= m·n = 24
+    feats = [singular_features(M) for M in mats]
+    M, info = superpose(feats)
+    assert info["solver"] == "cholesky"
+    for f in feats:
+        resid = (f.U.T @ M @ f.V).diagonal() - f.s
+        assert float(resid.abs().max()) < 1e-10
+
+
+def test_is_minimum_norm_solution_of_the_constraints():
+    mats = [rand(5, 6, seed=s) for s in (3, 4)]
+    feats = [singular_features(M) for M in mats]
+    M = sftm_matrices(mats)
+    C = torch.stack([torch.outer(u, v).flatten() for f in feats for u, v in zip(f.U.T, f.V.T)])
+    s = torch.cat([f.s for f in feats])
+    ref = (torch.linalg.pinv(C) @ s).reshape(5, 6)
+    torch.testing.assert_close(M, ref, rtol=0, atol=1e-10)
+
+
+def test_papers_nonsymmetric_form_gives_the_same_matrix():
+    mats = [rand(6, 5, seed=s) for s in (5, 6)]
+    feats = [singular_features(M) for M in mats]
+    G, U, V, s = gram(feats)
+    alpha = torch.linalg.solve(G * s[None, :], s)  # (Σ ∘ U ∘ V) α = σ, Σ[a, b] = σ_b
+    M_paper = U @ torch.diag(alpha * s) @ V.T
+    torch.testing.assert_close(sftm_matrices(mats), M_paper, rtol=0, atol=1e-10)
+
+
+def test_equivariances():
+    mats = [rand(5, 7, seed=s) for s in (7, 8, 9)]
+    M = sftm_matrices(mats)
+    torch.testing.assert_close(sftm_matrices([A.T for A in mats]), M.T, rtol=0, atol=1e-10)
+    torch.testing.assert_close(sftm_matrices([2.5 * A for A in mats]), 2.5 * M, rtol=0, atol=1e-10)
+    torch.testing.assert_close(sftm_matrices(mats[::-1]), M, rtol=0, atol=1e-10)
+    feats = [singular_features(A) for A in mats]
+    flip = torch.tensor([1.0, -1.0, 1.0, -1.0, -1.0], dtype=D)
+    flipped = [Features(f.U * flip, f.s, f.V * flip) for f in feats]
+    torch.testing.assert_close(superpose(flipped)[0], M, rtol=0, atol=1e-10)
+
+
+def test_lora_factorized_path_equals_dense_path():
+    m, n, r = 12, 9, 3
+    loras = [(rand(m, r, seed=20 + i), rand(r, n, seed=30 + i), 2.0) for i in range(3)]
+    fact = superpose([lora_features(B, A, s) for B, A, s in loras])[0]
+    dense = sftm_matrices([s * B @ A for B, A, s in loras])
+    torch.testing.assert_close(fact, dense, rtol=0, atol=1e-10)
+    assert lora_features(*loras[0]).s.numel() == r  # ρ triplets, never min(m, n)
+
+
+def test_solver_paths():
+    A = rand(6, 6, seed=40)
+    G = A @ A.T + torch.eye(6, dtype=D)
+    b = rand(6, seed=41)
+    x, info = solve_gram(G, b)
+    assert info["solver"] == "cholesky"
+    torch.testing.assert_close(G @ x, b)
+    S = torch.ones(4, 4, dtype=D)  # rank 1
+    x, info = solve_gram(S, torch.ones(4, dtype=D))
+    assert info["solver"] == "pinv"
+    torch.testing.assert_close(x, torch.full((4,), 0.25, dtype=D))
+    x, info = solve_gram(S, torch.ones(4, dtype=D), ridge=1.0)  # ridge makes it definite
+    assert info["solver"] == "cholesky"
+    torch.testing.assert_close(x, torch.full((4,), 0.2, dtype=D))
+
+
+def test_zero_task_matrix_contributes_nothing():
+    M1 = rand(4, 4, seed=50)
+    torch.testing.assert_close(sftm_matrices([M1, torch.zeros(4, 4, dtype=D)]), M1, rtol=0, atol=1e-12)
+    assert torch.equal(sftm_matrices([torch.zeros(3, 2, dtype=D)]), torch.zeros(3, 2, dtype=D))
+
+
+# --- trimming and the per-tensor rules ----------------------------------------------------
+
+def test_trim_keeps_exactly_ceil_eta_numel_with_deterministic_ties():
+    x = torch.tensor([3.0, -1.0, 1.0, 1.0, -1.0, 0.5, 2.0, 1.0, 0.0, 0.0])
+    y = trim_topk_(x.clone(), 0.45)  # ⌈4.5⌉ = 5: 3, 2, and the first three of the five ±1s
+    assert int((y != 0).sum()) == keep_count(0.45, 10) == 5
+    assert y.tolist() == [3.0, -1.0, 1.0, 1.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0]
+    assert keep_count(0.2, 10) == 2  # float noise in 0.2·10 does not round up
+    big = rand(40, 30, seed=51).float()
+    for eta in (0.1, 0.25, 0.5, 1.0):
+        assert int((trim_topk_(big.clone(), eta) != 0).sum()) == keep_count(eta, 1200)
+
+
+def test_non_matrix_rules():
+    taus = [rand(8, seed=60 + i) for i in range(3)]
+    bias = run(taus, name="model.layers.0.mlp.down_proj.bias", eta=1.0, gamma=0.7)
+    torch.testing.assert_close(bias, 0.7 * sum(taus))
+    for gamma in (0.3, 1.1):  # norm layers: mean of the τ_i, no γ
+        norm = run(taus, name="model.layers.0.input_layernorm.weight", eta=1.0, gamma=gamma)
+        torch.testing.assert_close(norm, sum(taus) / 3)
+    emb = [rand(10, 4, seed=70 + i) for i in range(2)]
+    out = run(emb, name="model.embed_tokens.weight", eta=0.5, gamma=0.5)
+    trimmed = [trim_topk_(e.clone(), 0.5) for e in emb]
+    torch.testing.assert_close(out, 0.5 * sum(trimmed))
+    head = run(emb, name="lm_head.weight", eta=1.0, gamma=1.0)
+    torch.testing.assert_close(head, sum(emb))
+    head_sftm = run(emb, name="lm_head.weight", eta=1.0, gamma=1.0, lm_head="sftm")
+    torch.testing.assert_close(head_sftm, sftm_matrices(emb))
+
+
+def test_linear_weight_is_trimmed_then_superposed_then_scaled():
+    taus = [rand(6, 5, seed=80 + i) for i in range(2)]
+    out = run(taus, eta=0.5, gamma=0.6)
+    ref = 0.6 * sftm_matrices([trim_topk_(t.clone(), 0.5) for t in taus])
+    torch.testing.assert_close(out, ref)
+
+
+def test_conv_kernels_are_reshaped_to_matrices():
+    taus = [rand(4, 3, 2, 2, seed=90 + i) for i in range(2)]
+    out = run(taus, name="vision_model.embeddings.patch_embedding.weight", eta=1.0, gamma=1.0)
+    ref = sftm_matrices([t.reshape(4, -1) for t in taus]).reshape(4, 3, 2, 2)
+    torch.testing.assert_close(out, ref)
+
+
+# --- whole models --------------------------------------------------------------------------
+
+def _state(folder):
+    out = {}
+    for f in os.listdir(folder):
+        if f.endswith(".safetensors"):
+            out.update(load_file(os.path.join(folder, f)))
+    return out
+
+
+def test_sftm_of_one_model_returns_it(llama, tmp_path):
+    base, fts = llama
+    res = hubsoup.merge(fts[:1], method="sftm", base=base, out=str(tmp_path / "o"), quiet=True, eta=1.0, gamma=1.0)
+    merged, ft = _state(res.path), _state(fts[0])
+    assert set(merged) == set(ft)
+    for k in ft:
+        torch.testing.assert_close(merged[k], ft[k], rtol=0, atol=2e-6, msg=k)
+
+
+def test_sftm_three_llamas_matches_the_math(llama, tmp_path):
+    base, fts = llama
+    res = hubsoup.merge(fts, method="sftm", base=base, out=str(tmp_path / "o"), quiet=True, eta=0.3, gamma=0.6)
+    merged, b = _state(res.path), _state(base)
+    ft = [_state(f) for f in fts]
+    name = "model.layers.1.self_attn.k_proj.weight"
+    taus = [trim_topk_((f[name].float() - b[name].float()), 0.3) for f in ft]
+    ref = b[name].float() + 0.6 * sftm_matrices(taus)
+    torch.testing.assert_close(merged[name].float(), ref, rtol=0, atol=1e-5)
+    norm = "model.norm.weight"
+    ref = b[norm].float() + sum(trim_topk_(f[norm].float() - b[norm].float(), 0.3) for f in ft) / 3
+    torch.testing.assert_close(merged[norm].float(), ref, rtol=0, atol=1e-6)
+    card = open(os.path.join(res.path, "README.md")).read()
+    assert "sftm" in card and "eta" in card
+
+
+def test_cli_runs_sftm(llama, tmp_path, capsys):
+    base, fts = llama
+    out = tmp_path / "cli"
+    rc = cli_main(["merge", *fts[:2], "--base", base, "--method", "sftm", "-p", "eta=0.5", "-p", "gamma=0.8",
+                   "--out", str(out), "-q"])
+    assert rc == 0 and (out / "model.safetensors").is_file()
+    rc = cli_main(["merge", *fts[:2], "--base", base, "--method", "sftm", "-p", "eta=1.5", "--out", str(tmp_path / "x")])
+    assert rc == 2 and "eta" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_sftm_on_lora_inputs_uses_factors_and_matches_dense(model_dir, tmp_path, monkeypatch):
+    from test_lora import densify, make_adapter
+
+    from hubsoup.sources.lora import LoraDelta
+
+    base = model_dir("llama")
+    a1 = make_adapter(tmp_path / "a1", "llama", seed=1, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    a2 = make_adapter(tmp_path / "a2", "llama", seed=2, r=2, lora_alpha=4, target_modules=["q_proj", "down_proj"])
+    dense = [densify("llama", base, a, tmp_path / f"dense{i}") for i, a in enumerate((a1, a2))]
+    ref = hubsoup.merge(dense, method="sftm", base=base, out=str(tmp_path / "ref"), quiet=True, eta=1.0, gamma=0.6)
+
+    def boom(self, *a, **k):
+        raise AssertionError("dense task vector materialised")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(LoraDelta, "delta_into", boom)
+        res = hubsoup.merge([a1, a2], method="sftm", base=base, out=str(tmp_path / "lora"), quiet=True, gamma=0.6)
+    got, want = _state(res.path), _state(ref.path)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=2e-5, msg=k)
+    trimmed = hubsoup.merge([a1, a2], method="sftm", base=base, out=str(tmp_path / "trim"), quiet=True,
+                            gamma=0.6, eta=0.3, lora_trim=True)  # the dense path, B·A trimmed by η
+    dense_trimmed = hubsoup.merge(dense, method="sftm", base=base, out=str(tmp_path / "dt"), quiet=True,
+                                  gamma=0.6, eta=0.3)
+    got, want = _state(trimmed.path), _state(dense_trimmed.path)
+    for k in want:  # trimmed rank-ρ products have tiny trailing singular values: float32 noise is amplified
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=5e-4, msg=k)
