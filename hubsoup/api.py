@@ -57,6 +57,8 @@ class MergeResult:
     """``full`` (a checkpoint) or ``lora`` (a PEFT adapter of the base)."""
     lora: dict[str, Any] | None = field(default=None, repr=False)
     """LoRA output only: ranks and truncation errors (``hubsoup_lora_report.json``)."""
+    evaluation: list = field(default_factory=list, repr=False)
+    """:class:`hubsoup.eval.TaskResult` of each ``evaluate`` task (also in ``eval_results.json``)."""
 
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
                     commit_message: str | None = None, token: str | bool | None = None,
@@ -223,6 +225,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
           ignore_extra: bool = False, shape_mismatch: str = "error", token: str | bool | None = None,
           output_format: str = "full", rank: int | None = None, energy: float | None = None,
           exemplars: dict[str, str] | Sequence[str] | None = None,
+          evaluate: Sequence[Any] | None = None, eval_limit: int | None = None,
           quiet: bool = False, **kwargs: Any) -> MergeResult:
     """Merge fine-tunes of one base model and write a standard checkpoint folder.
 
@@ -246,6 +249,10 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         exemplars: for data-aware methods (``lot``): ``{task: path_or_dataset}`` or
             ``["task=path_or_dataset", ...]``, one per input; passed as the ``exemplars``
             method parameter (so they are in the recipe and its hash).
+        evaluate: tasks (:class:`hubsoup.eval.TaskSpec` or spec strings such as
+            ``"classification:val.csv,text=sentence"``) to evaluate the output on before it is
+            committed; results go to ``eval_results.json`` and the card's model-index.
+        eval_limit: evaluate on at most this many examples per task.
 
     Inputs may be PEFT LoRA adapters (folders or repos with ``adapter_config.json``),
     mixed freely with full fine-tunes of the same base.
@@ -270,6 +277,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         params["exemplars"] = given + [f"{k}={v}" for k, v in parse_exemplar_specs(exemplars).items()]
     m = get_method(method)
     p = m.parse(params)
+    tasks = _tasks(evaluate)
     if shape_mismatch not in SHAPE_POLICIES:
         raise ParameterError(f"shape_mismatch must be one of {', '.join(SHAPE_POLICIES)}, got {shape_mismatch!r}")
     if dtype is not None and dtype not in _DTYPES:
@@ -337,6 +345,12 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
             f.write(recipe.to_yaml())
         result = MergeResult(folder.target, recipe, method, m.describe_params(p), base_ckpt.ref, [c.ref for c in ckpts],
                              plan, _jsonable(stats), time.perf_counter() - t0, output_format, lora_report)
+        if tasks:
+            from hubsoup.eval import evaluate_model
+            from hubsoup.eval.run import EVAL_FILE, write_results
+
+            result.evaluation = evaluate_model(folder.path, tasks, limit=eval_limit, device=device, quiet=quiet)
+            write_results(result.evaluation, os.path.join(folder.path, EVAL_FILE))
         from hubsoup.card import write_card
 
         write_card(result, folder.path)
@@ -348,6 +362,14 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         raise
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _tasks(evaluate: Sequence[Any] | None) -> list:
+    if not evaluate:
+        return []
+    from hubsoup.eval import TaskSpec
+
+    return [TaskSpec.parse(t) if isinstance(t, str) else t for t in evaluate]
 
 
 def _set_config_dtype(path: str, dtype: str) -> None:

@@ -70,6 +70,10 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
             (``method.card_notes(params, stats, n_inputs)``, e.g. LwPTV's reverted tensors).
     """
     method = get_method(result.method)
+    if eval_results is None and getattr(result, "evaluation", None):
+        from hubsoup.eval import to_eval_results
+
+        eval_results = to_eval_results(result.evaluation)
     base = _ref_view(result.base)
     inputs = [_ref_view(r) for r in result.inputs]
     hub_inputs = [i["repo_id"] for i in inputs if i["repo_id"]]
@@ -111,6 +115,7 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         recipe_yaml=result.recipe.to_yaml(),
         load_id=repo_id or result.path,
         notes=notes,
+        search=(result.stats or {}).get("search"),
         lora=lora,
         base_load_id=result.base.repo_id or os.path.abspath(result.base.path or result.base.spec),
     )

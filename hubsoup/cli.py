@@ -63,12 +63,29 @@ def cmd_merge(args) -> int:
     from hubsoup.api import merge
 
     args.out = _push_prepare(args)
-    result = merge(args.inputs, args.method, base=args.base, out=args.out, params=_params(args.param),
-                   device=args.device, dtype=args.dtype, shard_size=args.shard_size, overwrite=args.overwrite,
-                   allow_pickle=args.allow_pickle, ignore_extra=args.ignore_extra,
-                   shape_mismatch=args.shape_mismatch, output_format=args.output_format, rank=args.rank,
-                   energy=args.energy, exemplars=args.exemplars, quiet=args.quiet)
+    options = dict(base=args.base, params=_params(args.param), device=args.device, dtype=args.dtype,
+                   shard_size=args.shard_size, overwrite=args.overwrite, allow_pickle=args.allow_pickle,
+                   ignore_extra=args.ignore_extra, shape_mismatch=args.shape_mismatch,
+                   output_format=args.output_format, rank=args.rank, energy=args.energy, exemplars=args.exemplars)
+    if args.search:
+        from hubsoup.eval import TaskSpec
+        from hubsoup.search import parse_grid, search
+
+        if not args.eval:
+            raise ParameterError("--search needs validation tasks to score each point: give --eval SPEC")
+        grid = parse_grid(*args.search, method=args.method)
+        print(f"searching {' x '.join(f'{k} ({len(v)})' for k, v in grid.items())} on validation data ...")
+        found = search(args.inputs, args.method, out=args.out, grid=grid,
+                       tasks=[TaskSpec.parse(t) for t in args.eval], limit=args.eval_limit, quiet=args.quiet,
+                       **options)
+        print(f"best {found.best} ({found.selection}: {found.best_score:.4f})")
+        result = found.result
+    else:
+        result = merge(args.inputs, args.method, out=args.out, evaluate=args.eval, eval_limit=args.eval_limit,
+                       quiet=args.quiet, **options)
     print(result)
+    for r in result.evaluation:
+        print(f"  eval {r.task.name}: " + "  ".join(f"{k}={v:.4f}" for k, v in r.metrics.items()))
     _push_finish(args, result)
     return 0
 
@@ -142,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "folder, or a Hub dataset ID (org/name[:split])")
     m.add_argument("--energy", type=float,
                    help="LoRA output: per module, the smallest rank keeping this fraction of the squared Frobenius norm")
+    m.add_argument("--eval", action="append", metavar="SPEC",
+                   help="evaluate the output on a task (KIND:DATA[,key=value...], see `hubsoup eval -h`); "
+                        "results go into the card and eval_results.json (repeatable)")
+    m.add_argument("--eval-limit", type=int, metavar="N", help="evaluate on at most N examples per task")
+    m.add_argument("--search", action="append", metavar="KEY[=GRID]",
+                   help="search a parameter on the --eval tasks (validation data): KEY=lo:hi:step, KEY=a,b,c, or "
+                        "KEY alone for the paper's grid; one merge per grid point, the best is kept (repeatable)")
     m.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     m.add_argument("--push", metavar="ORG/NAME", help="upload the output to this Hub repo (created if needed) in one commit")
     m.add_argument("--private", action="store_true", help="with --push: create the repo private")

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -145,6 +146,7 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
                 evals = evaluate_model(folder, tasks, limit=limit, quiet=True)
                 score = normalized_score(evals, references)
                 entry["metrics"] = {r.task.name: r.metrics for r in evals}
+                res.evaluation = evals
             entry["score"] = score
             scores.append(entry)
             if not quiet:
@@ -164,4 +166,13 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
     best_res.path = os.path.abspath(out)
     found = SearchResult(grid_points[best_i], best_score, scores, selection, best_res)
     best_res.stats["search"] = found.to_dict()
+    # the card and eval file of the chosen point now also record the grid and every score
+    from hubsoup.card import write_card
+    from hubsoup.eval.run import EVAL_FILE, write_results
+
+    if best_res.evaluation:
+        write_results(best_res.evaluation, os.path.join(out, EVAL_FILE))
+    with open(os.path.join(out, "hubsoup_search.json"), "w", encoding="utf-8") as f:
+        json.dump(found.to_dict(), f, indent=2, default=str)
+    write_card(best_res, out)
     return found

@@ -51,3 +51,67 @@ def test_normalized_selection_score():
     results = [TaskResult(t1, {"accuracy": 0.45}, 10), TaskResult(t2, {"accuracy": 0.8}, 10)]
     assert normalized_score(results, [0.9, 0.8]) == pytest.approx((0.5 + 1.0) / 2)
     assert normalized_score(results, None) == pytest.approx((0.45 + 0.8) / 2)
+
+
+@pytest.fixture(scope="module")
+def bert_task(tmp_path_factory):
+    """A tiny BERT base with a tokenizer, two fine-tunes, a frozen head and a validation csv."""
+    from safetensors.torch import save_file
+
+    from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("searchbert")
+    base = make_base("bert", str(root / "base"))
+    save_tiny_tokenizer(base)
+    fts = [make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.2) for i in (1, 2)]
+    for ft in fts:
+        save_tiny_tokenizer(ft)
+    g = torch.Generator().manual_seed(5)
+    head = str(root / "head.safetensors")
+    save_file({"weight": torch.randn(2, 32, generator=g), "bias": torch.zeros(2)}, head)
+    data = root / "val.csv"
+    data.write_text("text,label\n" + "".join(f"w{i} w{(i * 7) % 50},{(i // 3) % 2}\n" for i in range(40)))
+    return base, fts, f"classification:{data},head={head},name=toy,split=validation"
+
+
+def test_cli_merge_with_eval_writes_results_and_model_index(bert_task, tmp_path, capsys):
+    import json
+
+    from huggingface_hub import ModelCard
+
+    from hubsoup.cli import main
+
+    base, fts, spec = bert_task
+    out = tmp_path / "soup"
+    assert main(["merge", *fts, "--base", base, "--method", "task_arithmetic", "--out", str(out), "-q",
+                 "--eval", spec]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((out / "eval_results.json").read_text())
+    acc = results[0]["metrics"]["accuracy"]
+    assert f"eval toy: accuracy={acc:.4f}" in printed
+    card = ModelCard.load(str(out / "README.md"))
+    entries = {(r.metric_type, r.dataset_name, r.dataset_split): r.metric_value for r in card.data.eval_results}
+    assert entries[("accuracy", "toy", "validation")] == pytest.approx(acc)
+
+
+def test_cli_search_records_grid_and_scores_in_card(bert_task, tmp_path, capsys):
+    import json
+
+    from hubsoup.cli import main
+
+    base, fts, spec = bert_task
+    out = tmp_path / "best"
+    assert main(["merge", *fts, "--base", base, "--method", "task_arithmetic", "--out", str(out), "-q",
+                 "--search", "scale=0:2:1", "--eval", spec]) == 0
+    found = json.loads((out / "hubsoup_search.json").read_text())
+    assert [p["params"]["scale"] for p in found["scores"]] == [0.0, 1.0, 2.0]
+    best = max(found["scores"], key=lambda p: p["score"])
+    assert found["best"] == best["params"]
+    card = (out / "README.md").read_text()
+    assert "## Hyper-parameter search" in card and f"| {best['params']['scale']} |" in card
+    recipe = (out / "hubsoup_recipe.yaml").read_text()
+    assert f"scale: {best['params']['scale']}" in recipe
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]
+    assert main(["merge", *fts, "--base", base, "--method", "ties", "--out", str(tmp_path / "x"),
+                 "--search", "scale"]) == 2
+    assert "--search needs validation tasks" in capsys.readouterr().err

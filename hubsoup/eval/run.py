@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.eval.tasks import TaskSpec
 
+EVAL_FILE = "eval_results.json"
 _METRICS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics")
 _TASK_TYPES = {"classification": "text-classification", "perplexity": "text-generation"}
 
