@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 from hubsoup.api import MergeResult, merge
 from hubsoup.errors import OutputExistsError, ParameterError
+from hubsoup.search import _frange
 
 INDEX_FILE = "sweep.json"
 
@@ -46,10 +47,9 @@ def parse_grid(spec: str | Sequence[float]) -> list[float]:
             raise ParameterError(f"grid {spec!r}: expected START:STOP:STEP, e.g. 0:1:0.1")
         if step <= 0 or stop < start:
             raise ParameterError(f"grid {spec!r}: need STEP > 0 and STOP ≥ START")
-        n = int(round((stop - start) / step))
-        if abs(start + n * step - stop) > 1e-9 * max(1.0, abs(stop)):
+        values = _frange(start, stop, step)
+        if abs(values[-1] - stop) > 1e-9 * max(1.0, abs(stop)):
             raise ParameterError(f"grid {spec!r}: STOP - START is not a multiple of STEP")
-        values = [round(start + i * step, 10) for i in range(n + 1)]
     else:
         try:
             values = [float(v) for v in spec.split(",") if v.strip()]

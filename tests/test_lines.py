@@ -380,13 +380,14 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="peak-RSS reset needs Linux /proc")
 def test_lines_heuristic_pass_peak_rss_close_to_task_arithmetic(tmp_path):
     """A deep, narrow model: holding it (or τ_MTL) would show, one tensor's stack would not."""
-    base = make_base("llama", str(tmp_path / "base"), layers=32, hidden=128)
+    base = make_base("llama", str(tmp_path / "base"), layers=24, hidden=128)
     fts = [make_finetune(base, str(tmp_path / f"ft{i}"), seed=i) for i in (1, 2, 3)]
     model_mib = sum(os.path.getsize(os.path.join(base, f)) for f in os.listdir(base) if f.endswith(".safetensors")) / 2**20
-    assert model_mib > 15
+    assert model_mib > 12
     out = str(tmp_path / "out")
     # weights force the Eq. 2 statistics pass (no closed form), which runs the inner merge on every tensor
     lines = {"base_method": "task_arithmetic", "weights": "1,1,1", "beta": 0.5}
