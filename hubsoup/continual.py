@@ -38,7 +38,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import torch
@@ -100,6 +100,7 @@ class ContinualState:
         d = asdict(self)
         d["count"] = self.count
         d["lambda"] = d.pop("lam")
+        d["checksum"] = _json_digest(d)
         return json.dumps(d, indent=2)
 
     @classmethod
@@ -111,6 +112,9 @@ class ContinualState:
                                       "the state is corrupt") from e
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ContinualStateError(f"continual state {where}: {STATE_FILE} is not a hubsoup continual state")
+        if d.pop("checksum", None) != _json_digest(d):
+            raise ContinualStateError(f"continual state {where}: {STATE_FILE} does not match its own checksum "
+                                      "(edited or corrupt); the state cannot be trusted")
         if d.get("version") != FORMAT_VERSION:
             raise ContinualStateError(f"continual state {where}: format version {d.get('version')} is not "
                                       f"supported (this hubsoup reads version {FORMAT_VERSION})")
@@ -125,6 +129,10 @@ class ContinualState:
             raise ContinualStateError(f"continual state {where}: count {count}, {len(state.models)} models and "
                                       f"{len(state.task_norms)} norms disagree; the state is corrupt")
         return state
+
+
+def _json_digest(d: dict) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
 # --- reading a state --------------------------------------------------------------------------
@@ -155,6 +163,13 @@ class StateReader:
         with open(path, encoding="utf-8") as f:
             self.state = ContinualState.from_json(f.read(), where)
         self._handles = {}
+        try:
+            self._open(folder, where, verify)
+        except (AttributeError, TypeError, KeyError, ValueError) as e:  # fields of the wrong type
+            raise ContinualStateError(f"continual state {where}: {STATE_FILE} is malformed ({type(e).__name__}: "
+                                      f"{e}); the state is corrupt") from e
+
+    def _open(self, folder: str, where: str, verify: bool) -> None:
         for fname, digest in self.state.files.items():
             fpath = os.path.join(folder, fname)
             if os.path.basename(fname) != fname or not os.path.isfile(fpath):

@@ -5,6 +5,9 @@ input's task vector onto the block's device (stacked, float32), asks the method 
 the merged task vector, adds it to the base, casts to the output dtype and hands it
 to the writer. Only one tensor's worth of data per input is alive at a time, so peak
 memory is about (inputs + 2) × the largest tensor, whatever the number of layers.
+Two shortcuts skip the stack (``hubsoup.lowrank``): a tensor no input changes (e.g. one
+no LoRA adapts) is the base's, and a linear method on LoRA inputs adds base + P @ Q
+from the inputs' stacked factors.
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ When merging, one Gram at a time is read back from disk per linear weight.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
@@ -542,8 +541,6 @@ def _capture(job, params, tasks, device, quiet: bool) -> FeatureStore:
         raise
     finally:
         del model
-    with open(os.path.join(tmp.name, "rows.json"), "w") as f:
-        json.dump(store.rows, f)
     return store
 
 

@@ -275,7 +275,7 @@ def test_exemplars_that_cannot_be_tokenized(zoo, tmp_path, capsys):
     with pytest.raises(ExemplarError, match="cannot load"):
         lot(str(root / "missing-dir" / "nothing"))  # neither a file nor a Hub dataset (offline)
     with pytest.raises(ExemplarError, match="unknown file type"):
-        lot(str(fts[0] + "/config.yaml") if False else __file__)
+        lot(__file__)  # a .py file
     big = root / "ids.jsonl"
     big.write_text(json.dumps({"input_ids": [1, 2, 500]}) + "\n")
     with pytest.raises(ExemplarError, match="outside the model's vocabulary"):
@@ -292,3 +292,33 @@ def test_exemplars_that_cannot_be_tokenized(zoo, tmp_path, capsys):
     assert rc == 2 and "which column" in capsys.readouterr().err
     with pytest.raises(HubsoupError, match="TASK=PATH"):
         hubsoup.merge(fts, method="lot", base=base, out=str(tmp_path / "o"), quiet=True, exemplars=["nothing"])
+
+
+def test_exemplars_from_a_hub_dataset(hub, zoo, tmp_path):
+    base, fts = zoo["llama"]
+    api = hub.api("alice")
+    api.create_repo("alice/task2-texts", repo_type="dataset")
+    api.upload_file(path_or_fileobj=zoo["ex"][1], path_in_repo="train.jsonl", repo_id="alice/task2-texts",
+                    repo_type="dataset")
+    hub.login("alice")
+    res = hubsoup.merge(fts, method="lot", base=base, out=str(tmp_path / "hub"), quiet=True,
+                        exemplars={"1": zoo["ex"][0], "2": "alice/task2-texts:train"})
+    local = hubsoup.merge(fts, method="lot", base=base, out=str(tmp_path / "local"), quiet=True,
+                          exemplars={"1": zoo["ex"][0], "2": zoo["ex"][1]})
+    got, want = state(res.path), state(local.path)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_lot_on_a_lora_input_equals_lot_on_its_dense_model(zoo, tmp_path):
+    from test_lora import densify, make_adapter
+
+    base, fts = zoo["llama"]
+    adapter = make_adapter(tmp_path / "adapter", "llama", seed=4, r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"])
+    dense = densify("llama", base, adapter, tmp_path / "dense")
+    ex = {"1": zoo["ex"][0], "2": zoo["ex"][1]}
+    a = hubsoup.merge([fts[0], adapter], method="lot", base=base, out=str(tmp_path / "a"), quiet=True, exemplars=ex)
+    b = hubsoup.merge([fts[0], dense], method="lot", base=base, out=str(tmp_path / "b"), quiet=True, exemplars=ex)
+    assert [r.kind for r in a.inputs] == ["full", "lora"]
+    got, want = state(a.path), state(b.path)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5, msg=k)

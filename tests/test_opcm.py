@@ -176,9 +176,10 @@ def test_opcm_norm_invariant_order_and_determinism(llama, tmp_path):
 # --- continual: init, add, export ------------------------------------------------------------
 
 @pytest.fixture()
-def private_llama(tmp_path):
+def private_llama(tmp_path, model_dir):
     """A base and three fine-tunes of our own (the test deletes some)."""
-    base = make_base("llama", str(tmp_path / "base"))
+    base = str(tmp_path / "base")
+    shutil.copytree(model_dir("llama"), base)
     fts = [make_finetune(base, str(tmp_path / f"ft{i}"), seed=10 + i) for i in range(3)]
     return base, fts
 
@@ -218,7 +219,8 @@ def test_add_equals_one_shot_and_never_reads_earlier_inputs(private_llama, tmp_p
 def test_init_one_then_add_one_equals_one_shot_and_export(private_llama, tmp_path):
     base, (a, b, _) = private_llama
     soup = str(tmp_path / "soup")
-    continual.init([a], base=base, out=soup, quiet=True)
+    continual.init([a], base=base, out=soup, quiet=True, shard_size="20KB")  # S in several files
+    assert len([f for f in os.listdir(os.path.join(soup, STATE_DIR)) if f.startswith("S-")]) > 1
     assert all(torch.allclose(state(soup)[k], state(a)[k], atol=1e-6) for k in state(a))
     out2 = str(tmp_path / "soup2")
     continual.add(soup, b, out=out2, quiet=True)
@@ -282,6 +284,23 @@ def test_corrupt_or_missing_state_is_refused(private_llama, tmp_path):
     base, (a, b, c) = private_llama
     soup = str(tmp_path / "soup")
     continual.init([a, b], base=base, out=soup, quiet=True)
+    jfile = os.path.join(soup, STATE_DIR, "state.json")
+    good = open(jfile).read()
+    d = json.loads(good)
+    d["lambda"] *= 2  # a plausible but wrong value
+    open(jfile, "w").write(json.dumps(d))
+    with pytest.raises(ContinualStateError, match="own checksum"):
+        continual.add(soup, [c], quiet=True)
+    d["lambda"] /= 2
+    d["tensors"] = ["not", "a", "dict"]
+    d["checksum"] = continual._json_digest({k: v for k, v in d.items() if k != "checksum"})
+    open(jfile, "w").write(json.dumps(d))
+    with pytest.raises(ContinualStateError, match="malformed"):
+        continual.add(soup, [c], quiet=True)
+    open(jfile, "w").write(good[:100])  # truncated JSON
+    with pytest.raises(ContinualStateError, match="not valid JSON"):
+        continual.add(soup, [c], quiet=True)
+    open(jfile, "w").write(good)
     sfile = os.path.join(soup, STATE_DIR, "S.safetensors")
     data = bytearray(open(sfile, "rb").read())
     data[-5] ^= 0xFF  # one flipped byte in S
@@ -290,10 +309,6 @@ def test_corrupt_or_missing_state_is_refused(private_llama, tmp_path):
     with pytest.raises(ContinualStateError, match="checksum"):
         continual.add(soup, [c], quiet=True)
     assert _snapshot(soup) == before
-    jfile = os.path.join(soup, STATE_DIR, "state.json")
-    open(jfile, "w").write(open(jfile).read()[:100])  # truncated JSON
-    with pytest.raises(ContinualStateError, match="not valid JSON"):
-        continual.add(soup, [c], quiet=True)
     shutil.rmtree(os.path.join(soup, STATE_DIR))
     with pytest.raises(ContinualStateError, match="no continual state"):
         continual.add(soup, [c], quiet=True)

@@ -2,7 +2,6 @@
 
 import os
 
-import pytest
 import torch
 from safetensors.torch import load_file
 

@@ -112,8 +112,9 @@ class LotParams:
     seed: int = param(0, "seed of the random exemplar sample when a dataset has more rows", source="ours")
     text_column: str | None = param(None, "the column to tokenize (default: 'text' or the only string column)",
                                     source="ours")
-    gram_budget_gb: float = param(4.0, "float64 Gram matrices held at once while capturing; more means "
-                                       "more forward passes over the exemplars", range=(0.0, None), source="ours")
+    gram_budget_gb: float = param(4.0, "GB of float64 Gram matrices held at once while capturing; a smaller "
+                                       "budget means more forward passes over the exemplars", range=(0.0, None),
+                                  source="ours")
 
     def validate(self):
         from hubsoup.features import parse_exemplar_specs

@@ -156,7 +156,7 @@ class Opcm(Method):
     summary = ("Continual merging, one-shot over the inputs in the given order: project each new task "
                "vector off the merged update's top singular subspace and diagonal, add, rescale.")
     paper = ("Merging Models on the Fly Without Retraining: A Sequential Approach to Scalable Continual "
-             "Model Merging (Tang et al., 2025)")
+             "Model Merging (Tang et al.)")
     paper_url = "https://github.com/tanganke/opcm"
     Params = OpcmParams
 

@@ -198,7 +198,7 @@ class Sftm(Method):
     name = "sftm"
     summary = ("Per linear weight, superpose the singular features of the trimmed task matrices by solving "
                "a linear system; task arithmetic for biases/embeddings, mean for norm layers.")
-    paper = "Superpose Singular Features for Model Merging (Qiu, Wu, Yao, 2025)"
+    paper = "Superpose Singular Features for Model Merging (Qiu, Wu, Yao)"
     paper_url = "https://arxiv.org/search/?query=Superpose+Singular+Features+for+Model+Merging&searchtype=title"
     Params = SftmParams
 
