@@ -190,6 +190,7 @@ def main() -> int:
          merge_spec("ties-lora", "ties", {"density": 0.2, "scope": "tensor"}, output_format="lora", rank=32)),
     ]
     rows = []
+    load_before = os.getloadavg()[1]
     for name, spec in runs:
         r = measure(spec)
         rows.append({"run": name, **r})
@@ -199,7 +200,8 @@ def main() -> int:
     floor = rows[0]["peak_rss_mib"]
     info = {"model_mib": model_mib, "largest_tensor_f32_mib": largest, "adapters": N_ADAPTERS, "rank": RANK,
             "adapters_mib": adapter_mib, "import_floor_mib": floor, "python": platform.python_version(),
-            "machine": platform.machine(), "cpus": os.cpu_count(), "quick": args.quick}
+            "machine": platform.machine(), "cpus": os.cpu_count(), "quick": args.quick,
+            "loadavg_5min": [load_before, os.getloadavg()[1]]}
     os.makedirs(args.out, exist_ok=True)
     name = "lora_bench_quick" if args.quick else "lora_bench"
     with open(os.path.join(args.out, f"{name}.json"), "w") as f:
@@ -227,6 +229,9 @@ def main() -> int:
         lines.append(f"| {r['run']} | {r['peak_rss_mib']:.0f} | {above:.0f} | {above / model_mib:.2f} | "
                      f"{r['anon_mib']:.0f} | {r['file_mib']:.0f} | {r['merge_s']:.1f} | {err} |")
     lines += [
+        "",
+        f"Load average (5 min) before / after the runs: {load_before:.1f} / {os.getloadavg()[1]:.1f} on "
+        f"{os.cpu_count()} CPUs: times on a busy machine are inflated; the memory figures are not affected.",
         "",
         f"One model per adapter would be {N_ADAPTERS} x {model_mib:.0f} = {N_ADAPTERS * model_mib:.0f} MiB above the floor.",
         "Linear methods (task arithmetic) work on the adapters' stacked factors: the full output reads each base",

@@ -54,6 +54,15 @@ def _load(job: Job, block: Block, entry: TensorEntry) -> tuple[torch.Tensor, tor
     return base, deltas
 
 
+def _release(job: Job) -> None:
+    """Unmap every weight file after a block (see :meth:`Checkpoint.release`)."""
+    job.base.release()
+    for src in job.inputs:
+        ckpt = getattr(src, "ckpt", None)
+        if ckpt is not None and hasattr(ckpt, "release"):
+            ckpt.release()
+
+
 def _context(job: Job, block: Block, entry: TensorEntry, stats: dict) -> TensorContext:
     return TensorContext(entry.name, block.info, len(job.inputs), stats, job.recipe_hash)
 
@@ -77,6 +86,7 @@ def run(job: Job, writer, out_dtype: torch.dtype | None = None, quiet: bool = Fa
             for name in (entry.name, *entry.aliases):
                 writer.write(name, out)
             del out
+        _release(job)
     return stats
 
 
@@ -88,10 +98,15 @@ def gather_stats(job: Job, quiet: bool = False) -> dict[str, Any]:
     passes = job.method.passes(job.params, len(job.inputs))
     mergeable = [(b, e) for b, e in job.plan.entries() if e.mergeable]
     for i, p in enumerate(passes):
+        previous = None
         for block, entry in tqdm(mergeable, desc=f"statistics pass {i + 1}/{len(passes)}", unit="tensor",
                                  disable=quiet, leave=False):
+            if previous is not None and block is not previous:
+                _release(job)
+            previous = block
             base, deltas = _load(job, block, entry)
             p.update(_context(job, block, entry, stats), base, deltas)
             del base, deltas
+        _release(job)
         p.finish(stats)
     return stats

@@ -42,7 +42,15 @@ from tqdm.auto import tqdm
 
 from hubsoup.engine import Job, _context, _load, gather_stats
 from hubsoup.errors import ParameterError
-from hubsoup.lowrank import linear_coefficients, stacked_factors, svd_of_product, untouched
+from hubsoup.lowrank import (
+    input_factors,
+    linear_coefficients,
+    single_thread,
+    stacked_factors,
+    svd_of_product,
+    untouched,
+)
+from hubsoup.methods.base import TensorContext
 from hubsoup.plan import TensorEntry
 from hubsoup.sources.lora import PEFT_PREFIX, Layout, model_layout, module_kind
 
@@ -116,8 +124,9 @@ class LoraBuilder:
         kind = self.lora_kind(entry)
         if kind != "linear":  # stored (in, out): the LoRA factorises τᵀ
             p, q = q.T, p.T
-        u, s, vh = svd_of_product(p, q)
-        self._add_svd(entry, kind, u, s, vh, "factors")
+        with single_thread():  # all of it is (out + in) × Σr small: threads only cost here
+            u, s, vh = svd_of_product(p, q)
+            self._add_svd(entry, kind, u, s, vh, "factors")
 
     def add_dense(self, entry: TensorEntry, tau: torch.Tensor, base: torch.Tensor) -> None:
         """A merged task vector computed densely: SVD if LoRA-able, else kept as a full tensor."""
@@ -128,27 +137,53 @@ class LoraBuilder:
             self.changed_full[entry.name] = (base + tau).cpu()
             return
         lin = tau if kind == "linear" else tau.T
-        u, s, vh = torch.linalg.svd(lin, full_matrices=False)
-        self._add_svd(entry, kind, u, s, vh, "dense")
+        total = _sq_norm(lin)
+        left = lin.shape[0] <= lin.shape[1]
+        # SVD through the Gram matrix of the smaller side (float64, built in chunks): the same
+        # subspaces as a full SVD, several times faster on CPU, and never a float64 copy of τ
+        gram = _gram(lin if left else lin.T)
+        evals, evecs = torch.linalg.eigh(gram)
+        s2 = evals.flip(0).clamp_min(0.0)
+        basis = evecs.flip(1)
+        r = self._rank(s2, total, _numerical_rank(s2))
+        if r == 0:
+            return
+        s = s2[:r].sqrt()
+        root = s.sqrt()
+        if left:  # lin = U S Vᵀ: B = U √S, A = √S Vᵀ = Uᵀ lin / √S
+            b = basis[:, :r] * root
+            a = _mm_t(basis[:, :r], lin) / root[:, None]
+        else:
+            b = _mm(lin, basis[:, :r]) / root
+            a = root[:, None] * basis[:, :r].T
+        self._store(entry, kind, b, a, r, total, float(s2[:r].sum()), "dense")
 
     def _add_svd(self, entry, kind, u, s, vh, path) -> None:
-        module = entry.name[: -len(".weight")]
         s2 = s.double() ** 2
         total = float(s2.sum())
-        if total == 0.0:
+        r = self._rank(s2, total, _numerical_rank(s2))
+        if r == 0:
             return
-        r = len(s)
+        root = s[:r].sqrt()
+        self._store(entry, kind, u[:, :r] * root, root[:, None] * vh[:r], r, total, float(s2[:r].sum()), path)
+
+    def _rank(self, s2: torch.Tensor, total: float, available: int) -> int:
+        """The rank to keep for singular values² ``s2`` (descending) of a matrix with ‖τ‖² = total."""
+        if total <= 0.0 or available == 0:
+            return 0
+        r = available
         if self.options.energy is not None:
             frac = torch.cumsum(s2, 0) / total
             r = int(torch.searchsorted(frac, torch.tensor(float(self.options.energy), dtype=frac.dtype) - 1e-12)) + 1
         if self.options.rank is not None:
             r = min(r, self.options.rank)
-        r = max(1, min(r, len(s)))
-        kept = float(s2[:r].sum())
+        return max(1, min(r, available))
+
+    def _store(self, entry, kind, b, a, r, total, kept, path) -> None:
+        module = entry.name[: -len(".weight")]
         rel = math.sqrt(max(total - kept, 0.0) / total)
-        root = s[:r].sqrt()
-        b = (u[:, :r] * root).to(torch.float32).cpu()
-        a = (root[:, None] * vh[:r]).to(torch.float32).cpu()
+        b = b.to(torch.float32).cpu()
+        a = a.to(torch.float32).cpu()
         dt = self.options.dtype or torch.float32
         key = f"{PEFT_PREFIX}{module}"
         if kind == "embedding":
@@ -252,6 +287,37 @@ class LoraBuilder:
         }
 
 
+_CHUNK = 4096
+_RANK_TOL = 1e-14  # singular values² below this fraction of the largest are rounding noise (σ/σ₁ < 1e-7)
+
+
+def _numerical_rank(s2: torch.Tensor) -> int:
+    return int((s2 > s2[0] * _RANK_TOL).sum()) if len(s2) and float(s2[0]) > 0 else 0
+
+
+def _sq_norm(x: torch.Tensor) -> float:
+    return float(sum(float(c.double().square().sum()) for c in x.split(_CHUNK, dim=1)))
+
+
+def _gram(x: torch.Tensor) -> torch.Tensor:
+    """``x @ xᵀ`` in float64, accumulated over column chunks (x: m×n, m ≤ n)."""
+    g = torch.zeros(x.shape[0], x.shape[0], dtype=torch.float64, device=x.device)
+    for c in x.split(_CHUNK, dim=1):
+        c = c.double()
+        g.addmm_(c, c.T)
+    return g
+
+
+def _mm_t(u: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``uᵀ @ x`` in float64 (u: m×r float64, x: m×n), over column chunks of x."""
+    return torch.cat([u.T @ c.double() for c in x.split(_CHUNK, dim=1)], dim=1)
+
+
+def _mm(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``x @ v`` in float64 (x: m×n, v: n×r float64), over row chunks of x."""
+    return torch.cat([c.double() @ v for c in x.split(_CHUNK, dim=0)], dim=0)
+
+
 def run_lora(job: Job, builder: LoraBuilder, quiet: bool = False) -> dict[str, Any]:
     """Execute ``job`` into a LoRA adapter (see the module docs); returns the method's statistics."""
     stats = gather_stats(job, quiet)
@@ -265,6 +331,14 @@ def run_lora(job: Job, builder: LoraBuilder, quiet: bool = False) -> dict[str, A
             f = stacked_factors(job.inputs, entry.name, coefs, block.device)
             if f is not None:
                 builder.add_factors(entry, *f)
+                continue
+        if getattr(job.method, "merge_factors", None) is not None and builder.lora_kind(entry) is not None:
+            fs = input_factors(job.inputs, entry.name, block.device)  # a method's own low-rank path (SFTM)
+            tau = None if fs is None else job.method.merge_factors(
+                tuple(entry.shape), fs, job.params,
+                TensorContext(entry.name, block.info, len(job.inputs), {}, job.recipe_hash))
+            if tau is not None:
+                builder.add_dense(entry, tau, None)  # a LoRA-able weight: the base is not needed
                 continue
         base, deltas = _load(job, block, entry)
         merged = job.method.merge(base, deltas, job.params, _context(job, block, entry, stats))

@@ -18,12 +18,19 @@ wasteful, and for two cases it is avoided:
   larger than (out + in) × Σ rᵢ: it takes the SVD of the stacked factors through two
   thin QR decompositions.
 
+* **Methods with their own low-rank path**: a method defining
+  ``merge_factors(shape, factors, params, ctx)`` gets, for a 2-D tensor every input updates by
+  a plain LoRA or leaves alone, the list of ``(Pᵢ, Qᵢ)`` (None for an untouched input) and
+  returns the merged τ, or None for the dense path. ``ctx.stats`` is empty there. SFTM uses
+  it to take each task matrix's SVD from its factors.
+
 Every other method (``ties``, ``dare``, ``consensus``, ``slerp``, ...) is element-wise
 non-linear in the task vectors, so it gets the dense stack as usual.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import torch
@@ -126,10 +133,22 @@ def svd_of_product(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torc
     """Thin SVD ``U, S, Vh`` of ``p @ q`` (p: m×k, q: k×n) without forming the m×n product.
 
     ``p = Q_p R_p`` and ``qᵀ = Q_q R_q`` (thin QR), so ``p q = Q_p (R_p R_qᵀ) Q_qᵀ`` and the
-    SVD of the k×k core gives the rest. Computed in float64 (the factors are small).
+    SVD of the k×k core gives the rest. Computed in float64 (the factors are small), on one
+    thread: LAPACK calls this small only lose to threading overhead (badly on a busy machine).
     """
-    p64, q64 = p.double(), q.double()
-    qp, rp = torch.linalg.qr(p64)
-    qq, rq = torch.linalg.qr(q64.T)
-    u, s, vh = torch.linalg.svd(rp @ rq.T, full_matrices=False)
-    return qp @ u, s, vh @ qq.T
+    with single_thread():
+        p64, q64 = p.double(), q.double()
+        qp, rp = torch.linalg.qr(p64)
+        qq, rq = torch.linalg.qr(q64.T)
+        u, s, vh = torch.linalg.svd(rp @ rq.T, full_matrices=False)
+        return qp @ u, s, vh @ qq.T
+
+
+@contextlib.contextmanager
+def single_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)

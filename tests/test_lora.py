@@ -444,3 +444,47 @@ def test_unsupported_lora_options(model_dir, tmp_path, adapter):
     with pytest.raises(errors.UnsupportedAdapterError, match="modified base"):
         merge([adapter], tmp_path / "out", base=model_dir("llama"))
     assert_no_output(tmp_path)
+
+
+def test_lora_on_a_tied_name_updates_the_shared_tensor(model_dir, tmp_path):
+    """GPT-2 ties lm_head to wte (only wte is saved): a LoRA on lm_head (a Linear) changes wte, as in peft."""
+    base = model_dir("gpt2")
+    adapter = make_adapter(tmp_path / "adapter", "gpt2", r=4, lora_alpha=8, target_modules=["lm_head", "c_attn"],
+                           fan_in_fan_out=True)
+    res = merge([adapter], tmp_path / "out", base=base)
+    got, want = state(res.path), peft_merged("gpt2", base, adapter)
+    assert "lm_head.weight" not in got
+    for k, v in got.items():
+        torch.testing.assert_close(v, want[k], rtol=1e-6, atol=1e-6, msg=lambda m: f"{k}: {m}")
+    assert not torch.equal(got["transformer.wte.weight"], state(base)["transformer.wte.weight"])
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. adapters on the (test) Hub
+# ---------------------------------------------------------------------------------------------
+def _fetched(hub, repo):
+    return sorted({c["path"].rsplit("/", 1)[-1] for c in hub.calls("GET", rf"/{repo}/resolve/")
+                   if c["path"].endswith((".safetensors", ".bin"))})
+
+
+def test_hub_adapter_base_from_config_and_lora_output_card(hub, model_dir, tmp_path, adapter):
+    hub.seed("alice/base", model_dir("llama"))
+    _set_config(adapter, base_model_name_or_path="alice/base")
+    hub.seed("alice/lora", adapter)
+    res = hubsoup.merge(["alice/lora"], method="linear", out=str(tmp_path / "out"), quiet=True,
+                        output_format="lora", rank=4)
+    assert res.base.repo_id == "alice/base" and res.inputs[0].kind == "lora"
+    assert _fetched(hub, "alice/lora") == ["adapter_model.safetensors"]
+    card = open(os.path.join(res.path, "README.md")).read()
+    assert "base_model:\n- alice/base" in card and "base_model_relation: adapter" in card
+    assert json.load(open(os.path.join(res.path, "adapter_config.json")))["base_model_name_or_path"] == "alice/base"
+
+
+def test_hub_adapter_of_another_base_fails_before_downloading(hub, model_dir, tmp_path, adapter):
+    hub.seed("alice/base", model_dir("llama"))
+    _set_config(adapter, base_model_name_or_path="bob/other-base")
+    hub.seed("alice/lora", adapter)
+    with pytest.raises(errors.BaseModelError, match="trained on 'bob/other-base' but the merge's base is 'alice/base'"):
+        hubsoup.merge(["alice/lora"], method="linear", base="alice/base", out=str(tmp_path / "out"), quiet=True)
+    assert _fetched(hub, "alice/lora") == []
+    assert_no_output(tmp_path)

@@ -244,11 +244,24 @@ class Checkpoint:
         if fname in self._pickled:
             return self._pickled[fname][name]
         try:
-            return self._handles[fname].get_tensor(name)
+            handle = self._handles[fname]
+            if handle is None:  # released: map the file again
+                handle = self._handles[fname] = safe_open(os.path.join(self.folder, fname), framework="pt", device="cpu")
+            return handle.get_tensor(name)
         except SafetensorError as e:
             raise CorruptCheckpointError(
                 f"input '{self.label}': cannot read tensor '{name}' from {fname}: {e}"
             ) from e
+
+    def release(self) -> None:
+        """Unmap the weight files (they are mapped again on the next read).
+
+        Pages of a memory-mapped file stay in the process's resident set once touched;
+        the engine releases after every block so that resident memory stays at about
+        one block per input instead of growing to whole models.
+        """
+        for fname in self._handles:
+            self._handles[fname] = None
 
     def weight_files(self) -> list[str]:
         self._open()

@@ -512,7 +512,8 @@ def lora_source(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos:
                 f"adapter '{label}': module '{mod}' has LoRA rank {r_a} but adapter_config.json says r={r}; "
                 "the scale lora_alpha/r would be wrong, so the adapter is refused")
         out_f, in_f = b_info.shape[0], a_info.shape[1]
-        kind = "embedding" if embedding else module_kind(layout, target[: -len(".weight")], w_shape)
+        # the adapted module's own type (for a tied name, e.g. lm_head, not the type of the tensor's owner)
+        kind = "embedding" if embedding else module_kind(layout, rename(f"{mod}.weight")[: -len(".weight")], w_shape)
         if embedding:
             transpose = True
         elif kind == "conv1d":
