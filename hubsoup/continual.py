@@ -52,7 +52,7 @@ from hubsoup.methods.opcm import opcm_lambda, opcm_update, sq_norm
 from hubsoup.plan import Plan, build_plan, tied_groups
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources import Checkpoint, InputRef, open_input
-from hubsoup.sources.deltas import SHAPE_POLICIES
+from hubsoup.sources.deltas import SHAPE_POLICIES, all_finite
 from hubsoup.writer import OutputFolder, ShardedWriter, parse_size
 
 log = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ def _advance(setup: _Setup, prev: StateReader | None, params, folder: str, shard
                     "was made with; adding to it needs that same base")
             digests[entry.name] = digest
             base = raw.to(block.device, torch.float32)
-            if not bool(torch.isfinite(base).all()):
+            if not all_finite(base):
                 raise NonFiniteTensorError(f"base '{setup.base.label}': tensor '{entry.name}' has NaN/inf values")
             S = prev.tensor(entry.name).to(block.device) if prev is not None else None
             tau = torch.empty_like(base)

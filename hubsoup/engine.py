@@ -24,6 +24,7 @@ from hubsoup.lowrank import merge_without_stack
 from hubsoup.methods.base import Method, TensorContext
 from hubsoup.plan import Block, Plan, TensorEntry
 from hubsoup.sources.checkpoint import Checkpoint
+from hubsoup.sources.deltas import all_finite
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class Job:
 
 def _load(job: Job, block: Block, entry: TensorEntry) -> tuple[torch.Tensor, torch.Tensor]:
     base = job.base.tensor(entry.name).to(block.device, torch.float32)
-    if not bool(torch.isfinite(base).all()):
+    if not all_finite(base):
         raise NonFiniteTensorError(f"base '{job.base.label}': tensor '{entry.name}' has NaN/inf values")
     deltas = torch.empty((len(job.inputs), *base.shape), dtype=torch.float32, device=block.device)
     for src, row in zip(job.inputs, deltas):

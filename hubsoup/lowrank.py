@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import torch
 
 from hubsoup.errors import NonFiniteTensorError
+from hubsoup.sources.deltas import all_finite
 
 
 def linear_coefficients(method, params: Any, n_inputs: int) -> list[float] | None:
@@ -124,7 +125,7 @@ def merge_without_stack(job, block, entry) -> torch.Tensor | None:
 
 def _base(job, block, entry) -> torch.Tensor:
     base = job.base.tensor(entry.name).to(block.device, torch.float32)
-    if not bool(torch.isfinite(base).all()):
+    if not all_finite(base):
         raise NonFiniteTensorError(f"base '{job.base.label}': tensor '{entry.name}' has NaN/inf values")
     return base
 

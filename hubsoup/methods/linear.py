@@ -13,8 +13,8 @@ from hubsoup.params import param
 
 def weighted_average(deltas: list[torch.Tensor], weights: list[float], normalize: bool = True) -> torch.Tensor:
     """Σ w_i τ_i, divided by Σ w_i when ``normalize`` (the average of the models)."""
-    out = torch.zeros_like(deltas[0])
-    for w, d in zip(weights, deltas):
+    out = deltas[0] * weights[0]  # not zeros + first term: one pass less over the tensor
+    for w, d in zip(weights[1:], deltas[1:]):
         out.add_(d, alpha=w)
     if normalize:
         out.div_(sum(weights))

@@ -48,6 +48,7 @@ from hubsoup.errors import (
     UnsupportedAdapterError,
 )
 from hubsoup.sources.checkpoint import Checkpoint
+from hubsoup.sources.deltas import all_finite
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +288,7 @@ class LoraDelta:
         if name in self.bias:
             m = self.bias[name]
             out.add_(self._t(m.bias_key).to(dev) * m.scale)
-        if not bool(torch.isfinite(out).all()):
+        if not all_finite(out):
             raise NonFiniteTensorError(
                 f"adapter '{self.label}': the update of '{name}' has NaN/inf values; the adapter is broken "
                 "(diverged training?) and cannot be merged")
