@@ -354,7 +354,7 @@ def _result(setup: _Setup, folder: OutputFolder, state: ContinualState, recipe: 
              f"(the result depends on it). λ = {state.lam:.6g}.", ""]
     lines += [f"{i}. {_ref_label(d)}" for i, d in enumerate(state.models, 1)]
     lines += ["", f"The merge state is in `{STATE_DIR}/`: add one more model, without the earlier ones, with",
-              "", "```bash", f"hubsoup continual add <this repo or folder> <new-model>", "```", ""]
+              "", "```bash", "hubsoup continual add <this repo or folder> <new-model>", "```", ""]
     with open(path, "a", encoding="utf-8") as f:
         f.write("\n".join(lines))
     return result

@@ -52,7 +52,8 @@ from hubsoup.lowrank import (
 )
 from hubsoup.methods.base import TensorContext
 from hubsoup.plan import TensorEntry
-from hubsoup.sources.lora import PEFT_PREFIX, Layout, model_layout, module_kind
+from hubsoup.plan import Layout, model_layout
+from hubsoup.sources.lora import PEFT_PREFIX, module_kind
 
 log = logging.getLogger(__name__)
 

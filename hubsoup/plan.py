@@ -15,7 +15,9 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -128,30 +130,70 @@ class Plan:
         return "\n".join(lines)
 
 
-def tied_groups(folder: str, keys: list[str]) -> list[list[str]]:
-    """Groups of checkpoint keys that the architecture ties together.
+@dataclass
+class ModuleInfo:
+    kind: str
+    """``linear``, ``conv1d`` (GPT-2 style, weight stored (in, out)), ``embedding`` or ``other``."""
+    params: tuple[str, ...]
+    """Local names of the module's state-dict entries (``weight``, ``bias``, ...)."""
 
-    Asked of transformers itself: the model is built on the meta device (no memory,
-    no weights) and accelerate lists which parameters share storage. Never runs
-    remote code; unknown architectures simply report no ties.
+
+@dataclass
+class Layout:
+    modules: dict[str, ModuleInfo]
+    ties: list[list[str]] = field(default_factory=list)
+    """Groups of parameter names sharing one tensor, including names absent from the checkpoint."""
+
+
+def model_layout(folder: str) -> Layout | None:
+    """Module types and tied parameters of the model in ``folder``, or None if it cannot be built.
+
+    The model class is built on the meta device from ``config.json`` (never remote code).
     """
+    cfg = os.path.join(folder, "config.json")
+    return _layout(folder, os.path.getmtime(cfg) if os.path.isfile(cfg) else 0.0)
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(folder: str, _mtime: float) -> Layout | None:
     try:
         import transformers
         from accelerate.utils import find_tied_parameters
+        from torch import nn
         from transformers import AutoConfig
+        from transformers.pytorch_utils import Conv1D
 
         cfg = AutoConfig.from_pretrained(folder, trust_remote_code=False)
         archs = getattr(cfg, "architectures", None) or []
         cls = getattr(transformers, archs[0], None) if archs else None
         with torch.device("meta"):
             model = cls(cfg) if cls is not None else transformers.AutoModel.from_config(cfg)
-        groups = find_tied_parameters(model)
-    except Exception as e:  # noqa: BLE001 - tie detection is best effort
-        log.debug("tie detection skipped: %s", e)
+        modules = {}
+        for name, mod in model.named_modules():
+            if next(mod.children(), None) is not None:
+                continue
+            kind = ("conv1d" if isinstance(mod, Conv1D) else "embedding" if isinstance(mod, nn.Embedding)
+                    else "linear" if isinstance(mod, nn.Linear) else "other")
+            modules[name] = ModuleInfo(kind, tuple(mod.state_dict().keys()))
+        ties = [list(g) for g in find_tied_parameters(model)]
+        return Layout(modules, ties)
+    except Exception as e:  # noqa: BLE001 - unknown architectures fall back to shape heuristics
+        log.debug("model layout of %s unavailable: %s", folder, e)
+        return None
+
+
+def tied_groups(folder: str, keys: list[str]) -> list[list[str]]:
+    """Groups of checkpoint keys that the architecture ties together.
+
+    Asked of transformers itself (see :func:`model_layout`); unknown architectures
+    simply report no ties.
+    """
+    layout = model_layout(os.path.abspath(folder))
+    if layout is None:
         return []
     present = set(keys)
     out = []
-    for group in groups:
+    for group in layout.ties:
         names = [n for n in group if n in present]
         if len(names) > 1:
             out.append(sorted(names, key=keys.index))

@@ -31,12 +31,11 @@ linear methods and the LoRA output never form the dense matrix (see ``hubsoup.lo
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -47,6 +46,7 @@ from hubsoup.errors import (
     NonFiniteTensorError,
     UnsupportedAdapterError,
 )
+from hubsoup.plan import Layout, model_layout
 from hubsoup.sources.checkpoint import Checkpoint
 from hubsoup.sources.deltas import all_finite
 
@@ -75,61 +75,6 @@ _UNSUPPORTED_OPTIONS = {
 }
 # init_lora_weights values after which the adapter is relative to a *modified* base
 _BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
-
-
-# --------------------------------------------------------------------------------------------
-# What the base architecture says about its modules (built on the meta device: no memory)
-# --------------------------------------------------------------------------------------------
-@dataclass
-class ModuleInfo:
-    kind: str
-    """``linear``, ``conv1d`` (GPT-2 style, weight stored (in, out)), ``embedding`` or ``other``."""
-    params: tuple[str, ...]
-    """Local names of the module's state-dict entries (``weight``, ``bias``, ...)."""
-
-
-@dataclass
-class Layout:
-    modules: dict[str, ModuleInfo]
-    ties: list[list[str]] = field(default_factory=list)
-    """Groups of parameter names sharing one tensor, including names absent from the checkpoint."""
-
-
-def model_layout(folder: str) -> Layout | None:
-    """Module types and tied parameters of the model in ``folder``, or None if it cannot be built.
-
-    The model class is built on the meta device from ``config.json`` (never remote code).
-    """
-    cfg = os.path.join(folder, "config.json")
-    return _layout(folder, os.path.getmtime(cfg) if os.path.isfile(cfg) else 0.0)
-
-
-@functools.lru_cache(maxsize=16)
-def _layout(folder: str, _mtime: float) -> Layout | None:
-    try:
-        import transformers
-        from accelerate.utils import find_tied_parameters
-        from torch import nn
-        from transformers import AutoConfig
-        from transformers.pytorch_utils import Conv1D
-
-        cfg = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-        archs = getattr(cfg, "architectures", None) or []
-        cls = getattr(transformers, archs[0], None) if archs else None
-        with torch.device("meta"):
-            model = cls(cfg) if cls is not None else transformers.AutoModel.from_config(cfg)
-        modules = {}
-        for name, mod in model.named_modules():
-            if next(mod.children(), None) is not None:
-                continue
-            kind = ("conv1d" if isinstance(mod, Conv1D) else "embedding" if isinstance(mod, nn.Embedding)
-                    else "linear" if isinstance(mod, nn.Linear) else "other")
-            modules[name] = ModuleInfo(kind, tuple(mod.state_dict().keys()))
-        ties = [list(g) for g in find_tied_parameters(model)]
-        return Layout(modules, ties)
-    except Exception as e:  # noqa: BLE001 - unknown architectures fall back to shape heuristics
-        log.debug("model layout of %s unavailable: %s", folder, e)
-        return None
 
 
 _EMBED_HINTS = ("embed", "wte", "wpe", "shared", "token_type")
