@@ -317,6 +317,8 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     out_dtype = _DTYPES[dtype] if dtype else None
     recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref.to_dict(),
                     inputs=[c.ref.to_dict() for c in ckpts], dtype=dtype, hubsoup_version=__version__)
+    if shape_mismatch != "error" or ignore_extra:  # they change what is merged: inside the hash
+        recipe.extra["options"] = {"shape_mismatch": shape_mismatch, "ignore_extra": ignore_extra}
     if lora_opts is not None:  # how τ is stored, not what it is: outside the hash
         recipe.extra["output"] = {"format": "lora", "rank": rank, "energy": energy}
 

@@ -31,8 +31,11 @@ class Recipe:
         """What the hash covers: method, parameters, exact inputs (by SHA when on the Hub), dtype."""
         def pin(ref: dict) -> dict:
             return {k: ref.get(k) for k in ("repo_id", "sha", "path", "kind") if ref.get(k) is not None}
-        return {"method": self.method, "params": self.params, "base": pin(self.base),
-                "inputs": [pin(i) for i in self.inputs], "dtype": self.dtype}
+        ident = {"method": self.method, "params": self.params, "base": pin(self.base),
+                 "inputs": [pin(i) for i in self.inputs], "dtype": self.dtype}
+        if self.extra.get("options"):
+            ident["options"] = self.extra["options"]
+        return ident
 
     @property
     def hash(self) -> str:

@@ -52,3 +52,46 @@ def test_console_script_entry_point(tmp_path):
                            "./missing", "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert "error: input './missing': no such local folder" in proc.stderr
+
+
+def test_run_recipe_repeats_the_merge_bit_exactly(llama, tmp_path, capsys):
+    base, fts = llama
+    first = tmp_path / "first"
+    assert main(["merge", *fts, "--base", base, "--method", "dare", "-p", "p=0.5", "-p", "then=ties",
+                 "--out", str(first), "-q"]) == 0
+    again = tmp_path / "again"
+    assert main(["run", str(first / "hubsoup_recipe.yaml"), "--out", str(again), "-q"]) == 0
+    assert (first / "model.safetensors").read_bytes() == (again / "model.safetensors").read_bytes()
+    assert main(["run", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "x")]) == 2
+    assert "recipe" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_run_recipe_of_a_modifier_chain(llama, tmp_path):
+    import hubsoup
+    from hubsoup.commands.run import run_recipe
+
+    base, fts = llama
+    res = hubsoup.merge(fts, method="lwptv", base=base, out=str(tmp_path / "a"), quiet=True,
+                        params={"base_method": "lines+ties", "eta": 0.5, "density": 0.3})
+    again = run_recipe(res.path, str(tmp_path / "b"), quiet=True)
+    assert again.recipe.hash == res.recipe.hash
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+
+
+def test_run_recipe_keeps_merge_options(model_dir, tmp_path):
+    import hubsoup
+    from hubsoup.commands.run import run_recipe
+
+    base = model_dir("bert")
+    from safetensors.torch import load_file, save_file
+
+    ft = tmp_path / "cls"
+    ft.mkdir()
+    sd = {f"bert.{k}": v + 0.01 for k, v in load_file(os.path.join(model_dir("bert", "ft1"), "model.safetensors")).items()}
+    sd["classifier.weight"] = sd["bert.pooler.dense.weight"][:2].clone()
+    save_file(sd, str(ft / "model.safetensors"), metadata={"format": "pt"})
+    (ft / "config.json").write_text(open(os.path.join(base, "config.json")).read())
+    res = hubsoup.merge([str(ft)], method="linear", base=base, out=str(tmp_path / "a"), quiet=True, ignore_extra=True)
+    assert res.recipe.extra["options"]["ignore_extra"] is True
+    again = run_recipe(res.path, str(tmp_path / "b"), quiet=True)  # would fail without the recorded option
+    assert again.recipe.hash == res.recipe.hash
