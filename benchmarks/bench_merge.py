@@ -27,7 +27,7 @@ with ``pip install -c constraints.txt torch==2.13.0 mergekit==0.1.5``.
 
 Usage::
 
-    python benchmarks/bench_merge.py              # full run, ~6-9 min on 2 cores
+    python benchmarks/bench_merge.py              # full run, ~5 min on 2 idle cores
     python benchmarks/bench_merge.py --quick      # tiny smoke test (~1 min)
 """
 
@@ -428,6 +428,18 @@ def versions(py: str, modules: list[str]) -> dict:
         return {"error": r.stderr.strip()[-300:]}
 
 
+def code_fingerprint() -> str:
+    """Hash of hubsoup's source files: the working tree may change under a long benchmark."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for p in sorted(glob.glob(os.path.join(REPO, "hubsoup", "**", "*.py"), recursive=True)):
+        h.update(os.path.relpath(p, REPO).encode())
+        with open(p, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:10]
+
+
 def machine_info() -> dict:
     cpu = "?"
     try:
@@ -473,7 +485,7 @@ def write_report(res: dict, md_path: str) -> None:
     L.append(f"`python benchmarks/bench_merge.py` on {res['date']} ({res['total_s']:.0f} s in all, "
              f"{res['repeat']} run(s) per configuration). Machine: {m['cpu']}, {m['cores']} cores, "
              f"{m['mem_mib'] / 1024:.1f} GiB RAM, Linux {m['kernel']}. hubsoup {v['hubsoup'].get('hubsoup')} "
-             f"(git {m['hubsoup_git_head']} + working tree), mergekit {v['mergekit'].get('mergekit', '-')}; "
+             f"(git {m['hubsoup_git_head']} + working tree, sources {'/'.join(res.get('hubsoup_code', []))}), mergekit {v['mergekit'].get('mergekit', '-')}; "
              f"torch {v['hubsoup'].get('torch')} / {v['mergekit'].get('torch', '-')}, transformers "
              f"{v['hubsoup'].get('transformers')} / {v['mergekit'].get('transformers', '-')}, safetensors "
              f"{v['hubsoup'].get('safetensors')} / {v['mergekit'].get('safetensors', '-')} (hubsoup venv / mergekit venv).\n")
@@ -631,6 +643,8 @@ def main() -> int:
             cmd = mergekit_cmd(mk_py, cfg, out)
         if os.path.exists(out):
             shutil.rmtree(out)
+        if tool == "hubsoup":
+            run.extra["hubsoup_code"] = code_fingerprint()
         measure(cmd, run, env, os.path.join(work, "logs", f"{slug}.{rep}.log"))
         log(f"  {label:<38} {run.wall_s:6.1f}s cpu {run.user_s + run.sys_s:6.1f}s  rss {run.maxrss_mb:6.0f} MB  "
             f"anon {run.peak_anon_mb:6.0f} MB  file {run.peak_file_mb:6.0f} MB  others {run.others_cpu:4.0%}  rc={run.rc}")
@@ -702,6 +716,12 @@ def main() -> int:
                                      "anon": [a["peak_anon_mb"], b2["peak_anon_mb"]],
                                      "file": [a["peak_file_mb"], b2["peak_file_mb"]], "wall": [a["wall_s"], b2["wall_s"]]})
 
+    codes = sorted({r["extra"].get("hubsoup_code") for r in res["runs"] if r["extra"].get("hubsoup_code")})
+    res["hubsoup_code"] = codes
+    if len(codes) > 1:
+        res["notes"].append(f"WARNING: hubsoup's source files changed during the benchmark ({len(codes)} versions: "
+                            f"{', '.join(codes)}; see each run's extra.hubsoup_code in the JSON): runs of different "
+                            "versions are mixed in these tables.")
     busy = [r for r in res["summary"] if r.get("others_cpu", 0) > 0.10]
     if busy:
         res["notes"].append(f"{len(busy)} configuration(s) ran while other processes used >10% of the machine's CPU "

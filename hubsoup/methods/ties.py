@@ -37,13 +37,13 @@ def elect_sign(stacked: torch.Tensor) -> torch.Tensor:
 
 def disjoint_merge_(stacked: torch.Tensor, sign: torch.Tensor, mode: str = "mean") -> torch.Tensor:
     """Sum (or mean) over rows of the non-zero entries that agree with ``sign``. Overwrites ``stacked``."""
-    count = torch.zeros_like(sign)
-    for row in stacked:
-        agree = (torch.sign(row) == sign)  # sign(0) = 0 never agrees with ±1
-        row.mul_(agree)
-        count.add_(agree)
-    total = stacked.sum(dim=0)
-    return total if mode == "sum" else total.div_(count.clamp_(min=1))
+    # times the elected sign, agreeing entries are > 0; clamping drops the rest (and zeros)
+    stacked.mul_(sign).clamp_(min=0)
+    total = stacked.sum(dim=0).mul_(sign)
+    if mode == "sum":
+        return total
+    count = (stacked > 0).sum(dim=0, dtype=torch.float32)
+    return total.div_(count.clamp_(min=1))
 
 
 def ties_combine_(stacked: torch.Tensor, weights: Sequence[float] | None, mode: str = "mean") -> torch.Tensor:
