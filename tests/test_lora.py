@@ -49,12 +49,7 @@ def peft_merged(arch, base, adapter, bare=False):
     return PeftModel.from_pretrained(model, adapter).merge_and_unload().state_dict()
 
 
-def state(folder):
-    out = {}
-    for f in sorted(os.listdir(folder)):
-        if f.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, f)))
-    return out
+from method_helpers import state  # noqa: E402  (tests/ is on sys.path)
 
 
 def merge(inputs, out, **kw):

@@ -21,12 +21,7 @@ ARCH_LOADERS = {
 }
 
 
-def state(folder):
-    out = {}
-    for f in sorted(os.listdir(folder)):
-        if f.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, f)))
-    return out
+from method_helpers import state  # noqa: E402  (tests/ is on sys.path)
 
 
 def finite_forward(arch, folder):
