@@ -32,11 +32,18 @@ def cmd_init(args) -> int:
                          dtype=args.dtype, shard_size=args.shard_size, overwrite=args.overwrite,
                          allow_pickle=args.allow_pickle, ignore_extra=args.ignore_extra,
                          shape_mismatch=args.shape_mismatch, quiet=args.quiet)
+    _report(args, res)
+    return 0
+
+
+def _report(args, res) -> None:
+    """Print the soup and its state, then push if asked."""
+    from hubsoup import continual
+
     print(res)
     print(f"continual state: {res.path}/{continual.STATE_DIR} ({len(res.inputs)} model(s), "
           f"λ = {res.stats['opcm.lambda']:.6g})")
     _push(args, res)
-    return 0
 
 
 def cmd_add(args) -> int:
@@ -46,10 +53,7 @@ def cmd_add(args) -> int:
     res = continual.add(args.soup, args.models, out=args.out, base=args.base, device=args.device, dtype=args.dtype,
                         shard_size=args.shard_size, overwrite=args.overwrite, allow_pickle=args.allow_pickle,
                         quiet=args.quiet)
-    print(res)
-    print(f"continual state: {res.path}/{continual.STATE_DIR} ({len(res.inputs)} model(s), "
-          f"λ = {res.stats['opcm.lambda']:.6g})")
-    _push(args, res)
+    _report(args, res)
     return 0
 
 
