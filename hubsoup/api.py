@@ -20,7 +20,7 @@ from hubsoup.plan import Plan, build_plan, tied_groups
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources import Checkpoint, InputRef, open_input
 from hubsoup.sources.deltas import SHAPE_POLICIES, FullDelta, shape_message
-from hubsoup.writer import OutputFolder, ShardedWriter, parse_size
+from hubsoup.writer import OutputFolder, ShardedWriter, check_output, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -295,9 +295,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     elif rank is not None or energy is not None:
         raise ParameterError("rank/energy apply to the LoRA output only (--output-format lora)")
     m.check_inputs(p, len(inputs))
-    if os.path.exists(out) and not overwrite:
-        from hubsoup.errors import OutputExistsError
-        raise OutputExistsError(f"output '{out}' already exists; pass --overwrite (overwrite=True) to replace it")
+    check_output(out, overwrite)
 
     ckpts = [open_input(s, allow_pickle=allow_pickle, token=token) for s in inputs]
     base_spec = base or resolve_base(ckpts)

@@ -53,7 +53,7 @@ from hubsoup.plan import Plan, build_plan, tied_groups
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources import Checkpoint, InputRef, open_input
 from hubsoup.sources.deltas import SHAPE_POLICIES, all_finite
-from hubsoup.writer import OutputFolder, ShardedWriter, parse_size
+from hubsoup.writer import OutputFolder, ShardedWriter, check_output, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -430,9 +430,7 @@ def init(models: Sequence[str], *, base: str | None = None, out: str, params: di
     if shape_mismatch not in SHAPE_POLICIES:
         raise ParameterError(f"shape_mismatch must be one of {', '.join(SHAPE_POLICIES)}, got {shape_mismatch!r}")
     out_dtype = _dtype(dtype)
-    if os.path.exists(out) and not overwrite:
-        from hubsoup.errors import OutputExistsError
-        raise OutputExistsError(f"output '{out}' already exists; pass --overwrite (overwrite=True) to replace it")
+    check_output(out, overwrite)
     if base is None:
         base = resolve_base([open_input(s, allow_pickle=allow_pickle, token=token) for s in models])
     base_ckpt = _open_base(base, allow_pickle, token)
@@ -472,9 +470,8 @@ def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base:
         if not os.path.isdir(os.path.expanduser(soup)):
             raise ParameterError(f"soup '{soup}' is not a local folder; pass --out (out=...) for the new soup")
         out, overwrite = os.path.expanduser(soup), True
-    elif os.path.exists(out) and not overwrite:
-        from hubsoup.errors import OutputExistsError
-        raise OutputExistsError(f"output '{out}' already exists; pass --overwrite (overwrite=True) to replace it")
+    else:
+        check_output(out, overwrite)
     base_spec = base or _ref_spec(st.base)
     try:
         base_ckpt = _open_base(base_spec, allow_pickle, token)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from hubsoup.errors import ParameterError
+from hubsoup.writer import check_output
 
 # The papers' grids (shared/methods/*.md), used when `--search KEY` names no values.
 DEFAULT_GRIDS: dict[str, dict[str, list]] = {
@@ -116,9 +117,7 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
 
     if (tasks is None) == (score_fn is None):
         raise ParameterError("search needs either evaluation tasks or a score function (not both)")
-    if os.path.exists(out) and not overwrite:
-        from hubsoup.errors import OutputExistsError
-        raise OutputExistsError(f"output '{out}' already exists; pass --overwrite (overwrite=True) to replace it")
+    check_output(out, overwrite)
     grid_points = points(grid)
     references = None
     selection = "score_fn"

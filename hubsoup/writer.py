@@ -52,13 +52,18 @@ class _Slot:
     dtype: torch.dtype
 
 
+def check_output(target: str, overwrite: bool) -> None:
+    """Refuse to replace an existing output unless ``overwrite``; called before any work starts."""
+    if os.path.exists(target) and not overwrite:
+        raise OutputExistsError(f"output '{target}' already exists; pass --overwrite (overwrite=True) to replace it")
+
+
 class OutputFolder:
     """A temporary folder beside ``target`` that becomes ``target`` on :meth:`commit`."""
 
     def __init__(self, target: str, overwrite: bool = False):
         self.target = os.path.abspath(target)
-        if os.path.exists(self.target) and not overwrite:
-            raise OutputExistsError(f"output '{target}' already exists; pass --overwrite (overwrite=True) to replace it")
+        check_output(target, overwrite)
         parent = os.path.dirname(self.target)
         os.makedirs(parent, exist_ok=True)
         self.path = tempfile.mkdtemp(prefix=f".{os.path.basename(self.target)}.partial-", dir=parent)
