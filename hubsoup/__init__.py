@@ -4,6 +4,11 @@ Merge fine-tunes of one base model (Hub repo IDs or local folders) with the meth
 of the model-merging literature, streaming tensor by tensor, and get a standard
 ``save_pretrained`` checkpoint with a model card that says how it was made.
 
+The public face: :func:`merge` and :class:`MergeResult`, :class:`MergeOptions`,
+the workflows built on them (:func:`search`, :func:`sweep`, :func:`greedy_soup`,
+:func:`uniform_soup`, the :mod:`continual` module, :func:`run_recipe`) and the
+errors in :mod:`hubsoup.errors`. The workflows are imported on first use.
+
 Example:
     >>> import hubsoup
     >>> result = hubsoup.merge(["org/ft-a", "org/ft-b"], method="ties",
@@ -14,6 +19,28 @@ Example:
 __version__ = "0.1.0"
 
 from hubsoup.errors import HubsoupError  # noqa: E402
+from hubsoup.options import MergeOptions  # noqa: E402
 from hubsoup.api import MergeResult, merge  # noqa: E402
 
-__all__ = ["merge", "MergeResult", "HubsoupError", "__version__"]
+# name -> (module, attribute or None for the module itself); imported on first access
+_LAZY = {
+    "continual": ("hubsoup.workflows.continual", None),
+    "search": ("hubsoup.workflows.search", "search"),
+    "sweep": ("hubsoup.workflows.sweep", "sweep"),
+    "greedy_soup": ("hubsoup.workflows.soups", "greedy_soup"),
+    "uniform_soup": ("hubsoup.workflows.soups", "uniform_soup"),
+    "run_recipe": ("hubsoup.recipe", "run_recipe"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
+    raise AttributeError(f"module 'hubsoup' has no attribute {name!r}")
+
+
+__all__ = ["merge", "MergeResult", "MergeOptions", "HubsoupError", "__version__", *_LAZY]

@@ -5,39 +5,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import torch
-
 from hubsoup import __version__
 from hubsoup.engine import Job, run
-from hubsoup.errors import BaseModelError, HubsoupError, IncompatibleInputError, ParameterError
-from hubsoup.methods import get_method
-from hubsoup.plan import Plan, build_plan, tied_groups
+from hubsoup.errors import HubsoupError, ParameterError
+from hubsoup.methods import Method, get_method
+from hubsoup.options import MergeOptions
+from hubsoup.output import OutputFolder, check_output
+from hubsoup.plan import Plan
 from hubsoup.recipe import RECIPE_FILE, Recipe
-from hubsoup.sources import Checkpoint, InputRef, open_input
-from hubsoup.sources.deltas import SHAPE_POLICIES, FullDelta, shape_message
-from hubsoup.writer import OutputFolder, ShardedWriter, check_output, parse_size
+from hubsoup.sources import InputRef
+from hubsoup.sources.compat import open_models
 
 log = logging.getLogger(__name__)
 
-# Config fields that must agree between the base and every input (first one present counts).
-_ARCH_FIELDS = {
-    "hidden size": ("hidden_size", "n_embd", "d_model", "dim"),
-    "number of layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "number of decoder layers": ("num_decoder_layers", "decoder_layers"),
-    "attention heads": ("num_attention_heads", "n_head", "num_heads"),
-    "intermediate size": ("intermediate_size", "n_inner", "d_ff", "ffn_dim"),
-}
-_COPY_FROM_BASE = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt",
-                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja",
-                   "chat_template.json", "preprocessor_config.json")
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+CARD_EXTRAS_FILE = "hubsoup_card.json"
+"""Card content added after the merge (notes, sections, search), kept so a re-render keeps it."""
 
 
 @dataclass
@@ -50,7 +36,8 @@ class MergeResult:
     params: dict[str, Any]
     base: InputRef
     inputs: list[InputRef]
-    plan: Plan = field(repr=False)
+    plan: Plan | None = field(repr=False)
+    """The merge plan (None for a result read back with :meth:`from_folder`)."""
     stats: dict[str, Any] = field(default_factory=dict, repr=False)
     seconds: float = 0.0
     output_format: str = "full"
@@ -59,6 +46,57 @@ class MergeResult:
     """LoRA output only: ranks and truncation errors (``hubsoup_lora_report.json``)."""
     evaluation: list = field(default_factory=list, repr=False)
     """:class:`hubsoup.eval.TaskResult` of each ``evaluate`` task (also in ``eval_results.json``)."""
+    notes: list[str] = field(default_factory=list, repr=False)
+    """Markdown paragraphs for the card's "Merge notes", after the method's own (e.g. a greedy soup's)."""
+    sections: list[dict[str, str]] = field(default_factory=list, repr=False)
+    """Extra card sections, ``{"title": ..., "body": markdown}`` (e.g. continual merging's)."""
+    search: dict[str, Any] | None = field(default=None, repr=False)
+    """The hyper-parameter search that chose this merge (grid, scores, best point), if any."""
+
+    def save_card_extras(self, folder: str | None = None) -> None:
+        """Persist :attr:`notes`, :attr:`sections` and :attr:`search` beside the recipe (when there are any)."""
+        path = os.path.join(folder or self.path, CARD_EXTRAS_FILE)
+        if not (self.notes or self.sections or self.search):
+            if os.path.exists(path):
+                os.remove(path)
+            return
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"notes": self.notes, "sections": self.sections, "search": self.search}, f, indent=2,
+                      default=str)
+
+    @classmethod
+    def from_folder(cls, path: str) -> "MergeResult":
+        """The result of the merge whose output is ``path``, from its recipe and saved card extras.
+
+        Enough to render its card again (``result.write_card(template=...)``) with everything
+        the first rendering had: notes, sections (continual merging), search, LoRA report, evals.
+        """
+        with open(os.path.join(path, RECIPE_FILE), encoding="utf-8") as f:
+            recipe = Recipe.from_yaml(f.read())
+        lora = _read_json(os.path.join(path, "hubsoup_lora_report.json"))
+        extras = _read_json(os.path.join(path, CARD_EXTRAS_FILE)) or {}
+        result = cls(os.path.abspath(path), recipe, recipe.method, dict(recipe.params), recipe.base,
+                     list(recipe.inputs), None, output_format=recipe.output.get("format", "full"), lora=lora,
+                     notes=extras.get("notes") or [], sections=extras.get("sections") or [],
+                     search=extras.get("search"))
+        if recipe.continual:
+            result.stats = {"opcm.lambda": recipe.continual.get("lambda"), "continual.count": recipe.continual.get("count")}
+        return result
+
+    def write_card(self, folder: str | None = None, **kwargs: Any) -> str:
+        """Render the card (``hubsoup.card.render``) into ``folder`` (default: the output) and keep its extras."""
+        from hubsoup.card import write_card
+
+        folder = folder or self.path
+        path = write_card(self, folder, **kwargs)
+        self.save_card_extras(folder)
+        return path
+
+    @property
+    def card(self) -> str:
+        """The rendered model card (``README.md`` of the output)."""
+        with open(os.path.join(self.path, "README.md"), encoding="utf-8") as f:
+            return f.read()
 
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
                     commit_message: str | None = None, token: str | bool | None = None,
@@ -70,8 +108,7 @@ class MergeResult:
         to what is on the Hub and ``hubsoup push FOLDER REPO`` retries a failed push: its "how to
         use" snippet loads ``repo_id``. Given ``eval_results`` (``huggingface_hub.EvalResult``
         entries: the card's ``model-index`` and results table), ``card_template`` or ``license``,
-        the card is rendered again from this result (sections appended to it after the merge
-        are then lost).
+        the card is rendered again from this result (its notes, sections and search included).
 
         Returns:
             ``huggingface_hub.CommitInfo`` (``commit_url``, ``oid``, ``pr_url``).
@@ -83,13 +120,11 @@ class MergeResult:
             >>> info = result.push_to_hub("my-org/soup", private=True)   # doctest: +SKIP
             >>> print(info.commit_url)                                     # doctest: +SKIP
         """
-        from hubsoup.card import write_card
         from hubsoup.hub import check_repo_id, push_folder, retarget_card
 
         check_repo_id(repo_id)
         if eval_results or card_template or license:
-            write_card(self, self.path, repo_id=repo_id, eval_results=eval_results, template=card_template,
-                       license=license)
+            self.write_card(repo_id=repo_id, eval_results=eval_results, template=card_template, license=license)
         else:
             retarget_card(self.path, repo_id)
         return push_folder(self.path, repo_id, private=private, create_pr=create_pr,
@@ -103,130 +138,10 @@ class MergeResult:
                 f"in {self.seconds:.2f}s -> {self.path}")
 
 
-def _pick(cfg: dict, keys: Sequence[str]) -> Any:
-    for k in keys:
-        if k in cfg:
-            return cfg[k]
-    return None
-
-
-def check_config(base: Checkpoint, ckpt: Checkpoint) -> None:
-    """Refuse an input whose architecture differs from the base's, before any weight is read."""
-    b, c = base.config, ckpt.config
-    if b.get("model_type") and c.get("model_type") and b["model_type"] != c["model_type"]:
-        raise IncompatibleInputError(
-            f"input '{ckpt.label}' is a {c['model_type']} model but the base '{base.label}' is {b['model_type']}; "
-            "all inputs must be fine-tunes of the same base")
-    for what, keys in _ARCH_FIELDS.items():
-        bv, cv = _pick(b, keys), _pick(c, keys)
-        if bv is not None and cv is not None and bv != cv:
-            raise IncompatibleInputError(
-                f"input '{ckpt.label}' has {what} {cv} but the base '{base.label}' has {bv}; "
-                "it is not a fine-tune of this base")
-
-
-def base_model_claims(ckpt: Checkpoint) -> list[str]:
-    """Base models an input names for itself (card ``base_model``, adapter config)."""
-    claims = []
-    bm = ckpt.card_metadata().get("base_model")
-    if isinstance(bm, str) and bm.strip():  # peft writes `base_model: ''` when it did not know
-        claims.append(bm)
-    elif isinstance(bm, list) and len(bm) == 1 and bm[0]:
-        claims.append(bm[0])
-    adapter = ckpt.read_json("adapter_config.json") or {}
-    if adapter.get("base_model_name_or_path"):
-        claims.append(adapter["base_model_name_or_path"])
-    return claims
-
-
-def resolve_base(inputs: list[Checkpoint]) -> str:
-    named = {}
-    for ckpt in inputs:
-        claims = base_model_claims(ckpt)
-        if not claims:
-            raise BaseModelError(
-                f"input '{ckpt.label}' does not say which base model it was fine-tuned from "
-                "(no base_model in its model card, no base_model_name_or_path in an adapter_config.json); "
-                "pass --base ORG/NAME or a folder")
-        named[ckpt.label] = claims[0]
-    if len(set(named.values())) > 1:
-        detail = ", ".join(f"{k} -> {v}" for k, v in named.items())
-        raise BaseModelError(f"inputs disagree on their base model ({detail}); pass --base to choose one")
-    return next(iter(named.values()))
-
-
-def _align_names(base_keys: list[str], ckpt: Checkpoint, ignore_extra: bool) -> dict[str, str]:
-    """Map base tensor names to the input's, allowing one leading prefix (``bert.``) either way."""
-    keys = ckpt.keys()
-    have = set(keys)
-    name_map = {k: k for k in base_keys}
-    if not set(base_keys) <= have:
-        prefixes = {k.split(".", 1)[0] + "." for k in keys if "." in k} | {k.split(".", 1)[0] + "." for k in base_keys if "." in k}
-        for p in sorted(prefixes):
-            if all((p + k) in have for k in base_keys):
-                name_map = {k: p + k for k in base_keys}
-                break
-            if all(k.startswith(p) and k[len(p):] in have for k in base_keys):
-                name_map = {k: k[len(p):] for k in base_keys}
-                break
-    missing = [k for k, v in name_map.items() if v not in have]
-    if missing:
-        raise IncompatibleInputError(
-            f"input '{ckpt.label}' lacks {len(missing)} tensor(s) the base has, e.g. '{missing[0]}'; "
-            "is it a fine-tune of this base, and is its checkpoint complete?")
-    extra = sorted(have - set(name_map.values()))
-    if extra and not ignore_extra:
-        raise IncompatibleInputError(
-            f"input '{ckpt.label}' has {len(extra)} tensor(s) the base lacks, e.g. '{extra[0]}' (a task head?); "
-            "pass --ignore-extra (ignore_extra=True) to leave them out of the merge")
-    if extra:
-        log.warning("input %s: ignoring %d tensor(s) the base lacks (e.g. %s)", ckpt.label, len(extra), extra[0])
-    return name_map
-
-
-def delta_source(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos: dict, *,
-                 ignore_extra: bool = False, shape_mismatch: str = "error"):
-    """The task-vector source for one input, after checking its tensors against the base.
-
-    A full checkpoint gives a :class:`FullDelta`; a PEFT LoRA adapter (``adapter_config.json``)
-    a :class:`~hubsoup.sources.lora.LoraDelta`, which materialises each adapted tensor's ΔW
-    on demand from the adapter's factors (see ``hubsoup/sources/lora.py`` for the checks).
-    """
-    if ckpt.ref.kind == "lora":
-        from hubsoup.sources.lora import lora_source
-
-        return lora_source(ckpt, base, base_keys, infos, ignore_extra=ignore_extra)
-    if ckpt.ref.kind != "full":
-        raise IncompatibleInputError(f"input '{ckpt.label}' is a {ckpt.ref.kind} adapter; such inputs are not supported")
-    name_map = _align_names(base_keys, ckpt, ignore_extra)
-    for k in base_keys:
-        shape = tuple(ckpt.info(name_map[k]).shape)
-        want = tuple(infos[k].shape)
-        if shape != want and (shape_mismatch == "error" or len(shape) != len(want)):
-            raise IncompatibleInputError(shape_message(ckpt.label, name_map[k], shape, want))
-    return FullDelta(ckpt, name_map, shape_mismatch)
-
-
-def _copy_base_files(base: Checkpoint, dest: str, tokenizer_only: bool = False) -> list[str]:
-    copied = []
-    for fname in _COPY_FROM_BASE:
-        if tokenizer_only and fname in ("config.json", "generation_config.json"):
-            continue  # an adapter folder with a config.json would look like a full model
-        src = os.path.join(base.folder, fname)
-        if os.path.isfile(src):
-            shutil.copyfile(src, os.path.join(dest, fname))
-            copied.append(fname)
-    return copied
-
-
 def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: str,
-          params: dict[str, Any] | None = None, device: str = "cpu", dtype: str | None = None,
-          shard_size: str | int = "5GB", overwrite: bool = False, allow_pickle: bool = False,
-          ignore_extra: bool = False, shape_mismatch: str = "error", token: str | bool | None = None,
+          params: dict[str, Any] | None = None, options: MergeOptions | None = None,
           output_format: str = "full", rank: int | None = None, energy: float | None = None,
-          exemplars: dict[str, str] | Sequence[str] | None = None,
-          evaluate: Sequence[Any] | None = None, eval_limit: int | None = None,
-          quiet: bool = False, **kwargs: Any) -> MergeResult:
+          evaluate: Sequence[Any] | None = None, eval_limit: int | None = None, **kwargs: Any) -> MergeResult:
     """Merge fine-tunes of one base model and write a standard checkpoint folder.
 
     Args:
@@ -234,31 +149,29 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         method: a registered method name (``hubsoup methods`` lists them).
         base: the pre-trained model; when omitted, taken from the inputs' model cards.
         out: output folder (written atomically; must not exist unless ``overwrite``).
-        params: method parameters; keyword arguments not listed here are added to them.
-        device: where tensors are merged (``cpu``, ``cuda:0``, ...).
-        dtype: output dtype (default: the base's).
-        shard_size: maximum shard size (``"5GB"``, ``"500MB"`` or bytes).
-        allow_pickle: accept ``pytorch_model.bin`` inputs (pickle can execute code).
-        ignore_extra: leave out input tensors the base lacks (e.g. task heads).
-        shape_mismatch: ``error`` or ``base-slice`` (merge the rows the base has).
-        token: Hub token (default: the usual huggingface_hub sources).
+        params: method parameters (``hubsoup methods NAME`` lists them).
+        options: how inputs are read and the output written (:class:`hubsoup.options.MergeOptions`:
+            ``device``, ``dtype``, ``shard_size``, ``overwrite``, ``allow_pickle``, ``ignore_extra``,
+            ``shape_mismatch``, ``token``, ``quiet``).
         output_format: ``full`` (a checkpoint) or ``lora`` (a PEFT adapter of the base holding
-            the merged task vector, per-module truncated SVD; see ``hubsoup/lora_out.py``).
+            the merged task vector, per-module truncated SVD; see :mod:`hubsoup.output.lora`).
         rank: LoRA output: the rank of every module (the cap when ``energy`` is given).
         energy: LoRA output: per module, the smallest rank keeping this fraction of ‖τ‖²_F.
-        exemplars: for data-aware methods (``lot``): ``{task: path_or_dataset}`` or
-            ``["task=path_or_dataset", ...]``, one per input; passed as the ``exemplars``
-            method parameter (so they are in the recipe and its hash).
         evaluate: tasks (:class:`hubsoup.eval.TaskSpec` or spec strings such as
             ``"classification:val.csv,text=sentence"``) to evaluate the output on before it is
             committed; results go to ``eval_results.json`` and the card's model-index.
         eval_limit: evaluate on at most this many examples per task.
+        **kwargs: an option's name (``overwrite=True``, ``dtype="bf16"``, ...) sets that option;
+            anything else is a method parameter (``density=0.2``; LOT's ``exemplars={...}``).
 
     Inputs may be PEFT LoRA adapters (folders or repos with ``adapter_config.json``),
     mixed freely with full fine-tunes of the same base.
 
     Returns:
-        :class:`MergeResult` describing the output.
+        :class:`MergeResult` describing the output; ``result.card`` is the rendered card.
+
+    Raises:
+        hubsoup.errors.HubsoupError: a one-line reason (bad input, parameter, option, output exists, ...).
 
     Example:
         >>> import hubsoup
@@ -268,100 +181,103 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         '/abs/path/soup'
     """
     t0 = time.perf_counter()
-    params = {**(params or {}), **kwargs}
-    if exemplars:
-        from hubsoup.features import parse_exemplar_specs
-
-        given = params.get("exemplars") or []
-        given = [given] if isinstance(given, str) else list(given)
-        params["exemplars"] = given + [f"{k}={v}" for k, v in parse_exemplar_specs(exemplars).items()]
-    m = get_method(method)
-    p = m.parse(params)
+    opts, extra = MergeOptions.split(kwargs, options)
+    m, p = parse_method(method, {**(params or {}), **extra})
     tasks = _tasks(evaluate)
-    if shape_mismatch not in SHAPE_POLICIES:
-        raise ParameterError(f"shape_mismatch must be one of {', '.join(SHAPE_POLICIES)}, got {shape_mismatch!r}")
-    if dtype is not None and dtype not in _DTYPES:
-        raise ParameterError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     if not inputs:
         raise ParameterError("no input models given")
-    lora_opts = None
-    if output_format == "lora":
-        from hubsoup.lora_out import LoraOptions
-
-        lora_opts = LoraOptions(rank, energy, _DTYPES[dtype] if dtype else None)
-        lora_opts.validate()
-    elif output_format != "full":
-        raise ParameterError(f"output_format must be 'full' or 'lora', got {output_format!r}")
-    elif rank is not None or energy is not None:
-        raise ParameterError("rank/energy apply to the LoRA output only (--output-format lora)")
+    sink_options = _lora_options(output_format, rank, energy, opts)
     m.check_inputs(p, len(inputs))
-    check_output(out, overwrite)
+    check_output(out, opts.overwrite)
 
-    ckpts = [open_input(s, allow_pickle=allow_pickle, token=token) for s in inputs]
-    base_spec = base or resolve_base(ckpts)
-    base_ckpt = open_input(base_spec, allow_pickle=allow_pickle, token=token, with_tokenizer=True)
-    if base_ckpt.ref.kind != "full":
-        raise BaseModelError(f"base '{base_ckpt.label}' is an adapter, not a full model")
-    for c in ckpts:
-        if c.ref.kind == "full":
-            check_config(base_ckpt, c)
+    base_ckpt, sources = open_models(inputs, base=base, allow_pickle=opts.allow_pickle, token=opts.token,
+                                     ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch)
+    plan = Plan.of(base_ckpt, opts.device)
+    recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref, inputs=[s.ref for s in sources],
+                    dtype=opts.dtype, hubsoup_version=__version__, options=opts.hashed,
+                    output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
+    metadata = {"hubsoup_recipe": json.dumps(recipe.to_dict(), default=str)}
 
-    base_keys = base_ckpt.keys()
-    infos = {k: base_ckpt.info(k) for k in base_keys}
-    sources = [delta_source(c, base_ckpt, base_keys, infos, ignore_extra=ignore_extra, shape_mismatch=shape_mismatch)
-               for c in ckpts]
-
-    plan = build_plan(base_keys, infos, base_ckpt.config, ties=tied_groups(base_ckpt.folder, base_keys), device=device)
-    out_dtype = _DTYPES[dtype] if dtype else None
-    recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref.to_dict(),
-                    inputs=[c.ref.to_dict() for c in ckpts], dtype=dtype, hubsoup_version=__version__)
-    if shape_mismatch != "error" or ignore_extra:  # they change what is merged: inside the hash
-        recipe.extra["options"] = {"shape_mismatch": shape_mismatch, "ignore_extra": ignore_extra}
-    if lora_opts is not None:  # how τ is stored, not what it is: outside the hash
-        recipe.extra["output"] = {"format": "lora", "rank": rank, "energy": energy}
-
-    folder = OutputFolder(out, overwrite=overwrite)
-    writer = None
-    lora_report = None
+    job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=opts.quiet)
+    folder = OutputFolder(out, overwrite=opts.overwrite)
+    sink = None
     try:
-        job = Job(plan, base_ckpt, sources, m, p, recipe.hash)
-        if lora_opts is not None:
-            from hubsoup.lora_out import write_adapter
+        if sink_options is not None:
+            from hubsoup.output.checkpoint import copy_base_files
+            from hubsoup.output.lora import LoraSink
 
-            stats, lora_report = write_adapter(job, base_keys, sources, lora_opts, folder.path, quiet=quiet,
-                                               metadata={"hubsoup_recipe": json.dumps(recipe.to_dict(), default=str)})
-            _copy_base_files(base_ckpt, folder.path, tokenizer_only=True)
+            task_types = {s.config.get("task_type") for s in sources if s.kind == "lora"}
+            sink = LoraSink(base_ckpt, base_ckpt.keys(), sink_options, folder.path, metadata,
+                            task_types.pop() if len(task_types) == 1 else None)
+            copy_base_files(base_ckpt, folder.path, tokenizer_only=True)
         else:
-            entries = [(name, e.shape, out_dtype if (out_dtype and e.mergeable) else e.dtype)
-                       for name, e in plan.output_entries()]
-            writer = ShardedWriter(folder.path, entries, parse_size(shard_size),
-                                   metadata={"hubsoup_recipe": json.dumps(recipe.to_dict(), default=str)})
-            copied = _copy_base_files(base_ckpt, folder.path)
-            if out_dtype is not None and "config.json" in copied:
-                _set_config_dtype(os.path.join(folder.path, "config.json"), dtype)
-            stats = run(job, writer, out_dtype, quiet=quiet)
-            writer.close()
+            from hubsoup.output.checkpoint import CheckpointSink
+
+            sink = CheckpointSink(folder.path, plan, base_ckpt, dtype=opts.dtype, shard_size=opts.shard_bytes,
+                                  metadata=metadata)
+        try:
+            stats = run(job, sink)
+        finally:
+            m.finish(p, job.stats)
+        lora_report = sink.close()
         with open(os.path.join(folder.path, RECIPE_FILE), "w", encoding="utf-8") as f:
             f.write(recipe.to_yaml())
-        result = MergeResult(folder.target, recipe, method, m.describe_params(p), base_ckpt.ref, [c.ref for c in ckpts],
-                             plan, _jsonable(stats), time.perf_counter() - t0, output_format, lora_report)
+        result = MergeResult(folder.target, recipe, method, m.describe_params(p), base_ckpt.ref,
+                             [s.ref for s in sources], plan, _jsonable(stats), time.perf_counter() - t0,
+                             output_format, lora_report)
         if tasks:
             from hubsoup.eval import evaluate_model
             from hubsoup.eval.run import EVAL_FILE, write_results
 
-            result.evaluation = evaluate_model(folder.path, tasks, limit=eval_limit, device=device, quiet=quiet)
+            result.evaluation = evaluate_model(folder.path, tasks, limit=eval_limit, device=opts.device,
+                                               quiet=opts.quiet)
             write_results(result.evaluation, os.path.join(folder.path, EVAL_FILE))
-        from hubsoup.card import write_card
-
-        write_card(result, folder.path)
+        result.write_card(folder.path)
         folder.commit()
     except BaseException:
-        if writer is not None:
-            writer.abort()
+        if sink is not None:
+            sink.abort()
         folder.abort()
         raise
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def parse_method(method: str, given: dict[str, Any]) -> tuple[Method, Any]:
+    """The method and its parsed parameters; a key that looks like a misspelt option says so."""
+    m = get_method(method)
+    try:
+        return m, m.parse(given)
+    except ParameterError:
+        MergeOptions.check_not_misspelt(given, _declared(m, given))
+        raise
+
+
+def _declared(m: Method, given: dict[str, Any]) -> set[str]:
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(m.Params)}
+    chain = str(given.get("base_method", "")).split("+") if "base_method" in names else []
+    for n in chain:
+        try:
+            names |= {f.name for f in dataclasses.fields(get_method(n.strip()).Params)}
+        except HubsoupError:
+            pass
+    return names
+
+
+def _lora_options(output_format: str, rank: int | None, energy: float | None, opts: MergeOptions):
+    if output_format == "lora":
+        from hubsoup.output.lora import LoraOptions
+
+        lora = LoraOptions(rank, energy, opts.out_dtype)
+        lora.validate()
+        return lora
+    if output_format != "full":
+        raise ParameterError(f"output_format must be 'full' or 'lora', got {output_format!r}")
+    if rank is not None or energy is not None:
+        raise ParameterError("rank/energy apply to the LoRA output only (--output-format lora)")
+    return None
 
 
 def _tasks(evaluate: Sequence[Any] | None) -> list:
@@ -372,15 +288,11 @@ def _tasks(evaluate: Sequence[Any] | None) -> list:
     return [TaskSpec.parse(t) if isinstance(t, str) else t for t in evaluate]
 
 
-def _set_config_dtype(path: str, dtype: str) -> None:
+def _read_json(path: str) -> Any:
+    if not os.path.isfile(path):
+        return None
     with open(path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    name = str(_DTYPES[dtype]).replace("torch.", "")
-    cfg["dtype"] = name
-    if "torch_dtype" in cfg:
-        cfg["torch_dtype"] = name
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(cfg, f, indent=2)
+        return json.load(f)
 
 
 def _jsonable(stats: dict) -> dict:

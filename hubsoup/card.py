@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hubsoup.methods import get_method
-from hubsoup.params import describe
+from hubsoup.methods import describe
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # installed wheels carry the templates inside the package; a source checkout has them at the top
@@ -95,8 +95,8 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         eval_results=list(eval_results) if eval_results else None,
     )
     params = _param_rows(method, result.params)
-    method_notes = getattr(method, "card_notes", None)
-    notes = [*(method_notes(result.params, result.stats, len(result.inputs)) if method_notes else []), *notes]
+    method_notes = method.card_notes(result.params, result.stats, len(result.inputs))
+    notes = [*method_notes, *result.notes, *notes]
     if template is not None and not os.path.isfile(template):
         from hubsoup.errors import ParameterError
 
@@ -115,7 +115,8 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         recipe_yaml=result.recipe.to_yaml(),
         load_id=repo_id or result.path,
         notes=notes,
-        search=(result.stats or {}).get("search"),
+        search=result.search,
+        sections=result.sections,
         lora=lora,
         base_load_id=result.base.repo_id or os.path.abspath(result.base.path or result.base.spec),
     )

@@ -20,6 +20,8 @@ class HubsoupError(Exception):
     """Base class of hubsoup's own errors."""
 
 
+# --- INPUT ERRORS: reading models, adapters, states and data -----------------------------------
+
 class InputError(HubsoupError):
     """An input (local folder or Hub repo) cannot be found, opened or read."""
 
@@ -32,6 +34,16 @@ class PickleRefusedError(InputError):
     """Only pickle (``.bin``/``.pt``) weights exist and ``allow_pickle`` was not given."""
 
 
+class ContinualStateError(InputError):
+    """A continual-merging state is missing, corrupt, or belongs to another base."""
+
+
+class ExemplarError(InputError):
+    """Exemplars for a data-aware method are missing, cannot be loaded, or cannot be tokenized."""
+
+
+# --- COMPATIBILITY ERRORS: inputs against the base ---------------------------------------------
+
 class BaseModelError(HubsoupError):
     """The base (pre-trained) model cannot be determined or disagrees with the inputs."""
 
@@ -40,9 +52,15 @@ class IncompatibleInputError(HubsoupError):
     """An input does not match the base: architecture, hidden size, tensors or shapes."""
 
 
+class UnsupportedAdapterError(IncompatibleInputError):
+    """A PEFT adapter of a type or with an option hubsoup cannot turn into task vectors."""
+
+
 class NonFiniteTensorError(HubsoupError):
     """An input tensor holds NaN or infinity."""
 
+
+# --- METHOD ERRORS: methods, parameters and options --------------------------------------------
 
 class MethodError(HubsoupError):
     """Unknown method, or a method used with the wrong number of inputs."""
@@ -52,13 +70,11 @@ class ParameterError(MethodError):
     """Unknown parameter, unparsable value, or value out of range."""
 
 
+# --- OUTPUT ERRORS: writing and pushing -------------------------------------------------------
+
 class OutputExistsError(HubsoupError):
     """The output folder exists and ``overwrite`` was not given."""
 
 
 class PushError(HubsoupError):
     """Uploading to the Hub failed; the local output is intact."""
-
-
-class UnsupportedAdapterError(IncompatibleInputError):
-    """A PEFT adapter of a type or with an option hubsoup cannot turn into task vectors."""

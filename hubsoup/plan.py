@@ -15,14 +15,13 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 
 import torch
 
+from hubsoup.arch import before_blocks, tied_groups
 from hubsoup.errors import IncompatibleInputError
 
 log = logging.getLogger(__name__)
@@ -30,8 +29,6 @@ log = logging.getLogger(__name__)
 # The leftmost `<container>.<int>.` names the block: `decoder.block.3.layer.0.x` is block 3
 # of `decoder.block` (a substring test for ".0." would wrongly say 0).
 _BLOCK_RE = re.compile(r"^(?P<stack>(?:.*?\.)?(?:layers|layer|h|block|blocks|resblocks))\.(?P<idx>\d+)\.")
-_EMBEDDING_HINTS = ("embed", "wte", "wpe", "shared", "patch", "class_embedding", "position", "pre_layrnorm",
-                    "pre_layernorm", "token_type", "ln_pre")
 
 
 def block_of(name: str) -> tuple[str, int] | None:
@@ -117,9 +114,12 @@ class Plan:
             out.extend((a, e) for a in e.aliases)
         return out
 
-    @property
-    def largest_tensor_bytes(self) -> int:
-        return max((e.numel * 4 for _, e in self.entries()), default=0)
+    @classmethod
+    def of(cls, ckpt, device: str = "cpu") -> "Plan":
+        """The plan of a checkpoint (its keys, header infos, config and architecture's ties)."""
+        keys = ckpt.keys()
+        return build_plan(keys, {k: ckpt.info(k) for k in keys}, ckpt.config,
+                          ties=tied_groups(ckpt.folder, keys), device=device)
 
     def summary(self) -> str:
         lines = []
@@ -128,76 +128,6 @@ class Plan:
             where = f"block {b.info.index}/{b.info.num_layers} of {b.info.stack}" if b.info else "outside blocks"
             lines.append(f"{b.name:<40} {len(b.tensors):>4} tensors {size:>12,} params  {where}  [{b.device}]")
         return "\n".join(lines)
-
-
-@dataclass
-class ModuleInfo:
-    kind: str
-    """``linear``, ``conv1d`` (GPT-2 style, weight stored (in, out)), ``embedding`` or ``other``."""
-    params: tuple[str, ...]
-    """Local names of the module's state-dict entries (``weight``, ``bias``, ...)."""
-
-
-@dataclass
-class Layout:
-    modules: dict[str, ModuleInfo]
-    ties: list[list[str]] = field(default_factory=list)
-    """Groups of parameter names sharing one tensor, including names absent from the checkpoint."""
-
-
-def model_layout(folder: str) -> Layout | None:
-    """Module types and tied parameters of the model in ``folder``, or None if it cannot be built.
-
-    The model class is built on the meta device from ``config.json`` (never remote code).
-    """
-    cfg = os.path.join(folder, "config.json")
-    return _layout(folder, os.path.getmtime(cfg) if os.path.isfile(cfg) else 0.0)
-
-
-@functools.lru_cache(maxsize=16)
-def _layout(folder: str, _mtime: float) -> Layout | None:
-    try:
-        import transformers
-        from accelerate.utils import find_tied_parameters
-        from torch import nn
-        from transformers import AutoConfig
-        from transformers.pytorch_utils import Conv1D
-
-        cfg = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-        archs = getattr(cfg, "architectures", None) or []
-        cls = getattr(transformers, archs[0], None) if archs else None
-        with torch.device("meta"):
-            model = cls(cfg) if cls is not None else transformers.AutoModel.from_config(cfg)
-        modules = {}
-        for name, mod in model.named_modules():
-            if next(mod.children(), None) is not None:
-                continue
-            kind = ("conv1d" if isinstance(mod, Conv1D) else "embedding" if isinstance(mod, nn.Embedding)
-                    else "linear" if isinstance(mod, nn.Linear) else "other")
-            modules[name] = ModuleInfo(kind, tuple(mod.state_dict().keys()))
-        ties = [list(g) for g in find_tied_parameters(model)]
-        return Layout(modules, ties)
-    except Exception as e:  # noqa: BLE001 - unknown architectures fall back to shape heuristics
-        log.debug("model layout of %s unavailable: %s", folder, e)
-        return None
-
-
-def tied_groups(folder: str, keys: list[str]) -> list[list[str]]:
-    """Groups of checkpoint keys that the architecture ties together.
-
-    Asked of transformers itself (see :func:`model_layout`); unknown architectures
-    simply report no ties.
-    """
-    layout = model_layout(os.path.abspath(folder))
-    if layout is None:
-        return []
-    present = set(keys)
-    out = []
-    for group in layout.ties:
-        names = [n for n in group if n in present]
-        if len(names) > 1:
-            out.append(sorted(names, key=keys.index))
-    return out
 
 
 def build_plan(keys: list[str], infos: dict, config: dict, *, ties: list[list[str]] = (),
@@ -225,7 +155,7 @@ def build_plan(keys: list[str], infos: dict, config: dict, *, ties: list[list[st
         entry = TensorEntry(name, tuple(info.shape), info.dtype, tuple(aliases.get(name, ())))
         hit = block_of(name)
         if hit is None:
-            (head if any(h in name.lower() for h in _EMBEDDING_HINTS) else tail).append(entry)
+            (head if before_blocks(name) else tail).append(entry)
             continue
         stack, idx = hit
         if stack not in counts:

@@ -1,16 +1,22 @@
-"""Tiny models built on the fly, for tests, the demo and benchmarks.
+"""Tiny models built on the fly, for tests, the demo and benchmarks; and a harness for merge methods.
 
 Example:
-    >>> from hubsoup.testing import make_base, make_finetune
+    >>> from hubsoup.testing import make_base, make_finetune, merge_tensors
     >>> base = make_base("llama", "/tmp/base")                     # doctest: +SKIP
     >>> ft = make_finetune(base, "/tmp/ft-a", seed=1)              # doctest: +SKIP
+    >>> merge_tensors("ties", [tau_a, tau_b], density=0.2)         # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from hubsoup.methods import Method
+    from hubsoup.plan import BlockInfo
 
 ARCHS = ("llama", "mistral", "qwen2", "gpt2", "bert", "t5", "clip_vision")
 
@@ -104,3 +110,53 @@ def save_tiny_tokenizer(folder: str, vocab: int = 128) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
                                    sep_token="[SEP]", eos_token="[EOS]")
     fast.save_pretrained(folder)
+
+
+# --- merge methods on hand-made tensors ---------------------------------------------------------
+
+def merge_tensors(method: str | Method, taus: Sequence[torch.Tensor] | torch.Tensor,
+                  base: torch.Tensor | None = None, *, name: str = "w", block: BlockInfo | None = None,
+                  stats: dict[str, Any] | None = None, recipe_hash: str = "", **params: Any) -> torch.Tensor:
+    """A method's merged task vector of one tensor, called as the engine calls it.
+
+    Parses ``params`` (CLI strings or Python values) and checks the inputs as a merge does;
+    unless ``stats`` is given, runs the method's statistics passes over this one tensor (so
+    a "whole-model" statistic, such as TIES's global threshold, is this tensor's); then
+    merges a fresh stack of ``taus``, which the method may overwrite. A method that must
+    run the models first (:meth:`~hubsoup.methods.Method.prepare`, e.g. LOT) needs its
+    statistics given.
+
+    Args:
+        method: a registered method's name, or a :class:`~hubsoup.methods.Method`.
+        taus: the inputs' task vectors τᵢ of one shape (a list, or an ``(N, *shape)`` stack); never modified.
+        base: the base tensor θ₀ (default: zeros, enough for every method that reads only the τᵢ).
+        name: the tensor's name, which methods that treat tensors by role read (SFTM, OPCM).
+        block: the transformer block holding the tensor, which depth schedules read (LiNeS).
+        stats: the statistics the merge reads, as the engine would leave them (e.g. a TIES
+            threshold of the whole model, ``plan.stacks``); when given, no pass is run.
+        recipe_hash: the recipe's hash, which seeds random methods (DARE) with the tensor name.
+        **params: the method's parameters.
+
+    Returns:
+        The merged task vector (add it to the base for the merged weight).
+
+    Example:
+        >>> import torch
+        >>> merge_tensors("task_arithmetic", [torch.ones(2), torch.full((2,), 3.0)], scale=0.5)
+        tensor([2., 2.])
+    """
+    from hubsoup.methods import TensorContext, get_method
+
+    m = get_method(method) if isinstance(method, str) else method
+    p = m.parse(params)
+    stacked = taus if isinstance(taus, torch.Tensor) else torch.stack(list(taus))
+    n = stacked.shape[0]
+    m.check_inputs(p, n)
+    base = torch.zeros_like(stacked[0]) if base is None else base
+    if stats is None:
+        stats = {}
+        for sp in m.passes(p, n):
+            sp.update(TensorContext(name, block, n, stats, recipe_hash), base, stacked)
+            sp.finish(stats)
+    ctx = TensorContext(name=name, block=block, n_inputs=n, stats=stats, recipe_hash=recipe_hash)
+    return m.merge(base, stacked.clone(), p, ctx)

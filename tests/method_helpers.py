@@ -1,4 +1,8 @@
-"""Helpers for method tests: run a method's passes and merge on hand-made tensors, as the engine would."""
+"""Helpers for method tests: run a method's passes and merge on hand-made tensors, as the engine would.
+
+One tensor: :func:`hubsoup.testing.merge_tensors` (``merge_one`` below is it with a positional block).
+Several tensors sharing the statistics passes: ``run_stats`` and ``merge_all``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from hubsoup.methods import TensorContext, get_method
+from hubsoup.testing import merge_tensors
 
 
 def ctx(name="w", block=None, n=1, stats=None):
@@ -15,11 +20,8 @@ def ctx(name="w", block=None, n=1, stats=None):
 
 
 def merge_one(method, taus, block=None, stats=None, name="w", **params):
-    """The method's merged task vector for one tensor (no statistics passes)."""
-    m = get_method(method)
-    p = m.parse(params)
-    m.check_inputs(p, len(taus))
-    return m.merge(torch.zeros_like(taus[0]), torch.stack(taus).clone(), p, ctx(name, block, len(taus), stats))
+    """The merged task vector of one tensor; the method's passes run over it unless ``stats`` is given."""
+    return merge_tensors(method, taus, name=name, block=block, stats=stats, recipe_hash="abc", **params)
 
 
 def run_stats(method, tensors, **params):
@@ -46,7 +48,7 @@ def merge_all(method, tensors, **params):
 
 
 def state(folder):
-    """Every tensor of a checkpoint folder."""
+    """Every tensor of a checkpoint folder (all its safetensors shards)."""
     out = {}
     for f in sorted(os.listdir(folder)):
         if f.endswith(".safetensors"):

@@ -186,14 +186,14 @@ def test_interrupted_merge_leaves_nothing(llama, tmp_path, monkeypatch):
 
     base, fts = llama
     calls = {"n": 0}
-    real = engine._load
+    real = engine.TensorWork.deltas
 
     def flaky(*a, **k):
         calls["n"] += 1
         if calls["n"] == 10:
             raise KeyboardInterrupt
         return real(*a, **k)
-    monkeypatch.setattr(engine, "_load", flaky)
+    monkeypatch.setattr(engine.TensorWork, "deltas", flaky)
     with pytest.raises(KeyboardInterrupt):
         merge(fts, tmp_path, base=base)
     assert_no_output(tmp_path)

@@ -68,7 +68,7 @@ def test_run_recipe_repeats_the_merge_bit_exactly(llama, tmp_path, capsys):
 
 def test_run_recipe_of_a_modifier_chain(llama, tmp_path):
     import hubsoup
-    from hubsoup.commands.run import run_recipe
+    from hubsoup.recipe import run_recipe
 
     base, fts = llama
     res = hubsoup.merge(fts, method="lwptv", base=base, out=str(tmp_path / "a"), quiet=True,
@@ -80,7 +80,7 @@ def test_run_recipe_of_a_modifier_chain(llama, tmp_path):
 
 def test_run_recipe_keeps_merge_options(model_dir, tmp_path):
     import hubsoup
-    from hubsoup.commands.run import run_recipe
+    from hubsoup.recipe import run_recipe
 
     base = model_dir("bert")
     from safetensors.torch import load_file, save_file
@@ -92,6 +92,6 @@ def test_run_recipe_keeps_merge_options(model_dir, tmp_path):
     save_file(sd, str(ft / "model.safetensors"), metadata={"format": "pt"})
     (ft / "config.json").write_text(open(os.path.join(base, "config.json")).read())
     res = hubsoup.merge([str(ft)], method="linear", base=base, out=str(tmp_path / "a"), quiet=True, ignore_extra=True)
-    assert res.recipe.extra["options"]["ignore_extra"] is True
+    assert res.recipe.options["ignore_extra"] is True
     again = run_recipe(res.path, str(tmp_path / "b"), quiet=True)  # would fail without the recorded option
     assert again.recipe.hash == res.recipe.hash

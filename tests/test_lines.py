@@ -13,8 +13,8 @@ from method_helpers import ctx, merge_one, run_stats, state
 import hubsoup
 from hubsoup.errors import MethodError, ParameterError
 from hubsoup.methods import get_method
-from hubsoup.methods.lines import DepthParams, depth_factor, stack_scaled
-from hubsoup.methods.ties import kth_largest_abs
+from hubsoup.methods._depth import DepthParams, depth_factor, stack_scaled
+from hubsoup.methods._kernels import kth_largest_abs
 from hubsoup.plan import BlockInfo, block_of, build_plan
 from hubsoup.sources import open_input
 from hubsoup.testing import make_base, make_finetune

@@ -6,12 +6,12 @@ import random
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from method_helpers import state
 
 import hubsoup
 from hubsoup.cli import main as cli_main
 from hubsoup.errors import HubsoupError, MethodError, ParameterError
-from hubsoup.features import ExemplarError
+from hubsoup.errors import ExemplarError
 from hubsoup.methods.lot import lot_linear, solve_right, weighted_mean
 from hubsoup.testing import make_base, make_finetune
 
@@ -149,14 +149,6 @@ def zoo(tmp_path_factory):
         out[arch] = (base, fts)
     out["ex"] = [write_exemplars(root / f"ex{i}.jsonl", seed=i) for i in (1, 2)]
     out["root"] = root
-    return out
-
-
-def state(folder):
-    out = {}
-    for f in os.listdir(folder):
-        if f.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, f)))
     return out
 
 
@@ -322,3 +314,13 @@ def test_lot_on_a_lora_input_equals_lot_on_its_dense_model(zoo, tmp_path):
     got, want = state(a.path), state(b.path)
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-5, msg=k)
+
+
+def test_lines_over_lot_gets_the_exemplar_features(zoo, tmp_path):
+    """A modifier hands prepare()/finish() to the method it wraps: LiNeS over LOT runs LOT's capture."""
+    base, fts = zoo["llama"]
+    res = hubsoup.merge(fts, "lines", base=base, out=str(tmp_path / "o"), quiet=True,
+                        params={"base_method": "lot", "exemplars": [f"1={zoo['ex'][0]}", f"2={zoo['ex'][1]}"],
+                                "n_exemplars": 8, "beta": 0.5})
+    assert res.params["base_params"]["n_exemplars"] == 8
+    assert "lot.features" in res.stats

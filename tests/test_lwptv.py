@@ -9,8 +9,8 @@ from method_helpers import ctx, merge_all, merge_one, run_stats, state
 import hubsoup
 from hubsoup.errors import MethodError, ParameterError
 from hubsoup.methods import get_method
+from hubsoup.methods._kernels import kth_largest_abs
 from hubsoup.methods.lwptv import layer_masks
-from hubsoup.methods.ties import kth_largest_abs
 from hubsoup.plan import BlockInfo
 
 

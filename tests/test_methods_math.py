@@ -2,23 +2,13 @@
 
 import pytest
 import torch
+from method_helpers import ctx
 from peft.utils import merge_utils
 
-from hubsoup.methods import TensorContext, get_method
-from hubsoup.methods.select import KthLargestPass
-from hubsoup.methods.ties import disjoint_merge_, elect_sign, kth_largest_abs, trim_
-
-
-def ctx(name="w", n=3, stats=None):
-    return TensorContext(name=name, block=None, n_inputs=n, stats=stats or {}, recipe_hash="abc")
-
-
-def run(method, deltas, base=None, stats=None, **params):
-    m = get_method(method)
-    p = m.parse(params)
-    m.check_inputs(p, len(deltas))
-    base = torch.zeros_like(deltas[0]) if base is None else base
-    return m.merge(base, torch.stack(deltas).clone(), p, ctx(n=len(deltas), stats=stats))
+from hubsoup.methods import get_method
+from hubsoup.methods._kernels import disjoint_merge_, elect_sign, kth_largest_abs, trim_
+from hubsoup.methods._select import KthLargestPass
+from hubsoup.testing import merge_tensors
 
 
 @pytest.fixture
@@ -28,12 +18,12 @@ def taus():
 
 
 def test_task_arithmetic_is_scaled_sum(taus):
-    out = run("task_arithmetic", taus, scale=0.7, weights="1,2,0.5")
+    out = merge_tensors("task_arithmetic", taus, scale=0.7, weights="1,2,0.5")
     torch.testing.assert_close(out, 0.7 * (taus[0] + 2 * taus[1] + 0.5 * taus[2]))
 
 
 def test_linear_is_weighted_mean(taus):
-    out = run("linear", taus, weights="1,1,2")
+    out = merge_tensors("linear", taus, weights="1,1,2")
     torch.testing.assert_close(out, (taus[0] + taus[1] + 2 * taus[2]) / 4)
 
 
@@ -43,18 +33,18 @@ def test_ties_density_one_agreeing_signs_is_mean():
     sign = torch.where(torch.rand(8, 8, generator=g) > 0.5, 1.0, -1.0)
     taus = [m * sign for m in mag]
     for scope in ("tensor", "model"):
-        out = run("ties", taus, density=1.0, scope=scope)
+        out = merge_tensors("ties", taus, density=1.0, scope=scope)
         torch.testing.assert_close(out, sum(taus) / 3)
-        assert torch.equal(run("ties", taus, density=1.0, merge="sum", scope=scope), sum(taus))
+        assert torch.equal(merge_tensors("ties", taus, density=1.0, merge="sum", scope=scope), sum(taus))
 
 
 def test_ties_single_input_full_density_returns_it(taus):
-    torch.testing.assert_close(run("ties", taus[:1], density=1.0, scope="tensor"), taus[0])
+    torch.testing.assert_close(merge_tensors("ties", taus[:1], density=1.0, scope="tensor"), taus[0])
 
 
 @pytest.mark.parametrize("density", [0.1, 0.2, 0.5, 0.9])
 def test_ties_matches_peft(taus, density):
-    ours = run("ties", taus, density=density, scope="tensor", weights="1,0.5,2")
+    ours = merge_tensors("ties", taus, density=density, scope="tensor", weights="1,0.5,2")
     weights = torch.tensor([1.0, 0.5, 2.0])
     ref = merge_utils.ties(torch.stack(taus), weights, density, majority_sign_method="total")
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
@@ -87,7 +77,7 @@ def test_global_threshold_radix_select_is_exact():
         stats = {}
         for p in sel.passes():
             for i, t in enumerate(tensors):
-                p.update(ctx(f"t{i}", 2, stats), torch.zeros_like(t[0]), t)
+                p.update(ctx(f"t{i}", n=2, stats=stats), torch.zeros_like(t[0]), t)
             p.finish(stats)
         for task in range(2):
             flat = torch.cat([t[task].flatten() for t in tensors])
@@ -98,13 +88,13 @@ def test_global_threshold_radix_select_is_exact():
 
 
 def test_dare_p0_is_task_arithmetic(taus):
-    torch.testing.assert_close(run("dare", taus, p=0.0, scale=0.5), 0.5 * sum(taus))
+    torch.testing.assert_close(merge_tensors("dare", taus, p=0.0, scale=0.5), 0.5 * sum(taus))
 
 
 def test_dare_matches_peft_random_pruning(taus):
     """Same Bernoulli stream => same masks as peft's dare_linear / dare_ties."""
     m = get_method("dare")
-    c = ctx()
+    c = ctx(n=3)
     for then, ref_fn in (("sum", merge_utils.dare_linear), ("ties", merge_utils.dare_ties)):
         p = m.parse({"p": 0.6, "then": then})
         ours = m.merge(torch.zeros(16, 12), torch.stack(taus).clone(), p, c)
@@ -124,36 +114,36 @@ def test_dare_matches_peft_random_pruning(taus):
 
 def test_dare_drops_about_p_and_is_seeded(taus):
     big = [torch.ones(200, 100)]
-    a = run("dare", big, p=0.7)
-    b = run("dare", big, p=0.7)
+    a = merge_tensors("dare", big, p=0.7)
+    b = merge_tensors("dare", big, p=0.7)
     assert torch.equal(a, b)
     frac_dropped = float((a == 0).float().mean())
     assert abs(frac_dropped - 0.7) < 0.02
     torch.testing.assert_close(a[a != 0], torch.full_like(a[a != 0], 1 / 0.3))
-    c = run("dare", big, p=0.7, seed=1)
+    c = merge_tensors("dare", big, p=0.7, seed=1)
     assert not torch.equal(a, c)
 
 
 def test_consensus_k0_is_task_arithmetic_and_k_above_n_is_zero(taus):
-    torch.testing.assert_close(run("consensus", taus, k=0, scale=0.4), 0.4 * sum(taus))
-    assert torch.count_nonzero(run("consensus", taus, k=4)) == 0
+    torch.testing.assert_close(merge_tensors("consensus", taus, k=0, scale=0.4), 0.4 * sum(taus))
+    assert torch.count_nonzero(merge_tensors("consensus", taus, k=4)) == 0
 
 
 def test_consensus_tall_mask_by_hand():
     # τ1 = [1, 0.1], τ2 = [0.1, 1], λ = 0.5 : m1 = [1>=0.05, 0.1>=0.5] = [1,0]; m2 = [0,1]
     taus = [torch.tensor([1.0, 0.1]), torch.tensor([0.1, 1.0])]
-    assert run("consensus", taus, k=1, lambdas="0.5", scale=1.0).tolist() == pytest.approx([1.1, 1.1])
-    assert run("consensus", taus, k=2, lambdas="0.5", scale=1.0).tolist() == [0.0, 0.0]
+    assert merge_tensors("consensus", taus, k=1, lambdas="0.5", scale=1.0).tolist() == pytest.approx([1.1, 1.1])
+    assert merge_tensors("consensus", taus, k=2, lambdas="0.5", scale=1.0).tolist() == [0.0, 0.0]
     # a single task's TALL mask (≥ form) is all ones: |τ| ≥ λ·0
-    assert torch.equal(run("consensus", taus[:1], k=1, scale=1.0), taus[0])
+    assert torch.equal(merge_tensors("consensus", taus[:1], k=1, scale=1.0), taus[0])
 
 
 def test_wise_ft_and_slerp_endpoints(taus):
     base = torch.randn(16, 12)
-    torch.testing.assert_close(run("wise_ft", taus[:1], gamma=0.25), 0.25 * taus[0])
+    torch.testing.assert_close(merge_tensors("wise_ft", taus[:1], gamma=0.25), 0.25 * taus[0])
     for t, want in ((0.0, taus[0]), (1.0, taus[1])):
-        torch.testing.assert_close(run("slerp", taus[:2], base=base, t=t), want, atol=1e-5, rtol=1e-5)
-    mid = run("slerp", taus[:2], base=base, t=0.5) + base
+        torch.testing.assert_close(merge_tensors("slerp", taus[:2], base=base, t=t), want, atol=1e-5, rtol=1e-5)
+    mid = merge_tensors("slerp", taus[:2], base=base, t=0.5) + base
     a, b = base + taus[0], base + taus[1]
     # slerp keeps the norm between the endpoints' (lerp would shrink it)
     assert float(mid.norm()) >= min(float(a.norm()), float(b.norm())) - 1e-4

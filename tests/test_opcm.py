@@ -7,12 +7,14 @@ import shutil
 
 import pytest
 import torch
+from method_helpers import state
 from safetensors.torch import load_file
 
 import hubsoup
 from hubsoup import continual
 from hubsoup.cli import main as cli_main
-from hubsoup.continual import STATE_DIR, ContinualStateError
+from hubsoup.workflows.continual import STATE_DIR, ContinualStateError
+from hubsoup.workflows.continual import state as continual_state
 from hubsoup.errors import HubsoupError, NonFiniteTensorError, ParameterError
 from hubsoup.methods import get_method
 from hubsoup.methods.opcm import opcm_lambda, opcm_update, project, split_rank
@@ -134,14 +136,6 @@ def test_norm_invariant_adaptive():
 
 
 # --- the one-shot method on tiny models --------------------------------------------------------
-
-def state(folder):
-    out = {}
-    for f in os.listdir(folder):
-        if f.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, f)))
-    return out
-
 
 def test_opcm_of_one_model_returns_it(llama, tmp_path):
     base, fts = llama
@@ -293,7 +287,7 @@ def test_corrupt_or_missing_state_is_refused(private_llama, tmp_path):
         continual.add(soup, [c], quiet=True)
     d["lambda"] /= 2
     d["tensors"] = ["not", "a", "dict"]
-    d["checksum"] = continual._json_digest({k: v for k, v in d.items() if k != "checksum"})
+    d["checksum"] = continual_state._json_digest({k: v for k, v in d.items() if k != "checksum"})
     open(jfile, "w").write(json.dumps(d))
     with pytest.raises(ContinualStateError, match="malformed"):
         continual.add(soup, [c], quiet=True)

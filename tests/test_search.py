@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from hubsoup.errors import ParameterError
-from hubsoup.search import normalized_score, parse_grid, search
+from hubsoup.workflows.search import normalized_score, parse_grid, search
 
 
 def test_parse_grid():
@@ -40,7 +40,7 @@ def test_search_picks_known_best_point(llama, tmp_path):
     assert max(s["score"] for s in res.scores) == res.best_score
     got = load_file(str(out / "model.safetensors"))[name]
     torch.testing.assert_close(got, target, rtol=1e-5, atol=1e-6)
-    assert res.result.stats["search"]["best"] == {"scale": 0.4}
+    assert res.result.search["best"] == {"scale": 0.4}
     assert sorted(os.listdir(tmp_path)) == ["best"]  # no scratch folders left
 
 

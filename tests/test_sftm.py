@@ -3,21 +3,20 @@
 import os
 
 import torch
-from safetensors.torch import load_file
+from method_helpers import state
 
 import hubsoup
 from hubsoup.cli import main as cli_main
-from hubsoup.methods import TensorContext, get_method
 from hubsoup.methods.sftm import (
     Features,
     keep_count,
     lora_features,
-    sftm_matrices,
     singular_features,
     solve_gram,
     superpose,
     trim_topk_,
 )
+from hubsoup.testing import merge_tensors
 
 D = torch.float64
 
@@ -32,12 +31,15 @@ def gram(feats):
     return (U.T @ U) * (V.T @ V), U, V, torch.cat([f.s for f in feats])
 
 
+def sftm_matrices(mats, *, rank_tol=None, ridge=0.0, rcond=1e-10):
+    """SFTM of already-trimmed task matrices (T, m, n) → merged M (m, n), unscaled."""
+    feats = [singular_features(M, rank_tol) for M in mats]
+    M, _ = superpose(feats, ridge=ridge, rcond=rcond, out_dtype=mats[0].dtype)
+    return M
+
+
 def run(deltas, name="model.layers.0.mlp.down_proj.weight", base=None, **params):
-    m = get_method("sftm")
-    p = m.parse(params)
-    base = torch.zeros_like(deltas[0]) if base is None else base
-    ctx = TensorContext(name=name, block=None, n_inputs=len(deltas), recipe_hash="x")
-    return m.merge(base, torch.stack(deltas).clone(), p, ctx)
+    return merge_tensors("sftm", deltas, base, name=name, **params)
 
 
 # --- the linear system ------------------------------------------------------------------
@@ -202,18 +204,10 @@ def test_conv_kernels_are_reshaped_to_matrices():
 
 # --- whole models --------------------------------------------------------------------------
 
-def _state(folder):
-    out = {}
-    for f in os.listdir(folder):
-        if f.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, f)))
-    return out
-
-
 def test_sftm_of_one_model_returns_it(llama, tmp_path):
     base, fts = llama
     res = hubsoup.merge(fts[:1], method="sftm", base=base, out=str(tmp_path / "o"), quiet=True, eta=1.0, gamma=1.0)
-    merged, ft = _state(res.path), _state(fts[0])
+    merged, ft = state(res.path), state(fts[0])
     assert set(merged) == set(ft)
     for k in ft:
         torch.testing.assert_close(merged[k], ft[k], rtol=0, atol=2e-6, msg=k)
@@ -222,8 +216,8 @@ def test_sftm_of_one_model_returns_it(llama, tmp_path):
 def test_sftm_three_llamas_matches_the_math(llama, tmp_path):
     base, fts = llama
     res = hubsoup.merge(fts, method="sftm", base=base, out=str(tmp_path / "o"), quiet=True, eta=0.3, gamma=0.6)
-    merged, b = _state(res.path), _state(base)
-    ft = [_state(f) for f in fts]
+    merged, b = state(res.path), state(base)
+    ft = [state(f) for f in fts]
     name = "model.layers.1.self_attn.k_proj.weight"
     taus = [trim_topk_((f[name].float() - b[name].float()), 0.3) for f in ft]
     ref = b[name].float() + 0.6 * sftm_matrices(taus)
@@ -263,13 +257,13 @@ def test_sftm_on_lora_inputs_uses_factors_and_matches_dense(model_dir, tmp_path,
     with monkeypatch.context() as mp:
         mp.setattr(LoraDelta, "delta_into", boom)
         res = hubsoup.merge([a1, a2], method="sftm", base=base, out=str(tmp_path / "lora"), quiet=True, gamma=0.6)
-    got, want = _state(res.path), _state(ref.path)
+    got, want = state(res.path), state(ref.path)
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=2e-5, msg=k)
     trimmed = hubsoup.merge([a1, a2], method="sftm", base=base, out=str(tmp_path / "trim"), quiet=True,
                             gamma=0.6, eta=0.3, lora_trim=True)  # the dense path, B·A trimmed by η
     dense_trimmed = hubsoup.merge(dense, method="sftm", base=base, out=str(tmp_path / "dt"), quiet=True,
                                   gamma=0.6, eta=0.3)
-    got, want = _state(trimmed.path), _state(dense_trimmed.path)
+    got, want = state(trimmed.path), state(dense_trimmed.path)
     for k in want:  # trimmed rank-ρ products have tiny trailing singular values: float32 noise is amplified
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=5e-4, msg=k)

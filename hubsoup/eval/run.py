@@ -11,6 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hubsoup.errors import HubsoupError, ParameterError
+from hubsoup.eval.heads import head_labels, load_head, mean_pool
 from hubsoup.eval.tasks import TaskSpec
 
 EVAL_FILE = "eval_results.json"
@@ -111,23 +112,11 @@ def _label_ids(values: list, names: list[str] | None, task: TaskSpec) -> list[in
     return [index[str(v)] for v in values]
 
 
-def load_head(path: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """A frozen classifier head: ``weight`` [C, H], ``bias`` [C] and metadata (labels, pooling)."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(path, "pt") as f:
-            meta = f.metadata() or {}
-            return f.get_tensor("weight").float(), f.get_tensor("bias").float(), meta
-    except Exception as e:  # noqa: BLE001
-        raise ParameterError(f"cannot read classifier head {path}: {e}") from e
-
-
 def _classify(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool) -> TaskResult:
     tok = models.tokenizer()
     if task.head:
         weight, bias, meta = load_head(task.head)
-        names = json.loads(meta["labels"]) if "labels" in meta else None
+        names = head_labels(meta)
         pooling = meta.get("pooling", task.pooling)
         model = models.get("encoder")
     else:
@@ -157,8 +146,7 @@ def pooled_logits(model, enc, weight, bias, pooling: str = "mean") -> torch.Tens
     if pooling == "cls":
         pooled = hidden[:, 0]
     else:
-        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+        pooled = mean_pool(hidden, enc["attention_mask"])
     return pooled.float() @ weight.T + bias
 
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from hubsoup.errors import ParameterError
-from hubsoup.methods.base import Method, StatsPass, TensorContext, get_method
-from hubsoup.params import parse_params, to_dict
+from hubsoup.methods import Method, StatsPass, TensorContext, get_method
+from hubsoup.methods import parse_params, to_dict
 
 
 @dataclass
@@ -37,10 +37,21 @@ class Modifier(Method):
     """A method wrapping ``base_method``; subclasses declare ``base_method`` in ``Params``."""
 
     #: Defaults the modifier sets on the base method at the end of its chain when the user does
-    #: not give them, per base method name (e.g. LiNeS sets the global scale to 1).
-    inner_defaults: dict[str, dict[str, Any]] = {}
+    #: not give them, per base method name (e.g. LwPTV's paper setting for TIES).
+    inner_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: The modifier applies its own global scale (LiNeS' depth factors): the base method's declared
+    #: :attr:`~hubsoup.methods.Method.scale_param` is set to 1 unless the user gives it, so the merged
+    #: task vector is not scaled twice.
+    replaces_scale: ClassVar[bool] = False
     #: Where two modifiers of a chain set the same default, the higher priority wins.
-    defaults_priority: int = 0
+    defaults_priority: ClassVar[int] = 0
+
+    def leaf_defaults(self, leaf: Method) -> dict[str, Any]:
+        """The parameters this modifier sets on ``leaf``, the base method at the end of its chain."""
+        out = dict(self.inner_defaults.get(leaf.name, {}))
+        if self.replaces_scale and leaf.scale_param is not None:
+            out[leaf.scale_param] = 1.0
+        return out
 
     def parse(self, given: dict[str, Any]) -> Composed:
         if isinstance(given.get("base_params"), dict):  # the nested form a recipe stores
@@ -68,7 +79,7 @@ class Modifier(Method):
         # the modifiers' defaults for the base method at the end of the chain, highest priority first
         leaf = methods[-1]
         for mod in sorted([self, *methods[:-1]], key=lambda m: -m.defaults_priority):
-            for k, v in mod.inner_defaults.get(leaf.name, {}).items():
+            for k, v in mod.leaf_defaults(leaf).items():
                 if k in _fields(leaf) and k not in rest:
                     rest[k] = v
         if len(chain) > 1:
@@ -82,6 +93,12 @@ class Modifier(Method):
         super().check_inputs(params.own, n_inputs)
         params.inner.check_inputs(params.inner_params, n_inputs)
 
+    def prepare(self, params: Composed, ctx) -> dict[str, Any]:
+        return params.inner.prepare(params.inner_params, ctx)  # e.g. LiNeS over LOT: LOT's exemplar features
+
+    def finish(self, params: Composed, stats: dict[str, Any]) -> None:
+        params.inner.finish(params.inner_params, stats)
+
     def inner_passes(self, params: Composed, n_inputs: int) -> list[StatsPass]:
         return params.inner.passes(params.inner_params, n_inputs)
 
@@ -91,8 +108,7 @@ class Modifier(Method):
     def card_notes(self, described: dict[str, Any], stats: dict[str, Any], n_inputs: int) -> list[str]:
         """Model-card notes (markdown paragraphs): the inner method's, if it has any."""
         inner = get_method(str(described["base_method"]).split("+")[0].strip())
-        notes = getattr(inner, "card_notes", None)
-        return notes(described.get("base_params") or {}, stats, n_inputs) if notes else []
+        return inner.card_notes(described.get("base_params") or {}, stats, n_inputs)
 
 
 def given_from_description(described: dict[str, Any]) -> dict[str, Any]:

@@ -8,8 +8,7 @@ from typing import Sequence
 import torch
 
 from hubsoup.errors import MethodError
-from hubsoup.methods.base import Method, register
-from hubsoup.params import param
+from hubsoup.methods import Method, param, register
 
 
 def tall_mask_counts(deltas: torch.Tensor, lambdas: Sequence[float], strict: bool = False) -> torch.Tensor:
@@ -38,6 +37,9 @@ class Consensus(Method):
     paper = "Localizing Task Information for Improved Model Merging and Compression (Wang et al., 2024)"
     paper_url = "https://arxiv.org/abs/2405.07813"
     Params = ConsensusParams
+    search_grid = {"scale": [round(0.1 * i, 1) for i in range(1, 11)], "k": [1, 2],  # the paper's grids
+                   "lambdas": [0.2, 0.3, 0.4, 0.5, 0.6]}
+    scale_param = "scale"
 
     def check_inputs(self, params, n_inputs):
         super().check_inputs(params, n_inputs)

@@ -7,18 +7,21 @@ from typing import Literal
 
 import torch
 
-from hubsoup.methods.base import Method, TensorContext, register
-from hubsoup.methods.linear import weighted_average
-from hubsoup.methods.ties import ties_combine_
-from hubsoup.params import param
+from hubsoup.methods import Method, TensorContext, param, register
+from hubsoup.methods._kernels import task_arithmetic, ties_combine_
 
 
 def dare_drop_(delta: torch.Tensor, p: float, generator: torch.Generator, rescale: bool = True) -> torch.Tensor:
-    """In place: zero each entry with probability p; rescale survivors by 1/(1-p)."""
+    """In place: zero each entry with probability p; rescale survivors by 1/(1-p).
+
+    The mask is drawn on the generator's device (the CPU's, from the engine) and moved to
+    ``delta``'s: the same recipe gives the same masks on every device.
+    """
     if p == 0:
         return delta
-    keep = torch.bernoulli(torch.full_like(delta, 1.0 - p), generator=generator)
-    delta.mul_(keep)
+    keep = torch.bernoulli(torch.full(delta.shape, 1.0 - p, dtype=delta.dtype, device=generator.device),
+                           generator=generator)
+    delta.mul_(keep.to(delta.device))
     return delta.div_(1.0 - p) if rescale else delta
 
 
@@ -40,10 +43,12 @@ class Dare(Method):
     paper = "Language Models are Super Mario: Absorbing Abilities from Homologous Models as a Free Lunch (Yu et al., 2024)"
     paper_url = "https://arxiv.org/abs/2311.03099"
     Params = DareParams
+    search_grid = {"scale": [round(0.1 * i, 1) for i in range(1, 11)]}  # λ = 0.1..1.0
+    scale_param = "scale"
 
     def merge(self, base, deltas, params, ctx: TensorContext):
         for i, row in enumerate(deltas):
-            dare_drop_(row, params.p, ctx.generator(f"dare:{params.seed}:{i}", row.device), params.rescale)
+            dare_drop_(row, params.p, ctx.generator(f"dare:{params.seed}:{i}"), params.rescale)
         if params.then == "ties":
             return ties_combine_(deltas, params.weights, "mean").mul_(params.scale)
-        return weighted_average(deltas, params.weights or [1.0] * len(deltas), normalize=False).mul_(params.scale)
+        return task_arithmetic(deltas, params.weights or [1.0] * len(deltas), params.scale)

@@ -4,21 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from hubsoup.errors import ParameterError
-from hubsoup.methods.base import Method, register
-from hubsoup.params import param
-
-
-def weighted_average(deltas: list[torch.Tensor], weights: list[float], normalize: bool = True) -> torch.Tensor:
-    """Σ w_i τ_i, divided by Σ w_i when ``normalize`` (the average of the models)."""
-    out = deltas[0] * weights[0]  # not zeros + first term: one pass less over the tensor
-    for w, d in zip(weights[1:], deltas[1:]):
-        out.add_(d, alpha=w)
-    if normalize:
-        out.div_(sum(weights))
-    return out
+from hubsoup.methods import Method, param, register
+from hubsoup.methods._kernels import weighted_average
 
 
 @dataclass

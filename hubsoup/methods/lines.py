@@ -3,8 +3,9 @@
 θ = θ_0 + λ(b) · τ_MTL, where τ_MTL is the inner method's merged task vector
 (task arithmetic, TIES, consensus, a model soup, WiSE-FT...) and the factor of
 transformer block b of a stack with L blocks is λ(b) = α + β·(b/(L−1))^p: block 0
-gets α, the last block α+β. LiNeS replaces the inner method's global λ, so the
-inner ``scale`` is 1 unless the user gives one.
+gets α, the last block α+β (the schedule is in :mod:`hubsoup.methods._depth`). LiNeS
+replaces the inner method's global λ, so the parameter the inner method declares as
+its ``scale_param`` is 1 unless the user gives it.
 
 α is given, or (multi-task) the paper's Eq. 2 heuristic
 α = (1/N)·‖Σ_i τ_i‖₁ / ‖τ_MTL‖₁ over the whole model, accumulated in float64 by a
@@ -27,79 +28,16 @@ from typing import Any, Literal
 import torch
 
 from hubsoup.errors import MethodError, ParameterError
+from hubsoup.methods import StatsPass, TensorContext, param, register
 from hubsoup.methods._compose import Composed, Modifier
-from hubsoup.methods.base import StatsPass, TensorContext, register
-from hubsoup.methods.linear import weighted_average
-from hubsoup.params import param
-from hubsoup.plan import BlockInfo
+from hubsoup.methods._depth import DepthParams, depth_factor, schedule_note
+from hubsoup.methods._kernels import weighted_average
 
-# Base methods whose α is fixed by the paper instead of the Eq. 2 heuristic.
+# Base methods whose α (and β) the paper fixes instead of the Eq. 2 heuristic: LiNeS's own findings
+# about those methods (model soups keep α = 1; WiSE-FT's edit uses α = β = 0.5), so they stay here.
 _FIXED_ALPHA = {"linear": 1.0, "soup": 1.0, "wise_ft": 0.5}
 _FIXED_BETA = {"wise_ft": 0.5}
 _DEFAULT_BETA = 1.0
-
-
-@dataclass
-class DepthParams:
-    """The depth schedule's shape, shared by every method that applies LiNeS."""
-
-    p: float = param(1.0, "exponent of the schedule α + β·(b/(L−1))^p (a one-block stack gets α): 1 = linear (paper); "
-                          "0.5 (sqrt) and 2 (quadratic) are the paper's ablations", range=(0.0, None))
-    outside_scale: str = param(
-        "alpha", "factor of tensors outside the scaled blocks (embeddings, final norm, head, and the stacks that "
-                 "`stacks` leaves out, e.g. T5's encoder): alpha (the paper's fallback for unmatched keys), "
-                 "alpha_plus_beta (the 'encoder not downscaled' reading of App. C.5), or a number", source="ours")
-    stacks: str = param(
-        "auto", "stacks given the depth schedule, each with its own depth L from the config: auto = only the "
-                "decoder stacks when the model has one (T5 `decoder.block`, as the paper), every stack otherwise; "
-                "all; decoder; or comma-separated stack names (`hubsoup plan` shows them)", source="ours")
-
-    def validate(self) -> None:
-        if not self.p > 0:
-            raise ParameterError(f"parameter 'p' = {self.p} must be > 0 (p = 0 would give block 0 the factor α+β)")
-        if self.outside_scale not in ("alpha", "alpha_plus_beta"):
-            try:
-                float(self.outside_scale)
-            except ValueError:
-                raise ParameterError(f"parameter 'outside_scale': {self.outside_scale!r} is not alpha, "
-                                     "alpha_plus_beta or a number") from None
-        if not self.stacks.strip():
-            raise ParameterError("parameter 'stacks' is empty")
-
-
-def _is_decoder(stack: str) -> bool:
-    return "decoder" in stack.split(".")
-
-
-def stack_scaled(stack: str, spec: str, plan_stacks: dict | None) -> bool:
-    """Whether blocks of ``stack`` follow the depth schedule under the ``stacks`` setting ``spec``.
-
-    ``plan_stacks`` (stack → number of layers, which the engine puts in the stats as
-    ``plan.stacks``) tells ``auto`` whether the model has a decoder stack.
-    """
-    if spec == "all":
-        return True
-    if spec == "decoder":
-        return _is_decoder(stack)
-    if spec == "auto":
-        has_decoder = any(_is_decoder(s) for s in (plan_stacks or {stack: 0}))
-        return _is_decoder(stack) or not has_decoder
-    return stack in {s.strip() for s in spec.split(",")}
-
-
-def depth_factor(block: BlockInfo | None, alpha: float, beta: float, sched: DepthParams,
-                 plan_stacks: dict | None = None) -> float:
-    """λ of a tensor: α + β·(b/(L−1))^p inside a scaled block, else the outside scale.
-
-    A stack of one block (L = 1) gets α [ours: the paper's (ℓ−1)/(L−1) is undefined there].
-    """
-    if block is None or not stack_scaled(block.stack, sched.stacks, plan_stacks):
-        if sched.outside_scale == "alpha":
-            return alpha
-        if sched.outside_scale == "alpha_plus_beta":
-            return alpha + beta
-        return float(sched.outside_scale)
-    return alpha + beta * block.depth ** sched.p
 
 
 @dataclass
@@ -170,8 +108,9 @@ class Lines(Modifier):
              "(Wang, Dimitriadis et al., 2025)")
     paper_url = "https://arxiv.org/abs/2410.17146"
     Params = LinesParams
-    inner_defaults = {m: {"scale": 1.0} for m in ("task_arithmetic", "ties", "consensus", "dare", "soup")}
-    defaults_priority = 10  # β replaces the base method's λ, whatever other modifiers of the chain prefer
+    search_grid = {"beta": [round(0.1 * i, 1) for i in range(1, 11)]}  # β = 0.1..1.0 (the paper's TA grid)
+    replaces_scale = True  # the depth factors replace the base method's λ (its scale_param): 1 unless given
+    defaults_priority = 10  # that λ = 1 wins over other modifiers' defaults in a chain (LwPTV's 0.3 for TIES)
 
     def check_inputs(self, params: Composed, n_inputs: int) -> None:
         super().check_inputs(params, n_inputs)
@@ -227,18 +166,3 @@ class Lines(Modifier):
         alpha, beta, why = self.alpha_beta(params, TensorContext("", None, n_inputs, stats))
         return [schedule_note(alpha, beta, why, params.own, stats.get("plan.stacks") or {}),
                 *super().card_notes(described, stats, n_inputs)]
-
-
-def schedule_note(alpha: float, beta: float, why: str, sched: DepthParams, plan_stacks: dict[str, int]) -> str:
-    """Markdown describing the depth factors a merge used, for the model card."""
-    lines = [f"**LiNeS depth scaling.** α = {alpha:.6g} ({why}), β = {beta:.6g}, p = {sched.p:g}: "
-             "block b of a scaled stack of L blocks gets α + β·(b/(L−1))^p.", ""]
-    for stack, n in plan_stacks.items():
-        if stack_scaled(stack, sched.stacks, plan_stacks):
-            last = depth_factor(BlockInfo(stack, n - 1, n), alpha, beta, sched, plan_stacks)
-            lines.append(f"- `{stack}` ({n} blocks): scaled, block 0 → {alpha:.6g}, block {n - 1} → {last:.6g}")
-        else:
-            lines.append(f"- `{stack}` ({n} blocks): not scaled (`stacks={sched.stacks}`), gets the outside factor")
-    outside = depth_factor(None, alpha, beta, sched, plan_stacks)
-    lines.append(f"- tensors outside scaled blocks (`outside_scale={sched.outside_scale}`): {outside:.6g}")
-    return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 Per parametrised op, the merged task vector minimises the feature drift
 Σ_k ‖f(X_k; θ_0 + τ) − f(X_k; θ_0 + τ_k)‖², X_k the op's inputs inside expert k on
-task k's exemplars (captured once, from the experts, by :mod:`hubsoup.features`):
+task k's exemplars (captured once, from the experts, by :mod:`hubsoup.exemplars`):
 
 - matrix multiply (Linear, GPT-2 Conv1D, Conv2d via im2col), PyTorch layout
   y = x Wᵀ: Δ* = (Σ_k Δ_k G_k)(Σ_k G_k)⁺ with G_k = X_kᵀX_k. The pseudo-inverse is the
@@ -26,15 +26,14 @@ A tied output head / token embedding takes the output head's (matrix) solution.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-from hubsoup.errors import MethodError, ParameterError
-from hubsoup.methods.base import Method, register
-from hubsoup.params import param
+from hubsoup.errors import ParameterError
+from hubsoup.methods import Method, register
+from hubsoup.methods import param
 
 log = logging.getLogger(__name__)
 
@@ -117,50 +116,9 @@ class LotParams:
                                   source="ours")
 
     def validate(self):
-        from hubsoup.features import parse_exemplar_specs
+        from hubsoup.exemplars import parse_exemplar_specs
 
         parse_exemplar_specs(self.exemplars)  # TASK=PATH syntax, no task twice
-
-
-def _task_names(src, i: int) -> set[str]:
-    names = {str(i + 1), src.label}
-    ref = getattr(getattr(src, "ckpt", None), "ref", None)
-    if ref is not None:
-        names |= {ref.spec, ref.spec.rstrip("/")}
-        if ref.repo_id:
-            names |= {ref.repo_id, ref.repo_id.split("/")[-1]}
-        if ref.path and not ref.repo_id:
-            names |= {os.path.basename(os.path.abspath(ref.path)), os.path.abspath(ref.path)}
-    return {n for n in names if n}
-
-
-def match_tasks(inputs, specs: dict[str, str]) -> list[tuple[int, str, str]]:
-    """(input index, task name, exemplar spec) for every input; clear errors otherwise.
-
-    A task is named by the input as given, its folder name, its repo name (``org/name`` or
-    ``name``) or its 1-based position.
-    """
-    names = [_task_names(src, i) for i, src in enumerate(inputs)]
-    taken: dict[int, str] = {}
-    for task in specs:
-        hits = [i for i, n in enumerate(names) if task in n]
-        if not hits:
-            raise MethodError(f"LOT: exemplars given for task '{task}', which names no input; name a task by the "
-                              "input as given, its folder or repo name, or its position (1, 2, ...): "
-                              + ", ".join(src.label for src in inputs))
-        if len(hits) > 1:
-            raise MethodError(f"LOT: task name '{task}' fits inputs {', '.join(str(h + 1) for h in hits)}; "
-                              "name them by position (1, 2, ...)")
-        if hits[0] in taken:
-            raise MethodError(f"LOT: input {hits[0] + 1} ('{inputs[hits[0]].label}') has exemplars twice "
-                              f"('{taken[hits[0]]}' and '{task}')")
-        taken[hits[0]] = task
-    missing = [i for i in range(len(inputs)) if i not in taken]
-    if missing:
-        i = missing[0]
-        raise MethodError(f"LOT needs exemplars for every task; none for input {i + 1} ('{inputs[i].label}'): "
-                          f"pass --exemplars {sorted(names[i], key=len)[0]}=PATH_OR_DATASET")
-    return [(i, taken[i], specs[taken[i]]) for i in range(len(inputs))]
 
 
 @register
@@ -173,6 +131,7 @@ class Lot(Method):
     paper_url = ("https://arxiv.org/search/?query=Towards+Minimizing+Feature+Drift+in+Model+Merging"
                  "&searchtype=title")
     Params = LotParams
+    scale_param = "scale"  # θ_0 + λ·τ* on every merged tensor
 
     def check_inputs(self, params, n_inputs):
         super().check_inputs(params, n_inputs)
@@ -180,12 +139,22 @@ class Lot(Method):
             raise ParameterError("method 'lot' needs a few unlabelled exemplars per input model: "
                                  "--exemplars TASK=PATH_OR_DATASET (exemplars={...} in Python), one per input")
 
-    def prepare(self, params, job, quiet: bool = False) -> dict[str, Any]:
-        from hubsoup.features import capture, parse_exemplar_specs
+    def parse(self, given: dict[str, Any]):
+        ex = given.get("exemplars")
+        if isinstance(ex, dict):  # {task: path} from Python: the TASK=PATH strings the CLI gives
+            given = {**given, "exemplars": [f"{k}={v}" for k, v in ex.items()]}
+        return super().parse(given)
 
-        tasks = match_tasks(job.inputs, parse_exemplar_specs(params.exemplars))
-        store = capture(job, params, tasks, quiet=quiet)
-        return {"lot.features": store}
+    def prepare(self, params, ctx) -> dict[str, Any]:
+        from hubsoup.exemplars import capture, match_tasks, parse_exemplar_specs
+
+        tasks = match_tasks(ctx.inputs, parse_exemplar_specs(params.exemplars))
+        return {"lot.features": capture(ctx, params, tasks)}
+
+    def finish(self, params, stats: dict[str, Any]) -> None:
+        store = stats.get("lot.features")
+        if store is not None:
+            store.close()  # the scratch folder of Grams
 
     def merge(self, base, deltas, params, ctx):
         store = ctx.stats["lot.features"]

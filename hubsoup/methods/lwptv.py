@@ -25,9 +25,8 @@ from typing import Any, Literal
 import torch
 
 from hubsoup.errors import MethodError
+from hubsoup.methods import StatsPass, TensorContext, param, register
 from hubsoup.methods._compose import Composed, Modifier
-from hubsoup.methods.base import StatsPass, TensorContext, register
-from hubsoup.params import param
 
 
 @dataclass
@@ -165,6 +164,9 @@ class Lwptv(Modifier):
     paper_url = "https://arxiv.org/abs/2506.09093"
     Params = LwptvParams
     min_inputs = 2
+    search_grid = {"eta": [round(0.1 * i, 1) for i in range(1, 8)]}  # η = 0.1..0.7
+    # the paper's TIES setting (not a neutral scale: LwPTV runs TIES as disjoint sum at λ = 0.3); under
+    # lines (priority 10) the scale is LiNeS's 1 instead, the disjoint sum stays
     inner_defaults = {"ties": {"merge": "sum", "scale": 0.3}}
 
     def check_inputs(self, params: Composed, n_inputs: int) -> None:

@@ -27,9 +27,9 @@ from typing import Any, Literal, Sequence
 import torch
 
 from hubsoup.errors import ParameterError
-from hubsoup.methods.base import Method, StatsPass, TensorContext, register
-from hubsoup.methods.roles import tensor_role
-from hubsoup.params import param
+from hubsoup.methods import Method, StatsPass, TensorContext, register
+from hubsoup.arch import tensor_role
+from hubsoup.methods import param
 
 PROJECTED_ROLES = ("linear", "head")
 """Projected tensors: 2-D projection weights and the untied output head (nn.Linear in the

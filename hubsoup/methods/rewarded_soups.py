@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hubsoup.errors import MethodError, ParameterError
-from hubsoup.methods.base import Method, TensorContext, register
-from hubsoup.methods.linear import weighted_average
-from hubsoup.methods.lines import DepthParams, depth_factor, schedule_note
-from hubsoup.params import param
+from hubsoup.methods import Method, TensorContext, param, register
+from hubsoup.methods._depth import DepthParams, depth_factor, schedule_note
+from hubsoup.methods._kernels import weighted_average
 
 SIMPLEX_TOL = 1e-6
 

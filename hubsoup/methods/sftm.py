@@ -35,10 +35,9 @@ from typing import Literal, Sequence
 
 import torch
 
-from hubsoup.methods.base import Method, register
-from hubsoup.methods.roles import tensor_role
-from hubsoup.methods.ties import kth_largest_abs
-from hubsoup.params import param
+from hubsoup.arch import tensor_role
+from hubsoup.methods import Method, param, register
+from hubsoup.methods._kernels import kth_largest_abs
 
 log = logging.getLogger(__name__)
 
@@ -164,14 +163,6 @@ def superpose(features: Sequence[Features], *, ridge: float = 0.0, rcond: float 
     info["rank"] = int(s.numel())
     M = (U.to(dtype) * beta.to(dtype)) @ V.to(dtype).mT
     return M, info
-
-
-def sftm_matrices(mats: Sequence[torch.Tensor] | torch.Tensor, *, rank_tol: float | None = None,
-                  ridge: float = 0.0, rcond: float = 1e-10) -> torch.Tensor:
-    """SFTM of already-trimmed task matrices (T, m, n) → merged M (m, n), unscaled."""
-    feats = [singular_features(M, rank_tol) for M in mats]
-    M, info = superpose(feats, ridge=ridge, rcond=rcond, out_dtype=mats[0].dtype)
-    return M
 
 
 @dataclass

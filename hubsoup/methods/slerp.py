@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hubsoup.methods.base import Method, register
-from hubsoup.params import param
+from hubsoup.methods import Method, register
+from hubsoup.methods import param
 
 
 def slerp(a: torch.Tensor, b: torch.Tensor, t: float, eps: float = 1e-8, dot_threshold: float = 0.9995) -> torch.Tensor:

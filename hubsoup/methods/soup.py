@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hubsoup.methods.base import Method, register
-from hubsoup.methods.linear import weighted_average
-from hubsoup.params import param
+from hubsoup.methods import Method, param, register
+from hubsoup.methods._kernels import weighted_average
 
 
 @dataclass
@@ -24,6 +23,7 @@ class Soup(Method):
              "(Wang, Dimitriadis et al., 2025), App. B.3")
     paper_url = "https://arxiv.org/abs/2203.05482"
     Params = SoupParams
+    scale_param = "scale"
 
     def linear_coefficients(self, params, n_inputs):
         return [params.scale / n_inputs] * n_inputs

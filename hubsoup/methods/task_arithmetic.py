@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from hubsoup.methods.base import Method, register
-from hubsoup.methods.linear import weighted_average
-from hubsoup.params import param
-
-
-def task_arithmetic(deltas: list[torch.Tensor], weights: list[float], scale: float) -> torch.Tensor:
-    return weighted_average(deltas, weights, normalize=False).mul_(scale)
+from hubsoup.methods import Method, param, register
+from hubsoup.methods._kernels import task_arithmetic
 
 
 @dataclass
@@ -29,6 +22,8 @@ class TaskArithmetic(Method):
     paper = "Editing Models with Task Arithmetic (Ilharco et al., 2023)"
     paper_url = "https://arxiv.org/abs/2212.04089"
     Params = TaskArithmeticParams
+    search_grid = {"scale": [round(0.1 * i, 1) for i in range(1, 11)]}  # λ = 0.1..1.0, as the papers search
+    scale_param = "scale"
 
     def linear_coefficients(self, params, n_inputs):
         return [w * params.scale for w in (params.weights or [1.0] * n_inputs)]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hubsoup.methods.base import Method, register
-from hubsoup.params import param
+from hubsoup.methods import Method, param, register
 
 
 @dataclass
@@ -21,6 +20,7 @@ class WiseFt(Method):
     paper_url = "https://arxiv.org/abs/2109.01903"
     Params = WiseFtParams
     min_inputs = max_inputs = 1
+    search_grid = {"gamma": [round(0.1 * i, 1) for i in range(0, 11)]}  # γ = 0..1, the paper's interpolation curve
 
     def linear_coefficients(self, params, n_inputs):
         return [params.gamma]

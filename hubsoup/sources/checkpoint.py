@@ -20,8 +20,8 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_SAFETENSORS = "adapter_model.safetensors"
 ADAPTER_PICKLE = "adapter_model.bin"
 
-# safetensors header dtype names, as written in the file
-_ST_DTYPES = {
+# safetensors header dtype names, as written in the file (the writer uses the inverse)
+ST_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
     "U8": torch.uint8, "BOOL": torch.bool,
@@ -57,6 +57,19 @@ class InputRef:
         else:
             d["path"] = os.path.abspath(self.path or self.spec)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "InputRef":
+        """The reference a recipe or a continual state recorded with :meth:`to_dict`."""
+        return cls(spec=d.get("spec", ""), repo_id=d.get("repo_id"), revision=d.get("revision"), sha=d.get("sha"),
+                   path=d.get("path"), kind=d.get("kind", "full"))
+
+    @property
+    def pinned_spec(self) -> str:
+        """How to open exactly this input again: ``org/name@<sha>`` for the Hub, the folder otherwise."""
+        if self.repo_id:
+            return f"{self.repo_id}@{self.sha}" if self.sha else self.repo_id
+        return self.path or self.spec
 
 
 @dataclass
@@ -183,7 +196,7 @@ class Checkpoint:
             names = list(handle.keys())
             for name in names:
                 sl = handle.get_slice(name)
-                dtype = _ST_DTYPES.get(sl.get_dtype())
+                dtype = ST_DTYPES.get(sl.get_dtype())
                 if dtype is None:
                     raise CorruptCheckpointError(
                         f"input '{self.label}': tensor '{name}' in {fname} has unsupported "

@@ -26,7 +26,7 @@ What ``PeftModel.from_pretrained(base, adapter).merge_and_unload()`` does, and s
 
 Tensors the adapter does not touch have τ = 0; :meth:`LoraDelta.touches` says which
 do, and :meth:`LoraDelta.factors` hands plain-LoRA updates over as factors so that
-linear methods and the LoRA output never form the dense matrix (see ``hubsoup.lowrank``).
+linear methods and the LoRA output never form the dense matrix (see ``hubsoup.engine.lowrank``).
 """
 
 from __future__ import annotations
@@ -46,15 +46,12 @@ from hubsoup.errors import (
     NonFiniteTensorError,
     UnsupportedAdapterError,
 )
-from hubsoup.plan import Layout, model_layout
-from hubsoup.sources.checkpoint import Checkpoint
-from hubsoup.sources.deltas import all_finite
+from hubsoup.arch import model_layout, module_kind, tie_heads
+from hubsoup.sources.checkpoint import ADAPTER_CONFIG, Checkpoint
+from hubsoup.sources.taskvector import all_finite
 
 log = logging.getLogger(__name__)
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_PICKLE = "adapter_model.bin"
 PEFT_PREFIX = "base_model.model."
 
 # Key suffixes of the LoRA parameters a module carries (after the module path).
@@ -75,33 +72,6 @@ _UNSUPPORTED_OPTIONS = {
 }
 # init_lora_weights values after which the adapter is relative to a *modified* base
 _BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
-
-
-_EMBED_HINTS = ("embed", "wte", "wpe", "shared", "token_type")
-
-
-def module_kind(layout: Layout | None, module: str, shape: tuple[int, ...]) -> str:
-    """Kind of ``module`` from the layout, else guessed from its name."""
-    if layout is not None and module in layout.modules:
-        return layout.modules[module].kind
-    if len(shape) != 2:
-        return "other"
-    return "embedding" if any(h in module.split(".")[-1].lower() for h in _EMBED_HINTS) else "linear"
-
-
-def tie_heads(layout: Layout | None, base_keys: list[str]) -> dict[str, str]:
-    """Every tied name (present in the checkpoint or not) → the tensor the plan merges for it."""
-    out: dict[str, str] = {}
-    if layout is None:
-        return out
-    order = {k: i for i, k in enumerate(base_keys)}
-    for group in layout.ties:
-        present = sorted((n for n in group if n in order), key=order.get)
-        if present:
-            for n in group:
-                if n != present[0]:
-                    out[n] = present[0]
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,6 +133,13 @@ class LoraDelta:
     @property
     def ranks(self) -> list[int]:
         return sorted({m.rank for ms in self.modules.values() for m in ms})
+
+    @property
+    def ref(self):
+        return self.ckpt.ref
+
+    def release(self) -> None:
+        self.ckpt.release()
 
     def touches(self, name: str) -> bool:
         """Whether this adapter changes base tensor ``name`` at all (τ ≠ 0 possible)."""

@@ -1,0 +1,186 @@
+"""What a tensor or module is: roles from names and shapes, module kinds and ties from the architecture.
+
+One home for every "what is this tensor" question, so the answers agree:
+
+* :func:`tensor_role` — the role the structure-aware methods need, from the name and shape;
+* :func:`model_layout` — module types and tied parameters, asked of transformers itself
+  (the architecture built on the meta device, never remote code), with
+  :func:`module_kind`, :func:`tied_groups` and :func:`tie_heads` on top;
+* :func:`before_blocks` — whether a tensor outside the transformer blocks runs before them;
+* :func:`model_class` — the transformers class named by a config.
+
+Roles
+-----
+
+SFTM, OPCM and LOT treat linear weights differently from biases, normalisation
+parameters and embeddings. The engine hands a method only a tensor's name and
+values, so the role is read off the name (HF naming conventions) and the rank:
+
+- ``linear``: a 2-D projection weight (``nn.Linear``, GPT-2 ``Conv1D``).
+- ``conv``: a weight of 3 or more dimensions (convolution kernels, e.g. ViT patch embedding).
+- ``embedding``: a lookup table or additive input (token / position / token-type
+  embeddings, T5 relative-attention bias tables, CLIP ``class_embedding``).
+- ``head``: the untied output projection (``lm_head``); methods decide whether it is a matrix.
+- ``norm``: a 1-D weight or bias of a normalisation layer (LayerNorm, RMSNorm, ``ln_*``).
+- ``bias``: every other 1-D (or 0-D) tensor.
+
+Example:
+    >>> tensor_role("model.layers.0.self_attn.q_proj.weight", (32, 32))
+    'linear'
+    >>> tensor_role("transformer.h.0.ln_1.bias", (32,))
+    'norm'
+    >>> tensor_role("model.embed_tokens.weight", (128, 32))
+    'embedding'
+    >>> tensor_role("lm_head.weight", (128, 32))
+    'head'
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+EMBEDDING_HINTS = ("embed", "wte", "wpe", "shared", "position", "token_type", "relative_attention_bias",
+                   "class_embedding", "cls_token", "pos_emb")
+# Tensors outside the blocks that run before them: embeddings plus input-side norms and patch projections.
+PRE_BLOCK_HINTS = EMBEDDING_HINTS + ("patch", "pre_layrnorm", "pre_layernorm", "ln_pre")
+HEAD_MODULES = ("lm_head", "embed_out")
+_NORM_RE = re.compile(r"(norm|^ln(_|\d|$)|^ln[a-z_]*$)")
+
+
+def tensor_role(name: str, shape: Sequence[int]) -> str:
+    """The role of tensor ``name`` of the given shape (see the module docstring)."""
+    parts = name.lower().split(".")
+    module = parts[:-1] if len(parts) > 1 else parts
+    last = module[-1] if module else ""
+    ndim = len(shape)
+    if ndim >= 3:
+        return "conv"
+    if ndim == 2:
+        if last in HEAD_MODULES:
+            return "head"
+        if any(h in p for p in module for h in EMBEDDING_HINTS) or any(h in parts[-1] for h in EMBEDDING_HINTS):
+            return "embedding"
+        return "linear"
+    if last and _NORM_RE.search(last):
+        return "norm"
+    if any(h in p for p in parts for h in EMBEDDING_HINTS):
+        return "embedding"
+    return "bias"
+
+
+def before_blocks(name: str) -> bool:
+    """True for a tensor outside the blocks that the forward pass reaches before them."""
+    return any(h in name.lower() for h in PRE_BLOCK_HINTS)
+
+
+# --- the architecture, asked of transformers -------------------------------------------------
+
+@dataclass
+class ModuleInfo:
+    kind: str
+    """``linear``, ``conv1d`` (GPT-2 style, weight stored (in, out)), ``embedding`` or ``other``."""
+    params: tuple[str, ...]
+    """Local names of the module's state-dict entries (``weight``, ``bias``, ...)."""
+
+
+@dataclass
+class Layout:
+    modules: dict[str, ModuleInfo]
+    ties: list[list[str]] = field(default_factory=list)
+    """Groups of parameter names sharing one tensor, including names absent from the checkpoint."""
+
+
+def model_layout(folder: str) -> Layout | None:
+    """Module types and tied parameters of the model in ``folder``, or None if it cannot be built.
+
+    The model class is built on the meta device from ``config.json`` (never remote code).
+    """
+    cfg = os.path.join(folder, "config.json")
+    return _layout(folder, os.path.getmtime(cfg) if os.path.isfile(cfg) else 0.0)
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(folder: str, _mtime: float) -> Layout | None:
+    try:
+        import transformers
+        from accelerate.utils import find_tied_parameters
+        from torch import nn
+        from transformers import AutoConfig
+        from transformers.pytorch_utils import Conv1D
+
+        cfg = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        cls = model_class(cfg)
+        with torch.device("meta"):
+            model = cls.from_config(cfg) if cls is transformers.AutoModel else cls(cfg)
+        modules = {}
+        for name, mod in model.named_modules():
+            if next(mod.children(), None) is not None:
+                continue
+            kind = ("conv1d" if isinstance(mod, Conv1D) else "embedding" if isinstance(mod, nn.Embedding)
+                    else "linear" if isinstance(mod, nn.Linear) else "other")
+            modules[name] = ModuleInfo(kind, tuple(mod.state_dict().keys()))
+        ties = [list(g) for g in find_tied_parameters(model)]
+        return Layout(modules, ties)
+    except Exception as e:  # noqa: BLE001 - unknown architectures fall back to shape heuristics
+        log.debug("model layout of %s unavailable: %s", folder, e)
+        return None
+
+
+def tied_groups(folder: str, keys: list[str]) -> list[list[str]]:
+    """Groups of checkpoint keys that the architecture ties together.
+
+    Asked of transformers itself (see :func:`model_layout`); unknown architectures
+    simply report no ties.
+    """
+    layout = model_layout(os.path.abspath(folder))
+    if layout is None:
+        return []
+    present = set(keys)
+    out = []
+    for group in layout.ties:
+        names = [n for n in group if n in present]
+        if len(names) > 1:
+            out.append(sorted(names, key=keys.index))
+    return out
+
+
+def module_kind(layout: Layout | None, module: str, shape: tuple[int, ...]) -> str:
+    """Kind of ``module`` from the layout, else guessed from its name."""
+    if layout is not None and module in layout.modules:
+        return layout.modules[module].kind
+    if len(shape) != 2:
+        return "other"
+    return "embedding" if any(h in module.split(".")[-1].lower() for h in EMBEDDING_HINTS) else "linear"
+
+
+def tie_heads(layout: Layout | None, base_keys: list[str]) -> dict[str, str]:
+    """Every tied name (present in the checkpoint or not) → the tensor the plan merges for it."""
+    out: dict[str, str] = {}
+    if layout is None:
+        return out
+    order = {k: i for i, k in enumerate(base_keys)}
+    for group in layout.ties:
+        present = sorted((n for n in group if n in order), key=order.get)
+        if present:
+            for n in group:
+                if n != present[0]:
+                    out[n] = present[0]
+    return out
+
+
+def model_class(config):
+    """The transformers class of ``config.architectures[0]`` (``AutoModel`` if it names none)."""
+    import transformers
+
+    archs = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, archs[0], None) if archs else None
+    return cls or transformers.AutoModel

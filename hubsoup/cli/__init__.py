@@ -1,0 +1,190 @@
+"""The ``hubsoup`` command line. Every command calls the Python API."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+
+from hubsoup import __version__
+from hubsoup.cli.options import add_merge_options, add_output_format, add_params, merge_options, output_format, params
+from hubsoup.errors import HubsoupError, ParameterError
+
+
+def _push_prepare(args) -> str:
+    """Check --push / --card-template before any merging; the output folder (``./NAME`` by default with --push)."""
+    if not args.push and (args.private or args.create_pr or args.commit_message):
+        raise ParameterError("--private, --create-pr and --commit-message need --push ORG/NAME")
+    if args.push:
+        from hubsoup.hub import check_repo_id
+
+        check_repo_id(args.push)
+    if args.card_template and not os.path.isfile(args.card_template):
+        raise ParameterError(f"card template '{args.card_template}' not found")
+    out = args.out or (os.path.join(".", args.push.split("/")[-1]) if args.push else None)
+    if not out:
+        raise ParameterError("give the output folder with --out (with --push ORG/NAME it defaults to ./NAME)")
+    if args.push and os.path.exists(out) and not args.overwrite:
+        from hubsoup.errors import OutputExistsError
+        from hubsoup.hub import retry_command
+
+        raise OutputExistsError(f"output '{out}' already exists; pass --overwrite to merge again, or push it as it "
+                                f"is with: {retry_command(out, args.push, private=args.private, create_pr=args.create_pr)}")
+    return out
+
+
+def _push_finish(args, result) -> None:
+    """--card-template, then --push: upload the output in one commit and print the commit URL."""
+    if args.card_template:
+        from hubsoup.card import write_card
+
+        write_card(result, result.path, template=args.card_template)
+    if not args.push:
+        return
+    info = result.push_to_hub(args.push, private=args.private or None, create_pr=args.create_pr,
+                              commit_message=args.commit_message)
+    print(f"pushed to {args.push}: {info.commit_url}")
+    if info.pr_url:
+        print(f"pull request: {info.pr_url}")
+
+
+def cmd_merge(args) -> int:
+    from hubsoup.api import merge
+
+    args.out = _push_prepare(args)
+    method_params = params(args.param)
+    if args.exemplars:  # LOT's `exemplars` parameter, as its own flag
+        method_params["exemplars"] = args.exemplars
+    options = dict(base=args.base, params=method_params, options=merge_options(args), **output_format(args))
+    if args.search:
+        from hubsoup.eval import TaskSpec
+        from hubsoup.workflows.search import parse_grid, search
+
+        if not args.eval:
+            raise ParameterError("--search needs validation tasks to score each point: give --eval SPEC")
+        grid = parse_grid(*args.search, method=args.method)
+        print(f"searching {' x '.join(f'{k} ({len(v)})' for k, v in grid.items())} on validation data ...")
+        found = search(args.inputs, args.method, out=args.out, grid=grid,
+                       tasks=[TaskSpec.parse(t) for t in args.eval], limit=args.eval_limit, **options)
+        print(f"best {found.best} ({found.selection}: {found.best_score:.4f})")
+        result = found.result
+    else:
+        result = merge(args.inputs, args.method, out=args.out, evaluate=args.eval, eval_limit=args.eval_limit,
+                       **options)
+    print(result)
+    for r in result.evaluation:
+        print(f"  eval {r.task.name}: " + "  ".join(f"{k}={v:.4f}" for k, v in r.metrics.items()))
+    _push_finish(args, result)
+    return 0
+
+
+def cmd_methods(args) -> int:
+    from hubsoup.methods import available
+    from hubsoup.methods import describe
+
+    for name, cls in available().items():
+        if args.name and name != args.name:
+            continue
+        print(f"{name}: {cls.summary}")
+        if cls.paper:
+            print(f"  paper: {cls.paper} {cls.paper_url}")
+        n = f"{cls.min_inputs}" + ("+" if cls.max_inputs is None else ("" if cls.max_inputs == cls.min_inputs else f"-{cls.max_inputs}"))
+        print(f"  inputs: {n}")
+        for row in describe(cls.Params):
+            rng = f" range {list(row['range'])}" if row.get("range") else ""
+            src = " [ours]" if row.get("source") == "ours" else ""
+            print(f"  --param {row['name']}={row['default']!s:<8} ({row['type']}{rng}) {row.get('help', '')}{src}")
+        print()
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from hubsoup.plan import Plan
+    from hubsoup.sources import open_input
+
+    print(Plan.of(open_input(args.model, allow_pickle=args.allow_pickle), args.device).summary())
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from hubsoup.demo import run_demo
+
+    run_demo(args.out, quiet=args.quiet)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hubsoup", description="Model soups from the Hugging Face Hub.")
+    p.add_argument("--version", action="version", version=f"hubsoup {__version__}")
+    p.add_argument("--verbose", "-v", action="store_true", help="show tracebacks and debug logs")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("merge", help="merge fine-tunes of one base model",
+                       description="Merge fine-tunes (local folders or Hub repo IDs, org/name[@revision]).")
+    m.add_argument("inputs", nargs="+", help="fine-tuned models: folders or org/name[@revision]")
+    m.add_argument("--method", required=True, help="merge method (see `hubsoup methods`)")
+    m.add_argument("--base", help="pre-trained base model (default: from the inputs' model cards)")
+    add_params(m)
+    m.add_argument("--out", "-o", help="output folder (required unless --push ORG/NAME: then ./NAME)")
+    add_merge_options(m)
+    add_output_format(m)
+    m.add_argument("--exemplars", action="append", metavar="TASK=PATH_OR_DATASET",
+                   help="unlabelled exemplars of one input's task, for data-aware methods (lot); repeat per input. "
+                        "TASK: the input as given, its folder/repo name or position; a datasets-loadable file or "
+                        "folder, or a Hub dataset ID (org/name[:split])")
+    m.add_argument("--eval", action="append", metavar="SPEC",
+                   help="evaluate the output on a task (KIND:DATA[,key=value...], see `hubsoup eval -h`); "
+                        "results go into the card and eval_results.json (repeatable)")
+    m.add_argument("--eval-limit", type=int, metavar="N", help="evaluate on at most N examples per task")
+    m.add_argument("--search", action="append", metavar="KEY[=GRID]",
+                   help="search a parameter on the --eval tasks (validation data): KEY=lo:hi:step, KEY=a,b,c, or "
+                        "KEY alone for the paper's grid; one merge per grid point, the best is kept (repeatable)")
+    m.add_argument("--push", metavar="ORG/NAME", help="upload the output to this Hub repo (created if needed) in one commit")
+    m.add_argument("--private", action="store_true", help="with --push: create the repo private")
+    m.add_argument("--create-pr", action="store_true", help="with --push: open a pull request instead of committing to main")
+    m.add_argument("--commit-message", help="with --push: the commit message")
+    m.add_argument("--card-template", metavar="PATH", help="Jinja template of the model card (default cards/merge.md)")
+    m.set_defaults(func=cmd_merge)
+
+    ms = sub.add_parser("methods", help="list merge methods with their parameters")
+    ms.add_argument("name", nargs="?", help="show only this method")
+    ms.set_defaults(func=cmd_methods)
+
+    pl = sub.add_parser("plan", help="show how a model's tensors are grouped into blocks")
+    pl.add_argument("model")
+    pl.add_argument("--device", default="cpu")
+    pl.add_argument("--allow-pickle", action="store_true")
+    pl.set_defaults(func=cmd_plan)
+
+    d = sub.add_parser("demo", help="fine-tune MiniLM on 3 small real-text tasks, merge, evaluate (no network, ~3 min)")
+    d.add_argument("--out", default="hubsoup-demo", help="folder for the demo's models and merge")
+    d.add_argument("--quiet", "-q", action="store_true")
+    d.set_defaults(func=cmd_demo)
+    # further commands live beside this file, one module each with register(subparsers)
+    from hubsoup.cli import continual, eval, push, run, sweep
+
+    for mod in (eval, push, run, sweep, continual):
+        mod.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
+    try:
+        return args.func(args)
+    except HubsoupError as e:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; no output was left behind", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

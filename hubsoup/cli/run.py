@@ -1,0 +1,23 @@
+"""``hubsoup run RECIPE --out DIR``: repeat a merge from its ``hubsoup_recipe.yaml``."""
+
+from __future__ import annotations
+
+from hubsoup.recipe import run_recipe
+
+
+def run(args) -> int:
+    result = run_recipe(args.recipe, args.out, overwrite=args.overwrite, device=args.device, quiet=args.quiet)
+    print(result)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="repeat a merge from its hubsoup_recipe.yaml",
+                       description="Merge again exactly as a recipe says (Hub inputs pinned to the recorded SHAs). "
+                                   "RECIPE is a hubsoup_recipe.yaml or an output folder holding one.")
+    p.add_argument("recipe")
+    p.add_argument("--out", "-o", required=True, help="output folder")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--quiet", "-q", action="store_true")
+    p.set_defaults(func=run)

@@ -1,1 +1,0 @@
-"""CLI commands beyond the core ones: each module defines ``register(subparsers)``."""

@@ -1,0 +1,224 @@
+"""The one streaming engine: every walk over a model's tensors goes through :func:`stream`.
+
+A :class:`Job` is a plan (the base's tensors grouped into blocks, in forward order),
+the base checkpoint and the inputs' task vectors, and optionally a method. The engine
+knows no method by name and no output format:
+
+* :func:`stream` is the one cursor over the plan. It yields a :class:`TensorWork` per
+  tensor — the one place that loads the base tensor (float32, on the block's device,
+  checked for NaN/inf), the inputs' task vectors (one, or the ``(N, *shape)`` stack)
+  and their low-rank factors — and unmaps every weight file after each block, so
+  resident memory stays at about (N + 2) × the largest tensor whatever the depth.
+* :meth:`TensorWork.merge` applies the method through the single fast-path policy
+  (:mod:`hubsoup.engine.lowrank`): a tensor no input changes is left alone, linear
+  methods on LoRA inputs work on the stacked factors, methods with their own low-rank
+  path get the factors, everything else gets the dense stack.
+* :func:`run` = the method's statistics passes (:func:`gather_stats`, each one a
+  :func:`stream`), then one output pass handing every tensor's outcome to a **sink**
+  (:mod:`hubsoup.output`: a full checkpoint, a LoRA adapter). Workflows with state of
+  their own (continual merging) and data-aware preparation (LOT's expert capture)
+  consume :func:`stream` directly, so they get the same loading, checks and unmapping.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from hubsoup.engine.lowrank import Copy, Dense, LowRank, Outcome, Unchanged, decide
+from hubsoup.errors import NonFiniteTensorError
+from hubsoup.methods import InputInfo, Method, PrepareContext, TensorContext
+from hubsoup.plan import Block, Plan, TensorEntry
+from hubsoup.sources.checkpoint import Checkpoint
+from hubsoup.sources.taskvector import TaskVector, all_finite
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Job", "TensorWork", "Sink", "stream", "gather_stats", "run",
+           "Outcome", "Copy", "Unchanged", "LowRank", "Dense"]
+
+
+@dataclass
+class Job:
+    """What to stream: a plan over the base's tensors, the base, the inputs; the method, if merging."""
+
+    plan: Plan
+    base: Checkpoint
+    inputs: Sequence[TaskVector]
+    method: Method | None = None
+    params: Any = None
+    recipe_hash: str = ""
+    quiet: bool = False
+    stats: dict[str, Any] = field(default_factory=dict)
+    """Results of the method's statistics passes (filled by :func:`gather_stats`)."""
+
+    def release(self) -> None:
+        """Unmap every weight file (see :meth:`Checkpoint.release`)."""
+        self.base.release()
+        for src in self.inputs:
+            src.release()
+
+
+class TensorWork:
+    """One tensor of the plan on its way through the engine; loads lazily, at most once."""
+
+    def __init__(self, job: Job, block: Block, entry: TensorEntry):
+        self.job, self.block, self.entry = job, block, entry
+        self._base: torch.Tensor | None = None
+        self._factors: list | None | bool = False  # False: not asked yet
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def device(self) -> str:
+        return self.block.device
+
+    def context(self) -> TensorContext:
+        """What the method may know about this tensor."""
+        return TensorContext(self.name, self.block.info, len(self.job.inputs), self.job.stats,
+                             self.job.recipe_hash)
+
+    def raw_base(self) -> torch.Tensor:
+        """The base tensor as stored (its dtype, on the CPU; it may share the file's memory map)."""
+        return self.job.base.tensor(self.name)
+
+    def base(self) -> torch.Tensor:
+        """The base tensor in float32 on the block's device, checked for NaN/inf. Never modify it."""
+        if self._base is None:
+            t = self.raw_base().to(self.device, torch.float32)
+            if not all_finite(t):
+                raise NonFiniteTensorError(f"base '{self.job.base.label}': tensor '{self.name}' has NaN/inf values")
+            self._base = t
+        return self._base
+
+    def delta_into(self, i: int, out: torch.Tensor) -> torch.Tensor:
+        """Input ``i``'s task vector into ``out`` (float32, the base's shape, on the block's device)."""
+        self.job.inputs[i].delta_into(out, self.name, self.base())
+        return out
+
+    def deltas(self) -> torch.Tensor:
+        """Every input's task vector, stacked: a new float32 ``(N, *shape)`` tensor the caller owns."""
+        base = self.base()
+        out = torch.empty((len(self.job.inputs), *base.shape), dtype=torch.float32, device=self.device)
+        for i, row in enumerate(out):
+            self.delta_into(i, row)
+        return out
+
+    def expert(self, i: int) -> torch.Tensor:
+        """θ₀ + τᵢ: input ``i``'s own weights for this tensor (a new float32 tensor)."""
+        return self.delta_into(i, torch.empty_like(self.base())).add_(self.base())
+
+    def untouched(self) -> bool:
+        """True when every input says it leaves this tensor unchanged (τ = 0), without reading it."""
+        return not any(src.touches(self.name) for src in self.job.inputs)
+
+    def input_factors(self) -> list[tuple[torch.Tensor, torch.Tensor] | None] | None:
+        """Per input, ``(P, Q)`` with τᵢ = P Q on the block's device (None: τᵢ = 0); None if one is not low-rank."""
+        if self._factors is False:
+            self._factors = self._load_factors()
+        return self._factors
+
+    def _load_factors(self) -> list[tuple[torch.Tensor, torch.Tensor] | None] | None:
+        out: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        for src in self.job.inputs:
+            if not src.touches(self.name):
+                out.append(None)
+                continue
+            f = src.factors(self.name)
+            if f is None:
+                return None
+            p, q = f[0].to(self.device), f[1].to(self.device)
+            if not (all_finite(p) and all_finite(q)):
+                raise NonFiniteTensorError(f"input '{src.label}': the LoRA factors of '{self.name}' have NaN/inf "
+                                           "values; the adapter is broken and cannot be merged")
+            out.append((p, q))
+        return out
+
+    def merge(self, *, lowrank_ok: bool = True) -> Outcome:
+        """This tensor's merged task vector, by the job's method (see :mod:`hubsoup.engine.lowrank`).
+
+        ``lowrank_ok``: the consumer can take a :class:`LowRank` outcome, or a method's
+        own low-rank path, for this tensor (a LoRA sink cannot for a module it cannot adapt).
+        """
+        return decide(self, lowrank_ok=lowrank_ok)
+
+
+class Sink(Protocol):
+    """Where :func:`run` puts each tensor's outcome (see :mod:`hubsoup.output`)."""
+
+    def accepts_lowrank(self, entry: TensorEntry) -> bool:
+        """Whether a :class:`LowRank` outcome (τ = P Q, never formed) is welcome for ``entry``."""
+
+    def put(self, work: TensorWork, outcome: Outcome) -> None:
+        """Take one tensor's outcome; called once per plan entry, in plan order."""
+
+
+def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str = "block") -> Iterator[TensorWork]:
+    """Every tensor of ``job.plan`` in forward order, unmapping weight files after each block.
+
+    ``mergeable_only`` skips integer and boolean tensors (they are copied from the base).
+    ``unit="tensor"`` counts progress per tensor instead of per block.
+    """
+    blocks = job.plan.blocks
+    if mergeable_only:
+        blocks = [b for b in blocks if any(e.mergeable for e in b.tensors)]
+    per_tensor = unit == "tensor"
+    total = sum(sum(e.mergeable or not mergeable_only for e in b.tensors) for b in blocks) if per_tensor else len(blocks)
+    with tqdm(total=total, desc=desc, unit=unit, disable=job.quiet or not desc, leave=False) as bar:
+        for block in blocks:
+            try:
+                for entry in block.tensors:
+                    if mergeable_only and not entry.mergeable:
+                        continue
+                    yield TensorWork(job, block, entry)
+                    if per_tensor:
+                        bar.update()
+            finally:
+                job.release()
+            if not per_tensor:
+                bar.update()
+
+
+def gather_stats(job: Job) -> dict[str, Any]:
+    """The method's preparation and statistics passes (one :func:`stream` each); fills ``job.stats``."""
+    stats = job.stats
+    # the plan's stacks (name -> number of blocks), for methods that treat stacks differently (LiNeS)
+    stats["plan.stacks"] = {b.info.stack: b.info.num_layers for b in job.plan.blocks if b.info}
+    stats.update(job.method.prepare(job.params, prepare_context(job)))  # e.g. exemplar features (LOT)
+    passes = job.method.passes(job.params, len(job.inputs))
+    for i, p in enumerate(passes):
+        for work in stream(job, mergeable_only=True, unit="tensor", desc=f"statistics pass {i + 1}/{len(passes)}"):
+            p.update(work.context(), work.base(), work.deltas())
+        p.finish(stats)
+    return stats
+
+
+def prepare_context(job: Job) -> PrepareContext:
+    """What :meth:`Method.prepare` may use: the base's folder, the inputs' names, the experts streamed."""
+    names = {n: e.name for _, e in job.plan.entries() if e.mergeable for n in (e.name, *e.aliases)}
+
+    def load_expert(i: int, assign) -> None:
+        label = job.inputs[i].label
+        for work in stream(job, mergeable_only=True, desc=f"loading expert {i + 1} ({label})"):
+            t = work.expert(i)
+            for n in (work.name, *work.entry.aliases):
+                assign(n, t)
+
+    inputs = [InputInfo(s.label, s.ref.spec, s.ref.repo_id, None if s.ref.repo_id else s.ref.path)
+              for s in job.inputs]
+    device = job.plan.blocks[0].device if job.plan.blocks else "cpu"
+    return PrepareContext(job.base.folder, job.base.label, inputs, device, names, load_expert, job.quiet)
+
+
+def run(job: Job, sink: Sink) -> dict[str, Any]:
+    """Merge ``job`` into ``sink``: statistics passes, then every tensor's outcome; returns the statistics."""
+    stats = gather_stats(job)
+    for work in stream(job, desc=f"merging ({job.method.name})"):
+        sink.put(work, work.merge(lowrank_ok=sink.accepts_lowrank(work.entry)))
+    return stats

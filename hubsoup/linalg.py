@@ -1,0 +1,66 @@
+"""Linear algebra shared by methods and sinks: thin SVDs of products, PSD solves, chunked Grams.
+
+Everything here is plain tensor math (no I/O, no knowledge of models). Small LAPACK
+calls run on one thread (:func:`single_thread`): at these sizes threading only costs,
+badly so on a busy machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def svd_of_product(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Thin SVD ``U, S, Vh`` of ``p @ q`` (p: m×k, q: k×n) without forming the m×n product.
+
+    ``p = Q_p R_p`` and ``qᵀ = Q_q R_q`` (thin QR), so ``p q = Q_p (R_p R_qᵀ) Q_qᵀ`` and the
+    SVD of the k×k core gives the rest. Computed in float64 (the factors are small), on one
+    thread: LAPACK calls this small only lose to threading overhead (badly on a busy machine).
+    """
+    with single_thread():
+        p64, q64 = p.double(), q.double()
+        qp, rp = torch.linalg.qr(p64)
+        qq, rq = torch.linalg.qr(q64.T)
+        u, s, vh = torch.linalg.svd(rp @ rq.T, full_matrices=False)
+        return qp @ u, s, vh @ qq.T
+
+
+@contextlib.contextmanager
+def single_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+# --- dense matrices in column/row chunks: float64 accuracy without a float64 copy of the matrix ---
+
+CHUNK = 4096
+
+
+def sq_norm_chunked(x: torch.Tensor) -> float:
+    """‖x‖²_F in float64, over column chunks of the 2-D ``x``."""
+    return float(sum(float(c.double().square().sum()) for c in x.split(CHUNK, dim=1)))
+
+
+def gram_chunked(x: torch.Tensor) -> torch.Tensor:
+    """``x @ xᵀ`` in float64, accumulated over column chunks (x: m×n, m ≤ n)."""
+    g = torch.zeros(x.shape[0], x.shape[0], dtype=torch.float64, device=x.device)
+    for c in x.split(CHUNK, dim=1):
+        c = c.double()
+        g.addmm_(c, c.T)
+    return g
+
+
+def mm_t_chunked(u: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``uᵀ @ x`` in float64 (u: m×r float64, x: m×n), over column chunks of x."""
+    return torch.cat([u.T @ c.double() for c in x.split(CHUNK, dim=1)], dim=1)
+
+
+def mm_chunked(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``x @ v`` in float64 (x: m×n, v: n×r float64), over row chunks of x."""
+    return torch.cat([c.double() @ v for c in x.split(CHUNK, dim=0)], dim=0)

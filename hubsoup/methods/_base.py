@@ -1,0 +1,229 @@
+"""The method interface the engine calls, and the registry it finds methods in.
+
+A method is tensor math only: it never opens a file. The engine streams the model
+and, for every mergeable tensor, calls :meth:`Method.merge` with the base tensor and
+the inputs' task vectors stacked into one float32 tensor of shape ``(N, *shape)`` on
+the block's device; the method returns the merged task vector. The method owns the
+stack and may overwrite it in place: that is what keeps peak memory near
+(N + 2) tensors. Methods that need whole-model statistics first (global
+thresholds, norms) return :class:`StatsPass` objects from :meth:`Method.passes`;
+the engine streams the model once per pass before merging, so no method ever holds
+a whole model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Sequence
+
+import torch
+
+from hubsoup.errors import MethodError
+from hubsoup.plan import BlockInfo
+
+
+@dataclass
+class TensorContext:
+    """What a method may know about the tensor it is merging."""
+
+    name: str
+    block: BlockInfo | None
+    """The transformer block holding the tensor (None: embeddings, final norm, head)."""
+    n_inputs: int
+    stats: dict[str, Any] = field(default_factory=dict)
+    """Results of the method's statistics passes."""
+    recipe_hash: str = ""
+
+    def generator(self, salt: str = "", device: str | torch.device = "cpu") -> torch.Generator:
+        """A random generator seeded from the recipe and the tensor name: reruns repeat exactly."""
+        digest = hashlib.sha256(f"{self.recipe_hash}|{self.name}|{salt}".encode()).digest()
+        g = torch.Generator(device=device)
+        g.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+        return g
+
+
+class StatsPass:
+    """One streaming pass over every mergeable tensor before the merge.
+
+    ``update`` sees each tensor once (its base and task vectors); ``finish`` stores
+    what it learned in ``stats``, which later passes and the merge read.
+    """
+
+    def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
+        """See one tensor: ``deltas`` is the (N, *shape) stack; read it, never modify it."""
+        raise NotImplementedError
+
+    def finish(self, stats: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class InputInfo:
+    """What a method may know about an input model: how it is named."""
+
+    label: str
+    spec: str = ""
+    """The input as the user gave it."""
+    repo_id: str | None = None
+    path: str | None = None
+    """A local folder (None for a Hub input)."""
+
+
+@dataclass
+class PrepareContext:
+    """What :meth:`Method.prepare` gets: the base's files, the inputs' names, and the experts' weights.
+
+    Methods stay free of I/O on the checkpoints: ``load_expert(i, assign)`` streams input
+    ``i``'s weights θ₀ + τᵢ through the engine, calling ``assign(name, tensor)`` for every
+    floating-point tensor of the base (tied names included), one block in memory at a time.
+    """
+
+    base_folder: str
+    """The base model's local folder (config, tokenizer): for methods that must run the model."""
+    base_label: str
+    inputs: Sequence[InputInfo]
+    device: str
+    names: dict[str, str]
+    """Every floating-point tensor name of the base (tied names included) → the name the merge uses."""
+    load_expert: Callable[[int, Callable[[str, torch.Tensor], None]], None]
+    quiet: bool = False
+
+
+class Method:
+    """Base class of merge methods. Subclasses set the class attributes and ``merge``; every hook has a default.
+
+    Hooks (all optional but ``merge``): :meth:`parse`/:meth:`describe_params`/:meth:`check_inputs`
+    (parameters and inputs), :meth:`prepare` and :meth:`passes` (whole-model work before
+    merging), :meth:`linear_coefficients` and :meth:`merge_factors` (low-rank fast paths),
+    :meth:`card_notes` (text for the model card); class attributes :attr:`search_grid`
+    (the paper's hyper-parameter grids) and :attr:`scale_param` (the global scale, which
+    modifiers such as LiNeS replace).
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    paper: ClassVar[str] = ""
+    """Title of the paper it comes from."""
+    paper_url: ClassVar[str] = ""
+    Params: ClassVar[type]
+    min_inputs: ClassVar[int] = 1
+    max_inputs: ClassVar[int | None] = None
+    zero_preserving: ClassVar[bool] = True
+    """All-zero task vectors merge to zero, so a tensor no input changes is the base's (the engine then
+    skips it, e.g. the tensors a LoRA does not adapt). Set False if the method can move such a tensor."""
+    search_grid: ClassVar[dict[str, list]] = {}
+    """The paper's grid per parameter, used by ``--search KEY`` when no values are given."""
+    scale_param: ClassVar[str | None] = None
+    """The parameter that scales the whole merged task vector (λ), if any: a modifier that applies
+    its own scale (LiNeS) sets it to 1 unless the user gives it."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # A subclass that overrides merge() but not linear_coefficients() inherits a claim of linearity
+        # about a merge it replaced: drop the claim, so the low-rank path never disagrees with merge().
+        if "merge" in vars(cls) and "linear_coefficients" not in vars(cls):
+            cls.linear_coefficients = Method.linear_coefficients
+
+    def parse(self, given: dict[str, Any]) -> Any:
+        """Build this method's parameters from user values (CLI strings or Python objects).
+
+        Modifiers that wrap another method override this to split off the inner
+        method's parameters.
+        """
+        from hubsoup.methods import parse_params
+
+        return parse_params(self.Params, given, method=self.name)
+
+    def describe_params(self, params: Any) -> dict[str, Any]:
+        """Parameters as plain values, for the recipe and the card."""
+        from hubsoup.methods import to_dict
+
+        return to_dict(params)
+
+    def check_inputs(self, params: Any, n_inputs: int) -> None:
+        if n_inputs < self.min_inputs or (self.max_inputs is not None and n_inputs > self.max_inputs):
+            want = (f"exactly {self.min_inputs}" if self.min_inputs == self.max_inputs
+                    else f"at least {self.min_inputs}" if self.max_inputs is None
+                    else f"{self.min_inputs} to {self.max_inputs}")
+            raise MethodError(f"method '{self.name}' takes {want} input model(s), got {n_inputs}")
+        weights = getattr(params, "weights", None)
+        if weights is not None and len(weights) != n_inputs:
+            raise MethodError(
+                f"method '{self.name}': {len(weights)} weights given for {n_inputs} inputs"
+            )
+
+    def linear_coefficients(self, params: Any, n_inputs: int) -> list[float] | None:
+        """The cᵢ when the merged task vector is always Σ cᵢ τᵢ (None: the method is not linear).
+
+        Linear methods let low-rank (LoRA) inputs be merged from their factors without the
+        dense stack (see ``hubsoup.engine.lowrank``).
+        """
+        return None
+
+    def passes(self, params: Any, n_inputs: int) -> list[StatsPass]:
+        """Statistics passes to run before merging (none by default)."""
+        return []
+
+    def prepare(self, params: Any, ctx: PrepareContext) -> dict[str, Any]:
+        """Optional work before any statistics pass; returns entries for ``ctx.stats`` of the merge.
+
+        Methods that must *run* the models (LOT Merging's exemplar features) do it here,
+        through :class:`PrepareContext`; everything else leaves it alone. Nothing by default.
+        """
+        return {}
+
+    def finish(self, params: Any, stats: dict[str, Any]) -> None:
+        """Release what :meth:`prepare` holds (scratch files), after the merge or on failure."""
+
+    def merge_factors(self, shape: tuple[int, ...], factors: list[tuple[torch.Tensor, torch.Tensor] | None],
+                      params: Any, ctx: TensorContext) -> torch.Tensor | None:
+        """The merged τ of a 2-D tensor from the inputs' low-rank factors, or None for the dense path.
+
+        ``factors[i]`` is ``(P, Q)`` with τᵢ = P Q (None: τᵢ = 0). Methods with a low-rank
+        formulation (SFTM: SVDs of the task matrices) avoid the dense stack with it.
+        """
+        return None
+
+    def card_notes(self, described: dict[str, Any], stats: dict[str, Any], n_inputs: int) -> list[str]:
+        """Markdown paragraphs for the model card (``described``: :meth:`describe_params`'s output)."""
+        return []
+
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: Any,
+              ctx: TensorContext) -> torch.Tensor:
+        """Merged task vector of one tensor (float32, shape of ``base``)."""
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Class decorator adding a method to the registry under ``cls.name``."""
+    if not dataclasses.is_dataclass(cls.Params):
+        raise MethodError(f"{cls.__name__}.Params must be a dataclass")
+    have = _REGISTRY.get(cls.name)
+    if have is not None and have is not cls and (have.__module__, have.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise MethodError(f"method name '{cls.name}' is taken by {have.__module__}.{have.__qualname__}; "
+                          f"{cls.__module__}.{cls.__qualname__} needs another name")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_method(name: str) -> Method:
+    """The registered method called ``name``."""
+    try:
+        return _REGISTRY[name]()
+    except KeyError:
+        import difflib
+
+        close = difflib.get_close_matches(name, _REGISTRY, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise MethodError(
+            f"unknown method '{name}'{hint}; `hubsoup methods` lists them: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+
+
+def available() -> dict[str, type[Method]]:
+    return dict(sorted(_REGISTRY.items()))

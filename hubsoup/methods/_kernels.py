@@ -1,0 +1,149 @@
+"""Tensor primitives that several merge methods share.
+
+Flat, pure functions in the style of peft's ``utils/merge_utils.py``: no method
+objects, no statistics, no I/O; just the math on one tensor's task vectors. A
+method module imports what it needs from here, never from a sibling method.
+
+Conventions: ``stacked`` is the engine's ``(N, *shape)`` float32 stack of task
+vectors, one row per input. A trailing underscore means *in place*: the function
+overwrites its input (the engine hands the stack to the method to be consumed, which
+keeps peak memory near N + 2 tensors) and returns it or a tensor built from it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+# --- sums -------------------------------------------------------------------------------------
+
+
+def weighted_average(deltas: list[torch.Tensor], weights: list[float], normalize: bool = True) -> torch.Tensor:
+    """Σ wᵢ τᵢ, divided by Σ wᵢ when ``normalize`` (the average of the models).
+
+    Args:
+        deltas: the task vectors τᵢ (a list, or the rows of a stack). The first one is
+            multiplied out of place; the others are only read.
+        weights: one weight wᵢ per task vector.
+        normalize: divide by Σ wᵢ (a true weighted mean, the model soup); False gives the plain
+            weighted sum (task arithmetic).
+
+    Returns:
+        A new tensor of the task vectors' shape.
+    """
+    out = deltas[0] * weights[0]  # not zeros + first term: one pass less over the tensor
+    for w, d in zip(weights[1:], deltas[1:]):
+        out.add_(d, alpha=w)
+    if normalize:
+        out.div_(sum(weights))
+    return out
+
+
+def task_arithmetic(deltas: list[torch.Tensor], weights: list[float], scale: float) -> torch.Tensor:
+    """λ Σ wᵢ τᵢ: task arithmetic (Ilharco et al., 2023).
+
+    Args:
+        deltas: the task vectors τᵢ (only read).
+        weights: one weight wᵢ per task vector inside the sum.
+        scale: λ, applied to the sum.
+
+    Returns:
+        A new tensor of the task vectors' shape.
+    """
+    return weighted_average(deltas, weights, normalize=False).mul_(scale)
+
+
+# --- magnitude trimming -----------------------------------------------------------------------
+
+
+def kth_largest_abs(x: torch.Tensor, k: int) -> float:
+    """The k-th largest |x| over every entry of ``x``.
+
+    Args:
+        x: any tensor (only read).
+        k: the rank, 1 = the largest magnitude; k above ``x.numel()`` is clamped to it.
+
+    Returns:
+        The magnitude as a float; +inf for k ≤ 0 (a threshold that keeps nothing).
+    """
+    if k <= 0:
+        return float("inf")
+    flat = x.abs().flatten()
+    return float(torch.kthvalue(flat, flat.numel() - min(k, flat.numel()) + 1).values)
+
+
+def trim_(stacked: torch.Tensor, thresholds: Sequence[float]) -> torch.Tensor:
+    """In place: row i keeps the entries with |x| ≥ thresholds[i], the rest become 0 (TIES' trim step).
+
+    Args:
+        stacked: the ``(N, *shape)`` stack; overwritten.
+        thresholds: one magnitude per row; a threshold ≤ 0 leaves its row untouched.
+
+    Returns:
+        ``stacked``.
+    """
+    for row, t in zip(stacked, thresholds):
+        if t > 0:
+            row.masked_fill_(row.abs() < t, 0.0)
+    return stacked
+
+
+# --- sign election and disjoint merge (TIES) --------------------------------------------------
+
+
+def elect_sign(stacked: torch.Tensor) -> torch.Tensor:
+    """The sign of the summed mass per entry; entries summing to 0 take the majority sign.
+
+    Args:
+        stacked: the ``(N, *shape)`` stack (only read).
+
+    Returns:
+        A new tensor of ±1 of the rows' shape; the majority sign is that of the sum of the
+        elected signs (+1 on a tie).
+    """
+    sign = torch.sign(stacked.sum(dim=0))
+    majority = 1.0 if float(sign.sum()) >= 0 else -1.0
+    return sign.masked_fill_(sign == 0, majority)
+
+
+def disjoint_merge_(stacked: torch.Tensor, sign: torch.Tensor, mode: str = "mean") -> torch.Tensor:
+    """Sum (or mean) over the rows of the non-zero entries that agree with ``sign``.
+
+    Args:
+        stacked: the ``(N, *shape)`` stack; overwritten.
+        sign: the elected sign per entry (±1), e.g. from :func:`elect_sign`.
+        mode: ``"mean"`` divides each entry by the number of agreeing rows (the TIES paper's
+            disjoint mean), ``"sum"`` does not (the dis-sum variant).
+
+    Returns:
+        A tensor of the rows' shape; 0 where no row agrees.
+    """
+    # times the elected sign, agreeing entries are > 0; clamping drops the rest (and zeros)
+    stacked.mul_(sign).clamp_(min=0)
+    total = stacked.sum(dim=0).mul_(sign)
+    if mode == "sum":
+        return total
+    count = (stacked > 0).sum(dim=0, dtype=torch.float32)
+    return total.div_(count.clamp_(min=1))
+
+
+def ties_combine_(stacked: torch.Tensor, weights: Sequence[float] | None, mode: str = "mean") -> torch.Tensor:
+    """Elect signs on the (already trimmed) rows, then weight them and merge disjointly.
+
+    Signs are elected on the unweighted rows, as peft's ``merge_utils.ties`` does
+    (the TIES paper has no per-model weights).
+
+    Args:
+        stacked: the ``(N, *shape)`` stack, trimmed or sparsified; overwritten.
+        weights: one weight per row, applied after the sign election (None: no weighting).
+        mode: ``"mean"`` or ``"sum"``, as in :func:`disjoint_merge_`.
+
+    Returns:
+        The merged task vector, of the rows' shape.
+    """
+    sign = elect_sign(stacked)
+    if weights is not None:
+        for row, w in zip(stacked, weights):
+            row.mul_(w)
+    return disjoint_merge_(stacked, sign, mode)

@@ -1,0 +1,100 @@
+"""Exact k-th largest magnitude over a whole model, in two streaming passes.
+
+TIES as published ranks each task vector over the *whole flattened model*. Holding
+all magnitudes to sort them would cost a model's worth of memory, so we radix-select
+instead: a non-negative float32's bit pattern orders like its value, so pass 1
+counts the high 16 bits (32,768 bins), which pins the bin holding the k-th largest,
+and pass 2 counts the low 16 bits inside that bin, which pins the exact value.
+Memory: one small histogram per task.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hubsoup.methods import StatsPass, TensorContext
+
+_HIGH = 1 << 15  # |x| has sign bit 0, so its int32 bits >> 16 fit in 15 bits
+_LOW = 1 << 16
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().abs().float().contiguous().view(torch.int32).flatten()
+
+
+def _walk_from_top(hist: torch.Tensor, k: int) -> tuple[int, int]:
+    """Bin holding the k-th largest element, and its rank from the top inside that bin."""
+    from_top = torch.flip(hist, [0]).cumsum(0)
+    pos = int(torch.searchsorted(from_top, torch.tensor(k, dtype=from_top.dtype)))
+    b = hist.numel() - 1 - pos
+    before = int(from_top[pos - 1]) if pos > 0 else 0
+    return b, k - before
+
+
+class KthLargestPass:
+    """Two passes that store ``stats[key][i]``: the k_i-th largest |τ_i| over the model.
+
+    ``fraction`` is the kept share (density): k_i = int(fraction · total elements).
+    A threshold of +inf means keep nothing; keeping ``|τ| >= threshold`` keeps exactly
+    k_i entries when magnitudes are distinct.
+    """
+
+    def __init__(self, key: str, n_inputs: int, fraction: float):
+        self.key, self.n, self.fraction = key, n_inputs, fraction
+
+    def passes(self) -> list[StatsPass]:
+        return [_HighPass(self), _LowPass(self)]
+
+
+class _HighPass(StatsPass):
+    def __init__(self, sel: KthLargestPass):
+        self.sel = sel
+        self.hist = [torch.zeros(_HIGH, dtype=torch.int64) for _ in range(sel.n)]
+        self.total = 0
+
+    def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
+        self.total += base.numel()
+        for i, d in enumerate(deltas):
+            self.hist[i] += torch.bincount(_bits(d) >> 16, minlength=_HIGH).cpu()
+
+    def finish(self, stats: dict) -> None:
+        sel = self.sel
+        k = int(sel.fraction * self.total)
+        state = []
+        for h in self.hist:
+            if k <= 0:
+                state.append(None)
+            else:
+                state.append(_walk_from_top(h, min(k, self.total)))
+        stats[sel.key + ".high"] = state
+
+
+class _LowPass(StatsPass):
+    def __init__(self, sel: KthLargestPass):
+        self.sel = sel
+        self.hist = [torch.zeros(_LOW, dtype=torch.int64) for _ in range(sel.n)]
+        self.high = None
+
+    def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
+        if self.high is None:
+            self.high = ctx.stats[self.sel.key + ".high"]
+        for i, d in enumerate(deltas):
+            if self.high[i] is None:
+                continue
+            bits = _bits(d)
+            inside = bits[(bits >> 16) == self.high[i][0]]
+            if inside.numel():
+                self.hist[i] += torch.bincount(inside & 0xFFFF, minlength=_LOW).cpu()
+
+    def finish(self, stats: dict) -> None:
+        high = stats.pop(self.sel.key + ".high")
+        out = []
+        for i, h in enumerate(self.hist):
+            if high[i] is None:
+                out.append(float("inf"))
+                continue
+            bin_hi, rank = high[i]
+            low, _ = _walk_from_top(h, rank)
+            bits = torch.tensor([(bin_hi << 16) | low], dtype=torch.int32)
+            out.append(float(bits.view(torch.float32)[0]))
+        stats[self.sel.key] = out

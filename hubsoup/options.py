@@ -1,0 +1,110 @@
+"""Options shared by every entry point that writes a model: one declaration, typed and validated.
+
+:class:`MergeOptions` is taken by :func:`hubsoup.merge`, the continual workflow, search,
+sweeps and soups, and built by the CLI from one declaration of its flags
+(``hubsoup.cli.options``). Method parameters are *not* options: they belong to the
+method (``hubsoup methods NAME``).
+
+Example:
+    >>> from hubsoup.options import MergeOptions
+    >>> MergeOptions(dtype="bf16", shard_size="2GB").shard_bytes
+    2000000000
+    >>> MergeOptions.split({"overwrite": True, "density": 0.2})
+    (MergeOptions(device='cpu', dtype=None, shard_size='5GB', overwrite=True, allow_pickle=False, ignore_extra=False, shape_mismatch='error', quiet=False), {'density': 0.2})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from hubsoup.errors import ParameterError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+SHAPE_POLICIES = ("error", "base-slice")
+
+
+@dataclass(frozen=True)
+class MergeOptions:
+    """How a merge reads its inputs and writes its output (not *what* it computes, but see below).
+
+    ``shape_mismatch`` and ``ignore_extra`` change which tensors are merged, so they enter
+    the recipe's hash; the others do not change the result.
+    """
+
+    device: str = "cpu"
+    """Where tensors are merged (``cpu``, ``cuda:0``, ...)."""
+    dtype: str | None = None
+    """Output dtype (``float32``, ``float16``, ``bfloat16``; default: the base's)."""
+    shard_size: str | int = "5GB"
+    """Largest safetensors shard (``"5GB"``, ``"500MB"``, ``"2GiB"`` or bytes)."""
+    overwrite: bool = False
+    """Replace an existing output (kept until the new one is complete)."""
+    allow_pickle: bool = False
+    """Accept ``pytorch_model.bin`` / ``adapter_model.bin`` inputs (pickle can run code)."""
+    ignore_extra: bool = False
+    """Leave out input tensors the base lacks (e.g. task heads) instead of refusing the input."""
+    shape_mismatch: str = "error"
+    """``error``, or ``base-slice``: merge the rows the base has (a resized vocabulary)."""
+    token: str | bool | None = field(default=None, repr=False, compare=False)
+    """Hub token (default: ``HF_TOKEN`` or the stored login). Never printed, never stored."""
+    quiet: bool = False
+    """No progress bars."""
+
+    def __post_init__(self):
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.shape_mismatch not in SHAPE_POLICIES:
+            raise ParameterError(f"shape_mismatch must be one of {', '.join(SHAPE_POLICIES)}, "
+                                 f"got {self.shape_mismatch!r}")
+        self.shard_bytes  # noqa: B018 - parse now: a bad size fails before any work
+
+    @property
+    def out_dtype(self) -> torch.dtype | None:
+        return DTYPES[self.dtype] if self.dtype else None
+
+    @property
+    def shard_bytes(self) -> int:
+        from hubsoup.output.folder import parse_size
+
+        return parse_size(self.shard_size)
+
+    @property
+    def hashed(self) -> dict[str, Any]:
+        """The options that change what is merged (recorded in the recipe's hash when not default)."""
+        if self.shape_mismatch == "error" and not self.ignore_extra:
+            return {}
+        return {"shape_mismatch": self.shape_mismatch, "ignore_extra": self.ignore_extra}
+
+    def replace(self, **changes: Any) -> "MergeOptions":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def split(cls, kwargs: dict[str, Any], base: "MergeOptions | None" = None
+              ) -> tuple["MergeOptions", dict[str, Any]]:
+        """(options, the rest): keyword arguments that name an option become options."""
+        names = cls.names()
+        given = {k: v for k, v in kwargs.items() if k in names}
+        rest = {k: v for k, v in kwargs.items() if k not in names}
+        opts = (base or cls()).replace(**given) if given else (base or cls())
+        return opts, rest
+
+    @classmethod
+    def check_not_misspelt(cls, keys, declared) -> None:
+        """Refuse a key that no method declares and that looks like an option name (``overwite``)."""
+        for k in keys:
+            if k in declared:
+                continue
+            close = difflib.get_close_matches(k, cls.names() + ("output_format", "rank", "energy", "evaluate",
+                                                                 "eval_limit", "params", "base", "out"), n=1)
+            if close:
+                raise ParameterError(f"unknown option '{k}' (did you mean '{close[0]}'?)")

@@ -1,0 +1,113 @@
+"""Streaming, sharded safetensors writer.
+
+safetensors' own ``save_file`` serialises a whole shard in memory. The merge plan
+knows every output tensor's name, shape and dtype before the first one is computed,
+so the layout (which shard, which byte offsets) is fixed up front: headers are
+written first and each tensor's bytes go straight to their place on disk as soon as
+it is merged. Memory stays at one tensor, whatever the shard size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+from hubsoup.sources.checkpoint import ST_DTYPES
+
+_DTYPE_NAMES = {dtype: name for name, dtype in ST_DTYPES.items()}
+INDEX_NAME = "model.safetensors.index.json"
+
+
+@dataclass
+class _Slot:
+    shard: int
+    start: int  # absolute file offset of the tensor's bytes
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class ShardedWriter:
+    """Write the given tensors into safetensors shards of at most ``max_shard_size`` bytes.
+
+    ``entries`` is the list of ``(name, shape, dtype)`` in output order. Shard files are
+    named like ``save_pretrained``'s: ``model.safetensors`` alone, else
+    ``model-00001-of-00003.safetensors`` plus ``model.safetensors.index.json``
+    (``prefix`` replaces ``model``; ``index=False`` writes no index file).
+    """
+
+    def __init__(self, folder: str, entries: list[tuple[str, tuple[int, ...], torch.dtype]],
+                 max_shard_size: int, metadata: dict[str, str] | None = None, *, prefix: str = "model",
+                 index: bool = True):
+        self.folder, self.index = folder, index
+        metadata = {"format": "pt", **(metadata or {})}
+        shards: list[list[tuple[str, tuple[int, ...], torch.dtype, int]]] = [[]]
+        size = 0
+        for name, shape, dtype in entries:
+            nbytes = dtype.itemsize
+            for s in shape:
+                nbytes *= s
+            if shards[-1] and size + nbytes > max_shard_size:
+                shards.append([])
+                size = 0
+            shards[-1].append((name, tuple(shape), dtype, nbytes))
+            size += nbytes
+        n = len(shards)
+        self.files = ([f"{prefix}.safetensors"] if n == 1
+                      else [f"{prefix}-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
+        self.slots: dict[str, _Slot] = {}
+        self.handles = []
+        self.total_size = 0
+        for i, shard in enumerate(shards):
+            header: dict = {"__metadata__": metadata}
+            offset = 0
+            for name, shape, dtype, nbytes in shard:
+                header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+                offset += nbytes
+            raw = json.dumps(header, separators=(",", ":")).encode()
+            raw += b" " * (-len(raw) % 8)  # data must start 8-byte aligned
+            data_start = 8 + len(raw)
+            path = os.path.join(folder, self.files[i])
+            f = open(path, "w+b")
+            f.write(len(raw).to_bytes(8, "little"))
+            f.write(raw)
+            f.truncate(data_start + offset)
+            self.handles.append(f)
+            for name, shape, dtype, nbytes in shard:
+                start = data_start + header[name]["data_offsets"][0]
+                self.slots[name] = _Slot(i, start, nbytes, shape, dtype)
+            self.total_size += offset
+        self.written: set[str] = set()
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        slot = self.slots[name]
+        if tuple(tensor.shape) != slot.shape or tensor.dtype != slot.dtype:
+            raise ValueError(f"tensor '{name}': got {tuple(tensor.shape)} {tensor.dtype}, planned {slot.shape} {slot.dtype}")
+        data = tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy()
+        assert data.nbytes == slot.nbytes
+        f = self.handles[slot.shard]
+        f.seek(slot.start)
+        f.write(memoryview(data))
+        self.written.add(name)
+
+    def close(self) -> None:
+        for f in self.handles:
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+        self.handles = []
+        missing = set(self.slots) - self.written
+        if missing:
+            raise RuntimeError(f"writer closed with {len(missing)} tensors unwritten, e.g. {sorted(missing)[0]}")
+        if self.index and len(self.files) > 1:
+            weight_map = {name: self.files[s.shard] for name, s in self.slots.items()}
+            with open(os.path.join(self.folder, INDEX_NAME), "w", encoding="utf-8") as f:
+                json.dump({"metadata": {"total_size": self.total_size}, "weight_map": weight_map}, f, indent=2)
+
+    def abort(self) -> None:
+        for f in self.handles:
+            f.close()
+        self.handles = []

@@ -1,0 +1,163 @@
+"""Is an input a fine-tune of this base? Configs, names and shapes checked before any weight is read.
+
+:func:`task_vector` turns an opened input into its task-vector source (a
+:class:`~hubsoup.sources.taskvector.FullDelta` or a LoRA
+:class:`~hubsoup.sources.lora.LoraDelta`) after checking it against the base;
+:func:`resolve_base` finds the base the inputs' cards name.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+from hubsoup.errors import BaseModelError, IncompatibleInputError
+from hubsoup.sources.checkpoint import Checkpoint
+from hubsoup.sources.taskvector import FullDelta, shape_message
+
+log = logging.getLogger(__name__)
+
+# Config fields that must agree between the base and every input (first one present counts).
+_ARCH_FIELDS = {
+    "hidden size": ("hidden_size", "n_embd", "d_model", "dim"),
+    "number of layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "number of decoder layers": ("num_decoder_layers", "decoder_layers"),
+    "attention heads": ("num_attention_heads", "n_head", "num_heads"),
+    "intermediate size": ("intermediate_size", "n_inner", "d_ff", "ffn_dim"),
+}
+def _pick(cfg: dict, keys: Sequence[str]) -> Any:
+    for k in keys:
+        if k in cfg:
+            return cfg[k]
+    return None
+
+
+def check_config(base: Checkpoint, ckpt: Checkpoint) -> None:
+    """Refuse an input whose architecture differs from the base's, before any weight is read."""
+    b, c = base.config, ckpt.config
+    if b.get("model_type") and c.get("model_type") and b["model_type"] != c["model_type"]:
+        raise IncompatibleInputError(
+            f"input '{ckpt.label}' is a {c['model_type']} model but the base '{base.label}' is {b['model_type']}; "
+            "all inputs must be fine-tunes of the same base")
+    for what, keys in _ARCH_FIELDS.items():
+        bv, cv = _pick(b, keys), _pick(c, keys)
+        if bv is not None and cv is not None and bv != cv:
+            raise IncompatibleInputError(
+                f"input '{ckpt.label}' has {what} {cv} but the base '{base.label}' has {bv}; "
+                "it is not a fine-tune of this base")
+
+
+def base_model_claims(ckpt: Checkpoint) -> list[str]:
+    """Base models an input names for itself (card ``base_model``, adapter config)."""
+    claims = []
+    bm = ckpt.card_metadata().get("base_model")
+    if isinstance(bm, str) and bm.strip():  # peft writes `base_model: ''` when it did not know
+        claims.append(bm)
+    elif isinstance(bm, list) and len(bm) == 1 and bm[0]:
+        claims.append(bm[0])
+    adapter = ckpt.read_json("adapter_config.json") or {}
+    if adapter.get("base_model_name_or_path"):
+        claims.append(adapter["base_model_name_or_path"])
+    return claims
+
+
+def resolve_base(inputs: list[Checkpoint]) -> str:
+    named = {}
+    for ckpt in inputs:
+        claims = base_model_claims(ckpt)
+        if not claims:
+            raise BaseModelError(
+                f"input '{ckpt.label}' does not say which base model it was fine-tuned from "
+                "(no base_model in its model card, no base_model_name_or_path in an adapter_config.json); "
+                "pass --base ORG/NAME or a folder")
+        named[ckpt.label] = claims[0]
+    if len(set(named.values())) > 1:
+        detail = ", ".join(f"{k} -> {v}" for k, v in named.items())
+        raise BaseModelError(f"inputs disagree on their base model ({detail}); pass --base to choose one")
+    return next(iter(named.values()))
+
+
+def align_names(base_keys: list[str], ckpt: Checkpoint, ignore_extra: bool) -> dict[str, str]:
+    """Map base tensor names to the input's, allowing one leading prefix (``bert.``) either way."""
+    keys = ckpt.keys()
+    have = set(keys)
+    name_map = {k: k for k in base_keys}
+    if not set(base_keys) <= have:
+        prefixes = {k.split(".", 1)[0] + "." for k in keys if "." in k} | {k.split(".", 1)[0] + "." for k in base_keys if "." in k}
+        for p in sorted(prefixes):
+            if all((p + k) in have for k in base_keys):
+                name_map = {k: p + k for k in base_keys}
+                break
+            if all(k.startswith(p) and k[len(p):] in have for k in base_keys):
+                name_map = {k: k[len(p):] for k in base_keys}
+                break
+    missing = [k for k, v in name_map.items() if v not in have]
+    if missing:
+        raise IncompatibleInputError(
+            f"input '{ckpt.label}' lacks {len(missing)} tensor(s) the base has, e.g. '{missing[0]}'; "
+            "is it a fine-tune of this base, and is its checkpoint complete?")
+    extra = sorted(have - set(name_map.values()))
+    if extra and not ignore_extra:
+        raise IncompatibleInputError(
+            f"input '{ckpt.label}' has {len(extra)} tensor(s) the base lacks, e.g. '{extra[0]}' (a task head?); "
+            "pass --ignore-extra (ignore_extra=True) to leave them out of the merge")
+    if extra:
+        log.warning("input %s: ignoring %d tensor(s) the base lacks (e.g. %s)", ckpt.label, len(extra), extra[0])
+    return name_map
+
+
+def task_vector(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos: dict, *,
+                 ignore_extra: bool = False, shape_mismatch: str = "error"):
+    """The task-vector source for one input, after checking its tensors against the base.
+
+    A full checkpoint gives a :class:`FullDelta`; a PEFT LoRA adapter (``adapter_config.json``)
+    a :class:`~hubsoup.sources.lora.LoraDelta`, which materialises each adapted tensor's ΔW
+    on demand from the adapter's factors (see ``hubsoup/sources/lora.py`` for the checks).
+    """
+    if ckpt.ref.kind == "lora":
+        from hubsoup.sources.lora import lora_source
+
+        return lora_source(ckpt, base, base_keys, infos, ignore_extra=ignore_extra)
+    if ckpt.ref.kind != "full":
+        raise IncompatibleInputError(f"input '{ckpt.label}' is a {ckpt.ref.kind} adapter; such inputs are not supported")
+    name_map = align_names(base_keys, ckpt, ignore_extra)
+    for k in base_keys:
+        shape = tuple(ckpt.info(name_map[k]).shape)
+        want = tuple(infos[k].shape)
+        if shape != want and (shape_mismatch == "error" or len(shape) != len(want)):
+            raise IncompatibleInputError(shape_message(ckpt.label, name_map[k], shape, want))
+    return FullDelta(ckpt, name_map, shape_mismatch)
+
+
+def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pickle: bool = False, ignore_extra: bool = False,
+                shape_mismatch: str = "error", token: str | bool | None = None
+                ) -> tuple[Checkpoint, list[Any]]:
+    """Open the base and the inputs, check every input against the base, and return their task vectors.
+
+    ``base``: a spec, an opened checkpoint, or None for the base the inputs' cards (or adapter configs) name. Only configs,
+    cards and file headers are read here; no weight.
+    """
+    from hubsoup.sources.resolve import open_input
+
+    ckpts = [open_input(s, allow_pickle=allow_pickle, token=token) for s in specs]
+    if isinstance(base, Checkpoint):
+        base_ckpt = base
+    else:
+        base_ckpt = open_base(base or resolve_base(ckpts), allow_pickle=allow_pickle, token=token)
+    for c in ckpts:
+        if c.ref.kind == "full":
+            check_config(base_ckpt, c)
+    base_keys = base_ckpt.keys()
+    infos = {k: base_ckpt.info(k) for k in base_keys}
+    return base_ckpt, [task_vector(c, base_ckpt, base_keys, infos, ignore_extra=ignore_extra,
+                                   shape_mismatch=shape_mismatch) for c in ckpts]
+
+
+def open_base(spec: str, *, allow_pickle: bool = False, token: str | bool | None = None) -> Checkpoint:
+    """The base model (with its tokenizer files); an adapter is refused."""
+    from hubsoup.sources.resolve import open_input
+
+    ckpt = open_input(spec, allow_pickle=allow_pickle, token=token, with_tokenizer=True)
+    if ckpt.ref.kind != "full":
+        raise BaseModelError(f"base '{ckpt.label}' is an adapter, not a full model")
+    return ckpt

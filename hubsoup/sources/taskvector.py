@@ -1,0 +1,117 @@
+"""Task vectors: what every input gives the engine, one tensor at a time.
+
+:class:`TaskVector` is the contract between sources and the engine; it declares every
+member the engine uses. A full fine-tune is a :class:`FullDelta` (τ = θ − θ₀); a PEFT
+LoRA adapter is a :class:`~hubsoup.sources.lora.LoraDelta` (τ = s·B·A per module,
+materialised on demand, with its factors available to the low-rank paths).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from hubsoup.errors import IncompatibleInputError, NonFiniteTensorError
+from hubsoup.sources.checkpoint import Checkpoint, InputRef
+
+SHAPE_POLICIES = ("error", "base-slice")
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """True when ``t`` holds no NaN or infinity.
+
+    One reduction instead of an element-wise mask: a NaN or an infinity makes the sum
+    non-finite, so a finite sum proves the tensor clean; only a non-finite sum (or an
+    overflowing one) pays for the exact check.
+    """
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
+@runtime_checkable
+class TaskVector(Protocol):
+    """An input as the engine sees it: its task vector τ, tensor by tensor."""
+
+    kind: str
+    """``full`` or ``lora``."""
+
+    @property
+    def label(self) -> str:
+        """How errors and progress name the input."""
+
+    @property
+    def ref(self) -> InputRef:
+        """Where the input comes from (repo ID and SHA, or folder)."""
+
+    def touches(self, name: str) -> bool:
+        """False when τ is known to be zero for base tensor ``name`` without reading it."""
+
+    def factors(self, name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(P, Q)`` with τ = P @ Q for a 2-D tensor that is a plain low-rank update, else None."""
+
+    def delta_into(self, out: torch.Tensor, name: str, base: torch.Tensor) -> None:
+        """Write τ for base tensor ``name`` into ``out`` (float32, the base's shape and device)."""
+
+    def release(self) -> None:
+        """Unmap the weight files read so far (the engine calls it after every block)."""
+
+
+class FullDelta:
+    """τ = θ_input − θ_base for a full checkpoint.
+
+    ``name_map`` maps base tensor names to this input's names (e.g. a fine-tune saved
+    with a task head has a ``bert.`` prefix the bare base lacks). Under the
+    ``base-slice`` shape policy a tensor whose shape differs (a vocab-extended
+    embedding) contributes its leading slice common with the base, and zero elsewhere:
+    the output keeps the base's shape, which matches the base tokenizer it is saved with.
+    """
+
+    kind = "full"
+
+    def __init__(self, ckpt: Checkpoint, name_map: dict[str, str], shape_policy: str = "error"):
+        self.ckpt, self.name_map, self.shape_policy = ckpt, name_map, shape_policy
+
+    @property
+    def label(self) -> str:
+        return self.ckpt.label
+
+    @property
+    def ref(self) -> InputRef:
+        return self.ckpt.ref
+
+    def touches(self, name: str) -> bool:
+        return True  # a full fine-tune may change every tensor
+
+    def factors(self, name: str) -> None:
+        return None
+
+    def release(self) -> None:
+        self.ckpt.release()
+
+    def delta_into(self, out: torch.Tensor, name: str, base: torch.Tensor) -> None:
+        """Write τ for tensor ``name`` into ``out`` (float32, base's shape and device)."""
+        src = self.name_map.get(name, name)
+        t = self.ckpt.tensor(src)
+        if tuple(t.shape) == tuple(base.shape):
+            out.copy_(t)
+        else:
+            common = tuple(slice(0, min(a, b)) for a, b in zip(t.shape, base.shape))
+            if self.shape_policy != "base-slice" or t.dim() != base.dim():
+                raise IncompatibleInputError(shape_message(self.label, src, tuple(t.shape), tuple(base.shape)))
+            out.copy_(base)
+            out[common] = t[common].to(out.device, out.dtype)
+        if not all_finite(out):
+            bad = int((~torch.isfinite(out)).sum())
+            raise NonFiniteTensorError(
+                f"input '{self.label}': tensor '{src}' has {bad} NaN/inf values; the fine-tune is broken "
+                "(diverged training or a bad conversion) and cannot be merged"
+            )
+        out.sub_(base)
+
+
+def shape_message(label: str, name: str, shape: tuple, base_shape: tuple) -> str:
+    msg = f"input '{label}': tensor '{name}' has shape {list(shape)} but the base has {list(base_shape)}"
+    if len(shape) == len(base_shape) and shape[1:] == base_shape[1:]:
+        msg += (" (a resized vocabulary?). Pass --shape-mismatch base-slice to merge the rows the base has "
+                "and keep the base's vocabulary, or merge models that share one tokenizer")
+    return msg

@@ -1,0 +1,178 @@
+"""Hyper-parameter search on validation data: one streaming merge per grid point.
+
+The papers choose every merging coefficient on held-out validation data; this does
+the same. Each grid point is merged into a scratch folder beside the output,
+scored, and the best folder becomes the output (no second merge). With several
+tasks the selection score is the mean *normalized* accuracy, accuracy divided by
+the matching fine-tune's own accuracy, as in the papers: task ``i`` is matched with
+input ``i`` when there are as many tasks as inputs; otherwise raw accuracies are
+averaged. Perplexity tasks count as minus perplexity.
+
+Example:
+    >>> from hubsoup.workflows.search import parse_grid, search
+    >>> parse_grid("scale=0.1:0.5:0.2")
+    {'scale': [0.1, 0.3, 0.5]}
+    >>> best = search(["a", "b"], "task_arithmetic", base="base", out="soup",
+    ...               grid=parse_grid("scale=0.1:1.0:0.1"), tasks=[...])   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from hubsoup.errors import MethodError, ParameterError
+from hubsoup.methods import get_method
+from hubsoup.options import MergeOptions
+from hubsoup.output import check_output
+
+
+def _frange(lo: float, hi: float, step: float) -> list[float]:
+    if step <= 0:
+        raise ParameterError(f"grid step must be positive, got {step}")
+    n = int(round((hi - lo) / step))
+    return [round(lo + i * step, 10) for i in range(n + 1)]
+
+
+def _paper_grid(method: str | None) -> dict[str, list]:
+    """The method's paper grids (its ``search_grid``); none for an unknown method, which the merge reports."""
+    try:
+        return get_method(method).search_grid if method else {}
+    except MethodError:
+        return {}
+
+
+def parse_grid(*specs: str, method: str | None = None) -> dict[str, list]:
+    """``KEY=lo:hi:step``, ``KEY=a,b,c`` or a bare ``KEY`` (the method's paper grid)."""
+    grid: dict[str, list] = {}
+    for spec in specs:
+        key, _, values = spec.partition("=")
+        key = key.strip()
+        if not values:
+            default = _paper_grid(method).get(key)
+            if default is None:
+                raise ParameterError(f"--search {key}: no default grid for {key!r} of method {method!r}; give values")
+            grid[key] = list(default)
+        elif values.count(":") == 2:
+            try:
+                lo, hi, step = (float(v) for v in values.split(":"))
+            except ValueError:
+                raise ParameterError(f"--search {spec!r}: expected lo:hi:step numbers") from None
+            grid[key] = _frange(lo, hi, step)
+        else:
+            grid[key] = [v.strip() for v in values.split(",") if v.strip()]
+        if not grid[key]:
+            raise ParameterError(f"--search {spec!r}: empty grid")
+    return grid
+
+
+def points(grid: dict[str, list]) -> list[dict[str, Any]]:
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+@dataclass
+class SearchResult:
+    best: dict[str, Any]
+    best_score: float
+    scores: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per grid point: its parameters, score and per-task metrics."""
+    selection: str = ""
+    result: Any = None
+    """The :class:`hubsoup.MergeResult` of the best point, now at the output path."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_score": self.best_score, "selection": self.selection, "scores": self.scores}
+
+
+def normalized_score(results, references: Sequence[float] | None) -> float:
+    """Mean of each task's score, divided by its reference (fine-tune) score when given."""
+    vals = []
+    for i, r in enumerate(results):
+        s = r.score
+        if references is not None and r.task.kind == "classification":
+            ref = references[i]
+            s = s / ref if ref > 0 else s
+        vals.append(s)
+    return sum(vals) / len(vals)
+
+
+def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list], base: str | None = None,
+           tasks: Sequence | None = None, score_fn: Callable[[str], float] | None = None,
+           params: dict[str, Any] | None = None, normalize: bool = True, limit: int | None = None,
+           options: MergeOptions | None = None, **kwargs: Any) -> SearchResult:
+    """Merge once per grid point, score each on validation data, keep the best as ``out``.
+
+    Give either ``tasks`` (:class:`hubsoup.eval.TaskSpec`, validation splits) or
+    ``score_fn(model_folder) -> float`` (higher is better). ``options`` (or their names as
+    keywords) as :func:`hubsoup.merge`; other keywords go to every merge (``output_format``,
+    method parameters).
+    """
+    import hubsoup
+    from hubsoup.eval import evaluate_model
+
+    opts, merge_kwargs = MergeOptions.split(kwargs, options)
+    quiet = opts.quiet
+    if (tasks is None) == (score_fn is None):
+        raise ParameterError("search needs either evaluation tasks or a score function (not both)")
+    check_output(out, opts.overwrite)
+    grid_points = points(grid)
+    references = None
+    selection = "score_fn"
+    if tasks is not None:
+        tasks = list(tasks)
+        selection = "mean accuracy" if any(t.kind == "classification" for t in tasks) else "mean of -perplexity"
+        if normalize and len(tasks) == len(inputs) and all(t.kind == "classification" for t in tasks):
+            references = [evaluate_model(inp, [t], limit=limit, quiet=True)[0].score for inp, t in zip(inputs, tasks)]
+            selection = "mean normalized accuracy (accuracy / the matching fine-tune's accuracy)"
+
+    scratch = os.path.join(os.path.dirname(os.path.abspath(out)), f".{os.path.basename(os.path.abspath(out))}.search")
+    shutil.rmtree(scratch, ignore_errors=True)
+    os.makedirs(scratch)
+    scores: list[dict[str, Any]] = []
+    best_i, best_score, best_res = -1, float("-inf"), None
+    try:
+        for i, point in enumerate(grid_points):
+            folder = os.path.join(scratch, f"point-{i:03d}")
+            res = hubsoup.merge(inputs, method, base=base, out=folder, params={**(params or {}), **point},
+                                options=opts.replace(quiet=True, overwrite=False), **merge_kwargs)
+            entry: dict[str, Any] = {"params": point}
+            if score_fn is not None:
+                score = float(score_fn(folder))
+            else:
+                evals = evaluate_model(folder, tasks, limit=limit, quiet=True)
+                score = normalized_score(evals, references)
+                entry["metrics"] = {r.task.name: r.metrics for r in evals}
+                res.evaluation = evals
+            entry["score"] = score
+            scores.append(entry)
+            if not quiet:
+                print(f"  {point} -> {score:.4f}")
+            if score > best_score:
+                if best_i >= 0:
+                    shutil.rmtree(os.path.join(scratch, f"point-{best_i:03d}"), ignore_errors=True)
+                best_i, best_score, best_res = i, score, res
+            else:
+                shutil.rmtree(folder, ignore_errors=True)
+        best_folder = os.path.join(scratch, f"point-{best_i:03d}")
+        if os.path.exists(out):
+            shutil.rmtree(out)
+        os.rename(best_folder, out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    best_res.path = os.path.abspath(out)
+    found = SearchResult(grid_points[best_i], best_score, scores, selection, best_res)
+    best_res.search = found.to_dict()
+    # the card and eval file of the chosen point now also record the grid and every score
+    from hubsoup.eval.run import EVAL_FILE, write_results
+
+    if best_res.evaluation:
+        write_results(best_res.evaluation, os.path.join(out, EVAL_FILE))
+    with open(os.path.join(out, "hubsoup_search.json"), "w", encoding="utf-8") as f:
+        json.dump(found.to_dict(), f, indent=2, default=str)
+    best_res.write_card(out)
+    return found

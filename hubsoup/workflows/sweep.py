@@ -1,0 +1,151 @@
+"""One merge per grid point: preference vectors for a Pareto front, or a scalar parameter.
+
+``sweep(inputs, "rewarded_soups", out, "0:1:0.1")`` writes eleven models for two
+inputs, ``out/lambda-0.00-1.00`` … ``out/lambda-1.00-0.00`` (λ = (v, 1 − v)), and
+``out/sweep.json`` listing them. With more inputs the grid spans the simplex: every
+vector whose first N − 1 entries are grid values and whose last entry 1 − Σ is ≥ 0.
+With ``param="beta"`` (any scalar parameter) it writes ``out/beta-0.30`` and so on.
+Each model is written atomically by :func:`hubsoup.merge`; a sweep that fails
+removes its output folder, so nothing half-made is left behind.
+
+Example:
+    >>> from hubsoup.workflows.sweep import sweep
+    >>> res = sweep(["org/policy-r1", "org/policy-r2"], "rewarded_soups", "./front", "0:1:0.25",
+    ...             base="org/sft", lines=True)                   # doctest: +SKIP
+    >>> [p.value for p in res.points]                            # doctest: +SKIP
+    [(0.0, 1.0), (0.25, 0.75), (0.5, 0.5), (0.75, 0.25), (1.0, 0.0)]
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from hubsoup.api import MergeResult, merge
+from hubsoup.errors import ParameterError
+from hubsoup.options import MergeOptions
+from hubsoup.output import check_output
+from hubsoup.workflows.search import _frange
+
+INDEX_FILE = "sweep.json"
+_OUTPUT_KEYS = ("output_format", "rank", "energy", "evaluate", "eval_limit")
+
+
+def parse_grid(spec: str | Sequence[float]) -> list[float]:
+    """``"start:stop:step"`` (both ends included) or ``"a,b,c"`` or a list of numbers."""
+    if not isinstance(spec, str):
+        values = [float(v) for v in spec]
+    elif ":" in spec:
+        parts = spec.split(":")
+        try:
+            start, stop, step = (float(x) for x in parts) if len(parts) == 3 else (None, None, None)
+        except ValueError:
+            start = None
+        if start is None:
+            raise ParameterError(f"grid {spec!r}: expected START:STOP:STEP, e.g. 0:1:0.1")
+        if step <= 0 or stop < start:
+            raise ParameterError(f"grid {spec!r}: need STEP > 0 and STOP ≥ START")
+        values = _frange(start, stop, step)
+        if abs(values[-1] - stop) > 1e-9 * max(1.0, abs(stop)):
+            raise ParameterError(f"grid {spec!r}: STOP - START is not a multiple of STEP")
+    else:
+        try:
+            values = [float(v) for v in spec.split(",") if v.strip()]
+        except ValueError:
+            raise ParameterError(f"grid {spec!r}: expected START:STOP:STEP or comma-separated numbers") from None
+    if not values:
+        raise ParameterError(f"grid {spec!r} is empty")
+    return values
+
+
+def simplex_grid(n: int, values: Sequence[float]) -> list[tuple[float, ...]]:
+    """Preference vectors of length ``n`` on the simplex: the first n − 1 entries from ``values``."""
+    if n < 2:
+        raise ParameterError("a preference sweep needs at least 2 inputs")
+    bad = [v for v in values if not 0.0 <= v <= 1.0]
+    if bad:
+        raise ParameterError(f"preference grid values must lie in [0, 1], got {bad[0]}")
+    out = []
+    for head in itertools.product(values, repeat=n - 1):
+        last = round(1.0 - sum(head), 10)
+        if last >= 0.0:
+            out.append((*head, last))
+    return out
+
+
+def _decimals(numbers: Sequence[float]) -> int:
+    for d in range(2, 7):
+        if all(abs(round(x, d) - x) < 1e-9 for x in numbers):
+            return d
+    return 6
+
+
+@dataclass
+class SweepPoint:
+    value: Any
+    """The preference vector (tuple) or the scalar parameter value of this model."""
+    result: MergeResult
+
+
+@dataclass
+class SweepResult:
+    path: str
+    param: str
+    points: list[SweepPoint] = field(default_factory=list)
+
+
+def sweep(inputs: Sequence[str], method: str, out_dir: str, grid: str | Sequence[float], *, param: str = "lambdas",
+          base: str | None = None, params: dict[str, Any] | None = None, options: MergeOptions | None = None,
+          **kwargs: Any) -> SweepResult:
+    """Merge ``inputs`` once per grid point into ``out_dir/<param>-<value>/``.
+
+    Args:
+        inputs, method, base: as for :func:`hubsoup.merge`.
+        out_dir: folder holding one model per grid point and ``sweep.json``.
+        grid: ``"start:stop:step"``, ``"a,b,c"`` or a list of numbers.
+        param: the swept parameter; ``lambdas`` (default) sweeps preference vectors on the simplex.
+        params: the method's other parameters (``param`` must not be among them).
+        options: as :func:`hubsoup.merge` (or their names as keywords: ``dtype=``, ``device=``, ...).
+        kwargs: ``output_format``/``rank``/``energy`` as :func:`hubsoup.merge`; anything else is a
+            method parameter.
+    """
+    opts, rest = MergeOptions.split(kwargs, options)
+    merge_kwargs = {k: rest.pop(k) for k in _OUTPUT_KEYS if k in rest}
+    fixed = {**(params or {}), **rest}
+    if param in fixed:
+        raise ParameterError(f"parameter '{param}' is swept; do not also give it a fixed value")
+    values = parse_grid(grid)
+    points: list[Any] = simplex_grid(len(inputs), values) if param == "lambdas" else values
+    d = _decimals([x for p in points for x in (p if isinstance(p, tuple) else (p,))])
+    prefix = "lambda" if param == "lambdas" else param
+
+    def folder_name(p) -> str:
+        return prefix + "-" + "-".join(f"{x:.{d}f}" for x in (p if isinstance(p, tuple) else (p,)))
+
+    target = os.path.abspath(out_dir)
+    check_output(out_dir, opts.overwrite)
+    if os.path.exists(target):
+        shutil.rmtree(target)
+    os.makedirs(target)
+    result = SweepResult(target, param)
+    try:
+        for p in points:
+            value = ",".join(repr(x) for x in p) if isinstance(p, tuple) else p
+            res = merge(inputs, method, base=base, out=os.path.join(target, folder_name(p)),
+                        params={**fixed, param: value}, options=opts.replace(overwrite=False), **merge_kwargs)
+            result.points.append(SweepPoint(p, res))
+        index = {"method": method, "param": param, "grid": grid if isinstance(grid, str) else list(values),
+                 "points": [{"value": list(pt.value) if isinstance(pt.value, tuple) else pt.value,
+                             "path": os.path.basename(pt.result.path), "recipe_hash": pt.result.recipe.hash}
+                            for pt in result.points]}
+        with open(os.path.join(target, INDEX_FILE), "w", encoding="utf-8") as f:
+            json.dump(index, f, indent=2)
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)  # a failed sweep leaves nothing behind
+        raise
+    return result
+
