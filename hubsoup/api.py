@@ -18,7 +18,7 @@ from hubsoup.output import OutputFolder, check_output
 from hubsoup.plan import Plan
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources import InputRef
-from hubsoup.sources.compat import open_models
+from hubsoup.sources.compat import check_out_is_no_input, open_models
 
 log = logging.getLogger(__name__)
 
@@ -189,19 +189,24 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     sink_options = _lora_options(output_format, rank, energy, opts)
     m.check_inputs(p, len(inputs))
     check_output(out, opts.overwrite)
+    for task in tasks:  # the eval data (file, columns, head) now: a typo must not cost a whole merge
+        task.check()
 
-    base_ckpt, sources = open_models(inputs, base=base, allow_pickle=opts.allow_pickle, token=opts.token,
-                                     ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch)
-    plan = Plan.of(base_ckpt, opts.device)
-    recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref, inputs=[s.ref for s in sources],
-                    dtype=opts.dtype, hubsoup_version=__version__, options=opts.hashed,
-                    output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
-    metadata = {"hubsoup_recipe": json.dumps(recipe.to_dict(), default=str)}
-
-    job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=opts.quiet)
+    # the lock on `out` (a second run fails at once, naming this one) and the temporary folder, before any work
     folder = OutputFolder(out, overwrite=opts.overwrite)
     sink = None
     try:
+        base_ckpt, sources = open_models(inputs, base=base, allow_pickle=opts.allow_pickle, token=opts.token,
+                                         ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch)
+        check_out_is_no_input(out, base_ckpt, sources)  # --overwrite must never delete an input or the base
+        plan = Plan.of(base_ckpt, opts.device)
+        place_blocks(plan, m, p, len(sources), opts, lora_output=sink_options is not None)
+        recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref,
+                        inputs=[s.ref for s in sources], dtype=opts.dtype, hubsoup_version=__version__,
+                        options=opts.hashed,
+                        output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
+        metadata = recipe.metadata()  # the public recipe: no local path in what may be pushed
+        job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=opts.quiet)
         if sink_options is not None:
             from hubsoup.output.checkpoint import copy_base_files
             from hubsoup.output.lora import LoraSink
@@ -234,13 +239,30 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
             write_results(result.evaluation, os.path.join(folder.path, EVAL_FILE))
         result.write_card(folder.path)
         folder.commit()
-    except BaseException:
+    except BaseException as e:
         if sink is not None:
             sink.abort()
-        folder.abort()
-        raise
+        raise folder.fail(e)  # temporary folder removed, lock released; disk full / read-only → one line
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def place_blocks(plan: Plan, method: Method, params: Any, n_inputs: int, opts: MergeOptions, *,
+                 lora_output: bool = False):
+    """Every block's device from ``opts`` (device, device_map, max_memory); refuses a block that fits nowhere."""
+    from hubsoup.engine.placement import place
+
+    def workspace(block) -> int:
+        e = max((e for e in block.tensors if e.mergeable), key=lambda e: e.numel, default=None)
+        if e is None:
+            return 0
+        extra = method.workspace_bytes(e.shape, n_inputs, params)
+        if lora_output and len(e.shape) == 2:  # the SVD through the Gram of the smaller side, float64
+            extra += 2 * min(e.shape) ** 2 * 8
+        return extra
+
+    return place(plan, n_inputs, device=opts.device, device_map=opts.device_map, max_memory=opts.max_memory,
+                 workspace=workspace)
 
 
 def parse_method(method: str, given: dict[str, Any]) -> tuple[Method, Any]:

@@ -135,12 +135,20 @@ def _layout(folder: str, _mtime: float) -> Layout | None:
         return None
 
 
-def tied_groups(folder: str, keys: list[str]) -> list[list[str]]:
+def tied_groups(folder: str, keys: list[str], infos: dict | None = None, config: dict | None = None
+                ) -> list[list[str]]:
     """Groups of checkpoint keys that the architecture ties together.
 
-    Asked of transformers itself (see :func:`model_layout`); unknown architectures
-    simply report no ties.
+    A tie matters only when two of its names are both in the checkpoint (``save_pretrained``
+    keeps one). Given the header ``infos`` and the ``config``, that is ruled out without
+    building the model when no two embedding/head tensors share a shape and dtype, or when
+    ``tie_word_embeddings`` is false in a decoder-only or encoder-only model; otherwise (and
+    without them) the ties are asked of transformers itself (see :func:`model_layout`) — the
+    architecture built on the meta device, which costs seconds of imports. Unknown
+    architectures report no ties.
     """
+    if infos is not None and config is not None and not _may_tie(keys, infos, config):
+        return []
     layout = model_layout(os.path.abspath(folder))
     if layout is None:
         return []
@@ -151,6 +159,18 @@ def tied_groups(folder: str, keys: list[str]) -> list[list[str]]:
         if len(names) > 1:
             out.append(sorted(names, key=keys.index))
     return out
+
+
+def _may_tie(keys: list[str], infos: dict, config: dict) -> bool:
+    groups: dict[tuple, int] = {}
+    for k in keys:
+        info = infos[k]
+        if info.dtype.is_floating_point and tensor_role(k, tuple(info.shape)) in ("embedding", "head"):
+            sig = (tuple(info.shape), info.dtype)
+            groups[sig] = groups.get(sig, 0) + 1
+    if all(n < 2 for n in groups.values()):
+        return False
+    return not (config.get("tie_word_embeddings") is False and not config.get("is_encoder_decoder"))
 
 
 def module_kind(layout: Layout | None, module: str, shape: tuple[int, ...]) -> str:

@@ -31,12 +31,33 @@ def template_path(name: str = "merge.md") -> str:
 
 
 def _ref_view(ref) -> dict[str, Any]:
+    """What the card shows of an input or the base: its repo ID and SHA, or a local folder's name and digest.
+
+    Never a local path: the card is published (see :meth:`hubsoup.sources.InputRef.public`).
+    """
     from huggingface_hub import constants
 
-    name = ref.repo_id or os.path.basename(os.path.abspath(ref.path or ref.spec))
+    name = ref.public_name
     url = f"{constants.ENDPOINT}/{ref.repo_id}" if ref.repo_id else ""
     return {"name": name, "label": ref.repo_id or name, "url": url, "revision": ref.revision,
-            "sha": ref.sha, "kind": ref.kind, "repo_id": ref.repo_id}
+            "sha": ref.sha, "kind": ref.kind, "repo_id": ref.repo_id,
+            "digest": None if ref.repo_id else ref.digest}
+
+
+def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[EvalResult] | None:
+    """Eval results whose dataset is a local file name it by file name and content hash, not by path."""
+    if not eval_results:
+        return eval_results
+    import dataclasses
+
+    from hubsoup.recipe import looks_local, public_file_ref
+
+    out = []
+    for r in eval_results:
+        if looks_local(getattr(r, "dataset_type", None)):
+            r = dataclasses.replace(r, dataset_type=public_file_ref(r.dataset_type))
+        out.append(r)
+    return out
 
 
 def _param_rows(method, values: dict[str, Any], prefix: str = "") -> list[dict[str, Any]]:
@@ -74,6 +95,7 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         from hubsoup.eval import to_eval_results
 
         eval_results = to_eval_results(result.evaluation)
+    eval_results = _public_eval_results(eval_results)
     base = _ref_view(result.base)
     inputs = [_ref_view(r) for r in result.inputs]
     hub_inputs = [i["repo_id"] for i in inputs if i["repo_id"]]
@@ -94,7 +116,9 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         model_name=model_name if eval_results else None,
         eval_results=list(eval_results) if eval_results else None,
     )
-    params = _param_rows(method, result.params)
+    from hubsoup.recipe import public_value
+
+    params = _param_rows(method, public_value(result.params))  # a parameter naming a local file: its name + hash
     method_notes = method.card_notes(result.params, result.stats, len(result.inputs))
     notes = [*method_notes, *result.notes, *notes]
     if template is not None and not os.path.isfile(template):
@@ -112,13 +136,13 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         eval_results=list(eval_results or []),
         hubsoup_version=result.recipe.hubsoup_version,
         recipe_hash=result.recipe.hash,
-        recipe_yaml=result.recipe.to_yaml(),
+        recipe_yaml=result.recipe.public_yaml(),
         load_id=repo_id or result.path,
         notes=notes,
         search=result.search,
         sections=result.sections,
         lora=lora,
-        base_load_id=result.base.repo_id or os.path.abspath(result.base.path or result.base.spec),
+        base_load_id=result.base.repo_id or result.base.public_name,  # a local base: its folder name, not its path
     )
     return card
 
@@ -127,7 +151,9 @@ def _card_meta(ref) -> dict[str, Any] | None:
     """Card metadata of an input or base (its README.md, local or in the Hub cache); None if unknown."""
     from huggingface_hub import metadata_load
 
-    path = os.path.join(ref.path or ref.spec or "", "README.md")
+    if not (ref.path or ref.spec):  # read back from a published recipe: nothing local to read
+        return None
+    path = os.path.join(ref.path or ref.spec, "README.md")
     if not os.path.isfile(path):
         return None
     try:
@@ -157,7 +183,7 @@ def inherited_license(result) -> dict[str, Any]:
     for ref in result.inputs:
         lic = (_card_meta(ref) or {}).get("license")
         if lic and lic != base_lic and lic != [base_lic]:
-            others[ref.repo_id or os.path.basename(os.path.abspath(ref.path or ref.spec))] = lic
+            others[ref.public_name] = lic
     if others:
         listed = ", ".join(f"`{k}`: `{v}`" for k, v in others.items())
         return {"note": f"**License:** the base is licensed `{base_lic}` but some inputs name another license "

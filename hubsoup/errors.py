@@ -34,6 +34,10 @@ class PickleRefusedError(InputError):
     """Only pickle (``.bin``/``.pt``) weights exist and ``allow_pickle`` was not given."""
 
 
+class UnsafePathError(InputError):
+    """A checkpoint names a file outside its own folder (absolute path, ``..``, a link leading out)."""
+
+
 class ContinualStateError(InputError):
     """A continual-merging state is missing, corrupt, or belongs to another base."""
 
@@ -57,7 +61,7 @@ class UnsupportedAdapterError(IncompatibleInputError):
 
 
 class NonFiniteTensorError(HubsoupError):
-    """An input tensor holds NaN or infinity."""
+    """An input tensor holds NaN or infinity, or an output tensor would (the merge or its dtype overflowed)."""
 
 
 # --- METHOD ERRORS: methods, parameters and options --------------------------------------------
@@ -70,10 +74,26 @@ class ParameterError(MethodError):
     """Unknown parameter, unparsable value, or value out of range."""
 
 
+class PlacementError(ParameterError):
+    """A device map or max_memory cannot be read, or a block fits on no device."""
+
+
 # --- OUTPUT ERRORS: writing and pushing -------------------------------------------------------
 
 class OutputExistsError(HubsoupError):
     """The output folder exists and ``overwrite`` was not given."""
+
+
+class OutputLockedError(HubsoupError):
+    """Another run holds the output (or the continual soup): the message names it (pid, host, start, command)."""
+
+
+class DiskFullError(HubsoupError):
+    """The disk (or quota) filled up while writing the output; the temporary folder was removed."""
+
+
+class OutputNotWritableError(HubsoupError):
+    """The output's folder is on a read-only file system or not writable by this user."""
 
 
 class PushError(HubsoupError):

@@ -6,7 +6,17 @@ folder again is idempotent: the Hub makes no new commit for identical content, s
 failed or interrupted push is simply retried with ``hubsoup push FOLDER ORG/NAME``.
 
 The token comes from the usual ``huggingface_hub`` sources (``token=``, ``HF_TOKEN``,
-``hf auth login``); hubsoup never prints, logs or writes it anywhere.
+``hf auth login``); hubsoup never prints, logs or writes it anywhere (:func:`scrub_secrets`
+cleans every message, :func:`install_log_scrubber` every log record).
+
+What goes up names local inputs without their paths: the recipe is uploaded in its public form
+(:meth:`hubsoup.recipe.Recipe.public_yaml`; the local ``hubsoup_recipe.yaml`` keeps the paths
+for ``hubsoup run``), other text files have the local paths the recipe knows replaced by those
+public names, and a push that would still upload a local path (or a link leading out of the
+folder) is refused before anything is sent.
+
+Every Hub request times out (:func:`ensure_timeouts`; ``HUBSOUP_HUB_TIMEOUT`` seconds, default
+60): a server that stops answering ends the push with the retry command.
 
 Example:
     >>> from hubsoup.hub import push_folder
@@ -30,6 +40,182 @@ log = logging.getLogger(__name__)
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")
 # never uploaded: VCS folders, huggingface_hub's local metadata, our own temp files
 IGNORE_PATTERNS = [".git/*", "*/.git/*", ".cache/*", "*.tmp", "*.partial", ".DS_Store"]
+
+TIMEOUT_ENV = "HUBSOUP_HUB_TIMEOUT"
+DEFAULT_TIMEOUT = 60.0
+"""Seconds any one Hub request may wait (connect, each read or write) before it fails."""
+
+# text files whose local paths are replaced by public names in what is uploaded
+_TEXT_SUFFIXES = (".md", ".json", ".yaml", ".yml", ".txt", ".jinja", ".csv", ".tsv")
+_MAX_TEXT = 32 * 1024 * 1024
+
+
+# --- timeouts ------------------------------------------------------------------------------------
+
+def hub_timeout() -> float:
+    """The per-request timeout in seconds (``HUBSOUP_HUB_TIMEOUT``, default 60)."""
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV, "") or DEFAULT_TIMEOUT)
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if value > 0 else DEFAULT_TIMEOUT
+
+
+def _timeout_hook(request) -> None:
+    """Give a request that would wait forever (no timeout set, by the client or the call) hubsoup's timeout."""
+    current = request.extensions.get("timeout") or {}
+    if all(v is None for v in current.values()):
+        t = hub_timeout()
+        request.extensions["timeout"] = {"connect": t, "read": t, "write": t, "pool": t}
+
+
+def _add_timeout_hook(client) -> None:
+    if getattr(client, "_hubsoup_timeouts", False):
+        return
+    hooks = dict(client.event_hooks)
+    hooks["request"] = [*hooks.get("request", []), _timeout_hook]
+    client.event_hooks = hooks
+    client._hubsoup_timeouts = True
+
+
+def ensure_timeouts() -> None:
+    """Make every request huggingface_hub sends time out.
+
+    huggingface_hub's shared HTTP client waits forever by default (its downloads pass their own
+    timeouts; uploads, commits and most API calls do not). A request hook gives every request
+    that has no timeout ``HUBSOUP_HUB_TIMEOUT`` seconds for each connect, read and write; timeouts
+    the caller or the user's own client set are kept. Installed on the current shared client and,
+    through the client factory, on any client created later in the process.
+    """
+    from huggingface_hub.utils import _http, get_session
+
+    factory = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None)
+    if factory is not None and not getattr(factory, "_hubsoup", False):
+        def with_timeouts(inner=factory):
+            client = inner()
+            _add_timeout_hook(client)
+            return client
+
+        with_timeouts._hubsoup = True  # type: ignore[attr-defined]
+        _http._GLOBAL_CLIENT_FACTORY = with_timeouts  # the current client stays open (no request is cut)
+    _add_timeout_hook(get_session())
+
+
+def is_timeout(e: BaseException | None) -> bool:
+    """Whether ``e`` (or an exception it was raised from) is a timeout."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, TimeoutError) or any(c.__name__ in ("TimeoutException", "Timeout", "ReadTimeout",
+                                                             "WriteTimeout", "ConnectTimeout", "PoolTimeout")
+                                              for c in type(e).__mro__):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def error_status(e: BaseException | None) -> int | None:
+    """The HTTP status of ``e``'s response (or of an exception it was raised from), if any."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        resp = getattr(e, "response", None)
+        status = getattr(resp, "status_code", None) if resp is not None else None
+        if isinstance(status, int):
+            return status
+        e = e.__cause__ or e.__context__
+    return None
+
+
+# --- secrets -------------------------------------------------------------------------------------
+
+_TOKEN_SHAPE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
+_AUTH_HEADER = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token)\s+)?[^\s\"',}]+")
+
+
+_stored_token: tuple[float, str | None] = (0.0, None)
+
+
+def _stored() -> str | None:
+    """huggingface_hub's token (env or ``hf auth login``), read at most once a second (log records ask often)."""
+    global _stored_token
+    import time
+
+    now = time.monotonic()
+    if now - _stored_token[0] > 1.0:
+        _stored_token = (now, _stored_token[1])  # a log record made while reading it must not read it again
+        try:
+            from huggingface_hub import get_token
+
+            _stored_token = (now, get_token())
+        except Exception:  # noqa: BLE001 - no token store: nothing to hide
+            _stored_token = (now, None)
+    return _stored_token[1]
+
+
+def _tokens_in_use(token: Any = None) -> set[str]:
+    toks = {token} if isinstance(token, str) and token else set()
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        if os.environ.get(name):
+            toks.add(os.environ[name])
+    tok = _stored()
+    if tok:
+        toks.add(tok)
+    return {t for t in toks if len(t) >= 4}
+
+
+def scrub_secrets(text: Any, token: Any = None) -> str:
+    """``text`` without any Hub token: the tokens in use (``token``, ``HF_TOKEN``, the stored login),
+    anything shaped like one (``hf_`` + 20 or more characters) and ``Authorization`` header values."""
+    text = str(text)
+    for tok in sorted(_tokens_in_use(token), key=len, reverse=True):
+        text = text.replace(tok, "***")
+    text = _TOKEN_SHAPE.sub("hf_***", text)
+    return _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "") + "***", text)
+
+
+class SecretFilter:
+    """A logging filter that removes tokens from every record (message, arguments, exception text)."""
+
+    def filter(self, record) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is logging's problem, not ours
+            return True
+        clean = scrub_secrets(msg)
+        if clean != msg:
+            record.msg, record.args = clean, None
+        if record.exc_info and record.exc_info[1] is not None:
+            import logging
+
+            text = logging.Formatter().formatException(record.exc_info)
+            if scrub_secrets(text) != text:
+                record.exc_text, record.exc_info = scrub_secrets(text), None
+        return True
+
+
+def install_log_scrubber() -> None:
+    """No Hub token in any log record: :class:`SecretFilter` on every handler of the root logger and of
+    the HTTP libraries' loggers, and a log record factory that scrubs each record as it is made (so
+    loggers and handlers configured later are covered too). Installed once per process."""
+    import logging
+
+    for name in (None, "huggingface_hub", "httpx", "httpx2", "httpcore", "transformers", "urllib3"):
+        for handler in logging.getLogger(name).handlers:
+            if not any(isinstance(f, SecretFilter) for f in handler.filters):
+                handler.addFilter(SecretFilter())
+    factory = logging.getLogRecordFactory()
+    if getattr(factory, "_hubsoup", False):
+        return
+    scrub = SecretFilter()
+
+    def scrubbed_record(*args, **kwargs):
+        record = factory(*args, **kwargs)
+        scrub.filter(record)
+        return record
+
+    scrubbed_record._hubsoup = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(scrubbed_record)
 
 
 def check_repo_id(repo_id: str) -> str:
@@ -95,16 +281,12 @@ def retarget_card(folder: str, repo_id: str) -> bool:
 
 
 def _scrub(text: str, token: Any) -> str:
-    """Remove any token from a message (belt and braces: the Hub's messages do not carry it)."""
-    from huggingface_hub import get_token
-
-    for tok in {token if isinstance(token, str) else None, get_token()}:
-        if tok:
-            text = text.replace(tok, "***")
-    return re.sub(r"\bhf_[A-Za-z0-9]{30,}\b", "hf_***", text)  # the shape of a real token
+    """Remove any token from a message (a server may echo it back in an error body)."""
+    return scrub_secrets(text, token)
 
 
-def _server_detail(e: Exception) -> str:
+def server_detail(e: BaseException) -> str:
+    """`` (the server's message)`` of an HTTP error, first line only and at most 200 characters."""
     resp = getattr(e, "response", None)
     msg = getattr(e, "server_message", None)
     if not msg and resp is not None:
@@ -112,7 +294,13 @@ def _server_detail(e: Exception) -> str:
             msg = resp.headers.get("X-Error-Message")
         except Exception:  # noqa: BLE001
             msg = None
-    return f" ({msg.strip().splitlines()[0]})" if msg and msg.strip() else ""
+    if not msg or not str(msg).strip():
+        return ""
+    line = str(msg).strip().splitlines()[0]
+    return f" ({line[:200]}{'...' if len(line) > 200 else ''})"
+
+
+_server_detail = server_detail
 
 
 def _explain(e: Exception, repo_id: str, token: Any) -> str:
@@ -120,10 +308,7 @@ def _explain(e: Exception, repo_id: str, token: Any) -> str:
     from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
-    status = None
-    resp = getattr(e, "response", None)
-    if resp is not None:
-        status = getattr(resp, "status_code", None)
+    status = error_status(e)
     detail = _server_detail(e)
     if isinstance(e, ValueError) and "metadata" in str(e).lower():
         first = str(e).strip().splitlines()
@@ -131,6 +316,9 @@ def _explain(e: Exception, repo_id: str, token: Any) -> str:
         return f"the Hub refused the model card's metadata (README.md): {why}"
     if constants.HF_HUB_OFFLINE and not isinstance(e, HfHubHTTPError):
         return "offline mode is on (HF_HUB_OFFLINE=1); unset it to push"
+    if is_timeout(e):
+        return (f"the Hub at {constants.ENDPOINT} did not answer within {hub_timeout():g}s (timed out; "
+                f"{TIMEOUT_ENV} sets the limit)")
     if isinstance(e, RevisionNotFoundError):
         return f"revision not found{detail}"
     if status == 401:
@@ -146,7 +334,135 @@ def _explain(e: Exception, repo_id: str, token: Any) -> str:
         return f"Hub server error {status}{detail}; try again later"
     if isinstance(e, HfHubHTTPError):
         return f"Hub request failed with HTTP {status}{detail}"
-    return f"network error: cannot reach {constants.ENDPOINT} ({type(e).__name__}: {e})"
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"network error: cannot reach {constants.ENDPOINT} ({type(e).__name__}: {first[:200]})"
+
+
+# --- what goes up --------------------------------------------------------------------------------
+
+def _local_paths(folder: str, repo_id: str) -> dict[str, str]:
+    """Local paths the folder's files may hold, each mapped to what is published instead."""
+    import json
+
+    from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref
+
+    paths: dict[str, str] = {}
+    recipe_path = os.path.join(folder, RECIPE_FILE)
+    if os.path.isfile(recipe_path):
+        try:
+            with open(recipe_path, encoding="utf-8") as f:
+                paths.update(Recipe.from_yaml(f.read()).local_paths())
+        except Exception:  # noqa: BLE001 - not a hubsoup recipe: the leak check still runs
+            pass
+    evals = os.path.join(folder, "eval_results.json")
+    if os.path.isfile(evals):
+        try:
+            with open(evals, encoding="utf-8") as f:
+                for row in json.load(f):
+                    data = row.get("data") if isinstance(row, dict) else None
+                    if looks_local(data):
+                        public = public_file_ref(data)
+                        for form in {data, os.path.abspath(os.path.expanduser(data))}:
+                            paths[form] = public
+        except Exception:  # noqa: BLE001
+            pass
+    for form in {os.path.abspath(folder), os.path.realpath(folder)}:
+        paths[form] = repo_id
+    return {k: v for k, v in paths.items() if len(k) > 1}
+
+
+def _leak_needles(paths: dict[str, str]) -> list[str]:
+    """Strings that must not be uploaded: every absolute local path known here, and the home folder."""
+    needles = {p for p in paths if os.path.isabs(p)}
+    home = os.path.expanduser("~")
+    if home and home not in ("/", "~") and len(home) > 1:
+        needles.add(home.rstrip("/\\") + "/")
+    return sorted(needles, key=len, reverse=True)
+
+
+def _safetensors_header(path: str) -> bytes:
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return b""
+        n = int.from_bytes(head, "little")
+        return f.read(min(n, 100 * 1024 * 1024))
+
+
+STATE_JSON = "continual_state/state.json"
+
+
+def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
+    """What :func:`push_folder` uploads: ``(path in repo, local file or the bytes to upload)``, sorted.
+
+    The recipe goes up in its public form (no local path), other text files with the local paths
+    the recipe (and ``eval_results.json``) name replaced by their public names. Raises
+    :class:`PushError` (the reason only) for a link leading out of the folder, or for a file that
+    would still carry a local path (safetensors headers included) — nothing is uploaded then.
+    """
+    from huggingface_hub.utils import filter_repo_objects
+
+    from hubsoup.recipe import RECIPE_FILE, public_recipe_yaml
+
+    root = os.path.realpath(folder)
+    rel = []
+    for dirpath, dirs, names in os.walk(folder):
+        dirs.sort()
+        for n in sorted(names):
+            p = os.path.join(dirpath, n)
+            if os.path.isfile(p):
+                rel.append(os.path.relpath(p, folder).replace(os.sep, "/"))
+    rel = sorted(filter_repo_objects(rel, ignore_patterns=IGNORE_PATTERNS + [".git", "**/.git/**",
+                                                                              ".cache/huggingface/*"]))
+    paths = _local_paths(folder, repo_id)
+    needles = _leak_needles(paths)
+    replace = sorted(paths.items(), key=lambda kv: len(kv[0]), reverse=True)
+    plan: list[tuple[str, str | bytes]] = []
+    for name in rel:
+        local = os.path.join(folder, *name.split("/"))
+        real = os.path.realpath(local)
+        if os.path.commonpath([real, root]) != root:
+            raise PushError(f"{name} is a link to a file outside the folder; refusing to upload it")
+        content: str | bytes = local
+        scan: bytes = b""
+        if name == RECIPE_FILE:
+            with open(local, encoding="utf-8") as f:
+                text = f.read()
+            try:
+                text = public_recipe_yaml(text)
+            except Exception:  # noqa: BLE001 - not one of ours: uploaded as is (after the checks)
+                pass
+            content = scan = text.encode("utf-8")
+        elif name.lower().endswith(_TEXT_SUFFIXES) and os.path.getsize(local) <= _MAX_TEXT:
+            with open(local, "rb") as f:
+                raw = f.read()
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                scan = raw
+            else:
+                new = text
+                for path, public in replace:
+                    if path in new:
+                        new = new.replace(path, public)
+                if new != text and name.endswith(STATE_JSON):  # a checksummed state: sign the public form again
+                    from hubsoup.workflows.continual.state import resign_state_json
+
+                    new = resign_state_json(new)
+                scan = new.encode("utf-8")
+                content = scan if new != text else local
+        elif name.endswith(".safetensors"):
+            scan = _safetensors_header(local)
+        for needle in needles:
+            if needle.encode("utf-8") in scan:
+                under = os.path.dirname(needle.rstrip("/")) or needle
+                if name.endswith(".safetensors"):
+                    raise PushError(f"{name} holds a local path (under {under}) in its metadata, which must not "
+                                    "be published (an output of an older hubsoup? merge again)")
+                raise PushError(f"{name} holds a local path (under {under}), which must not be published: "
+                                "remove it from the file and push again")
+        plan.append((name, content))
+    return plan
 
 
 def push_folder(folder: str, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
@@ -170,7 +486,7 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
             not found, server error, network) and the ``hubsoup push`` command that retries.
             The local folder is never touched by a failed push.
     """
-    from huggingface_hub import HfApi
+    from huggingface_hub import CommitOperationAdd, HfApi
 
     check_repo_id(repo_id)
     if not os.path.isdir(folder):
@@ -179,12 +495,19 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
         raise PushError(f"cannot push '{folder}' to {repo_id}: the folder holds no files")
     message = commit_message or default_commit_message(folder)
     retry = retry_command(folder, repo_id, private=private, create_pr=create_pr, commit_message=commit_message)
+    retarget_card(folder, repo_id)  # the local card too: the folder stays what is on the Hub (but the recipe's paths)
+    try:
+        plan = upload_plan(folder, repo_id)
+    except PushError as e:
+        raise PushError(f"push of '{folder}' to {repo_id} refused: {e}") from None
     api = HfApi(token=token)
     try:
+        ensure_timeouts()
         api.create_repo(repo_id, private=private, exist_ok=True)
-        info = api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=message,
-                                 commit_description=commit_description, create_pr=create_pr,
-                                 ignore_patterns=IGNORE_PATTERNS)
+        # one commit, whatever the folder's size; identical content makes no new commit
+        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content) for name, content in plan]
+        info = api.create_commit(repo_id=repo_id, operations=operations, commit_message=message,
+                                 commit_description=commit_description, create_pr=create_pr)
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
         what = _scrub(_explain(e, repo_id, token), token)
         log.debug("push of %s to %s failed: %s", folder, repo_id, type(e).__name__)
@@ -194,4 +517,5 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
     return info
 
 
-__all__ = ["push_folder", "retarget_card", "retry_command", "check_repo_id"]
+__all__ = ["push_folder", "retarget_card", "retry_command", "check_repo_id", "upload_plan", "scrub_secrets",
+           "install_log_scrubber", "ensure_timeouts", "hub_timeout"]

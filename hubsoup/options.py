@@ -10,7 +10,7 @@ Example:
     >>> MergeOptions(dtype="bf16", shard_size="2GB").shard_bytes
     2000000000
     >>> MergeOptions.split({"overwrite": True, "density": 0.2})
-    (MergeOptions(device='cpu', dtype=None, shard_size='5GB', overwrite=True, allow_pickle=False, ignore_extra=False, shape_mismatch='error', quiet=False), {'density': 0.2})
+    (MergeOptions(device='cpu', device_map=None, max_memory=None, dtype=None, shard_size='5GB', overwrite=True, allow_pickle=False, ignore_extra=False, shape_mismatch='error', quiet=False), {'density': 0.2})
 """
 
 from __future__ import annotations
@@ -38,7 +38,12 @@ class MergeOptions:
     """
 
     device: str = "cpu"
-    """Where tensors are merged (``cpu``, ``cuda:0``, ...)."""
+    """Where tensors are merged (``cpu``, ``cuda:0``, ...) when there is no ``device_map``."""
+    device_map: str | dict | None = None
+    """``auto``, ``balanced``, ``sequential`` (accelerate's placement by each block's working set),
+    or an explicit map ``{"model.layers.0": 0, "": "cpu"}`` (a dict, JSON string or JSON file)."""
+    max_memory: str | dict | None = None
+    """Per device memory for the placement: ``"0=70GiB,1=70GiB,cpu=64GiB"`` or a dict (accelerate's units)."""
     dtype: str | None = None
     """Output dtype (``float32``, ``float16``, ``bfloat16``; default: the base's)."""
     shard_size: str | int = "5GB"
@@ -63,6 +68,10 @@ class MergeOptions:
             raise ParameterError(f"shape_mismatch must be one of {', '.join(SHAPE_POLICIES)}, "
                                  f"got {self.shape_mismatch!r}")
         self.shard_bytes  # noqa: B018 - parse now: a bad size fails before any work
+        from hubsoup.engine.placement import parse_device_map, parse_max_memory
+
+        parse_device_map(self.device_map)
+        parse_max_memory(self.max_memory)
 
     @property
     def out_dtype(self) -> torch.dtype | None:
@@ -72,7 +81,10 @@ class MergeOptions:
     def shard_bytes(self) -> int:
         from hubsoup.output.folder import parse_size
 
-        return parse_size(self.shard_size)
+        try:
+            return parse_size(self.shard_size)
+        except ParameterError as e:
+            raise ParameterError(f"--shard-size (shard_size): {e}") from None
 
     @property
     def hashed(self) -> dict[str, Any]:

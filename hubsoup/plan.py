@@ -94,6 +94,8 @@ class Block:
     info: BlockInfo | None
     tensors: list[TensorEntry] = field(default_factory=list)
     device: str = "cpu"
+    worker: str = ""
+    """The engine's worker that merges it (one per device of a device map; blocks of one worker run in order)."""
 
 
 @dataclass
@@ -118,8 +120,9 @@ class Plan:
     def of(cls, ckpt, device: str = "cpu") -> "Plan":
         """The plan of a checkpoint (its keys, header infos, config and architecture's ties)."""
         keys = ckpt.keys()
-        return build_plan(keys, {k: ckpt.info(k) for k in keys}, ckpt.config,
-                          ties=tied_groups(ckpt.folder, keys), device=device)
+        infos = {k: ckpt.info(k) for k in keys}
+        return build_plan(keys, infos, ckpt.config, ties=tied_groups(ckpt.folder, keys, infos, ckpt.config),
+                          device=device)
 
     def summary(self) -> str:
         lines = []

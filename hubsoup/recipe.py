@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,44 @@ class Recipe:
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
 
+    def public_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` as it may be published: nothing local.
+
+        A local input (or base) is its folder name and content digest (:meth:`InputRef.public_dict`),
+        never its path; a parameter that names a local file (LOT's exemplars) is the file's name and
+        a hash of its content. The hash is the recipe's own (computed from the paths), so it still
+        identifies the merge and seeds the same random choices. Used by the card, the safetensors
+        metadata and the ``hubsoup_recipe.yaml`` that ``hubsoup push`` uploads; the local
+        ``hubsoup_recipe.yaml`` keeps the paths, for ``hubsoup run``.
+        """
+        d = self.to_dict()
+        d["base"] = self.base.public_dict()
+        d["inputs"] = [i.public_dict() for i in self.inputs]
+        d["params"] = public_value(self.params)
+        d["extra"] = public_value(d["extra"])
+        return d
+
+    def public_yaml(self) -> str:
+        return yaml.safe_dump(self.public_dict(), sort_keys=False, allow_unicode=True)
+
+    def metadata(self) -> dict[str, str]:
+        """The safetensors ``__metadata__`` of an output: the public recipe (no shard rewrite at push time)."""
+        return {"hubsoup_recipe": json.dumps(self.public_dict(), default=str)}
+
+    def local_paths(self) -> dict[str, str]:
+        """Every local path this recipe names, mapped to what may be published instead of it."""
+        out: dict[str, str] = {}
+        for ref in (self.base, *self.inputs):
+            if ref.repo_id:
+                continue
+            for p in (ref.path, ref.spec):
+                if p and looks_local(p):
+                    for form in {p, os.path.abspath(os.path.expanduser(p)), os.path.realpath(os.path.expanduser(p))}:
+                        if form not in ("/", ".", ""):
+                            out[form] = ref.public
+        _collect_paths(self.params, out)
+        return out
+
     @classmethod
     def from_yaml(cls, text: str) -> "Recipe":
         d = yaml.safe_load(text)
@@ -93,7 +132,102 @@ class Recipe:
             raise ParameterError(f"recipe: unknown key '{unknown[0]}'")
         if not isinstance(d.get("params", {}), dict) or not isinstance(d.get("inputs"), list):
             raise ParameterError("recipe: 'params' must be a mapping and 'inputs' a list")
+        for key in ("method", "base", "inputs"):
+            if d.get(key) in (None, "", []):
+                raise ParameterError(f"recipe: '{key}' is missing or empty")
+        if not isinstance(d["method"], str):
+            raise ParameterError(f"recipe: 'method' must be a method name, got {d['method']!r}")
+        bad = [k for k in d.get("params") or {} if not isinstance(k, str)]
+        if bad:
+            raise ParameterError(f"recipe: parameter names must be strings, got {bad[0]!r}")
+        if d.get("dtype") is not None and not isinstance(d["dtype"], str):
+            raise ParameterError(f"recipe: 'dtype' must be a dtype name (float32, float16, bfloat16), got {d['dtype']!r}")
+        if d.get("hubsoup_version") is not None:
+            if not isinstance(d["hubsoup_version"], (str, int, float)):
+                raise ParameterError(f"recipe: 'hubsoup_version' must be a version, got {d['hubsoup_version']!r}")
+            d["hubsoup_version"] = str(d["hubsoup_version"])
+        for i, ref in enumerate([d["base"], *d["inputs"]]):
+            what = "base" if i == 0 else f"inputs[{i - 1}]"
+            if not isinstance(ref, dict):
+                raise ParameterError(f"recipe: '{what}' must be a mapping (spec, repo_id, sha, path), got {ref!r}")
+            for k in ("spec", "repo_id", "revision", "sha", "path", "kind", "digest", "name"):
+                if ref.get(k) is not None and not isinstance(ref[k], str):
+                    raise ParameterError(f"recipe: '{what}.{k}' must be a string, got {ref[k]!r}")
+        for k in ("options", "output", "continual"):
+            if not isinstance(extra.get(k) or {}, dict):
+                raise ParameterError(f"recipe: 'extra.{k}' must be a mapping, got {extra[k]!r}")
         return cls(**d, **{k: extra.get(k) or {} for k in ("options", "output", "continual")})
+
+
+def looks_local(value: Any) -> bool:
+    """Whether a string names a file or folder of this machine (not a Hub ID or a plain value)."""
+    if not isinstance(value, str) or not value or "\n" in value:
+        return False
+    if value.startswith(("/", "~", "./", "../", "\\")) or re.match(r"^[A-Za-z]:[\\/]", value):
+        return True
+    return ("/" in value or os.sep in value) and os.path.exists(value)
+
+
+def public_file_ref(path: str) -> str:
+    """A local file or folder named without its path: ``name@sha256:<12 hex>`` of its content.
+
+    A file is hashed whole; a folder by its files' relative names, sizes and first 64 KiB. A path
+    that no longer exists keeps only its name (its path is never hashed: that could be guessed).
+    """
+    p = os.path.expanduser(path)
+    name = os.path.basename(os.path.normpath(p)) or "local"
+    h = hashlib.sha256()
+    if os.path.isfile(p):
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    elif os.path.isdir(p):
+        for root, dirs, files in os.walk(p):
+            dirs.sort()
+            for fn in sorted(files):
+                fp = os.path.join(root, fn)
+                h.update(f"{os.path.relpath(fp, p)}\0{os.path.getsize(fp)}\0".encode())
+                with open(fp, "rb") as f:
+                    h.update(f.read(64 * 1024))
+    else:
+        return f"{name}@local"
+    return f"{name}@sha256:{h.hexdigest()[:12]}"
+
+
+def public_value(value: Any) -> Any:
+    """``value`` with every string that names a local file replaced by :func:`public_file_ref` (also ``KEY=PATH``)."""
+    if isinstance(value, dict):
+        return {k: public_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [public_value(v) for v in value]
+    if isinstance(value, str):
+        if looks_local(value):
+            return public_file_ref(value)
+        key, sep, rest = value.partition("=")
+        if sep and looks_local(rest):
+            return f"{key}={public_file_ref(rest)}"
+    return value
+
+
+def _collect_paths(value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for v in value.values():
+            _collect_paths(v, out)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _collect_paths(v, out)
+    elif isinstance(value, str):
+        path = value if looks_local(value) else value.partition("=")[2]
+        if looks_local(path):
+            public = public_file_ref(path)
+            for form in {path, os.path.abspath(os.path.expanduser(path))}:
+                if form not in ("/", ".", ""):
+                    out[form] = public
+
+
+def public_recipe_yaml(text: str) -> str:
+    """The publishable form (:meth:`Recipe.public_yaml`) of a local ``hubsoup_recipe.yaml``'s text."""
+    return Recipe.from_yaml(text).public_yaml()
 
 
 def _ref(r: InputRef | dict) -> InputRef:
@@ -111,7 +245,11 @@ def recipe_merge_args(recipe) -> tuple[list[str], dict[str, Any]]:
     for k, v in recipe.options.items():  # only the options that change the result are in a recipe
         if k not in ("shape_mismatch", "ignore_extra"):
             raise ParameterError(f"recipe: option '{k}' cannot come from a recipe")
+        if k == "ignore_extra" and not isinstance(v, bool):
+            raise ParameterError(f"recipe: option 'ignore_extra' must be true or false, got {v!r}")
         kwargs[k] = v
+    if recipe.output.get("format") not in (None, "full", "lora"):
+        raise ParameterError(f"recipe: output format must be full or lora, got {recipe.output['format']!r}")
     if recipe.output.get("format") == "lora":
         kwargs.update(output_format="lora", rank=recipe.output.get("rank"), energy=recipe.output.get("energy"))
     return [i.pinned_spec for i in recipe.inputs], kwargs

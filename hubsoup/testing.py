@@ -160,3 +160,26 @@ def merge_tensors(method: str | Method, taus: Sequence[torch.Tensor] | torch.Ten
             sp.finish(stats)
     ctx = TensorContext(name=name, block=block, n_inputs=n, stats=stats, recipe_hash=recipe_hash)
     return m.merge(base, stacked.clone(), p, ctx)
+
+
+def make_adapter(folder, arch: str = "llama", seed: int = 1, model_kw: dict | None = None,
+                 model_cls: str | None = None, config_cls=None, **cfg) -> str:
+    """A peft LoRA adapter of the tiny ``arch`` base with every trainable tensor randomised.
+
+    peft initialises lora_B (and lora_embedding_A) to zero, so without this the update would be 0.
+    ``cfg`` goes to ``LoraConfig`` (or ``config_cls``); ``model_cls`` adapts a sub-model (e.g. the bare
+    ``model`` inside a causal LM).
+    """
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny_model(arch, **(model_kw or {}))
+    if model_cls is not None:
+        model = getattr(model, model_cls)
+    pm = get_peft_model(model, (config_cls or LoraConfig)(**cfg))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in pm.named_parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    pm.save_pretrained(str(folder))
+    return str(folder)

@@ -32,7 +32,9 @@ the old files.  A new repo starts with the Hub's "initial commit" by ``system`` 
 
 Failure injection: ``server.fail_next(n, status=500, method="POST", path=r"/commit/")`` answers
 the next ``n`` matching requests with an error (``when="after"`` runs the request first and then
-loses its answer; ``drop=True`` closes the connection without an answer).
+loses its answer; ``drop=True`` closes the connection without an answer; ``hang=SECONDS`` stops
+answering: the request is held that long, at most ``MAX_HANG`` seconds and never past a
+``reset()`` / ``stop()``, and the connection is then closed without an answer).
 ``server.fail_commits(n)`` is the shorthand for the commit endpoint.
 
 Pytest fixtures (register with ``pytest_plugins = [..., "hub_server"]`` in ``conftest.py``):
@@ -96,6 +98,9 @@ GITATTRIBUTES = b"""*.7z filter=lfs diff=lfs merge=lfs -text
 *.safetensors filter=lfs diff=lfs merge=lfs -text
 *.zip filter=lfs diff=lfs merge=lfs -text
 """
+
+MAX_HANG = 30.0
+"""The longest a ``hang`` failure holds a request (seconds)."""
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -193,6 +198,7 @@ class _Failure:
     when: str
     drop: bool
     headers: dict
+    hang: float | None = None
 
     def matches(self, method: str, path: str, when: str) -> bool:
         return (
@@ -244,6 +250,7 @@ class HubServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._monkeypatch = None  # set by the ``hub`` fixture (for ``login``)
+        self._wake = threading.Event()  # set to end every hanging request at once
         self.reset()
 
     # ---- life cycle ----------------------------------------------------------------------
@@ -259,6 +266,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self._release_hangs()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -277,7 +285,8 @@ class HubServer:
     url = endpoint
 
     def reset(self) -> None:
-        """Forget every repo, blob, injected failure and logged request."""
+        """Forget every repo, blob, injected failure and logged request (and end hanging requests)."""
+        self._release_hangs()
         with self._lock:
             self.repos: dict[tuple[str, str], Repo] = {}
             self.blobs: dict[str, bytes] = {}
@@ -286,6 +295,12 @@ class HubServer:
             self.requests: list[dict] = []
             #: requests that matched no route (answered 404 without X-Error-Code)
             self.unhandled: list[str] = []
+
+    def _release_hangs(self) -> None:
+        wake = getattr(self, "_wake", None)
+        if wake is not None:
+            wake.set()
+        self._wake = threading.Event()
 
     # ---- tokens --------------------------------------------------------------------------
 
@@ -324,23 +339,28 @@ class HubServer:
 
     def fail_next(self, n: int = 1, status: int = 500, *, method: str | None = None,
                   path: str | None = None, message: str | None = None, code: str | None = None,
-                  when: str = "before", drop: bool = False, headers: dict | None = None) -> None:
+                  when: str = "before", drop: bool = False, headers: dict | None = None,
+                  hang: float | None = None) -> None:
         """Answer the next ``n`` requests matching ``method`` / ``path`` with an error.
 
         ``path`` is a regex searched in the raw request path (no query string), e.g. ``r"/commit/"``,
         ``r"/preupload/"``, ``r"/resolve/"``.  ``when="after"`` runs the request (the commit lands)
         and then replaces its answer by the error, as if the answer had been lost.  ``drop=True``
         closes the connection without any answer (the client sees a ``RemoteProtocolError``).
+        ``hang=SECONDS``: a server that stops answering — the request is held (at most ``MAX_HANG``
+        seconds, ended early by ``reset()``/``stop()``), then the connection is closed unanswered.
         Rules are consumed in the order they were added.
         """
         if when not in ("before", "after"):
             raise ValueError("when must be 'before' or 'after'")
+        if hang is not None and not (0 < hang <= MAX_HANG):
+            raise ValueError(f"hang must be in (0, {MAX_HANG}] seconds")
         with self._lock:
             self._failures.append(_Failure(
                 remaining=n, status=status, method=method.upper() if method else None,
                 path=re.compile(path) if path else None,
                 message=message or f"Injected failure ({status})", code=code, when=when, drop=drop,
-                headers=dict(headers or {}),
+                headers=dict(headers or {}), hang=hang,
             ))
 
     def fail_commits(self, n: int = 1, status: int = 500, **kw) -> None:
@@ -1080,7 +1100,9 @@ class _Handler(BaseHTTPRequestHandler):
                 resp = HubError(500, f"Test hub crashed: {type(e).__name__}: {e}").response()
             failure = hub._take_failure(method, path, "after")
         if failure is not None:
-            if failure.drop:
+            if failure.hang:
+                hub._wake.wait(min(failure.hang, MAX_HANG))  # outside the lock: the rest of the Hub answers
+            if failure.drop or failure.hang:
                 self._log(hub, req, 0)
                 self.close_connection = True
                 return

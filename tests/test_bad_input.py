@@ -198,3 +198,26 @@ def test_interrupted_merge_leaves_nothing(llama, tmp_path, monkeypatch):
         merge(fts, tmp_path, base=base)
     assert_no_output(tmp_path)
     assert json.dumps(os.listdir(tmp_path)) == "[]"
+
+
+def test_remote_code_is_never_enabled(tmp_path, monkeypatch):
+    """A config that asks for custom code (auto_map) is built, if at all, with trust_remote_code=False."""
+    import transformers
+
+    from hubsoup.arch import model_layout
+
+    seen = []
+    real = transformers.AutoConfig.from_pretrained
+
+    def spy(*a, **k):
+        seen.append(k.get("trust_remote_code"))
+        return real(*a, **k)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", spy)
+    base = make_base("llama", str(tmp_path / "base"))
+    cfg = json.load(open(os.path.join(base, "config.json")))
+    cfg["auto_map"] = {"AutoModel": "evil.EvilModel"}
+    json.dump(cfg, open(os.path.join(base, "config.json"), "w"))
+    with open(os.path.join(base, "evil.py"), "w") as f:
+        f.write("raise SystemExit('remote code ran')\n")
+    model_layout(base)  # builds the architecture on the meta device
+    assert seen and all(v is False for v in seen)

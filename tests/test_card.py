@@ -79,7 +79,8 @@ def test_card_body_says_how_the_model_was_made(local_result):
     assert f"| base | alice/base | - | {SHA['base']} | full |" in text
     assert f"| input 1 | alice/ft-a | v1 | {SHA['a']} | full fine-tune |" in text
     assert f"| input 2 | alice/ft-b | v1 | {SHA['b']} | LoRA adapter |" in text
-    assert result.recipe.to_yaml() in text and f"Recipe hash: `{result.recipe.hash}`" in text
+    # the card embeds the recipe without local paths (issue 12); the hash is the recipe's own
+    assert result.recipe.public_yaml() in text and f"Recipe hash: `{result.recipe.hash}`" in text
     assert __version__ in text
     assert 'AutoModel.from_pretrained("soup-org/soup")' in text
     assert "No evaluation results were recorded" in text

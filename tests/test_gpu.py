@@ -50,13 +50,19 @@ def zoo(tmp_path_factory):
     return root, base, fts
 
 
+PLACES = {"cuda": {"device": "cuda"},
+          # two entries: one block on the GPU, the rest on the CPU, merged concurrently
+          "map": {"device_map": {"model.layers.0": 0, "": "cpu"}}}
+
+
+@pytest.mark.parametrize("where", list(PLACES))
 @pytest.mark.parametrize("method,params", FAMILIES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(FAMILIES)])
-def test_method_on_cuda_matches_cpu(zoo, tmp_path, method, params):
+def test_method_on_cuda_matches_cpu(zoo, tmp_path, method, params, where):
     root, base, fts = zoo
     inputs = fts[:2] if method == "slerp" else fts
     cpu = hubsoup.merge(inputs, method, base=base, out=str(tmp_path / "cpu"), params=params, quiet=True)
     gpu = hubsoup.merge(inputs, method, base=base, out=str(tmp_path / "gpu"), params=params, quiet=True,
-                        device="cuda")
+                        **PLACES[where])
     assert gpu.recipe.hash == cpu.recipe.hash  # the device is not part of what is merged
     assert_close_rel(weights(gpu.path), weights(cpu.path))
 

@@ -11,10 +11,10 @@ from safetensors.torch import load_file, save_file
 import hubsoup
 from hubsoup import errors
 from hubsoup.sources.lora import LoraDelta
-from hubsoup.testing import tiny_model
+from hubsoup.testing import make_adapter
 
 peft = pytest.importorskip("peft")
-from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
+from peft import PeftModel  # noqa: E402
 
 LOADERS = {"llama": "AutoModelForCausalLM", "gpt2": "AutoModelForCausalLM", "bert": "AutoModel"}
 
@@ -22,25 +22,6 @@ LOADERS = {"llama": "AutoModelForCausalLM", "gpt2": "AutoModelForCausalLM", "ber
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-def make_adapter(folder, arch="llama", seed=1, model_kw=None, model_cls=None, config_cls=None, **cfg):
-    """A peft adapter of the tiny ``arch`` base with every trainable tensor randomised.
-
-    peft initialises lora_B (and lora_embedding_A) to zero, so without this the update would be 0.
-    """
-    model = tiny_model(arch, **(model_kw or {}))
-    if model_cls is not None:  # e.g. the bare LlamaModel inside the causal LM
-        model = getattr(model, model_cls)
-    config = (config_cls or LoraConfig)(**cfg)
-    pm = get_peft_model(model, config)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if p.requires_grad:
-                p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    pm.save_pretrained(str(folder))
-    return str(folder)
-
-
 def peft_merged(arch, base, adapter, bare=False):
     """What peft itself gives: PeftModel.from_pretrained(base, adapter).merge_and_unload()."""
     import transformers

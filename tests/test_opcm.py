@@ -354,3 +354,22 @@ def test_state_is_pushed_and_add_reads_it_from_the_hub(hub, private_llama, tmp_p
     assert all(torch.equal(got[k], want[k]) for k in want)
     with pytest.raises(ParameterError, match="not a local folder"):
         continual.add("alice/soup", ["alice/c"], quiet=True)  # a Hub soup is not replaced in place
+
+
+def test_soup_of_local_models_is_pushed_without_paths_and_its_state_stays_valid(hub, private_llama, tmp_path):
+    base, fts = private_llama
+    hub.login("alice")
+    soup = str(tmp_path / "soup")
+    assert cli_main(["continual", "init", fts[0], fts[1], "--base", base, "--out", soup, "--push", "alice/lsoup",
+                     "-q"]) == 0
+    shutil.rmtree(soup)
+    # the pushed state names the local models without their paths, and its checksum still holds
+    st = continual.load_state("alice/lsoup")
+    assert not any(str(tmp_path) in json.dumps(m) for m in st.models) and str(tmp_path) not in json.dumps(st.base)
+    # a state from the Hub never chooses a folder of this machine as the base: --base is needed
+    with pytest.raises(ContinualStateError, match="local base.*--base"):
+        continual.add("alice/lsoup", [fts[2]], out=str(tmp_path / "s2"), quiet=True)
+    res = continual.add("alice/lsoup", [fts[2]], base=base, out=str(tmp_path / "s2"), quiet=True)
+    ref = hubsoup.merge(fts, method="opcm", base=base, out=str(tmp_path / "ref"), quiet=True)
+    got, want = state(res.path), state(ref.path)
+    assert all(torch.equal(got[k], want[k]) for k in want)

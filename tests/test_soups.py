@@ -74,18 +74,9 @@ def test_rewarded_soups_end_to_end_and_card(llama, tmp_path):
 
 def _lora(folder, seed):
     """A peft LoRA 'policy' of the tiny Llama with random (non-zero) A and B."""
-    from peft import LoraConfig, get_peft_model
+    from hubsoup.testing import make_adapter
 
-    from hubsoup.testing import tiny_model
-
-    pm = get_peft_model(tiny_model("llama"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, p in pm.named_parameters():
-            if p.requires_grad:
-                p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    pm.save_pretrained(str(folder))
-    return str(folder)
+    return make_adapter(folder, seed=seed, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 
 
 def test_rewarded_soups_of_lora_policies_match_their_dense_equivalents(model_dir, tmp_path):

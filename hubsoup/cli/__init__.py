@@ -104,7 +104,26 @@ def cmd_plan(args) -> int:
     from hubsoup.plan import Plan
     from hubsoup.sources import open_input
 
-    print(Plan.of(open_input(args.model, allow_pickle=args.allow_pickle), args.device).summary())
+    opts = merge_options(args)
+    if not args.method:  # one model: how its tensors are grouped
+        if len(args.models) != 1:
+            raise ParameterError("give --method to plan a merge of several models")
+        print(Plan.of(open_input(args.models[0], allow_pickle=opts.allow_pickle), opts.device).summary())
+        return 0
+    from hubsoup.api import parse_method, place_blocks
+    from hubsoup.sources.compat import open_models
+
+    m, p = parse_method(args.method, params(args.param))
+    m.check_inputs(p, len(args.models))
+    base, sources = open_models(args.models, base=args.base, allow_pickle=opts.allow_pickle, token=opts.token,
+                                ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch)
+    plan = Plan.of(base, opts.device)
+    placement = place_blocks(plan, m, p, len(sources), opts, lora_output=args.output_format == "lora")
+    print(plan.summary())
+    print()
+    print(f"merge of {len(sources)} model(s) with {args.method} onto {base.label}: "
+          f"{len(plan.blocks)} blocks on {len(placement.devices)} device(s)")
+    print(placement.summary())
     return 0
 
 
@@ -152,10 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("name", nargs="?", help="show only this method")
     ms.set_defaults(func=cmd_methods)
 
-    pl = sub.add_parser("plan", help="show how a model's tensors are grouped into blocks")
-    pl.add_argument("model")
-    pl.add_argument("--device", default="cpu")
-    pl.add_argument("--allow-pickle", action="store_true")
+    pl = sub.add_parser("plan", help="show how a model's tensors are grouped into blocks, or plan a merge",
+                        description="With one model: its blocks. With --method: the merge's placement on the "
+                                    "devices (--device-map, --max-memory) and each device's predicted peak, from "
+                                    "file headers only; a block that fits nowhere is refused (exit 2).")
+    pl.add_argument("models", nargs="+", help="a model, or the merge's inputs")
+    pl.add_argument("--method", help="plan a merge with this method")
+    pl.add_argument("--base", help="pre-trained base model (default: from the inputs' model cards)")
+    add_params(pl)
+    add_merge_options(pl)
+    add_output_format(pl)
     pl.set_defaults(func=cmd_plan)
 
     d = sub.add_parser("demo", help="fine-tune MiniLM on 3 small real-text tasks, merge, evaluate (no network, ~3 min)")
@@ -170,20 +195,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: it unwinds through the same cleanup as Ctrl-C (temporary folder, lock)."""
+
+
+def _on_sigterm(signum, frame):
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    raise _Terminated()
+
+
+def _catch_sigterm():
+    """Install the SIGTERM handler (main thread only); returns what restores the previous one."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    return lambda: signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
+    from hubsoup.hub import install_log_scrubber, scrub_secrets  # no Hub token in any log line or message
+
+    install_log_scrubber()
+    restore_sigterm = _catch_sigterm()
     try:
         return args.func(args)
     except HubsoupError as e:
         if args.verbose:
-            traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+            print(scrub_secrets(traceback.format_exc()), file=sys.stderr, end="")
+        print(f"error: {scrub_secrets(e)}", file=sys.stderr)
         return 2
+    except _Terminated:
+        print("terminated (SIGTERM); no output was left behind", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted; no output was left behind", file=sys.stderr)
         return 130
+    finally:
+        restore_sigterm()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,12 @@ from hubsoup.options import SHAPE_POLICIES, MergeOptions
 def add_merge_options(p: argparse.ArgumentParser, *, inputs: bool = True) -> None:
     """The options' flags. ``inputs=False`` leaves out the ones fixed elsewhere (a continual state's)."""
     g = p.add_argument_group("merge options")
-    g.add_argument("--device", default="cpu", help="device to merge on (cpu, cuda:0, ...)")
+    g.add_argument("--device", default="cpu", help="device to merge on (cpu, cuda:0, ...) without --device-map")
+    g.add_argument("--device-map", metavar="MAP",
+                   help="auto, balanced, sequential (accelerate's placement by each block's working set), a JSON "
+                        "map {\"model.layers.0\": 0, \"\": \"cpu\"} or a JSON file; blocks on different devices "
+                        "are merged concurrently")
+    g.add_argument("--max-memory", metavar="SPEC", help="memory per device for the placement: 0=70GiB,1=70GiB,cpu=64GiB")
     g.add_argument("--dtype", help="output dtype (default: the base's): float32, float16, bfloat16")
     g.add_argument("--shard-size", default="5GB", help="maximum shard size (default 5GB)")
     g.add_argument("--overwrite", action="store_true", help="replace an existing output folder")

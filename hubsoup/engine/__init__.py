@@ -217,8 +217,46 @@ def prepare_context(job: Job) -> PrepareContext:
 
 
 def run(job: Job, sink: Sink) -> dict[str, Any]:
-    """Merge ``job`` into ``sink``: statistics passes, then every tensor's outcome; returns the statistics."""
+    """Merge ``job`` into ``sink``: statistics passes, then every tensor's outcome; returns the statistics.
+
+    Blocks mapped to different devices (``Block.worker``) are merged concurrently, one worker
+    thread per device, each taking its blocks in plan order; the sink takes one tensor at a
+    time. Every tensor's outcome depends only on that tensor (and the statistics), so the
+    output is the same bit for bit whatever the map and the interleaving.
+    """
     stats = gather_stats(job)
-    for work in stream(job, desc=f"merging ({job.method.name})"):
-        sink.put(work, work.merge(lowrank_ok=sink.accepts_lowrank(work.entry)))
+    workers: dict[str, list[Block]] = {}
+    for b in job.plan.blocks:
+        workers.setdefault(b.worker or b.device, []).append(b)
+    desc = f"merging ({job.method.name})"
+    if len(workers) <= 1:
+        for work in stream(job, desc=desc):
+            sink.put(work, work.merge(lowrank_ok=sink.accepts_lowrank(work.entry)))
+        return stats
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    lock, failed = threading.Lock(), threading.Event()
+
+    def merge_blocks(blocks: list[Block]) -> None:
+        sub = Job(Plan(blocks), job.base, job.inputs, job.method, job.params, job.recipe_hash, quiet=True,
+                  stats=job.stats)
+        try:
+            for work in stream(sub):
+                if failed.is_set():  # another worker failed: stop at the next tensor
+                    return
+                outcome = work.merge(lowrank_ok=sink.accepts_lowrank(work.entry))
+                with lock:  # the sink casts and writes one tensor at a time
+                    sink.put(work, outcome)
+        except BaseException:
+            failed.set()
+            raise
+
+    with tqdm(total=len(workers), desc=f"{desc} on {len(workers)} devices", unit="device",
+              disable=job.quiet, leave=False) as bar:
+        with ThreadPoolExecutor(max_workers=len(workers), thread_name_prefix="hubsoup-merge") as pool:
+            futures = [pool.submit(merge_blocks, blocks) for blocks in workers.values()]
+            for f in futures:
+                f.result()  # the first failure propagates (the others finish their current block)
+                bar.update()
     return stats

@@ -68,8 +68,39 @@ class TaskSpec:
             k, v = part.split("=", 1)
             if k not in known:
                 raise ParameterError(f"task spec {spec!r}: unknown key {k!r} (known: {', '.join(sorted(known))})")
-            kw[k] = int(v) if k in ("max_length", "limit") else v
+            if k in ("max_length", "limit"):
+                try:
+                    v = int(v)
+                except ValueError:
+                    raise ParameterError(f"task spec {spec!r}: {k} must be a positive integer, got {v!r}") from None
+                if v < 1:
+                    raise ParameterError(f"task spec {spec!r}: {k} must be a positive integer, got {v}")
+            kw[k] = v
         return cls(kind=kind.strip(), data=parts[0], **kw)
+
+    def check(self) -> None:
+        """Read the data (and the head) now, so that a missing file or column fails before a merge, not after.
+
+        Raises :class:`~hubsoup.errors.ParameterError` naming the task: data that cannot be
+        loaded, a missing column, no examples, an unreadable ``head``.
+        """
+        import datasets
+
+        shown = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()  # a check, not the evaluation: no "Generating train split" bars
+        try:
+            ds = self.load()
+        finally:
+            if shown:
+                datasets.enable_progress_bars()
+        if len(ds) == 0:
+            raise ParameterError(f"task '{self.name}': no examples in {self.data}")
+        if self.head:
+            from hubsoup.eval.heads import load_head
+
+            if not os.path.isfile(self.head):
+                raise ParameterError(f"task '{self.name}': classifier head {self.head} not found")
+            load_head(self.head)
 
     def load(self):
         """The task's examples as a ``datasets.Dataset``."""
@@ -84,12 +115,15 @@ class TaskSpec:
                                          f"(use one of {', '.join(_LOCAL_FORMATS)})")
                 kw = {"delimiter": "\t"} if path.endswith(".tsv") else {}
                 ds = datasets.load_dataset(fmt, data_files=path, split="train", **kw)
+            elif self.data.startswith((".", "/", "~")) or os.path.splitext(self.data)[1].lower() in _LOCAL_FORMATS:
+                raise ParameterError(f"task '{self.name}': data file {self.data} not found")
             else:
                 ds = datasets.load_dataset(self.data, self.config, split=self.split)
         except ParameterError:
             raise
         except Exception as e:  # noqa: BLE001 - one clear line for the user
-            raise ParameterError(f"task '{self.name}': cannot load data {self.data!r}: {e}") from e
+            why = " ".join(str(e).split())
+            raise ParameterError(f"task '{self.name}': cannot load data {self.data!r}: {why}") from e
         need = [self.text] + ([self.label] if self.kind == "classification" else []) + ([self.text_pair] if self.text_pair else [])
         missing = [c for c in need if c not in ds.column_names]
         if missing:

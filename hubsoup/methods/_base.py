@@ -186,6 +186,10 @@ class Method:
         """
         return None
 
+    def workspace_bytes(self, shape: tuple[int, ...], n_inputs: int, params: Any) -> int:
+        """Memory the method needs for one tensor beyond the stack of task vectors (SVDs, Grams), for the planner."""
+        return 0
+
     def card_notes(self, described: dict[str, Any], stats: dict[str, Any], n_inputs: int) -> list[str]:
         """Markdown paragraphs for the model card (``described``: :meth:`describe_params`'s output)."""
         return []

@@ -9,6 +9,7 @@ raises :class:`~hubsoup.errors.ParameterError` naming the parameter at fault.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any, Literal, get_args, get_origin
 
@@ -62,10 +63,16 @@ def _convert(name: str, tp: Any, value: Any) -> Any:
     if tp in (int, float):
         if isinstance(value, bool):
             raise ParameterError(f"parameter '{name}': expected a number, got {value!r}")
+        if isinstance(value, str):
+            value = value.strip()
         try:
             v = tp(value) if not (tp is int and isinstance(value, str) and "." in value) else int(float(value))
+        except OverflowError:  # int(inf), int("1e999.")
+            raise ParameterError(f"parameter '{name}': expected a finite number, got {value!r}") from None
         except (TypeError, ValueError):
             raise ParameterError(f"parameter '{name}': expected {tp.__name__}, got {value!r}") from None
+        if tp is float and not math.isfinite(v):  # NaN/inf pass every range check and poison the merge
+            raise ParameterError(f"parameter '{name}': expected a finite number, got {value!r}")
         if tp is int and isinstance(value, float) and not float(value).is_integer():
             raise ParameterError(f"parameter '{name}': expected an integer, got {value!r}")
         return v
@@ -77,6 +84,9 @@ def _convert(name: str, tp: Any, value: Any) -> Any:
 def _check_range(name: str, value: Any, md: dict) -> None:
     rng = md.get("range")
     values = value if isinstance(value, tuple) else (value,)
+    for v in values:  # defaults and validate()'d values too; an unbounded range is still finite
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ParameterError(f"parameter '{name}': expected a finite number, got {v}")
     if rng and value is not None:
         lo, hi = rng
         for v in values:

@@ -61,7 +61,8 @@ def project(S: torch.Tensor, X: torch.Tensor, alpha: float, zero_diagonal: bool 
     out = X.clone()
     if not bool(S.any()):
         return out
-    U, s, Vh = torch.linalg.svd(S, full_matrices=False)
+    # the SVD in float64, its factors back in S's dtype: LAPACK and cuSOLVER then agree to rounding
+    U, s, Vh = (t.to(S.dtype) for t in torch.linalg.svd(S.double(), full_matrices=False))
     k = split_rank(s, alpha)
     if k:
         Uk, Vk = U[:, :k], Vh[:k].mT

@@ -96,7 +96,8 @@ def singular_features(M: torch.Tensor, rank_tol: float | None = None) -> Feature
     matrix_rank rule). A zero-σ triplet would add the constraint uᵀMv = 0 and erase
     other tasks' features in that direction.
     """
-    U, s, Vh = torch.linalg.svd(M, full_matrices=False)
+    # the SVD in float64, its factors back in M's dtype: LAPACK and cuSOLVER then agree to rounding
+    U, s, Vh = (t.to(M.dtype) for t in torch.linalg.svd(M.double(), full_matrices=False))
     return _drop_small(U, s, Vh.mH, M.shape, rank_tol)
 
 

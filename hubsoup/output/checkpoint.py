@@ -9,6 +9,7 @@ import shutil
 import torch
 
 from hubsoup.engine import Copy, LowRank, Outcome, TensorWork, Unchanged
+from hubsoup.errors import NonFiniteTensorError
 from hubsoup.options import DTYPES
 from hubsoup.output.shards import ShardedWriter
 from hubsoup.plan import Plan, TensorEntry
@@ -21,15 +22,60 @@ _COPY_FROM_BASE = ("config.json", "generation_config.json", "tokenizer.json", "t
 
 
 def copy_base_files(base: Checkpoint, dest: str, tokenizer_only: bool = False) -> list[str]:
+    """Copy the base's config, tokenizer and generation config into ``dest``; returns the names copied.
+
+    Each file must lie inside the base's folder (its Hub cache folder for a Hub base): a
+    ``tokenizer.json`` that is a link to a file of the machine is refused
+    (:class:`~hubsoup.errors.UnsafePathError`, checked for every file before any is copied),
+    so that it is never copied into the output and pushed.
+    """
+    wanted = [f for f in _COPY_FROM_BASE
+              if not (tokenizer_only and f in ("config.json", "generation_config.json"))]  # an adapter folder with
+    # a config.json would look like a full model
+    sources = {}
+    for fname in wanted:
+        if os.path.isfile(os.path.join(base.folder, fname)) or os.path.islink(os.path.join(base.folder, fname)):
+            sources[fname] = base.file(fname)  # raises for a link leading out of the base's folder
     copied = []
-    for fname in _COPY_FROM_BASE:
-        if tokenizer_only and fname in ("config.json", "generation_config.json"):
-            continue  # an adapter folder with a config.json would look like a full model
-        src = os.path.join(base.folder, fname)
+    for fname, src in sources.items():
         if os.path.isfile(src):
             shutil.copyfile(src, os.path.join(dest, fname))
             copied.append(fname)
     return copied
+
+
+def output_finite(t: torch.Tensor) -> bool:
+    """True when ``t`` (an output tensor, after its cast) holds no NaN or infinity.
+
+    One reduction (min and max together; NaN propagates through both), which, unlike the
+    sum of :func:`hubsoup.sources.taskvector.all_finite`, cannot overflow: a float16 sum of
+    finite values easily exceeds 65504, and summing into float32 instead is ten times slower.
+    """
+    if not t.is_floating_point() or t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
+
+
+def check_output_tensor(name: str, out: torch.Tensor, merged: torch.Tensor) -> None:
+    """Refuse to write output tensor ``name``: ``out`` (cast) must be finite; ``merged`` is its float32 value.
+
+    Raises :class:`~hubsoup.errors.NonFiniteTensorError` naming the tensor and why: the cast
+    to a narrower dtype overflowed (and which ``--dtype`` to use), or the merge itself gave NaN/inf.
+    Only a failing tensor pays for more than the one reduction of :func:`output_finite`.
+    """
+    if output_finite(out):
+        return
+    if out is not merged and merged.is_floating_point() and bool(torch.isfinite(merged).all()):
+        dt = str(out.dtype).replace("torch.", "")
+        peak = float(merged.abs().max())
+        wider = "float32 or bfloat16" if out.dtype == torch.float16 else "float32"
+        raise NonFiniteTensorError(
+            f"output tensor '{name}' reaches {peak:.4g}, which overflows {dt} (max {torch.finfo(out.dtype).max:g}); "
+            f"use --dtype {wider}")
+    raise NonFiniteTensorError(
+        f"output tensor '{name}' has NaN/inf values after merging (the inputs and parameters were finite: "
+        "the merge overflowed float32 or divided by zero); nothing was written")
 
 
 def set_config_dtype(path: str, dtype: str) -> None:
@@ -76,6 +122,7 @@ class CheckpointSink:
             else:
                 merged = outcome.tau.add_(work.base())
             out = merged.to(self.out_dtype or entry.dtype)
+            check_output_tensor(entry.name, out, merged)  # after the cast: an overflow to inf is caught too
         for name in (entry.name, *entry.aliases):
             self.writer.write(name, out)
 

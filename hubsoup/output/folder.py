@@ -1,30 +1,92 @@
-"""The output folder: written in a temporary folder beside the target, renamed at the end.
+"""The output folder: locked for the whole run, written beside the target, renamed at the end.
 
 An interrupted merge never leaves a folder that looks done: everything goes into
 ``.NAME.partial-XXXX`` beside the target, which becomes the target only on
 :meth:`OutputFolder.commit`.
+
+**The lock.** A run takes an exclusive lock on its output before any work starts and holds
+it to the end: ``.NAME.lock`` beside the target, locked with ``flock`` (released by the
+kernel when the process dies, however it dies) and holding one JSON line — pid, host, start
+time and command — for the message a second run gets: it fails at once, naming the holder.
+The file is removed at the end. A lock file whose ``flock`` is free was left by a killed
+run (its pid is gone: the kernel released the lock) and is taken over with a warning; a
+held ``flock`` is never broken, whatever its pid says (pid namespaces make a live holder
+look dead). Where ``flock`` is not available (some network or FUSE file systems, Windows)
+the file is created exclusively instead, and a holder whose pid is gone on this host is
+stale and taken over with a warning (best effort: two runs taking over the same stale file
+at the same instant are not excluded). The lock is re-entrant within a thread
+(a greedy soup locks its output, then merges into it). See :class:`OutputLock`.
+
+**Recovery.** The first thing a run does once it holds the lock is to clean up after an
+interrupted run on the same output (:func:`recover`): ``.NAME.partial-*`` folders are
+removed, with a warning. :meth:`OutputFolder.commit` replaces an existing output with two
+renames (target → ``.NAME.old-XXXX``, temporary folder → target); a crash between them
+leaves ``.NAME.old-XXXX`` and no ``NAME``: the next run **restores the old output** (a run
+that did not exit 0 has no effect, whatever the phase it died in) and removes the
+uncommitted new one. A ``.NAME.old-*`` beside an existing ``NAME`` (a crash after the second
+rename) is removed.
+
+**Faults.** :meth:`OutputFolder.fail` turns "disk full" and "read-only / no permission"
+into one-line :class:`~hubsoup.errors.DiskFullError` and
+:class:`~hubsoup.errors.OutputNotWritableError`, after removing the temporary folder and
+releasing the lock; it never raises itself.
 """
 
 from __future__ import annotations
 
+import errno
+import json
+import logging
 import os
+import re
+import shlex
 import shutil
+import socket
+import sys
 import tempfile
+import threading
+import time
+from dataclasses import dataclass
 
-from hubsoup.errors import OutputExistsError
+from hubsoup.errors import DiskFullError, HubsoupError, OutputExistsError, OutputLockedError, OutputNotWritableError
+
+try:
+    import fcntl
+except ImportError:  # Windows: exclusive creation only
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+_NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
+_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+_SIZE_UNITS = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
+               "TB": 10**12, "B": 1, "": 1}
+_SIZE = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*([KMGT]I?B|B)?$")
 
 
 def parse_size(size: str | int) -> int:
-    """``"5GB"`` → 5·10⁹ bytes (``GiB`` → 2³⁰), as transformers' ``max_shard_size``."""
+    """``"5GB"`` → 5·10⁹ bytes (``GiB`` → 2³⁰), as transformers' ``max_shard_size``; a plain number is bytes.
+
+    Raises :class:`~hubsoup.errors.ParameterError` for anything else (``"5XB"``, ``"nan"``) and for a
+    size that is not positive.
+    """
+    from hubsoup.errors import ParameterError
+
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise ParameterError(f"{size!r} is not a size (give bytes or e.g. 5GB, 500MB, 2GiB)")
     if isinstance(size, int):
-        return size
-    s = size.strip().upper()
-    units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
-             "TB": 10**12, "B": 1}
-    for u, mult in units.items():
-        if s.endswith(u):
-            return int(float(s[: -len(u)]) * mult)
-    return int(s)
+        n = size
+    else:
+        m = _SIZE.match(size.strip().upper())
+        if not m:
+            raise ParameterError(f"{size!r} is not a size (give bytes or e.g. 5GB, 500MB, 2GiB)")
+        n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2) or ""])
+    if n <= 0:
+        raise ParameterError(f"{size!r} is not a positive size (give bytes or e.g. 5GB, 500MB, 2GiB)")
+    return n
 
 
 def check_output(target: str, overwrite: bool) -> None:
@@ -33,27 +95,485 @@ def check_output(target: str, overwrite: bool) -> None:
         raise OutputExistsError(f"output '{target}' already exists; pass --overwrite (overwrite=True) to replace it")
 
 
-class OutputFolder:
-    """A temporary folder beside ``target`` that becomes ``target`` on :meth:`commit`."""
+def final_path(path: str) -> str:
+    """Where ``path``, inside an output's temporary folder, will be once committed (for messages)."""
+    parts = os.path.abspath(path).split(os.sep)
+    for i, part in enumerate(parts):
+        m = re.match(r"^\.(.+)\.partial-[\w-]+$", part)
+        if m:
+            parts[i] = m.group(1)
+    return os.sep.join(parts)
 
-    def __init__(self, target: str, overwrite: bool = False):
+
+def lock_file(target: str) -> str:
+    """``.NAME.lock`` beside ``target``."""
+    target = os.path.abspath(target)
+    return os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.lock")
+
+
+# --- the lock ------------------------------------------------------------------------------------
+
+def _command() -> str:
+    """This process's command line, for the lock file (a ``--token`` value is never written)."""
+    argv = list(sys.argv) or ["python"]
+    head = os.path.basename(argv[0])
+    if head in ("__main__.py", "-m"):
+        head = "hubsoup"
+    elif head in ("", "-c"):
+        head = "python -c ..."
+    args = argv[1:]
+    for i, a in enumerate(args):
+        if a.startswith("--token="):
+            args[i] = "--token=***"
+        elif a == "--token" and i + 1 < len(args):
+            args[i + 1] = "***"
+    line = " ".join([head, shlex.join(args)]).strip()
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def _describe(info: dict | None) -> str:
+    if not info:
+        return "another hubsoup run (it is just starting)"
+    started = info.get("started")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
+    return (f"another hubsoup run: pid {info.get('pid', '?')} on {info.get('host', '?')}, started {when}, "
+            f"`{info.get('command', '?')}`")
+
+
+def _stale(info: dict | None) -> bool:
+    """Its holder's pid is gone on this host (never said of another host's pid: that cannot be checked)."""
+    if not info or info.get("host") != socket.gethostname():
+        return False
+    pid = info.get("pid")
+    return isinstance(pid, int) and pid != os.getpid() and not _alive(pid)
+
+
+def _parse(raw: bytes) -> dict | None:
+    try:
+        info = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _read_fd(fd: int) -> dict | None:
+    try:
+        return _parse(os.pread(fd, 4096, 0))
+    except OSError:
+        return None
+
+
+def _read_path(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            return _parse(f.read(4096))
+    except OSError:
+        return None
+
+
+@dataclass
+class _Held:
+    fd: int | None
+    """The ``flock``-ed descriptor (None: exclusive creation, no flock)."""
+    owner: int
+    """The thread that holds it (re-entrant in that thread only)."""
+    pid: int
+    """The process (a forked child does not hold its parent's locks)."""
+    depth: int = 1
+
+
+_HELD: dict[str, _Held] = {}
+_HELD_MUTEX = threading.Lock()
+
+
+class OutputLock:
+    """An exclusive lock on an output path for one run: ``.NAME.lock`` beside it.
+
+    :meth:`acquire` returns at once: True when the lock was taken, False when this thread
+    already held it (re-entered); a lock held by another run raises
+    :class:`~hubsoup.errors.OutputLockedError` naming the holder (pid, host, start time,
+    command). :meth:`release` (idempotent, never raises) removes the file when the
+    outermost holder lets go. ``what`` names the path in the message ("output",
+    "continual soup").
+    """
+
+    def __init__(self, target: str, what: str = "output"):
         self.target = os.path.abspath(target)
-        check_output(target, overwrite)
-        parent = os.path.dirname(self.target)
-        os.makedirs(parent, exist_ok=True)
-        self.path = tempfile.mkdtemp(prefix=f".{os.path.basename(self.target)}.partial-", dir=parent)
+        self.path = lock_file(self.target)
+        self.what = what
+        self._acquired = False
 
-    def commit(self) -> str:
-        if os.path.exists(self.target):
-            old = self.target + ".old-" + os.path.basename(self.path)
+    def acquire(self) -> bool:
+        with _HELD_MUTEX:
+            held = _HELD.get(self.path)
+            if held is not None and held.pid != os.getpid():
+                del _HELD[self.path]
+                held = None
+            if held is not None:
+                if held.owner != threading.get_ident():
+                    raise OutputLockedError(self._busy({"pid": os.getpid(), "host": socket.gethostname(),
+                                                        "command": "another thread of this process"}))
+                held.depth += 1
+                self._acquired = True
+                return False
+            fd = self._take()
+            _HELD[self.path] = _Held(fd, threading.get_ident(), os.getpid())
+            self._acquired = True
+            return True
+
+    def release(self) -> None:
+        if not self._acquired:
+            return
+        self._acquired = False
+        with _HELD_MUTEX:
+            held = _HELD.get(self.path)
+            if held is None:
+                return
+            held.depth -= 1
+            if held.depth > 0:
+                return
+            del _HELD[self.path]
+        # unlink while still holding it: a run that opened the old file sees it gone and tries again
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        if held.fd is not None:
+            try:
+                os.close(held.fd)
+            except OSError:
+                pass
+
+    def __enter__(self) -> "OutputLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    # --- taking it -------------------------------------------------------------------------
+    def _info(self) -> bytes:
+        return (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
+                            "command": _command(), "target": self.target}) + "\n").encode("utf-8")
+
+    def _busy(self, info: dict | None) -> str:
+        return (f"{self.what} '{self.target}' is in use by {_describe(info)}; wait for it to finish "
+                f"(lock file {self.path})")
+
+    def _take_over(self, info: dict | None, why: str) -> None:
+        log.warning("taking over the lock on '%s' left by %s: %s", self.target, _describe(info), why)
+
+    def _take(self) -> int | None:
+        if fcntl is None:
+            return self._take_exclusive()
+        for _ in range(50):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+            except OSError as e:
+                raise _raise_for(e, self.target)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                info = _read_fd(fd)
+                os.close(fd)
+                raise OutputLockedError(self._busy(info)) from None
+            except OSError as e:
+                os.close(fd)
+                if e.errno in _NO_FLOCK:
+                    return self._take_exclusive()
+                raise
+            try:
+                st, now = os.fstat(fd), _stat(self.path)
+                if now is None or (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
+                    os.close(fd)  # released and removed by its holder meanwhile: lock the new one
+                    continue
+                if st.st_size:  # flock is free, so its holder is gone (the kernel releases it on death)
+                    self._take_over(_read_fd(fd), "its run was killed")
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, self._info(), 0)
+            except OSError as e:
+                _unlink_if(self.path, os.fstat(fd).st_ino)
+                os.close(fd)
+                raise _raise_for(e, self.target)
+            return fd
+        raise OutputLockedError(self._busy(_read_path(self.path)))
+
+    def _take_exclusive(self) -> None:
+        """Without ``flock``: create the file exclusively; a holder whose pid is gone on this host is stale."""
+        for _ in range(50):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                info = _read_path(self.path)
+                if _stale(info):
+                    self._take_over(info, "that process is gone")
+                    try:
+                        os.unlink(self.path)
+                    except FileNotFoundError:
+                        pass
+                    continue
+                raise OutputLockedError(self._busy(info)) from None
+            except OSError as e:
+                raise _raise_for(e, self.target)
+            try:
+                os.write(fd, self._info())
+            except OSError as e:
+                os.close(fd)
+                os.unlink(self.path)
+                raise _raise_for(e, self.target)
+            os.close(fd)
+            return None
+        raise OutputLockedError(self._busy(_read_path(self.path)))
+
+
+def _stat(path: str):
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _unlink_if(path: str, ino: int) -> None:
+    st = _stat(path)
+    if st is not None and st.st_ino == ino:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+# --- recovery ------------------------------------------------------------------------------------
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def recover(target: str) -> None:
+    """Clean up after an interrupted run on ``target``; call it holding the lock.
+
+    Restores ``NAME`` from ``.NAME.old-*`` when ``NAME`` is missing (a crash between the
+    two renames of a commit), removes other ``.NAME.old-*`` and every ``.NAME.partial-*``;
+    each action is logged as a warning.
+    """
+    target = os.path.abspath(target)
+    parent, name = os.path.split(target)
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return
+    # exactly `.NAME.old-XXXX` / `.NAME.partial-XXXX` (no dot in XXXX): never another output's `.NAME.old-x.partial-y`
+    leftover = re.compile(rf"^\.{re.escape(name)}\.(partial|old)-[\w-]+$")
+    found = [(m.group(1), os.path.join(parent, e)) for e in entries for m in [leftover.match(e)] if m]
+    olds = [p for kind, p in found if kind == "old"]
+    partials = [p for kind, p in found if kind == "partial"]
+    if olds and not os.path.lexists(target):
+        keep = max(olds, key=lambda p: os.lstat(p).st_ctime)
+        try:
+            os.rename(keep, target)
+        except OSError as e:
+            raise OutputNotWritableError(
+                f"output '{target}' is missing and its previous version is in '{keep}' (a run was interrupted while "
+                f"replacing it), which cannot be moved back ({e.strerror}); rename it to '{name}' by hand") from e
+        olds.remove(keep)
+        log.warning("restored '%s' from '%s': the run that was replacing it was interrupted between its two renames; "
+                    "its new output is discarded", target, os.path.basename(keep))
+    left = []
+    for p in olds + partials:
+        _remove(p)
+        if os.path.lexists(p):
+            left.append(os.path.basename(p))
+    removed = [os.path.basename(p) for p in olds + partials if os.path.basename(p) not in left]
+    if removed:
+        log.warning("removed %d temporary folder(s) left beside '%s' by an interrupted run: %s", len(removed), target,
+                    ", ".join(sorted(removed)))
+    if left:
+        log.warning("could not remove temporary folder(s) left beside '%s' by an interrupted run: %s; remove them by "
+                    "hand", target, ", ".join(sorted(left)))
+
+
+def lock_output(target: str, what: str = "output") -> OutputLock:
+    """Take the lock on ``target`` (see :class:`OutputLock`) and, when newly taken, :func:`recover` it.
+
+    The folder that holds ``target`` is created if needed.
+    """
+    lock = OutputLock(target, what)
+    parent = os.path.dirname(lock.target)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        if e.errno in _NOT_WRITABLE:
+            raise OutputNotWritableError(f"cannot create the folder '{parent}' for the {what} '{lock.target}': "
+                                         f"{e.strerror} ({e.filename}); choose another --out") from e
+        raise _raise_for(e, lock.target)
+    if lock.acquire():
+        try:
+            recover(lock.target)
+        except BaseException:
+            lock.release()
+            raise
+    return lock
+
+
+# --- faults ----------------------------------------------------------------------------------------
+
+def _within(path: str | None, folder: str) -> bool:
+    if not path:
+        return False
+    path, folder = os.path.abspath(os.fsdecode(path)), os.path.abspath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def output_error(e: BaseException, folder: str) -> HubsoupError | None:
+    """The one-line error for an ``OSError`` met while writing into ``folder`` (or beside it), else None.
+
+    Disk full (``ENOSPC``/``EDQUOT``) anywhere → :class:`DiskFullError`; read-only file system or no
+    permission (``EROFS``/``EACCES``/``EPERM``) on a path in ``folder``'s parent →
+    :class:`OutputNotWritableError`. safetensors' own writer (``save_file``, a LoRA output) reports
+    the OS error in its message only: ``... (os error 28)``.
+    """
+    if isinstance(e, HubsoupError):
+        return e
+    code, filename, strerror = getattr(e, "errno", None), getattr(e, "filename", None), getattr(e, "strerror", None)
+    if not isinstance(e, OSError):
+        m = re.search(r"\(os error (\d+)\)", str(e)) if type(e).__name__ == "SafetensorError" else None
+        if m is None:
+            return None
+        code, strerror = int(m.group(1)), os.strerror(int(m.group(1)))
+    folder = os.path.abspath(folder)
+    if code in _DISK_FULL:
+        name = os.path.basename(os.fsdecode(filename)) if filename else "the output"
+        where = os.path.dirname(os.path.abspath(os.fsdecode(filename))) if filename else folder
+        return DiskFullError(f"disk full while writing {name} in {final_path(where)} ({strerror}); free some space "
+                             "or write elsewhere")
+    parent = os.path.dirname(folder)
+    if code in _NOT_WRITABLE and (_within(filename, parent) or (filename is None and code == errno.EROFS)):
+        why = "read-only file system" if code == errno.EROFS else "permission denied"
+        return OutputNotWritableError(f"cannot write the output '{final_path(folder)}': {why} "
+                                      f"({os.fsdecode(filename) if filename else parent}); choose another --out")
+    return None
+
+
+def _raise_for(e: BaseException, folder: str) -> BaseException:
+    """What to raise for ``e``: its one-line form (cause ``e``) when :func:`output_error` has one, else ``e``."""
+    err = output_error(e, folder)
+    if err is None or err is e:
+        return e
+    err.__cause__ = e
+    return err
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # not thread-safe for that instant; only where /proc is missing
+    os.umask(mask)
+    return mask
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class OutputFolder:
+    """A temporary folder beside ``target`` that becomes ``target`` on :meth:`commit`.
+
+    Creating it takes the lock on ``target`` (:func:`lock_output`, which also recovers
+    from an interrupted run), refuses an existing ``target`` without ``overwrite`` and
+    makes ``.NAME.partial-XXXX`` with the user's umask. :meth:`commit` and :meth:`abort`
+    release the lock. Used as a context manager, an exception aborts (see :meth:`fail`).
+    """
+
+    def __init__(self, target: str, overwrite: bool = False, *, what: str = "output"):
+        self.target = os.path.abspath(target)
+        self.path = ""
+        self.committed = False
+        self.lock = lock_output(self.target, what)
+        try:
+            check_output(target, overwrite)
+            self.path = tempfile.mkdtemp(prefix=f".{os.path.basename(self.target)}.partial-",
+                                         dir=os.path.dirname(self.target))
+            os.chmod(self.path, 0o777 & ~_umask())  # mkdtemp's 0700 would make the output private
+        except BaseException as e:
+            raise self.fail(e)
+
+    def commit(self, source: str | None = None) -> str:
+        """Rename the temporary folder (or ``source``, a folder inside it) to the target; release the lock."""
+        src = source or self.path
+        parent = os.path.dirname(self.target)
+        if os.path.lexists(self.target):
+            suffix = os.path.basename(self.path).rsplit(".partial-", 1)[-1]
+            old = os.path.join(parent, f".{os.path.basename(self.target)}.old-{suffix}")
             os.rename(self.target, old)
-            os.rename(self.path, self.target)
-            shutil.rmtree(old, ignore_errors=True)
+            # a crash here leaves `old` and no target: the next run on the target restores `old` (recover)
+            try:
+                os.rename(src, self.target)
+            except BaseException:
+                os.rename(old, self.target)
+                raise
+            _remove(old)
         else:
-            os.rename(self.path, self.target)
+            os.rename(src, self.target)
+        _fsync_dir(parent)
+        if src != self.path:
+            shutil.rmtree(self.path, ignore_errors=True)
+        self.committed = True
+        self.lock.release()
         return self.target
 
     def abort(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        """Remove the temporary folder and release the lock; never raises."""
+        try:
+            if self.path and not self.committed:
+                shutil.rmtree(self.path, ignore_errors=True)
+        except BaseException:  # noqa: BLE001 - cleanup must not hide the real error
+            pass
+        finally:
+            self.lock.release()
 
+    def fail(self, e: BaseException) -> BaseException:
+        """:meth:`abort`, then the exception to raise for ``e``: a one-line error for a full disk or a
+        read-only output (see :func:`output_error`), else ``e`` itself. Usage: ``raise folder.fail(e)``."""
+        self.abort()
+        return _raise_for(e, self.path or self.target)
 
+    def __enter__(self) -> "OutputFolder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is None:
+            if not self.committed:
+                self.abort()
+            return
+        err = self.fail(exc)
+        if err is not exc:
+            raise err

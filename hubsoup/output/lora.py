@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from safetensors.torch import save_file
 
 from hubsoup.arch import Layout, model_layout, module_kind
 from hubsoup.engine import Copy, Dense, LowRank, Outcome, TensorWork, Unchanged
 from hubsoup.errors import ParameterError
+from hubsoup.output.shards import ShardedWriter
+from hubsoup.output.checkpoint import check_output_tensor, output_finite
 from hubsoup.linalg import gram_chunked, mm_chunked, mm_t_chunked, single_thread, sq_norm_chunked, svd_of_product
 from hubsoup.plan import TensorEntry
 from hubsoup.sources.checkpoint import Checkpoint
@@ -66,8 +67,13 @@ class LoraOptions:
             raise ParameterError("LoRA output needs --rank R (and/or --energy E, a fraction of ‖τ‖² to keep)")
         if self.rank is not None and (not isinstance(self.rank, int) or self.rank < 1):
             raise ParameterError(f"rank must be a positive integer, got {self.rank!r}")
-        if self.energy is not None and not (0.0 < float(self.energy) <= 1.0):
-            raise ParameterError(f"energy must be in (0, 1], got {self.energy!r}")
+        if self.energy is not None:
+            try:
+                e = math.nan if isinstance(self.energy, bool) else float(self.energy)
+            except (TypeError, ValueError):
+                e = math.nan
+            if not (0.0 < e <= 1.0):  # NaN fails the comparison
+                raise ParameterError(f"energy must be a number in (0, 1], got {self.energy!r}")
 
 
 @dataclass
@@ -125,6 +131,11 @@ class LoraSink:
 
     def close(self) -> dict[str, Any]:
         """Write the adapter folder; returns the truncation report."""
+        # plan order, whatever order concurrent workers delivered the tensors in: the same files every time
+        order = {k: i for i, k in enumerate(self.base_keys)}
+        self.rows.sort(key=lambda row: order.get(row.module + ".weight", len(order)))
+        self.ranks = {m: self.ranks[m] for m in sorted(self.ranks, key=lambda m: order.get(m + ".weight", len(order)))}
+        self.changed_full = {k: self.changed_full[k] for k in sorted(self.changed_full, key=lambda k: order.get(k, len(order)))}
         base_name = self.base.ref.repo_id or os.path.abspath(self.base.folder)
         return self.finish(self.folder, base_name=base_name, base_revision=self.base.ref.sha,
                            task_type=self.task_type, metadata=self.metadata)
@@ -144,6 +155,9 @@ class LoraSink:
     def add_factors(self, entry: TensorEntry, p: torch.Tensor, q: torch.Tensor) -> None:
         """τ = p @ q (base orientation); SVD through QR, never the dense matrix."""
         kind = self.lora_kind(entry)
+        if not (output_finite(p) and output_finite(q)):  # before the SVD, which NaN would derail
+            check_output_tensor(entry.name, p, p)
+            check_output_tensor(entry.name, q, q)
         if kind != "linear":  # stored (in, out): the LoRA factorises τᵀ
             p, q = q.T, p.T
         with single_thread():  # all of it is (out + in) × Σr small: threads only cost here
@@ -154,6 +168,7 @@ class LoraSink:
         """A merged task vector computed densely: SVD if LoRA-able, else kept as a full tensor (``base()`` + τ)."""
         if not bool(tau.any()):
             return
+        check_output_tensor(entry.name, tau, tau)  # NaN/inf would derail the SVD (one reduction)
         kind = self.lora_kind(entry)
         if kind is None:
             self.changed_full[entry.name] = (base() + tau).cpu()
@@ -209,14 +224,20 @@ class LoraSink:
         dt = self.options.dtype or torch.float32
         key = f"{PEFT_PREFIX}{module}"
         if kind == "embedding":
-            self.tensors[f"{key}.lora_embedding_A"] = a.to(dt).contiguous()
-            self.tensors[f"{key}.lora_embedding_B"] = b.to(dt).contiguous()
+            self._put(f"{key}.lora_embedding_A", a, dt)
+            self._put(f"{key}.lora_embedding_B", b, dt)
         else:
-            self.tensors[f"{key}.lora_A.weight"] = a.to(dt).contiguous()
-            self.tensors[f"{key}.lora_B.weight"] = b.to(dt).contiguous()
+            self._put(f"{key}.lora_A.weight", a, dt)
+            self._put(f"{key}.lora_B.weight", b, dt)
         self.targets[module] = kind
         self.ranks[module] = r
         self.rows.append(_ModuleRow(module, kind, r, rel, total, kept, r * (a.shape[1] + b.shape[0]), path))
+
+    def _put(self, key: str, t: torch.Tensor, dtype: torch.dtype) -> None:
+        """Store adapter tensor ``key`` cast to ``dtype``, refusing NaN/inf (an overflowing cast included)."""
+        out = t.to(dtype).contiguous()
+        check_output_tensor(key, out, t)
+        self.tensors[key] = out
 
     # --- full tensors ----------------------------------------------------------------------
     def _full_dtype(self, name: str) -> torch.dtype:
@@ -235,19 +256,19 @@ class LoraSink:
             info = self.layout.modules.get(module) if self.layout is not None else None
             if module in self.targets:
                 for param, t in params.items():
-                    self.tensors[f"{PEFT_PREFIX}{module}.base_layer.{param}"] = t.to(self._full_dtype(f"{module}.{param}"))
+                    self._put(f"{PEFT_PREFIX}{module}.base_layer.{param}", t, self._full_dtype(f"{module}.{param}"))
                 plain.extend(f"{module}.{p}" for p in params)
                 continue
             if module and info is not None and all(f"{module}.{p}" in have or p in params for p in info.params):
                 for p in info.params:  # peft's ModulesToSaveWrapper loads every tensor of the module
                     name = f"{module}.{p}"
                     t = params[p] if p in params else self.base.tensor(name)
-                    self.tensors[f"{PEFT_PREFIX}{name}"] = t.to(self._full_dtype(name)).contiguous()
+                    self._put(f"{PEFT_PREFIX}{name}", t, self._full_dtype(name))
                 modules_to_save.append(module)
                 continue
             for param, t in params.items():  # a parameter outside any leaf module: loaded into the base as is
                 name = f"{module}.{param}" if module else param
-                self.tensors[f"{PEFT_PREFIX}{name}"] = t.to(self._full_dtype(name)).contiguous()
+                self._put(f"{PEFT_PREFIX}{name}", t, self._full_dtype(name))
                 plain.append(name)
         return modules_to_save, plain
 
@@ -282,7 +303,13 @@ class LoraSink:
             "layers_to_transform": None,
             "layers_pattern": None,
         }
-        save_file(self.tensors, os.path.join(folder, "adapter_model.safetensors"), metadata={"format": "pt", **metadata})
+        # our writer, not save_file: its header order is fixed, so the same merge gives the same bytes
+        names = sorted(self.tensors)
+        writer = ShardedWriter(folder, [(k, tuple(self.tensors[k].shape), self.tensors[k].dtype) for k in names],
+                               max_shard_size=1 << 62, metadata=metadata, prefix="adapter_model", index=False)
+        for k in names:
+            writer.write(k, self.tensors[k])
+        writer.close()
         with open(os.path.join(folder, "adapter_config.json"), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2)
         report = self.report(modules_to_save, plain)

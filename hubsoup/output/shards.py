@@ -5,17 +5,26 @@ knows every output tensor's name, shape and dtype before the first one is comput
 so the layout (which shard, which byte offsets) is fixed up front: headers are
 written first and each tensor's bytes go straight to their place on disk as soon as
 it is merged. Memory stays at one tensor, whatever the shard size.
+
+A full disk (``ENOSPC``, or ``EDQUOT`` for a quota) is a one-line
+:class:`~hubsoup.errors.DiskFullError` naming the file, the folder and the bytes the
+shards need; :meth:`ShardedWriter.abort` never raises, even when closing a file fails.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from dataclasses import dataclass
 
 import torch
 
+from hubsoup.errors import DiskFullError
 from hubsoup.sources.checkpoint import ST_DTYPES
+
+_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 _DTYPE_NAMES = {dtype: name for name, dtype in ST_DTYPES.items()}
 INDEX_NAME = "model.safetensors.index.json"
@@ -28,6 +37,13 @@ class _Slot:
     nbytes: int
     shape: tuple[int, ...]
     dtype: torch.dtype
+
+
+def _free(folder: str) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
 
 
 class ShardedWriter:
@@ -61,6 +77,10 @@ class ShardedWriter:
         self.slots: dict[str, _Slot] = {}
         self.handles = []
         self.total_size = 0
+        self.file_bytes = 0
+        """What the shard files take on disk once written, headers included (the "bytes needed")."""
+        self.written: set[str] = set()
+        headers = []
         for i, shard in enumerate(shards):
             header: dict = {"__metadata__": metadata}
             offset = 0
@@ -70,17 +90,35 @@ class ShardedWriter:
             raw = json.dumps(header, separators=(",", ":")).encode()
             raw += b" " * (-len(raw) % 8)  # data must start 8-byte aligned
             data_start = 8 + len(raw)
-            path = os.path.join(folder, self.files[i])
-            f = open(path, "w+b")
-            f.write(len(raw).to_bytes(8, "little"))
-            f.write(raw)
-            f.truncate(data_start + offset)
-            self.handles.append(f)
+            headers.append((raw, data_start + offset))
             for name, shape, dtype, nbytes in shard:
                 start = data_start + header[name]["data_offsets"][0]
                 self.slots[name] = _Slot(i, start, nbytes, shape, dtype)
             self.total_size += offset
-        self.written: set[str] = set()
+            self.file_bytes += data_start + offset
+        self.free_at_start = _free(folder)
+        for i, (raw, length) in enumerate(headers):
+            try:
+                f = open(os.path.join(folder, self.files[i]), "w+b")
+                self.handles.append(f)
+                f.write(len(raw).to_bytes(8, "little"))
+                f.write(raw)
+                f.truncate(length)
+            except BaseException as e:
+                self.abort()
+                raise self._disk_full(e, self.files[i])
+
+    def _disk_full(self, e: BaseException, file: str) -> BaseException:
+        """``e``, or for a full disk the one-line :class:`DiskFullError` (caused by ``e``)."""
+        if not (isinstance(e, OSError) and e.errno in _DISK_FULL):
+            return e
+        from hubsoup.output.folder import final_path
+
+        free = f" ({self.free_at_start} were free when writing started)" if self.free_at_start is not None else ""
+        err = DiskFullError(f"disk full while writing {file} in {final_path(self.folder)}: {self.file_bytes} bytes "
+                            f"needed{free}")
+        err.__cause__ = e
+        return err
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         slot = self.slots[name]
@@ -89,25 +127,40 @@ class ShardedWriter:
         data = tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy()
         assert data.nbytes == slot.nbytes
         f = self.handles[slot.shard]
-        f.seek(slot.start)
-        f.write(memoryview(data))
+        try:
+            f.seek(slot.start)  # (flushes what the previous write buffered)
+            f.write(memoryview(data))
+        except OSError as e:
+            raise self._disk_full(e, self.files[slot.shard])
         self.written.add(name)
 
     def close(self) -> None:
-        for f in self.handles:
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
-        self.handles = []
         missing = set(self.slots) - self.written
-        if missing:
-            raise RuntimeError(f"writer closed with {len(missing)} tensors unwritten, e.g. {sorted(missing)[0]}")
-        if self.index and len(self.files) > 1:
-            weight_map = {name: self.files[s.shard] for name, s in self.slots.items()}
-            with open(os.path.join(self.folder, INDEX_NAME), "w", encoding="utf-8") as f:
-                json.dump({"metadata": {"total_size": self.total_size}, "weight_map": weight_map}, f, indent=2)
+        file = ""
+        try:
+            for i, f in enumerate(self.handles):
+                file = self.files[i]
+                f.flush()
+                os.fsync(f.fileno())
+            for f in self.handles:
+                f.close()
+            self.handles = []
+            if missing:
+                raise RuntimeError(f"writer closed with {len(missing)} tensors unwritten, e.g. {sorted(missing)[0]}")
+            if self.index and len(self.files) > 1:
+                file = INDEX_NAME
+                weight_map = {name: self.files[s.shard] for name, s in self.slots.items()}
+                with open(os.path.join(self.folder, INDEX_NAME), "w", encoding="utf-8") as f:
+                    json.dump({"metadata": {"total_size": self.total_size}, "weight_map": weight_map}, f, indent=2)
+        except BaseException as e:
+            self.abort()
+            raise self._disk_full(e, file)
 
     def abort(self) -> None:
-        for f in self.handles:
-            f.close()
-        self.handles = []
+        """Close every file; never raises (a file whose buffer cannot be flushed, e.g. on a full disk, is dropped)."""
+        handles, self.handles = self.handles, []
+        for f in handles:
+            try:
+                f.close()  # closes the descriptor even when flushing the buffer fails
+            except Exception:  # noqa: BLE001 - the caller is already failing; its error is the one to show
+                pass

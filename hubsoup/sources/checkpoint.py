@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-from hubsoup.errors import CorruptCheckpointError, InputError, PickleRefusedError
+from hubsoup.errors import CorruptCheckpointError, InputError, PickleRefusedError, UnsafePathError
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
@@ -43,33 +45,116 @@ class InputRef:
     """Local folder (for Hub inputs: the snapshot in the cache)."""
     kind: str = "full"
     """``full`` (a full fine-tune / pre-trained model) or ``lora`` (a PEFT adapter)."""
+    digest: str | None = None
+    """Local inputs: a short SHA-256 of the weight files' headers (and a sample of their bytes) and
+    index, set when the weights are opened; with :attr:`name` it names the input on the Hub."""
+    name: str | None = None
+    """Local inputs read back from a public recipe: the folder name (no path was recorded)."""
 
     @property
     def label(self) -> str:
         if self.repo_id:
             return f"{self.repo_id}@{self.sha[:12]}" if self.sha else self.repo_id
-        return self.spec
+        return self.spec or self.public
+
+    @property
+    def is_local(self) -> bool:
+        return not self.repo_id
+
+    @property
+    def public_name(self) -> str:
+        """What may be published about this input: the repo ID, or a local folder's name (never its path)."""
+        if self.repo_id:
+            return self.repo_id
+        if self.name:
+            return self.name
+        where = (self.path or self.spec or "").rstrip("/\\")
+        return os.path.basename(os.path.normpath(where)) if where else "local"
+
+    @property
+    def public(self) -> str:
+        """The stable, non-identifying reference: ``org/name@sha``, or ``folder-name (sha256:…)`` for a folder."""
+        if self.repo_id:
+            return f"{self.repo_id}@{self.sha}" if self.sha else self.repo_id
+        return f"{self.public_name} (sha256:{self.digest})" if self.digest else self.public_name
 
     def to_dict(self) -> dict[str, Any]:
         d = {"spec": self.spec, "kind": self.kind}
         if self.repo_id:
             d.update(repo_id=self.repo_id, revision=self.revision, sha=self.sha)
-        else:
+        elif self.path or self.spec:
             d["path"] = os.path.abspath(self.path or self.spec)
+            if self.digest:
+                d["digest"] = self.digest
+        else:  # read back from a public recipe: no path to record
+            d = self.public_dict()
+        return d
+
+    def public_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` without anything local: a folder is its name and digest, never its path."""
+        if self.repo_id:
+            return self.to_dict()
+        d: dict[str, Any] = {"name": self.public_name, "kind": self.kind}
+        if self.digest:
+            d["digest"] = self.digest
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "InputRef":
-        """The reference a recipe or a continual state recorded with :meth:`to_dict`."""
+        """The reference a recipe or a continual state recorded with :meth:`to_dict` (or :meth:`public_dict`)."""
         return cls(spec=d.get("spec", ""), repo_id=d.get("repo_id"), revision=d.get("revision"), sha=d.get("sha"),
-                   path=d.get("path"), kind=d.get("kind", "full"))
+                   path=d.get("path"), kind=d.get("kind", "full"), digest=d.get("digest"), name=d.get("name"))
 
     @property
     def pinned_spec(self) -> str:
         """How to open exactly this input again: ``org/name@<sha>`` for the Hub, the folder otherwise."""
         if self.repo_id:
             return f"{self.repo_id}@{self.sha}" if self.sha else self.repo_id
+        if not (self.path or self.spec):
+            raise InputError(f"input '{self.public}' was a local folder, and a published recipe does not say where "
+                             "it is; run the recipe that was written beside the merge's output, or merge again")
         return self.path or self.spec
+
+
+def unsafe_name(name: Any) -> str | None:
+    """Why a file name from a checkpoint's own metadata may not be opened (None if it may).
+
+    A checkpoint names its files relative to its folder; an absolute path, a ``..`` component,
+    a drive letter, a NUL byte or a non-string value could make hubsoup read a file of the
+    machine instead, so each is refused before anything is opened.
+    """
+    if not isinstance(name, str):
+        return f"is not a file name (a {type(name).__name__})"
+    if not name or "\x00" in name:
+        return "is not a file name"
+    if name.startswith(("/", "\\")) or os.path.isabs(name) or re.match(r"^[A-Za-z]:", name):
+        return "is an absolute path"
+    if any(part == ".." for part in re.split(r"[/\\]", name)):
+        return "climbs out of the folder ('..')"
+    return None
+
+
+def repo_cache_root(folder: str) -> str | None:
+    """The Hub cache's repo folder (``.../models--org--name``) when ``folder`` is one of its snapshots.
+
+    A snapshot's files are symlinks into ``../../blobs/`` of the same repo cache folder; those
+    count as inside the checkpoint.
+    """
+    real = os.path.realpath(folder)
+    parent = os.path.dirname(real)
+    repo = os.path.dirname(parent)
+    if os.path.basename(parent) == "snapshots" and re.match(r"^(models|datasets|spaces)--.+--.+", os.path.basename(repo)):
+        return repo
+    return None
+
+
+def is_inside(path: str, root: str) -> bool:
+    """Whether the real path of ``path`` lies in (or is) the real folder ``root``."""
+    real, root = os.path.realpath(path), os.path.realpath(root)
+    try:
+        return os.path.commonpath([real, root]) == root
+    except ValueError:  # different drives
+        return False
 
 
 @dataclass
@@ -91,9 +176,12 @@ class Checkpoint:
     folder: str
     fetch_weights: Callable[[], None] | None = None
     allow_pickle: bool = False
+    role: str = "input"
+    """How messages name it: ``input`` or ``base``."""
     _files: dict[str, str] = field(default_factory=dict, repr=False)  # tensor -> file
     _infos: dict[str, TensorInfo] = field(default_factory=dict, repr=False)
     _handles: dict[str, Any] = field(default_factory=dict, repr=False)
+    _paths: dict[str, str] = field(default_factory=dict, repr=False)  # file -> checked path
     _pickled: dict[str, dict] = field(default_factory=dict, repr=False)
     _opened: bool = field(default=False, repr=False)
 
@@ -102,10 +190,60 @@ class Checkpoint:
     def label(self) -> str:
         return self.ref.label
 
+    def root(self) -> str:
+        """The folder every file of this checkpoint must resolve into: its own folder, or for a
+        snapshot of the Hub cache the repo's cache folder (``models--org--name``, which holds the blobs
+        the snapshot's symlinks point to)."""
+        return repo_cache_root(self.folder) or os.path.realpath(self.folder)
+
+    def file(self, name: Any, *, named_by: str | None = None) -> str:
+        """The path of the checkpoint's file ``name``; raises :class:`UnsafePathError` if it is not inside.
+
+        ``name`` comes from the checkpoint (an index's ``weight_map`` value, a file the folder holds):
+        an absolute path, ``..``, a non-string value or a symlink leading out of :meth:`root` is refused,
+        before the file is opened. ``named_by``: the file that named it (for the message).
+        """
+        where = f"{named_by} names {name!r}" if named_by else f"{name!r}"
+        problem = unsafe_name(name)
+        if problem:
+            raise UnsafePathError(
+                f"{self.role} '{self.label}': {where}, which {problem}; refused: a checkpoint may only name files "
+                "inside its own folder")
+        path = os.path.join(self.folder, *re.split(r"[/\\]", name))
+        if (os.path.islink(path) or os.path.exists(path)) and not is_inside(path, self.root()):
+            raise UnsafePathError(
+                f"{self.role} '{self.label}': {where}, which is a link to a file outside the checkpoint's folder; "
+                "refused: a checkpoint may only name files inside its own folder (replace the link by the file, "
+                "or by a hard link)")
+        return path
+
+    def check_links(self, patterns: list[str]) -> None:
+        """Refuse (:meth:`file`) any file of the folder matching ``patterns`` that is a link leading out of it."""
+        import fnmatch
+
+        try:
+            names = sorted(os.listdir(self.folder))
+        except OSError:
+            return
+        for name in names:
+            if any(fnmatch.fnmatch(name, p) for p in patterns) and os.path.islink(os.path.join(self.folder, name)):
+                self.file(name)
+
+    def weight_map(self, name: str) -> dict[str, str]:
+        """The ``weight_map`` of the index file ``name``, every file it names checked (:meth:`file`)."""
+        index = self.read_json(name)
+        if not index or not isinstance(index.get("weight_map"), dict):
+            raise CorruptCheckpointError(f"{self.role} '{self.label}': {name} has no weight_map")
+        wm = index["weight_map"]
+        for tensor, fname in wm.items():
+            self.file(fname, named_by=f"{name} (tensor {tensor!r})")
+        return wm
+
     def read_json(self, name: str) -> dict | None:
         path = os.path.join(self.folder, name)
         if not os.path.isfile(path):
             return None
+        path = self.file(name)
         try:
             with open(path, encoding="utf-8") as f:
                 return json.load(f)
@@ -122,6 +260,7 @@ class Checkpoint:
         path = os.path.join(self.folder, "README.md")
         if not os.path.isfile(path):
             return {}
+        path = self.file("README.md")
         from huggingface_hub import metadata_load
 
         try:
@@ -141,7 +280,7 @@ class Checkpoint:
         if os.path.isfile(os.path.join(folder, ADAPTER_CONFIG)):
             self._open_adapter()
         elif os.path.isfile(index):
-            weight_map = self._read_index(SAFETENSORS_INDEX)
+            weight_map = self.weight_map(SAFETENSORS_INDEX)
             files = sorted(set(weight_map.values()))
             for fname in files:
                 self._open_safetensors(fname)
@@ -168,6 +307,38 @@ class Checkpoint:
                     f"(expected {SAFETENSORS_SINGLE} or {SAFETENSORS_INDEX})"
                 )
         self._opened = True
+        if self.ref.is_local and not self.ref.digest:
+            self.ref.digest = self.content_digest()
+
+    def content_digest(self) -> str:
+        """A short SHA-256 that names a local checkpoint without its path (:attr:`InputRef.digest`).
+
+        Covers each weight file's name, size and header (safetensors: its JSON header) and its first
+        and last 64 KiB, plus the index and adapter config: it tells two fine-tunes of one base
+        apart without reading whole models.
+        """
+        h = hashlib.sha256()
+        for name in (SAFETENSORS_INDEX, PICKLE_INDEX, ADAPTER_CONFIG):
+            if os.path.isfile(os.path.join(self.folder, name)):
+                with open(self.file(name), "rb") as f:
+                    h.update(name.encode() + b"\0" + f.read())
+        for fname in sorted(set(self._files.values())):
+            path = self._paths.get(fname) or self.file(fname)
+            size = os.path.getsize(path)
+            h.update(f"{fname}\0{size}\0".encode())
+            with open(path, "rb") as f:
+                start = 0
+                if fname.endswith(".safetensors") and size >= 8:
+                    n = int.from_bytes(f.read(8), "little")
+                    start = 8 + min(n, size - 8, 100 * 1024 * 1024)  # safetensors' own header limit
+                    f.seek(0)
+                    h.update(f.read(start))
+                sample = 64 * 1024
+                f.seek(start)
+                h.update(f.read(sample))
+                f.seek(max(start, size - sample))
+                h.update(f.read(sample))
+        return h.hexdigest()[:16]
 
     def _open_adapter(self) -> None:
         """A PEFT adapter folder: ``adapter_model.safetensors`` (or, if allowed, ``adapter_model.bin``)."""
@@ -182,13 +353,11 @@ class Checkpoint:
             )
 
     def _read_index(self, name: str) -> dict[str, str]:
-        index = self.read_json(name)
-        if not index or not isinstance(index.get("weight_map"), dict):
-            raise CorruptCheckpointError(f"input '{self.label}': {name} has no weight_map")
-        return index["weight_map"]
+        return self.weight_map(name)
 
     def _open_safetensors(self, fname: str) -> None:
-        path = os.path.join(self.folder, fname)
+        path = self.file(fname)
+        self._paths[fname] = path
         if not os.path.isfile(path):
             raise CorruptCheckpointError(f"input '{self.label}': weight file {fname} is missing")
         try:
@@ -225,7 +394,8 @@ class Checkpoint:
         else:
             files = [PICKLE_SINGLE]
         for fname in files:
-            path = os.path.join(self.folder, fname)
+            path = self.file(fname)
+            self._paths[fname] = path
             try:
                 # mmap keeps it lazy; weights_only refuses code objects even when allowed
                 sd = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
@@ -259,7 +429,7 @@ class Checkpoint:
         try:
             handle = self._handles[fname]
             if handle is None:  # released: map the file again
-                handle = self._handles[fname] = safe_open(os.path.join(self.folder, fname), framework="pt", device="cpu")
+                handle = self._handles[fname] = safe_open(self._paths[fname], framework="pt", device="cpu")
             return handle.get_tensor(name)
         except SafetensorError as e:
             raise CorruptCheckpointError(

@@ -9,9 +9,10 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Sequence
 
-from hubsoup.errors import BaseModelError, IncompatibleInputError
+from hubsoup.errors import BaseModelError, IncompatibleInputError, ParameterError
 from hubsoup.sources.checkpoint import Checkpoint
 from hubsoup.sources.taskvector import FullDelta, shape_message
 
@@ -35,6 +36,12 @@ def _pick(cfg: dict, keys: Sequence[str]) -> Any:
 def check_config(base: Checkpoint, ckpt: Checkpoint) -> None:
     """Refuse an input whose architecture differs from the base's, before any weight is read."""
     b, c = base.config, ckpt.config
+    if c.get("quantization_config") and not b.get("quantization_config"):
+        method = (c["quantization_config"] or {}).get("quant_method", "?") if isinstance(c["quantization_config"], dict) else "?"
+        raise IncompatibleInputError(
+            f"input '{ckpt.label}' is quantized ({method}; config.json has quantization_config) but the base "
+            f"'{base.label}' is not: a quantized checkpoint? Its weights are not a fine-tune's; merge the "
+            "full-precision fine-tune")
     if b.get("model_type") and c.get("model_type") and b["model_type"] != c["model_type"]:
         raise IncompatibleInputError(
             f"input '{ckpt.label}' is a {c['model_type']} model but the base '{base.label}' is {b['model_type']}; "
@@ -62,7 +69,21 @@ def base_model_claims(ckpt: Checkpoint) -> list[str]:
 
 
 def resolve_base(inputs: list[Checkpoint]) -> str:
+    """The base the inputs' cards (or adapter configs) name; they must agree.
+
+    A base named by a Hub input must be a Hub repo ID: a remote card cannot make hubsoup merge
+    onto (and push the tokenizer of) a folder of this machine. Only a local input's card may
+    name a local folder. See :func:`resolve_base_spec` for whether it must be opened from the Hub.
+    """
+    return resolve_base_spec(inputs)[0]
+
+
+def resolve_base_spec(inputs: list[Checkpoint]) -> tuple[str, bool]:
+    """``(base, hub_only)``: the base the inputs name, and whether a Hub input named it (then only the Hub is asked)."""
+    from hubsoup.sources.resolve import _REPO_ID, parse_spec
+
     named = {}
+    remote = False
     for ckpt in inputs:
         claims = base_model_claims(ckpt)
         if not claims:
@@ -70,11 +91,41 @@ def resolve_base(inputs: list[Checkpoint]) -> str:
                 f"input '{ckpt.label}' does not say which base model it was fine-tuned from "
                 "(no base_model in its model card, no base_model_name_or_path in an adapter_config.json); "
                 "pass --base ORG/NAME or a folder")
-        named[ckpt.label] = claims[0]
+        claim = claims[0]
+        if ckpt.ref.repo_id:
+            remote = True
+            repo_id = parse_spec(claim)[0] if isinstance(claim, str) else ""
+            if (not isinstance(claim, str) or claim.startswith((".", "/", "~", "\\")) or os.path.isabs(claim)
+                    or repo_id.count("/") > 1 or ".." in repo_id or not _REPO_ID.match(repo_id)):
+                raise BaseModelError(
+                    f"input '{ckpt.label}' names its base as {claim!r}, which is not a Hub repo ID; a Hub repo "
+                    "cannot choose a local folder as the base: pass --base ORG/NAME or a folder")
+        named[ckpt.label] = claim
     if len(set(named.values())) > 1:
         detail = ", ".join(f"{k} -> {v}" for k, v in named.items())
         raise BaseModelError(f"inputs disagree on their base model ({detail}); pass --base to choose one")
-    return next(iter(named.values()))
+    return next(iter(named.values())), remote
+
+
+def check_out_is_no_input(out: str, base: Checkpoint, sources: Sequence[Any]) -> None:
+    """Refuse an output folder that is, or contains, an input or the base (``--overwrite`` would delete it)."""
+    target = os.path.realpath(os.path.expanduser(out))
+    for role, ckpt in [("the base", base), *(("input", getattr(s, "ckpt", None) or s) for s in sources)]:
+        folder = getattr(ckpt, "folder", None)
+        ref = getattr(ckpt, "ref", None)
+        if not folder or not os.path.isdir(folder):
+            continue
+        real = os.path.realpath(folder)
+        try:
+            inside = os.path.commonpath([real, target]) == target
+        except ValueError:
+            inside = False
+        if inside:
+            what = "is" if real == target else "contains"
+            name = f"{role} '{ref.label}'" if role == "input" and ref is not None else f"{role} '{getattr(ref, 'label', folder)}'"
+            raise ParameterError(
+                f"output '{out}' {what} {name}; writing the merge there (with --overwrite) would delete it: "
+                "choose another --out")
 
 
 def align_names(base_keys: list[str], ckpt: Checkpoint, ignore_extra: bool) -> dict[str, str]:
@@ -126,7 +177,17 @@ def task_vector(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos:
         want = tuple(infos[k].shape)
         if shape != want and (shape_mismatch == "error" or len(shape) != len(want)):
             raise IncompatibleInputError(shape_message(ckpt.label, name_map[k], shape, want))
+        check_dtype(ckpt.label, name_map[k], ckpt.info(name_map[k]).dtype, infos[k].dtype)
     return FullDelta(ckpt, name_map, shape_mismatch)
+
+
+def check_dtype(label: str, name: str, dtype, base_dtype) -> None:
+    """Refuse an integer (quantized) tensor where the base's is floating point: its values are not weights."""
+    if base_dtype.is_floating_point and not dtype.is_floating_point:
+        raise IncompatibleInputError(
+            f"input '{label}': tensor '{name}' is {str(dtype).replace('torch.', '')} but the base's is "
+            f"{str(base_dtype).replace('torch.', '')}: a quantized checkpoint? hubsoup merges floating-point "
+            "weights only; merge the full-precision fine-tune (or dequantize it first)")
 
 
 def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pickle: bool = False, ignore_extra: bool = False,
@@ -140,10 +201,14 @@ def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pi
     from hubsoup.sources.resolve import open_input
 
     ckpts = [open_input(s, allow_pickle=allow_pickle, token=token) for s in specs]
+    warn_duplicates(ckpts)
     if isinstance(base, Checkpoint):
         base_ckpt = base
+    elif base:
+        base_ckpt = open_base(base, allow_pickle=allow_pickle, token=token)
     else:
-        base_ckpt = open_base(base or resolve_base(ckpts), allow_pickle=allow_pickle, token=token)
+        spec, hub_only = resolve_base_spec(ckpts)
+        base_ckpt = open_base(spec, allow_pickle=allow_pickle, token=token, hub_only=hub_only)
     for c in ckpts:
         if c.ref.kind == "full":
             check_config(base_ckpt, c)
@@ -153,11 +218,29 @@ def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pi
                                    shape_mismatch=shape_mismatch) for c in ckpts]
 
 
-def open_base(spec: str, *, allow_pickle: bool = False, token: str | bool | None = None) -> Checkpoint:
-    """The base model (with its tokenizer files); an adapter is refused."""
+def warn_duplicates(ckpts: Sequence[Checkpoint]) -> None:
+    """Warn when one model is given twice (same repo and commit, or same folder): it counts twice."""
+    seen: dict[tuple, str] = {}
+    for c in ckpts:
+        key = ("hub", c.ref.repo_id.lower(), c.ref.sha) if c.ref.repo_id else ("local", os.path.realpath(c.folder))
+        if key in seen:
+            log.warning("input %s is the same model as %s: it is given twice, so it counts twice in the merge",
+                        c.label, seen[key])
+        else:
+            seen[key] = c.label
+
+
+def open_base(spec: str, *, allow_pickle: bool = False, token: str | bool | None = None,
+              hub_only: bool = False) -> Checkpoint:
+    """The base model (with its tokenizer files); an adapter is refused.
+
+    ``hub_only``: the base was named by a Hub input's card or adapter config, so it is opened
+    from the Hub only (never a local folder, see :func:`resolve_base`).
+    """
     from hubsoup.sources.resolve import open_input
 
-    ckpt = open_input(spec, allow_pickle=allow_pickle, token=token, with_tokenizer=True)
+    ckpt = open_input(spec, allow_pickle=allow_pickle, token=token, with_tokenizer=True, hub_only=hub_only,
+                      role="base")
     if ckpt.ref.kind != "full":
         raise BaseModelError(f"base '{ckpt.label}' is an adapter, not a full model")
     return ckpt

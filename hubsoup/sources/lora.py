@@ -267,6 +267,41 @@ def check_supported(ckpt: Checkpoint, cfg: dict) -> None:
             "path_initial_model_for_weight_conversion to get a plain LoRA, and merge that")
 
 
+def _positive_int(v) -> bool:
+    return not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer())) and v > 0
+
+
+def _finite_number(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def check_config_values(ckpt: Checkpoint, cfg: dict) -> None:
+    """Refuse a config whose ``r``/``lora_alpha`` (or their per-module patterns) are not usable numbers.
+
+    The scale ``lora_alpha / r`` multiplies every update: a string, a rank ≤ 0 or a NaN alpha
+    would crash the merge or silently write NaN weights, so it is refused when the adapter is opened.
+    """
+    where = f"adapter '{ckpt.label}': {ADAPTER_CONFIG}"
+    if "r" in cfg and not _positive_int(cfg["r"]):
+        raise InputError(f"{where} has r={cfg['r']!r}; the LoRA rank must be a positive integer")
+    if "lora_alpha" in cfg and not _finite_number(cfg["lora_alpha"]):
+        raise InputError(f"{where} has lora_alpha={cfg['lora_alpha']!r}; it must be a finite number")
+    for key, ok, what in (("rank_pattern", _positive_int, "a positive integer"),
+                          ("alpha_pattern", _finite_number, "a finite number")):
+        pattern = cfg.get(key)
+        if pattern is None:
+            continue
+        if not isinstance(pattern, dict):
+            raise InputError(f"{where} has {key}={pattern!r}; it must be a mapping module → value")
+        for k, v in pattern.items():
+            if not ok(v):
+                raise InputError(f"{where} has {key}[{k!r}]={v!r}; it must be {what}")
+            try:
+                re.compile(rf"(.*\.)?({k})$")
+            except re.error as e:
+                raise InputError(f"{where} has {key} key {k!r}, not a valid module pattern ({e})") from None
+
+
 def check_base_claim(ckpt: Checkpoint, cfg: dict, base: Checkpoint) -> None:
     """Compare the adapter's ``base_model_name_or_path`` with the merge's base.
 
@@ -282,7 +317,8 @@ def check_base_claim(ckpt: Checkpoint, cfg: dict, base: Checkpoint) -> None:
     if not claim:
         return
     claim_path = os.path.expanduser(claim)
-    if os.path.isdir(claim_path):
+    # a Hub adapter's claim is remote data: never a reason to look at this machine's files
+    if not ckpt.ref.repo_id and os.path.isdir(claim_path):
         if os.path.realpath(claim_path) == os.path.realpath(base.folder):
             return
         log.warning("adapter %s was trained on %s; merging it onto %s (the tensor shapes match)",
@@ -349,6 +385,7 @@ def lora_source(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos:
     """
     cfg = adapter_config(ckpt)
     check_supported(ckpt, cfg)
+    check_config_values(ckpt, cfg)
     check_base_claim(ckpt, cfg, base)
     keys = ckpt.keys()
     label = ckpt.label

@@ -8,12 +8,11 @@ when the engine opens them, after the inputs were checked against the base.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
-from hubsoup.errors import InputError
-from hubsoup.sources.checkpoint import Checkpoint, InputRef
+from hubsoup.errors import InputError, PickleRefusedError
+from hubsoup.sources.checkpoint import Checkpoint, InputRef, SAFETENSORS_INDEX
 
 METADATA_FILES = [
     "config.json",
@@ -52,8 +51,13 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 def open_input(spec: str, *, allow_pickle: bool = False, token: str | bool | None = None,
-               with_tokenizer: bool = False) -> Checkpoint:
+               with_tokenizer: bool = False, hub_only: bool = False, role: str = "input") -> Checkpoint:
     """Open an input given as a local folder or a Hub repo ID (``org/name[@revision]``).
+
+    ``hub_only``: ``spec`` came from a remote source (a Hub repo's card or adapter config naming its
+    base), so it must be a Hub repo ID; a local path is refused and a local folder of that name is
+    never looked at. Every file the checkpoint names is checked to lie inside its own folder
+    (:meth:`Checkpoint.file`) before it is read.
 
     Example:
         >>> ckpt = open_input("./my-finetune")            # doctest: +SKIP
@@ -61,27 +65,49 @@ def open_input(spec: str, *, allow_pickle: bool = False, token: str | bool | Non
         >>> ckpt.ref.sha                                  # doctest: +SKIP
         '3f1c...'
     """
-    expanded = os.path.expanduser(spec)
-    if os.path.isdir(expanded):
-        return _local(spec, expanded, allow_pickle)
-    if os.path.exists(expanded):
-        raise InputError(f"input '{spec}': is a file; give the folder that holds config.json and the weights")
+    if not isinstance(spec, str) or not spec.strip():
+        raise InputError(f"{role} {spec!r}: not a folder or a Hub repo ID")
     repo_id, revision = parse_spec(spec)
-    if spec.startswith((".", "/", "~")) or repo_id.count("/") > 1 or not _REPO_ID.match(repo_id):
-        raise InputError(f"input '{spec}': no such local folder, and not a valid Hub repo ID (org/name[@revision])")
-    return _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer)
+    if hub_only:
+        if (spec.startswith((".", "/", "~", "\\")) or repo_id.count("/") > 1 or not _REPO_ID.match(repo_id)
+                or ".." in repo_id or re.match(r"^[A-Za-z]:", spec)):
+            raise InputError(f"{role} '{spec}' is not a Hub repo ID (org/name[@revision])")
+        ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role)
+    else:
+        expanded = os.path.expanduser(spec)
+        if os.path.isdir(expanded):
+            ckpt = _local(spec, expanded, allow_pickle, role)
+        elif os.path.exists(expanded):
+            raise InputError(f"{role} '{spec}': is a file; give the folder that holds config.json and the weights")
+        elif spec.startswith((".", "/", "~")) or repo_id.count("/") > 1 or not _REPO_ID.match(repo_id):
+            raise InputError(f"{role} '{spec}': no such local folder, and not a valid Hub repo ID (org/name[@revision])")
+        else:
+            ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role)
+    # every metadata (and, for the base, tokenizer) file hubsoup may read or copy: no link leading out
+    # (weight files are checked the same way when they are opened, before any tensor is read)
+    ckpt.check_links(METADATA_FILES + (TOKENIZER_FILES if with_tokenizer else []))
+    return ckpt
 
 
-def _local(spec: str, folder: str, allow_pickle: bool) -> Checkpoint:
+def _local(spec: str, folder: str, allow_pickle: bool, role: str = "input") -> Checkpoint:
     kind = "lora" if os.path.isfile(os.path.join(folder, "adapter_config.json")) else "full"
     if kind == "full" and not os.path.isfile(os.path.join(folder, "config.json")):
-        raise InputError(f"input '{spec}': no config.json in {folder}; is this a model folder?")
+        raise InputError(f"{role} '{spec}': no config.json in {folder}; is this a model folder?")
     ref = InputRef(spec=spec, path=os.path.abspath(folder), kind=kind)
-    return Checkpoint(ref=ref, folder=folder, allow_pickle=allow_pickle)
+    return Checkpoint(ref=ref, folder=folder, allow_pickle=allow_pickle, role=role)
 
 
-def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer) -> Checkpoint:
-    from huggingface_hub import HfApi, constants, snapshot_download
+def _pickle_refused(label: str, role: str = "input") -> PickleRefusedError:
+    return PickleRefusedError(
+        f"{role} '{label}': only pickle weights (pytorch_model.bin) are available. "
+        "Pickle files can run arbitrary code when loaded; pass --allow-pickle "
+        "(allow_pickle=True) if you trust this source, or convert it to safetensors")
+
+
+def hub_failure(e: BaseException, who: str, repo_id: str, revision: str | None = None,
+                token: str | bool | None = None) -> InputError:
+    """One line saying why reading ``repo_id`` from the Hub failed (``who``: ``input 'spec'``, ``base 'spec'``)."""
+    from huggingface_hub import constants
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -90,33 +116,61 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer) -> Checkp
         RevisionNotFoundError,
     )
 
-    def fail(e: Exception) -> InputError:
-        if isinstance(e, GatedRepoError):
-            return InputError(f"input '{spec}': the repo is gated; accept its terms on the Hub and log in (hf auth login or HF_TOKEN)")
-        if isinstance(e, RevisionNotFoundError):
-            return InputError(f"input '{spec}': revision '{revision}' not found in {repo_id}")
-        if isinstance(e, RepositoryNotFoundError):
-            return InputError(
-                f"input '{spec}': repo {repo_id} not found on {constants.ENDPOINT} "
-                "(or it is private and no valid token was given: log in with `hf auth login` or set HF_TOKEN)"
-            )
-        if isinstance(e, LocalEntryNotFoundError) or constants.HF_HUB_OFFLINE:
-            return InputError(
-                f"input '{spec}': not a local folder, and {repo_id}"
-                f"{'@' + revision if revision else ''} is not in the local Hub cache while offline "
-                "(HF_HUB_OFFLINE=1)"
-            )
-        if isinstance(e, HfHubHTTPError):
-            return InputError(f"input '{spec}': Hub request failed: {e}")
-        return InputError(f"input '{spec}': cannot reach the Hub ({type(e).__name__}: {e})")
+    from hubsoup.hub import error_status, hub_timeout, is_timeout, scrub_secrets, server_detail
 
+    def find(kind):
+        seen, cur = set(), e
+        while cur is not None and id(cur) not in seen:
+            if isinstance(cur, kind):
+                return cur
+            seen.add(id(cur))
+            cur = cur.__cause__ or cur.__context__
+        return None
+
+    if find(GatedRepoError):
+        msg = f"{who}: the repo is gated; accept its terms on the Hub and log in (hf auth login or HF_TOKEN)"
+    elif find(RevisionNotFoundError):
+        msg = f"{who}: revision '{revision}' not found in {repo_id}"
+    elif find(RepositoryNotFoundError):
+        msg = (f"{who}: repo {repo_id} not found on {constants.ENDPOINT} "
+               "(or it is private and no valid token was given: log in with `hf auth login` or set HF_TOKEN)")
+    elif constants.HF_HUB_OFFLINE:
+        msg = (f"{who}: not a local folder, and {repo_id}{'@' + revision if revision else ''} is not in the "
+               "local Hub cache while offline (HF_HUB_OFFLINE=1)")
+    elif is_timeout(e):
+        msg = (f"{who}: the Hub at {constants.ENDPOINT} did not answer within {hub_timeout():g}s (timed out); "
+               "try again later (HUBSOUP_HUB_TIMEOUT sets the limit)")
+    elif (status := error_status(e)) is not None and status >= 500:
+        msg = f"{who}: Hub server error {status}{server_detail(find(HfHubHTTPError) or e)} while fetching {repo_id}; try again later"
+    elif status is not None:
+        msg = f"{who}: Hub request for {repo_id} failed with HTTP {status}{server_detail(find(HfHubHTTPError) or e)}"
+    elif find(LocalEntryNotFoundError):
+        msg = f"{who}: cannot reach the Hub at {constants.ENDPOINT} to fetch {repo_id}, and it is not in the local cache"
+    else:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        msg = f"{who}: cannot reach the Hub at {constants.ENDPOINT} ({type(e).__name__}: {first})"
+    return InputError(scrub_secrets(msg, token))  # a server may echo the token back
+
+
+def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="input") -> Checkpoint:
+    from huggingface_hub import HfApi, constants, snapshot_download
+
+    from hubsoup.hub import ensure_timeouts, hub_timeout
+
+    def fail(e: Exception) -> InputError:
+        return hub_failure(e, f"{role} '{spec}'", repo_id, revision, token)
+
+    files: list[str] = []
     try:
         if constants.HF_HUB_OFFLINE:
             # offline: whatever the cache holds for that revision, pinned to its snapshot sha
             folder = snapshot_download(repo_id, revision=revision, token=token, local_files_only=True)
             sha = os.path.basename(folder.rstrip("/"))
         else:
-            sha = HfApi().model_info(repo_id, revision=revision, token=token).sha
+            ensure_timeouts()
+            info = HfApi().model_info(repo_id, revision=revision, token=token, timeout=hub_timeout())
+            sha = info.sha
+            files = [s.rfilename for s in (info.siblings or [])]
             patterns = METADATA_FILES + (TOKENIZER_FILES if with_tokenizer else [])
             folder = snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns)
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
@@ -124,29 +178,43 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer) -> Checkp
 
     kind = "lora" if os.path.isfile(os.path.join(folder, "adapter_config.json")) else "full"
     ref = InputRef(spec=spec, repo_id=repo_id, revision=revision, sha=sha, path=folder, kind=kind)
+    ckpt = Checkpoint(ref=ref, folder=folder, allow_pickle=allow_pickle, role=role)
 
     def fetch_weights() -> None:
         if constants.HF_HUB_OFFLINE:
             return
-        index = os.path.join(folder, "model.safetensors.index.json")
-        try:
-            if os.path.isfile(index):
-                # exactly the shards the index names (repos often carry other *.safetensors too)
-                with open(index, encoding="utf-8") as f:
-                    patterns = sorted(set(json.load(f).get("weight_map", {}).values()))
-            elif kind == "lora":
-                patterns = ["adapter_model.safetensors"] + (["adapter_model.bin"] if allow_pickle else [])
+        index = os.path.join(folder, SAFETENSORS_INDEX)
+        top = [f for f in files if "/" not in f]
+        if os.path.isfile(index):
+            # exactly the shards the index names (repos often carry other *.safetensors too); every
+            # entry is checked to be a file of this repo before anything is downloaded
+            patterns = sorted(set(ckpt.weight_map(SAFETENSORS_INDEX).values()))
+        elif kind == "lora":
+            if "adapter_model.safetensors" in top or not files:
+                patterns = ["adapter_model.safetensors"]
+            elif "adapter_model.bin" in top and not allow_pickle:
+                raise _pickle_refused(ckpt.label, role)
             else:
-                files = HfApi().list_repo_files(repo_id, revision=sha, token=token)
-                if "model.safetensors" in files:
-                    patterns = ["model.safetensors"]
-                elif any(f.endswith(".safetensors") and "/" not in f for f in files):
-                    patterns = ["*.safetensors"]
-                else:  # pickle only: fetched only when the user allows loading it
-                    patterns = ["pytorch_model*.bin"] if allow_pickle else []
-            if patterns:
-                snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns)
+                patterns = ["adapter_model.bin"]
+        elif "model.safetensors" in top:
+            patterns = ["model.safetensors"]
+        elif any(f.endswith(".safetensors") for f in top):
+            patterns = ["*.safetensors"]
+        elif any(f.startswith("pytorch_model") and f.endswith(".bin") for f in top):
+            if not allow_pickle:  # pickle only: fetched only when the user allows loading it
+                raise _pickle_refused(ckpt.label, role)
+            patterns = ["pytorch_model*.bin"]
+        else:
+            from hubsoup.errors import CorruptCheckpointError
+
+            raise CorruptCheckpointError(
+                f"{role} '{ckpt.label}': the repo holds no weights (no model.safetensors, "
+                f"{SAFETENSORS_INDEX} or pytorch_model.bin)")
+        try:
+            ensure_timeouts()
+            snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns)
         except Exception as e:  # noqa: BLE001
             raise fail(e) from e
 
-    return Checkpoint(ref=ref, folder=folder, fetch_weights=fetch_weights, allow_pickle=allow_pickle)
+    ckpt.fetch_weights = fetch_weights
+    return ckpt

@@ -1,12 +1,13 @@
 """Hyper-parameter search on validation data: one streaming merge per grid point.
 
 The papers choose every merging coefficient on held-out validation data; this does
-the same. Each grid point is merged into a scratch folder beside the output,
-scored, and the best folder becomes the output (no second merge). With several
-tasks the selection score is the mean *normalized* accuracy, accuracy divided by
-the matching fine-tune's own accuracy, as in the papers: task ``i`` is matched with
-input ``i`` when there are as many tasks as inputs; otherwise raw accuracies are
-averaged. Perplexity tasks count as minus perplexity.
+the same. The output is locked for the whole search; each grid point is merged into
+the output's temporary folder (``.NAME.partial-XXXX/point-NNN``), scored, and the best
+one becomes the output (no second merge) — an interrupted search leaves the old output
+as it was. With several tasks the selection score is the mean *normalized* accuracy,
+accuracy divided by the matching fine-tune's own accuracy, as in the papers: task ``i``
+is matched with input ``i`` when there are as many tasks as inputs; otherwise raw
+accuracies are averaged. Perplexity tasks count as minus perplexity.
 
 Example:
     >>> from hubsoup.workflows.search import parse_grid, search
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -28,10 +30,12 @@ from typing import Any, Callable, Sequence
 from hubsoup.errors import MethodError, ParameterError
 from hubsoup.methods import get_method
 from hubsoup.options import MergeOptions
-from hubsoup.output import check_output
+from hubsoup.output import OutputFolder, check_output
 
 
 def _frange(lo: float, hi: float, step: float) -> list[float]:
+    if not all(math.isfinite(v) for v in (lo, hi, step)):
+        raise ParameterError(f"grid {lo}:{hi}:{step}: bounds and step must be finite numbers")
     if step <= 0:
         raise ParameterError(f"grid step must be positive, got {step}")
     n = int(round((hi - lo) / step))
@@ -112,67 +116,75 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
     keywords) as :func:`hubsoup.merge`; other keywords go to every merge (``output_format``,
     method parameters).
     """
-    import hubsoup
-    from hubsoup.eval import evaluate_model
-
     opts, merge_kwargs = MergeOptions.split(kwargs, options)
-    quiet = opts.quiet
     if (tasks is None) == (score_fn is None):
         raise ParameterError("search needs either evaluation tasks or a score function (not both)")
+    tasks = list(tasks) if tasks is not None else None
     check_output(out, opts.overwrite)
     grid_points = points(grid)
+    m = get_method(method)
+    for point in grid_points:  # every point's parameters are checked (nan, out of range) before any merge
+        m.parse({**(params or {}), **point})
+    for t in tasks or ():  # and the validation data exists
+        t.check()
+    # the lock on `out` for the whole search; the points are merged inside its temporary folder
+    folder = OutputFolder(out, overwrite=opts.overwrite)
+    try:
+        return _search(folder, grid_points, inputs, method, base, tasks, score_fn, params, normalize, limit, opts,
+                       merge_kwargs)
+    except BaseException as e:
+        raise folder.fail(e)
+
+
+def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Sequence[str], method: str,
+            base: str | None, tasks: list | None, score_fn: Callable[[str], float] | None,
+            params: dict[str, Any] | None, normalize: bool, limit: int | None, opts: MergeOptions,
+            merge_kwargs: dict[str, Any]) -> SearchResult:
+    import hubsoup
+    from hubsoup.eval import evaluate_model
+    from hubsoup.eval.run import EVAL_FILE, write_results
+
     references = None
     selection = "score_fn"
     if tasks is not None:
-        tasks = list(tasks)
         selection = "mean accuracy" if any(t.kind == "classification" for t in tasks) else "mean of -perplexity"
         if normalize and len(tasks) == len(inputs) and all(t.kind == "classification" for t in tasks):
             references = [evaluate_model(inp, [t], limit=limit, quiet=True)[0].score for inp, t in zip(inputs, tasks)]
             selection = "mean normalized accuracy (accuracy / the matching fine-tune's accuracy)"
 
-    scratch = os.path.join(os.path.dirname(os.path.abspath(out)), f".{os.path.basename(os.path.abspath(out))}.search")
-    shutil.rmtree(scratch, ignore_errors=True)
-    os.makedirs(scratch)
     scores: list[dict[str, Any]] = []
     best_i, best_score, best_res = -1, float("-inf"), None
-    try:
-        for i, point in enumerate(grid_points):
-            folder = os.path.join(scratch, f"point-{i:03d}")
-            res = hubsoup.merge(inputs, method, base=base, out=folder, params={**(params or {}), **point},
-                                options=opts.replace(quiet=True, overwrite=False), **merge_kwargs)
-            entry: dict[str, Any] = {"params": point}
-            if score_fn is not None:
-                score = float(score_fn(folder))
-            else:
-                evals = evaluate_model(folder, tasks, limit=limit, quiet=True)
-                score = normalized_score(evals, references)
-                entry["metrics"] = {r.task.name: r.metrics for r in evals}
-                res.evaluation = evals
-            entry["score"] = score
-            scores.append(entry)
-            if not quiet:
-                print(f"  {point} -> {score:.4f}")
-            if score > best_score:
-                if best_i >= 0:
-                    shutil.rmtree(os.path.join(scratch, f"point-{best_i:03d}"), ignore_errors=True)
-                best_i, best_score, best_res = i, score, res
-            else:
-                shutil.rmtree(folder, ignore_errors=True)
-        best_folder = os.path.join(scratch, f"point-{best_i:03d}")
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        os.rename(best_folder, out)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    best_res.path = os.path.abspath(out)
+    for i, point in enumerate(grid_points):
+        point_dir = os.path.join(folder.path, f"point-{i:03d}")
+        res = hubsoup.merge(inputs, method, base=base, out=point_dir, params={**(params or {}), **point},
+                            options=opts.replace(quiet=True, overwrite=False), **merge_kwargs)
+        entry: dict[str, Any] = {"params": point}
+        if score_fn is not None:
+            score = float(score_fn(point_dir))
+        else:
+            evals = evaluate_model(point_dir, tasks, limit=limit, quiet=True)
+            score = normalized_score(evals, references)
+            entry["metrics"] = {r.task.name: r.metrics for r in evals}
+            res.evaluation = evals
+        entry["score"] = score
+        scores.append(entry)
+        if not opts.quiet:
+            print(f"  {point} -> {score:.4f}")
+        if score > best_score:
+            if best_i >= 0:
+                shutil.rmtree(os.path.join(folder.path, f"point-{best_i:03d}"), ignore_errors=True)
+            best_i, best_score, best_res = i, score, res
+        else:
+            shutil.rmtree(point_dir, ignore_errors=True)
+    best_dir = os.path.join(folder.path, f"point-{best_i:03d}")
+    best_res.path = folder.target
     found = SearchResult(grid_points[best_i], best_score, scores, selection, best_res)
     best_res.search = found.to_dict()
-    # the card and eval file of the chosen point now also record the grid and every score
-    from hubsoup.eval.run import EVAL_FILE, write_results
-
+    # the card and eval file of the chosen point also record the grid and every score; then it becomes `out`
     if best_res.evaluation:
-        write_results(best_res.evaluation, os.path.join(out, EVAL_FILE))
-    with open(os.path.join(out, "hubsoup_search.json"), "w", encoding="utf-8") as f:
+        write_results(best_res.evaluation, os.path.join(best_dir, EVAL_FILE))
+    with open(os.path.join(best_dir, "hubsoup_search.json"), "w", encoding="utf-8") as f:
         json.dump(found.to_dict(), f, indent=2, default=str)
-    best_res.write_card(out)
+    best_res.write_card(best_dir)
+    folder.commit(best_dir)
     return found

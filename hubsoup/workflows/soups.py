@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 from hubsoup.api import MergeResult, merge
 from hubsoup.errors import ParameterError
 from hubsoup.options import MergeOptions
-from hubsoup.output import check_output
+from hubsoup.output import check_output, lock_output
 
 
 def uniform_soup(inputs: Sequence[str], *, out: str, base: str | None = None, **kwargs: Any) -> MergeResult:
@@ -100,9 +100,23 @@ def greedy_soup(inputs: Sequence[str], score_fn: Callable[[str], float], *, out:
     if len(set(inputs)) != len(inputs):
         raise ParameterError("greedy_soup: an ingredient is listed twice")
     check_output(out, opts.overwrite)
+    # the lock on `out` for the whole selection and the final merge (which re-enters it)
+    lock = lock_output(out)
+    try:
+        return _greedy_soup(inputs, score_fn, out, base, strict, method, params, individual_scores, work_dir, opts,
+                            merge_kwargs)
+    finally:
+        lock.release()
+
+
+def _greedy_soup(inputs: list[str], score_fn: Callable[[str], float], out: str, base: str | None, strict: bool,
+                 method: str, params: dict[str, Any] | None, individual_scores, work_dir: str | None,
+                 opts: MergeOptions, merge_kwargs: dict[str, Any]) -> GreedySoupResult:
     parent = work_dir or os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".greedy-soup-", dir=parent)
+    # beside `out`, a `.NAME.partial-` name: the next run on `out` removes it if this one is killed
+    prefix = ".greedy-soup-" if work_dir else f".{os.path.basename(os.path.abspath(out))}.partial-greedy-"
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
     counter = iter(range(1 << 30))
 
     def score_of(members: list[str]) -> float:

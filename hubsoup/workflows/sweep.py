@@ -5,8 +5,9 @@ inputs, ``out/lambda-0.00-1.00`` … ``out/lambda-1.00-0.00`` (λ = (v, 1 − v)
 ``out/sweep.json`` listing them. With more inputs the grid spans the simplex: every
 vector whose first N − 1 entries are grid values and whose last entry 1 − Σ is ≥ 0.
 With ``param="beta"`` (any scalar parameter) it writes ``out/beta-0.30`` and so on.
-Each model is written atomically by :func:`hubsoup.merge`; a sweep that fails
-removes its output folder, so nothing half-made is left behind.
+The output folder is locked for the whole sweep and the models are written into its
+temporary folder, which becomes ``out`` at the end: a sweep that fails (or is killed)
+leaves an existing output as it was and nothing half-made behind.
 
 Example:
     >>> from hubsoup.workflows.sweep import sweep
@@ -20,15 +21,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
-import shutil
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from hubsoup.api import MergeResult, merge
 from hubsoup.errors import ParameterError
 from hubsoup.options import MergeOptions
-from hubsoup.output import check_output
+from hubsoup.output import OutputFolder, check_output
 from hubsoup.workflows.search import _frange
 
 INDEX_FILE = "sweep.json"
@@ -39,6 +40,8 @@ def parse_grid(spec: str | Sequence[float]) -> list[float]:
     """``"start:stop:step"`` (both ends included) or ``"a,b,c"`` or a list of numbers."""
     if not isinstance(spec, str):
         values = [float(v) for v in spec]
+        if not all(math.isfinite(v) for v in values):
+            raise ParameterError(f"grid {list(spec)!r}: values must be finite numbers")
     elif ":" in spec:
         parts = spec.split(":")
         try:
@@ -59,6 +62,8 @@ def parse_grid(spec: str | Sequence[float]) -> list[float]:
             raise ParameterError(f"grid {spec!r}: expected START:STOP:STEP or comma-separated numbers") from None
     if not values:
         raise ParameterError(f"grid {spec!r} is empty")
+    if not all(math.isfinite(v) for v in values):
+        raise ParameterError(f"grid {spec!r}: values must be finite numbers")
     return values
 
 
@@ -126,26 +131,27 @@ def sweep(inputs: Sequence[str], method: str, out_dir: str, grid: str | Sequence
     def folder_name(p) -> str:
         return prefix + "-" + "-".join(f"{x:.{d}f}" for x in (p if isinstance(p, tuple) else (p,)))
 
-    target = os.path.abspath(out_dir)
     check_output(out_dir, opts.overwrite)
-    if os.path.exists(target):
-        shutil.rmtree(target)
-    os.makedirs(target)
-    result = SweepResult(target, param)
+    # the lock on `out_dir` for the whole sweep; the models go into its temporary folder, renamed at the end
+    folder = OutputFolder(out_dir, overwrite=opts.overwrite)
+    result = SweepResult(folder.target, param)
     try:
         for p in points:
             value = ",".join(repr(x) for x in p) if isinstance(p, tuple) else p
-            res = merge(inputs, method, base=base, out=os.path.join(target, folder_name(p)),
+            res = merge(inputs, method, base=base, out=os.path.join(folder.path, folder_name(p)),
                         params={**fixed, param: value}, options=opts.replace(overwrite=False), **merge_kwargs)
+            # the card's "how to use" names the model's final place, not the temporary folder
+            res.path = os.path.join(folder.target, folder_name(p))
+            res.write_card(os.path.join(folder.path, folder_name(p)))
             result.points.append(SweepPoint(p, res))
         index = {"method": method, "param": param, "grid": grid if isinstance(grid, str) else list(values),
                  "points": [{"value": list(pt.value) if isinstance(pt.value, tuple) else pt.value,
                              "path": os.path.basename(pt.result.path), "recipe_hash": pt.result.recipe.hash}
                             for pt in result.points]}
-        with open(os.path.join(target, INDEX_FILE), "w", encoding="utf-8") as f:
+        with open(os.path.join(folder.path, INDEX_FILE), "w", encoding="utf-8") as f:
             json.dump(index, f, indent=2)
-    except BaseException:
-        shutil.rmtree(target, ignore_errors=True)  # a failed sweep leaves nothing behind
-        raise
+        folder.commit()
+    except BaseException as e:
+        raise folder.fail(e)  # a failed sweep leaves the old output (if any) as it was, and no temporary folder
     return result
 

@@ -22,7 +22,10 @@ reading (base, new S) and writing the merged weights, because λ is only known o
 whole model was seen. Memory is a few tensors, whatever the number of models; disk is
 the output plus S. The new soup (weights, card, state) is written into a temporary
 folder and renamed into place at the end, so a failure leaves the old soup untouched
-and never a half-written state.
+and never a half-written state. Every command locks what it writes and the local soup it
+reads (``.soup.lock`` beside it, :mod:`hubsoup.output.folder`) before reading the state,
+for the whole run: a second ``add`` on the same soup fails at once, naming the first,
+instead of both succeeding and one added model being lost.
 
 Example:
     >>> from hubsoup import continual
@@ -49,6 +52,7 @@ from hubsoup.methods import get_method
 from hubsoup.methods.opcm import opcm_lambda, opcm_update, sq_norm
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, ShardedWriter, check_output
+from hubsoup.output.folder import OutputLock, lock_output
 from hubsoup.output.checkpoint import CheckpointSink
 from hubsoup.plan import Plan
 from hubsoup.recipe import RECIPE_FILE, Recipe
@@ -85,7 +89,16 @@ class _Setup:
 def _setup(models: Sequence[str], base: str | Checkpoint, options: MergeOptions) -> _Setup:
     base_ckpt, sources = open_models(models, base=base, allow_pickle=options.allow_pickle, token=options.token,
                                      ignore_extra=options.ignore_extra, shape_mismatch=options.shape_mismatch)
-    return _Setup(base_ckpt, Plan.of(base_ckpt, options.device), sources, options, options.dtype)
+    return _Setup(base_ckpt, _plan(base_ckpt, len(sources) + 1, options), sources, options, options.dtype)
+
+
+def _plan(base_ckpt: Checkpoint, n_inputs: int, options: MergeOptions) -> Plan:
+    """The plan with every block on its device (``options``' device or device map)."""
+    from hubsoup.engine.placement import place
+
+    plan = Plan.of(base_ckpt, options.device)
+    place(plan, n_inputs, device=options.device, device_map=options.device_map, max_memory=options.max_memory)
+    return plan
 
 
 def _advance(setup: _Setup, prev: StateReader | None, params, folder: str
@@ -137,7 +150,7 @@ def _advance(setup: _Setup, prev: StateReader | None, params, folder: str
 def _materialize(setup: _Setup, S: StateReader, lam: float, folder: str, recipe: Recipe) -> None:
     """Pass 2: θ = θ_0 + S / λ, tensor by tensor, exactly as the engine computes it for ``opcm``."""
     sink = CheckpointSink(folder, setup.plan, setup.base, dtype=setup.dtype, shard_size=setup.options.shard_bytes,
-                          metadata={"hubsoup_recipe": json.dumps(recipe.to_dict(), default=str)})
+                          metadata=recipe.metadata())
     job = Job(setup.plan, setup.base, [S], quiet=setup.options.quiet)
     try:
         for work in stream(job, desc="continual: writing the merged model"):
@@ -186,34 +199,41 @@ def _ref_label(d: dict) -> str:
     return f"`{d.get('spec') or d.get('path')}` (local folder)"
 
 
-def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, out: str, t0: float):
+def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, folder: OutputFolder, t0: float):
+    """Both passes into ``folder`` (locked and created by the caller, who aborts it on failure), then commit."""
     m = get_method(METHOD)
     prev_state = prev.state if prev is not None else None
     opts = setup.options
-    folder = OutputFolder(out, overwrite=opts.overwrite)
-    try:
-        sdir = os.path.join(folder.path, STATE_DIR)
-        os.makedirs(sdir)
-        norms, s_norm, digests, tensors = _advance(setup, prev, params, sdir)
-        prev_models = prev_state.models if prev_state else []
-        task_norms = (prev_state.task_norms if prev_state else []) + norms
-        lam = opcm_lambda(params.scaling, s_norm, task_norms)
-        state = ContinualState(params=m.describe_params(params), base=state_base, base_sha256=digests,
-                               models=prev_models + [s.ref.to_dict() for s in setup.sources], task_norms=task_norms,
-                               s_norm=s_norm, lam=lam, tensors=tensors, files={}, dtype=setup.dtype,
-                               shape_mismatch=opts.shape_mismatch, ignore_extra=opts.ignore_extra,
-                               hubsoup_version=__version__)
-        _write_state(sdir, state)
-        recipe = Recipe(method=METHOD, params=state.params, base=state_base, inputs=state.models, dtype=setup.dtype,
-                        hubsoup_version=__version__, continual={"count": state.count, "lambda": lam})
-        _materialize(setup, StateReader(sdir, verify=False), lam, folder.path, recipe)
-        result = _result(setup, folder, state, recipe, t0)
-        folder.commit()
-    except BaseException:
-        folder.abort()
-        raise
+    sdir = os.path.join(folder.path, STATE_DIR)
+    os.makedirs(sdir)
+    norms, s_norm, digests, tensors = _advance(setup, prev, params, sdir)
+    prev_models = prev_state.models if prev_state else []
+    task_norms = (prev_state.task_norms if prev_state else []) + norms
+    lam = opcm_lambda(params.scaling, s_norm, task_norms)
+    state = ContinualState(params=m.describe_params(params), base=state_base, base_sha256=digests,
+                           models=prev_models + [s.ref.to_dict() for s in setup.sources], task_norms=task_norms,
+                           s_norm=s_norm, lam=lam, tensors=tensors, files={}, dtype=setup.dtype,
+                           shape_mismatch=opts.shape_mismatch, ignore_extra=opts.ignore_extra,
+                           hubsoup_version=__version__)
+    _write_state(sdir, state)
+    recipe = Recipe(method=METHOD, params=state.params, base=state_base, inputs=state.models, dtype=setup.dtype,
+                    hubsoup_version=__version__, continual={"count": state.count, "lambda": lam})
+    _materialize(setup, StateReader(sdir, verify=False), lam, folder.path, recipe)
+    result = _result(setup, folder, state, recipe, t0)
+    folder.commit()
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _lock_soup(soup: str) -> OutputLock | None:
+    """The lock on a local soup (None for a Hub soup), taken before its state is read; recovers an interrupted add."""
+    path = os.path.abspath(os.path.expanduser(soup))
+    parent, name = os.path.split(path)
+    try:
+        interrupted = not os.path.exists(path) and any(e.startswith(f".{name}.old-") for e in os.listdir(parent))
+    except OSError:
+        interrupted = False
+    return lock_output(path, what="continual soup") if os.path.isdir(path) or interrupted else None
 
 
 # --- the public API ------------------------------------------------------------------------------
@@ -234,8 +254,12 @@ def init(models: Sequence[str], *, base: str | None = None, out: str, params: di
     if not models:
         raise ParameterError("no input models given")
     check_output(out, opts.overwrite)
-    setup = _setup(models, base, opts)
-    return _run(setup, None, p, setup.base.ref.to_dict(), out=out, t0=t0)
+    folder = OutputFolder(out, overwrite=opts.overwrite)  # locked for the whole run
+    try:
+        setup = _setup(models, base, opts)
+        return _run(setup, None, p, setup.base.ref.to_dict(), folder=folder, t0=t0)
+    except BaseException as e:
+        raise folder.fail(e)
 
 
 def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base: str | None = None,
@@ -261,21 +285,47 @@ def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base:
         models = [models]
     if not models:
         raise ParameterError("no models to add")
+    # an add in place replaces the soup: lock it before its state is read, for the whole run (an add to
+    # another --out only reads it, and the in-place replacement is an atomic rename)
+    local = os.path.isdir(os.path.expanduser(soup))
+    same = local and out is not None and (os.path.abspath(os.path.expanduser(out))
+                                          == os.path.abspath(os.path.expanduser(soup)))
+    soup_lock = _lock_soup(soup) if out is None or same else None
+    try:
+        if out is None:
+            if soup_lock is None:
+                raise ParameterError(f"soup '{soup}' is not a local folder; pass --out (out=...) for the new soup")
+            out, opts = soup_lock.target, opts.replace(overwrite=True)
+        else:
+            check_output(out, opts.overwrite)
+        in_place = soup_lock is not None and os.path.abspath(os.path.expanduser(out)) == soup_lock.target
+        folder = OutputFolder(out, overwrite=opts.overwrite, what="continual soup" if in_place else "output")
+        try:
+            return _add(soup, models, folder, base, opts, t0)
+        except BaseException as e:
+            raise folder.fail(e)
+    finally:
+        if soup_lock is not None:
+            soup_lock.release()
+
+
+def _add(soup: str, models: Sequence[str], folder: OutputFolder, base: str | None, opts: MergeOptions, t0: float):
     sdir, label = state_folder(soup, opts.token)
     prev = StateReader(sdir, label)
     st = prev.state
     p = get_method(METHOD).parse(st.params)
     opts = opts.replace(dtype=opts.dtype if opts.dtype is not None else st.dtype,
                         ignore_extra=st.ignore_extra, shape_mismatch=st.shape_mismatch)
-    if out is None:
-        if not os.path.isdir(os.path.expanduser(soup)):
-            raise ParameterError(f"soup '{soup}' is not a local folder; pass --out (out=...) for the new soup")
-        out, opts = os.path.expanduser(soup), opts.replace(overwrite=True)
-    else:
-        check_output(out, opts.overwrite)
-    base_spec = base or InputRef.from_dict(st.base).pinned_spec
+    base_ref = InputRef.from_dict(st.base)
+    from_hub = not os.path.isdir(os.path.expanduser(soup))
+    if base is None and from_hub and not base_ref.repo_id:
+        # a state downloaded from the Hub must not choose a folder on this machine as the base
+        raise ContinualStateError(f"soup '{soup}': its continual state names a local base, not a Hub repo; pass "
+                                  "--base (base=...) with that same model")
+    base_spec = base or base_ref.pinned_spec
     try:
-        base_ckpt = open_base(base_spec, allow_pickle=opts.allow_pickle, token=opts.token)
+        base_ckpt = open_base(base_spec, allow_pickle=opts.allow_pickle, token=opts.token,
+                              hub_only=base is None and from_hub)
     except InputError as e:
         raise ContinualStateError(f"the base the continual state was made with ({base_spec}) cannot be opened: {e}; "
                                   "pass --base (base=...) with that same model") from e
@@ -285,7 +335,7 @@ def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base:
         r = s.ref
         if (r.sha or (os.path.abspath(r.path) if r.path else None)) in have:
             log.warning("%s is already in this soup; adding it again counts it twice", r.label)
-    return _run(setup, prev, p, st.base, out=out, t0=t0)
+    return _run(setup, prev, p, st.base, folder=folder, t0=t0)
 
 
 def export(soup: str, *, out: str, base: str | None = None, options: MergeOptions | None = None, **kwargs: Any):
@@ -297,13 +347,26 @@ def export(soup: str, *, out: str, base: str | None = None, options: MergeOption
     opts, extra = MergeOptions.split(kwargs, options)
     if extra:
         raise ParameterError(f"continual export: unknown option '{sorted(extra)[0]}'")
+    check_output(out, opts.overwrite)
+    soup_lock = _lock_soup(soup)  # an `add` must not replace the soup while it is read
+    try:
+        folder = OutputFolder(out, overwrite=opts.overwrite)
+        try:
+            return _export(soup, folder, base, opts, t0)
+        except BaseException as e:
+            raise folder.fail(e)
+    finally:
+        if soup_lock is not None:
+            soup_lock.release()
+
+
+def _export(soup: str, folder: OutputFolder, base: str | None, opts: MergeOptions, t0: float):
     sdir, label = state_folder(soup, opts.token)
     reader = StateReader(sdir, label)
     st = reader.state
     opts = opts.replace(dtype=opts.dtype if opts.dtype is not None else st.dtype)
-    check_output(out, opts.overwrite)
     base_ckpt = open_base(base or InputRef.from_dict(st.base).pinned_spec, allow_pickle=opts.allow_pickle, token=opts.token)
-    setup = _Setup(base_ckpt, Plan.of(base_ckpt, opts.device), [], opts, opts.dtype)
+    setup = _Setup(base_ckpt, _plan(base_ckpt, 1, opts), [], opts, opts.dtype)
     for _, e in setup.plan.entries():
         if e.mergeable and (st.base_sha256.get(e.name) != tensor_sha256(base_ckpt.tensor(e.name))):
             raise ContinualStateError(f"base '{base_ckpt.label}': tensor '{e.name}' differs from the base the "
@@ -311,14 +374,9 @@ def export(soup: str, *, out: str, base: str | None = None, options: MergeOption
     base_ckpt.release()
     recipe = Recipe(method=METHOD, params=st.params, base=st.base, inputs=st.models, dtype=opts.dtype,
                     hubsoup_version=__version__, continual={"count": st.count, "lambda": st.lam})
-    folder = OutputFolder(out, overwrite=opts.overwrite)
-    try:
-        _materialize(setup, reader, st.lam, folder.path, recipe)
-        result = _result(setup, folder, st, recipe, t0)
-        folder.commit()
-    except BaseException:
-        folder.abort()
-        raise
+    _materialize(setup, reader, st.lam, folder.path, recipe)
+    result = _result(setup, folder, st, recipe, t0)
+    folder.commit()
     return result
 
 

@@ -89,6 +89,14 @@ class ContinualState:
         return state
 
 
+def resign_state_json(text: str) -> str:
+    """``state.json`` text whose fields were rewritten (local paths made public at push time), checksummed again."""
+    d = json.loads(text)
+    d.pop("checksum", None)
+    d["checksum"] = _json_digest(d)
+    return json.dumps(d, indent=2)
+
+
 def _json_digest(d: dict) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 

@@ -1,0 +1,192 @@
+"""Where each block is merged: device maps and a memory planner, with accelerate's own conventions.
+
+A merge never holds a model: a block's *working set* is what merging its largest tensor
+needs — the base tensor, the N task vectors (the ``(N, *shape)`` float32 stack) and the
+merged result, (N + 2) × the tensor's float32 bytes — plus what the method and the output
+sink declare for their own workspaces (SVDs, Grams). The planner places blocks by those
+sizes with accelerate's utilities (``infer_auto_device_map``, ``get_balanced_memory``,
+``get_max_memory``), over a stand-in module (one meta parameter per block, nothing
+allocated), so ``auto``/``balanced``/``sequential`` and ``max_memory`` mean what they mean
+for ``from_pretrained``. An explicit map (``{"model.layers.0": 0, "": "cpu"}`` or a JSON
+file) assigns blocks by the longest module prefix of their tensors' names.
+
+Example:
+    >>> parse_max_memory("0=70GiB,cpu=64GiB")
+    {0: 75161927680, 'cpu': 68719476736}
+    >>> torch_device(0), torch_device("cpu"), torch_device("cuda:1")
+    ('cuda:0', 'cpu', 'cuda:1')
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hubsoup.errors import PlacementError
+from hubsoup.plan import Block, Plan
+
+STRATEGIES = ("auto", "balanced", "sequential")
+
+
+def parse_max_memory(spec: str | dict | None) -> dict[int | str, int] | None:
+    """``"0=70GiB,1=70GiB,cpu=64GiB"`` (or a dict) → ``{0: bytes, 1: bytes, "cpu": bytes}``, accelerate's units."""
+    if spec is None or spec == "":
+        return None
+    from accelerate.utils import convert_file_size_to_int
+
+    items = spec.items() if isinstance(spec, dict) else (p.split("=", 1) for p in str(spec).split(",") if p.strip())
+    out: dict[int | str, int] = {}
+    for item in items:
+        if len(item) != 2:
+            raise PlacementError(f"max_memory: expected DEVICE=SIZE entries (0=70GiB,cpu=64GiB), got {spec!r}")
+        k, v = item
+        k = str(k).strip()
+        key: int | str = int(k) if k.isdigit() else k
+        if isinstance(key, str) and key not in ("cpu", "mps") and not key.startswith(("cuda", "cpu:")):
+            raise PlacementError(f"max_memory: unknown device {k!r} (use a GPU index, 'cpu' or 'cpu:N')")
+        try:
+            size = convert_file_size_to_int(v.strip() if isinstance(v, str) else v)
+        except (ValueError, TypeError) as e:
+            raise PlacementError(f"max_memory: cannot read the size {v!r} of device {k!r} ({e})") from None
+        if size <= 0:
+            raise PlacementError(f"max_memory: the size of device {k!r} must be positive, got {v!r}")
+        out[key] = size
+    return out
+
+
+def parse_device_map(spec: str | dict | None) -> str | dict[str, Any] | None:
+    """A strategy name, or an explicit map from a dict, a JSON string or a JSON file."""
+    if spec is None or spec == "":
+        return None
+    if isinstance(spec, dict):
+        return dict(spec)
+    s = str(spec).strip()
+    if s in STRATEGIES:
+        return s
+    if s.startswith("{"):
+        try:
+            m = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise PlacementError(f"device_map: not valid JSON ({e})") from None
+    elif os.path.isfile(s):
+        try:
+            with open(s, encoding="utf-8") as f:
+                m = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise PlacementError(f"device_map: cannot read {s} ({e})") from None
+    else:
+        raise PlacementError(f"device_map: {s!r} is not one of {', '.join(STRATEGIES)}, a JSON map or a JSON file")
+    if not isinstance(m, dict) or not all(isinstance(k, str) for k in m):
+        raise PlacementError("device_map: a map is a JSON object from module names to devices")
+    return m
+
+
+def torch_device(d: int | str) -> str:
+    """accelerate's device keys as torch devices: ``0`` → ``cuda:0``; ``cpu:N`` (a separate CPU worker) → ``cpu``."""
+    if isinstance(d, int) or (isinstance(d, str) and d.isdigit()):
+        return f"cuda:{int(d)}"
+    if d == "disk":
+        raise PlacementError("device_map: 'disk' is not a compute device (a merge already streams from disk)")
+    return "cpu" if str(d).startswith("cpu") else str(d)
+
+
+def worker_key(d: int | str) -> str:
+    """The worker a device belongs to: one per GPU, one per ``cpu``/``cpu:N`` entry."""
+    return f"cuda:{int(d)}" if isinstance(d, int) or str(d).isdigit() else str(d)
+
+
+@dataclass
+class Placement:
+    """Blocks per device and the predicted peak working memory of each device."""
+
+    devices: dict[str, list[Block]] = field(default_factory=dict)
+    peak: dict[str, int] = field(default_factory=dict)
+    budgets: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        lines = []
+        for dev, blocks in self.devices.items():
+            budget = f" of {self.budgets[dev] / 2**30:.2f} GiB" if dev in self.budgets else ""
+            names = ", ".join(b.name for b in blocks[:4]) + (f", … ({len(blocks)} blocks)" if len(blocks) > 4 else "")
+            lines.append(f"{dev:<10} predicted peak {self.peak[dev] / 2**20:10.1f} MiB{budget}  {names}")
+        return "\n".join(lines)
+
+
+def working_set(block: Block, n_inputs: int, extra: int = 0) -> int:
+    """Bytes merging ``block`` needs at once: (N + 2) float32 copies of its largest tensor, plus ``extra``."""
+    largest = max((e.numel for e in block.tensors if e.mergeable), default=0)
+    return (n_inputs + 2) * largest * 4 + extra
+
+
+def place(plan: Plan, n_inputs: int, *, device: str = "cpu", device_map: str | dict | None = None,
+          max_memory: str | dict | None = None, workspace=None) -> Placement:
+    """Set every block's device (and worker) and predict each device's peak; refuse a block that fits nowhere.
+
+    ``workspace(block) -> bytes`` is what the method and the sink need beyond the stack.
+    """
+    dm = parse_device_map(device_map)
+    mm = parse_max_memory(max_memory)
+    sizes = {b.name: working_set(b, n_inputs, workspace(b) if workspace else 0) for b in plan.blocks}
+    if dm is None:
+        assign = {b.name: device for b in plan.blocks}
+    elif isinstance(dm, dict):
+        assign = {b.name: _explicit(dm, b) for b in plan.blocks}
+    else:
+        assign = _infer(plan, sizes, dm, mm)
+    out = Placement(budgets={worker_key(k): v for k, v in (mm or {}).items()})
+    for b in plan.blocks:
+        key = worker_key(assign[b.name])
+        b.device, b.worker = torch_device(assign[b.name]), key
+        out.devices.setdefault(key, []).append(b)
+        out.peak[key] = max(out.peak.get(key, 0), sizes[b.name])
+    for key, peak in out.peak.items():
+        budget = out.budgets.get(key)
+        if budget is not None and peak > budget:
+            worst = max(out.devices[key], key=lambda b: sizes[b.name])
+            raise PlacementError(f"block '{worst.name}' needs {sizes[worst.name] / 2**20:.1f} MiB to merge but device "
+                                 f"{key} has {budget / 2**20:.1f} MiB (max_memory); give it more, or map the block "
+                                 "to another device")
+    return out
+
+
+def _explicit(dm: dict[str, Any], block: Block) -> int | str:
+    best, best_len = None, -1
+    for name in (e.name for e in block.tensors):
+        for prefix, dev in dm.items():
+            if (prefix == "" or name == prefix or name.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = dev, len(prefix)
+    if best is None:
+        raise PlacementError(f"device_map: no entry covers block '{block.name}' (e.g. tensor "
+                             f"'{block.tensors[0].name}'); add its module name, or \"\" for the rest")
+    return best
+
+
+def _infer(plan: Plan, sizes: dict[str, int], strategy: str, mm: dict | None) -> dict[str, int | str]:
+    """accelerate's placement over a stand-in module: one child per block, its size the block's working set."""
+    from accelerate.utils import get_balanced_memory, get_max_memory, infer_auto_device_map
+
+    stand_in = torch.nn.Module()
+    names = {}
+    for i, b in enumerate(plan.blocks):
+        child = torch.nn.Module()
+        child.register_parameter("w", torch.nn.Parameter(torch.empty(max(1, -(-sizes[b.name] // 4)),
+                                                                    device="meta")))
+        stand_in.add_module(f"b{i}", child)
+        names[f"b{i}"] = b.name
+    budget = get_max_memory(mm)
+    if strategy in ("auto", "balanced") and sum(isinstance(k, int) for k in budget) > 1:
+        budget = get_balanced_memory(stand_in, max_memory=budget, dtype=torch.float32)
+    dm = infer_auto_device_map(stand_in, max_memory=budget, dtype=torch.float32, clean_result=False)
+    out: dict[str, int | str] = {}
+    for child, block in names.items():
+        dev = dm.get(child, dm.get("", None))
+        if dev is None or dev == "disk":
+            where = ", ".join(f"{k}={v / 2**20:.0f}MiB" for k, v in budget.items())
+            raise PlacementError(f"block '{block}' needs {sizes[block] / 2**20:.1f} MiB to merge and fits on no "
+                                 f"device ({where}); raise max_memory or merge on a device with more memory")
+        out[block] = dev
+    return out
