@@ -189,10 +189,7 @@ def field(name):
         return int(re.search(name + r":\s+(\d+)", f.read()).group(1)) / 1024
 
 def continual_module():
-    try:
-        from hubsoup import continual
-    except ImportError:  # the package is being restructured; the public name may lag behind the move
-        from hubsoup.workflows import continual
+    from hubsoup import continual
     return continual
 
 def run(call):
