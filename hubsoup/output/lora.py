@@ -42,7 +42,7 @@ from hubsoup.arch import Layout, model_layout, module_kind
 from hubsoup.engine import Copy, Dense, LowRank, Outcome, TensorWork, Unchanged
 from hubsoup.errors import ParameterError
 from hubsoup.output.shards import ShardedWriter
-from hubsoup.output.checkpoint import check_output_tensor, output_finite
+from hubsoup.output.checkpoint import check_output_tensor
 from hubsoup.linalg import gram_chunked, mm_chunked, mm_t_chunked, single_thread, sq_norm_chunked, svd_of_product
 from hubsoup.plan import TensorEntry
 from hubsoup.sources.checkpoint import Checkpoint
@@ -155,9 +155,8 @@ class LoraSink:
     def add_factors(self, entry: TensorEntry, p: torch.Tensor, q: torch.Tensor) -> None:
         """τ = p @ q (base orientation); SVD through QR, never the dense matrix."""
         kind = self.lora_kind(entry)
-        if not (output_finite(p) and output_finite(q)):  # before the SVD, which NaN would derail
-            check_output_tensor(entry.name, p, p)
-            check_output_tensor(entry.name, q, q)
+        check_output_tensor(entry.name, p, p)  # before the SVD, which NaN would derail (one reduction each)
+        check_output_tensor(entry.name, q, q)
         if kind != "linear":  # stored (in, out): the LoRA factorises τᵀ
             p, q = q.T, p.T
         with single_thread():  # all of it is (out + in) × Σr small: threads only cost here

@@ -445,7 +445,3 @@ class Checkpoint:
         """
         for fname in self._handles:
             self._handles[fname] = None
-
-    def weight_files(self) -> list[str]:
-        self._open()
-        return sorted(set(self._files.values()))

@@ -101,7 +101,6 @@ class LoraModule:
     transpose: bool
     """Stored as (in, out): Conv1D (fan_in_fan_out) and embeddings."""
     bias_key: str | None = None
-    bias_target: str | None = None
     magnitude_key: str | None = None
 
     @property
@@ -129,10 +128,6 @@ class LoraDelta:
     @property
     def label(self) -> str:
         return self.ckpt.label
-
-    @property
-    def ranks(self) -> list[int]:
-        return sorted({m.rank for ms in self.modules.values() for m in ms})
 
     @property
     def ref(self):
@@ -501,7 +496,7 @@ def lora_source(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos:
                 raise IncompatibleInputError(
                     f"adapter '{label}': module '{mod}' has lora_B.bias (lora_bias=True) but the base tensor "
                     f"'{target}' has no bias, so it cannot be merged (peft refuses it as well)")
-            m.bias_key, m.bias_target = roles["B_bias"], btarget
+            m.bias_key = roles["B_bias"]
             bias[btarget] = m
         modules.setdefault(target, []).append(m)
     for target, mods in modules.items():
