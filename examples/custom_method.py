@@ -9,6 +9,11 @@ LoRA adapters alike:
     >>> hubsoup.merge(["ft-a", "ft-b", "ft-c"], method="median", base="base",
     ...               out="soup", scale=0.8)                            # doctest: +SKIP
 
+Run it as a script to see the method merge three tiny fine-tunes, one of them an
+outlier, and compare with the plain average (no network):
+
+    python examples/custom_method.py [--out DIR]
+
 The engine hands ``merge`` the base tensor and the inputs' task vectors stacked as one
 float32 ``(N, *shape)`` tensor (the method may overwrite it) and adds the returned merged
 task vector to the base. Nothing here reads a file or knows about devices, shards or
@@ -45,3 +50,39 @@ class Median(Method):
         s = deltas.sort(dim=0).values
         mid = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
         return mid.mul_(params.scale)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Merge two similar fine-tunes and one outlier with ``median`` and with the plain average."""
+    import argparse
+    import os
+    import tempfile
+
+    from safetensors.torch import load_file
+
+    import hubsoup
+    from hubsoup.testing import make_base, make_finetune
+
+    parser = argparse.ArgumentParser(description="The example 'median' method on three tiny fine-tunes.")
+    parser.add_argument("--out", help="folder for everything this example writes (default: a new temporary folder)")
+    root = parser.parse_args(argv).out or tempfile.mkdtemp(prefix="hubsoup-example-median-")
+    os.makedirs(root, exist_ok=True)
+    base = make_base("llama", os.path.join(root, "base"))
+    fts = [make_finetune(base, os.path.join(root, f"ft-{i}"), seed=i, scale=s)
+           for i, s in ((1, 0.02), (2, 0.02), (3, 0.5))]  # ft-3 moved 25 times further: an outlier
+    median = hubsoup.merge(fts, "median", base=base, out=os.path.join(root, "median"), quiet=True, overwrite=True)
+    mean = hubsoup.merge(fts, "linear", base=base, out=os.path.join(root, "average"), quiet=True, overwrite=True)
+    print(median)
+
+    def shift(folder: str) -> float:  # ‖θ − θ_0‖ over the whole model
+        got = load_file(os.path.join(folder, "model.safetensors"))
+        b = load_file(os.path.join(base, "model.safetensors"))
+        return sum(float((got[k].float() - b[k].float()).norm()) ** 2 for k in b) ** 0.5
+
+    print(f"distance from the base: median {shift(median.path):.3f}, average {shift(mean.path):.3f}, "
+          f"fine-tunes {', '.join(f'{shift(f):.3f}' for f in fts)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

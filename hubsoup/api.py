@@ -52,6 +52,8 @@ class MergeResult:
     """Extra card sections, ``{"title": ..., "body": markdown}`` (e.g. continual merging's)."""
     search: dict[str, Any] | None = field(default=None, repr=False)
     """The hyper-parameter search that chose this merge (grid, scores, best point), if any."""
+    card_text: str | None = field(default=None, repr=False)
+    """The model card as last rendered by :meth:`write_card` (None: not rendered in this process; see :attr:`card`)."""
 
     def save_card_extras(self, folder: str | None = None) -> None:
         """Persist :attr:`notes`, :attr:`sections` and :attr:`search` beside the recipe (when there are any)."""
@@ -79,6 +81,9 @@ class MergeResult:
                      list(recipe.inputs), None, output_format=recipe.output.get("format", "full"), lora=lora,
                      notes=extras.get("notes") or [], sections=extras.get("sections") or [],
                      search=extras.get("search"))
+        from hubsoup.eval.run import EVAL_FILE, read_results
+
+        result.evaluation = read_results(os.path.join(path, EVAL_FILE))  # so a re-rendered card keeps its scores
         if recipe.continual:
             result.stats = {"opcm.lambda": recipe.continual.get("lambda"), "continual.count": recipe.continual.get("count")}
         return result
@@ -94,14 +99,17 @@ class MergeResult:
 
     @property
     def card(self) -> str:
-        """The rendered model card (``README.md`` of the output)."""
+        """The rendered model card: the text :meth:`write_card` rendered (what ``README.md`` holds), or for a
+        result read back with :meth:`from_folder`, the output's ``README.md``."""
+        if self.card_text is not None:
+            return self.card_text
         with open(os.path.join(self.path, "README.md"), encoding="utf-8") as f:
             return f.read()
 
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
                     commit_message: str | None = None, token: str | bool | None = None,
                     eval_results: Sequence[Any] | None = None, card_template: str | None = None,
-                    license: str | None = None):
+                    license: str | None = None, progress: Any = None, cancel: Any = None):
         """Upload the output folder to the Hub in one commit (the repo is created if needed).
 
         The folder's model card is updated first, in place, so that the folder stays identical
@@ -110,25 +118,41 @@ class MergeResult:
         entries: the card's ``model-index`` and results table), ``card_template`` or ``license``,
         the card is rendered again from this result (its notes, sections and search included).
 
+        ``progress(done, stage, message)`` and ``cancel`` (a ``threading.Event`` or a callable) as
+        for :func:`merge` (:mod:`hubsoup.progress`): stage ``"push"``, one report per file uploaded,
+        nothing printed; ``cancel`` is checked before the repo is created, between files and before
+        the commit, and a cancelled push raises :class:`hubsoup.errors.MergeCancelled` with no
+        commit made (a repo this call created is deleted again).
+
         Returns:
             ``huggingface_hub.CommitInfo`` (``commit_url``, ``oid``, ``pr_url``).
 
         Raises:
             hubsoup.errors.PushError: what failed and how to retry; the local folder is intact.
+            hubsoup.errors.MergeCancelled: ``cancel`` was set; nothing was committed.
 
         Example:
             >>> info = result.push_to_hub("my-org/soup", private=True)   # doctest: +SKIP
             >>> print(info.commit_url)                                     # doctest: +SKIP
+            >>> stop = threading.Event()                                   # e.g. set by a Cancel button
+            >>> result.push_to_hub("my-org/soup", token=user_token, cancel=stop,
+            ...                    progress=lambda done, stage, msg: print(f"{done:.0%} {msg}"))  # doctest: +SKIP
         """
         from hubsoup.hub import check_repo_id, push_folder, retarget_card
+        from hubsoup.progress import Monitor
 
         check_repo_id(repo_id)
+        monitor = Monitor(progress, cancel)
+        monitor.check("before the push")
         if eval_results or card_template or license:
             self.write_card(repo_id=repo_id, eval_results=eval_results, template=card_template, license=license)
-        else:
-            retarget_card(self.path, repo_id)
-        return push_folder(self.path, repo_id, private=private, create_pr=create_pr,
-                           commit_message=commit_message, token=token)
+        elif retarget_card(self.path, repo_id):
+            self.card_text = None  # the card on disk now names repo_id: read it from there
+        info = push_folder(self.path, repo_id, private=private, create_pr=create_pr,
+                           commit_message=commit_message, token=token, monitor=monitor)
+        if monitor.reporting:
+            monitor.finish(f"pushed to {repo_id}")
+        return info
 
     def __str__(self) -> str:
         what = ""
@@ -141,7 +165,8 @@ class MergeResult:
 def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: str,
           params: dict[str, Any] | None = None, options: MergeOptions | None = None,
           output_format: str = "full", rank: int | None = None, energy: float | None = None,
-          evaluate: Sequence[Any] | None = None, eval_limit: int | None = None, **kwargs: Any) -> MergeResult:
+          evaluate: Sequence[Any] | None = None, eval_limit: int | None = None, progress: Any = None,
+          cancel: Any = None, layout: Any = None, **kwargs: Any) -> MergeResult:
     """Merge fine-tunes of one base model and write a standard checkpoint folder.
 
     Args:
@@ -161,6 +186,17 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
             ``"classification:val.csv,text=sentence"``) to evaluate the output on before it is
             committed; results go to ``eval_results.json`` and the card's model-index.
         eval_limit: evaluate on at most this many examples per task.
+        progress: ``progress(done, stage, message)``, for apps (:mod:`hubsoup.progress`): ``done``
+            goes from 0.0 to exactly 1.0, never down; ``stage`` is ``download`` (Hub models),
+            ``statistics`` (methods with whole-model passes, e.g. TIES with ``scope="model"``),
+            ``merge``, ``eval`` (with ``evaluate``); called at least once per stage and per block.
+            Given, nothing is printed (no progress bars, huggingface_hub's included).
+        cancel: a ``threading.Event`` or a callable returning True: checked before every tensor,
+            between downloaded files and before the output is committed; a cancelled merge raises
+            :class:`hubsoup.errors.MergeCancelled` and leaves no output, no temporary folder, no lock.
+        layout: how the output is laid out from the inputs when not as the base is: a
+            :class:`hubsoup.formats.mergekit.MergekitLayout` (a mergekit config's slices, output
+            config, tokenizer; see :func:`hubsoup.formats.mergekit.run_config`).
         **kwargs: an option's name (``overwrite=True``, ``dtype="bf16"``, ...) sets that option;
             anything else is a method parameter (``density=0.2``; LOT's ``exemplars={...}``).
 
@@ -179,14 +215,32 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         ...                     out="./soup", density=0.2)          # doctest: +SKIP
         >>> res.path                                                # doctest: +SKIP
         '/abs/path/soup'
+
+        In an app (a Gradio Space), with a progress callback and a Cancel button's event:
+
+        >>> import threading
+        >>> stop = threading.Event()                                # stop.set() cancels
+        >>> res = hubsoup.merge(["org/ft-a", "org/ft-b"], method="ties", base="org/base", out="./soup",
+        ...                     token=user_token, cancel=stop,
+        ...                     progress=lambda done, stage, msg: print(f"{done:.0%} {stage}: {msg}"))  # doctest: +SKIP
+        >>> res.card[:3]                                            # doctest: +SKIP
+        '---'
     """
     t0 = time.perf_counter()
     opts, extra = MergeOptions.split(kwargs, options)
+    if progress is not None or cancel is not None:
+        opts = opts.replace(**{k: v for k, v in (("progress", progress), ("cancel", cancel)) if v is not None})
+    if opts.progress is not None and not opts.quiet:  # the callback replaces every bar and print
+        opts = opts.replace(quiet=True)
+    monitor = opts.monitor()
+    monitor.check("before the merge")
     m, p = parse_method(method, {**(params or {}), **extra})
     tasks = _tasks(evaluate)
     if not inputs:
         raise ParameterError("no input models given")
     sink_options = _lora_options(output_format, rank, energy, opts)
+    if layout is not None and sink_options is not None:
+        raise ParameterError("a mergekit config's merge is written as a full checkpoint, not a LoRA adapter")
     m.check_inputs(p, len(inputs))
     check_output(out, opts.overwrite)
     for task in tasks:  # the eval data (file, columns, head) now: a typo must not cost a whole merge
@@ -196,17 +250,22 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     folder = OutputFolder(out, overwrite=opts.overwrite)
     sink = None
     try:
-        base_ckpt, sources = open_models(inputs, base=base, allow_pickle=opts.allow_pickle, token=opts.token,
-                                         ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch)
+        monitor.plan(_stage_weights(m, p, inputs, base, tasks))
+        base_ckpt, sources = _open_inputs(inputs, base, m, p, opts, monitor=monitor)
         check_out_is_no_input(out, base_ckpt, sources)  # --overwrite must never delete an input or the base
-        plan = Plan.of(base_ckpt, opts.device)
+        # a layout (a mergekit config's slices, tokenizer_source) plans the output itself: the one engine streams it
+        plan = layout.plan(base_ckpt, sources, opts) if layout is not None else Plan.of(base_ckpt, opts.device)
+        if layout is not None and layout.donors:  # the models slices copy from are inputs too
+            check_out_is_no_input(out, base_ckpt, layout.donors)
         place_blocks(plan, m, p, len(sources), opts, lora_output=sink_options is not None)
         recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref,
                         inputs=[s.ref for s in sources], dtype=opts.dtype, hubsoup_version=__version__,
-                        options=opts.hashed,
+                        options={**opts.hashed, **(layout.hashed if layout is not None else {})},
+                        mergekit=layout.recipe_extra() if layout is not None else {},
                         output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
         metadata = recipe.metadata()  # the public recipe: no local path in what may be pushed
-        job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=opts.quiet)
+        job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=opts.quiet, monitor=monitor,
+                  donors=layout.donors if layout is not None else (), prefetch=opts.prefetch)
         if sink_options is not None:
             from hubsoup.output.checkpoint import copy_base_files
             from hubsoup.output.lora import LoraSink
@@ -225,26 +284,74 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         finally:
             m.finish(p, job.stats)
         lora_report = sink.close()
+        if layout is not None:
+            layout.finish(folder.path)  # the output config's layer count, tokenizer_source, chat_template
         with open(os.path.join(folder.path, RECIPE_FILE), "w", encoding="utf-8") as f:
             f.write(recipe.to_yaml())
         result = MergeResult(folder.target, recipe, method, m.describe_params(p), base_ckpt.ref,
                              [s.ref for s in sources], plan, _jsonable(stats), time.perf_counter() - t0,
                              output_format, lora_report)
+        if layout is not None:
+            result.sections.append(layout.card_section())  # e.g. the mergekit config, as YAML
         if tasks:
             from hubsoup.eval import evaluate_model
             from hubsoup.eval.run import EVAL_FILE, write_results
 
+            monitor.stage("eval", f"evaluating {len(tasks)} task(s)")
+            monitor.segment(len(tasks))
+
+            def before_task(i: int, task) -> None:  # one report and one cancel check per task
+                if i:
+                    monitor.step(f"evaluated {i}/{len(tasks)} task(s)")
+                monitor.check()
+
             result.evaluation = evaluate_model(folder.path, tasks, limit=eval_limit, device=opts.device,
-                                               quiet=opts.quiet)
+                                               quiet=opts.quiet, before_task=before_task)
+            monitor.step(f"evaluated {len(tasks)} task(s)")
             write_results(result.evaluation, os.path.join(folder.path, EVAL_FILE))
         result.write_card(folder.path)
+        monitor.check("before the output was committed")
         folder.commit()
     except BaseException as e:
         if sink is not None:
             sink.abort()
         raise folder.fail(e)  # temporary folder removed, lock released; disk full / read-only → one line
     result.seconds = time.perf_counter() - t0
+    if monitor.reporting:
+        monitor.finish(f"merged into {folder.target}")
     return result
+
+
+def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, tasks: list) -> dict[str, float]:
+    """The stages a merge will go through, weighted by their rough cost (for ``progress``'s ``done``)."""
+    from hubsoup.sources.compat import _is_local
+
+    weights: dict[str, float] = {}
+    if base is None or not _is_local(base) or not all(_is_local(s) for s in inputs):
+        weights["download"] = 2.0
+    n_passes = len(m.passes(p, len(inputs)))
+    if n_passes or type(m).prepare is not Method.prepare:
+        weights["statistics"] = float(max(n_passes, 1))
+    weights["merge"] = 2.0
+    if tasks:
+        weights["eval"] = 1.0
+    return weights
+
+
+def _open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opts: MergeOptions, **kw: Any):
+    """The base and the inputs' task vectors; a method that needs no base (``Method.needs_base``) and
+    whose inputs' cards name none takes the first input as the layout reference (its task vector is 0)."""
+    from hubsoup.errors import BaseNotNamedError
+
+    kw.update(allow_pickle=opts.allow_pickle, token=opts.token, ignore_extra=opts.ignore_extra,
+              shape_mismatch=opts.shape_mismatch)
+    try:
+        return open_models(inputs, base=base, **kw)
+    except BaseNotNamedError:  # only when no card names a base: a named one is always checked and used
+        if base is not None or m.needs_base(p, len(inputs)):
+            raise
+        log.info("no base model named: %s needs none, the first input is the layout reference", m.name)
+        return open_models(inputs, base=inputs[0], **kw)
 
 
 def place_blocks(plan: Plan, method: Method, params: Any, n_inputs: int, opts: MergeOptions, *,

@@ -7,7 +7,8 @@ One home for every "what is this tensor" question, so the answers agree:
   (the architecture built on the meta device, never remote code), with
   :func:`module_kind`, :func:`tied_groups` and :func:`tie_heads` on top;
 * :func:`before_blocks` — whether a tensor outside the transformer blocks runs before them;
-* :func:`model_class` — the transformers class named by a config.
+* :func:`model_class` — the transformers class named by a config;
+* :func:`auto_class` — the Auto class that loads it and its Hub ``pipeline_tag`` (the card's snippet).
 
 Roles
 -----
@@ -204,3 +205,60 @@ def model_class(config):
     archs = getattr(config, "architectures", None) or []
     cls = getattr(transformers, archs[0], None) if archs else None
     return cls or transformers.AutoModel
+
+
+# Which transformers Auto class loads an architecture, and the Hub's pipeline tag for it: asked of
+# transformers' own auto mappings (``MODEL_FOR_*_MAPPING_NAMES``), most specific head first. An
+# architecture in several mappings (BART: seq2seq, masked LM, pre-training) takes the first.
+_AUTO_CLASSES = (
+    ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM", "text-generation"),
+    ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM", "text2text-generation"),
+    ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText", "image-text-to-text"),
+    ("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "AutoModelForSpeechSeq2Seq", "automatic-speech-recognition"),
+    ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification", "text-classification"),
+    ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification", "token-classification"),
+    ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "AutoModelForQuestionAnswering", "question-answering"),
+    ("MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES", "AutoModelForMultipleChoice", None),
+    ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification", "image-classification"),
+    ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "AutoModelForAudioClassification", "audio-classification"),
+    ("MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC", "automatic-speech-recognition"),
+    ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM", "fill-mask"),
+    ("MODEL_FOR_PRETRAINING_MAPPING_NAMES", "AutoModelForPreTraining", None),
+    ("MODEL_MAPPING_NAMES", "AutoModel", "feature-extraction"),
+)
+
+
+@dataclass(frozen=True)
+class AutoClass:
+    """How to load a model: the transformers Auto class and the Hub ``pipeline_tag`` (None: no tag fits)."""
+
+    name: str
+    pipeline_tag: str | None
+    architecture: str | None = None
+
+
+def auto_class(config: dict | None) -> AutoClass:
+    """The Auto class that loads a model with ``config`` (a ``config.json`` dict), from ``architectures[0]``.
+
+    An architecture transformers does not know (remote code) or a config naming none loads with
+    ``AutoModel`` and gets no pipeline tag. A bare encoder of images (no ``vocab_size``) is tagged
+    ``image-feature-extraction``.
+
+    Example:
+        >>> auto_class({"architectures": ["LlamaForCausalLM"]})
+        AutoClass(name='AutoModelForCausalLM', pipeline_tag='text-generation', architecture='LlamaForCausalLM')
+        >>> auto_class({"architectures": ["BertModel"], "vocab_size": 30522}).name
+        'AutoModel'
+    """
+    from transformers.models.auto import modeling_auto
+
+    archs = (config or {}).get("architectures") or []
+    arch = archs[0] if archs and isinstance(archs[0], str) else None
+    if arch:
+        for mapping, cls, tag in _AUTO_CLASSES:
+            for names in getattr(modeling_auto, mapping, {}).values():
+                if arch == names or (isinstance(names, (tuple, list)) and arch in names):
+                    if cls == "AutoModel" and "vocab_size" not in (config or {}):
+                        tag = "image-feature-extraction" if "image_size" in (config or {}) else None
+                    return AutoClass(cls, tag, arch)
+    return AutoClass("AutoModel", None, arch)

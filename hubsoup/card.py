@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Sequence
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -44,6 +45,24 @@ def _ref_view(ref) -> dict[str, Any]:
             "digest": None if ref.repo_id else ref.digest}
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def upstream_model(ref) -> str | None:
+    """The Hub model a base stands for: its repo ID, or, for a local folder, the one Hub ID its own card
+    names as ``base_model`` (a local copy of a Hub model, e.g. the demo's all-MiniLM-L6-v2); else None."""
+    from hubsoup.recipe import looks_local
+
+    if ref.repo_id:
+        return ref.repo_id
+    named = (_card_meta(ref) or {}).get("base_model")
+    if isinstance(named, list):
+        named = named[0] if len(named) == 1 else None
+    if isinstance(named, str) and _HUB_ID.match(named) and not looks_local(named):
+        return named
+    return None
+
+
 def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[EvalResult] | None:
     """Eval results whose dataset is a local file name it by file name and content hash, not by path."""
     if not eval_results:
@@ -58,6 +77,71 @@ def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[Eval
             r = dataclasses.replace(r, dataset_type=public_file_ref(r.dataset_type))
         out.append(r)
     return out
+
+
+def _read_json(path: str | None) -> dict[str, Any] | None:
+    import json
+
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+        return value if isinstance(value, dict) else None
+    except (OSError, ValueError):  # an unreadable config says nothing about the class
+        return None
+
+
+# peft's task types (adapter_config.json) -> the Auto class of the model they adapt: only used when the
+# base's config.json is not at hand (a card rendered again from a published recipe)
+_PEFT_TASK_AUTO = {"CAUSAL_LM": ("AutoModelForCausalLM", "text-generation"),
+                   "SEQ_CLS": ("AutoModelForSequenceClassification", "text-classification"),
+                   "SEQ_2_SEQ_LM": ("AutoModelForSeq2SeqLM", "text2text-generation"),
+                   "TOKEN_CLS": ("AutoModelForTokenClassification", "token-classification"),
+                   "QUESTION_ANS": ("AutoModelForQuestionAnswering", "question-answering"),
+                   "FEATURE_EXTRACTION": ("AutoModel", "feature-extraction")}
+_TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt", "tokenizer.model")
+
+
+def _load_view(result, folder: str | None, lora: bool) -> dict[str, Any]:
+    """How the "how to use" snippet loads the output: the Auto class of the architecture its
+    ``config.json`` names (the base's, for a LoRA adapter), the card's ``pipeline_tag``, and
+    whether there is a tokenizer to load."""
+    from hubsoup.arch import auto_class
+
+    here = [d for d in (folder, result.path) if d]
+    base_dir = result.base.path if result.base.path and os.path.isdir(result.base.path) else None
+    where = ([base_dir] if lora else [*here, base_dir])
+    config = next((c for c in (_read_json(os.path.join(d, "config.json")) for d in where if d) if c), None)
+    auto = auto_class(config)
+    cls, tag = auto.name, auto.pipeline_tag
+    if config is None and lora:
+        task = next((c.get("task_type") for c in (_read_json(os.path.join(d, "adapter_config.json")) for d in here)
+                     if c), None)
+        cls, tag = _PEFT_TASK_AUTO.get(str(task), (cls, tag))
+    seen = [d for d in [*here, base_dir] if d and os.path.isdir(d)]
+    tokenizer = not seen or any(os.path.isfile(os.path.join(d, f)) for d in seen for f in _TOKENIZER_FILES)
+    return {"auto_class": cls, "pipeline_tag": tag, "architecture": auto.architecture, "tokenizer": tokenizer}
+
+
+def _heads_view(evaluation: Sequence[Any]) -> list[dict[str, Any]]:
+    """The frozen heads behind the scores (from :class:`hubsoup.eval.TaskResult`), one row per task.
+
+    A head's free-form ``source`` metadata is shown only when it names no local file.
+    """
+    from hubsoup.recipe import looks_local
+
+    rows = []
+    for r in evaluation or []:
+        head = getattr(r, "head", None)
+        if not head:
+            continue
+        source = head.get("source") or ""
+        if any(looks_local(w.strip("()[],;:'\"`")) for w in str(source).split()):
+            source = ""
+        rows.append({"task": r.task.name, "file": head.get("file"), "pooling": head.get("pooling", "mean"),
+                     "source": source})
+    return rows
 
 
 def _param_rows(method, values: dict[str, Any], prefix: str = "") -> list[dict[str, Any]]:
@@ -77,7 +161,8 @@ def _param_rows(method, values: dict[str, Any], prefix: str = "") -> list[dict[s
 
 
 def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalResult] | None = None,
-           template: str | None = None, license: str | None = None, notes: Sequence[str] = ()) -> ModelCard:
+           template: str | None = None, license: str | None = None, notes: Sequence[str] = (),
+           folder: str | None = None) -> ModelCard:
     """Render the model card of a merge result.
 
     Args:
@@ -89,6 +174,13 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
             (see :func:`inherited_license`).
         notes: extra markdown paragraphs for the "Merge notes" section, after the method's own
             (``method.card_notes(params, stats, n_inputs)``, e.g. LwPTV's reverted tensors).
+        folder: where the output's files are now (default ``result.path``; a merge renders its card in
+            the temporary folder before the rename): its ``config.json`` picks the snippet's Auto class.
+
+    The "how to use" snippet loads the output with the Auto class of its architecture
+    (``LlamaForCausalLM`` → ``AutoModelForCausalLM``, see :func:`hubsoup.arch.auto_class`), or a
+    LoRA output as a ``PeftModel`` over that class; ``pipeline_tag`` matches it. Scores computed
+    with a frozen head from outside the model are marked as such, with the head's file named.
     """
     method = get_method(result.method)
     if eval_results is None and getattr(result, "evaluation", None):
@@ -97,18 +189,28 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         eval_results = to_eval_results(result.evaluation)
     eval_results = _public_eval_results(eval_results)
     base = _ref_view(result.base)
+    upstream = upstream_model(result.base)
+    if upstream and not result.base.repo_id:  # a local base derived from (or copied from) a Hub model
+        from huggingface_hub import constants
+
+        base.update(upstream=upstream, upstream_url=f"{constants.ENDPOINT}/{upstream}")
     inputs = [_ref_view(r) for r in result.inputs]
     hub_inputs = [i["repo_id"] for i in inputs if i["repo_id"]]
     model_name = (repo_id or os.path.basename(result.path.rstrip("/"))).split("/")[-1]
     lora = _lora_view(result)
+    load = _load_view(result, folder, bool(lora))
+    heads = [h for h in _heads_view(getattr(result, "evaluation", None) or [])  # only heads the table names
+             if any(h["file"] and h["file"] in (r.metric_name or "") for r in eval_results or [])]
     lic = {"license": license} if license else inherited_license(result)
     if lic.get("note"):
         notes = [*notes, lic["note"]]
     data = ModelCardData(
         # a LoRA output is an adapter *of the base* (the merge's inputs are listed in the card body)
-        base_model=([result.base.repo_id] if result.base.repo_id else None) if lora else (hub_inputs or None),
-        base_model_relation="adapter" if lora else ("merge" if hub_inputs else None),
+        # inputs on the Hub: a merge of them; else, a base that is (a copy of) a Hub model: derived from it
+        base_model=([upstream] if upstream else None) if lora else (hub_inputs or ([upstream] if upstream else None)),
+        base_model_relation="adapter" if lora else ("merge" if hub_inputs else ("finetune" if upstream else None)),
         library_name="peft" if lora else "transformers",
+        pipeline_tag=load["pipeline_tag"],
         tags=["merge", "hubsoup", result.method, *(["lora", "peft"] if lora else [])],
         license=lic.get("license"),
         license_name=lic.get("license_name"),
@@ -143,6 +245,8 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         sections=result.sections,
         lora=lora,
         base_load_id=result.base.repo_id or result.base.public_name,  # a local base: its folder name, not its path
+        load=load,
+        heads=heads,
     )
     return card
 
@@ -206,5 +310,8 @@ def _lora_view(result) -> dict[str, Any] | None:
 
 def write_card(result, folder: str, **kwargs: Any) -> str:
     path = os.path.join(folder, "README.md")
-    render(result, **kwargs).save(path)
+    kwargs.setdefault("folder", folder)
+    card = render(result, **kwargs)
+    card.save(path)
+    result.card_text = str(card)  # MergeResult.card: the text just written
     return path

@@ -52,6 +52,10 @@ class BaseModelError(HubsoupError):
     """The base (pre-trained) model cannot be determined or disagrees with the inputs."""
 
 
+class BaseNotNamedError(BaseModelError):
+    """No base was given and an input's card names none (a method that needs no base may go on without)."""
+
+
 class IncompatibleInputError(HubsoupError):
     """An input does not match the base: architecture, hidden size, tensors or shapes."""
 
@@ -98,3 +102,9 @@ class OutputNotWritableError(HubsoupError):
 
 class PushError(HubsoupError):
     """Uploading to the Hub failed; the local output is intact."""
+
+
+# --- RUN CONTROL ---------------------------------------------------------------------------------
+
+class MergeCancelled(HubsoupError):
+    """The run was cancelled (``cancel=`` set or returning True): no output, no temporary folder, nothing uploaded."""

@@ -31,9 +31,11 @@ import logging
 import os
 import re
 import shlex
+import threading
+from contextlib import contextmanager
 from typing import Any
 
-from hubsoup.errors import PushError
+from hubsoup.errors import MergeCancelled, PushError
 
 log = logging.getLogger(__name__)
 
@@ -467,7 +469,7 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
 
 def push_folder(folder: str, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
                 commit_message: str | None = None, token: str | bool | None = None,
-                commit_description: str | None = None):
+                commit_description: str | None = None, monitor: Any = None):
     """Create ``repo_id`` if needed and upload ``folder`` to it in one commit.
 
     Args:
@@ -477,6 +479,10 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
         create_pr: open a pull request instead of committing to ``main``.
         commit_message: default ``Upload <method> merge made with hubsoup``.
         token: default: the usual huggingface_hub sources (``HF_TOKEN``, ``hf auth login``).
+        monitor: a :class:`hubsoup.progress.Monitor` (an app's ``progress``/``cancel``): stage ``push``,
+            one report per file, nothing printed; cancelled before the repo is created, between files or
+            before the commit, it raises :class:`MergeCancelled` with no commit made (and deletes the repo
+            if this call created it).
 
     Returns:
         ``huggingface_hub.CommitInfo`` (``commit_url``, ``oid``, ``pr_url``).
@@ -501,13 +507,28 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
     except PushError as e:
         raise PushError(f"push of '{folder}' to {repo_id} refused: {e}") from None
     api = HfApi(token=token)
+    created = False
     try:
         ensure_timeouts()
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        # one commit, whatever the folder's size; identical content makes no new commit
-        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content) for name, content in plan]
-        info = api.create_commit(repo_id=repo_id, operations=operations, commit_message=message,
-                                 commit_description=commit_description, create_pr=create_pr)
+        if monitor is not None and monitor.active:
+            monitor.stage("push", f"pushing to {repo_id}")
+            monitor.check("before the push")
+            created = not api.repo_exists(repo_id)
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            info = _push_monitored(api, repo_id, plan, monitor, message, commit_description, create_pr)
+        else:
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            # one commit, whatever the folder's size; identical content makes no new commit
+            operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content) for name, content in plan]
+            info = api.create_commit(repo_id=repo_id, operations=operations, commit_message=message,
+                                     commit_description=commit_description, create_pr=create_pr)
+    except MergeCancelled:
+        if created:  # the repo this call created holds no commit of ours: leave nothing behind
+            try:
+                api.delete_repo(repo_id)
+            except Exception:  # noqa: BLE001 - the cancellation is what the caller must see
+                log.debug("could not delete %s after a cancelled push", repo_id)
+        raise
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
         what = _scrub(_explain(e, repo_id, token), token)
         log.debug("push of %s to %s failed: %s", folder, repo_id, type(e).__name__)
@@ -515,6 +536,67 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
                         f"retry with: {retry}") from e
     log.info("pushed %s to %s: %s", folder, repo_id, info.commit_url)
     return info
+
+
+def _push_monitored(api, repo_id: str, plan: list[tuple[str, str | bytes]], monitor: Any, message: str,
+                    commit_description: str | None, create_pr: bool):
+    """The push of an app's run: the files uploaded one at a time (a report and a cancel check between them,
+    no progress bar: files are given as open file objects, which huggingface_hub uploads without one), then
+    one commit. Uploaded blobs that no commit names are invisible on the Hub."""
+    import contextlib
+
+    from huggingface_hub import CommitOperationAdd
+
+    with contextlib.ExitStack() as files, _no_xet_bars(monitor.reporting):
+        operations = []
+        for name, content in plan:
+            src = files.enter_context(open(content, "rb")) if isinstance(content, str) else content
+            operations.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=src))
+        monitor.segment(len(operations) + 1, f"uploading {len(operations)} file(s)")
+        for op in operations:
+            monitor.check("during the upload")
+            api.preupload_lfs_files(repo_id, additions=[op], create_pr=create_pr)
+            monitor.step(f"uploaded {op.path_in_repo}")
+        monitor.check("before the commit")
+        info = api.create_commit(repo_id=repo_id, operations=operations, commit_message=message,
+                                 commit_description=commit_description, create_pr=create_pr)
+        monitor.step(f"committed to {repo_id}")
+        return info
+
+
+_BARS_MUTEX = threading.Lock()
+_BARS_USERS = 0
+
+
+@contextmanager
+def _no_xet_bars(quiet: bool):
+    """huggingface_hub's xet uploads show progress unless progress bars are off *process-wide*: unlike
+    downloads (``tqdm_class``) and plain LFS uploads (a file object has no bar), there is no per-call
+    switch. So, only when xet is in use, bars are turned off while at least one silent push runs and
+    turned back on after the last one (counted under a lock; never when the user had them off
+    already). It hides other threads' bars for that while; it changes no result."""
+    global _BARS_USERS
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from huggingface_hub.utils._runtime import is_xet_available
+
+    if not quiet or not is_xet_available():
+        yield
+        return
+    with _BARS_MUTEX:
+        _BARS_USERS += 1
+        first = _BARS_USERS == 1
+        if first:
+            _no_xet_bars.restore = not are_progress_bars_disabled()  # type: ignore[attr-defined]
+            if _no_xet_bars.restore:  # type: ignore[attr-defined]
+                disable_progress_bars()
+    try:
+        yield
+    finally:
+        with _BARS_MUTEX:
+            _BARS_USERS -= 1
+            if _BARS_USERS == 0 and getattr(_no_xet_bars, "restore", False):
+                _no_xet_bars.restore = False  # type: ignore[attr-defined]
+                enable_progress_bars()
 
 
 __all__ = ["push_folder", "retarget_card", "retry_command", "check_repo_id", "upload_plan", "scrub_secrets",

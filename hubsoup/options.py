@@ -60,6 +60,15 @@ class MergeOptions:
     """Hub token (default: ``HF_TOKEN`` or the stored login). Never printed, never stored."""
     quiet: bool = False
     """No progress bars."""
+    prefetch: bool | None = field(default=None, compare=False)
+    """Read the next block's bytes while the current one is merged (None: ``HUBSOUP_PREFETCH``, default on).
+    Not hashed: it never changes the result."""
+    progress: Any = field(default=None, repr=False, compare=False)
+    """``progress(done, stage, message)`` for apps (see :mod:`hubsoup.progress`); given, nothing is printed.
+    Not hashed: it never changes the result."""
+    cancel: Any = field(default=None, repr=False, compare=False)
+    """A ``threading.Event`` or a callable returning True to stop the run (:class:`~hubsoup.errors.MergeCancelled`).
+    Not hashed."""
 
     def __post_init__(self):
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -68,10 +77,23 @@ class MergeOptions:
             raise ParameterError(f"shape_mismatch must be one of {', '.join(SHAPE_POLICIES)}, "
                                  f"got {self.shape_mismatch!r}")
         self.shard_bytes  # noqa: B018 - parse now: a bad size fails before any work
+        if self.progress is not None or self.cancel is not None:
+            self.monitor()  # refuses a progress that is not callable, a cancel that is neither Event nor callable
         from hubsoup.engine.placement import parse_device_map, parse_max_memory
 
         parse_device_map(self.device_map)
         parse_max_memory(self.max_memory)
+
+    @property
+    def silent(self) -> bool:
+        """No progress bars and no prints: ``quiet``, or a ``progress`` callback takes their place."""
+        return self.quiet or self.progress is not None
+
+    def monitor(self):
+        """A new :class:`hubsoup.progress.Monitor` for one run with these options' ``progress`` and ``cancel``."""
+        from hubsoup.progress import Monitor
+
+        return Monitor(self.progress, self.cancel)
 
     @property
     def out_dtype(self) -> torch.dtype | None:

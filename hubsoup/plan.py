@@ -68,6 +68,25 @@ class BlockInfo:
         return self.index / (self.num_layers - 1) if self.num_layers > 1 else 0.0
 
 
+@dataclass(frozen=True)
+class TensorSource:
+    """Where an output tensor is read from when the output's layout is not the base's.
+
+    A layout (mergekit's ``slices``: a frankenmerge, per-slice merges) renumbers layers, so
+    output tensor ``model.layers.5.mlp.up_proj.weight`` may be layer 3 of the base and of each
+    input. The engine reads θ₀ as ``base`` (from the base checkpoint, or from
+    ``Job.donors[origin]`` when ``origin`` ≥ 0: a passthrough slice copies another model's
+    layer) and input i's task vector from its tensor ``inputs[i]`` (None: τᵢ = 0 here).
+    ``position`` is the tensor's gradient position t for schedules (its slice's, as mergekit
+    computes it); None: from its block (:func:`hubsoup.methods._schedule.layer_position`).
+    """
+
+    base: str
+    inputs: tuple[str | None, ...]
+    position: float | None = None
+    origin: int = -1
+
+
 @dataclass
 class TensorEntry:
     name: str
@@ -75,6 +94,8 @@ class TensorEntry:
     dtype: torch.dtype
     aliases: tuple[str, ...] = ()
     """Tied copies present in the checkpoint: written with the same result."""
+    source: TensorSource | None = None
+    """Where the tensor is read from, when not from ``name`` itself (a layout: :func:`layout_plan`)."""
 
     @property
     def mergeable(self) -> bool:
@@ -191,3 +212,16 @@ def build_plan(keys: list[str], infos: dict, config: dict, *, ties: list[list[st
     if tail:
         blocks.append(Block("head", None, tail, device))
     return Plan(blocks)
+
+
+def layout_plan(sources: dict[str, TensorSource], infos: dict, config: dict, *, ties: list[list[str]] = (),
+                device: str = "cpu") -> Plan:
+    """The plan of an output whose tensors come from elsewhere (``sources``: output name → :class:`TensorSource`).
+
+    ``infos`` maps each output name to its shape and dtype; ``config`` is the output's config
+    (its layer count gives the blocks' depth). The one engine streams it like any plan.
+    """
+    plan = build_plan(list(sources), infos, config, ties=ties, device=device)
+    for _, entry in plan.entries():
+        entry.source = sources[entry.name]
+    return plan

@@ -42,6 +42,9 @@ class Recipe:
     options: dict[str, Any] = field(default_factory=dict)
     output: dict[str, Any] = field(default_factory=dict)
     continual: dict[str, Any] = field(default_factory=dict)
+    mergekit: dict[str, Any] = field(default_factory=dict)
+    """A merge run from a mergekit config: ``{"config": its YAML text}`` (outside the hash; its effect,
+    the layout and tokenizer source, is in ``options``). ``hubsoup run`` repeats it from the config."""
 
     def __post_init__(self):
         self.base = _ref(self.base)
@@ -68,7 +71,7 @@ class Recipe:
              "inputs": [i.to_dict() for i in self.inputs], "dtype": self.dtype,
              "hubsoup_version": self.hubsoup_version}
         extra = {k: v for k, v in (("options", self.options), ("output", self.output),
-                                   ("continual", self.continual)) if v}
+                                   ("continual", self.continual), ("mergekit", self.mergekit)) if v}
         d["extra"] = extra  # the file layout of hubsoup 0.1 (the hash is unchanged)
         d["hash"] = self.hash
         return d
@@ -91,6 +94,10 @@ class Recipe:
         d["inputs"] = [i.public_dict() for i in self.inputs]
         d["params"] = public_value(self.params)
         d["extra"] = public_value(d["extra"])
+        if self.mergekit.get("config"):  # its model references: local folders by name and digest
+            from hubsoup.formats.mergekit import public_config_text
+
+            d["extra"]["mergekit"] = {**d["extra"]["mergekit"], "config": public_config_text(self.mergekit["config"])}
         return d
 
     def public_yaml(self) -> str:
@@ -123,7 +130,7 @@ class Recipe:
         extra = d.pop("extra", None) or {}
         if not isinstance(extra, dict):
             raise ParameterError("recipe: 'extra' must be a mapping")
-        unknown = sorted(set(extra) - {"options", "output", "continual"})
+        unknown = sorted(set(extra) - {"options", "output", "continual", "mergekit"})
         if unknown:
             raise ParameterError(f"recipe: unknown entry 'extra.{unknown[0]}'")
         fields_ = {"method", "params", "base", "inputs", "dtype", "hubsoup_version"}
@@ -153,10 +160,12 @@ class Recipe:
             for k in ("spec", "repo_id", "revision", "sha", "path", "kind", "digest", "name"):
                 if ref.get(k) is not None and not isinstance(ref[k], str):
                     raise ParameterError(f"recipe: '{what}.{k}' must be a string, got {ref[k]!r}")
-        for k in ("options", "output", "continual"):
+        for k in ("options", "output", "continual", "mergekit"):
             if not isinstance(extra.get(k) or {}, dict):
                 raise ParameterError(f"recipe: 'extra.{k}' must be a mapping, got {extra[k]!r}")
-        return cls(**d, **{k: extra.get(k) or {} for k in ("options", "output", "continual")})
+        if not isinstance((extra.get("mergekit") or {}).get("config", ""), str):
+            raise ParameterError("recipe: 'extra.mergekit.config' must be the config's YAML text")
+        return cls(**d, **{k: extra.get(k) or {} for k in ("options", "output", "continual", "mergekit")})
 
 
 def looks_local(value: Any) -> bool:
@@ -256,19 +265,39 @@ def recipe_merge_args(recipe) -> tuple[list[str], dict[str, Any]]:
 
 
 def run_recipe(path: str, out: str, **overrides: Any):
-    """Merge again from a recipe file (or an output folder holding one); returns the MergeResult."""
+    """Merge again from a recipe file (or an output folder holding one); returns the MergeResult.
+
+    ``path`` may also be a mergekit YAML config (a file with ``merge_method``, or a folder holding
+    ``mergekit_config.yml``): it is merged with mergekit's semantics
+    (:func:`hubsoup.formats.mergekit.run_config`; model folders relative to the working folder).
+    """
     from hubsoup.api import merge
+    from hubsoup.formats import mergekit
+
     if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, RECIPE_FILE)) and os.path.isfile(os.path.join(path, mergekit.CONFIG_FILE)):
+            return mergekit.run_config(os.path.join(path, mergekit.CONFIG_FILE), out, **overrides)
         path = os.path.join(path, RECIPE_FILE)
     if not os.path.isfile(path):
         raise ParameterError(f"recipe '{path}' not found")
     try:
         with open(path, encoding="utf-8") as f:
-            recipe = Recipe.from_yaml(f.read())
+            text = f.read()
+        data = yaml.safe_load(text)
     except Exception as e:  # noqa: BLE001 - a malformed file gets one clear line
         raise ParameterError(f"recipe '{path}' cannot be read: {e}") from e
-    inputs, kwargs = recipe_merge_args(recipe)
-    result = merge(inputs, out=out, **{**kwargs, **overrides})
+    if mergekit.is_mergekit_config(data):
+        return mergekit.run_config(text, out, **overrides)
+    try:
+        recipe = Recipe.from_yaml(text)
+    except Exception as e:  # noqa: BLE001 - a malformed file gets one clear line
+        raise ParameterError(f"recipe '{path}' cannot be read: {e}") from e
+    if recipe.mergekit.get("config"):  # repeat the mergekit config, its Hub models pinned to the recorded SHAs
+        pins = {r.spec: r.pinned_spec for r in (recipe.base, *recipe.inputs) if r.spec and r.repo_id}
+        result = mergekit.run_config(recipe.mergekit["config"], out, pins=pins, **overrides)
+    else:
+        inputs, kwargs = recipe_merge_args(recipe)
+        result = merge(inputs, out=out, **{**kwargs, **overrides})
     if result.recipe.hash != recipe.hash:
         import logging
 

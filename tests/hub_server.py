@@ -17,7 +17,12 @@ What it implements (models, datasets and spaces alike):
 * ``HEAD`` / ``GET /[datasets/|spaces/]{repo}/resolve/{rev}/{path}`` by branch, tag, ``refs/pr/N``
   or (full or abbreviated) commit sha, with ``ETag`` (git blob sha1), ``X-Repo-Commit``,
   ``Content-Length`` and ``Range`` support;
-* ``GET /api/whoami-v2``, ``POST /api/validate-yaml``, ``GET /api/agent-harnesses``.
+* ``GET /api/whoami-v2``, ``POST /api/validate-yaml``, ``GET /api/agent-harnesses``;
+* ``GET /api/models`` (and ``/api/datasets``, ``/api/spaces``): the listing of ``HfApi.list_models``,
+  with ``author``, ``search`` (substring of the ID), ``filter`` (every value must be one of the
+  repo's tags: the card's ``tags``, ``base_model:<id>``, ``base_model:<relation>:<id>``,
+  ``license:<id>``, the library name), ``sort`` (``createdAt``, ``lastModified``; others keep
+  creation order), ``limit`` and pagination; private repos only for their owners.
 
 Errors carry ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``) and
 ``X-Error-Message`` the way the Hub sends them, so the client raises ``RepositoryNotFoundError``,
@@ -556,6 +561,8 @@ class HubServer:
             return self._validate_yaml(req)
         if segs == ["agent-harnesses"] and m == "GET":
             return _json_response({"standardEnvVars": [], "harnesses": {}})
+        if len(segs) == 1 and segs[0] in REPO_TYPES and m == "GET":
+            return self._list_repos(req, REPO_TYPES[segs[0]])
         if segs and segs[0] in REPO_TYPES:
             rtype = REPO_TYPES[segs[0]]
             if len(segs) == 2:  # a repo id without a namespace
@@ -696,6 +703,47 @@ class HubServer:
                 except (ValueError, TypeError):
                     pass
         return _json_response(info)
+
+    def _list_repos(self, req: _Req, rtype: str):
+        """``GET /api/models``: what ``HfApi.list_models`` reads (filters, sort, limit, pagination)."""
+        q = req.query
+        author = (q.get("author") or [None])[-1]
+        search = ((q.get("search") or [""])[-1]).lower()
+        wanted = [f for f in q.get("filter", []) if f]
+        sort = (q.get("sort") or [None])[-1]
+        items = []
+        for (t, repo_id), repo in self.repos.items():
+            if t != rtype or (repo.private and not self._owns(req.user, repo.namespace)):
+                continue
+            if author and repo.namespace != author:
+                continue
+            if search and search not in repo_id.lower():
+                continue
+            status, _, body = self._info(req, rtype, repo_id, None)
+            info = json.loads(body)
+            tags = list(info.get("tags") or [])
+            card = info.get("cardData") or {}
+            bases = card.get("base_model") or []
+            relation = card.get("base_model_relation") or ("adapter" if "adapter_config.json" in
+                                                           {s["rfilename"] for s in info["siblings"]} else "finetune")
+            for b in [bases] if isinstance(bases, str) else bases:
+                if isinstance(b, str):
+                    tags += [f"base_model:{b}", f"base_model:{relation}:{b}"]
+            lic = card.get("license")
+            for name in [lic] if isinstance(lic, str) else (lic or []):
+                tags.append(f"license:{name}")
+            if info.get("library_name"):
+                tags.append(info["library_name"])
+            if not all(f in tags for f in wanted):
+                continue
+            info["tags"] = list(dict.fromkeys(tags))
+            if not (_truthy(q.get("cardData")) or _truthy(q.get("full"))):
+                info.pop("cardData", None)
+            items.append((repo, info))
+        if sort in ("createdAt", "lastModified"):
+            key = (lambda r: r[0].created_at) if sort == "createdAt" else (lambda r: r[1]["lastModified"])
+            items.sort(key=key, reverse=True)
+        return self._paginate(req, [i for _, i in items], self.page_size)
 
     def _entry(self, repo: Repo, commit: Commit, path: str, is_dir: bool, expand: bool) -> dict:
         if is_dir:

@@ -82,7 +82,9 @@ def test_card_body_says_how_the_model_was_made(local_result):
     # the card embeds the recipe without local paths (issue 12); the hash is the recipe's own
     assert result.recipe.public_yaml() in text and f"Recipe hash: `{result.recipe.hash}`" in text
     assert __version__ in text
-    assert 'AutoModel.from_pretrained("soup-org/soup")' in text
+    # a Llama: loaded with its lm_head (AutoModelForCausalLM), tagged text-generation (tests/test_card_hub.py runs it)
+    assert 'AutoModelForCausalLM.from_pretrained("soup-org/soup")' in text
+    assert render(result).data.pipeline_tag == "text-generation"
     assert "No evaluation results were recorded" in text
 
 

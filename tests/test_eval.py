@@ -17,9 +17,9 @@ def test_accuracy_and_macro_f1_by_hand():
     preds, refs = [0, 1, 1, 2, 2, 2], [0, 1, 2, 2, 2, 0]
     assert load_metric("accuracy").compute(predictions=preds, references=refs)["accuracy"] == pytest.approx(4 / 6)
     # per class F1 = 2tp/(2tp+fp+fn): c0: tp1 fp0 fn1 -> 2/3 ; c1: tp1 fp1 fn0 -> 2/3 ; c2: tp2 fp1 fn1 -> 4/6
-    f1 = load_metric("macro_f1").compute(predictions=preds, references=refs)["f1"]
+    f1 = load_metric("macro_f1").compute(predictions=preds, references=refs)["macro_f1"]
     assert f1 == pytest.approx(2 / 3)
-    f1 = load_metric("macro_f1").compute(predictions=[0, 0, 1, 1], references=[0, 1, 1, 1])["f1"]
+    f1 = load_metric("macro_f1").compute(predictions=[0, 0, 1, 1], references=[0, 1, 1, 1])["macro_f1"]
     assert f1 == pytest.approx((2 / 3 + 4 / 5) / 2)
 
 
@@ -80,7 +80,10 @@ def test_classification_with_frozen_head(bert_with_tok, tmp_path):
     [res] = evaluate_model(bert_with_tok, [TaskSpec.parse(f"classification:{data},head={head}")], quiet=True)
     assert res.metrics["accuracy"] == pytest.approx(10 / 30)
     er = to_eval_results([res])
-    assert {e.metric_type for e in er} == {"accuracy", "f1"} and er[0].task_type == "text-classification"
+    assert {e.metric_type for e in er} == {"accuracy", "macro_f1"} and er[0].task_type == "text-classification"
+    # the scores are the external head's, and say so (by file name, never by path)
+    assert all("frozen head head.safetensors@sha256:" in e.metric_name for e in er)
+    assert all(str(tmp_path) not in e.metric_name for e in er)
 
 
 def test_perplexity_matches_model_loss(tmp_path):

@@ -108,7 +108,8 @@ def test_merge_push_round_trip(hub, zoo, tmp_path, monkeypatch, capsys):
     assert d.base_model == ["alice/ft-a", "alice/ft-b"] and d.base_model_relation == "merge"
     assert d.library_name == "transformers" and d.tags == ["merge", "hubsoup", "ties"]
     assert d.license == "apache-2.0"
-    assert 'AutoModel.from_pretrained("soup-org/soup")' in card.text and str(local) not in card.text
+    assert 'AutoModelForCausalLM.from_pretrained("soup-org/soup")' in card.text and str(local) not in card.text
+    assert d.pipeline_tag == "text-generation"
     for name in ("base", "ft-a", "ft-b"):
         assert shas[name] in card.text
     info = hub.api().model_info("soup-org/soup")

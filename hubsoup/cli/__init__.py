@@ -81,22 +81,25 @@ def cmd_merge(args) -> int:
 
 
 def cmd_methods(args) -> int:
-    from hubsoup.methods import available
-    from hubsoup.methods import describe
+    from hubsoup.methods import list_methods
 
-    for name, cls in available().items():
-        if args.name and name != args.name:
+    for m in list_methods():  # the same description apps get
+        if args.name and m["name"] != args.name:
             continue
-        print(f"{name}: {cls.summary}")
-        if cls.paper:
-            print(f"  paper: {cls.paper} {cls.paper_url}")
-        n = f"{cls.min_inputs}" + ("+" if cls.max_inputs is None else ("" if cls.max_inputs == cls.min_inputs else f"-{cls.max_inputs}"))
-        print(f"  inputs: {n}")
-        for row in describe(cls.Params):
-            rng = f" range {list(row['range'])}" if row.get("range") else ""
-            src = " [ours]" if row.get("source") == "ours" else ""
-            print(f"  --param {row['name']}={row['default']!s:<8} ({row['type']}{rng}) {row.get('help', '')}{src}")
+        print(f"{m['name']}: {m['summary']}")
+        if m["paper"]:
+            print(f"  paper: {m['paper']} {m['paper_url']}")
+        lo, hi = m["min_inputs"], m["max_inputs"]
+        print(f"  inputs: {lo}" + ("+" if hi is None else ("" if hi == lo else f"-{hi}")))
+        for row in m["params"]:
+            rng = f" range {row['range']}" if row.get("range") else ""
+            what = f"one of {', '.join(map(str, row['choices']))}" if row["type"] == "choice" else row["type"]
+            src = f" [{row['source']}]" if row.get("source") in ("ours", "mergekit") else ""
+            print(f"  --param {row['name']}={row['default']!s:<8} ({what}{rng}) {row.get('help', '')}{src}")
         print()
+    from hubsoup.methods._schedule import CLI_HELP
+
+    print(CLI_HELP)  # per-layer schedules and name filters: every method's numeric parameters
     return 0
 
 
@@ -183,14 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_format(pl)
     pl.set_defaults(func=cmd_plan)
 
-    d = sub.add_parser("demo", help="fine-tune MiniLM on 3 small real-text tasks, merge, evaluate (no network, ~3 min)")
+    d = sub.add_parser("demo", help="fine-tune MiniLM on 3 small real-text tasks, merge, evaluate (no network, ~1.5 min)")
     d.add_argument("--out", default="hubsoup-demo", help="folder for the demo's models and merge")
     d.add_argument("--quiet", "-q", action="store_true")
     d.set_defaults(func=cmd_demo)
     # further commands live beside this file, one module each with register(subparsers)
-    from hubsoup.cli import continual, eval, push, run, sweep
+    from hubsoup.cli import continual, eval, pipeline, push, run, sweep
+    from hubsoup.cli import export_config
 
-    for mod in (eval, push, run, sweep, continual):
+    for mod in (eval, push, run, sweep, continual, pipeline, export_config):
         mod.register(sub)
     return p
 

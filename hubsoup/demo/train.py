@@ -114,12 +114,14 @@ def few_shot(task: TaskData, per_class: int, split: str = "train") -> tuple[list
 
 
 def train_heads(base_dir: str, tasks: Mapping[str, TaskData], paths: Mapping[str, str], *, per_class: int,
-                max_length: int, tag: bool = False, log: Callable[[str], None] | None = None) -> dict[str, dict]:
+                max_length: int, tag: bool = False, log: Callable[[str], None] | None = None,
+                source: str | None = None) -> dict[str, dict]:
     """One frozen linear head per task on the frozen encoder at ``base_dir``, written to ``paths[task]``.
 
     Each head is trained (:func:`train_head`) on the pooled features of the first ``per_class``
     training examples of each class (:func:`few_shot`), its L2 chosen on the validation split.
-    ``tag`` also stores the task name and the chosen L2 in each head file's metadata; ``log``
+    ``tag`` also stores the task name and the chosen L2 in each head file's metadata, ``source`` a
+    line saying where the head comes from (shown in the cards of models scored with it); ``log``
     gets one line per head. Returns task -> head statistics (those of :func:`train_head` plus
     ``train_examples``).
     """
@@ -131,7 +133,8 @@ def train_heads(base_dir: str, tasks: Mapping[str, TaskData], paths: Mapping[str
         xv = embed(model, tok, task.texts("validation"), max_length=max_length)
         w, b, st = train_head(xt, ids, xv, task.label_ids("validation"), len(task.labels))
         st["train_examples"] = len(texts)
-        save_head(paths[name], w, b, task.labels, **({"task": name, "l2": st["l2"]} if tag else {}))
+        meta = {"task": name, "l2": st["l2"]} if tag else {}
+        save_head(paths[name], w, b, task.labels, **meta, **({"source": source} if source else {}))
         if log:
             log(f"  head {name:<13} L2 {st['l2']:g}: train acc {st['train_accuracy']:.3f}, "
                 f"val acc {st['val_accuracy']:.3f}")
@@ -225,10 +228,11 @@ def finetune(base_dir: str, out_dir: str, texts: Sequence[str], labels: Sequence
             "epochs": round(cfg.steps * cfg.batch_size / max(1, len(ids)), 2)}
 
 
-def save_base(src: str, out_dir: str) -> str:
+def save_base(src: str, out_dir: str, *, base_model: str | None = None) -> str:
     """Re-save a pre-trained encoder with ``save_pretrained`` (so base and fine-tunes have the
     same tensor names: non-persistent buffers such as ``position_ids`` are dropped), keeping
-    its tokenizer and model card."""
+    its tokenizer and model card; ``base_model``: the Hub model this copy is, written into the
+    card's metadata (so cards of merges built on it name the real upstream model)."""
     import shutil
 
     model, tok = load_encoder(src)
@@ -238,7 +242,21 @@ def save_base(src: str, out_dir: str) -> str:
     card = os.path.join(src, "README.md")
     if os.path.isfile(card):
         shutil.copyfile(card, os.path.join(out_dir, "README.md"))
+        if base_model:
+            metadata_update_local(os.path.join(out_dir, "README.md"), base_model=base_model)
+    elif base_model:
+        write_card(out_dir, base_model=base_model)
     return out_dir
+
+
+def metadata_update_local(path: str, **metadata) -> None:
+    """Set metadata keys of the model card at ``path`` (a local file), keeping its body."""
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(path)
+    for k, v in metadata.items():
+        setattr(card.data, k, v)
+    card.save(path)
 
 
 def write_card(folder: str, **metadata) -> None:

@@ -22,6 +22,7 @@ knows no method by name and no output format:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol, Sequence
@@ -29,10 +30,13 @@ from typing import Any, Iterator, Protocol, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from hubsoup.engine import prefetch
 from hubsoup.engine.lowrank import Copy, Dense, LowRank, Outcome, Unchanged, decide
 from hubsoup.errors import NonFiniteTensorError
 from hubsoup.methods import InputInfo, Method, PrepareContext, TensorContext
+from hubsoup.methods._schedule import layer_position
 from hubsoup.plan import Block, Plan, TensorEntry
+from hubsoup.progress import Monitor, shared_segment
 from hubsoup.sources.checkpoint import Checkpoint
 from hubsoup.sources.taskvector import TaskVector, all_finite
 
@@ -55,12 +59,21 @@ class Job:
     quiet: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
     """Results of the method's statistics passes (filled by :func:`gather_stats`)."""
+    monitor: Monitor = field(default_factory=Monitor)
+    """Progress and cancellation (:mod:`hubsoup.progress`): checked per tensor, stepped per block."""
+    donors: Sequence[Checkpoint] = ()
+    """Other checkpoints a layout's entries read θ₀ from (:attr:`hubsoup.plan.TensorSource.origin`)."""
+    prefetch: bool | None = None
+    """Read the next block ahead while this one is computed (:mod:`hubsoup.engine.prefetch`);
+    None: ``HUBSOUP_PREFETCH`` (default on). Never changes a result."""
 
     def release(self) -> None:
         """Unmap every weight file (see :meth:`Checkpoint.release`)."""
         self.base.release()
         for src in self.inputs:
             src.release()
+        for ckpt in self.donors:
+            ckpt.release()
 
 
 class TensorWork:
@@ -84,22 +97,45 @@ class TensorWork:
         return TensorContext(self.name, self.block.info, len(self.job.inputs), self.job.stats,
                              self.job.recipe_hash)
 
+    @property
+    def position(self) -> float:
+        """The tensor's gradient position t for per-layer schedules (mergekit's: its slice's, else its block's)."""
+        src = self.entry.source
+        if src is not None and src.position is not None:
+            return src.position
+        return layer_position(self.block.info)
+
+    def _input_name(self, i: int) -> str | None:
+        """Input ``i``'s name of this tensor (a layout renumbers layers; None: τᵢ = 0 here)."""
+        src = self.entry.source
+        return self.name if src is None else src.inputs[i]
+
+    def _base_checkpoint(self) -> Checkpoint:
+        src = self.entry.source
+        return self.job.base if src is None or src.origin < 0 else self.job.donors[src.origin]
+
     def raw_base(self) -> torch.Tensor:
         """The base tensor as stored (its dtype, on the CPU; it may share the file's memory map)."""
-        return self.job.base.tensor(self.name)
+        src = self.entry.source
+        return self._base_checkpoint().tensor(self.name if src is None else src.base)
 
     def base(self) -> torch.Tensor:
         """The base tensor in float32 on the block's device, checked for NaN/inf. Never modify it."""
         if self._base is None:
             t = self.raw_base().to(self.device, torch.float32)
             if not all_finite(t):
-                raise NonFiniteTensorError(f"base '{self.job.base.label}': tensor '{self.name}' has NaN/inf values")
+                src = self.entry.source
+                raise NonFiniteTensorError(f"base '{self._base_checkpoint().label}': tensor "
+                                           f"'{self.name if src is None else src.base}' has NaN/inf values")
             self._base = t
         return self._base
 
     def delta_into(self, i: int, out: torch.Tensor) -> torch.Tensor:
         """Input ``i``'s task vector into ``out`` (float32, the base's shape, on the block's device)."""
-        self.job.inputs[i].delta_into(out, self.name, self.base())
+        name = self._input_name(i)
+        if name is None:
+            return out.zero_()
+        self.job.inputs[i].delta_into(out, name, self.base())
         return out
 
     def deltas(self) -> torch.Tensor:
@@ -114,9 +150,20 @@ class TensorWork:
         """θ₀ + τᵢ: input ``i``'s own weights for this tensor (a new float32 tensor)."""
         return self.delta_into(i, torch.empty_like(self.base())).add_(self.base())
 
+    def byte_ranges(self) -> list[tuple[str, int, int]]:
+        """Where this tensor's bytes lie on disk, the base's and every input's (the read-ahead's hint)."""
+        src = self.entry.source
+        out = list(self._base_checkpoint().byte_ranges([self.name if src is None else src.base]))
+        for i, s in enumerate(self.job.inputs):
+            name, ranges = self._input_name(i), getattr(s, "byte_ranges", None)
+            if name is not None and ranges is not None and s.touches(name):
+                out += ranges(name)
+        return out
+
     def untouched(self) -> bool:
         """True when every input says it leaves this tensor unchanged (τ = 0), without reading it."""
-        return not any(src.touches(self.name) for src in self.job.inputs)
+        return not any(n is not None and src.touches(n) for src, n in
+                       ((s, self._input_name(i)) for i, s in enumerate(self.job.inputs)))
 
     def input_factors(self) -> list[tuple[torch.Tensor, torch.Tensor] | None] | None:
         """Per input, ``(P, Q)`` with τᵢ = P Q on the block's device (None: τᵢ = 0); None if one is not low-rank."""
@@ -126,11 +173,12 @@ class TensorWork:
 
     def _load_factors(self) -> list[tuple[torch.Tensor, torch.Tensor] | None] | None:
         out: list[tuple[torch.Tensor, torch.Tensor] | None] = []
-        for src in self.job.inputs:
-            if not src.touches(self.name):
+        for i, src in enumerate(self.job.inputs):
+            name = self._input_name(i)
+            if name is None or not src.touches(name):
                 out.append(None)
                 continue
-            f = src.factors(self.name)
+            f = src.factors(name)
             if f is None:
                 return None
             p, q = f[0].to(self.device), f[1].to(self.device)
@@ -170,12 +218,19 @@ def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str 
         blocks = [b for b in blocks if any(e.mergeable for e in b.tensors)]
     per_tensor = unit == "tensor"
     total = sum(sum(e.mergeable or not mergeable_only for e in b.tensors) for b in blocks) if per_tensor else len(blocks)
-    with tqdm(total=total, desc=desc, unit=unit, disable=job.quiet or not desc, leave=False) as bar:
-        for block in blocks:
+    mon = job.monitor
+    mon.segment(len(blocks), desc)  # this pass is the next segment of the caller's stage
+    ahead = prefetch.ReadAhead() if prefetch.enabled(job.prefetch) else None
+    with tqdm(total=total, desc=desc, unit=unit, disable=job.quiet or not desc, leave=False) as bar, \
+            (ahead or contextlib.nullcontext()):  # closes (stops and joins) the read-ahead however the loop ends
+        for i, block in enumerate(blocks):
+            if ahead is not None and i + 1 < len(blocks):  # block i + 1 comes in while block i is computed
+                _read_ahead(ahead, job, blocks[i + 1], mergeable_only)
             try:
                 for entry in block.tensors:
                     if mergeable_only and not entry.mergeable:
                         continue
+                    mon.check()  # cancel: before every tensor
                     yield TensorWork(job, block, entry)
                     if per_tensor:
                         bar.update()
@@ -183,6 +238,16 @@ def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str 
                 job.release()
             if not per_tensor:
                 bar.update()
+            mon.step(f"{desc or 'pass'}: block {i + 1}/{len(blocks)}")
+
+
+def _read_ahead(ahead: prefetch.ReadAhead, job: Job, block: Block, mergeable_only: bool) -> None:
+    """Ask ``ahead`` for the bytes of ``block``'s tensors (a hint: a failure here never fails the merge)."""
+    try:
+        ahead.request([r for e in block.tensors if e.mergeable or not mergeable_only
+                       for r in TensorWork(job, block, e).byte_ranges()])
+    except Exception as e:  # the engine's own read of that block reports a real problem
+        log.debug("read-ahead of block %s skipped: %s", block.name, e)
 
 
 def gather_stats(job: Job) -> dict[str, Any]:
@@ -192,6 +257,8 @@ def gather_stats(job: Job) -> dict[str, Any]:
     stats["plan.stacks"] = {b.info.stack: b.info.num_layers for b in job.plan.blocks if b.info}
     stats.update(job.method.prepare(job.params, prepare_context(job)))  # e.g. exemplar features (LOT)
     passes = job.method.passes(job.params, len(job.inputs))
+    if passes:
+        job.monitor.stage("statistics", f"{len(passes)} statistics pass(es)", parts=len(passes))
     for i, p in enumerate(passes):
         for work in stream(job, mergeable_only=True, unit="tensor", desc=f"statistics pass {i + 1}/{len(passes)}"):
             p.update(work.context(), work.base(), work.deltas())
@@ -205,6 +272,8 @@ def prepare_context(job: Job) -> PrepareContext:
 
     def load_expert(i: int, assign) -> None:
         label = job.inputs[i].label
+        if job.monitor.stage_name != "statistics":  # preparation streams the experts: part of the statistics
+            job.monitor.stage("statistics", "loading the experts", parts=len(job.inputs))
         for work in stream(job, mergeable_only=True, desc=f"loading expert {i + 1} ({label})"):
             t = work.expert(i)
             for n in (work.name, *work.entry.aliases):
@@ -229,6 +298,7 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
     for b in job.plan.blocks:
         workers.setdefault(b.worker or b.device, []).append(b)
     desc = f"merging ({job.method.name})"
+    job.monitor.stage("merge", desc)
     if len(workers) <= 1:
         for work in stream(job, desc=desc):
             sink.put(work, work.merge(lowrank_ok=sink.accepts_lowrank(work.entry)))
@@ -237,10 +307,11 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
     lock, failed = threading.Lock(), threading.Event()
+    job.monitor.segment(len(job.plan.blocks), desc)  # one segment, stepped by every worker
 
     def merge_blocks(blocks: list[Block]) -> None:
         sub = Job(Plan(blocks), job.base, job.inputs, job.method, job.params, job.recipe_hash, quiet=True,
-                  stats=job.stats)
+                  stats=job.stats, monitor=shared_segment(job.monitor), donors=job.donors, prefetch=job.prefetch)
         try:
             for work in stream(sub):
                 if failed.is_set():  # another worker failed: stop at the next tensor

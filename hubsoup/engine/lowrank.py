@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Union
 
 import torch
 
+from hubsoup.methods._schedule import resolve_params
+
 if TYPE_CHECKING:
     from hubsoup.engine import TensorWork
 
@@ -65,10 +67,12 @@ Outcome = Union[Copy, Unchanged, LowRank, Dense]
 def decide(work: "TensorWork", *, lowrank_ok: bool = True) -> Outcome:
     """The cheapest way to the merged task vector of ``work``'s tensor (see the module docs)."""
     job, entry = work.job, work.entry
-    method, params = job.method, job.params
+    method = job.method
     if not entry.mergeable:
         return Copy()
-    if method.zero_preserving and work.untouched():
+    # per-layer schedules and name filters resolved for this tensor: the method sees plain numbers
+    params = resolve_params(job.params, entry.name, work.position)  # t: its block's, or its slice's
+    if method.preserves_zero(params) and work.untouched():
         return Unchanged()
     if lowrank_ok and len(entry.shape) == 2:
         coefs = method.linear_coefficients(params, len(job.inputs))

@@ -9,10 +9,10 @@ Example:
     >>> task = TaskSpec.parse("classification:val.csv,text=sentence,label=label,name=sst")  # doctest: +SKIP
     >>> results = evaluate_model("./soup", [task], limit=200)                               # doctest: +SKIP
     >>> results[0].metrics                                                                  # doctest: +SKIP
-    {'accuracy': 0.91, 'f1': 0.90}
+    {'accuracy': 0.91, 'macro_f1': 0.90}
 """
 
-from hubsoup.eval.run import TaskResult, evaluate_model, load_metric, to_eval_results
+from hubsoup.eval.run import METRIC_NAMES, TaskResult, evaluate_model, load_metric, read_results, to_eval_results
 from hubsoup.eval.tasks import TaskSpec
 
-__all__ = ["TaskSpec", "TaskResult", "evaluate_model", "load_metric", "to_eval_results"]
+__all__ = ["TaskSpec", "TaskResult", "evaluate_model", "load_metric", "read_results", "to_eval_results", "METRIC_NAMES"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -46,23 +46,57 @@ class TaskResult:
         v = self.metrics[self.main_metric]
         return v if self.task.kind == "classification" else -v
 
+    @property
+    def head(self) -> dict[str, Any] | None:
+        """The frozen head the scores were computed with (``{"file", "pooling", "source"}``), or None.
+
+        ``file`` is the head file's public name (``name@sha256:...``), never its path.
+        """
+        return self.details.get("head")
+
     def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task.name, "kind": self.task.kind, "data": self.task.data, "split": self.task.split,
-                "n_examples": self.n_examples, "metrics": self.metrics}
+        out = {"task": self.task.name, "kind": self.task.kind, "data": self.task.data, "split": self.task.split,
+               "config": self.task.config, "n_examples": self.n_examples, "metrics": self.metrics}
+        if self.head:
+            out["head"] = self.head
+        return out
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> "TaskResult":
+        """A result read back from ``eval_results.json``; files written before 0.1.1 named macro-F1 ``f1``."""
+        metrics = {("macro_f1" if k == "f1" and row.get("kind") == "classification" else k): float(v)
+                   for k, v in (row.get("metrics") or {}).items()}
+        task = TaskSpec(kind=row["kind"], data=row["data"], name=row.get("task") or "",
+                        split=row.get("split") or "validation", config=row.get("config"))
+        details = {"head": row["head"]} if isinstance(row.get("head"), dict) else {}
+        return cls(task, metrics, int(row.get("n_examples") or 0), details)
+
+
+METRIC_NAMES = {"accuracy": "Accuracy", "macro_f1": "Macro-F1", "perplexity": "Perplexity"}
+"""Display names of the metrics hubsoup reports (``metric_type`` → the model-index ``name``)."""
 
 
 def to_eval_results(results: Sequence[TaskResult]):
-    """``huggingface_hub.EvalResult`` entries for a card's model-index."""
+    """``huggingface_hub.EvalResult`` entries for a card's model-index.
+
+    The metric ``type`` is exact (``macro_f1``, not ``f1``); a score computed through a frozen
+    head from outside the model says so in its ``name`` (``Accuracy (frozen head sst.safetensors@sha256:...)``).
+    Local data files are still named by path here; the card names them by file name and hash.
+    """
     from huggingface_hub import EvalResult
 
     out = []
     for r in results:
+        head = r.head
         for metric, value in r.metrics.items():
             if metric == "tokens":
                 continue
+            name = METRIC_NAMES.get(metric, metric)
+            if head:
+                name = f"{name} (frozen head {head['file']})"
             out.append(EvalResult(task_type=_TASK_TYPES[r.task.kind], dataset_type=r.task.data,
                                   dataset_name=r.task.name, dataset_split=r.task.split, dataset_config=r.task.config,
-                                  metric_type=metric, metric_value=round(float(value), 6)))
+                                  metric_type=metric, metric_name=name, metric_value=round(float(value), 6)))
     return out
 
 
@@ -137,7 +171,13 @@ def _classify(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool)
         preds.extend(logits.argmax(-1).tolist())
     acc = load_metric("accuracy").compute(predictions=preds, references=refs)
     f1 = load_metric("macro_f1").compute(predictions=preds, references=refs)
-    return TaskResult(task, {"accuracy": acc["accuracy"], "f1": f1["f1"]}, len(refs))
+    details = {}
+    if task.head:  # the scores are this head's on the model's features: the card must say so
+        from hubsoup.recipe import public_file_ref
+
+        details["head"] = {"file": public_file_ref(task.head), "pooling": pooling,
+                           **({"source": meta["source"]} if meta.get("source") else {})}
+    return TaskResult(task, {"accuracy": acc["accuracy"], "macro_f1": f1["macro_f1"]}, len(refs), details)
 
 
 def pooled_logits(model, enc, weight, bias, pooling: str = "mean") -> torch.Tensor:
@@ -169,16 +209,20 @@ def _perplexity(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: boo
 
 
 def evaluate_model(model: str, tasks: Sequence[TaskSpec], *, batch_size: int = 32, limit: int | None = None,
-                   device: str = "cpu", tokenizer: str | None = None, quiet: bool = False) -> list[TaskResult]:
+                   device: str = "cpu", tokenizer: str | None = None, quiet: bool = False,
+                   before_task: Callable[[int, TaskSpec], None] | None = None) -> list[TaskResult]:
     """Evaluate ``model`` (a folder or Hub repo ID) on each task.
 
     Args:
         limit: use at most this many examples per task (overrides a task's own ``limit``).
         tokenizer: where to take the tokenizer from (default: the model's).
+        before_task: called with (index, task) before each task (progress reports, cancellation).
     """
     models = _Models(model, device, tokenizer)
     results = []
-    for task in tasks:
+    for i, task in enumerate(tasks):
+        if before_task is not None:
+            before_task(i, task)
         if limit is not None:
             task = TaskSpec(**{**task.__dict__, "limit": limit})
         ds = task.load()
@@ -192,3 +236,18 @@ def evaluate_model(model: str, tasks: Sequence[TaskSpec], *, batch_size: int = 3
 def write_results(results: Sequence[TaskResult], path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump([r.to_dict() for r in results], f, indent=2)
+
+
+def read_results(path: str) -> list[TaskResult]:
+    """The results :func:`write_results` wrote (``eval_results.json``); [] when there is no such file.
+
+    Older files, which named macro-F1 ``f1``, read back with ``macro_f1``.
+    """
+    if not os.path.isfile(path):
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = json.load(f)
+        return [TaskResult.from_dict(row) for row in rows]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ParameterError(f"cannot read evaluation results {path}: {e}") from e

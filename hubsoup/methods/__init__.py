@@ -29,9 +29,30 @@ from hubsoup.methods._base import (
 )
 from hubsoup.methods._params import describe, param, parse_params, to_dict
 
+
+
+def list_methods() -> list[dict]:
+    """Every registered method as plain, JSON-serialisable data (for apps that build their forms from it).
+
+    Each: ``{"name", "summary", "paper", "paper_url", "min_inputs", "max_inputs", "params"}``;
+    ``max_inputs`` is None when unbounded; ``params`` as :func:`describe` (name, type, nullable,
+    default, range, choices, help, source). ``hubsoup methods`` prints the same list.
+
+    Example:
+        >>> import hubsoup, json
+        >>> ties = next(m for m in hubsoup.list_methods() if m["name"] == "ties")
+        >>> [(p["name"], p["type"], p["default"]) for p in ties["params"]][:2]
+        [('density', 'float', 0.2), ('scope', 'choice', 'model')]
+        >>> _ = json.dumps(hubsoup.list_methods())
+    """
+    return [{"name": name, "summary": cls.summary, "paper": cls.paper, "paper_url": cls.paper_url,
+             "min_inputs": cls.min_inputs, "max_inputs": cls.max_inputs, "params": describe(cls.Params)}
+            for name, cls in available().items()]
+
+
 for _mod in pkgutil.iter_modules(__path__):
     if not _mod.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_mod.name}")
 
 __all__ = ["InputInfo", "Method", "PrepareContext", "StatsPass", "TensorContext", "available", "get_method", "register",
-           "param", "parse_params", "to_dict", "describe"]
+           "param", "parse_params", "to_dict", "describe", "list_methods"]

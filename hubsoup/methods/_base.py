@@ -153,6 +153,30 @@ class Method:
             raise MethodError(
                 f"method '{self.name}': {len(weights)} weights given for {n_inputs} inputs"
             )
+        if dataclasses.is_dataclass(params):  # every per-input tuple (densities, gammas, ...) too
+            for f in dataclasses.fields(params):
+                v = getattr(params, f.name)
+                if f.metadata.get("per_input") and v is not None and len(v) != n_inputs:
+                    raise MethodError(f"method '{self.name}': {len(v)} {f.name} given for {n_inputs} inputs")
+
+    def needs_base(self, params: Any, n_inputs: int) -> bool:
+        """Whether the result depends on a base model beyond the inputs themselves.
+
+        False for methods that combine the models' own weights (a weighted average, SLERP
+        between two inputs, Karcher mean): ``hubsoup.merge`` without a base (and no base in the
+        inputs' cards) then takes the first input as the layout reference, whose task vector
+        is 0, and the method works on the experts θᵢ = θ₀ + τᵢ.
+        """
+        return True
+
+    def preserves_zero(self, params: Any) -> bool:
+        """Whether all-zero task vectors merge to zero with these parameters (see :attr:`zero_preserving`).
+
+        The engine leaves a tensor no input changes at the base's value only when this holds;
+        override it where a parameter breaks it (``linear`` with ``combine=models`` and no
+        normalisation gives Σwᵢ·θ₀, a scaled ``passthrough`` scales the base).
+        """
+        return self.zero_preserving
 
     def linear_coefficients(self, params: Any, n_inputs: int) -> list[float] | None:
         """The cᵢ when the merged task vector is always Σ cᵢ τᵢ (None: the method is not linear).

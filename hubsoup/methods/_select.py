@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from hubsoup.methods import StatsPass, TensorContext
+from hubsoup.methods._kernels import walk_from_top as _walk_from_top
 
 _HIGH = 1 << 15  # |x| has sign bit 0, so its int32 bits >> 16 fit in 15 bits
 _LOW = 1 << 16
@@ -20,15 +21,6 @@ _LOW = 1 << 16
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.detach().abs().float().contiguous().view(torch.int32).flatten()
-
-
-def _walk_from_top(hist: torch.Tensor, k: int) -> tuple[int, int]:
-    """Bin holding the k-th largest element, and its rank from the top inside that bin."""
-    from_top = torch.flip(hist, [0]).cumsum(0)
-    pos = int(torch.searchsorted(from_top, torch.tensor(k, dtype=from_top.dtype)))
-    b = hist.numel() - 1 - pos
-    before = int(from_top[pos - 1]) if pos > 0 else 0
-    return b, k - before
 
 
 class KthLargestPass:
@@ -59,7 +51,8 @@ class _HighPass(StatsPass):
 
     def finish(self, stats: dict) -> None:
         sel = self.sel
-        k = int(sel.fraction * self.total)
+        # a positive density keeps at least one entry (as mergekit's magnitude pruning does)
+        k = max(1, int(sel.fraction * self.total)) if sel.fraction > 0 else 0
         state = []
         for h in self.hist:
             if k <= 0:

@@ -1,4 +1,20 @@
-"""DARE: drop a fraction p of each task vector at random and rescale the rest by 1/(1-p)."""
+"""DARE: drop a fraction p of each task vector at random and rescale the rest.
+
+Two conventions (``convention``):
+
+* ``paper`` (default): survivors rescaled by 1/(1 − p); ``then=ties`` elects signs on the
+  unweighted vectors and takes the disjoint mean over agreeing entries (peft's
+  ``dare_ties``); ``then=sum`` is λ Σ wᵢ τᵢ.
+* ``mergekit``: mergekit's ``dare_ties`` / ``dare_linear``: each entry kept with
+  probability density = 1 − p (per input with ``densities``), survivors rescaled so the task
+  vector keeps its L1 norm (``rescale``); then weights, and for ``then=ties`` signs elected on
+  the weighted sum with ``merge=sum`` (mergekit's default ``normalize: false``, a disjoint sum)
+  or ``merge=mean`` (divide by the agreeing weights); for ``then=sum``, ``normalize``
+  divides by Σ wᵢ. λ last.
+
+Masks are seeded from the recipe hash, the tensor name and the input: reruns repeat exactly;
+against mergekit they agree in distribution (kept fraction, rescale), not bit for bit.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +23,10 @@ from typing import Literal
 
 import torch
 
+from hubsoup.errors import ParameterError
 from hubsoup.methods import Method, TensorContext, param, register
 from hubsoup.methods._kernels import task_arithmetic, ties_combine_
+from hubsoup.methods._sparsify import apply_mask_, bernoulli_mask, gta_combine_
 
 
 def dare_drop_(delta: torch.Tensor, p: float, generator: torch.Generator, rescale: bool = True) -> torch.Tensor:
@@ -28,12 +46,26 @@ def dare_drop_(delta: torch.Tensor, p: float, generator: torch.Generator, rescal
 @dataclass
 class DareParams:
     p: float = param(0.9, "drop rate (the DARE paper drops up to 90-99% of delta parameters)", range=(0.0, 0.9999))
-    then: Literal["sum", "ties"] = param("sum", "combine the sparsified vectors by weighted sum (task arithmetic) "
-                                              "or by TIES sign election + disjoint mean (dare_ties)")
+    then: Literal["sum", "ties"] = param("sum", "combine the sparsified vectors by weighted sum (task arithmetic, "
+                                              "dare_linear) or by TIES sign election + disjoint merge (dare_ties)")
     scale: float = param(1.0, "λ applied to the combined task vector", range=(None, None))
-    weights: tuple[float, ...] | None = param(None, "per-input weights (default 1 each)")
-    rescale: bool = param(True, "rescale kept entries by 1/(1-p)")
+    weights: tuple[float, ...] | None = param(None, "per-input weights (default 1 each)", per_input=True)
+    rescale: bool = param(True, "rescale kept entries: by 1/(1-p) (paper) or to the L1 norm (mergekit)")
     seed: int = param(0, "extra seed mixed with the recipe and tensor name", source="ours")
+    convention: Literal["paper", "mergekit"] = param(
+        "paper", "paper: 1/(1-p) rescale, signs on unweighted vectors; mergekit: L1-norm rescale, signs on "
+                 "weighted vectors, merge/normalize as mergekit's dare_ties/dare_linear", source="mergekit")
+    densities: tuple[float, ...] | None = param(None, "per-input kept fraction (mergekit's per-model density; "
+                                                      "overrides p = 1 - density)", range=(0.0, 1.0),
+                                                per_input=True, source="mergekit")
+    merge: Literal["mean", "sum"] = param("mean", "then=ties: disjoint mean or disjoint sum (mergekit's "
+                                                  "dare_ties default, normalize: false)")
+    normalize: bool = param(False, "then=sum: divide by the sum of the weights (mergekit's normalize)",
+                            source="mergekit")
+
+    def validate(self):
+        if self.densities is not None and self.convention != "mergekit":
+            raise ParameterError("parameter 'densities' needs convention=mergekit (the paper convention has one p)")
 
 
 @register
@@ -47,8 +79,19 @@ class Dare(Method):
     scale_param = "scale"
 
     def merge(self, base, deltas, params, ctx: TensorContext):
+        weights = params.weights or [1.0] * len(deltas)
+        if params.convention == "mergekit":
+            densities = params.densities or [1.0 - params.p] * len(deltas)
+            for i, (row, density) in enumerate(zip(deltas, densities)):
+                if density < 1.0:
+                    mask = bernoulli_mask(row.shape, density, ctx.generator(f"dare:{params.seed}:{i}"), row.device)
+                    apply_mask_(row, mask, params.rescale)
+            normalize = params.merge == "mean" if params.then == "ties" else params.normalize
+            return gta_combine_(deltas, weights, consensus=params.then == "ties", normalize=normalize,
+                                scale=params.scale)
         for i, row in enumerate(deltas):
             dare_drop_(row, params.p, ctx.generator(f"dare:{params.seed}:{i}"), params.rescale)
         if params.then == "ties":
-            return ties_combine_(deltas, params.weights, "mean").mul_(params.scale)
-        return task_arithmetic(deltas, params.weights or [1.0] * len(deltas), params.scale)
+            return ties_combine_(deltas, params.weights, params.merge).mul_(params.scale)
+        out = task_arithmetic(deltas, weights, params.scale)
+        return out.div_(sum(weights)) if params.normalize and abs(sum(weights)) >= 1e-8 else out

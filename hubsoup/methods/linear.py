@@ -1,8 +1,18 @@
-"""Weighted average of models (uniform model soup when weights are equal)."""
+"""Weighted average of models (uniform model soup when weights are equal).
+
+``combine`` says what ``normalize: false`` sums:
+
+* ``deltas`` (default): the task vectors, θ₀ + Σ wᵢ τᵢ (task arithmetic with the weights);
+* ``models``: the models' weights themselves, Σ wᵢ θᵢ, as mergekit's ``linear`` does
+  (with ``normalize: true`` both are Σ wᵢ θᵢ / Σ wᵢ). No base model is needed: without
+  one, the first input is the layout reference, and a base that mergekit merges as one of
+  the models is given as an input.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from hubsoup.errors import ParameterError
 from hubsoup.methods import Method, param, register
@@ -11,8 +21,12 @@ from hubsoup.methods._kernels import weighted_average
 
 @dataclass
 class LinearParams:
-    weights: tuple[float, ...] | None = param(None, "one weight per input (default: equal = uniform soup)")
+    weights: tuple[float, ...] | None = param(None, "one weight per input (default: equal = uniform soup)",
+                                              per_input=True)
     normalize: bool = param(True, "divide by the sum of weights (a true average)", source="ours")
+    combine: Literal["deltas", "models"] = param(
+        "deltas", "what normalize=false sums: the task vectors (θ₀ + Σwτ) or the models (Σwθ, mergekit)",
+        source="mergekit")
 
     def validate(self):
         if self.weights is not None and self.normalize and sum(self.weights) == 0:
@@ -27,11 +41,22 @@ class Linear(Method):
     paper_url = "https://arxiv.org/abs/2203.05482"
     Params = LinearParams
 
+    def needs_base(self, params, n_inputs):
+        return not params.normalize and params.combine == "deltas"
+
+    def preserves_zero(self, params):
+        return params.normalize or params.combine == "deltas" or sum(params.weights or ()) == 1.0
+
     def linear_coefficients(self, params, n_inputs):
+        if not self.preserves_zero(params):
+            return None  # Σwθ − θ₀ = (Σw − 1)θ₀ + Σwτ: affine in τ
         weights = list(params.weights or [1.0] * n_inputs)
         total = sum(weights) if params.normalize else 1.0
         return [w / total for w in weights]
 
     def merge(self, base, deltas, params, ctx):
         weights = params.weights or [1.0] * len(deltas)
-        return weighted_average(deltas, weights, params.normalize)
+        out = weighted_average(deltas, weights, params.normalize)
+        if not params.normalize and params.combine == "models":
+            out.add_(base, alpha=sum(weights) - 1.0)  # Σwθ − θ₀ = Σwτ + (Σw − 1)θ₀
+        return out

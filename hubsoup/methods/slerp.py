@@ -1,4 +1,14 @@
-"""Spherical linear interpolation between two models, tensor by tensor."""
+"""Spherical linear interpolation between two models, tensor by tensor.
+
+With one input, SLERP goes from the base (``t = 0``) to the input (``t = 1``): mergekit's
+``slerp``, whose ``base_model`` is the t = 0 end. With two inputs it goes from the first
+(t = 0) to the second (t = 1) and needs no base (the base, if any, is only the layout
+reference). Each tensor is flattened; its two endpoints' directions give the angle Ω
+(computed in float64), and θ = sin((1−t)Ω)/sin Ω · a + sin(tΩ)/sin Ω · b. Where
+|cos Ω| > ``dot_threshold`` (0.9995, mergekit's DOT_THRESHOLD) or an endpoint is (near)
+zero, it falls back to linear interpolation. mergekit instead treats a zero endpoint as
+orthogonal (θ = sin(tπ/2)·b); both agree everywhere else.
+"""
 
 from __future__ import annotations
 
@@ -31,17 +41,23 @@ def slerp(a: torch.Tensor, b: torch.Tensor, t: float, eps: float = 1e-8, dot_thr
 
 @dataclass
 class SlerpParams:
-    t: float = param(0.5, "position between the first (0) and second (1) input", range=(0.0, 1.0))
+    t: float = param(0.5, "position between the first end (0: the base with one input, the first input with "
+                          "two) and the second (1)", range=(0.0, 1.0))
 
 
 @register
 class Slerp(Method):
     name = "slerp"
-    summary = "Spherical interpolation between two fine-tunes, per tensor."
+    summary = "Spherical interpolation between two models (base → input, or input → input), per tensor."
     paper = "Sampling Generative Networks (White, 2016); as popularised for LLM merging by mergekit"
     paper_url = "https://arxiv.org/abs/1609.04468"
     Params = SlerpParams
-    min_inputs = max_inputs = 2
+    min_inputs, max_inputs = 1, 2
+
+    def needs_base(self, params, n_inputs):
+        return n_inputs < 2
 
     def merge(self, base, deltas, params, ctx):
+        if len(deltas) == 1:
+            return slerp(base, base + deltas[0], params.t) - base
         return slerp(base + deltas[0], base + deltas[1], params.t) - base

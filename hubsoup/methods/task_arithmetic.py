@@ -12,7 +12,10 @@ from hubsoup.methods._kernels import task_arithmetic
 class TaskArithmeticParams:
     scale: float = param(0.3, "λ, the scale of the summed task vectors (papers search 0.1..1.0; 0.3 is "
                               "LwPTV's fixed vision setting)", range=(None, None), source="ours")
-    weights: tuple[float, ...] | None = param(None, "per-input weights inside the sum (default 1 each)")
+    weights: tuple[float, ...] | None = param(None, "per-input weights inside the sum (default 1 each)",
+                                              per_input=True)
+    normalize: bool = param(False, "divide the weighted sum by the sum of the weights (mergekit's normalize; "
+                                   "|Σw| < 1e-8 leaves it undivided)", source="mergekit")
 
 
 @register
@@ -25,8 +28,17 @@ class TaskArithmetic(Method):
     search_grid = {"scale": [round(0.1 * i, 1) for i in range(1, 11)]}  # λ = 0.1..1.0, as the papers search
     scale_param = "scale"
 
+    @staticmethod
+    def _divisor(weights) -> float:
+        total = float(sum(weights))
+        return 1.0 if abs(total) < 1e-8 else total
+
     def linear_coefficients(self, params, n_inputs):
-        return [w * params.scale for w in (params.weights or [1.0] * n_inputs)]
+        weights = params.weights or [1.0] * n_inputs
+        d = self._divisor(weights) if params.normalize else 1.0
+        return [w / d * params.scale for w in weights]
 
     def merge(self, base, deltas, params, ctx):
-        return task_arithmetic(deltas, params.weights or [1.0] * len(deltas), params.scale)
+        weights = params.weights or [1.0] * len(deltas)
+        out = task_arithmetic(deltas, weights, params.scale)
+        return out.div_(self._divisor(weights)) if params.normalize else out

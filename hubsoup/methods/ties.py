@@ -2,6 +2,20 @@
 
 The three steps are the kernels ``trim_``, ``elect_sign`` and ``disjoint_merge_`` of
 :mod:`hubsoup.methods._kernels` (DARE's ``then=ties`` shares them).
+
+Two conventions (``convention``):
+
+* ``paper`` (default): per-input weights applied *after* the sign election on the
+  unweighted trimmed vectors, the disjoint mean divides by the number of agreeing entries,
+  entries summing to 0 take the model-wide majority sign (peft's ``ties``); the trim keeps
+  ``|τ| ≥`` the k-th largest magnitude.
+* ``mergekit``: mergekit's ``ties``: each τᵢ keeps exactly its top ``max(1, int(density·n))``
+  magnitudes (optionally L1-rescaled, ``rescale``), is multiplied by its weight, signs are
+  elected on the weighted sum (+ where it is 0), and ``merge=mean`` divides by the sum of
+  the agreeing entries' weights (mergekit ``normalize: true``); ``merge=sum`` is its
+  ``normalize: false``. It always ranks per tensor, as mergekit does (``scope`` is ignored).
+
+In both, a positive density keeps at least one entry of each task vector.
 """
 
 from __future__ import annotations
@@ -11,9 +25,12 @@ from typing import Literal
 
 import torch
 
+from hubsoup.errors import ParameterError
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._kernels import kth_largest_abs, ties_combine_, trim_
+from hubsoup.methods._schedule import Schedule
 from hubsoup.methods._select import KthLargestPass
+from hubsoup.methods._sparsify import apply_mask_, gta_combine_, magnitude_mask, per_input
 
 
 @dataclass
@@ -21,9 +38,26 @@ class TiesParams:
     density: float = param(0.2, "kept fraction of each task vector by magnitude (k=20%)", range=(0.0, 1.0))
     scope: Literal["model", "tensor"] = param(
         "model", "rank magnitudes over the whole model per task (as in the TIES paper) or per tensor (peft, mergekit)")
-    merge: Literal["mean", "sum"] = param("mean", "disjoint mean (paper) or disjoint sum (dis-sum variant)")
+    merge: Literal["mean", "sum"] = param("mean", "disjoint mean (paper) or disjoint sum (dis-sum variant; "
+                                                  "mergekit's normalize: false)")
     scale: float = param(1.0, "λ applied to the merged task vector", range=(None, None))
-    weights: tuple[float, ...] | None = param(None, "per-input weights applied after trimming and sign election (as peft)")
+    weights: tuple[float, ...] | None = param(None, "per-input weights (paper convention: applied after trimming "
+                                                    "and sign election, as peft)", per_input=True)
+    convention: Literal["paper", "mergekit"] = param(
+        "paper", "paper: signs on unweighted vectors, mean over agreeing entries; mergekit: signs on weighted "
+                 "vectors, mean over the agreeing weights, exactly top-k kept", source="mergekit")
+    densities: tuple[float, ...] | None = param(None, "per-input density (mergekit's per-model density); "
+                                                      "overrides density", range=(0.0, 1.0), per_input=True,
+                                                source="mergekit")
+    rescale: bool = param(False, "rescale each trimmed task vector to its L1 norm (mergekit's rescale; "
+                                 "convention=mergekit)", source="mergekit")
+
+    def validate(self):
+        if self.scope == "model" and self.convention == "paper" and (isinstance(self.density, Schedule) or self.densities is not None):
+            raise ParameterError("parameter 'density': per-layer schedules and per-input densities need "
+                                 "scope=tensor (scope=model ranks one threshold over the whole model)")
+        if self.rescale and self.convention != "mergekit":
+            raise ParameterError("parameter 'rescale' needs convention=mergekit")
 
 
 @register
@@ -37,19 +71,27 @@ class Ties(Method):
     scale_param = "scale"
 
     def passes(self, params, n_inputs):
-        if params.scope == "model" and params.density < 1.0:
+        if params.scope == "model" and params.convention == "paper" and params.density < 1.0:
             return KthLargestPass("ties.threshold", n_inputs, params.density).passes()
         return []
 
     @staticmethod
     def thresholds(deltas: torch.Tensor, params, ctx) -> list[float]:
-        if params.density >= 1.0:
-            return [0.0] * len(deltas)
+        densities = per_input(params.density, params.densities, len(deltas))
         if params.scope == "model":
-            return ctx.stats["ties.threshold"]
-        k = int(params.density * deltas[0].numel())
-        return [kth_largest_abs(d, k) for d in deltas]
+            return ctx.stats["ties.threshold"] if params.density < 1.0 else [0.0] * len(deltas)
+        out = []
+        for d, density in zip(deltas, densities):
+            k = max(1, int(density * d.numel())) if density > 0 else 0  # a positive density keeps one entry
+            out.append(0.0 if density >= 1.0 else kth_largest_abs(d, k))
+        return out
 
     def merge(self, base, deltas, params, ctx):
+        if params.convention == "mergekit":
+            densities = per_input(params.density, params.densities, len(deltas))
+            for row, density in zip(deltas, densities):
+                apply_mask_(row, magnitude_mask(row, density), params.rescale)
+            return gta_combine_(deltas, params.weights or [1.0] * len(deltas), consensus=True,
+                                normalize=params.merge == "mean", scale=params.scale)
         trim_(deltas, self.thresholds(deltas, params, ctx))
         return ties_combine_(deltas, params.weights, params.merge).mul_(params.scale)

@@ -184,6 +184,7 @@ class Checkpoint:
     _paths: dict[str, str] = field(default_factory=dict, repr=False)  # file -> checked path
     _pickled: dict[str, dict] = field(default_factory=dict, repr=False)
     _opened: bool = field(default=False, repr=False)
+    _extents: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict, repr=False)  # file -> data extents
 
     # --- metadata -------------------------------------------------------------------
     @property
@@ -436,6 +437,30 @@ class Checkpoint:
                 f"input '{self.label}': cannot read tensor '{name}' from {fname}: {e}"
             ) from e
 
+    def byte_ranges(self, names: list[str]) -> list[tuple[str, int, int]]:
+        """Where tensors' bytes lie on disk: ``(path, offset, length)`` per safetensors tensor of ``names``.
+
+        For the engine's read-ahead (:mod:`hubsoup.engine.prefetch`), which only hints the
+        page cache: names it does not know and pickle files give no range, and a header that
+        cannot be read gives none either (the real read reports the problem).
+
+        Example:
+            >>> ckpt.byte_ranges(["model.embed_tokens.weight"])  # doctest: +SKIP
+            [('/models/base/model.safetensors', 8, 262144)]
+        """
+        self._open()
+        out = []
+        for name in names:
+            fname = self._files.get(name)
+            if fname is None or fname in self._pickled or fname not in self._paths:
+                continue
+            extents = self._extents.get(fname)
+            if extents is None:
+                extents = self._extents[fname] = _data_extents(self._paths[fname])
+            if name in extents:
+                out.append((self._paths[fname], *extents[name]))
+        return out
+
     def release(self) -> None:
         """Unmap the weight files (they are mapped again on the next read).
 
@@ -445,3 +470,22 @@ class Checkpoint:
         """
         for fname in self._handles:
             self._handles[fname] = None
+
+
+def _data_extents(path: str) -> dict[str, tuple[int, int]]:
+    """``{tensor: (offset, length)}`` from a safetensors file's header ({} when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n <= 0 or n > 100 * 1024 * 1024:  # safetensors' own header limit
+                return {}
+            header = json.loads(f.read(n))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for name, meta in header.items() if isinstance(header, dict) else ():
+        offsets = meta.get("data_offsets") if isinstance(meta, dict) else None
+        if (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            out[name] = (8 + n + offsets[0], offsets[1] - offsets[0])
+    return out

@@ -12,7 +12,7 @@ import logging
 import os
 from typing import Any, Sequence
 
-from hubsoup.errors import BaseModelError, IncompatibleInputError, ParameterError
+from hubsoup.errors import BaseModelError, BaseNotNamedError, IncompatibleInputError, ParameterError
 from hubsoup.sources.checkpoint import Checkpoint
 from hubsoup.sources.taskvector import FullDelta, shape_message
 
@@ -87,7 +87,7 @@ def resolve_base_spec(inputs: list[Checkpoint]) -> tuple[str, bool]:
     for ckpt in inputs:
         claims = base_model_claims(ckpt)
         if not claims:
-            raise BaseModelError(
+            raise BaseNotNamedError(
                 f"input '{ckpt.label}' does not say which base model it was fine-tuned from "
                 "(no base_model in its model card, no base_model_name_or_path in an adapter_config.json); "
                 "pass --base ORG/NAME or a folder")
@@ -191,24 +191,29 @@ def check_dtype(label: str, name: str, dtype, base_dtype) -> None:
 
 
 def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pickle: bool = False, ignore_extra: bool = False,
-                shape_mismatch: str = "error", token: str | bool | None = None
+                shape_mismatch: str = "error", token: str | bool | None = None, monitor: Any = None
                 ) -> tuple[Checkpoint, list[Any]]:
     """Open the base and the inputs, check every input against the base, and return their task vectors.
 
     ``base``: a spec, an opened checkpoint, or None for the base the inputs' cards (or adapter configs) name. Only configs,
-    cards and file headers are read here; no weight.
+    cards and file headers are read here; no weight. ``monitor`` (:class:`hubsoup.progress.Monitor`): the
+    downloads of Hub models are its "download" stage (silent, cancellable between files).
     """
     from hubsoup.sources.resolve import open_input
 
-    ckpts = [open_input(s, allow_pickle=allow_pickle, token=token) for s in specs]
+    hub = [s for s in specs if not _is_local(s)]
+    base_hub = base is None or (isinstance(base, str) and not _is_local(base))
+    if monitor is not None:  # metadata, then weights, per Hub model (entered at the first download)
+        monitor.expect("download", 2 * (len(hub) + int(base_hub)))
+    ckpts = [open_input(s, allow_pickle=allow_pickle, token=token, monitor=monitor) for s in specs]
     warn_duplicates(ckpts)
     if isinstance(base, Checkpoint):
         base_ckpt = base
     elif base:
-        base_ckpt = open_base(base, allow_pickle=allow_pickle, token=token)
+        base_ckpt = open_base(base, allow_pickle=allow_pickle, token=token, monitor=monitor)
     else:
         spec, hub_only = resolve_base_spec(ckpts)
-        base_ckpt = open_base(spec, allow_pickle=allow_pickle, token=token, hub_only=hub_only)
+        base_ckpt = open_base(spec, allow_pickle=allow_pickle, token=token, hub_only=hub_only, monitor=monitor)
     for c in ckpts:
         if c.ref.kind == "full":
             check_config(base_ckpt, c)
@@ -216,6 +221,10 @@ def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pi
     infos = {k: base_ckpt.info(k) for k in base_keys}
     return base_ckpt, [task_vector(c, base_ckpt, base_keys, infos, ignore_extra=ignore_extra,
                                    shape_mismatch=shape_mismatch) for c in ckpts]
+
+
+def _is_local(spec: Any) -> bool:
+    return isinstance(spec, str) and os.path.isdir(os.path.expanduser(spec))
 
 
 def warn_duplicates(ckpts: Sequence[Checkpoint]) -> None:
@@ -231,7 +240,7 @@ def warn_duplicates(ckpts: Sequence[Checkpoint]) -> None:
 
 
 def open_base(spec: str, *, allow_pickle: bool = False, token: str | bool | None = None,
-              hub_only: bool = False) -> Checkpoint:
+              hub_only: bool = False, monitor: Any = None) -> Checkpoint:
     """The base model (with its tokenizer files); an adapter is refused.
 
     ``hub_only``: the base was named by a Hub input's card or adapter config, so it is opened
@@ -240,7 +249,7 @@ def open_base(spec: str, *, allow_pickle: bool = False, token: str | bool | None
     from hubsoup.sources.resolve import open_input
 
     ckpt = open_input(spec, allow_pickle=allow_pickle, token=token, with_tokenizer=True, hub_only=hub_only,
-                      role="base")
+                      role="base", monitor=monitor)
     if ckpt.ref.kind != "full":
         raise BaseModelError(f"base '{ckpt.label}' is an adapter, not a full model")
     return ckpt

@@ -143,6 +143,17 @@ class LoraDelta:
     def _t(self, key: str) -> torch.Tensor:
         return self.ckpt.tensor(key).to(torch.float32)
 
+    def byte_ranges(self, name: str) -> list[tuple[str, int, int]]:
+        """Where the adapter tensors τ for base tensor ``name`` is built from lie on disk (read-ahead hint)."""
+        keys = [k for m in self.modules.get(name, []) for k in (m.a_key, m.b_key, m.magnitude_key) if k]
+        if name in self.bias:
+            keys.append(self.bias[name].bias_key)
+        if name in self.replace:
+            keys.append(self.replace[name])
+        if name in self.rows:
+            keys.append(self.rows[name][0])
+        return self.ckpt.byte_ranges(keys)
+
     def factors(self, name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(P, Q)`` with τ = P @ Q exactly (float32, base orientation), when τ is a plain LoRA update.
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import re
 
-from hubsoup.errors import InputError, PickleRefusedError
+from hubsoup.errors import InputError, MergeCancelled, PickleRefusedError
+from hubsoup.progress import Monitor, silent_tqdm
 from hubsoup.sources.checkpoint import Checkpoint, InputRef, SAFETENSORS_INDEX
 
 METADATA_FILES = [
@@ -51,13 +52,15 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 def open_input(spec: str, *, allow_pickle: bool = False, token: str | bool | None = None,
-               with_tokenizer: bool = False, hub_only: bool = False, role: str = "input") -> Checkpoint:
+               with_tokenizer: bool = False, hub_only: bool = False, role: str = "input",
+               monitor: Monitor | None = None) -> Checkpoint:
     """Open an input given as a local folder or a Hub repo ID (``org/name[@revision]``).
 
     ``hub_only``: ``spec`` came from a remote source (a Hub repo's card or adapter config naming its
     base), so it must be a Hub repo ID; a local path is refused and a local folder of that name is
     never looked at. Every file the checkpoint names is checked to lie inside its own folder
-    (:meth:`Checkpoint.file`) before it is read.
+    (:meth:`Checkpoint.file`) before it is read. ``monitor`` (:mod:`hubsoup.progress`): downloads
+    are silent, report each finished file and stop at a cancel (:class:`MergeCancelled`).
 
     Example:
         >>> ckpt = open_input("./my-finetune")            # doctest: +SKIP
@@ -72,7 +75,7 @@ def open_input(spec: str, *, allow_pickle: bool = False, token: str | bool | Non
         if (spec.startswith((".", "/", "~", "\\")) or repo_id.count("/") > 1 or not _REPO_ID.match(repo_id)
                 or ".." in repo_id or re.match(r"^[A-Za-z]:", spec)):
             raise InputError(f"{role} '{spec}' is not a Hub repo ID (org/name[@revision])")
-        ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role)
+        ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role, monitor)
     else:
         expanded = os.path.expanduser(spec)
         if os.path.isdir(expanded):
@@ -82,7 +85,7 @@ def open_input(spec: str, *, allow_pickle: bool = False, token: str | bool | Non
         elif spec.startswith((".", "/", "~")) or repo_id.count("/") > 1 or not _REPO_ID.match(repo_id):
             raise InputError(f"{role} '{spec}': no such local folder, and not a valid Hub repo ID (org/name[@revision])")
         else:
-            ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role)
+            ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role, monitor)
     # every metadata (and, for the base, tokenizer) file hubsoup may read or copy: no link leading out
     # (weight files are checked the same way when they are opened, before any tensor is read)
     ckpt.check_links(METADATA_FILES + (TOKENIZER_FILES if with_tokenizer else []))
@@ -152,13 +155,37 @@ def hub_failure(e: BaseException, who: str, repo_id: str, revision: str | None =
     return InputError(scrub_secrets(msg, token))  # a server may echo the token back
 
 
-def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="input") -> Checkpoint:
+def _cancelled(e: BaseException) -> MergeCancelled | None:
+    """The :class:`MergeCancelled` that ``e`` is or was raised from (huggingface_hub may wrap it), if any."""
+    seen = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, MergeCancelled):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="input",
+         monitor: Monitor | None = None) -> Checkpoint:
     from huggingface_hub import HfApi, constants, snapshot_download
 
     from hubsoup.hub import ensure_timeouts, hub_timeout
 
-    def fail(e: Exception) -> InputError:
+    mon = monitor or Monitor()
+    # an app's run (progress or cancel given): this call's bars are silent, and each update checks cancel
+    bars = {"tqdm_class": silent_tqdm(mon)} if mon.active else {}
+
+    def fail(e: Exception) -> Exception:
+        cancelled = _cancelled(e)
+        if cancelled is not None:  # raised by the monitor inside huggingface_hub: not a Hub failure
+            return cancelled
         return hub_failure(e, f"{role} '{spec}'", repo_id, revision, token)
+
+    mon.check("before downloading")
+    if not constants.HF_HUB_OFFLINE:
+        mon.enter("download", f"fetching {repo_id}")
 
     files: list[str] = []
     try:
@@ -172,7 +199,7 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
             sha = info.sha
             files = [s.rfilename for s in (info.siblings or [])]
             patterns = METADATA_FILES + (TOKENIZER_FILES if with_tokenizer else [])
-            folder = snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns)
+            folder = snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars)
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
         raise fail(e) from e
 
@@ -212,7 +239,8 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
                 f"{SAFETENSORS_INDEX} or pytorch_model.bin)")
         try:
             ensure_timeouts()
-            snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns)
+            mon.check("before downloading")
+            snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars)
         except Exception as e:  # noqa: BLE001
             raise fail(e) from e
 

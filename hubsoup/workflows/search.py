@@ -115,8 +115,19 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
     ``score_fn(model_folder) -> float`` (higher is better). ``options`` (or their names as
     keywords) as :func:`hubsoup.merge`; other keywords go to every merge (``output_format``,
     method parameters).
+
+    ``progress=`` and ``cancel=`` (options too) as for :func:`hubsoup.merge`: ``done`` covers the
+    whole search (each point's merge, then its scoring, stage ``eval``); a cancel stops the point
+    being merged and leaves no output.
+
+    Example:
+        >>> res = search(["a", "b"], "ties", base="base", out="soup", grid={"density": [0.1, 0.2]},
+        ...              tasks=[...], progress=lambda d, stage, msg: print(f"{d:.0%} {stage}"),
+        ...              cancel=threading.Event())                                   # doctest: +SKIP
     """
     opts, merge_kwargs = MergeOptions.split(kwargs, options)
+    if opts.progress is not None and not opts.quiet:  # the callback replaces every print
+        opts = opts.replace(quiet=True)
     if (tasks is None) == (score_fn is None):
         raise ParameterError("search needs either evaluation tasks or a score function (not both)")
     tasks = list(tasks) if tasks is not None else None
@@ -144,20 +155,30 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
     from hubsoup.eval import evaluate_model
     from hubsoup.eval.run import EVAL_FILE, write_results
 
+    monitor = opts.monitor()
+    monitor.check("before the search")
     references = None
     selection = "score_fn"
     if tasks is not None:
         selection = "mean accuracy" if any(t.kind == "classification" for t in tasks) else "mean of -perplexity"
         if normalize and len(tasks) == len(inputs) and all(t.kind == "classification" for t in tasks):
+            monitor.child(0.0, 0.0)(0.0, "eval", "scoring the fine-tunes (references)")
             references = [evaluate_model(inp, [t], limit=limit, quiet=True)[0].score for inp, t in zip(inputs, tasks)]
             selection = "mean normalized accuracy (accuracy / the matching fine-tune's accuracy)"
 
     scores: list[dict[str, Any]] = []
     best_i, best_score, best_res = -1, float("-inf"), None
+    n = len(grid_points)
     for i, point in enumerate(grid_points):
         point_dir = os.path.join(folder.path, f"point-{i:03d}")
+        lo, mid, hi = i / n, (i + 0.8) / n, (i + 1) / n  # each point: its merge, then its scoring
+        point_opts = opts.replace(quiet=True, overwrite=False,
+                                  progress=monitor.child(lo, mid) if monitor.reporting else None)
         res = hubsoup.merge(inputs, method, base=base, out=point_dir, params={**(params or {}), **point},
-                            options=opts.replace(quiet=True, overwrite=False), **merge_kwargs)
+                            options=point_opts, **merge_kwargs)
+        if monitor.reporting:
+            monitor.child(mid, hi)(0.0, "eval", f"scoring point {i + 1}/{n} {point}")
+        monitor.check()
         entry: dict[str, Any] = {"params": point}
         if score_fn is not None:
             score = float(score_fn(point_dir))
@@ -168,6 +189,8 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
             res.evaluation = evals
         entry["score"] = score
         scores.append(entry)
+        if monitor.reporting:
+            monitor.child(mid, hi)(1.0, "eval", f"point {i + 1}/{n} {point}: score {score:.4f}")
         if not opts.quiet:
             print(f"  {point} -> {score:.4f}")
         if score > best_score:
@@ -186,5 +209,8 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
     with open(os.path.join(best_dir, "hubsoup_search.json"), "w", encoding="utf-8") as f:
         json.dump(found.to_dict(), f, indent=2, default=str)
     best_res.write_card(best_dir)
+    monitor.check("before the output was committed")
     folder.commit(best_dir)
+    if monitor.reporting:
+        monitor.finish(f"best {found.best} -> {folder.target}")
     return found

@@ -118,12 +118,22 @@ def _greedy_soup(inputs: list[str], score_fn: Callable[[str], float], out: str, 
     prefix = ".greedy-soup-" if work_dir else f".{os.path.basename(os.path.abspath(out))}.partial-greedy-"
     tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
     counter = iter(range(1 << 30))
+    # progress: at most 2N merges (N candidates, N - 1 soups, the final one), each an equal share of [0, 1]
+    monitor = opts.monitor()
+    shares = 2 * len(inputs)
+    step = iter(range(shares))
+
+    def child_opts(**changes: Any) -> MergeOptions:
+        k = min(next(step), shares - 1)
+        return opts.replace(quiet=opts.silent, **changes,
+                            progress=monitor.child(k / shares, (k + 1) / shares) if monitor.reporting else None)
 
     def score_of(members: list[str]) -> float:
         if len(members) == 1 and _is_local_full(members[0]):
+            monitor.check()
             return float(score_fn(members[0]))
         folder = os.path.join(tmp, f"candidate-{next(counter)}")
-        merge(members, "linear", base=base, out=folder, options=opts.replace(overwrite=False), **merge_kwargs)
+        merge(members, "linear", base=base, out=folder, options=child_opts(overwrite=False), **merge_kwargs)
         try:
             return float(score_fn(folder))
         finally:
@@ -153,7 +163,9 @@ def _greedy_soup(inputs: list[str], score_fn: Callable[[str], float], out: str, 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    result = merge(soup, method, base=base, out=out, params=params, options=opts, **merge_kwargs)
+    final_opts = opts.replace(quiet=opts.silent,
+                              progress=monitor.child(monitor.done, 1.0) if monitor.reporting else None)
+    result = merge(soup, method, base=base, out=out, params=params, options=final_opts, **merge_kwargs)
     greedy = GreedySoupResult(result, soup, scores, best, history)
 
     result.notes.append(greedy_note(greedy, strict))

@@ -135,11 +135,15 @@ def sweep(inputs: Sequence[str], method: str, out_dir: str, grid: str | Sequence
     # the lock on `out_dir` for the whole sweep; the models go into its temporary folder, renamed at the end
     folder = OutputFolder(out_dir, overwrite=opts.overwrite)
     result = SweepResult(folder.target, param)
+    monitor = opts.monitor()  # progress: each point's merge gets its share of [0, 1]; cancel: checked by each
     try:
-        for p in points:
+        for i, p in enumerate(points):
             value = ",".join(repr(x) for x in p) if isinstance(p, tuple) else p
+            point_opts = opts.replace(overwrite=False, quiet=opts.silent,
+                                      progress=monitor.child(i / len(points), (i + 1) / len(points))
+                                      if monitor.reporting else None)
             res = merge(inputs, method, base=base, out=os.path.join(folder.path, folder_name(p)),
-                        params={**fixed, param: value}, options=opts.replace(overwrite=False), **merge_kwargs)
+                        params={**fixed, param: value}, options=point_opts, **merge_kwargs)
             # the card's "how to use" names the model's final place, not the temporary folder
             res.path = os.path.join(folder.target, folder_name(p))
             res.write_card(os.path.join(folder.path, folder_name(p)))
@@ -150,8 +154,11 @@ def sweep(inputs: Sequence[str], method: str, out_dir: str, grid: str | Sequence
                             for pt in result.points]}
         with open(os.path.join(folder.path, INDEX_FILE), "w", encoding="utf-8") as f:
             json.dump(index, f, indent=2)
+        monitor.check("before the output was committed")
         folder.commit()
     except BaseException as e:
         raise folder.fail(e)  # a failed sweep leaves the old output (if any) as it was, and no temporary folder
+    if monitor.reporting:
+        monitor.finish(f"{len(points)} models in {folder.target}")
     return result
 

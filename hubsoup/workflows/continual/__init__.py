@@ -40,7 +40,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -55,6 +55,7 @@ from hubsoup.output import OutputFolder, ShardedWriter, check_output
 from hubsoup.output.folder import OutputLock, lock_output
 from hubsoup.output.checkpoint import CheckpointSink
 from hubsoup.plan import Plan
+from hubsoup.progress import Monitor
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources import Checkpoint, InputRef
 from hubsoup.sources.compat import open_base, open_models
@@ -84,12 +85,29 @@ class _Setup:
     options: MergeOptions
     dtype: str | None
     """The output dtype (None: the base's)."""
+    monitor: Monitor = field(default_factory=Monitor)
+    """The run's progress and cancellation (:mod:`hubsoup.progress`)."""
 
 
-def _setup(models: Sequence[str], base: str | Checkpoint, options: MergeOptions) -> _Setup:
+def _setup(models: Sequence[str], base: str | Checkpoint, options: MergeOptions,
+           monitor: Monitor | None = None) -> _Setup:
+    monitor = monitor or Monitor()
     base_ckpt, sources = open_models(models, base=base, allow_pickle=options.allow_pickle, token=options.token,
-                                     ignore_extra=options.ignore_extra, shape_mismatch=options.shape_mismatch)
-    return _Setup(base_ckpt, _plan(base_ckpt, len(sources) + 1, options), sources, options, options.dtype)
+                                     ignore_extra=options.ignore_extra, shape_mismatch=options.shape_mismatch,
+                                     monitor=monitor)
+    return _Setup(base_ckpt, _plan(base_ckpt, len(sources) + 1, options), sources, options, options.dtype, monitor)
+
+
+def _monitor(opts: MergeOptions, models: Sequence[str], soup: str | None = None) -> tuple[MergeOptions, Monitor]:
+    """The run's options (quiet when a progress callback replaces the bars) and monitor: a download stage when
+    a model (or the soup) is not a local folder, then the two passes (stage ``merge``)."""
+    if opts.progress is not None and not opts.quiet:
+        opts = opts.replace(quiet=True)
+    monitor = opts.monitor()
+    monitor.check("before the merge")
+    local = all(os.path.isdir(os.path.expanduser(m)) for m in [*models, *([soup] if soup else [])])
+    monitor.plan({**({} if local else {"download": 1.0}), "merge": 2.0})
+    return opts, monitor
 
 
 def _plan(base_ckpt: Checkpoint, n_inputs: int, options: MergeOptions) -> Plan:
@@ -118,7 +136,8 @@ def _advance(setup: _Setup, prev: StateReader | None, params, folder: str
     # the state, when there is one, is the job's first input: the engine streams S like a task vector
     inputs = ([prev] if prev is not None else []) + list(setup.sources)
     first_new = len(inputs) - len(setup.sources)
-    job = Job(setup.plan, setup.base, inputs, quiet=setup.options.quiet)
+    job = Job(setup.plan, setup.base, inputs, quiet=setup.options.quiet, monitor=setup.monitor,
+              prefetch=setup.options.prefetch)
     sq_tau = [0.0] * len(setup.sources)
     sq_S = 0.0
     digests: dict[str, str] = {}
@@ -151,7 +170,8 @@ def _materialize(setup: _Setup, S: StateReader, lam: float, folder: str, recipe:
     """Pass 2: θ = θ_0 + S / λ, tensor by tensor, exactly as the engine computes it for ``opcm``."""
     sink = CheckpointSink(folder, setup.plan, setup.base, dtype=setup.dtype, shard_size=setup.options.shard_bytes,
                           metadata=recipe.metadata())
-    job = Job(setup.plan, setup.base, [S], quiet=setup.options.quiet)
+    job = Job(setup.plan, setup.base, [S], quiet=setup.options.quiet, monitor=setup.monitor,
+              prefetch=setup.options.prefetch)
     try:
         for work in stream(job, desc="continual: writing the merged model"):
             if work.entry.mergeable:  # S / λ: the same kernel as opcm's div_
@@ -196,7 +216,8 @@ def _result(setup: _Setup, folder: OutputFolder, state: ContinualState, recipe: 
 def _ref_label(d: dict) -> str:
     if d.get("repo_id"):
         return f"{d['repo_id']}" + (f" @ `{d['sha']}`" if d.get("sha") else "")
-    return f"`{d.get('spec') or d.get('path')}` (local folder)"
+    ref = InputRef.from_dict(d)  # a card is published: a local folder by its name and digest, never its path
+    return f"`{ref.public_name}`" + (f" `sha256:{ref.digest}`" if ref.digest else "") + " (local folder)"
 
 
 def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, folder: OutputFolder, t0: float):
@@ -206,6 +227,7 @@ def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, f
     opts = setup.options
     sdir = os.path.join(folder.path, STATE_DIR)
     os.makedirs(sdir)
+    setup.monitor.stage("merge", "continual merging (OPCM)", parts=2)  # the state's pass, then the weights'
     norms, s_norm, digests, tensors = _advance(setup, prev, params, sdir)
     prev_models = prev_state.models if prev_state else []
     task_norms = (prev_state.task_norms if prev_state else []) + norms
@@ -220,8 +242,11 @@ def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, f
                     hubsoup_version=__version__, continual={"count": state.count, "lambda": lam})
     _materialize(setup, StateReader(sdir, verify=False), lam, folder.path, recipe)
     result = _result(setup, folder, state, recipe, t0)
+    setup.monitor.check("before the output was committed")
     folder.commit()
     result.seconds = time.perf_counter() - t0
+    if setup.monitor.reporting:
+        setup.monitor.finish(f"merged into {folder.target}")
     return result
 
 
@@ -245,6 +270,12 @@ def init(models: Sequence[str], *, base: str | None = None, out: str, params: di
     Options as :func:`hubsoup.merge` (``options=`` or their names as keywords); OPCM's parameters
     (``alpha``, ``scaling``, ``zero_diagonal``, ``rank_tol``) in ``params`` or as keywords. They are
     stored in the state and used by every later ``add``. Returns a :class:`hubsoup.MergeResult`.
+
+    ``progress=`` and ``cancel=`` as for :func:`hubsoup.merge` (stages ``download``, ``merge``; a
+    cancel leaves no output). Example::
+
+        continual.init(["org/ft-a"], base="org/base", out="./soup", cancel=stop,
+                       progress=lambda done, stage, msg: print(f"{done:.0%} {msg}"))
     """
     from hubsoup.api import parse_method
 
@@ -254,9 +285,10 @@ def init(models: Sequence[str], *, base: str | None = None, out: str, params: di
     if not models:
         raise ParameterError("no input models given")
     check_output(out, opts.overwrite)
+    opts, monitor = _monitor(opts, models)
     folder = OutputFolder(out, overwrite=opts.overwrite)  # locked for the whole run
     try:
-        setup = _setup(models, base, opts)
+        setup = _setup(models, base, opts, monitor)
         return _run(setup, None, p, setup.base.ref.to_dict(), folder=folder, t0=t0)
     except BaseException as e:
         raise folder.fail(e)
@@ -275,6 +307,8 @@ def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base:
             model, byte for byte: checked per tensor against the state's SHA-256s).
         options: as :func:`hubsoup.merge` (or their names as keywords); ``dtype`` defaults to
             the one the soup was made with; ``ignore_extra``/``shape_mismatch`` are the state's.
+            ``progress=`` and ``cancel=`` as for :func:`hubsoup.merge`: a cancelled add leaves the
+            soup as it was, e.g. ``continual.add("./soup", "org/ft-c", cancel=stop, progress=report)``.
     """
     t0 = time.perf_counter()
     opts, extra = MergeOptions.split(kwargs, options)
@@ -285,6 +319,7 @@ def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base:
         models = [models]
     if not models:
         raise ParameterError("no models to add")
+    opts, monitor = _monitor(opts, models, soup)
     # an add in place replaces the soup: lock it before its state is read, for the whole run (an add to
     # another --out only reads it, and the in-place replacement is an atomic rename)
     local = os.path.isdir(os.path.expanduser(soup))
@@ -301,7 +336,7 @@ def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base:
         in_place = soup_lock is not None and os.path.abspath(os.path.expanduser(out)) == soup_lock.target
         folder = OutputFolder(out, overwrite=opts.overwrite, what="continual soup" if in_place else "output")
         try:
-            return _add(soup, models, folder, base, opts, t0)
+            return _add(soup, models, folder, base, opts, t0, monitor)
         except BaseException as e:
             raise folder.fail(e)
     finally:
@@ -309,7 +344,8 @@ def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base:
             soup_lock.release()
 
 
-def _add(soup: str, models: Sequence[str], folder: OutputFolder, base: str | None, opts: MergeOptions, t0: float):
+def _add(soup: str, models: Sequence[str], folder: OutputFolder, base: str | None, opts: MergeOptions, t0: float,
+         monitor: Monitor | None = None):
     sdir, label = state_folder(soup, opts.token)
     prev = StateReader(sdir, label)
     st = prev.state
@@ -325,11 +361,11 @@ def _add(soup: str, models: Sequence[str], folder: OutputFolder, base: str | Non
     base_spec = base or base_ref.pinned_spec
     try:
         base_ckpt = open_base(base_spec, allow_pickle=opts.allow_pickle, token=opts.token,
-                              hub_only=base is None and from_hub)
+                              hub_only=base is None and from_hub, monitor=monitor)
     except InputError as e:
         raise ContinualStateError(f"the base the continual state was made with ({base_spec}) cannot be opened: {e}; "
                                   "pass --base (base=...) with that same model") from e
-    setup = _setup(models, base_ckpt, opts)
+    setup = _setup(models, base_ckpt, opts, monitor)
     have = {r.get("sha") or r.get("path") for r in st.models}
     for s in setup.sources:
         r = s.ref

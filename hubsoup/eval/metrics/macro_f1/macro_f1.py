@@ -22,4 +22,4 @@ class MacroF1(evaluate.Metric):
             fn = sum(1 for p, r in zip(predictions, references) if p != c and r == c)
             denom = 2 * tp + fp + fn
             scores.append(2 * tp / denom if denom else 0.0)
-        return {"f1": sum(scores) / len(scores) if scores else 0.0}
+        return {"macro_f1": sum(scores) / len(scores) if scores else 0.0}

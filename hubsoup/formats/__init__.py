@@ -1,0 +1,1 @@
+"""Other tools' merge descriptions, read and written: :mod:`hubsoup.formats.mergekit` (mergekit YAML configs)."""

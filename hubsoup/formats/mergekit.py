@@ -1,0 +1,1074 @@
+"""mergekit YAML configs, read with mergekit's semantics (and written back from hubsoup recipes).
+
+Thousands of model cards carry a mergekit config. :func:`read_config` turns one into the
+hubsoup merge it means and :func:`run_config` runs it (``hubsoup run CONFIG.yml`` and
+:func:`hubsoup.run_recipe` detect such a file by its ``merge_method`` key):
+
+* ``merge_method`` picks the hubsoup method *with mergekit's convention* (:data:`METHODS`:
+  e.g. ``ties`` → hubsoup ``ties`` with ``convention=mergekit, scope=tensor``; ``lambda`` →
+  ``scale``; per-model ``weight``/``density``/``gamma``/``epsilon`` → the per-input tuples
+  ``weights``/``densities``/``gammas``/``epsilons``). A hubsoup method that mergekit lacks
+  (``sftm``, ``lines``, ``opcm``, ``lot``, ...) is used as is, its ``parameters`` in hubsoup's names.
+* Parameters follow mergekit's precedence (a model's, then its slice's, then the top-level
+  ``parameters``); gradients and ``filter`` entries become per-tensor schedules
+  (:mod:`hubsoup.methods._schedule`), resolved by the engine with mergekit's ``t``.
+* ``slices`` (frankenmerges, per-slice merges) become a *layout*: the output's tensors are
+  renumbered source layers (:class:`hubsoup.plan.TensorSource`), streamed by the one engine;
+  the output config gets the new layer count.
+* ``dtype`` / ``out_dtype`` set the output dtype (hubsoup computes in float32 whatever
+  mergekit's compute dtype); ``tokenizer_source`` may be ``base`` or a model sharing the base's
+  vocabulary; ``chat_template`` may be a literal Jinja template.
+
+Where hubsoup differs: a per-model ``filter`` matches the *output* tensor's name (mergekit: the
+input's, which differs only in the layer number within a slice); slices that merge must all take
+the same models; a ``tokenizer_source`` must share the base's vocabulary (hubsoup does not re-map
+embedding rows).
+
+Model references are resolved as mergekit does: a folder that exists (relative to the working
+folder) is local, anything else a Hub repo ``org/name[@revision]``; ``base+adapter`` (a LoRA
+on the base model) is the adapter as an input.
+
+Example:
+    >>> from hubsoup.formats.mergekit import read_config
+    >>> m = read_config('''
+    ... merge_method: ties
+    ... base_model: org/base
+    ... models:
+    ...   - model: org/ft-a
+    ...     parameters: {weight: 1.0, density: 0.5}
+    ... ''', resolve=False)
+    >>> m.method, m.params["convention"], m.params["weights"], m.params["densities"]
+    ('ties', 'mergekit', [1.0], [0.5])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import yaml
+
+from hubsoup.errors import ParameterError
+
+CONFIG_FILE = "mergekit_config.yml"
+"""The name mergekit gives the config it writes beside a merge."""
+
+_TOP_KEYS = {"merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
+             "tokenizer_source", "chat_template"}
+_UNSUPPORTED_TOP = {
+    "modules": "per-module configs (multimodal models) are not supported; use models or slices",
+    "tokenizer": "the 'tokenizer' section (added tokens, vocabulary padding) is not supported; "
+                 "use tokenizer_source: base or a model",
+}
+_DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16": "float16",
+           "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+REQUIRED = object()
+
+
+def _mean_or_sum(v: bool) -> str:
+    return "mean" if v else "sum"
+
+
+@dataclass(frozen=True)
+class MkParam:
+    """How one mergekit parameter maps onto hubsoup's."""
+
+    hub: str | None
+    """hubsoup's parameter (None: accepted and ignored, it does not change the result, e.g. int8_mask)."""
+    per_input: bool = False
+    default: Any = REQUIRED
+    kind: type = float
+    convert: Callable[[Any], Any] | None = None
+
+
+@dataclass(frozen=True)
+class MkMethod:
+    """A mergekit merge method: the hubsoup method and options with its semantics."""
+
+    hub: str
+    params: dict[str, MkParam]
+    fixed: dict[str, Any] = field(default_factory=dict)
+    base: str = "required"
+    """``required``, ``optional`` or ``none`` (mergekit's base policy)."""
+    base_is_input: bool = False
+    """mergekit merges base_model as one of the models (linear, karcher)."""
+    use_base_flag: bool = False
+    """hubsoup's ``use_base`` says whether base_model was given (nuslerp, multislerp)."""
+
+
+def _gta(hub: str, fixed: dict, normalize: bool, rescale: bool, *, normalize_as: str = "normalize",
+         extra: dict | None = None, sparsify: bool = True) -> MkMethod:
+    conv = _mean_or_sum if normalize_as == "merge" else None
+    params = {"weight": MkParam("weights", True),
+              "density": MkParam("densities" if sparsify else None, True, 1.0),
+              "lambda": MkParam("scale", default=1.0),
+              "normalize": MkParam(normalize_as, default=normalize, kind=bool, convert=conv),
+              "rescale": MkParam("rescale" if sparsify else None, default=rescale, kind=bool),
+              "int8_mask": MkParam(None, default=False, kind=bool)}
+    params.update(extra or {})
+    return MkMethod(hub, params, fixed)
+
+
+_GAMMA = {"gamma": MkParam("gammas", True, 0.01)}
+_EPSILON = {"epsilon": MkParam("epsilons", True, 0.15)}
+_MK = {"convention": "mergekit"}
+
+METHODS: dict[str, MkMethod] = {
+    "linear": MkMethod("linear", {"weight": MkParam("weights", True), "normalize": MkParam("normalize", default=True, kind=bool)},
+                       {"combine": "models"}, base="optional", base_is_input=True),
+    "task_arithmetic": _gta("task_arithmetic", {}, False, False, sparsify=False),
+    "ties": _gta("ties", {**_MK, "scope": "tensor"}, True, False, normalize_as="merge"),
+    "dare_ties": _gta("dare", {**_MK, "then": "ties"}, False, True, normalize_as="merge"),
+    "dare_linear": _gta("dare", {**_MK, "then": "sum"}, False, True),
+    "breadcrumbs": _gta("breadcrumbs", {}, False, False, extra=_GAMMA),
+    "breadcrumbs_ties": _gta("breadcrumbs_ties", {}, False, False, extra=_GAMMA),
+    "della": _gta("della", {}, True, True, extra=_EPSILON),
+    "della_linear": _gta("della_linear", {}, False, True, extra=_EPSILON),
+    "model_stock": MkMethod("model_stock", {"filter_wise": MkParam("filter_wise", default=False, kind=bool)}),
+    "slerp": MkMethod("slerp", {"t": MkParam("t")}),
+    "nuslerp": MkMethod("nuslerp", {"weight": MkParam("weights", True),
+                                    "nuslerp_flatten": MkParam("nuslerp_flatten", default=True, kind=bool),
+                                    "nuslerp_row_wise": MkParam("nuslerp_row_wise", default=False, kind=bool)},
+                        base="optional", use_base_flag=True),
+    "multislerp": MkMethod("multislerp", {"weight": MkParam("weights", True),
+                                          "normalize_weights": MkParam("normalize_weights", default=True, kind=bool),
+                                          "eps": MkParam("eps", default=1e-8)},
+                           base="optional", use_base_flag=True),
+    "karcher": MkMethod("karcher", {"max_iter": MkParam("max_iter", default=10, kind=int),
+                                    "tol": MkParam("tol", default=1e-5)}, base="optional", base_is_input=True),
+    "sce": MkMethod("sce", {"select_topk": MkParam("select_topk", default=1.0),
+                            "int8_mask": MkParam(None, default=False, kind=bool)}),
+    "passthrough": MkMethod("passthrough", {"scale": MkParam("weight_scale", True, 1.0)}, base="none"),
+}
+"""mergekit 0.1.5's merge methods that hubsoup reproduces (``merge_method`` → method, parameters, options)."""
+
+
+# --- reading ----------------------------------------------------------------------------------------
+
+@dataclass
+class Source:
+    """One source of a slice: a model reference and its layer range (None: every layer)."""
+
+    model: str
+    layer_range: tuple[int, int] | None
+    parameters: dict[str, Any]
+
+
+@dataclass
+class Slice:
+    sources: list[Source]
+    parameters: dict[str, Any]
+
+
+@dataclass
+class MergekitMerge:
+    """A mergekit config as the hubsoup merge it means (see :func:`read_config`)."""
+
+    text: str
+    """The config as given (what the card shows)."""
+    merge_method: str
+    method: str
+    params: dict[str, Any]
+    base: str | None
+    """The base model's spec (for methods that need none and were given none: the first input, τ = 0)."""
+    inputs: list[str]
+    dtype: str | None
+    slices: list[Slice] | None
+    """None: ``models`` (every layer of every model, mergekit's gradient position over the whole depth)."""
+    tokenizer_source: str | None = None
+    chat_template: str | None = None
+    models_mode_sources: list[Source] = field(default_factory=list)
+    guarded: list[str] = field(default_factory=list, repr=False)
+    """mergekit parameters set per slice (several slices): resolved by :func:`_guard_params` from the tensor names."""
+    top: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def merge_kwargs(self) -> dict[str, Any]:
+        """The :func:`hubsoup.merge` arguments (inputs apart) of this merge."""
+        return {"method": self.method, "base": self.base, "params": dict(self.params), "dtype": self.dtype,
+                "layout": MergekitLayout(self)}
+
+
+def is_mergekit_config(data: Any) -> bool:
+    """Whether a parsed YAML document is a mergekit config (it has ``merge_method``), not a hubsoup recipe."""
+    return isinstance(data, dict) and "merge_method" in data
+
+
+def load_text(path: str) -> str:
+    """A config file's text (an output folder: its ``mergekit_config.yml``)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise ParameterError(f"mergekit config '{path}' not found")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _where(path: list) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _check_keys(d: Any, allowed: set[str], where: list, unsupported: dict[str, str] | None = None) -> dict:
+    if not isinstance(d, dict):
+        raise ParameterError(f"mergekit config: '{_where(where)}' must be a mapping, got {d!r}")
+    for k in d:
+        if unsupported and k in unsupported:
+            raise ParameterError(f"mergekit config: key '{_where(where + [k])}' is not supported: {unsupported[k]}")
+        if k not in allowed:
+            raise ParameterError(f"mergekit config: unknown key '{_where(where + [k])}' "
+                                 f"(allowed here: {', '.join(sorted(allowed))})")
+    return d
+
+
+def _model_ref(value: Any, where: list) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ParameterError(f"mergekit config: '{_where(where)}' must be a model reference (org/name[@revision] "
+                             f"or a folder), got {value!r}")
+    value = value.strip()
+    if value.count("@") > 1 or value.count("+") > 1:
+        raise ParameterError(f"mergekit config: '{_where(where)}' = {value!r} is not a model reference")
+    return value
+
+
+def _params_map(d: Any, where: list) -> dict[str, Any]:
+    if d is None:
+        return {}
+    if not isinstance(d, dict) or not all(isinstance(k, str) for k in d):
+        raise ParameterError(f"mergekit config: '{_where(where)}' must be a mapping of parameter names, got {d!r}")
+    return d
+
+
+def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_pickle: bool = False) -> MergekitMerge:
+    """The hubsoup merge a mergekit config means.
+
+    Args:
+        source: the config's YAML text, or a path to it (or to a folder holding ``mergekit_config.yml``).
+        resolve: read the models' configs and tensor names (local folders, or the Hub) to check
+            layer ranges; False reads the config alone.
+
+    Raises:
+        hubsoup.errors.ParameterError: naming the key at fault (unknown, unsupported, or invalid).
+    """
+    text = source if "\n" in source or ":" in source and not os.path.exists(source) else load_text(source)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ParameterError(f"mergekit config: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not is_mergekit_config(data):
+        raise ParameterError("mergekit config: no 'merge_method' key (is this a hubsoup recipe?)")
+    _check_keys(data, _TOP_KEYS, [], _UNSUPPORTED_TOP)
+    mk_name = data["merge_method"]
+    if not isinstance(mk_name, str):
+        raise ParameterError(f"mergekit config: 'merge_method' must be a method name, got {mk_name!r}")
+    base_ref = _model_ref(data["base_model"], ["base_model"]) if data.get("base_model") is not None else None
+    if base_ref and "+" in base_ref:
+        raise ParameterError(f"mergekit config: 'base_model' = {base_ref!r}: a LoRA on the base model is not "
+                             "supported as the base; merge the adapter into it first")
+    top = _params_map(data.get("parameters"), ["parameters"])
+    if (data.get("models") is None) == (data.get("slices") is None):
+        raise ParameterError("mergekit config: give exactly one of 'models' and 'slices'")
+
+    slices: list[Slice] | None = None
+    models: list[Source] = []
+    if data.get("models") is not None:
+        if not isinstance(data["models"], list) or not data["models"]:
+            raise ParameterError("mergekit config: 'models' must be a non-empty list")
+        for i, m in enumerate(data["models"]):
+            w = ["models", i]
+            _check_keys(m, {"model", "parameters"}, w)
+            models.append(Source(_model_ref(m.get("model"), w + ["model"]), None,
+                                 _params_map(m.get("parameters"), w + ["parameters"])))
+    else:
+        if not isinstance(data["slices"], list) or not data["slices"]:
+            raise ParameterError("mergekit config: 'slices' must be a non-empty list")
+        slices = []
+        for i, s in enumerate(data["slices"]):
+            w = ["slices", i]
+            _check_keys(s, {"sources", "parameters"}, w,
+                        {"base_model": "a per-slice base_model is not supported; use the top-level base_model",
+                         "residual_weight": "residual_weight is not supported"})
+            if not isinstance(s.get("sources"), list) or not s["sources"]:
+                raise ParameterError(f"mergekit config: '{_where(w + ['sources'])}' must be a non-empty list")
+            srcs = []
+            for j, src in enumerate(s["sources"]):
+                ws = w + ["sources", j]
+                _check_keys(src, {"model", "layer_range", "parameters"}, ws)
+                lr = src.get("layer_range")
+                if (not isinstance(lr, (list, tuple)) or len(lr) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in lr)
+                        or lr[0] < 0 or lr[1] <= lr[0]):
+                    raise ParameterError(f"mergekit config: '{_where(ws + ['layer_range'])}' must be [start, end) "
+                                         f"with 0 <= start < end, got {lr!r}")
+                srcs.append(Source(_model_ref(src.get("model"), ws + ["model"]), (lr[0], lr[1]),
+                                   _params_map(src.get("parameters"), ws + ["parameters"])))
+            lengths = {b - a for a, b in (x.layer_range for x in srcs)}
+            if len(lengths) > 1:
+                raise ParameterError(f"mergekit config: '{_where(w)}': all sources of a slice must have the same "
+                                     f"number of layers, got {sorted(lengths)}")
+            slices.append(Slice(srcs, _params_map(s.get("parameters"), w + ["parameters"])))
+
+    dtype = None
+    for key in ("dtype", "out_dtype"):  # out_dtype (the stored one) wins over dtype (mergekit's compute dtype)
+        if data.get(key) is not None:
+            if data[key] not in _DTYPES:
+                raise ParameterError(f"mergekit config: '{key}' = {data[key]!r} is not supported "
+                                     f"(one of {', '.join(sorted(set(_DTYPES.values())))})")
+            dtype = _DTYPES[data[key]]
+
+    tok = data.get("tokenizer_source")
+    if tok is not None:
+        if tok == "union" or not isinstance(tok, str):
+            raise ParameterError(f"mergekit config: 'tokenizer_source: {tok}' is not supported (it rebuilds the "
+                                 "embeddings for a merged vocabulary); use 'base' or one model")
+        tok = None if tok == "base" else _model_ref(tok, ["tokenizer_source"])
+    chat = data.get("chat_template")
+    if chat is not None and (not isinstance(chat, str) or "{" not in chat):
+        raise ParameterError(f"mergekit config: 'chat_template: {chat}' is not supported: give the template "
+                             "itself (Jinja text); mergekit's named templates and 'auto' are not available")
+
+    merge = _build(text, mk_name, base_ref, top, models, slices, dtype)
+    merge.tokenizer_source, merge.chat_template, merge.top = tok, chat, top
+    if resolve:
+        naming = MergekitLayout(merge).check_sources(token=token, allow_pickle=allow_pickle)
+        if merge.guarded:
+            _guard_params(merge, METHODS[mk_name], *naming)
+    elif merge.guarded:
+        raise ParameterError(f"mergekit config: per-slice parameters ({', '.join(merge.guarded)}) need the models "
+                             "(read_config(..., resolve=True))")
+    return merge
+
+
+def _lora_input(ref: str, base_ref: str | None, where: str) -> str:
+    """A ``model+adapter`` reference as hubsoup's input: the adapter, when ``model`` is the base."""
+    if "+" not in ref:
+        return ref
+    model, adapter = ref.split("+", 1)
+    if base_ref is not None and model == base_ref:
+        return adapter
+    raise ParameterError(f"mergekit config: '{where}' = {ref!r}: a LoRA is supported only on base_model "
+                         f"({base_ref!r}); merge the adapter into {model!r} first (peft's merge_and_unload)")
+
+
+def _build(text: str, mk_name: str, base_ref: str | None, top: dict, models: list[Source],
+           slices: list[Slice] | None, dtype: str | None) -> MergekitMerge:
+    spec = METHODS.get(mk_name)
+    if spec is None:
+        return _build_native(text, mk_name, base_ref, top, models, slices, dtype)
+    if spec.base == "required" and base_ref is None:
+        raise ParameterError(f"mergekit config: merge_method '{mk_name}' needs 'base_model'")
+    # every model merged, in order of first appearance (models mode: mergekit adds base_model if not listed)
+    if slices is None:
+        sources = list(models)
+        if base_ref is not None and all(s.model != base_ref for s in sources):
+            sources.append(Source(base_ref, None, {}))
+        merging = [sources]
+    else:
+        sources = [s for sl in slices for s in sl.sources]
+        merging = [sl.sources for sl in slices if len(sl.sources) > 1]
+    order: list[str] = []
+    for s in sources:
+        if s.model not in order:
+            order.append(s.model)
+    if mk_name == "passthrough":
+        for i, sl in enumerate(slices or [Slice(models, {})]):
+            if len(sl.sources) != 1:
+                raise ParameterError(f"mergekit config: passthrough takes one model per slice; "
+                                     f"{'slices' if slices else 'models'}[{i}] has {len(sl.sources)}")
+        first = (slices[0].sources[0] if slices else models[0]).model
+        ref = base_ref or first
+        inputs = [ref]
+        base = ref
+    else:
+        merged_models = [m for m in order if any(m in {s.model for s in srcs} for srcs in merging)]
+        sets = [{s.model for s in srcs} for srcs in merging]
+        if sets and any(st != set(merged_models) for st in sets):
+            raise ParameterError("mergekit config: every slice that merges must take the same models "
+                                 f"({', '.join(merged_models)}); slices merging different sets are not supported")
+        if slices is not None and base_ref is not None and merging and base_ref not in merged_models:
+            raise ParameterError(f"mergekit config: base_model '{base_ref}' must be one of the sources of every "
+                                 "slice that merges")
+        inputs = merged_models if spec.base_is_input else [m for m in merged_models if m != base_ref]
+        if not inputs:
+            raise ParameterError(f"mergekit config: merge_method '{mk_name}' has no model to merge besides base_model")
+        if mk_name == "slerp" and len(inputs) != 1:
+            raise ParameterError(f"mergekit config: slerp takes base_model and exactly one other model, got "
+                                 f"{len(inputs)} others ({', '.join(inputs)})")
+        base = base_ref if base_ref is not None else inputs[0]
+    params = dict(spec.fixed)
+    if spec.use_base_flag:
+        params["use_base"] = base_ref is not None
+    merge = MergekitMerge(text, mk_name, spec.hub, params, base, inputs, dtype, slices,
+                          models_mode_sources=models)
+    _fill_params(merge, spec, top)
+    merge.base = _lora_input(merge.base, None, "base_model") if merge.base else None
+    merge.inputs = [_lora_input(m, base_ref, "models") for m in merge.inputs]
+    return merge
+
+
+def _build_native(text, name, base_ref, top, models, slices, dtype) -> MergekitMerge:
+    """A hubsoup method from a mergekit-shaped config: its own parameters, ``weight`` per model if it has ``weights``."""
+    from hubsoup.methods import available
+
+    methods = available()
+    if name not in methods:
+        raise ParameterError(f"mergekit config: merge_method '{name}' is neither one of mergekit's that hubsoup "
+                             f"reproduces ({', '.join(sorted(METHODS))}) nor a hubsoup method "
+                             f"({', '.join(sorted(methods))})")
+    if slices is not None:
+        raise ParameterError(f"mergekit config: hubsoup's method '{name}' takes 'models', not 'slices'")
+    fields = {f.name for f in dataclasses.fields(methods[name].Params)}
+    inputs = [m.model for m in models if m.model != base_ref]
+    params = dict(top)
+    weights = []
+    for i, m in enumerate(x for x in models if x.model != base_ref):
+        extra = set(m.parameters) - {"weight"}
+        if extra:
+            raise ParameterError(f"mergekit config: models[{i}].parameters.{sorted(extra)[0]}: hubsoup's method "
+                                 f"'{name}' takes per-model 'weight' only; give its parameters at the top level")
+        weights.append(m.parameters.get("weight"))
+    if any(w is not None for w in weights):
+        if "weights" not in fields:
+            raise ParameterError(f"mergekit config: hubsoup's method '{name}' has no per-model weights")
+        if any(w is None for w in weights):
+            raise ParameterError("mergekit config: give 'weight' for every model or for none")
+        params["weights"] = weights
+    return MergekitMerge(text, name, name, params, base_ref, [_lora_input(m, base_ref, "models") for m in inputs],
+                         dtype, None, models_mode_sources=models)
+
+
+def _entries(setting: Any, where: str) -> list[dict]:
+    """A mergekit ParameterSetting as ``[{filter?, value}]`` entries (a scalar or gradient: one unfiltered entry)."""
+    if setting is None:
+        return []
+    if isinstance(setting, dict):
+        setting = [setting]
+    if isinstance(setting, (bool, int, float, str)):
+        return [{"value": setting}]
+    if isinstance(setting, list):
+        if not setting:
+            return []
+        if all(not isinstance(e, dict) for e in setting):
+            if any(isinstance(e, (list, tuple)) for e in setting):
+                raise ParameterError(f"mergekit config: '{where}': a gradient is a list of numbers, got {setting!r}")
+            return [{"value": list(setting)}]
+        out = []
+        for e in setting:
+            if not isinstance(e, dict) or "value" not in e or set(e) - {"filter", "value"}:
+                raise ParameterError(f"mergekit config: '{where}': an entry is {{filter: NAME, value: V}}, got {e!r}")
+            if e.get("filter") is not None and not isinstance(e["filter"], str):
+                raise ParameterError(f"mergekit config: '{where}': filter {e['filter']!r} is not a string")
+            out.append({"value": e["value"]} if e.get("filter") in (None, "*") else dict(e))
+        return out
+    raise ParameterError(f"mergekit config: '{where}': unexpected value {setting!r}")
+
+
+def _chain(parts: list[tuple[Any, str]], p: MkParam, name: str) -> list[dict]:
+    """mergekit's precedence: the first scope's entries, then the next's...; cut after an unfiltered entry."""
+    out: list[dict] = []
+    for setting, where in parts:
+        for e in _entries(setting, where):
+            out.append(e)
+            if "filter" not in e:
+                return out
+    if p.default is REQUIRED:
+        raise ParameterError(f"mergekit config: parameter '{name}' is required for every tensor"
+                             f"{' of every model' if p.per_input else ''} (mergekit has no default for it)")
+    out.append({"value": p.default})
+    return out
+
+
+def _value(entries: list[dict], p: MkParam, name: str) -> Any:
+    """hubsoup's value for a resolved chain: a plain value, a gradient list, or schedule entries."""
+    if len(entries) == 1 and not isinstance(entries[0]["value"], list):
+        v = entries[0]["value"]
+        if p.kind is bool:
+            v = _bool(v, name)
+        return p.convert(v) if p.convert else v
+    if p.kind is not float and p.kind is not int:
+        raise ParameterError(f"mergekit config: parameter '{name}': gradients and filters of a true/false "
+                             "parameter are not supported")
+    if len(entries) == 1:
+        return list(entries[0]["value"])
+    return [dict(e) for e in entries]
+
+
+def _bool(v: Any, name: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    if isinstance(v, (int, float)) and v in (0, 1):
+        return bool(v)
+    raise ParameterError(f"mergekit config: parameter '{name}' must be true or false, got {v!r}")
+
+
+def _fill_params(merge: MergekitMerge, spec: MkMethod, top: dict) -> None:
+    """Every mergekit parameter of the config, resolved to hubsoup's (single-scope chains; slices: per slice later)."""
+    known = set(spec.params)
+    scopes: list[tuple[dict, str, bool]] = [(top, "parameters", False)]
+    for i, s in enumerate(merge.models_mode_sources):
+        scopes.append((s.parameters, f"models[{i}].parameters", True))
+    for i, sl in enumerate(merge.slices or []):
+        scopes.append((sl.parameters, f"slices[{i}].parameters", False))
+        for j, src in enumerate(sl.sources):
+            scopes.append((src.parameters, f"slices[{i}].sources[{j}].parameters", True))
+    for d, where, per_model in scopes:
+        for k in d:
+            if k not in known:
+                raise ParameterError(f"mergekit config: unknown parameter '{where}.{k}' for merge_method "
+                                     f"'{merge.merge_method}' (its parameters: {', '.join(sorted(known))})")
+            if per_model and not spec.params[k].per_input:  # mergekit would silently ignore it there
+                raise ParameterError(f"mergekit config: parameter '{where}.{k}' applies to the whole merge, not "
+                                     "to one model: give it under the top-level (or the slice's) parameters")
+    multi = merge.slices is not None and len(merge.slices) > 1
+    for name, p in spec.params.items():
+        if p.hub is None:
+            continue
+        if not p.per_input:
+            if multi and any(name in sl.parameters for sl in merge.slices):
+                merge.guarded.append(name)  # per-slice values: resolved with the models' tensor names
+            sl0 = merge.slices[0].parameters if merge.slices else {}
+            merge.params[p.hub] = _value(_chain([(sl0.get(name), "slices[0].parameters"), (top.get(name), "parameters")],
+                                                p, name), p, name)
+            continue
+        values = []
+        for inp in merge.inputs:
+            parts = []
+            if merge.merge_method == "passthrough":
+                src = (merge.slices[0].sources[0] if merge.slices else merge.models_mode_sources[0])
+                parts.append((src.parameters.get(name), "sources.parameters"))
+            elif merge.slices:
+                src = next(s for s in merge.slices[0].sources if s.model == inp) if len(merge.slices[0].sources) > 1 else None
+                if src is not None:
+                    parts.append((src.parameters.get(name), f"parameters of {inp}"))
+            else:
+                for s in merge.models_mode_sources:
+                    if s.model == inp:
+                        parts.append((s.parameters.get(name), f"parameters of {inp}"))
+                        break
+            if merge.slices:
+                parts.append((merge.slices[0].parameters.get(name), "slices[0].parameters"))
+            parts.append((top.get(name), "parameters"))
+            values.append(_value(_chain(parts, p, name), p, name))
+        if multi and any(name in x for sl in merge.slices for x in (sl.parameters, *(s.parameters for s in sl.sources))):
+            merge.guarded.append(name)  # per-slice values: resolved with the models' tensor names
+        merge.params[p.hub] = values[0] if merge.merge_method == "passthrough" else values
+
+
+# --- the layout: slices → output tensors ------------------------------------------------------------
+
+class MergekitLayout:
+    """How a mergekit config lays out the output: its plan (slices renumber layers), output config, tokenizer.
+
+    Passed to :func:`hubsoup.merge` as ``layout``: ``plan()`` gives the plan the one engine streams
+    (for ``models`` configs, the base's own plan), ``donors`` the other checkpoints it reads
+    from, ``finish()`` fixes the output folder (layer count, tokenizer, chat template).
+    """
+
+    def __init__(self, merge: MergekitMerge):
+        self.merge = merge
+        self.donors: list = []
+        self._num_layers: int | None = None
+
+    @property
+    def hashed(self) -> dict[str, Any]:
+        """What the recipe hash must cover beyond method, parameters and inputs."""
+        out: dict[str, Any] = {}
+        if self.merge.slices is not None and not self._trivial_slices():
+            out["layout"] = [[[s.model, *s.layer_range] for s in sl.sources] for sl in self.merge.slices]
+            # the models a slice copies from without merging: pinned (Hub SHA, or folder) like the inputs
+            out["donors"] = [{k: v for k, v in c.ref.to_dict().items() if k in ("repo_id", "sha", "path") and v}
+                             for c in self.donors]
+        if self.merge.tokenizer_source:
+            out["tokenizer_source"] = self.merge.tokenizer_source
+        if self.merge.chat_template:
+            out["chat_template"] = self.merge.chat_template
+        return out
+
+    def recipe_extra(self) -> dict[str, Any]:
+        return {"config": self.merge.text}
+
+    def _trivial_slices(self, num_layers: int | None = None) -> bool:
+        """One slice taking every layer of every model: the same as ``models`` (no renumbering)."""
+        sl = self.merge.slices
+        if sl is None:
+            return True
+        n = num_layers if num_layers is not None else self._num_layers
+        return (len(sl) == 1 and len(sl[0].sources) > 1 and n is not None
+                and all(s.layer_range == (0, n) for s in sl[0].sources))
+
+    def check_sources(self, token: Any = None, allow_pickle: bool = False) -> tuple | None:
+        """Read the sliced models' configs (layer ranges within each model's depth); returns their naming.
+
+        The naming: ``(stack, layer suffixes, names before the layers, names after)`` of the
+        first sliced model, from its safetensors headers (no weight is read).
+        """
+        if self.merge.slices is None:
+            return None
+        from hubsoup.sources.resolve import open_input
+
+        naming = None
+        for i, sl in enumerate(self.merge.slices):
+            for j, s in enumerate(sl.sources):
+                ckpt = open_input(s.model.split("+")[0], allow_pickle=allow_pickle, token=token)
+                n = _layers(ckpt.config)
+                if n is not None and s.layer_range[1] > n:
+                    raise ParameterError(f"mergekit config: 'slices[{i}].sources[{j}].layer_range' = "
+                                         f"{list(s.layer_range)} but '{s.model}' has {n} layers")
+                if naming is None:
+                    naming = _naming(ckpt)
+        return naming
+
+    def plan(self, base, sources, opts):
+        """The plan of the output (the base's own for ``models``), with every donor checkpoint opened."""
+        from hubsoup.plan import Plan
+
+        self._check_tokenizer(base, opts)
+        self._num_layers = _layers(base.config)
+        if self._trivial_slices():
+            return Plan.of(base, opts.device)
+        return self._slice_plan(base, sources, opts)
+
+    def _slice_plan(self, base, sources, opts):
+        from hubsoup.arch import tied_groups
+        from hubsoup.plan import TensorSource, block_of, layout_plan
+        from hubsoup.sources.resolve import open_input
+
+        merge = self.merge
+        ref_model = merge.inputs[0] if merge.merge_method == "passthrough" else (merge.base or merge.inputs[0])
+        keys = base.keys()
+        stacks = {block_of(k)[0] for k in keys if block_of(k)}
+        if len(stacks) != 1:
+            raise ParameterError(f"mergekit config: slices need a model with one stack of layers; "
+                                 f"'{base.label}' has {len(stacks)} ({', '.join(sorted(stacks))})")
+        stack = stacks.pop()
+        suffixes: list[str] = []
+        for k in keys:
+            hit = block_of(k)
+            if hit and hit[1] == 0:
+                suffixes.append(k[len(f"{stack}.0."):])
+        layer_keys = {k for k in keys if block_of(k)}
+        pre = [k for k in keys if k not in layer_keys and _before(k)]
+        post = [k for k in keys if k not in layer_keys and not _before(k)]
+
+        # the checkpoints θ₀ may come from: the base (-1) or a donor (every other model named by a slice)
+        origin: dict[str, int] = {ref_model: -1}
+        for sl in merge.slices:
+            for s in sl.sources:
+                if s.model not in origin:
+                    ckpt = open_input(s.model, allow_pickle=opts.allow_pickle, token=opts.token)
+                    origin[s.model] = len(self.donors)
+                    self.donors.append(ckpt)
+        n_in = len(merge.inputs)
+
+        def ckpt_of(model: str):
+            return base if origin[model] < 0 else self.donors[origin[model]]
+
+        out: dict[str, TensorSource] = {}
+        infos: dict[str, Any] = {}
+
+        def add(name: str, sl: Slice, offset: int | None, position: float | None) -> None:
+            def src_name(s: Source) -> str:
+                return name if offset is None else f"{stack}.{s.layer_range[0] + offset}.{name}"
+
+            out_name = name if offset is None else f"{stack}.{k_out}.{name}"
+            if len(sl.sources) == 1 or merge.merge_method == "passthrough":
+                s = sl.sources[0]
+                ts = TensorSource(src_name(s), (None,) * n_in, position, origin[s.model])
+                infos[out_name] = ckpt_of(s.model).info(src_name(s))
+            else:
+                by_model = {s.model: s for s in sl.sources}
+                r = by_model[ref_model]
+                names = tuple(src_name(by_model[m]) if m in by_model else None for m in merge.inputs)
+                ts = TensorSource(src_name(r), names, position, -1)
+                infos[out_name] = base.info(src_name(r))
+            out[out_name] = ts
+
+        k_out = 0
+        for k in pre:
+            add(k, merge.slices[0], None, None)
+        for sl in merge.slices:
+            a, b = sl.sources[0].layer_range
+            n = b - a
+            for j in range(n):
+                t = j / (n - 1) if n > 1 else 1.0
+                for suf in suffixes:
+                    add(suf, sl, j, t)
+                k_out += 1
+        for k in post:
+            add(k, merge.slices[-1], None, None)
+        self._num_layers = k_out
+        config = dict(base.config)
+        _set_layers(config, k_out)
+        ties = [g for g in tied_groups(base.folder, keys, {k: base.info(k) for k in keys}, base.config)
+                if all(n in out for n in g)]
+        return layout_plan(out, infos, config, ties=ties, device=opts.device)
+
+    def _check_tokenizer(self, base, opts) -> None:
+        tok = self.merge.tokenizer_source
+        if not tok or tok == self.merge.base:
+            return
+        from hubsoup.sources.resolve import open_input
+
+        self._tok_ckpt = open_input(tok, allow_pickle=opts.allow_pickle, token=opts.token, with_tokenizer=True)
+        a, b = _vocab(base.folder), _vocab(self._tok_ckpt.folder)
+        if a is None or b is None or a != b:
+            raise ParameterError(
+                f"mergekit config: 'tokenizer_source: {tok}' is not supported here: its vocabulary differs from "
+                f"the base's ('{base.label}'), and hubsoup keeps the base's embedding rows (mergekit would re-map "
+                "them); use tokenizer_source: base")
+
+    def finish(self, folder: str) -> None:
+        """The output's config (layer count), tokenizer (``tokenizer_source``) and chat template."""
+        cfg_path = os.path.join(folder, "config.json")
+        if self._num_layers is not None and self.merge.slices is not None and os.path.isfile(cfg_path):
+            with open(cfg_path, encoding="utf-8") as f:
+                cfg = json.load(f)
+            _set_layers(cfg, self._num_layers)
+            with open(cfg_path, "w", encoding="utf-8") as f:
+                json.dump(cfg, f, indent=2)
+        if getattr(self, "_tok_ckpt", None) is not None:
+            from hubsoup.output.checkpoint import _COPY_FROM_BASE, copy_base_files
+
+            for fname in _COPY_FROM_BASE:
+                if fname not in ("config.json", "generation_config.json", "preprocessor_config.json"):
+                    p = os.path.join(folder, fname)
+                    if os.path.isfile(p):
+                        os.remove(p)
+            copy_base_files(self._tok_ckpt, folder, tokenizer_only=True)
+        if self.merge.chat_template:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(folder)
+            tok.chat_template = self.merge.chat_template
+            tok.save_pretrained(folder)
+
+    def card_section(self) -> dict[str, str]:
+        """The card's section showing the config as YAML (what community cards carry)."""
+        return {"title": "mergekit configuration",
+                "body": "This model was merged by hubsoup from the following mergekit configuration, with "
+                        "mergekit's semantics:\n\n```yaml\n" + public_config_text(self.merge.text).rstrip()
+                        + "\n```"}
+
+
+def _naming(ckpt) -> tuple[str, list[str], list[str], list[str]]:
+    """``(stack, layer suffixes, names before the layers, names after)`` of a checkpoint with one stack of layers."""
+    from hubsoup.plan import block_of
+
+    keys = ckpt.keys()
+    stacks = {block_of(k)[0] for k in keys if block_of(k)}
+    if len(stacks) != 1:
+        raise ParameterError(f"mergekit config: slices need a model with one stack of layers; "
+                             f"'{ckpt.label}' has {len(stacks)} ({', '.join(sorted(stacks))})")
+    stack = stacks.pop()
+    suffixes = [k[len(f"{stack}.0."):] for k in keys if block_of(k) == (stack, 0)]
+    others = [k for k in keys if not block_of(k)]
+    return stack, suffixes, [k for k in others if _before(k)], [k for k in others if not _before(k)]
+
+
+def _guard_params(merge: MergekitMerge, spec: MkMethod, stack: str, suffixes: list[str], pre: list[str],
+                  post: list[str]) -> None:
+    """Per-slice settings of several slices as one schedule per parameter, each entry guarded by its slice's tensors.
+
+    A slice's entries match only its own output tensors: an unfiltered entry through each of its
+    layers' prefix (``model.layers.5.``) and its non-layer tensors' names (the first slice's
+    embeddings, the last slice's head); a filtered one through every such tensor the filter matches.
+    The top-level parameters follow, unguarded: mergekit's precedence, tensor by tensor.
+    """
+    slices = merge.slices
+    groups: list[list[str]] = []
+    k = 0
+    for i, sl in enumerate(slices):
+        n = sl.sources[0].layer_range[1] - sl.sources[0].layer_range[0]
+        prefixes = [f"{stack}.{k + j}." for j in range(n)]
+        k += n
+        names = ([*pre] if i == 0 else []) + ([*post] if i == len(slices) - 1 else [])
+        groups.append([*prefixes, *names])
+
+    def full_names(group: list[str]) -> list[str]:
+        return [g + suf for g in group if g.endswith(".") for suf in suffixes] + [g for g in group if not g.endswith(".")]
+
+    for name in merge.guarded:
+        p = spec.params[name]
+        per_model = p.per_input and merge.merge_method != "passthrough"
+        owners = merge.inputs if per_model else [None]
+        values = []
+        for inp in owners:
+            entries: list[dict] = []
+            covered = True
+            for i, sl in enumerate(slices):
+                if merge.merge_method == "passthrough":
+                    parts = [sl.sources[0].parameters.get(name)]
+                else:
+                    parts = [s.parameters.get(name) for s in sl.sources if per_model and s.model == inp and len(sl.sources) > 1]
+                parts.append(sl.parameters.get(name))
+                chain: list[dict] = []
+                for setting in parts:
+                    for e in _entries(setting, f"slices[{i}].parameters.{name}"):
+                        chain.append(e)
+                        if "filter" not in e:
+                            break
+                    if chain and "filter" not in chain[-1]:
+                        break
+                covered &= bool(chain) and "filter" not in chain[-1]
+                for e in chain:
+                    if "filter" not in e:
+                        entries.extend({"filter": g, "value": e["value"]} for g in groups[i])
+                    else:
+                        entries.extend({"filter": x, "value": e["value"]} for x in full_names(groups[i])
+                                       if e["filter"] in x)
+            try:
+                entries.extend(_chain([(merge.top.get(name), "parameters")], p, name))
+            except ParameterError:
+                if not covered:
+                    raise
+            if p.kind is bool:
+                raise ParameterError(f"mergekit config: parameter '{name}': per-slice values of a true/false "
+                                     "parameter are not supported")
+            values.append(entries)
+        merge.params[p.hub] = values if per_model else values[0]
+
+
+def _before(name: str) -> bool:
+    from hubsoup.arch import before_blocks
+
+    return before_blocks(name)
+
+
+def _layers(config: dict) -> int | None:
+    for k in ("num_hidden_layers", "n_layer", "num_layers"):
+        if isinstance(config.get(k), int):
+            return config[k]
+    return None
+
+
+def _set_layers(config: dict, n: int) -> None:
+    for k in ("num_hidden_layers", "n_layer", "num_layers"):
+        if k in config:
+            config[k] = n
+            return
+    config["num_hidden_layers"] = n
+
+
+def _vocab(folder: str) -> dict | None:
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder).get_vocab()
+    except Exception:  # noqa: BLE001 - no tokenizer (or an unreadable one): not comparable
+        return None
+
+
+def public_config_text(text: str) -> str:
+    """The config with every local model folder named by its public form (name and content digest)."""
+    from hubsoup.recipe import public_value
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    pub = _map_models(data, lambda ref: public_value(ref) if isinstance(ref, str) else ref)
+    if pub == data:
+        return text
+    return dump_config(pub)
+
+
+class _Dumper(yaml.SafeDumper):
+    """mergekit's layout: lists of numbers (layer ranges, gradients) in flow style."""
+
+
+_Dumper.add_representer(list, lambda d, v: d.represent_sequence(
+    "tag:yaml.org,2002:seq", v, flow_style=all(isinstance(e, (int, float)) for e in v)))
+
+
+def dump_config(data: dict) -> str:
+    """A config as YAML, in the layout mergekit itself writes."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+
+
+def _map_models(data: Any, fn: Callable[[str], str]) -> Any:
+    """``data`` (a parsed config) with ``fn`` applied to every model reference."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for key in ("base_model", "tokenizer_source"):
+        if isinstance(out.get(key), str) and out[key] not in ("base", "union"):
+            out[key] = fn(out[key])
+    if isinstance(out.get("models"), list):
+        out["models"] = [{**m, "model": fn(m["model"])} if isinstance(m, dict) and "model" in m else m
+                         for m in out["models"]]
+    if isinstance(out.get("slices"), list):
+        out["slices"] = [{**s, "sources": [{**x, "model": fn(x["model"])} if isinstance(x, dict) and "model" in x
+                                           else x for x in s.get("sources") or []]} if isinstance(s, dict) else s
+                         for s in out["slices"]]
+    return out
+
+
+# --- running ----------------------------------------------------------------------------------------
+
+def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, **options: Any):
+    """Run a mergekit config with hubsoup; returns the :class:`hubsoup.MergeResult`.
+
+    ``source``: the YAML text or a file; ``pins``: model reference → pinned spec (``org/name@sha``),
+    used when repeating a merge from its recipe; ``options``: :class:`hubsoup.MergeOptions` fields
+    (``overwrite``, ``device``, ``quiet``, ...; ``dtype`` overrides the config's).
+
+    Example:
+        >>> res = run_config("mk.yml", "./merged", overwrite=True)     # doctest: +SKIP
+    """
+    from hubsoup.api import merge as hub_merge
+
+    text = source if "\n" in source else load_text(source)
+    if pins:
+        data = yaml.safe_load(text)
+        text = dump_config(_map_models(data, lambda r: pins.get(r, r)))
+    m = read_config(text, token=options.get("token"), allow_pickle=bool(options.get("allow_pickle")))
+    kwargs = m.merge_kwargs()
+    if options.get("dtype") is None:
+        options.pop("dtype", None)
+    else:
+        kwargs.pop("dtype")
+    return hub_merge(m.inputs, out=out, **kwargs, **options)
+
+
+# --- writing: a hubsoup recipe as a mergekit config -------------------------------------------------
+
+def export_config(recipe) -> str:
+    """The mergekit config equivalent of a hubsoup :class:`~hubsoup.recipe.Recipe`.
+
+    A recipe made from a mergekit config gives that config back. Otherwise the method and
+    parameters are mapped onto mergekit's (see :data:`METHODS`); a method or option with no
+    mergekit equivalent raises :class:`~hubsoup.errors.ParameterError` naming it.
+    """
+    if recipe.mergekit.get("config"):
+        return recipe.mergekit["config"]
+    if recipe.options.get("shape_mismatch") not in (None, "error"):
+        raise ParameterError("recipe option 'shape_mismatch' has no mergekit equivalent")
+    p = dict(recipe.params)
+    base = recipe.base.pinned_spec
+    inputs = [i.pinned_spec for i in recipe.inputs]
+    n = len(inputs)
+    method = recipe.method
+    cfg: dict[str, Any] = {}
+    per: dict[str, list] = {}
+
+    def none_of(*names: str, why: str = "") -> None:
+        for k in names:
+            if p.get(k) not in (None, False):
+                raise ParameterError(f"method '{method}': parameter '{k}' has no mergekit equivalent{why}")
+
+    def weights(default: float = 1.0) -> list:
+        w = p.get("weights")
+        return list(w) if w is not None else [default] * n
+
+    def per_input(name: str, hub_tuple: str, hub_scalar: str | None) -> None:
+        v = p.get(hub_tuple)
+        if v is None and hub_scalar is not None:
+            v = [p[hub_scalar]] * n
+        if v is not None:
+            per[name] = list(v)
+
+    def fail(why: str) -> None:
+        raise ParameterError(f"method '{method}'{why} has no mergekit equivalent; export-config cannot write it")
+
+    if method == "linear":
+        if p.get("normalize", True):
+            cfg.update(merge_method="linear", parameters={"normalize": True})
+            per["weight"] = weights()
+            base = None
+        elif p.get("combine") == "models":
+            cfg.update(merge_method="linear", parameters={"normalize": False})
+            per["weight"] = weights()
+            base = None
+        else:
+            cfg.update(merge_method="task_arithmetic")
+            per["weight"] = weights()
+    elif method == "task_arithmetic":
+        cfg.update(merge_method="task_arithmetic", parameters={"lambda": p.get("scale", 1.0),
+                                                               "normalize": bool(p.get("normalize"))})
+        per["weight"] = weights()
+    elif method == "soup":
+        cfg.update(merge_method="task_arithmetic", parameters={"lambda": p.get("scale", 1.0), "normalize": True})
+        per["weight"] = [1.0] * n
+    elif method == "ties":
+        if p.get("convention") != "mergekit" or p.get("scope") != "tensor":
+            fail(" with convention=paper or scope=model (hubsoup's TIES; mergekit elects signs on weighted "
+                 "deltas, per tensor: use convention=mergekit scope=tensor)")
+        cfg.update(merge_method="ties", parameters={"normalize": p.get("merge") == "mean",
+                                                    "lambda": p.get("scale", 1.0), "rescale": bool(p.get("rescale"))})
+        if p.get("merge") not in ("mean", "sum"):
+            fail(f" with merge={p.get('merge')}")
+        per["weight"] = weights()
+        per_input("density", "densities", "density")
+    elif method == "dare":
+        if p.get("convention") != "mergekit":
+            fail(" with convention=paper (mergekit's DARE rescales to keep each tensor's L1 norm: use "
+                 "convention=mergekit)")
+        then = p.get("then")
+        if then not in ("ties", "sum"):
+            fail(f" with then={then}")
+        cfg["merge_method"] = "dare_ties" if then == "ties" else "dare_linear"
+        params = {"lambda": p.get("scale", 1.0), "rescale": bool(p.get("rescale", True))}
+        params["normalize"] = p.get("merge") == "mean" if then == "ties" else bool(p.get("normalize"))
+        cfg["parameters"] = params
+        per["weight"] = weights()
+        if p.get("densities") is not None:
+            per["density"] = list(p["densities"])
+        else:
+            per["density"] = [round(1.0 - float(p.get("p", 0.9)), 12)] * n
+    elif method in ("breadcrumbs", "breadcrumbs_ties", "della", "della_linear"):
+        cfg.update(merge_method=method, parameters={"lambda": p.get("scale", 1.0),
+                                                    "normalize": bool(p.get("normalize")),
+                                                    "rescale": bool(p.get("rescale"))})
+        per["weight"] = weights()
+        per_input("density", "densities", "density")
+        if method.startswith("breadcrumbs"):
+            per_input("gamma", "gammas", "gamma")
+        else:
+            per_input("epsilon", "epsilons", "epsilon")
+    elif method in ("model_stock", "sce", "karcher"):
+        keys = {"model_stock": ["filter_wise"], "sce": ["select_topk"], "karcher": ["max_iter", "tol"]}[method]
+        cfg.update(merge_method=method, parameters={k: p[k] for k in keys if k in p})
+        if method == "karcher":
+            base = None
+    elif method in ("nuslerp", "multislerp"):
+        keys = {"nuslerp": ["nuslerp_flatten", "nuslerp_row_wise"], "multislerp": ["normalize_weights", "eps"]}[method]
+        cfg.update(merge_method=method, parameters={k: p[k] for k in keys if k in p})
+        per["weight"] = weights()
+        if not p.get("use_base", True):
+            base = None
+    elif method == "slerp":
+        cfg.update(merge_method="slerp", parameters={"t": p.get("t", 0.5)})
+        if n == 2:  # hubsoup interpolates input 0 → input 1: mergekit's base_model is the t = 0 end
+            base = inputs[0]
+            inputs = inputs[1:]
+    elif method == "passthrough":
+        cfg.update(merge_method="passthrough")
+        if p.get("weight_scale", 1.0) != 1.0:
+            per["scale"] = [p["weight_scale"]]
+        base = None
+    else:
+        raise ParameterError(f"method '{method}' has no mergekit equivalent; export-config writes only methods "
+                             f"mergekit has ({', '.join(sorted(METHODS))})")
+    if not cfg.get("parameters"):
+        cfg.pop("parameters", None)
+    models = []
+    for i, ref in enumerate(inputs):
+        entry: dict[str, Any] = {"model": ref}
+        params = {k: v[i] for k, v in per.items() if i < len(v)}
+        if params:
+            entry["parameters"] = params
+        models.append(entry)
+    out: dict[str, Any] = {"merge_method": cfg["merge_method"]}
+    if base is not None:
+        out["base_model"] = base
+    out["models"] = models
+    if cfg.get("parameters"):
+        out["parameters"] = cfg["parameters"]
+    if recipe.dtype:
+        out["dtype"] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(recipe.dtype, recipe.dtype)
+    return "# mergekit config written by hubsoup export-config (recipe " + recipe.hash[:12] + ")\n" + dump_config(out)

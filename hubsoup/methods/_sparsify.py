@@ -1,0 +1,168 @@
+"""Sparsification and the generalized task-arithmetic combine, with mergekit's conventions.
+
+The community's DARE / TIES / Model Breadcrumbs / DELLA merges are, in mergekit, one
+pipeline (``generalized_task_arithmetic``): sparsify each task vector τᵢ on its own
+tensor, weight it, optionally keep only the entries agreeing with the elected sign, sum,
+optionally divide by the summed weights, scale by λ. This module holds that pipeline's
+pieces as pure functions, written from the definitions below (no code is shared with
+mergekit):
+
+* :func:`magnitude_mask`: the top ``k = max(1, int(density · n))`` magnitudes (a positive
+  density keeps at least one entry), exactly k entries however magnitudes tie.
+* :func:`outliers_mask` (Model Breadcrumbs): drop the ``int(gamma · n)`` largest magnitudes
+  and the smallest, keeping ``int(density · n)`` (fewer outliers dropped when both do not fit).
+* :func:`bernoulli_mask` (DARE): keep each entry with probability ``density``.
+* :func:`della_mask` (DELLA's MagPrune): keep probabilities rising linearly with the
+  magnitude rank along dim 1 (the whole vector for 1-D tensors), from density − ε
+  (smallest) to density + ε (largest).
+* :func:`rescale_to_norm_`: rescale kept entries so the task vector keeps its L1 norm
+  (mergekit's ``rescale``), instead of the DARE paper's 1/(1 − p).
+* :func:`gta_combine_`: weights, optional sign consensus (signs elected on the *weighted*
+  deltas, ties at 0 counted positive), sum, division by the summed (agreeing) weights when
+  ``normalize``, λ.
+
+Randomness comes from the caller's generator (seeded from the recipe hash and the tensor
+name): masks equal mergekit's in distribution, not bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def magnitude_mask(x: torch.Tensor, density: float) -> torch.Tensor | None:
+    """Boolean mask of the top ``max(1, int(density · n))`` entries of |x| (None: keep all).
+
+    Example:
+        >>> magnitude_mask(torch.tensor([0.1, -3.0, 2.0, 0.5]), 0.5).tolist()
+        [False, True, True, False]
+        >>> magnitude_mask(torch.tensor([0.1, -3.0, 2.0]), 0.1).tolist()   # keeps at least one
+        [False, True, False]
+    """
+    if density >= 1:
+        return None
+    n = x.numel()
+    mask = torch.zeros(n, dtype=torch.bool, device=x.device)
+    if density <= 0 or n == 0:
+        return mask.reshape(x.shape)
+    k = max(1, int(density * n))
+    mask[torch.topk(x.abs().flatten(), k, sorted=False).indices] = True
+    return mask.reshape(x.shape)
+
+
+def outliers_mask(x: torch.Tensor, density: float, gamma: float) -> torch.Tensor | None:
+    """Model Breadcrumbs' mask: drop the ``int(gamma·n)`` largest and the smallest |x|, keep ``int(density·n)``.
+
+    In ascending order of magnitude, entries ``[n_bot, n_bot + k)`` are kept with
+    ``k = int(density·n)`` and ``n_bot = max(0, n − k − int(gamma·n))``: when density + gamma > 1
+    fewer outliers are dropped so that k entries remain. ``density >= 1`` keeps everything
+    (gamma is then not applied). None: keep all.
+
+    Example:
+        >>> outliers_mask(torch.tensor([5.0, 1.0, -4.0, 2.0, 3.0]), 0.6, 0.2).tolist()
+        [False, False, True, True, True]
+    """
+    if density >= 1:
+        return None
+    n = x.numel()
+    k = int(density * n)
+    n_top = int(gamma * n)
+    n_bot = max(0, n - k - n_top)
+    order = torch.sort(x.abs().flatten().float(), stable=True).indices
+    mask = torch.zeros(n, dtype=torch.bool, device=x.device)
+    mask[order[n_bot:n_bot + k]] = True
+    return mask.reshape(x.shape)
+
+
+def bernoulli_mask(shape: torch.Size | tuple[int, ...], density: float, generator: torch.Generator,
+                   device: str | torch.device) -> torch.Tensor:
+    """Keep each entry with probability ``density`` (drawn on the generator's device, moved to ``device``)."""
+    keep = torch.bernoulli(torch.full(tuple(shape), float(density), device=generator.device), generator=generator)
+    return keep.to(device=device, dtype=torch.bool)
+
+
+def della_probabilities(x: torch.Tensor, density: float, epsilon: float) -> torch.Tensor:
+    """DELLA's keep probabilities: density − ε + 2ε · rank/(n − 1), ranks of |x| along dim 1.
+
+    A 1-D tensor is one row; rows of one entry get density − ε. Returned in x's shape.
+
+    Example:
+        >>> della_probabilities(torch.tensor([0.3, -1.0, 0.1]), 0.5, 0.2).tolist()
+        [0.5, 0.7, 0.30000001192092896]
+    """
+    m = x.abs().float()
+    if m.dim() < 2:
+        m = m.unsqueeze(0)
+    n = m.shape[1]
+    ranks = torch.argsort(torch.argsort(m, dim=1, stable=True), dim=1).to(torch.float32)
+    norm = ranks / (n - 1) if n > 1 else torch.zeros_like(ranks)
+    return ((density - epsilon) + norm * (2 * epsilon)).reshape(x.shape)
+
+
+def della_mask(x: torch.Tensor, density: float, epsilon: float, generator: torch.Generator) -> torch.Tensor:
+    """A DELLA (MagPrune) mask: entry j kept with :func:`della_probabilities`'s probability."""
+    probs = della_probabilities(x, density, epsilon).to(generator.device)
+    return torch.bernoulli(probs, generator=generator).to(device=x.device, dtype=torch.bool)
+
+
+def apply_mask_(row: torch.Tensor, mask: torch.Tensor | None, rescale: bool, eps: float = 1e-7) -> torch.Tensor:
+    """In place: zero ``row`` outside ``mask``; with ``rescale``, restore its L1 norm (see :func:`rescale_to_norm_`)."""
+    if mask is None:
+        return row
+    before = float(row.abs().sum(dtype=torch.float64)) if rescale else 0.0
+    row.masked_fill_(~mask, 0.0)
+    return rescale_to_norm_(row, before, eps) if rescale else row
+
+
+def rescale_to_norm_(row: torch.Tensor, before: float, eps: float = 1e-7) -> torch.Tensor:
+    """In place: multiply ``row`` by ``before / ‖row‖₁`` (left alone when either norm is below ``eps``).
+
+    mergekit's ``rescale``: the sparsified task vector keeps the L1 norm it had, whatever
+    the kept fraction turned out to be.
+    """
+    after = float(row.abs().sum(dtype=torch.float64))
+    if before < eps or after < eps:
+        return row
+    return row.mul_(before / after)
+
+
+def gta_combine_(stacked: torch.Tensor, weights: Sequence[float], *, consensus: bool, normalize: bool,
+                 scale: float = 1.0) -> torch.Tensor:
+    """mergekit's generalized task arithmetic on already sparsified rows.
+
+    ``d = wᵢ·τᵢ``; with ``consensus`` keep the entries whose sign equals the elected sign
+    ``sign(Σᵢ dᵢ)`` (+ where the sum is 0; zeros never agree), ``merged = Σ kept d``,
+    divided (``normalize``) by Σ of the agreeing entries' weights (0 → 1); without consensus
+    ``merged = Σ d``, divided by Σ wᵢ (|Σw| < 1e-8 → 1). Then λ·merged.
+
+    Args:
+        stacked: the ``(N, *shape)`` stack, sparsified; overwritten.
+        weights: one weight per row.
+
+    Example:
+        >>> s = torch.tensor([[1.0, -2.0], [3.0, 1.0]])
+        >>> gta_combine_(s, [1.0, 0.5], consensus=True, normalize=True).tolist()
+        [1.6666666269302246, -2.0]
+    """
+    w = torch.tensor(list(weights), dtype=stacked.dtype, device=stacked.device).reshape(-1, *[1] * (stacked.dim() - 1))
+    stacked.mul_(w)
+    if consensus:
+        elected = torch.where(stacked.sum(dim=0) >= 0, 1.0, -1.0).to(stacked.dtype)
+        agree = torch.sign(stacked) == elected
+        divisor = (w * agree).sum(dim=0)
+        merged = stacked.masked_fill_(~agree, 0.0).sum(dim=0)
+        if normalize:
+            merged.div_(divisor.masked_fill_(divisor == 0, 1.0))
+    else:
+        merged = stacked.sum(dim=0)
+        if normalize:
+            total = float(sum(weights))
+            merged.div_(1.0 if abs(total) < 1e-8 else total)
+    return merged.mul_(scale) if scale != 1 else merged
+
+
+def per_input(scalar: float, values: Sequence[float] | None, n: int) -> list[float]:
+    """One value per input: ``values`` (a per-input tuple such as ``densities``) when given, else ``scalar``."""
+    return list(values) if values is not None else [scalar] * n

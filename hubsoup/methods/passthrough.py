@@ -1,0 +1,43 @@
+"""Passthrough: one input's tensors, copied (optionally scaled): the building block of slices.
+
+mergekit's ``passthrough`` copies its single input, times ``scale`` when given (hubsoup: ``weight_scale``, as ``scale`` is a task-vector λ elsewhere). Frankenmerges
+(layer stacks assembled from slices of models) use it per slice; in hubsoup the layout is the
+config reader's work and this method only copies: θ = weight_scale · θ₁ (the merged task vector is
+``weight_scale·(θ₀ + τ₁) − θ₀``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hubsoup.methods import Method, param, register
+
+
+@dataclass
+class PassthroughParams:
+    weight_scale: float = param(1.0, "factor on the copied weights (mergekit's per-model scale)", range=(None, None),
+                         source="mergekit")
+
+
+@register
+class Passthrough(Method):
+    name = "passthrough"
+    summary = "Copy one input's weights unchanged (or scaled); the building block of slices and frankenmerges."
+    paper = "mergekit's passthrough (Goddard et al., Arcee's MergeKit, 2024)"
+    paper_url = "https://arxiv.org/abs/2403.13257"
+    Params = PassthroughParams
+    min_inputs = max_inputs = 1
+
+    def needs_base(self, params, n_inputs):
+        return False
+
+    def preserves_zero(self, params):
+        return params.weight_scale == 1.0
+
+    def linear_coefficients(self, params, n_inputs):
+        return [1.0] if params.weight_scale == 1.0 else None
+
+    def merge(self, base, deltas, params, ctx):
+        if params.weight_scale == 1.0:
+            return deltas[0]
+        return deltas[0].add_(base).mul_(params.weight_scale).sub_(base)

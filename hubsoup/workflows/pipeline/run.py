@@ -1,0 +1,698 @@
+"""Run a pipeline: plan from the Hub, merge, evaluate, select, publish, write the leaderboard.
+
+The Hub is the pipeline's memory. A merge is identified by its recipe hash (method, parameters,
+base and inputs by commit SHA, dtype, result-changing options), which is computed before any
+weight is read; a merge whose hash some hubsoup repo of the target namespace already holds (its
+``hubsoup_recipe.yaml``) is not made again, and a merge the leaderboard on the Hub lists as not
+selected is not made again either unless the selection now wants it. Each merge is published in
+one commit as soon as it is selected, so a run that is killed loses only the merge in progress
+(whose temporary folder the next run's output lock clears); the local ``work_dir`` is a cache.
+
+Failures are isolated: a candidate that cannot be read (missing, private, gated), whose config
+is not the base's architecture, or whose weights break its merge, is reported and left out; the
+other merges go on. Licenses are combined (:mod:`hubsoup.workflows.pipeline.licenses`); a merge
+whose licenses cannot be combined is refused.
+
+Example:
+    >>> from hubsoup.workflows.pipeline import run_pipeline
+    >>> report = run_pipeline("examples/pipelines/pipeline.yml", dry_run=True)   # doctest: +SKIP
+    >>> report.exit_code                                                          # doctest: +SKIP
+    0
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, TextIO
+
+from hubsoup.errors import HubsoupError, ParameterError
+from hubsoup.workflows.pipeline import hubio
+from hubsoup.workflows.pipeline.config import MergeSpec, Pipeline, load_pipeline
+from hubsoup.workflows.pipeline.hubio import Published, RepoInfo, with_retry
+from hubsoup.workflows.pipeline.licenses import LicenseDecision, combine
+
+log = logging.getLogger(__name__)
+
+# statuses of a merge, as the leaderboard keeps them (the same on every run that finds the same state)
+PUBLISHED, NOT_SELECTED, REFUSED, FAILED, PLANNED = "published", "not selected", "refused", "failed", "planned"
+
+
+@dataclass
+class Candidate:
+    spec: str
+    info: RepoInfo | None = None
+    error: str | None = None
+
+    @property
+    def repo_id(self) -> str:
+        return self.info.repo_id if self.info else self.spec.split("@")[0]
+
+
+@dataclass
+class PlannedMerge:
+    """One merge of the plan and what became of it."""
+
+    spec_index: int
+    spec: MergeSpec
+    inputs: list[RepoInfo]
+    recipe_hash: str
+    params: dict[str, Any]
+    repo_id: str
+    license: LicenseDecision
+    status: str = PLANNED
+    reason: str = ""
+    action: str = ""
+    """What this run did: ``pushed``, ``skipped (already published)``, ``merged`` ... (not on the leaderboard)."""
+    url: str | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    score: float | None = None
+    path: str | None = None
+    deferred: bool = False
+    """Listed as not selected on the Hub's leaderboard: merged again only if now selected."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec.name or self.spec.method}({', '.join(i.repo_id for i in self.inputs)})"
+
+    def row(self, base: RepoInfo) -> dict[str, Any]:
+        return {"repo_id": self.repo_id, "url": self.url, "status": self.status, "method": self.spec.method,
+                "spec": self.spec.name or self.spec.method, "params": self.params, "base": base.pinned,
+                "inputs": [i.pinned for i in self.inputs], "recipe_hash": self.recipe_hash,
+                "license": self.license.license, "scores": self.scores, "score": self.score,
+                "reason": self.reason or None}
+
+
+@dataclass
+class PipelineReport:
+    """What a run found and did. ``exit_code``: 0 when nothing failed, 1 when a candidate or a merge failed."""
+
+    pipeline: Pipeline
+    base: RepoInfo
+    candidates: list[Candidate]
+    merges: list[PlannedMerge]
+    dry_run: bool = False
+    download_bytes: int = 0
+    cached_bytes: int = 0
+    leaderboard_path: str | None = None
+    leaderboard_url: str | None = None
+
+    @property
+    def failures(self) -> list[str]:
+        out = [f"candidate {c.spec}: {c.error}" for c in self.candidates if c.error]
+        out += [f"{m.label}: {m.reason}" for m in self.merges if m.status == FAILED]
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failures else 0
+
+    def by_status(self, status: str) -> list[PlannedMerge]:
+        return [m for m in self.merges if m.status == status]
+
+
+def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_run: bool = False,
+                 token: str | bool | None = None, work_dir: str | None = None, stream: TextIO | None = None,
+                 on_event: Callable[[str, PlannedMerge], None] | None = None) -> PipelineReport:
+    """Run (or with ``dry_run`` only plan) a pipeline; see :mod:`hubsoup.workflows.pipeline.run`.
+
+    Args:
+        source: a pipeline YAML file, its mapping, or a loaded :class:`Pipeline`.
+        dry_run: print the plan (merges to do, skipped and why, bytes to download) and stop:
+            nothing is downloaded but cards and configs, nothing is merged or pushed.
+        token: Hub token (default: ``HF_TOKEN`` or the stored login). Never printed or stored.
+        work_dir: overrides the pipeline's ``work_dir`` (merge outputs and the local leaderboard).
+        stream: where progress lines go (default: stdout).
+        on_event: called as ``on_event(kind, merge)`` with kind ``merged``, ``pushed``, ``failed``
+            or ``skipped``, for apps and tests.
+
+    Returns:
+        :class:`PipelineReport` (``exit_code`` 0 when nothing failed, else 1).
+
+    Raises:
+        hubsoup.errors.HubsoupError: the pipeline itself cannot run (bad file, base unreadable,
+            Hub query failing after its retries).
+
+    Example:
+        >>> report = run_pipeline("pipeline.yml", token=os.environ["HF_TOKEN"])   # doctest: +SKIP
+        >>> [m.url for m in report.by_status("published")]                         # doctest: +SKIP
+    """
+    from huggingface_hub import HfApi
+
+    from hubsoup.hub import ensure_timeouts
+
+    p = source if isinstance(source, Pipeline) else load_pipeline(source)
+    out = stream or sys.stdout
+    emit = on_event or (lambda kind, m: None)
+    work = os.path.abspath(os.path.join(p.root, work_dir or p.work_dir))
+    ensure_timeouts()
+    api = HfApi(token=token)
+    runner = _Runner(p, api, token, work, out, emit)
+    report = runner.plan()
+    report.dry_run = dry_run
+    if dry_run:
+        print_plan(report, out)
+        return report
+    runner.execute(report)
+    runner.leaderboard(report)
+    print_summary(report, out)
+    return report
+
+
+class _Runner:
+    def __init__(self, p: Pipeline, api, token, work: str, out: TextIO, emit):
+        self.p, self.api, self.token, self.work, self.out, self.emit = p, api, token, work, out, emit
+        self.retry = p.retry
+        self.tasks = self._tasks()
+        self.published: dict[str, Published] = {}
+        self.repo_hash: dict[str, str] = {}
+        self.previous: dict[str, dict] = {}
+
+    # ---- planning --------------------------------------------------------------------------
+
+    def _tasks(self) -> list:
+        if self.p.eval is None:
+            return []
+        from hubsoup.eval import TaskSpec
+
+        tasks = []
+        for t in self.p.eval.tasks:
+            spec = TaskSpec.parse(t)
+            local = os.path.join(self.p.root, os.path.expanduser(spec.data))
+            if not os.path.isabs(os.path.expanduser(spec.data)) and os.path.exists(local):
+                spec.data = local  # relative to the pipeline file, wherever it is run from
+            if spec.head and not os.path.isabs(spec.head) and os.path.exists(os.path.join(self.p.root, spec.head)):
+                spec.head = os.path.join(self.p.root, spec.head)
+            tasks.append(spec)
+        return tasks
+
+    @property
+    def eval_signature(self) -> str:
+        """What the scores were measured on (a stored score counts only for the same evaluation)."""
+        if self.p.eval is None:
+            return ""
+        return hashlib.sha256(json.dumps([self.p.eval.tasks, self.p.eval.limit]).encode()).hexdigest()[:16]
+
+    def plan(self) -> PipelineReport:
+        from hubsoup.options import MergeOptions
+
+        p = self.p
+        self.opts = MergeOptions(**p.options, token=self.token, quiet=True)
+        base = self._base = hubio.repo_info(self.api, p.base, self.retry, self.token)
+        base_ckpt = self._open_config(base.pinned, role="base")
+        candidates = self._candidates(base, base_ckpt)
+        good = [c.info for c in candidates if c.info is not None and not c.error]
+        self.published = hubio.published_recipes(self.api, p.push.namespace, self.retry, self.token)
+        self.repo_hash = {pub.repo_id: h for h, pub in self.published.items()}
+        if p.leaderboard.repo:
+            rows = hubio.previous_leaderboard(self.api, p.leaderboard.repo, p.leaderboard.repo_type, self.retry,
+                                              self.token)
+            self.previous = {r["recipe_hash"]: r for r in rows}
+        merges: list[PlannedMerge] = []
+        for i, spec in enumerate(p.merges):
+            for combo in self._combinations(spec, good, candidates, i):
+                merges.append(self._plan_one(i, spec, base, combo))
+        seen: set[str] = set()
+        unique = []
+        for m in merges:  # two specs may describe the same merge: made once
+            if m.recipe_hash not in seen:
+                seen.add(m.recipe_hash)
+                unique.append(m)
+        report = PipelineReport(p, base, candidates, unique)
+        self._sizes(report)
+        return report
+
+    def _open_config(self, pinned: str, role: str):
+        """The repo's metadata (config, card), no weights; its architecture is checked against the base's."""
+        from hubsoup.sources import open_input
+
+        return with_retry(lambda: open_input(pinned, token=self.token, role=role), f"metadata of {pinned}", self.retry)
+
+    def _candidates(self, base: RepoInfo, base_ckpt) -> list[Candidate]:
+        from hubsoup.sources.compat import check_config
+        from hubsoup.sources.resolve import parse_spec
+
+        p = self.p
+        specs: dict[str, str] = {}
+        for s in p.candidates.models:
+            specs.setdefault(parse_spec(s)[0], s)
+        if p.candidates.query is not None:
+            for repo_id in hubio.query_candidates(self.api, p.candidates.query, base.repo_id, self.retry, self.token):
+                specs.setdefault(repo_id, repo_id)
+        excluded = {parse_spec(e)[0] for e in p.candidates.exclude} | {base.repo_id}
+        out = []
+        for repo_id in sorted(specs):  # sorted: a query's order never changes a recipe (inputs' order)
+            if repo_id in excluded:
+                continue
+            c = Candidate(specs[repo_id])
+            try:
+                c.info = hubio.repo_info(self.api, c.spec, self.retry, self.token)
+                if c.info.kind == "full":
+                    check_config(base_ckpt, self._open_config(c.info.pinned, role="input"))
+            except HubsoupError as e:
+                c.error = self._public(e)
+            out.append(c)
+        return out
+
+    def _combinations(self, spec: MergeSpec, good: list[RepoInfo], candidates: list[Candidate], i: int):
+        if spec.combine == "all":
+            return [good] if good else []
+        if spec.combine == "pairs":
+            return [list(c) for c in itertools.combinations(good, 2)]
+        if spec.combine == "each":
+            return [[g] for g in good]
+        partner_id = spec.partner.split("@")[0]
+        partner = next((g for g in good if g.repo_id == partner_id), None)
+        if partner is None:
+            bad = next((c for c in candidates if c.repo_id == partner_id), None)
+            if bad is None:
+                try:
+                    partner = hubio.repo_info(self.api, spec.partner, self.retry, self.token)
+                except HubsoupError as e:
+                    candidates.append(Candidate(spec.partner, error=self._public(e)))
+                    return []
+            else:
+                return []  # the partner's failure is reported with the candidates
+        return [[partner, g] for g in good if g.repo_id != partner.repo_id]
+
+    def _plan_one(self, i: int, spec: MergeSpec, base: RepoInfo, inputs: list[RepoInfo]) -> PlannedMerge:
+        decision = combine([(base.repo_id, base.license), *((x.repo_id, x.license) for x in inputs)],
+                           self.p.license.output)
+        try:
+            h, params = self._predict(spec, base, inputs)
+        except HubsoupError as e:
+            m = PlannedMerge(i, spec, inputs, "", dict(spec.params), "", decision, FAILED, self._public(e))
+            return m
+        name = self._name(spec, inputs, h, base)
+        m = PlannedMerge(i, spec, inputs, h, params, f"{self.p.push.namespace}/{name}", decision)
+        pub = self.published.get(h)
+        prev = self.previous.get(h)
+        if pub is not None:
+            m.status, m.action, m.repo_id, m.url = PUBLISHED, "skipped (already published)", pub.repo_id, pub.url
+        elif not decision.ok and not self.p.license.allow_mix:
+            m.status, m.reason = REFUSED, f"license: {decision.reason} (set license.allow_mix or license.output)"
+        elif prev is not None and prev.get("status") == NOT_SELECTED and prev.get("eval") == self.eval_signature:
+            m.deferred, m.scores = True, dict(prev.get("scores") or {})
+        if m.status == PLANNED and m.repo_id in self.repo_hash and self.repo_hash[m.repo_id] != h:
+            m.status, m.reason = FAILED, (f"target {m.repo_id} already holds another merge (recipe "
+                                          f"{self.repo_hash[m.repo_id][:12]}); change push.name")
+        return m
+
+    def _predict(self, spec: MergeSpec, base: RepoInfo, inputs: list[RepoInfo]) -> tuple[str, dict]:
+        """The recipe hash the merge will have (checked against the merge's own afterwards)."""
+        from hubsoup import __version__
+        from hubsoup.api import parse_method
+        from hubsoup.recipe import Recipe
+        from hubsoup.sources import InputRef
+
+        m, params = parse_method(spec.method, dict(spec.params))
+        m.check_inputs(params, len(inputs))
+
+        def ref(r: RepoInfo) -> InputRef:
+            return InputRef(spec=r.pinned, repo_id=r.repo_id, revision=r.sha, sha=r.sha, kind=r.kind)
+
+        described = m.describe_params(params)
+        recipe = Recipe(method=spec.method, params=described, base=ref(base), inputs=[ref(i) for i in inputs],
+                        dtype=self.opts.dtype, hubsoup_version=__version__, options=self.opts.hashed)
+        return recipe.hash, json.loads(json.dumps(described, default=str))
+
+    def _name(self, spec: MergeSpec, inputs: list[RepoInfo], h: str, base: RepoInfo) -> str:
+        shorts = [i.short for i in inputs]
+        inputs_short = "-".join(shorts)
+        if len(inputs_short) > 48:
+            inputs_short = "-".join(s[:10] for s in shorts)
+        if len(inputs_short) > 48:
+            inputs_short = f"{len(inputs)}models"
+        fields = {"method": spec.method, "spec": spec.name or spec.method, "inputs_short": inputs_short,
+                  "n": len(inputs), "hash8": h[:8], "hash": h, "base_short": base.short}
+        name = self.p.push.name.format(**fields)
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", name)
+        name = re.sub(r"-{2,}", "-", name).strip("-.")
+        if len(name) > 96:
+            name = name[:87].rstrip("-.") + "-" + h[:8]
+        return name
+
+    def _sizes(self, report: PipelineReport) -> None:
+        todo = [m for m in report.merges if m.status == PLANNED and not m.deferred]
+        repos: dict[str, RepoInfo] = {}
+        for m in todo:
+            for r in (report.base, *m.inputs):
+                repos[r.pinned] = r
+        report.download_bytes = sum(sum(r.weight_files.values()) for r in repos.values())
+        report.cached_bytes = sum(r.cached_bytes() for r in repos.values())
+
+    # ---- execution ---------------------------------------------------------------------------
+
+    def execute(self, report: PipelineReport) -> None:
+        sel = self.p.select
+        broken: dict[str, str] = {}
+        queue = [m for m in report.merges if m.status == PLANNED and not m.deferred]
+        extra_all: list[PlannedMerge] = []
+        while queue:
+            m = queue.pop(0)
+            hit = next((i.repo_id for i in m.inputs if i.repo_id in broken), None)
+            if hit is not None:
+                m.status, m.reason = FAILED, f"candidate {hit} failed: {broken[hit]}"
+                self.emit("failed", m)
+            else:
+                culprit = self._merge(m)
+                if culprit is not None:
+                    broken[culprit] = m.reason
+            if m.status == FAILED and m.spec.combine == "all":  # an `all` merge goes on without the broken candidates
+                rest = [i for i in m.inputs if i.repo_id not in broken]
+                if rest and len(rest) < len(m.inputs):
+                    replacement = self._plan_one(m.spec_index, m.spec, report.base, rest)
+                    if replacement.recipe_hash not in {x.recipe_hash for x in report.merges + extra_all}:
+                        extra_all.append(replacement)
+                        if replacement.status == PLANNED and not replacement.deferred:
+                            queue.append(replacement)
+            if m.status == FAILED:
+                continue
+            if sel is None or (sel.top_k is None and self._passes(m)):
+                self._push(m, report)
+            elif sel.top_k is None:
+                m.status = NOT_SELECTED
+        report.merges.extend(extra_all)
+        for c in report.candidates:
+            if c.info is not None and c.info.repo_id in broken and not c.error:
+                c.error = broken[c.info.repo_id]
+        if sel is not None:
+            self._select(report)
+
+    def _passes(self, m: PlannedMerge) -> bool:
+        sel = self.p.select
+        if sel is None or sel.threshold is None:
+            return True
+        if m.score is None:
+            return False
+        return m.score >= sel.threshold if self._goal() == "max" else m.score <= sel.threshold
+
+    def _goal(self) -> str:
+        sel = self.p.select
+        if sel.goal:
+            return sel.goal
+        return "min" if sel.metric.split("/")[-1] == "perplexity" else "max"
+
+    def _score(self, scores: dict[str, float]) -> float | None:
+        sel = self.p.select
+        if sel is None or not scores:
+            return None
+        if sel.metric == "score":
+            tasks = sorted({k.rsplit("/", 1)[0] for k in scores})
+            vals = []
+            for t in tasks:
+                if f"{t}/accuracy" in scores:
+                    vals.append(scores[f"{t}/accuracy"])
+                elif f"{t}/perplexity" in scores:
+                    vals.append(-scores[f"{t}/perplexity"])
+            return sum(vals) / len(vals) if vals else None
+        if "/" in sel.metric:
+            return scores.get(sel.metric)
+        vals = [v for k, v in scores.items() if k.rsplit("/", 1)[-1] == sel.metric]
+        return sum(vals) / len(vals) if vals else None
+
+    def _select(self, report: PipelineReport) -> None:
+        """Top-k / threshold over this run's merges, the published ones and those the Hub's leaderboard rejected."""
+        sel = self.p.select
+        for m in report.merges:
+            if m.status == PUBLISHED and not m.scores and m.action.startswith("skipped"):
+                pub = self.published.get(m.recipe_hash)
+                if pub is not None:
+                    m.scores = with_retry(lambda: hubio.published_scores(pub, self.retry, self.token),
+                                          f"scores of {pub.repo_id}", self.retry)
+            if m.scores and m.score is None:
+                m.score = self._score(m.scores)
+        pool = [m for m in report.merges
+                if m.status in (PUBLISHED, NOT_SELECTED) or (m.status == PLANNED and (m.path or m.deferred))]
+        sign = 1 if self._goal() == "max" else -1
+        ranked = sorted(pool, key=lambda m: (m.score is None, -sign * (m.score or 0.0), m.recipe_hash))
+        top = {id(m) for m in (ranked[:sel.top_k] if sel.top_k is not None else ranked)}
+        for m in ranked:
+            if m.status != PLANNED:
+                continue
+            if id(m) in top and self._passes(m):
+                if m.deferred:  # rejected before, wanted now: merge it (again) and publish it
+                    m.deferred = False
+                    if self._merge(m) is not None or m.status == FAILED:
+                        continue
+                self._push(m, report)
+            else:
+                m.status = NOT_SELECTED
+                m.action = m.action or ("not selected (stored score)" if m.deferred else "not selected")
+
+    def _merge(self, m: PlannedMerge) -> str | None:
+        """Make (or find in the work folder) the merge; on failure its status says why and the culprit is returned."""
+        from hubsoup.api import MergeResult, merge
+
+        out = os.path.join(self.work, "merges", m.recipe_hash[:16])
+        base_pinned = self._base.pinned
+        try:
+            result = None
+            if os.path.isfile(os.path.join(out, hubio.RECIPE_FILE)):
+                try:
+                    cached = MergeResult.from_folder(out)
+                    if cached.recipe.hash == m.recipe_hash:
+                        result = cached
+                except HubsoupError:
+                    result = None
+            if result is None:
+                result = with_retry(
+                    lambda: merge([i.pinned for i in m.inputs], m.spec.method, base=base_pinned, out=out,
+                                  params=dict(m.spec.params), options=self.opts.replace(overwrite=True),
+                                  evaluate=self.tasks or None, eval_limit=self.p.eval.limit if self.p.eval else None),
+                    f"merge {m.label}", self.retry)
+                m.action = "merged"
+            else:
+                m.action = "merged (found in the work folder)"
+        except HubsoupError as e:
+            m.status, m.reason = FAILED, self._public(e)
+            culprits = [i.repo_id for i in m.inputs if i.repo_id in str(e)]
+            self.emit("failed", m)
+            self._line(f"failed     {m.label}: {m.reason}")
+            return culprits[0] if len(culprits) == 1 else None
+        if result.recipe.hash != m.recipe_hash:  # the plan's prediction must hold, or idempotency would not
+            log.warning("recipe hash of %s is %s, planned %s", m.label, result.recipe.hash[:12], m.recipe_hash[:12])
+            m.recipe_hash = result.recipe.hash
+        m.path = result.path
+        m.scores = hubio.flatten_scores(_read_json(os.path.join(out, hubio.EVAL_FILE)) or [])
+        m.score = self._score(m.scores)
+        self.emit("merged", m)
+        shown = "  ".join(f"{k}={v:.4f}" for k, v in sorted(m.scores.items()))
+        self._line(f"merged     {m.label}" + (f"  {shown}" if shown else ""))
+        return None
+
+    def _push(self, m: PlannedMerge, report: PipelineReport) -> None:
+        from hubsoup.api import MergeResult
+
+        problem = self._target_problem(m.repo_id, m.recipe_hash)
+        if problem:
+            m.status, m.reason = FAILED, problem
+            self.emit("failed", m)
+            self._line(f"failed     {m.label}: {problem}")
+            return
+        result = MergeResult.from_folder(m.path)
+        lic = m.license.card_license if m.license.ok else None
+        message = f"Upload {m.spec.method} merge made with a hubsoup pipeline (recipe {m.recipe_hash[:12]})"
+        try:
+            info = with_retry(lambda: result.push_to_hub(m.repo_id, private=self.p.push.private or None,
+                                                         token=self.token, license=lic, commit_message=message),
+                              f"push of {m.repo_id}", self.retry)
+        except HubsoupError as e:
+            m.status, m.reason = FAILED, self._public(e)
+            self.emit("failed", m)
+            self._line(f"failed     {m.label}: {m.reason}")
+            return
+        from huggingface_hub import constants
+
+        m.status, m.action, m.url = PUBLISHED, "pushed", f"{constants.ENDPOINT}/{m.repo_id}"
+        self.published[m.recipe_hash] = Published(m.repo_id, getattr(info, "oid", "") or "", m.url, m.recipe_hash,
+                                                  dict(m.scores))
+        self.repo_hash[m.repo_id] = m.recipe_hash
+        self.emit("pushed", m)
+        self._line(f"pushed     {m.label} -> {m.url}")
+
+    def _target_problem(self, repo_id: str, h: str) -> str | None:
+        """Never write into a repo that holds something else (a merge of another recipe, or any other model)."""
+        from huggingface_hub.errors import RepositoryNotFoundError
+
+        known = self.repo_hash.get(repo_id)
+        if known is not None:
+            return None if known == h else f"target {repo_id} already holds another merge (recipe {known[:12]})"
+        try:
+            info = with_retry(lambda: self.api.model_info(repo_id, token=self.token), f"model info of {repo_id}",
+                              self.retry)
+        except RepositoryNotFoundError:
+            return None
+        except Exception:  # noqa: BLE001 - the push itself will say what is wrong
+            return None
+        files = {s.rfilename for s in info.siblings or []} - {".gitattributes"}
+        if files:
+            return f"target {repo_id} exists and holds files that are not this merge; change push.name"
+        return None  # created by a run killed before its commit: ours to fill
+
+    # ---- leaderboard ------------------------------------------------------------------------
+
+    def leaderboard(self, report: PipelineReport) -> None:
+        p = self.p
+        rows = {m.recipe_hash: {**m.row(report.base), "eval": self.eval_signature}
+                for m in report.merges if m.recipe_hash}
+        for h, r in self.previous.items():  # earlier runs' rows stay (a candidate gone from a query, ...)
+            rows.setdefault(h, r)
+        ordered = sorted(rows.values(), key=lambda r: (r.get("status") != PUBLISHED, r.get("score") is None,
+                                                       -(r.get("score") or 0.0) * (1 if self._goal_or_max() == "max" else -1),
+                                                       r.get("repo_id") or "", r["recipe_hash"]))
+        data = {"pipeline": p.name, "base": report.base.pinned, "namespace": p.push.namespace,
+                "select": None if p.select is None else {"metric": p.select.metric, "goal": self._goal(),
+                                                         "top_k": p.select.top_k, "threshold": p.select.threshold},
+                "candidates": [{"repo_id": c.repo_id, "sha": c.info.sha if c.info else None,
+                                "license": c.info.license if c.info else None,
+                                "status": "failed" if c.error else "ok", "reason": c.error} for c in report.candidates],
+                "merges": ordered}
+        text_json = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
+        text_md = render_leaderboard(data)
+        folder = os.path.join(self.work, p.leaderboard.folder)
+        os.makedirs(folder, exist_ok=True)
+        for name, text in ((hubio.LEADERBOARD_JSON, text_json), (hubio.LEADERBOARD_MD, text_md)):
+            tmp = os.path.join(folder, f".{name}.tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, os.path.join(folder, name))
+        report.leaderboard_path = folder
+        if p.leaderboard.repo:
+            files = {hubio.LEADERBOARD_JSON: text_json.encode(), "README.md": text_md.encode()}
+            try:
+                report.leaderboard_url = hubio.push_files(self.api, p.leaderboard.repo, files,
+                                                          "Update the hubsoup pipeline leaderboard", self.retry,
+                                                          repo_type=p.leaderboard.repo_type,
+                                                          private=p.push.private or None)
+            except Exception as e:  # noqa: BLE001 - the merges are published; the leaderboard push is reported
+                from hubsoup.hub import scrub_secrets
+
+                report.candidates.append(Candidate(p.leaderboard.repo, error=(
+                    f"leaderboard push failed: {scrub_secrets(str(e).splitlines()[0] if str(e) else type(e).__name__)}")))
+
+    def _goal_or_max(self) -> str:
+        return self._goal() if self.p.select is not None else "max"
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _public(self, e: BaseException) -> str:
+        """An error message fit for a published leaderboard: no token, no local path, one line."""
+        from huggingface_hub import constants
+
+        from hubsoup.hub import scrub_secrets
+
+        text = " ".join(str(e).split())
+        for path, name in ((constants.HF_HUB_CACHE, "<hf-cache>"), (self.work, "<work_dir>"),
+                           (os.path.expanduser("~"), "~")):
+            if path and len(path) > 1:
+                text = text.replace(os.path.abspath(path), name)
+        return scrub_secrets(text, self.token)
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+
+def _read_json(path: str) -> Any:
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def render_leaderboard(data: dict) -> str:
+    """The leaderboard as markdown (the JSON's content, one row per merge)."""
+    lines = [f"# {data['pipeline']}: leaderboard", "",
+             f"Merges of fine-tunes of `{data['base']}` made with hubsoup, published under `{data['namespace']}`.", ""]
+    sel = data.get("select")
+    if sel:
+        what = ", ".join(x for x in (f"top {sel['top_k']}" if sel.get("top_k") else "",
+                                    f"threshold {sel['threshold']}" if sel.get("threshold") is not None else "") if x)
+        lines += [f"Selection: `{sel['metric']}` ({sel['goal']}){'; ' + what if what else ''}.", ""]
+    metrics = sorted({k for r in data["merges"] for k in (r.get("scores") or {})})
+    head = ["model", "status", "method", "inputs", *metrics, "license", "recipe"]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for r in data["merges"]:
+        model = f"[{r['repo_id']}]({r['url']})" if r.get("url") else f"`{r.get('repo_id') or '-'}`"
+        status = r["status"] + (f": {r['reason']}" if r.get("reason") else "")
+        inputs = "<br>".join(f"`{i.split('@')[0]}@{i.split('@')[1][:8]}`" if "@" in i else f"`{i}`"
+                             for i in r.get("inputs", []))
+        params = ", ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items() if v is not None)
+        method = f"{r['method']}" + (f" ({params})" if params else "")
+        scores = [f"{r['scores'][k]:.4f}" if k in (r.get("scores") or {}) else "" for k in metrics]
+        cells = [model, status, method, inputs, *scores, r.get("license") or "", f"`{r['recipe_hash'][:12]}`"]
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    failed = [c for c in data.get("candidates", []) if c.get("status") == "failed"]
+    if failed:
+        lines += ["", "## Candidates left out", ""]
+        lines += [f"- `{c['repo_id']}`: {c['reason']}" for c in failed]
+    return "\n".join(lines) + "\n"
+
+
+def print_plan(report: PipelineReport, out: TextIO) -> None:
+    """The dry run's plan: candidates, merges to do and skipped (and why), bytes to download."""
+    p = report.pipeline
+
+    def w(s=""):
+        print(s, file=out)
+
+    b = report.base
+    w(f"pipeline '{p.name}' (dry run: nothing is downloaded but cards and configs, nothing is merged or pushed)")
+    w(f"base {b.pinned} (license {b.license or 'none given'})")
+    ok = [c for c in report.candidates if not c.error]
+    w(f"candidates: {len(ok)} usable, {len(report.candidates) - len(ok)} failing")
+    for c in report.candidates:
+        if c.error:
+            w(f"  failing    {c.spec}: {c.error}")
+        else:
+            w(f"  ok         {c.info.pinned} ({c.info.kind}, license {c.info.license or 'none given'}, "
+              f"{_size(sum(c.info.weight_files.values()))})")
+    todo = [m for m in report.merges if m.status == PLANNED and not m.deferred]
+    w(f"merges: {len(todo)} to do, {len(report.by_status(PUBLISHED))} already published, "
+      f"{len(report.by_status(REFUSED))} refused, {len(report.by_status(FAILED))} failing, "
+      f"{len([m for m in report.merges if m.deferred])} not selected before")
+    for m in report.merges:
+        if m.status == PLANNED and not m.deferred:
+            w(f"  to do      {m.label} -> {m.repo_id} (recipe {m.recipe_hash[:12]}, license "
+              f"{m.license.license or 'none'})")
+        elif m.deferred:
+            w(f"  deferred   {m.label}: not selected on an earlier run (merged again only if selected now)")
+        elif m.status == PUBLISHED:
+            w(f"  skip       {m.label}: already published at {m.url}")
+        else:
+            w(f"  skip       {m.label}: {m.status}: {m.reason}")
+    w(f"download: {_size(report.download_bytes)} of weights "
+      f"({_size(report.cached_bytes)} already in the local cache, {_size(report.download_bytes - report.cached_bytes)} to fetch)")
+    if report.failures:
+        w(f"{len(report.failures)} failure(s); the run would exit with 1")
+
+
+def print_summary(report: PipelineReport, out: TextIO) -> None:
+    pushed = [m for m in report.merges if m.action == "pushed"]
+    skipped = [m for m in report.merges if m.action.startswith("skipped")]
+    print(f"done: {len(pushed)} pushed, {len(skipped)} already published, {len(report.by_status(NOT_SELECTED))} "
+          f"not selected, {len(report.by_status(REFUSED))} refused, {len(report.failures)} failure(s)", file=out)
+    for f in report.failures:
+        print(f"  failure: {f}", file=out)
+    if report.leaderboard_path:
+        print(f"leaderboard: {os.path.join(report.leaderboard_path, hubio.LEADERBOARD_MD)}", file=out)
+    if report.leaderboard_url:
+        print(f"leaderboard pushed: {report.leaderboard_url}", file=out)
+
+
+__all__ = ["run_pipeline", "PipelineReport", "PlannedMerge", "Candidate", "render_leaderboard", "ParameterError"]

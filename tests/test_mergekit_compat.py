@@ -1,0 +1,411 @@
+"""mergekit configs run by hubsoup give mergekit's models (issue 14).
+
+Every config under ``tests/fixtures/mergekit/`` (the shapes model cards publish: slerp with
+gradients and filters, ties/dare_ties with per-model weights and densities, task arithmetic,
+linear with and without normalize, breadcrumbs, della, model_stock, nuslerp, passthrough
+frankenmerges, per-slice merges, tokenizer_source, dtypes) is run by hubsoup on tiny Llama
+models rebuilt from seeds, and compared with the output mergekit 0.1.5 produced from the same
+models (checked in; ``tests/tools/make_mergekit_compat_fixtures.py`` regenerates them):
+
+* deterministic methods: every tensor equal within the rounding of the output dtype — float32:
+  |diff| ≤ 1e-6 (hubsoup and mergekit sum in different orders); bfloat16 / float16: at most one
+  unit in the last place at the tensor's largest magnitude (mergekit casts the inputs to that
+  dtype and computes in it when the config says ``dtype: bfloat16``, so its error is the inputs'
+  rounding, of that order; hubsoup computes in float32 and rounds once);
+* random methods (dare_ties, dare_linear, della, della_linear): equal in distribution over the
+  model's task vector τ = θ − θ₀ — the kept fraction (a binomial proportion over n entries), the
+  mean and standard deviation of the kept entries and the L1 norm (its ratio to the unmasked
+  Σ wᵢτᵢ's is the rescale). Each hubsoup–mergekit difference must be within 4.5 standard errors
+  of a two-sample difference (the errors estimated from the data: p(1−p)/n for the fraction,
+  σ²/n for the mean, σ²(κ−1)/(4n) for the standard deviation), so a seed change fails with
+  probability < 1e-5 per check; on these tiny models (~2 900 entries) a kept-fraction shift of
+  about 0.05 or more, or a change of scale (another rescale or normalisation) of a few percent in
+  L1, is detected. For the linear variants the
+  kept fraction is also checked against its exact expectation 1 − Πᵢ(1 − dᵢ).
+
+The table of results is written to ``benchmarks/results/mergekit_compat.md`` when every config
+has run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "tools"))
+from make_mergekit_compat_fixtures import CONFIGS, build_models, model_tensors  # noqa: E402
+
+FIX = os.path.join(HERE, "fixtures", "mergekit")
+TABLE = os.path.join(os.path.dirname(HERE), "benchmarks", "results", "mergekit_compat.md")
+with open(os.path.join(FIX, "manifest.json"), encoding="utf-8") as _f:
+    MANIFEST = json.load(_f)
+NAMES = sorted(MANIFEST["configs"])
+ROWS: dict[str, dict] = {}
+Z_MAX = 4.5
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """The tiny input models under a fresh folder, bit-identical to those mergekit read."""
+    root = str(tmp_path_factory.mktemp("mk-models"))
+    digests = build_models(root)
+    if digests != MANIFEST["models"]:
+        bad = [k for k in digests if digests[k] != MANIFEST["models"].get(k)]
+        pytest.fail(f"rebuilt input models differ from those of the fixtures ({', '.join(bad)}): torch's "
+                    "seeded draws changed? regenerate with tests/tools/make_mergekit_compat_fixtures.py")
+    return root
+
+
+@pytest.fixture(scope="module", autouse=True)
+def write_table():
+    yield
+    if set(ROWS) == set(NAMES):
+        os.makedirs(os.path.dirname(TABLE), exist_ok=True)
+        with open(TABLE, "w", encoding="utf-8") as f:
+            f.write(render_table())
+
+
+def render_table() -> str:
+    lines = ["# mergekit compatibility: hubsoup vs mergekit 0.1.5 on the same tiny Llama models", "",
+             "Written by `tests/test_mergekit_compat.py` (fixtures: `tests/fixtures/mergekit/`, made by "
+             "`tests/tools/make_mergekit_compat_fixtures.py` with the real mergekit). Deterministic methods: "
+             "max |diff| over every tensor (and in units in the last place of the output dtype at each tensor's largest magnitude). Random "
+             "methods: statistics of τ = θ − θ₀ over the whole model, hubsoup / mergekit, and the largest "
+             "two-sample z-score (pass: ≤ 4.5).", "",
+             "| config | mergekit method | hubsoup method (options) | dtype | layers | result | pass |",
+             "|---|---|---|---|---|---|---|"]
+    for name in NAMES:
+        r = ROWS[name]
+        lines.append(f"| `{name}` | {r['mk']} | {r['hub']} | {r['dtype']} | {r['layers']} | {r['result']} | "
+                     f"{'yes' if r['ok'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def load_dir(folder: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out = {}
+    for fn in sorted(os.listdir(folder)):
+        if fn.endswith(".safetensors"):
+            out.update(load_file(os.path.join(folder, fn)))
+    return out
+
+
+def run_hubsoup(name: str, models: str, tmp_path, monkeypatch):
+    import hubsoup
+
+    monkeypatch.chdir(models)  # mergekit resolves `tiny-llama/base` against the working folder; so does hubsoup
+    return hubsoup.run_recipe(os.path.join(FIX, f"{name}.yml"), str(tmp_path / name), quiet=True)
+
+
+def ulp(t: torch.Tensor, dtype: torch.dtype) -> float:
+    """One unit in the last place of ``dtype`` at the largest magnitude of ``t``."""
+    mag = max(float(t.double().abs().max()), torch.finfo(dtype).tiny)
+    return 2.0 ** math.floor(math.log2(mag)) * torch.finfo(dtype).eps
+
+
+def tau_stats(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor]) -> dict[str, float]:
+    tau = torch.cat([(tensors[k].double() - base[k].double()).flatten() for k in sorted(base)])
+    kept = tau[tau != 0]
+    m = kept.mean()
+    sd = kept.std()
+    kurt = float(((kept - m) ** 4).mean() / sd ** 4)
+    return {"n": tau.numel(), "kept": kept.numel() / tau.numel(), "mean": float(m), "std": float(sd),
+            "kurt": kurt, "l1": float(tau.abs().sum()), "n_kept": kept.numel()}
+
+
+def unmasked_l1(name: str, base: dict[str, torch.Tensor]) -> tuple[float, list[float]]:
+    """L1 of Σ wᵢ τᵢ (no pruning, no consensus) and the densities, from the config."""
+    cfg = yaml.safe_load(CONFIGS[name][1])
+    seeds = {"tiny-llama/base": 0, "tiny-llama/ft-a": 1, "tiny-llama/ft-b": 2, "tiny-llama/ft-c": 3}
+    total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in base.items()}
+    dens = []
+    for m in cfg["models"]:
+        p = m.get("parameters") or {}
+        if m["model"] == cfg["base_model"]:
+            continue
+        ft = model_tensors(seeds[m["model"]])
+        for k in total:
+            total[k] += p["weight"] * (ft[k].double() - base[k].double())
+        dens.append(p["density"])
+    return float(sum(v.abs().sum() for v in total.values())), dens
+
+
+def hub_method(result) -> str:
+    opts = {k: v for k, v in result.recipe.params.items() if k in ("convention", "scope", "then", "combine", "merge",
+                                                                   "use_base", "normalize")}
+    return f"`{result.method}` " + ", ".join(f"{k}={v}" for k, v in opts.items())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_config_matches_mergekit(name, models, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    info = MANIFEST["configs"][name]
+    cfg = yaml.safe_load(CONFIGS[name][1])
+    result = run_hubsoup(name, models, tmp_path, monkeypatch)
+    ref = load_file(os.path.join(FIX, f"{name}.safetensors"))
+    out = load_dir(result.path)
+    row = {"mk": cfg["merge_method"], "hub": hub_method(result), "dtype": info["dtype"],
+           "layers": info["num_hidden_layers"], "ok": False, "result": "failed"}
+    ROWS[name] = row
+
+    assert sorted(out) == sorted(ref), "the output's tensor names differ from mergekit's"
+    for k in ref:
+        assert out[k].shape == ref[k].shape, k
+        assert out[k].dtype == ref[k].dtype, f"{k}: {out[k].dtype} vs mergekit's {ref[k].dtype}"
+    with open(os.path.join(result.path, "config.json"), encoding="utf-8") as f:
+        out_cfg = json.load(f)
+    assert out_cfg["num_hidden_layers"] == info["num_hidden_layers"]
+    assert (out_cfg.get("torch_dtype") or out_cfg.get("dtype")) == info["dtype"]
+    for fn in info["tokenizer_files"]:
+        assert os.path.isfile(os.path.join(result.path, fn)), f"no {fn} in the output"
+
+    if info["kind"] == "exact":
+        diff = max(float((out[k].double() - ref[k].double()).abs().max()) for k in ref)
+        dtype = next(iter(ref.values())).dtype
+        if dtype == torch.float32:
+            row["result"] = f"max \\|diff\\| {diff:.2e}"
+            assert diff <= 1e-6, f"max |diff| {diff:.3g} > 1e-6"
+        else:
+            ulps = max(float((out[k].double() - ref[k].double()).abs().max()) / ulp(ref[k], dtype) for k in ref)
+            row["result"] = f"max \\|diff\\| {diff:.2e} ({ulps:.0f} ulp of {str(dtype)[6:]})"
+            assert ulps <= 1, f"max |diff| is {ulps} ulp of {dtype}"
+    else:
+        base = model_tensors(0)
+        h, m = tau_stats(out, base), tau_stats(ref, base)
+        z_kept = abs(h["kept"] - m["kept"]) / math.sqrt(2 * m["kept"] * (1 - m["kept"]) / m["n"])
+        z_mean = abs(h["mean"] - m["mean"]) / math.sqrt((h["std"] ** 2 + m["std"] ** 2) / m["n_kept"])
+        se_std = m["std"] * math.sqrt(max(m["kurt"] - 1, 0.0) / (4 * m["n_kept"]))
+        z_std = abs(h["std"] - m["std"]) / (math.sqrt(2) * se_std)
+        l1_ref, dens = unmasked_l1(name, base)
+        zs = {"kept": z_kept, "mean": z_mean, "std": z_std}
+        if cfg["merge_method"].endswith("_linear"):  # no sign election: P(kept) = 1 − Π(1 − dᵢ) exactly
+            p = 1 - math.prod(1 - d for d in dens)
+            zs["kept vs theory"] = abs(h["kept"] - p) / math.sqrt(p * (1 - p) / h["n"])
+        row["result"] = (f"kept {h['kept']:.3f} / {m['kept']:.3f}; rescale (L1 ÷ unmasked) {h['l1'] / l1_ref:.3f} / "
+                         f"{m['l1'] / l1_ref:.3f}; kept mean {h['mean']:+.1e} / {m['mean']:+.1e}, std "
+                         f"{h['std']:.4f} / {m['std']:.4f}; max z {max(zs.values()):.1f}")
+        for what, z in zs.items():
+            assert z <= Z_MAX, f"{what}: z = {z:.2f} (hubsoup {h}, mergekit {m})"
+        assert abs(h["l1"] / m["l1"] - 1) <= 0.05, f"L1 of τ: hubsoup {h['l1']:.4g}, mergekit {m['l1']:.4g}"
+    row["ok"] = True
+
+
+# --- the reader: errors, records, round trips --------------------------------------------------------
+
+def write(tmp_path, text: str) -> str:
+    p = tmp_path / "mk.yml"
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("text, key", [
+    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\nfoo: 1\n", "'foo'"),
+    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n    weight: 1\n", "'models[0].weight'"),
+    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n    parameters: {weight: 1, dens: 0.5}\n",
+     "'models[0].parameters.dens'"),
+    ("merge_method: linear\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\ntokenizer_source: union\n",
+     "tokenizer_source: union"),
+    ("merge_method: linear\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\nchat_template: chatml\n",
+     "chat_template: chatml"),
+    ("merge_method: linear\nmodules:\n  text: {}\n", "'modules'"),
+    ("merge_method: ties\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\n", "needs 'base_model'"),
+    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n", "'weight' is required"),
+    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: x/y+l/o\n    parameters: {weight: 1}\n",
+     "LoRA is supported only on base_model"),
+    ("merge_method: frobnicate\nbase_model: a/b\nmodels:\n  - model: c/d\n", "'frobnicate'"),
+    ("merge_method: slerp\nbase_model: a/b\nmodels:\n  - model: c/d\n  - model: e/f\nparameters: {t: 0.5}\n",
+     "exactly one other model"),
+    ("merge_method: linear\nslices:\n  - sources:\n      - model: a/b\n        layer_range: [0, 2]\n"
+     "      - model: c/d\n        layer_range: [0, 3]\n", "same number of layers"),
+    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n    parameters:\n      weight: 1\n"
+     "      normalize: [true, false]\n", "'models[0].parameters.normalize'"),
+    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\ndtype: int8\n",
+     "'dtype'"),
+])
+def test_bad_configs_name_the_key(text, key):
+    from hubsoup.errors import ParameterError
+    from hubsoup.formats.mergekit import read_config
+
+    with pytest.raises(ParameterError) as e:
+        read_config(text, resolve=False)
+    assert key in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_lora_on_the_base_is_the_adapter_input():
+    from hubsoup.formats.mergekit import read_config
+
+    m = read_config("merge_method: task_arithmetic\nbase_model: org/base\nmodels:\n"
+                    "  - model: org/base+org/adapter@v1\n    parameters: {weight: 0.5}\n", resolve=False)
+    assert m.inputs == ["org/adapter@v1"] and m.base == "org/base" and m.params["weights"] == [0.5]
+
+
+def test_precedence_model_slice_top_and_filters():
+    """mergekit's precedence (model, then top level), filters falling through to the next scope."""
+    from hubsoup.formats.mergekit import read_config
+
+    m = read_config("merge_method: ties\nbase_model: b/b\nparameters:\n  density: 0.3\n  weight: 0.1\nmodels:\n"
+                    "  - model: a/a\n    parameters:\n      density:\n        - filter: mlp\n          value: [0.1, 0.9]\n"
+                    "  - model: c/c\n    parameters: {weight: 2, density: 0.7}\n", resolve=False)
+    assert m.params["densities"] == [[{"filter": "mlp", "value": [0.1, 0.9]}, {"value": 0.3}], 0.7]
+    assert m.params["weights"] == [0.1, 2]
+    assert m.params["merge"] == "mean" and m.params["scope"] == "tensor" and m.params["scale"] == 1.0
+
+
+def test_run_records_config_card_yaml_and_reruns(models, tmp_path, monkeypatch):
+    """The output's recipe keeps the config, its card shows it as YAML, and `hubsoup run OUTPUT` repeats it."""
+    from hubsoup.cli import main
+    from hubsoup.recipe import RECIPE_FILE, Recipe
+
+    monkeypatch.chdir(models)
+    cfg = os.path.join(FIX, "slerp_per_slice.yml")
+    out = str(tmp_path / "a")
+    assert main(["run", cfg, "--out", out, "--quiet"]) == 0
+    with open(os.path.join(out, RECIPE_FILE), encoding="utf-8") as f:
+        recipe = Recipe.from_yaml(f.read())
+    with open(cfg, encoding="utf-8") as f:
+        assert recipe.mergekit["config"] == f.read()
+    assert recipe.options["layout"] == [[["tiny-llama/base", 0, 2], ["tiny-llama/ft-b", 0, 2]],
+                                        [["tiny-llama/base", 2, 4], ["tiny-llama/ft-b", 2, 4]]]
+    with open(os.path.join(out, "README.md"), encoding="utf-8") as f:
+        card = f.read()
+    assert "## mergekit configuration" in card and "```yaml" in card and "merge_method: slerp" in card
+    assert models not in card  # local folders by name and digest only
+    again = str(tmp_path / "b")
+    assert main(["run", out, "--out", again, "--quiet"]) == 0
+    a, b = load_dir(out), load_dir(again)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with open(os.path.join(again, RECIPE_FILE), encoding="utf-8") as f:
+        assert Recipe.from_yaml(f.read()).hash == recipe.hash
+
+
+def test_layout_changes_the_hash(models, tmp_path, monkeypatch):
+    """A frankenmerge of the same models is another merge: its layout is in the recipe hash."""
+    import hubsoup
+
+    monkeypatch.chdir(models)
+    a = hubsoup.run_recipe(os.path.join(FIX, "passthrough_frankenmerge.yml"), str(tmp_path / "a"), quiet=True)
+    (tmp_path / "other.yml").write_text(CONFIGS["passthrough_frankenmerge"][1].replace("[1, 4]", "[0, 3]"))
+    b = hubsoup.run_recipe(str(tmp_path / "other.yml"), str(tmp_path / "b"), quiet=True)
+    assert a.recipe.hash != b.recipe.hash
+    assert a.recipe.options["donors"] and a.recipe.options["donors"][0]["path"].endswith("ft-b")
+
+
+def test_hubsoup_method_from_mergekit_yaml(models, tmp_path, monkeypatch):
+    """hubsoup's own methods (sftm, soup, ...) from the same YAML, with their own parameters."""
+    import hubsoup
+
+    monkeypatch.chdir(models)
+    text = ("merge_method: soup\nbase_model: tiny-llama/base\nmodels:\n  - model: tiny-llama/ft-a\n"
+            "  - model: tiny-llama/ft-b\nparameters:\n  scale: 0.7\n")
+    r = hubsoup.run_recipe(write(tmp_path, text), str(tmp_path / "mk"), quiet=True)
+    direct = hubsoup.merge(["tiny-llama/ft-a", "tiny-llama/ft-b"], method="soup", base="tiny-llama/base",
+                           out=str(tmp_path / "direct"), scale=0.7, quiet=True)
+    assert r.recipe.hash == direct.recipe.hash
+    a, b = load_dir(r.path), load_dir(direct.path)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    text = text.replace("soup", "sftm").replace("scale: 0.7", "eta: 0.3")
+    r = hubsoup.run_recipe(write(tmp_path, text), str(tmp_path / "sftm"), quiet=True)
+    assert r.method == "sftm" and r.recipe.params["eta"] == 0.3
+
+
+def test_tokenizer_source_of_another_vocabulary_is_refused(models, tmp_path, monkeypatch):
+    import hubsoup
+    from hubsoup.errors import ParameterError
+    from hubsoup.testing import save_tiny_tokenizer
+
+    other = os.path.join(models, "tiny-llama", "ft-other-vocab")
+    shutil.copytree(os.path.join(models, "tiny-llama", "ft-a"), other)
+    save_tiny_tokenizer(other, vocab=20)
+    monkeypatch.chdir(models)
+    text = CONFIGS["linear_out_dtype_bfloat16"][1].replace("tokenizer_source: tiny-llama/ft-b",
+                                                           "tokenizer_source: tiny-llama/ft-other-vocab")
+    with pytest.raises(ParameterError, match="tokenizer_source: tiny-llama/ft-other-vocab"):
+        hubsoup.run_recipe(write(tmp_path, text), str(tmp_path / "out"), quiet=True)
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_export_config_round_trip(models, tmp_path, monkeypatch, capsys):
+    """export-config: a hubsoup merge → a mergekit config that hubsoup (and mergekit) run to the same model."""
+    import hubsoup
+    from hubsoup.cli import main
+
+    monkeypatch.chdir(models)
+    r = hubsoup.merge(["tiny-llama/ft-a", "tiny-llama/ft-b"], method="ties", base="tiny-llama/base",
+                      out=str(tmp_path / "ties"), convention="mergekit", scope="tensor", densities=[0.5, 0.3],
+                      weights=[1.0, 0.5], quiet=True)
+    cfg = str(tmp_path / "exported.yml")
+    assert main(["export-config", r.path, "-o", cfg]) == 0
+    assert capsys.readouterr().out.startswith("wrote ")
+    with open(cfg, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    assert data["merge_method"] == "ties" and data["models"][1]["parameters"] == {"weight": 0.5, "density": 0.3}
+    again = hubsoup.run_recipe(cfg, str(tmp_path / "again"), quiet=True)
+    a, b = load_dir(r.path), load_dir(again.path)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # a merge made from a mergekit config gives its config back
+    mk = hubsoup.run_recipe(os.path.join(FIX, "slerp_gradient_filters.yml"), str(tmp_path / "mk"), quiet=True)
+    assert main(["export-config", mk.path]) == 0
+    with open(os.path.join(FIX, "slerp_gradient_filters.yml"), encoding="utf-8") as f:
+        assert capsys.readouterr().out == f.read()
+    # no mergekit equivalent: one line naming the method
+    s = hubsoup.merge(["tiny-llama/ft-a", "tiny-llama/ft-b"], method="sftm", base="tiny-llama/base",
+                      out=str(tmp_path / "sftm"), quiet=True)
+    assert main(["export-config", s.path]) == 2
+    err = capsys.readouterr().err
+    assert "sftm" in err and "no mergekit equivalent" in err and len(err.strip().splitlines()) == 1
+
+
+def test_distribution_check_catches_another_density(models, tmp_path, monkeypatch):
+    """The statistics catch a slip: DARE keeping 0.7 instead of 0.4 of one input fails the kept-fraction check.
+
+    (Power: with the model's ~2 900 entries a two-sample difference of the kept fraction is
+    detected from about 0.05 up; 0.88 against 0.76 is about ten standard errors.)
+    """
+    import hubsoup
+    from safetensors.torch import load_file
+
+    monkeypatch.chdir(models)
+    text = CONFIGS["dare_linear"][1].replace("density: 0.4", "density: 0.7")
+    r = hubsoup.run_recipe(write(tmp_path, text), str(tmp_path / "out"), quiet=True)
+    base = model_tensors(0)
+    h = tau_stats(load_dir(r.path), base)
+    m = tau_stats(load_file(os.path.join(FIX, "dare_linear.safetensors")), base)
+    z = abs(h["kept"] - m["kept"]) / math.sqrt(2 * m["kept"] * (1 - m["kept"]) / m["n"])
+    assert z > Z_MAX  # 1 − 0.3·0.4 = 0.88 against 1 − 0.6·0.4 = 0.76
+
+
+def test_chat_template_literal(models, tmp_path, monkeypatch):
+    """chat_template: a literal Jinja template is saved with the output's tokenizer; names are refused (above)."""
+    import hubsoup
+    from transformers import AutoTokenizer
+
+    monkeypatch.chdir(models)
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
+    text = CONFIGS["task_arithmetic"][1] + f"chat_template: \"{template}\"\n"
+    r = hubsoup.run_recipe(write(tmp_path, text), str(tmp_path / "out"), quiet=True)
+    tok = AutoTokenizer.from_pretrained(r.path)
+    assert tok.chat_template == template
+    assert r.recipe.options["chat_template"]
+
+
+def test_overwrite_never_deletes_a_slice_donor(models, tmp_path, monkeypatch):
+    """--overwrite onto a model a slice copies from (not an input of the job) is refused, and the model stays."""
+    import hubsoup
+    from hubsoup.errors import ParameterError
+
+    monkeypatch.chdir(models)
+    donor = os.path.join(models, "tiny-llama", "ft-b")
+    with pytest.raises(ParameterError, match="would delete it"):
+        hubsoup.run_recipe(os.path.join(FIX, "passthrough_frankenmerge.yml"), donor, overwrite=True, quiet=True)
+    assert os.path.isfile(os.path.join(donor, "model.safetensors"))

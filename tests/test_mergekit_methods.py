@@ -1,0 +1,268 @@
+"""The community merge methods with mergekit's semantics, and per-layer schedules / name filters.
+
+Three kinds of check:
+* hand-computed expectations on small tensors (``hubsoup.testing.merge_tensors``);
+* mergekit's own output on the same tensors: tests/fixtures/mergekit_methods/*.safetensors,
+  generated once by tests/tools/make_mergekit_method_fixtures.py with mergekit 0.1.5's kernels in a
+  separate venv (this suite never needs mergekit);
+* random methods (DARE, DELLA): equal to mergekit in distribution (kept fraction, L1 rescale).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import hubsoup
+from hubsoup.errors import MethodError, ParameterError
+from hubsoup.methods import get_method
+from hubsoup.methods._schedule import Schedule, layer_position, resolve_params
+from hubsoup.plan import BlockInfo
+from hubsoup.testing import make_base, make_finetune, merge_tensors
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "mergekit_methods")
+DETERMINISTIC = sorted(f[:-12] for f in os.listdir(FIXTURES) if f.endswith(".safetensors") and "_stats" not in f)
+
+
+def load_case(name):
+    with safe_open(os.path.join(FIXTURES, f"{name}.safetensors"), "pt") as f:
+        meta = f.metadata()
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    models = [t[f"m{i}"] for i in range(sum(k.startswith("m") for k in t))]
+    return t["base"], models, t["out"], json.loads(meta["hubsoup"]), json.loads(meta["with_base"])
+
+
+def hubsoup_output(base, models, spec, with_base, name="model.layers.0.mlp.weight"):
+    """hubsoup's merged weight: the base is mergekit's base, or (no base) the first model as layout reference."""
+    ref = base if with_base else models[0]
+    taus = [m - ref for m in models]
+    return ref + merge_tensors(spec["method"], taus, ref, name=name, recipe_hash="abc", **spec["params"])
+
+
+def test_fixtures_are_present():
+    assert len(DETERMINISTIC) >= 25, "run tests/tools/make_mergekit_method_fixtures.py with the mergekit venv"
+
+
+@pytest.mark.parametrize("case", DETERMINISTIC)
+def test_equals_mergekit_output(case):
+    base, models, want, spec, with_base = load_case(case)
+    got = hubsoup_output(base, models, spec, with_base)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+# --- random methods: mergekit's distribution -------------------------------------------------
+
+def _runs(case, seeds=range(8)):
+    base, models, want, spec, with_base = load_case(case)
+    outs = []
+    for s in seeds:
+        params = {**spec["params"], "seed": s}
+        taus = [m - base for m in models]
+        outs.append(merge_tensors(spec["method"], taus, base, name="w", recipe_hash="abc", **params))
+    return base, models, want - base, outs
+
+
+@pytest.mark.parametrize("case", ["dare_linear_stats", "dare_ties_stats"])
+def test_dare_mergekit_convention_matches_in_distribution(case):
+    base, models, mk, outs = _runs(case)
+    # two inputs kept with probability 0.3 each: ~1 − 0.7² of the entries are non-zero (union of the masks)
+    frac_mk = float((mk != 0).float().mean())
+    fracs = [float((o != 0).float().mean()) for o in outs]
+    assert abs(frac_mk - 0.51) < 0.04 and all(abs(f - 0.51) < 0.04 for f in fracs)
+    # the L1 rescale: the merged vector's L1 norm is mergekit's within sampling noise
+    l1_mk = float(mk.abs().sum())
+    l1 = sum(float(o.abs().sum()) for o in outs) / len(outs)
+    assert abs(l1 / l1_mk - 1) < 0.06, (l1, l1_mk)
+
+
+def test_della_keep_probability_rises_with_magnitude_as_mergekit():
+    base, (m0,), mk, outs = _runs("della_linear_stats")
+    tau = m0 - base
+    ranks = tau.abs().argsort(dim=1).argsort(dim=1)  # 64 per row
+    quart = ranks // 16
+
+    def per_quartile(out):
+        kept = out != 0
+        return [float(kept[quart == q].float().mean()) for q in range(4)]
+
+    q_mk = per_quartile(mk)
+    q_hs = [sum(v) / len(outs) for v in zip(*(per_quartile(o) for o in outs))]
+    for a, b in zip(q_mk, q_hs):
+        assert abs(a - b) < 0.06, (q_mk, q_hs)
+    assert q_hs[0] < q_hs[3] - 0.3  # density 0.4 ± 0.3 across the ranks
+    kept = outs[0] != 0  # rescale=False: kept entries are the task vector's own
+    assert torch.equal(outs[0][kept], tau[kept])
+
+
+def test_dare_mergekit_rescale_keeps_each_l1_norm_exactly():
+    tau = torch.randn(40, 30, generator=torch.Generator().manual_seed(3))
+    out = merge_tensors("dare", [tau], p=0.6, convention="mergekit", then="sum", recipe_hash="x")
+    assert 0.3 < float((out != 0).float().mean()) < 0.5
+    torch.testing.assert_close(out.abs().sum(), tau.abs().sum(), rtol=1e-5, atol=0)
+    # the paper convention rescales by 1/(1 − p) instead: kept entries are τ/(0.4)
+    paper = merge_tensors("dare", [tau], p=0.6, recipe_hash="x")
+    kept = paper != 0
+    torch.testing.assert_close(paper[kept], tau[kept] / 0.4)
+
+
+# --- hand-computed conventions ------------------------------------------------------------------
+
+def test_ties_mergekit_weighted_sign_election_and_divisor():
+    t1 = torch.tensor([1.0, -2.0, 3.0, 0.0])
+    t2 = torch.tensor([-3.0, 1.0, 1.0, 0.0])
+    # weights 1 and 0.5: weighted rows [1,-2,3,0] and [-1.5,.5,.5,0]; sums [-.5,-1.5,3.5,0] → signs [-,-,+,+]
+    got = merge_tensors("ties", [t1, t2], density=1.0, convention="mergekit", weights=[1.0, 0.5])
+    # entry 0: only t2 agrees (−1.5 / 0.5 = −3); 1: t1 (−2/1); 2: both (3.5/1.5); 3: nobody → 0
+    torch.testing.assert_close(got, torch.tensor([-3.0, -2.0, 3.5 / 1.5, 0.0]))
+    summed = merge_tensors("ties", [t1, t2], density=1.0, convention="mergekit", weights=[1.0, 0.5], merge="sum")
+    torch.testing.assert_close(summed, torch.tensor([-1.5, -2.0, 3.5, 0.0]))
+    # the paper convention elects on unweighted rows: entry 0 sums to −2 → t2 only, divided by the count
+    paper = merge_tensors("ties", [t1, t2], density=1.0, weights=[1.0, 0.5])
+    torch.testing.assert_close(paper, torch.tensor([-1.5, -2.0, 1.75, 0.0]))  # (3 + 0.5·1)/2 agreeing
+
+
+@pytest.mark.parametrize("extra", [{"scope": "tensor"}, {"scope": "model"}, {"convention": "mergekit"}])
+def test_ties_density_times_size_below_one_keeps_one_entry(extra):
+    tau = torch.tensor([0.1, -0.5, 0.2, 0.05, 0.3])
+    got = merge_tensors("ties", [tau], density=0.1, **extra)
+    torch.testing.assert_close(got, torch.tensor([0.0, -0.5, 0.0, 0.0, 0.0]))
+
+
+def test_linear_combine_models_sums_the_models_and_needs_no_base():
+    base = torch.tensor([1.0, 2.0])
+    th = [torch.tensor([2.0, 2.0]), torch.tensor([0.0, 4.0])]
+    taus = [t - base for t in th]
+    got = base + merge_tensors("linear", taus, base, weights=[0.5, 2.0], normalize=False, combine="models")
+    torch.testing.assert_close(got, 0.5 * th[0] + 2.0 * th[1])
+    old = base + merge_tensors("linear", taus, base, weights=[0.5, 2.0], normalize=False)
+    torch.testing.assert_close(old, base + 0.5 * taus[0] + 2.0 * taus[1])
+    m = get_method("linear")
+    p = m.parse({"weights": [0.5, 2.0], "normalize": False, "combine": "models"})
+    assert not m.preserves_zero(p) and m.linear_coefficients(p, 2) is None
+    assert not m.needs_base(m.parse({}), 2) and m.needs_base(m.parse({"normalize": False}), 2)
+
+
+def test_slerp_one_input_goes_from_the_base():
+    base, th = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    got = base + merge_tensors("slerp", [th - base], base, t=0.5)
+    torch.testing.assert_close(got, torch.tensor([0.7071068, 0.7071068]))
+    assert torch.allclose(base + merge_tensors("slerp", [th - base], base, t=0.0), base)
+
+
+def test_model_stock_hand_computed():
+    # two orthogonal task vectors of equal norm: cos = 0 → t = 0, the base is kept
+    assert torch.equal(merge_tensors("model_stock", [torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])]),
+                       torch.zeros(2))
+    # identical task vectors: cos = 1 → t = 2·1/(1+1) = 1, the average
+    tau = torch.tensor([0.5, -1.0])
+    torch.testing.assert_close(merge_tensors("model_stock", [tau, tau]), tau)
+
+
+def test_breadcrumbs_drops_outliers_and_small_entries():
+    tau = torch.tensor([5.0, 1.0, -4.0, 2.0, 3.0, 0.5, -0.1, 0.2, 6.0, 0.3])
+    # density 0.5 → 5 kept; gamma 0.1 → the largest (6.0) dropped; then the 5 next largest by magnitude
+    got = merge_tensors("breadcrumbs", [tau], density=0.5, gamma=0.1)
+    torch.testing.assert_close(got, torch.tensor([5.0, 1.0, -4.0, 2.0, 3.0, 0, 0, 0, 0, 0]))
+
+
+def test_sce_erases_minority_signs_and_weights_by_energy():
+    t1, t2 = torch.tensor([1.0, 2.0]), torch.tensor([-3.0, 2.0])
+    # energies: mean squares 2.5 and 6.5 → weights 2.5/9, 6.5/9; entry 0: sum −2 → only t2 (−3)
+    got = merge_tensors("sce", [t1, t2])
+    torch.testing.assert_close(got, torch.tensor([-3.0, 2.0]))
+
+
+def test_passthrough_copies_its_input_scaled():
+    base, th = torch.tensor([1.0, 1.0]), torch.tensor([2.0, -4.0])
+    torch.testing.assert_close(base + merge_tensors("passthrough", [th - base], base, weight_scale=0.5), th * 0.5)
+    with pytest.raises(MethodError, match="exactly 1"):
+        merge_tensors("passthrough", [th, th])
+
+
+def test_multislerp_antipodal_inputs_are_a_clear_error():
+    a = torch.tensor([1.0, 0.0])
+    with pytest.raises(MethodError, match="cancel out"):
+        merge_tensors("multislerp", [a, -a, a * 0 + torch.tensor([0.0, 0.0])], weights=[0.5, 0.5, 0.0],
+                      normalize_weights=False)
+
+
+def test_della_rejects_density_epsilon_outside_unit_interval():
+    with pytest.raises(ParameterError, match="density ± epsilon"):
+        get_method("della").parse({"density": 0.9, "epsilon": 0.15})
+
+
+def test_per_input_tuples_are_checked_against_the_inputs():
+    with pytest.raises(MethodError, match="2 densities given for 3 inputs"):
+        merge_tensors("breadcrumbs", [torch.ones(4)] * 3, densities=[0.5, 0.5])
+
+
+# --- schedules: gradients and filters -----------------------------------------------------------
+
+def _gradients():
+    with open(os.path.join(FIXTURES, "gradients.json")) as f:
+        return json.load(f)
+
+
+def test_gradients_and_filters_equal_mergekit_for_every_layer_count():
+    data = _gradients()
+    assert len(data["values"]) > 100
+    for row in data["values"]:
+        s = Schedule.parse(data["settings"][row["setting"]])
+        block = None if row["n_layers"] is None else BlockInfo("layers", row["layer"], row["n_layers"])
+        assert s.value(row["name"], layer_position(block)) == pytest.approx(row["value"], abs=1e-12), row
+
+
+def test_schedules_parse_from_cli_yaml_and_python_alike():
+    py = [{"filter": "self_attn", "value": [0, 0.5, 1]}, {"filter": "mlp", "value": 0.3}, {"value": 0.5}]
+    assert Schedule.parse("[0,0.5,1]@self_attn;0.3@mlp;0.5") == Schedule.parse(py)
+    assert Schedule.parse("[{filter: self_attn, value: [0, 0.5, 1]}, {filter: mlp, value: 0.3}, {value: 0.5}]") \
+        == Schedule.parse(py)
+    assert Schedule.parse("0,0.5,1") == Schedule.parse([0, 0.5, 1]) == Schedule.parse("[0, 0.5, 1]")
+    m = get_method("slerp")
+    p = m.parse({"t": "[0,0.5,1]@self_attn;0.3@mlp;0.5"})
+    assert m.describe_params(p) == {"t": [{"filter": "self_attn", "value": [0.0, 0.5, 1.0]},
+                                          {"filter": "mlp", "value": 0.3}, {"value": 0.5}]}
+    again = m.parse(json.loads(json.dumps(m.describe_params(p))))  # a recipe re-parses to the same schedule
+    assert again == p
+
+
+def test_schedule_ranges_and_bad_values_are_one_line_errors():
+    with pytest.raises(ParameterError, match="'t' = 1.5 is out of range"):
+        get_method("slerp").parse({"t": [0, 1.5]})
+    with pytest.raises(ParameterError, match="not a number"):
+        get_method("slerp").parse({"t": "[0,x]"})
+    with pytest.raises(ParameterError, match="scope=tensor"):
+        get_method("ties").parse({"density": [0.2, 0.8]})
+
+
+def test_resolve_params_per_tensor_and_per_input():
+    m = get_method("ties")
+    p = m.parse({"density": "[0.2,1.0]@mlp;0.5", "scope": "tensor",
+                 "weights": [[0, 1], {"filter": "self_attn", "value": 2.0}]})
+    r = resolve_params(p, "model.layers.3.mlp.up.weight", 0.25)
+    assert r.density == pytest.approx(0.4) and r.weights == (0.25, 1.0)  # unmatched per-input filter → 1
+    r = resolve_params(p, "model.layers.0.self_attn.q.weight", 0.0)
+    assert r.density == 0.5 and r.weights == (0.0, 2.0)
+    assert resolve_params(m.parse({}), "x", 0.3) == m.parse({})
+
+
+def test_schedule_in_a_real_merge_follows_the_layers(tmp_path):
+    """slerp with t over the layers: layer 0 is the first model, the last layer the second."""
+    base = make_base("llama", str(tmp_path / "base"), layers=3)
+    a = make_finetune(base, str(tmp_path / "a"), seed=1, scale=0.5)
+    b = make_finetune(base, str(tmp_path / "b"), seed=2, scale=0.5)
+    res = hubsoup.merge([a, b], method="slerp", out=str(tmp_path / "o"), quiet=True,
+                        t="[0,1]@self_attn;0.5")  # no base and none in the cards: the first input is the layout
+    from method_helpers import state
+
+    got, sa, sb = state(res.path), state(a), state(b)
+    q0, q2 = "model.layers.0.self_attn.q_proj.weight", "model.layers.2.self_attn.q_proj.weight"
+    torch.testing.assert_close(got[q0], sa[q0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[q2], sb[q2], rtol=1e-5, atol=1e-6)
+    mlp = "model.layers.1.mlp.up_proj.weight"
+    assert not torch.allclose(got[mlp], sa[mlp]) and not torch.allclose(got[mlp], sb[mlp])
+    assert res.recipe.params["t"][0] == {"filter": "self_attn", "value": [0.0, 1.0]}

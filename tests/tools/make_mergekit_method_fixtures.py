@@ -1,0 +1,139 @@
+"""Generate the mergekit reference fixtures of tests/test_mergekit_methods.py (run once, by hand).
+
+Runs mergekit's own merge-method kernels (mergekit 0.1.5, installed in a separate venv that
+hubsoup never imports) on small seeded tensors and saves inputs and outputs:
+
+    benchmarks/.work/mergekit-venv/bin/python tests/tools/make_mergekit_method_fixtures.py
+
+Writes tests/fixtures/mergekit_methods/CASE.safetensors (tensors ``base``, ``m0``.., ``out``;
+the case's method and parameters in the metadata) and gradients.json (mergekit's
+``evaluate_setting`` over the layers for several layer counts and settings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+
+from mergekit.config import ConditionalParameter, evaluate_setting
+from mergekit.merge_methods import registry
+from mergekit.merge_methods.base import TensorGroup
+
+OUT = os.path.join(os.path.dirname(__file__), "..", "fixtures", "mergekit_methods")
+
+
+def models(seed: int, n: int, shape=(6, 5), spread=1.0):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(shape, generator=g)
+    return base, [base + spread * torch.randn(shape, generator=g) for _ in range(n)]
+
+
+def case(name, method, base, ms, params, *, with_base=True, hubsoup=None):
+    """mergekit's output for one tensor; ``hubsoup`` = the hubsoup method + params that should match."""
+    tensors = ([base] if with_base else []) + ms
+    group = TensorGroup.from_tensors(tensors, base_index=0 if with_base else None, name="model.layers.0.mlp.weight")
+    (out,) = registry.get(method)((group,), parameters=params)
+    data = {"base": base.contiguous(), "out": out.contiguous()}
+    data.update({f"m{i}": m.contiguous() for i, m in enumerate(ms)})
+    meta = {"mergekit_method": method, "mergekit_params": json.dumps(params), "with_base": json.dumps(with_base),
+            "hubsoup": json.dumps(hubsoup)}
+    save_file(data, os.path.join(OUT, f"{name}.safetensors"), metadata=meta)
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    b, ms = models(0, 3)
+    w = [0.5, 0.3, 0.9]
+    case("linear_normalized", "linear", b, ms, {"weight": w, "normalize": True}, with_base=False,
+         hubsoup={"method": "linear", "params": {"weights": w, "combine": "models"}})
+    case("linear_sum", "linear", b, ms, {"weight": w, "normalize": False}, with_base=False,
+         hubsoup={"method": "linear", "params": {"weights": w, "normalize": False, "combine": "models"}})
+    case("task_arithmetic", "task_arithmetic", b, ms, {"weight": w, "lambda": 0.8}, hubsoup={
+        "method": "task_arithmetic", "params": {"weights": w, "scale": 0.8}})
+    case("task_arithmetic_normalized", "task_arithmetic", b, ms, {"weight": w, "normalize": True}, hubsoup={
+        "method": "task_arithmetic", "params": {"weights": w, "scale": 1.0, "normalize": True}})
+    for norm in (True, False):
+        case(f"ties_weighted_{'mean' if norm else 'sum'}", "ties", b, ms,
+             {"weight": w, "density": [0.5, 0.3, 0.7], "normalize": norm, "lambda": 1.1},
+             hubsoup={"method": "ties", "params": {"weights": w, "densities": [0.5, 0.3, 0.7], "convention": "mergekit",
+                                                   "scope": "tensor", "merge": "mean" if norm else "sum",
+                                                   "scale": 1.1}})
+    case("ties_rescale", "ties", b, ms, {"weight": w, "density": 0.4, "rescale": True}, hubsoup={
+        "method": "ties", "params": {"weights": w, "density": 0.4, "convention": "mergekit", "rescale": True}})
+    b1, ms1 = models(1, 2, shape=(10,))
+    case("ties_tiny_density", "ties", b1, ms1, {"weight": [1.0, 1.0], "density": 0.05}, hubsoup={
+        "method": "ties", "params": {"density": 0.05, "convention": "mergekit", "scope": "tensor"}})
+    case("breadcrumbs", "breadcrumbs", b, ms, {"weight": w, "density": 0.6, "gamma": 0.1}, hubsoup={
+        "method": "breadcrumbs", "params": {"weights": w, "density": 0.6, "gamma": 0.1}})
+    case("breadcrumbs_ties", "breadcrumbs_ties", b, ms, {"weight": w, "density": 0.6, "gamma": 0.1,
+                                                         "normalize": True}, hubsoup={
+        "method": "breadcrumbs_ties", "params": {"weights": w, "density": 0.6, "gamma": 0.1, "normalize": True}})
+    b4, ms4 = models(4, 3, shape=(8, 6), spread=0.3)
+    case("model_stock", "model_stock", b4, ms4, {}, hubsoup={"method": "model_stock", "params": {}})
+    case("model_stock_filter_wise", "model_stock", b4, ms4, {"filter_wise": True},
+         hubsoup={"method": "model_stock", "params": {"filter_wise": True}})
+    b2, ms2 = models(2, 1)
+    case("slerp", "slerp", b2, ms2, {"t": 0.3}, hubsoup={"method": "slerp", "params": {"t": 0.3}})
+    b3, ms3 = models(3, 2)
+    for flat, row in ((True, False), (False, False), (False, True)):
+        tag = "flat" if flat else ("rowwise" if row else "rows")
+        p = {"weight": [0.3, 0.7], "nuslerp_flatten": flat, "nuslerp_row_wise": row}
+        hp = {"weights": [0.3, 0.7], "nuslerp_flatten": flat, "nuslerp_row_wise": row}
+        case(f"nuslerp_base_{tag}", "nuslerp", b3, ms3, p, hubsoup={"method": "nuslerp", "params": hp})
+        case(f"nuslerp_nobase_{tag}", "nuslerp", b3, ms3, p, with_base=False,
+             hubsoup={"method": "nuslerp", "params": {**hp, "use_base": False}})
+    case("multislerp_base", "multislerp", b, ms, {"weight": w}, hubsoup={"method": "multislerp",
+                                                                       "params": {"weights": w}})
+    case("multislerp_nobase", "multislerp", b, ms, {"weight": w}, with_base=False,
+         hubsoup={"method": "multislerp", "params": {"weights": w, "use_base": False}})
+    case("karcher", "karcher", b, ms, {}, with_base=False, hubsoup={"method": "karcher", "params": {}})
+    case("karcher_iter", "karcher", b, ms, {"max_iter": 3, "tol": 1e-7}, with_base=False,
+         hubsoup={"method": "karcher", "params": {"max_iter": 3, "tol": 1e-7}})
+    for k in (1.0, 0.5):
+        case(f"sce_{k}", "sce", b, ms, {"select_topk": k}, hubsoup={"method": "sce", "params": {"select_topk": k}})
+    case("passthrough", "passthrough", b, ms[:1], {"scale": [0.5]}, with_base=False,
+         hubsoup={"method": "passthrough", "params": {"weight_scale": 0.5}})
+
+    # random methods: one large tensor each, for distribution statistics (kept fraction, L1 rescale)
+    torch.manual_seed(0)
+    bl, msl = models(5, 2, shape=(64, 64))
+    case("dare_linear_stats", "dare_linear", bl, msl, {"weight": [1.0, 1.0], "density": 0.3}, hubsoup={
+        "method": "dare", "params": {"p": 0.7, "then": "sum", "convention": "mergekit"}})
+    case("dare_ties_stats", "dare_ties", bl, msl, {"weight": [1.0, 1.0], "density": 0.3}, hubsoup={
+        "method": "dare", "params": {"p": 0.7, "then": "ties", "merge": "sum", "convention": "mergekit"}})
+    case("della_linear_stats", "della_linear", bl, msl[:1], {"weight": [1.0], "density": 0.4, "epsilon": 0.3,
+                                                              "rescale": False},
+         hubsoup={"method": "della_linear", "params": {"density": 0.4, "epsilon": 0.3, "rescale": False}})
+
+    # gradients and filters, evaluated as mergekit's planner does for every layer
+    settings = {
+        "five": [0, 0.5, 0.3, 0.7, 1],
+        "two": [0.2, 0.9],
+        "three": [1.0, 0.0, 1.0],
+        "filters": [{"filter": "self_attn", "value": [0, 0.5, 0.3, 0.7, 1]},
+                    {"filter": "mlp", "value": [1, 0.5, 0.7, 0.3, 0]}, {"value": 0.5}],
+    }
+    names = ["model.layers.{i}.self_attn.q_proj.weight", "model.layers.{i}.mlp.up_proj.weight",
+             "model.layers.{i}.input_layernorm.weight"]
+    grads = []
+    for key, setting in settings.items():
+        st = [ConditionalParameter(**e) for e in setting] if isinstance(setting[0], dict) else setting
+        for n_layers in (1, 2, 3, 4, 7, 12):
+            for i in range(n_layers):
+                t = i / (n_layers - 1) if n_layers > 1 else 1
+                for pattern in names:
+                    name = pattern.format(i=i)
+                    v = evaluate_setting(name, st, t, validate=float)
+                    grads.append({"setting": key, "n_layers": n_layers, "layer": i, "name": name, "value": v})
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):  # outside the layers: t = 0
+            grads.append({"setting": key, "n_layers": None, "layer": None, "name": name,
+                          "value": evaluate_setting(name, st, 0, validate=float)})
+    with open(os.path.join(OUT, "gradients.json"), "w") as f:
+        json.dump({"settings": settings, "values": grads}, f, indent=0)
+
+
+if __name__ == "__main__":
+    main()
