@@ -24,7 +24,8 @@ models (checked in; ``tests/tools/make_mergekit_compat_fixtures.py`` regenerates
   kept fraction is also checked against its exact expectation 1 − Πᵢ(1 − dᵢ).
 
 The table of results is written to ``benchmarks/results/mergekit_compat.md`` when every config
-has run.
+has run and ``HUBSOUP_WRITE_RESULTS=1`` is set (a plain test run leaves the tree untouched):
+``HUBSOUP_WRITE_RESULTS=1 python -m pytest -q tests/test_mergekit_compat.py``.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module", autouse=True)
 def write_table():
     yield
-    if set(ROWS) == set(NAMES):
+    if set(ROWS) == set(NAMES) and os.environ.get("HUBSOUP_WRITE_RESULTS") == "1":
         os.makedirs(os.path.dirname(TABLE), exist_ok=True)
         with open(TABLE, "w", encoding="utf-8") as f:
             f.write(render_table())
@@ -75,7 +76,7 @@ def write_table():
 
 def render_table() -> str:
     lines = ["# mergekit compatibility: hubsoup vs mergekit 0.1.5 on the same tiny Llama models", "",
-             "Written by `tests/test_mergekit_compat.py` (fixtures: `tests/fixtures/mergekit/`, made by "
+             "Written by `HUBSOUP_WRITE_RESULTS=1 python -m pytest -q tests/test_mergekit_compat.py` (fixtures: `tests/fixtures/mergekit/`, made by "
              "`tests/tools/make_mergekit_compat_fixtures.py` with the real mergekit). Deterministic methods: "
              "max |diff| over every tensor (and in units in the last place of the output dtype at each tensor's largest magnitude). Random "
              "methods: statistics of τ = θ − θ₀ over the whole model, hubsoup / mergekit, and the largest "

@@ -266,3 +266,20 @@ def test_schedule_in_a_real_merge_follows_the_layers(tmp_path):
     mlp = "model.layers.1.mlp.up_proj.weight"
     assert not torch.allclose(got[mlp], sa[mlp]) and not torch.allclose(got[mlp], sb[mlp])
     assert res.recipe.params["t"][0] == {"filter": "self_attn", "value": [0.0, 1.0]}
+
+
+def test_schedule_from_the_command_line_equals_the_api(tmp_path):
+    """`--param 't=[0,1]@self_attn;0.5'` on the CLI is the same schedule, and the same model, as the API's."""
+    from hubsoup.cli import main
+    from method_helpers import state
+
+    base = make_base("llama", str(tmp_path / "base"), layers=3)
+    a = make_finetune(base, str(tmp_path / "a"), seed=1, scale=0.5)
+    b = make_finetune(base, str(tmp_path / "b"), seed=2, scale=0.5)
+    api = hubsoup.merge([a, b], method="slerp", out=str(tmp_path / "api"), quiet=True, t="[0,1]@self_attn;0.5")
+    rc = main(["merge", a, b, "--method", "slerp", "--param", "t=[0,1]@self_attn;0.5", "--out",
+               str(tmp_path / "cli"), "--quiet"])
+    assert rc == 0
+    got, want = state(str(tmp_path / "cli")), state(api.path)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert hubsoup.MergeResult.from_folder(str(tmp_path / "cli")).recipe.hash == api.recipe.hash
