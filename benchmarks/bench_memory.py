@@ -18,7 +18,7 @@ do the same, on a Llama-shaped model at several depths with the SAME tensor size
 
 How (as ``tests/test_memory_depth.py``, which asserts the same bound at 12 vs 24 layers):
 everything is built by this process under ``benchmarks/.work/memory`` (git-ignored, cached). A
-server interpreter imports torch, transformers, hubsoup (and peft, datasets) once; each
+server interpreter (``tests/rss_server.py``, the tests' own) imports torch, transformers, hubsoup (and peft, datasets) once; each
 measurement is a fork of it (as fresh as ``python -c`` after its imports), which runs the same
 path once on a 2-layer model of the same shapes (lazy imports, first-call caches: not measured),
 then writes 5 to ``/proc/self/clear_refs`` (Linux: resets the peak RSS, VmHWM, to the current
@@ -61,12 +61,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]  # hubsoup from this tree; the measuring server (rss_server)
+from rss_server import MMAP_THRESHOLD  # noqa: E402  (glibc's initial threshold; "fixed" mode pins it there)
+
 MB = 1024 * 1024
 WARMUP_LAYERS = 2
 RATIO, SLACK_MIB = 1.25, 8.0  # the flatness bound, as in tests/test_memory_depth.py
 HELD_MODELS = {"lot": 1}  # model copies a path holds by design (taken off before judging flatness)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-MMAP_THRESHOLD = 128 * 1024  # glibc's initial M_MMAP_THRESHOLD; "fixed" mode pins it there
 LORA_INPUT_RANK, LORA_OUTPUT_RANK = 128, 8  # inputs: 2 MiB per layer per adapter at the default shape
 LOT_PARAMS = {"n_exemplars": 4, "max_length": 16, "batch_size": 4, "gram_budget_gb": 0.011}
 COMMON = dict(vocab_size=128, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -169,83 +171,11 @@ def model_mib(folder: str) -> float:
 # --------------------------------------------------------------------------------------------
 # measuring
 # --------------------------------------------------------------------------------------------
-# A server: a fresh interpreter that imports torch, transformers, hubsoup (and peft / datasets, which some paths
-# import lazily), then forks one process per measurement (as fresh as `python -c` after its imports, without
-# paying them each time). The forked process optionally fixes glibc's mmap threshold, runs the warm-up, resets
-# its peak RSS, says START (the parent samples its /proc/PID/status from then on), runs the measured call, and
-# says RESULT.
-_SERVER = r"""
-import ctypes, json, os, re, sys, time, traceback
-import torch, transformers, safetensors
-import hubsoup
-for name in ("peft", "datasets"):
-    try:
-        __import__(name)
-    except ImportError:
-        pass
-
-def field(name):
-    with open("/proc/self/status", encoding="ascii") as f:
-        return int(re.search(name + r":\s+(\d+)", f.read()).group(1)) / 1024
-
-def continual_module():
-    from hubsoup import continual
-    return continual
-
-def run(call):
-    kind, kw = call
-    if kind == "merge":
-        return hubsoup.merge(**kw)
-    if kind == "continual_init":
-        return continual_module().init(**kw)
-    if kind == "continual_add":
-        return continual_module().add(**kw)
-    raise ValueError(kind)
-
-def measure(spec):
-    fixed = False
-    if spec.get("mmap_threshold"):
-        try:
-            fixed = bool(ctypes.CDLL(None).mallopt(-3, spec["mmap_threshold"]))  # M_MMAP_THRESHOLD (glibc)
-        except (AttributeError, OSError):
-            pass
-    t0 = time.perf_counter()
-    if spec.get("warmup"):
-        run(spec["warmup"])  # the same path on a 2-layer model: lazy imports and first-call caches, not measured
-    warm_s = time.perf_counter() - t0
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-        f.write("5")  # VmHWM := VmRSS
-    start = {k: field(k) for k in ("VmRSS", "RssAnon", "RssFile")}
-    print("START " + json.dumps({"pid": os.getpid(), **start}), flush=True)
-    t1 = time.perf_counter()
-    res = run(spec["measure"])
-    merge_s = time.perf_counter() - t1
-    return {"growth_mib": field("VmHWM") - start["VmRSS"], "start_rss_mib": start["VmRSS"], "merge_s": merge_s,
-            "warmup_s": warm_s, "path": res.path, "stats": sorted(res.stats), "fixed_mmap_threshold": fixed,
-            "hubsoup": hubsoup.__file__}
-
-while True:
-    line = sys.stdin.readline()
-    if not line:
-        break
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            print("RESULT " + json.dumps(measure(json.loads(line))), flush=True)
-        except BaseException:
-            print("ERROR " + json.dumps(traceback.format_exc()), flush=True)
-            code = 1
-        sys.stderr.flush()
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    print("DONE " + json.dumps(status), flush=True)
-"""
-
-
+# The measuring server is the tests' (tests/rss_server.py, one copy for both): a fresh interpreter that imports
+# torch, transformers, hubsoup once and forks one process per measurement; with sample=True this process samples
+# the measured process's RssAnon / RssFile every 5 ms.
 def child_env(work: str) -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p),
-            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+    return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
             "HF_HOME": os.path.join(work, "hf-home"), "TOKENIZERS_PARALLELISM": "false",
             # one thread unless told otherwise: on a shared 2-core machine OpenMP's spinning threads can make a
             # small eigh or SVD 30x slower; memory is what is measured here, times are only indicative
@@ -253,71 +183,20 @@ def child_env(work: str) -> dict:
 
 
 class Server:
-    """The forking server (see ``_SERVER``); ``measure(spec)`` runs one measurement at a time."""
+    """The forking server of ``tests/rss_server.py``; ``measure(spec)`` runs one measurement at a time."""
 
     def __init__(self, work: str):
-        import tempfile
+        from rss_server import RssServer
 
-        self.err = tempfile.TemporaryFile("w+")
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.err, text=True, env=child_env(work), cwd=REPO)
+        self.server = RssServer(env=child_env(work), timeout_s=3600)  # deep LOT runs take minutes
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-        self.err.close()
-
-    def _fail(self, why: str) -> RuntimeError:
-        self.err.seek(0)
-        return RuntimeError(f"{why}\n{self.err.read()[-3000:]}")
+        self.server.close()
 
     def measure(self, spec: dict) -> dict:
-        """From the START line on, sample the measured process's RssAnon / RssFile every 5 ms."""
-        import threading
-
-        self.proc.stdin.write(json.dumps(spec) + "\n")
-        self.proc.stdin.flush()
-        start = result = None
-        peak = {"RssAnon": 0.0, "RssFile": 0.0}
-        stop = threading.Event()
-        th = None
-
-        def sample(pid: int) -> None:
-            while not stop.is_set():
-                try:
-                    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-                        for line in f:
-                            k = line.split(":", 1)[0]
-                            if k in peak:
-                                peak[k] = max(peak[k], int(line.split()[1]) / 1024)
-                except OSError:
-                    return
-                time.sleep(0.005)
-
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise self._fail("the measuring server died:")
-            if line.startswith("START "):
-                start = json.loads(line[6:])
-                th = threading.Thread(target=sample, args=(start["pid"],), daemon=True)
-                th.start()
-            elif line.startswith("RESULT "):
-                stop.set()
-                result = json.loads(line[7:])
-            elif line.startswith("ERROR "):
-                stop.set()
-                raise self._fail("the measured call failed:\n" + json.loads(line[6:]))
-            elif line.startswith("DONE "):
-                break
-        stop.set()
-        if th is not None:
-            th.join()
-        if result is None:
-            raise self._fail(f"the measuring process died (wait status {line[5:].strip()}):")
-        result["anon_growth_mib"] = max(peak["RssAnon"] - start["RssAnon"], 0.0)
-        result["file_growth_mib"] = max(peak["RssFile"] - start["RssFile"], 0.0)
-        return result
+        """One spec; adds the sampled peak growth of anonymous / file-backed RSS."""
+        (r,) = self.server.measure([spec], sample=True)
+        return r
 
 
 def call(path: str, z: dict, out: str) -> list:
@@ -362,7 +241,6 @@ def versions() -> dict:
             out[m] = importlib.metadata.version(m)
         except importlib.metadata.PackageNotFoundError:
             out[m] = "-"
-    sys.path.insert(0, REPO)
     import hubsoup
 
     out["hubsoup"] = hubsoup.__version__
@@ -486,7 +364,6 @@ def main() -> int:
     depths = sorted(set(args.layers))
     if len(depths) < 2:
         ap.error("--layers needs at least two depths")
-    sys.path.insert(0, REPO)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     t_start = time.perf_counter()
     load_before = os.getloadavg()[0]
@@ -517,7 +394,7 @@ def main() -> int:
                         runs[p][m][d].append(r)
                         log(f"{PATHS[p]:<58} {m:>7} malloc {d:>3} layers: growth {r['growth_mib']:6.1f} MiB "
                             f"(anon {r['anon_growth_mib']:.0f}, file {r['file_growth_mib']:.0f}), "
-                            f"{r['merge_s']:.1f} s")
+                            f"{r['measure_s']:.1f} s")
                         shutil.rmtree(os.path.join(zoo[d]["root"], f"out-{p}"), ignore_errors=True)
         finally:
             server.close()
@@ -532,7 +409,7 @@ def main() -> int:
                 row["growth_max_mib"][str(d)] = max(r["growth_mib"] for r in rs)
                 row["anon_mib"][str(d)] = best["anon_growth_mib"]
                 row["file_mib"][str(d)] = best["file_growth_mib"]
-                row["merge_s"][str(d)] = min(r["merge_s"] for r in rs)
+                row["merge_s"][str(d)] = min(r["measure_s"] for r in rs)
             g_lo, g_hi = row["growth_mib"][str(depths[0])], row["growth_mib"][str(depths[-1])]
             row["ratio"] = g_hi / g_lo if g_lo > 0 else float("inf")
             # LOT runs the model forward: one float32 copy of it is held by design; flat is judged beyond it

@@ -360,10 +360,11 @@ def place_blocks(plan: Plan, method: Method, params: Any, n_inputs: int, opts: M
     from hubsoup.engine.placement import place
 
     def workspace(block) -> int:
-        e = max((e for e in block.tensors if e.mergeable), key=lambda e: e.numel, default=None)
-        if e is None:
-            return 0
-        extra = method.workspace_bytes(e.shape, n_inputs, params)
+        # the most any one tensor needs (not the largest's: a method's workspace depends on the tensor's role)
+        return max((_workspace(e) for e in block.tensors if e.mergeable), default=0)
+
+    def _workspace(e) -> int:
+        extra = method.workspace_bytes(e.shape, n_inputs, params, name=e.name)
         if lora_output and len(e.shape) == 2:  # the SVD through the Gram of the smaller side, float64
             extra += 2 * min(e.shape) ** 2 * 8
         return extra

@@ -1173,7 +1173,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _log(hub: HubServer, req: _Req, status: int) -> None:
         with hub._lock:
             hub.requests.append({"method": req.method, "path": req.path, "query": req.query,
-                                 "status": status, "user": req.user})
+                                 "status": status, "user": req.user, "range": req.headers.get("Range")})
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ a path that holds its inputs holds several, and fails the bound by far.
 
 Technique (as in ``test_lines.py``): everything is written to disk by this process; the merge
 runs in a separate, fresh process: a fork of a server interpreter that has only imported torch,
-transformers and hubsoup (started once per module, to not pay the imports for every measurement).
+transformers and hubsoup (started once per module, to not pay the imports for every measurement;
+``tests/rss_server.py``, the one measuring server, shared with ``benchmarks/bench_memory.py``).
 That process first does the same operation once on a 2-layer model of the same shapes (lazy
 imports, first-call caches: constant, not measured), then writes 5 to /proc/self/clear_refs
 (resets the peak resident set, VmHWM, to the current one) and reports VmHWM - VmRSS-at-start
@@ -40,14 +41,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
 
-import hubsoup
 from hubsoup.testing import make_finetune, save_tiny_tokenizer
+from rss_server import MMAP_THRESHOLD, MeasureError, RssServer  # tests/ is on sys.path (conftest)
 
 pytestmark = [
     pytest.mark.slow,
@@ -62,142 +61,34 @@ SHAPE = dict(vocab_size=128, hidden_size=256, intermediate_size=512, num_attenti
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_INPUT_RANK = 128  # two adapters of 2 MiB per layer each (about a layer): holding them would show
 RATIO, SLACK_MIB = 1.25, 8.0
-MMAP_THRESHOLD = 128 * 1024  # glibc's initial M_MMAP_THRESHOLD, made fixed: see the module docstring
 CHILD_TIMEOUT_S = 300
 
 # --- the measuring processes -------------------------------------------------------------------------------
 
-# A server, started once per module: a fresh interpreter that imports torch, transformers, hubsoup (and
-# peft / datasets, which some paths import lazily) and then does nothing but fork. Every measurement is a
-# fork of that pristine interpreter (as fresh as `python -c` after its imports, without paying ~3 s of
-# imports per measurement): it runs the warm-up, resets its peak RSS, runs the measured call and reports.
-_SERVER = r"""
-import ctypes, json, os, re, sys, time, traceback
-import torch, transformers, safetensors
-import hubsoup
-for name in ("peft", "datasets"):
-    try:
-        __import__(name)
-    except ImportError:
-        pass
-
-def rss(field):
-    with open("/proc/self/status", encoding="ascii") as f:
-        return int(re.search(field + r":\s+(\d+)", f.read()).group(1)) / 1024
-
-def continual_module():
-    from hubsoup import continual
-    return continual
-
-def run(call):
-    kind, kw = call
-    if kind == "merge":
-        return hubsoup.merge(**kw)
-    if kind == "continual_init":
-        return continual_module().init(**kw)
-    if kind == "continual_add":
-        return continual_module().add(**kw)
-    raise ValueError(kind)
-
-def fix_mmap_threshold(nbytes):
-    try:
-        return bool(ctypes.CDLL(None).mallopt(-3, nbytes))  # M_MMAP_THRESHOLD; also stops glibc's adjusting it
-    except (AttributeError, OSError):  # not glibc
-        return False
-
-def measure(spec):
-    fixed = fix_mmap_threshold(spec["mmap_threshold"]) if spec.get("mmap_threshold") else False
-    t0 = time.perf_counter()
-    if spec.get("warmup"):
-        run(spec["warmup"])  # same path on a 2-layer model: lazy imports and first-call caches, not measured
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-        f.write("5")  # VmHWM := VmRSS
-    start = rss("VmRSS")
-    t1 = time.perf_counter()
-    res = run(spec["measure"])
-    growth = rss("VmHWM") - start
-    return {"growth": growth, "start": start, "stats": sorted(res.stats), "path": res.path, "fixed_mmap": fixed,
-            "hubsoup": hubsoup.__file__, "warmup_s": t1 - t0, "measure_s": time.perf_counter() - t1}
-
-while True:
-    line = sys.stdin.readline()
-    if not line:
-        break
-    jobs = []
-    for spec in json.loads(line):  # side by side
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(r)
-            try:
-                payload = {"ok": measure(spec)}
-            except BaseException:
-                payload = {"error": traceback.format_exc()}
-            with os.fdopen(w, "w") as f:
-                f.write(json.dumps(payload))
-            sys.stderr.flush()
-            os._exit(0)
-        os.close(w)
-        jobs.append((pid, r))
-    out = []
-    for pid, r in jobs:
-        with os.fdopen(r) as f:
-            out.append(json.loads(f.read() or '{"error": "the measuring process died (killed?)"}'))
-        os.waitpid(pid, 0)
-    print(json.dumps(out), flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
 def measure():
-    """measure({depth: spec}) → {depth: result}: one forked process per depth, side by side."""
-    import select
-    import tempfile
+    """measure({depth: spec}) → {depth: result}: one forked process per depth, side by side (``rss_server``)."""
+    with RssServer(timeout_s=CHILD_TIMEOUT_S) as server:
+        def run(specs: dict[int, dict]) -> dict[int, dict]:
+            keys = list(specs)
+            try:
+                got = server.measure([{**specs[k], "mmap_threshold": MMAP_THRESHOLD} for k in keys])
+            except MeasureError as e:
+                pytest.fail(str(e), pytrace=False)
+            return dict(zip(keys, got))
 
-    # the server imports this very hubsoup (the working tree, not whatever the venv has installed)
-    src = os.path.dirname(os.path.dirname(os.path.abspath(hubsoup.__file__)))
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
-    err = tempfile.TemporaryFile("w+")
-    server = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=err, text=True, env=env, cwd=src)
-
-    def stderr_tail() -> str:
-        err.seek(0)
-        return err.read()[-3000:]
-
-    def run(specs: dict[int, dict]) -> dict[int, dict]:
-        keys = list(specs)
-        server.stdin.write(json.dumps([{**specs[k], "mmap_threshold": MMAP_THRESHOLD} for k in keys]) + "\n")
-        server.stdin.flush()
-        ready, _, _ = select.select([server.stdout], [], [], CHILD_TIMEOUT_S)
-        line = server.stdout.readline() if ready else ""
-        assert line, f"the measuring server died or timed out:\n{stderr_tail()}"
-        out = {}
-        for k, r in zip(keys, json.loads(line)):
-            assert "ok" in r, f"{k} layers: the measured call failed:\n{r['error'][-3000:]}"
-            out[k] = r["ok"]
-        return out
-
-    yield run
-    server.stdin.close()
-    try:
-        server.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-    err.close()
+        yield run
 
 
 def _check(label: str, got: dict[int, dict], zoo, *, held_models: int = 0) -> None:
     """growth(24) ≤ RATIO·growth(12) + SLACK, after taking off ``held_models`` model copies the path holds by design."""
     m12, m24 = zoo(12)["model_mib"], zoo(24)["model_mib"]
-    g12, g24 = got[12]["growth"] - held_models * m12, got[24]["growth"] - held_models * m24
+    g12, g24 = got[12]["growth_mib"] - held_models * m12, got[24]["growth_mib"] - held_models * m24
     bound = RATIO * g12 + SLACK_MIB
     print(f"\n[memory-depth] {label}: peak RSS growth 12 layers {g12:.1f} MiB, 24 layers {g24:.1f} MiB "
           f"(ratio {g24 / max(g12, 1e-9):.2f}, bound {bound:.1f} MiB; one model = {m12:.0f} / {m24:.0f} MiB; "
           f"merge {got[12]['measure_s']:.1f} / {got[24]['measure_s']:.1f} s"
-          + ("" if got[12]["fixed_mmap"] and got[24]["fixed_mmap"] else "; mmap threshold NOT fixed") + ")")
+          + ("" if got[12]["fixed_mmap_threshold"] and got[24]["fixed_mmap_threshold"] else "; mmap threshold NOT fixed") + ")")
     assert g24 <= bound, (f"{label}: peak RSS grows with depth: {g24:.1f} MiB at 24 layers > "
                           f"{RATIO} x {g12:.1f} + {SLACK_MIB} MiB at 12 (one model: {m12:.0f} -> {m24:.0f} MiB)")
 

@@ -107,11 +107,23 @@ def cmd_plan(args) -> int:
     from hubsoup.plan import Plan
     from hubsoup.sources import open_input
 
+    from hubsoup.sources.resolve import download_size
+
+    def downloads(ckpts) -> None:  # Hub models were read from their headers: what a merge would fetch
+        for c in filter(None, ckpts):
+            size = download_size(c, opts.token)
+            if size is not None:
+                todo, total = size
+                print(f"download {c.label}: {todo:,} bytes of weights"
+                      + (f" ({total - todo:,} of {total:,} already in the Hub cache)" if todo != total else ""))
+
     opts = merge_options(args)
     if not args.method:  # one model: how its tensors are grouped
         if len(args.models) != 1:
             raise ParameterError("give --method to plan a merge of several models")
-        print(Plan.of(open_input(args.models[0], allow_pickle=opts.allow_pickle), opts.device).summary())
+        ckpt = open_input(args.models[0], allow_pickle=opts.allow_pickle, token=opts.token, headers_only=True)
+        print(Plan.of(ckpt, opts.device).summary())
+        downloads([ckpt])
         return 0
     from hubsoup.api import parse_method, place_blocks
     from hubsoup.sources.compat import open_models
@@ -119,7 +131,7 @@ def cmd_plan(args) -> int:
     m, p = parse_method(args.method, params(args.param))
     m.check_inputs(p, len(args.models))
     base, sources = open_models(args.models, base=args.base, allow_pickle=opts.allow_pickle, token=opts.token,
-                                ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch)
+                                ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch, headers_only=True)
     plan = Plan.of(base, opts.device)
     placement = place_blocks(plan, m, p, len(sources), opts, lora_output=args.output_format == "lora")
     print(plan.summary())
@@ -127,6 +139,7 @@ def cmd_plan(args) -> int:
     print(f"merge of {len(sources)} model(s) with {args.method} onto {base.label}: "
           f"{len(plan.blocks)} blocks on {len(placement.devices)} device(s)")
     print(placement.summary())
+    downloads([base, *(getattr(t, "ckpt", None) for t in sources)])
     return 0
 
 

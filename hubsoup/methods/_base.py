@@ -210,8 +210,11 @@ class Method:
         """
         return None
 
-    def workspace_bytes(self, shape: tuple[int, ...], n_inputs: int, params: Any) -> int:
-        """Memory the method needs for one tensor beyond the stack of task vectors (SVDs, Grams), for the planner."""
+    def workspace_bytes(self, shape: tuple[int, ...], n_inputs: int, params: Any, name: str = "") -> int:
+        """Memory the method needs for one tensor beyond the stack of task vectors (SVDs, Grams), for the planner.
+
+        ``name``: the tensor's (a method treating roles differently, e.g. SFTM's matrices, can tell);
+        "" when unknown (answer for the worst case)."""
         return 0
 
     def card_notes(self, described: dict[str, Any], stats: dict[str, Any], n_inputs: int) -> list[str]:

@@ -154,7 +154,11 @@ def disjoint_merge_(stacked: torch.Tensor, sign: torch.Tensor, mode: str = "mean
     total = stacked.sum(dim=0).mul_(sign)
     if mode == "sum":
         return total
-    count = (stacked > 0).sum(dim=0, dtype=torch.float32)
+    # row by row: summing the (N, *shape) mask with dtype=float32 first casts all of it to float32
+    # (N float32 copies of the tensor at once: the TIES merge's peak memory); the counts are the same
+    count = torch.zeros_like(total)
+    for row in stacked:
+        count += row > 0
     return total.div_(count.clamp_(min=1))
 
 

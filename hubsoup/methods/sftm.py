@@ -199,6 +199,26 @@ class Sftm(Method):
         role = tensor_role(name, tuple(shape))
         return role in ("linear", "conv") or (role == "head" and params.lm_head == "sftm")
 
+    def workspace_bytes(self, shape, n_inputs, params, name=""):
+        """Beyond the stack: per task matrix (m × n, r = min(m, n)) its kept triplets, and the worst of
+        the float64 SVD (the input's copy, LAPACK's own copy, U and Vᵀ) and the superposition (every
+        task's U, V concatenated, their float64 copies, two (N·r)² Grams). Other tensors: the trim's
+        temporaries (|τ|, its 16-bit radix keys, masks: ~2.25 float32 copies of the tensor).
+
+        Measured (tests/test_memory_plan.py, a 32768×128 head, 2 inputs): peak RSS growth 213 MiB,
+        the planner 226 MiB with this (64 MiB without: the SVD workspace is most of the peak)."""
+        numel = math.prod(shape) if shape else 1
+        trim = 9 * numel  # 2.25 float32 copies
+        if len(shape) < 2 or (name and not self._is_matrix(name, shape, params)):  # no name: the worst case
+            return trim
+        m, n = shape[0], numel // max(shape[0], 1)
+        r = min(m, n)
+        triplets = 4 * r * (m + n)  # one task's kept U, V (float32)
+        svd = 16 * m * n + 8 * r * (m + n) + 8 * 4 * r * r  # float64 input + LAPACK's copy, U/Vᵀ, gesdd's work
+        # the SVD phase: the earlier tasks' triplets, the SVD, and this task's triplets once cast to float32
+        superpose = 12 * n_inputs * r * (m + n) + 16 * (n_inputs * r) ** 2  # cat, its float64 copy, Grams
+        return max(trim, (n_inputs - 1) * triplets + svd + triplets, n_inputs * triplets + superpose)
+
     def merge_factors(self, shape, factors, params, ctx):
         """The low-rank path (every input a plain LoRA for this tensor, τᵢ = PᵢQᵢ): SVD from the factors
         (two thin QRs and a ρ×ρ SVD per input), never forming ΔW. None: take the dense path."""

@@ -178,6 +178,12 @@ class Checkpoint:
     allow_pickle: bool = False
     role: str = "input"
     """How messages name it: ``input`` or ``base``."""
+    remote_headers: Callable[[], dict[str, dict[str, "TensorInfo"]] | None] | None = None
+    """A Hub input opened for planning (``open_input(..., headers_only=True)``): ``{file: {tensor: info}}``
+    from the weight files' headers on the Hub (range requests), so names, shapes and dtypes are known
+    before any weight is downloaded; None from it (no safetensors to read so): the weights are fetched."""
+    remote_files: Callable[[], list[str]] | None = None
+    """With :attr:`remote_headers`: the weight files a merge would download (for ``resolve.download_size``)."""
     _files: dict[str, str] = field(default_factory=dict, repr=False)  # tensor -> file
     _infos: dict[str, TensorInfo] = field(default_factory=dict, repr=False)
     _handles: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -185,6 +191,7 @@ class Checkpoint:
     _pickled: dict[str, dict] = field(default_factory=dict, repr=False)
     _opened: bool = field(default=False, repr=False)
     _extents: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict, repr=False)  # file -> data extents
+    _from_headers: bool = field(default=False, repr=False)  # _infos came from remote_headers, nothing opened
 
     # --- metadata -------------------------------------------------------------------
     @property
@@ -270,9 +277,26 @@ class Checkpoint:
             return {}
 
     # --- weights ----------------------------------------------------------------------
+    def _meta(self) -> None:
+        """Know the tensors' names, shapes and dtypes: from :attr:`remote_headers` when given and the
+        weights are not open yet (nothing downloaded), else by opening the weight files."""
+        if self._opened or self._from_headers:
+            return
+        headers = self.remote_headers() if self.remote_headers is not None else None
+        if headers is None:
+            return self._open()
+        for fname, tensors in headers.items():
+            for name, info in tensors.items():
+                self._infos[name], self._files[name] = info, fname
+        self._from_headers = True
+
     def _open(self) -> None:
         if self._opened:
             return
+        if self._from_headers:  # the downloaded files' own headers replace the remote ones
+            self._infos.clear()
+            self._files.clear()
+            self._from_headers = False
         if self.fetch_weights is not None:
             self.fetch_weights()
         folder = self.folder
@@ -408,15 +432,15 @@ class Checkpoint:
                 self._files[name] = fname
 
     def keys(self) -> list[str]:
-        self._open()
+        self._meta()
         return list(self._infos)
 
     def info(self, name: str) -> TensorInfo:
-        self._open()
+        self._meta()
         return self._infos[name]
 
     def has(self, name: str) -> bool:
-        self._open()
+        self._meta()
         return name in self._infos
 
     def tensor(self, name: str) -> torch.Tensor:

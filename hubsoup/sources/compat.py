@@ -191,13 +191,15 @@ def check_dtype(label: str, name: str, dtype, base_dtype) -> None:
 
 
 def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pickle: bool = False, ignore_extra: bool = False,
-                shape_mismatch: str = "error", token: str | bool | None = None, monitor: Any = None
-                ) -> tuple[Checkpoint, list[Any]]:
+                shape_mismatch: str = "error", token: str | bool | None = None, monitor: Any = None,
+                headers_only: bool = False) -> tuple[Checkpoint, list[Any]]:
     """Open the base and the inputs, check every input against the base, and return their task vectors.
 
     ``base``: a spec, an opened checkpoint, or None for the base the inputs' cards (or adapter configs) name. Only configs,
     cards and file headers are read here; no weight. ``monitor`` (:class:`hubsoup.progress.Monitor`): the
-    downloads of Hub models are its "download" stage (silent, cancellable between files).
+    downloads of Hub models are its "download" stage (silent, cancellable between files). ``headers_only``
+    (planning): Hub models' tensors are known from their safetensors headers on the Hub, so nothing here
+    downloads a weight (:func:`hubsoup.sources.resolve.open_input`).
     """
     from hubsoup.sources.resolve import open_input
 
@@ -205,15 +207,18 @@ def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pi
     base_hub = base is None or (isinstance(base, str) and not _is_local(base))
     if monitor is not None:  # metadata, then weights, per Hub model (entered at the first download)
         monitor.expect("download", 2 * (len(hub) + int(base_hub)))
-    ckpts = [open_input(s, allow_pickle=allow_pickle, token=token, monitor=monitor) for s in specs]
+    ckpts = [open_input(s, allow_pickle=allow_pickle, token=token, monitor=monitor, headers_only=headers_only)
+             for s in specs]
     warn_duplicates(ckpts)
     if isinstance(base, Checkpoint):
         base_ckpt = base
     elif base:
-        base_ckpt = open_base(base, allow_pickle=allow_pickle, token=token, monitor=monitor)
+        base_ckpt = open_base(base, allow_pickle=allow_pickle, token=token, monitor=monitor,
+                              headers_only=headers_only)
     else:
         spec, hub_only = resolve_base_spec(ckpts)
-        base_ckpt = open_base(spec, allow_pickle=allow_pickle, token=token, hub_only=hub_only, monitor=monitor)
+        base_ckpt = open_base(spec, allow_pickle=allow_pickle, token=token, hub_only=hub_only, monitor=monitor,
+                              headers_only=headers_only)
     for c in ckpts:
         if c.ref.kind == "full":
             check_config(base_ckpt, c)
@@ -240,7 +245,7 @@ def warn_duplicates(ckpts: Sequence[Checkpoint]) -> None:
 
 
 def open_base(spec: str, *, allow_pickle: bool = False, token: str | bool | None = None,
-              hub_only: bool = False, monitor: Any = None) -> Checkpoint:
+              hub_only: bool = False, monitor: Any = None, headers_only: bool = False) -> Checkpoint:
     """The base model (with its tokenizer files); an adapter is refused.
 
     ``hub_only``: the base was named by a Hub input's card or adapter config, so it is opened
@@ -249,7 +254,7 @@ def open_base(spec: str, *, allow_pickle: bool = False, token: str | bool | None
     from hubsoup.sources.resolve import open_input
 
     ckpt = open_input(spec, allow_pickle=allow_pickle, token=token, with_tokenizer=True, hub_only=hub_only,
-                      role="base", monitor=monitor)
+                      role="base", monitor=monitor, headers_only=headers_only)
     if ckpt.ref.kind != "full":
         raise BaseModelError(f"base '{ckpt.label}' is an adapter, not a full model")
     return ckpt

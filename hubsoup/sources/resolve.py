@@ -13,7 +13,7 @@ import re
 
 from hubsoup.errors import InputError, MergeCancelled, PickleRefusedError
 from hubsoup.progress import Monitor, silent_tqdm
-from hubsoup.sources.checkpoint import Checkpoint, InputRef, SAFETENSORS_INDEX
+from hubsoup.sources.checkpoint import ST_DTYPES, Checkpoint, InputRef, SAFETENSORS_INDEX, TensorInfo
 
 METADATA_FILES = [
     "config.json",
@@ -53,12 +53,14 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 def open_input(spec: str, *, allow_pickle: bool = False, token: str | bool | None = None,
                with_tokenizer: bool = False, hub_only: bool = False, role: str = "input",
-               monitor: Monitor | None = None) -> Checkpoint:
+               monitor: Monitor | None = None, headers_only: bool = False) -> Checkpoint:
     """Open an input given as a local folder or a Hub repo ID (``org/name[@revision]``).
 
     ``hub_only``: ``spec`` came from a remote source (a Hub repo's card or adapter config naming its
     base), so it must be a Hub repo ID; a local path is refused and a local folder of that name is
-    never looked at. Every file the checkpoint names is checked to lie inside its own folder
+    never looked at. ``headers_only`` (planning): a Hub input's tensor names, shapes and dtypes come from its
+    safetensors headers on the Hub (:attr:`Checkpoint.remote_headers`), so no weight is downloaded until a
+    tensor is read; :func:`download_size` then says what reading them would download. Every file the checkpoint names is checked to lie inside its own folder
     (:meth:`Checkpoint.file`) before it is read. ``monitor`` (:mod:`hubsoup.progress`): downloads
     are silent, report each finished file and stop at a cancel (:class:`MergeCancelled`).
 
@@ -75,7 +77,7 @@ def open_input(spec: str, *, allow_pickle: bool = False, token: str | bool | Non
         if (spec.startswith((".", "/", "~", "\\")) or repo_id.count("/") > 1 or not _REPO_ID.match(repo_id)
                 or ".." in repo_id or re.match(r"^[A-Za-z]:", spec)):
             raise InputError(f"{role} '{spec}' is not a Hub repo ID (org/name[@revision])")
-        ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role, monitor)
+        ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role, monitor, headers_only)
     else:
         expanded = os.path.expanduser(spec)
         if os.path.isdir(expanded):
@@ -85,7 +87,7 @@ def open_input(spec: str, *, allow_pickle: bool = False, token: str | bool | Non
         elif spec.startswith((".", "/", "~")) or repo_id.count("/") > 1 or not _REPO_ID.match(repo_id):
             raise InputError(f"{role} '{spec}': no such local folder, and not a valid Hub repo ID (org/name[@revision])")
         else:
-            ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role, monitor)
+            ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role, monitor, headers_only)
     # every metadata (and, for the base, tokenizer) file hubsoup may read or copy: no link leading out
     # (weight files are checked the same way when they are opened, before any tensor is read)
     ckpt.check_links(METADATA_FILES + (TOKENIZER_FILES if with_tokenizer else []))
@@ -168,7 +170,7 @@ def _cancelled(e: BaseException) -> MergeCancelled | None:
 
 
 def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="input",
-         monitor: Monitor | None = None) -> Checkpoint:
+         monitor: Monitor | None = None, headers_only: bool = False) -> Checkpoint:
     from huggingface_hub import HfApi, constants, snapshot_download
 
     from hubsoup.hub import ensure_timeouts, hub_timeout
@@ -244,5 +246,82 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         except Exception as e:  # noqa: BLE001
             raise fail(e) from e
 
+    def safetensors_files() -> list[str]:
+        """The safetensors files :func:`fetch_weights` would download ([] when it would fetch anything else)."""
+        top = [f for f in files if "/" not in f]
+        if kind != "full":
+            return []
+        if os.path.isfile(os.path.join(folder, SAFETENSORS_INDEX)):
+            return sorted(set(ckpt.weight_map(SAFETENSORS_INDEX).values()))
+        if "model.safetensors" in top:
+            return ["model.safetensors"]
+        return sorted(f for f in top if f.endswith(".safetensors"))
+
+    def remote_headers() -> dict[str, dict[str, TensorInfo]] | None:
+        names = safetensors_files()
+        if not names:
+            return None
+        api = HfApi()
+        out: dict[str, dict[str, TensorInfo]] = {}
+        try:
+            ensure_timeouts()
+            for fname in names:  # two range requests at most per file: its header, never its data
+                meta = api.parse_safetensors_file_metadata(repo_id, fname, revision=sha, token=token,
+                                                           timeout=hub_timeout())
+                out[fname] = {}
+                for name, t in meta.tensors.items():
+                    dtype = ST_DTYPES.get(t.dtype)
+                    if dtype is None:
+                        from hubsoup.errors import CorruptCheckpointError
+
+                        raise CorruptCheckpointError(f"{role} '{ckpt.label}': tensor '{name}' in {fname} has "
+                                                     f"unsupported dtype {t.dtype}")
+                    out[fname][name] = TensorInfo(tuple(t.shape), dtype)
+        except Exception as e:  # noqa: BLE001 - one line naming the repo
+            from hubsoup.errors import HubsoupError
+
+            if isinstance(e, HubsoupError):
+                raise
+            raise fail(e) from e
+        return out
+
     ckpt.fetch_weights = fetch_weights
+    if headers_only and not constants.HF_HUB_OFFLINE:
+        ckpt.remote_headers = remote_headers
+        ckpt.remote_files = safetensors_files
     return ckpt
+
+
+def download_size(ckpt: Checkpoint, token: str | bool | None = None) -> tuple[int, int] | None:
+    """``(bytes to download, bytes of all its weight files)`` for a Hub input opened with ``headers_only``.
+
+    The sizes are the Hub's file metadata (``HfApi.get_paths_info``) of exactly the files a merge would
+    fetch; files already in the local Hub cache at the pinned commit count as downloaded. None for a
+    local folder, offline, or an input whose weights are not safetensors.
+
+    Example:
+        >>> download_size(open_input("org/model", headers_only=True))   # doctest: +SKIP
+        (1073741824, 1073741824)
+    """
+    names_of = ckpt.remote_files
+    ref = ckpt.ref
+    if names_of is None or not ref.repo_id:
+        return None
+    names = names_of()
+    if not names:
+        return None
+    from huggingface_hub import HfApi, try_to_load_from_cache
+
+    from hubsoup.hub import ensure_timeouts
+
+    try:
+        ensure_timeouts()
+        infos = HfApi().get_paths_info(ref.repo_id, names, revision=ref.sha, token=token)
+    except Exception as e:  # noqa: BLE001
+        raise hub_failure(e, f"{ckpt.role} '{ref.spec}'", ref.repo_id, ref.revision, token) from e
+    sizes = {i.path: int(getattr(i, "size", 0) or 0) for i in infos}
+    total = sum(sizes.values())
+    cached = sum(size for name, size in sizes.items()
+                 if isinstance(hit := try_to_load_from_cache(ref.repo_id, name, revision=ref.sha), str)
+                 and os.path.isfile(hit))
+    return total - cached, total
