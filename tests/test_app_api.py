@@ -420,3 +420,15 @@ def test_two_threads_two_tokens(hub, zoo, tmp_path):
     with pytest.raises(HubsoupError, match="not found"):
         hubsoup.merge(["bob/ft-a"], method="linear", base="bob/base", out=str(tmp_path / "x"),
                       token=hub.token("alice", write=False), quiet=True)
+
+
+def test_progress_prints_nothing_with_eval(zoo, tmp_path, capfd, bars_on):
+    """The eval stage (datasets, transformers) prints nothing either when progress= is given."""
+    data = tmp_path / "val.csv"
+    data.write_text("text\n" + "".join(f"w{i} w{i + 1} w{i + 2}\n" for i in range(6)))
+    rec = Recorder()
+    res = hubsoup.merge([zoo["ft-a"], zoo["ft-b"]], method="task_arithmetic", base=zoo["base"],
+                        out=str(tmp_path / "o"), evaluate=[f"perplexity:{data}"], progress=rec)
+    quiet = capfd.readouterr()
+    assert res.evaluation and "eval" in rec.stages
+    assert quiet.out == "" and quiet.err == "", quiet
