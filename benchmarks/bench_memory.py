@@ -68,7 +68,6 @@ MB = 1024 * 1024
 WARMUP_LAYERS = 2
 RATIO, SLACK_MIB = 1.25, 8.0  # the flatness bound, as in tests/test_memory_depth.py
 HELD_MODELS = {"lot": 1}  # model copies a path holds by design (taken off before judging flatness)
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_INPUT_RANK, LORA_OUTPUT_RANK = 128, 8  # inputs: 2 MiB per layer per adapter at the default shape
 LOT_PARAMS = {"n_exemplars": 4, "max_length": 16, "batch_size": 4, "gram_budget_gb": 0.011}
 COMMON = dict(vocab_size=128, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -91,31 +90,6 @@ def _weights(folder: str) -> list[str]:
     return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors"))
 
 
-def _write_adapter(folder: str, base: str, seed: int, r: int) -> None:
-    """A peft LoRA adapter (all linear modules of every layer), float32, as peft saves one."""
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    os.makedirs(folder)
-    g = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for path in _weights(base):
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                module, _, leaf = name.rpartition(".")
-                if leaf != "weight" or module.rsplit(".", 1)[-1] not in LORA_TARGETS:
-                    continue
-                out_f, in_f = f.get_slice(name).get_shape()
-                key = f"base_model.model.{module}"
-                tensors[f"{key}.lora_A.weight"] = torch.randn(r, in_f, generator=g) / in_f ** 0.5
-                tensors[f"{key}.lora_B.weight"] = torch.randn(out_f, r, generator=g) * 0.01
-    save_file(tensors, os.path.join(folder, "adapter_model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": 2 * r,
-                   "target_modules": list(LORA_TARGETS), "lora_dropout": 0.0, "bias": "none",
-                   "fan_in_fan_out": False, "base_model_name_or_path": base, "use_rslora": False,
-                   "use_dora": False, "rank_pattern": {}, "alpha_pattern": {}, "init_lora_weights": True}, f)
 
 
 def _write_exemplars(path: str, seed: int, n: int = 8) -> None:
@@ -145,7 +119,7 @@ def build(root: str, shape: dict, layers: int, log) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hubsoup.testing import make_finetune, save_tiny_tokenizer
+    from hubsoup.testing import make_finetune, save_tiny_tokenizer, write_adapter
 
     t0 = time.perf_counter()
     shutil.rmtree(d, ignore_errors=True)
@@ -157,7 +131,7 @@ def build(root: str, shape: dict, layers: int, log) -> dict:
     for i, ft in enumerate(z["fts"], 1):
         make_finetune(z["base"], ft, seed=i)
     for i, a in enumerate(z["loras"], 1):
-        _write_adapter(a, z["base"], seed=10 + i, r=LORA_INPUT_RANK)
+        write_adapter(a, z["base"], seed=10 + i, r=LORA_INPUT_RANK)
     with open(stamp, "w") as f:
         f.write(tag)
     log(f"built {layers} layers: {model_mib(z['base']):.1f} MiB per model ({time.perf_counter() - t0:.1f} s)")

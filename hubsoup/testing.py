@@ -114,6 +114,44 @@ def save_tiny_tokenizer(folder: str, vocab: int = 128) -> None:
 
 # --- merge methods on hand-made tensors ---------------------------------------------------------
 
+
+LLAMA_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_adapter(folder: str, base: str, *, seed: int, r: int, targets: Sequence[str] = LLAMA_LINEAR) -> str:
+    """A peft LoRA adapter of the checkpoint in ``base`` (every ``targets`` linear of every layer), float32.
+
+    Written straight from the base's safetensors headers, as peft saves one, without building the
+    model: for bases too large to instantiate cheaply (the memory tests and benchmarks).
+    lora_B is random too, so the update is not 0.
+    """
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    os.makedirs(folder)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for path in sorted(os.path.join(base, f) for f in os.listdir(base) if f.endswith(".safetensors")):
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                module, _, leaf = name.rpartition(".")
+                if leaf != "weight" or module.rsplit(".", 1)[-1] not in targets:
+                    continue
+                out_f, in_f = f.get_slice(name).get_shape()
+                key = f"base_model.model.{module}"
+                tensors[f"{key}.lora_A.weight"] = torch.randn(r, in_f, generator=g) / in_f ** 0.5
+                tensors[f"{key}.lora_B.weight"] = torch.randn(out_f, r, generator=g) * 0.01
+    save_file(tensors, os.path.join(folder, "adapter_model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": 2 * r,
+                   "target_modules": list(targets), "lora_dropout": 0.0, "bias": "none",
+                   "fan_in_fan_out": False, "base_model_name_or_path": base, "use_rslora": False,
+                   "use_dora": False, "rank_pattern": {}, "alpha_pattern": {}, "init_lora_weights": True}, f)
+    return folder
+
+
 def merge_tensors(method: str | Method, taus: Sequence[torch.Tensor] | torch.Tensor,
                   base: torch.Tensor | None = None, *, name: str = "w", block: BlockInfo | None = None,
                   stats: dict[str, Any] | None = None, recipe_hash: str = "", **params: Any) -> torch.Tensor:

@@ -45,7 +45,7 @@ import random
 import pytest
 import torch
 
-from hubsoup.testing import make_finetune, save_tiny_tokenizer
+from hubsoup.testing import make_finetune, save_tiny_tokenizer, write_adapter
 from rss_server import MMAP_THRESHOLD, MeasureError, RssServer  # tests/ is on sys.path (conftest)
 
 pytestmark = [
@@ -58,7 +58,6 @@ DEPTHS = (12, 24)
 WARMUP_LAYERS = 2
 SHAPE = dict(vocab_size=128, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=64, tie_word_embeddings=False)
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_INPUT_RANK = 128  # two adapters of 2 MiB per layer each (about a layer): holding them would show
 RATIO, SLACK_MIB = 1.25, 8.0
 CHILD_TIMEOUT_S = 300
@@ -109,31 +108,6 @@ def _weights(folder: str) -> list[str]:
     return [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors")]
 
 
-def _write_adapter(folder: str, base: str, seed: int, r: int = LORA_INPUT_RANK) -> str:
-    """A peft LoRA adapter (all linear modules of every layer) written as peft saves one; float32."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    os.makedirs(folder)
-    g = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for path in _weights(base):
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                module, _, leaf = name.rpartition(".")
-                if leaf != "weight" or module.rsplit(".", 1)[-1] not in LORA_TARGETS:
-                    continue
-                out_f, in_f = f.get_slice(name).get_shape()
-                key = f"base_model.model.{module}"
-                tensors[f"{key}.lora_A.weight"] = torch.randn(r, in_f, generator=g) / in_f ** 0.5
-                tensors[f"{key}.lora_B.weight"] = torch.randn(out_f, r, generator=g) * 0.01
-    save_file(tensors, os.path.join(folder, "adapter_model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": 2 * r,
-                   "target_modules": list(LORA_TARGETS), "lora_dropout": 0.0, "bias": "none",
-                   "fan_in_fan_out": False, "base_model_name_or_path": base, "use_rslora": False,
-                   "use_dora": False, "rank_pattern": {}, "alpha_pattern": {}, "init_lora_weights": True}, f)
-    return folder
 
 
 def _write_exemplars(path: str, seed: int, n: int = 8) -> str:
@@ -163,7 +137,7 @@ def zoo(tmp_path_factory):
             assert all(t.dtype == torch.float32 for t in _first_tensors(base))  # mapped files as big as can be
             cache[layers] = {"root": str(d), "base": base, "ex": exemplars,
                              "fts": [make_finetune(base, str(d / f"ft{i}"), seed=i) for i in (1, 2, 3)],
-                             "loras": [_write_adapter(str(d / f"lora{i}"), base, seed=10 + i) for i in (1, 2)],
+                             "loras": [write_adapter(str(d / f"lora{i}"), base, seed=10 + i, r=LORA_INPUT_RANK) for i in (1, 2)],
                              "model_mib": sum(os.path.getsize(p) for p in _weights(base)) / 2**20}
         return cache[layers]
 

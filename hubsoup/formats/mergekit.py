@@ -635,25 +635,13 @@ class MergekitLayout:
 
     def _slice_plan(self, base, sources, opts):
         from hubsoup.arch import tied_groups
-        from hubsoup.plan import TensorSource, block_of, layout_plan
+        from hubsoup.plan import TensorSource, layout_plan
         from hubsoup.sources.resolve import open_input
 
         merge = self.merge
         ref_model = merge.inputs[0] if merge.merge_method == "passthrough" else (merge.base or merge.inputs[0])
         keys = base.keys()
-        stacks = {block_of(k)[0] for k in keys if block_of(k)}
-        if len(stacks) != 1:
-            raise ParameterError(f"mergekit config: slices need a model with one stack of layers; "
-                                 f"'{base.label}' has {len(stacks)} ({', '.join(sorted(stacks))})")
-        stack = stacks.pop()
-        suffixes: list[str] = []
-        for k in keys:
-            hit = block_of(k)
-            if hit and hit[1] == 0:
-                suffixes.append(k[len(f"{stack}.0."):])
-        layer_keys = {k for k in keys if block_of(k)}
-        pre = [k for k in keys if k not in layer_keys and _before(k)]
-        post = [k for k in keys if k not in layer_keys and not _before(k)]
+        stack, suffixes, pre, post = _naming(base)
 
         # the checkpoints θ₀ may come from: the base (-1) or a donor (every other model named by a slice)
         origin: dict[str, int] = {ref_model: -1}

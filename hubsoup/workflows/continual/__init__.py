@@ -35,7 +35,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
