@@ -144,6 +144,21 @@ def _heads_view(evaluation: Sequence[Any]) -> list[dict[str, Any]]:
     return rows
 
 
+_ORIGINS = {"paper": "default: the paper's", "ours": "default: ours (the paper is silent)",
+            "mergekit": "default: mergekit's convention"}
+
+
+def _origin(row: dict[str, Any], value: Any) -> str:
+    """Where a hyperparameter's value comes from: given, or the default and its provenance."""
+    if not row:
+        return ""
+    if value != row.get("default"):
+        return "given"
+    if row.get("source") == "measured":
+        return "default: " + str(row.get("evidence") or "measured").replace("|", "\\|")
+    return _ORIGINS.get(row.get("source", "paper"), "default")
+
+
 def _param_rows(method, values: dict[str, Any], prefix: str = "") -> list[dict[str, Any]]:
     """Hyperparameter table rows; a modifier's ``base_params`` become rows ``inner.name`` of the inner method."""
     info = {row["name"]: row for row in describe(method.Params)}
@@ -154,9 +169,8 @@ def _param_rows(method, values: dict[str, Any], prefix: str = "") -> list[dict[s
             rows.extend(_param_rows(inner, v, f"{prefix}{inner.name}."))
             continue
         row = info.get(k, {})
-        ours = " [ours: a choice where the paper is silent]" if row.get("source") == "ours" else ""
-        help_text = (row.get("help", "") + ours).replace("|", "\\|")  # a bare | would split the table cell
-        rows.append({"name": prefix + k, "value": v, "help": help_text})
+        help_text = row.get("help", "").replace("|", "\\|")  # a bare | would split the table cell
+        rows.append({"name": prefix + k, "value": v, "help": help_text, "origin": _origin(row, v)})
     return rows
 
 

@@ -341,7 +341,8 @@ def test_list_methods():
         for p in m["params"]:
             assert {"name", "type", "default", "range", "choices", "help", "source"} <= set(p)
             assert p["type"] in {"float", "int", "bool", "str", "choice", "floats", "ints", "strs", "json"}
-            assert p["source"] in {"paper", "ours", "mergekit"}  # mergekit: a mergekit-compatible option
+            assert p["source"] in {"paper", "ours", "mergekit", "measured"}  # mergekit: a mergekit-compatible option
+            assert (p["evidence"] is not None) == (p["source"] == "measured")  # a measured default names its benchmarks
             if p["type"] == "choice":
                 assert isinstance(p["choices"], list) and p["default"] in p["choices"]
             assert p["range"] is None or (isinstance(p["range"], list) and len(p["range"]) == 2)

@@ -198,6 +198,44 @@ def test_soup_plus_lines_alpha_one_beta_zero_is_the_uniform_soup(taus):
     torch.testing.assert_close(merge_one("soup", taus, block, scale=1.5), 1.5 * mean)
 
 
+# --- the default β: the base method's edit budget redistributed over depth (issue 16) ---------------
+
+@pytest.mark.parametrize("base_method, extra, lam", [
+    ("task_arithmetic", {}, 0.3),  # task arithmetic's default λ
+    ("ties", {}, 1.0),
+    ("consensus", {}, 0.3),
+    ("lwptv+ties", {}, 0.3),  # LwPTV's own default for TIES (the paper's disjoint sum at 0.3)
+    ("task_arithmetic", {"scale": 0.5}, 0.3),  # a given scale multiplies the merge; β stays (recipes re-run)
+])
+def test_default_beta_keeps_the_base_methods_mean_factor(base_method, extra, lam):
+    m = get_method("lines")
+    p = m.parse({"base_method": base_method, "alpha": 0.125, **extra})
+    assert m.base_scale(p) == lam
+    alpha, beta, why = m.alpha_beta(p, ctx(n=8))
+    assert alpha == 0.125 and beta == pytest.approx(2 * (lam - 0.125)) and f"λ = {lam:g}" in why
+    # the mean of the depth factors α + β·b/(L−1) over the blocks is λ: LiNeS moves the edit, it does not grow it
+    factors = [alpha + beta * b / 11 for b in range(12)]
+    assert sum(factors) / 12 == pytest.approx(lam)
+
+
+def test_default_beta_matches_the_papers_tuned_task_arithmetic_point():
+    # LiNeS Table 8 (ViT-B/32, 8 tasks): TA α = 0.125, β = 0.3 tuned; the rule gives β = 0.35 with λ = 0.3
+    m = get_method("lines")
+    p = m.parse({"base_method": "task_arithmetic"})
+    alpha, beta, _ = m.alpha_beta(p, ctx(n=8))
+    assert alpha == 0.125 and beta == pytest.approx(0.35)
+
+
+def test_given_beta_and_the_papers_fixed_betas_win_over_the_rule():
+    m = get_method("lines")
+    assert m.alpha_beta(m.parse({"beta": 0.7}), ctx(n=4))[1] == 0.7
+    assert m.alpha_beta(m.parse({"base_method": "wise_ft"}), ctx(n=1))[:2] == (0.5, 0.5)
+    assert m.alpha_beta(m.parse({"base_method": "linear"}), ctx(n=4))[:2] == (1.0, 1.0)
+    src = {r["name"]: r for r in hubsoup.list_methods() if r["name"] == "lines"}["lines"]
+    beta = next(r for r in src["params"] if r["name"] == "beta")
+    assert beta["source"] == "measured" and "benchmarks/results/defaults.md" in beta["evidence"]
+
+
 # --- the α heuristic (Eq. 2) -----------------------------------------------------------------------------
 
 def test_heuristic_alpha_is_exactly_one_over_n_for_task_arithmetic():
@@ -205,7 +243,8 @@ def test_heuristic_alpha_is_exactly_one_over_n_for_task_arithmetic():
     m, p, stats = run_stats("lines", tensors)
     assert m.passes(p, 3) == []  # closed form: no pass needed
     alpha, beta, why = m.alpha_beta(p, ctx(n=3, stats=stats))
-    assert alpha == 1 / 3 and beta == 1.0 and "1/N" in why
+    assert alpha == 1 / 3 and "1/N" in why
+    assert beta == 0.0  # the equal-budget β: 2·(0.3 − 1/3) < 0, so the schedule is flat at α ≈ TA's λ
     # and the statistics pass itself gives exactly 1/N on task arithmetic
     from hubsoup.methods.lines import _HeuristicPass
 
@@ -253,7 +292,8 @@ def test_heuristic_alpha_for_ties_uses_the_global_threshold():
     block, ts = tensors["model.layers.3.w"]
     out = m.merge(None, torch.stack(ts).clone(), p, ctx("model.layers.3.w", block, 3, stats))
     ref = ties.merge(None, torch.stack(ts).clone(), tp, ctx(n=3, stats=stats))
-    torch.testing.assert_close(out, (stats["lines.alpha"] + 1.0) * ref)
+    alpha = stats["lines.alpha"]  # the last block: α + β, β = 2·(λ_TIES − α) with TIES's λ = 1
+    torch.testing.assert_close(out, (alpha + 2 * (1.0 - alpha)) * ref)
 
 
 def test_heuristic_alpha_l2_norm_option():

@@ -94,7 +94,7 @@ def cmd_methods(args) -> int:
         for row in m["params"]:
             rng = f" range {row['range']}" if row.get("range") else ""
             what = f"one of {', '.join(map(str, row['choices']))}" if row["type"] == "choice" else row["type"]
-            src = f" [{row['source']}]" if row.get("source") in ("ours", "mergekit") else ""
+            src = f" [{row['evidence'] if row.get('evidence') else row.get('source', 'paper')}]"
             print(f"  --param {row['name']}={row['default']!s:<8} ({what}{rng}) {row.get('help', '')}{src}")
         print()
     from hubsoup.methods._schedule import CLI_HELP

@@ -171,7 +171,8 @@ def _classify(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool)
         preds.extend(logits.argmax(-1).tolist())
     acc = load_metric("accuracy").compute(predictions=preds, references=refs)
     f1 = load_metric("macro_f1").compute(predictions=preds, references=refs)
-    details = {}
+    # per-example outcomes, for paired confidence intervals (not written to eval_results.json)
+    details: dict[str, Any] = {"correct": [int(p == r) for p, r in zip(preds, refs)]}
     if task.head:  # the scores are this head's on the model's features: the card must say so
         from hubsoup.recipe import public_file_ref
 
@@ -205,7 +206,9 @@ def _perplexity(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: boo
         nlls.extend(nll.sum(1).double().tolist())
         counts.extend(mask.sum(1).tolist())
     res = load_metric("perplexity").compute(predictions=nlls, references=counts)
-    return TaskResult(task, {"perplexity": res["perplexity"]}, len(counts), {"tokens": res["tokens"]})
+    # per-sequence NLL sums and token counts, for paired confidence intervals (not in eval_results.json)
+    return TaskResult(task, {"perplexity": res["perplexity"]}, len(counts),
+                      {"tokens": res["tokens"], "nll": nlls, "counts": counts})
 
 
 def evaluate_model(model: str, tasks: Sequence[TaskSpec], *, batch_size: int = 32, limit: int | None = None,

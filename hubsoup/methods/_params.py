@@ -22,13 +22,28 @@ from hubsoup.errors import ParameterError
 from hubsoup.methods._schedule import Schedule, has_schedule, is_schedule_value, yaml_value
 
 
+MEASURED = ("measured: best or near-best across hubsoup's quality benchmarks (encoder MiniLM-L6 at 4 and 8 "
+            "tasks, decoder LM SmolLM2-135M on 4 domains; full and LoRA fine-tunes), "
+            "see benchmarks/results/defaults.md")
+"""The evidence of a default chosen from measurements (``source="measured"``)."""
+
+SOURCES = ("paper", "ours", "mergekit", "measured")
+
+
 def param(default: Any, help: str, *, range: tuple | None = None, choices: tuple | None = None,
-          source: str = "paper", per_input: bool = False) -> Any:
+          source: str = "paper", per_input: bool = False, evidence: str | None = None) -> Any:
     """A method parameter with its default, one-line help, allowed range and provenance.
 
+    ``source``: where the default comes from: ``paper``, ``ours`` (a choice where the paper is
+    silent), ``mergekit`` (that tool's convention) or ``measured`` (chosen on hubsoup's quality
+    benchmarks; ``evidence`` says which, default :data:`MEASURED`).
     ``per_input``: a tuple with one value per input model (checked against the number of inputs).
     """
+    if source not in SOURCES:
+        raise ValueError(f"param source must be one of {', '.join(SOURCES)}, got {source!r}")
     md = {"help": help, "range": range, "choices": choices, "source": source}
+    if source == "measured":
+        md["evidence"] = evidence or MEASURED
     if per_input:
         md["per_input"] = True
     if isinstance(default, (list, dict)):
@@ -206,7 +221,8 @@ def describe(cls: type) -> list[dict[str, Any]]:
     ``float``, ``int``, ``bool``, ``str``, ``choice`` (``choices`` lists the values), ``floats``, ``ints``,
     ``strs`` (a list; a comma-separated string is accepted too) or ``json``; ``nullable``: None is allowed
     (``range`` and ``choices`` are None when there are none); ``source``: the provenance declared with
-    :func:`param`: ``paper``, ``ours`` (a choice where the paper is silent), or another tool's convention.
+    :func:`param`: ``paper``, ``ours`` (a choice where the paper is silent), ``measured`` (chosen on
+    hubsoup's quality benchmarks; ``evidence`` names them, None otherwise), or another tool's convention.
 
     >>> from dataclasses import dataclass
     >>> @dataclass
@@ -226,5 +242,6 @@ def describe(cls: type) -> list[dict[str, Any]]:
             kind, choices = "choice", list(md["choices"])
         rows.append({"name": f.name, "type": kind, "nullable": nullable or default is None,
                      "default": _plain(default), "range": _plain(md.get("range")), "choices": _plain(choices),
-                     "help": md.get("help", ""), "source": md.get("source", "paper")})
+                     "help": md.get("help", ""), "source": md.get("source", "paper"),
+                     "evidence": md.get("evidence")})
     return rows

@@ -21,6 +21,7 @@ Usage::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,7 +38,19 @@ from hubsoup.methods._kernels import weighted_average
 # about those methods (model soups keep α = 1; WiSE-FT's edit uses α = β = 0.5), so they stay here.
 _FIXED_ALPHA = {"linear": 1.0, "soup": 1.0, "wise_ft": 0.5}
 _FIXED_BETA = {"wise_ft": 0.5}
-_DEFAULT_BETA = 1.0
+_SOUP_BETA = 1.0  # soups (α = 1): the appendix pseudocode's β; the paper tunes it in 0..1
+
+
+def _equal_budget_beta(alpha: float, lam: float) -> float:
+    """β whose schedule α..α+β has the mean factor λ, the base method's own scale: LiNeS moves the
+    edit from the shallow blocks to the deep ones without enlarging it (β = 2·(λ − α), ≥ 0).
+
+    With Eq. 2's α = 1/N and task arithmetic's λ = 0.3 this gives the paper's tuned TA point at
+    8 tasks (α = 0.125, β = 0.35 vs 0.3, LiNeS Table 8), and for TIES (λ = 1, α ≈ 0.21) β ≈ 1.6
+    vs the tuned 1.4. The old fixed β = 1 scaled the last blocks by 1 + 1/N over task arithmetic,
+    3-4× its λ, and lost to it on every benchmark (issue 16; benchmarks/results/defaults.md).
+    """
+    return max(2.0 * (lam - alpha), 0.0)
 
 
 @dataclass
@@ -51,9 +64,12 @@ class _LinesOwn:
               "(1/N)·‖Σ τ_i‖/‖τ_MTL‖ for multi-task methods (1/N for task arithmetic), 1 for linear/soup, "
               "0.5 for wise_ft")
     beta: float | None = param(
-        None, "β, the last block gets α+β; none = 0.5 for wise_ft (paper), else 1.0 (the appendix pseudocode's "
-              "default; the paper tunes β on validation: TA/consensus 0.1..1.0, TIES 0.1..1.5, soups 0..1)",
-        source="ours")
+        None, "β, the last block gets α+β; none = 0.5 for wise_ft (paper), 1.0 for linear/soup (the appendix "
+              "pseudocode's), else 2·(λ − α) ≥ 0 with λ the base method's default scale (0.3 for task "
+              "arithmetic, 1 for TIES): the schedule's mean factor is λ, so LiNeS redistributes the "
+              "base method's edit over depth instead of enlarging it (the paper tunes β on validation: "
+              "TA/consensus 0.1..1.0, TIES 0.1..1.5, soups 0..1)",
+        source="measured")
     edit_gamma: float | None = param(
         None, "single-task edit of one fine-tune (paper Sec. 3): α = γ, β = 1 − γ", range=(0.0, 1.0))
     alpha_norm: Literal["l1", "l2"] = param(
@@ -139,18 +155,45 @@ class Lines(Modifier):
         own = params.own
         if own.edit_gamma is not None:
             return own.edit_gamma, 1.0 - own.edit_gamma, "single-task edit: α = γ, β = 1 − γ"
-        beta = own.beta if own.beta is not None else _FIXED_BETA.get(params.inner.name, _DEFAULT_BETA)
+        alpha, why = self._alpha(params, ctx)
+        if own.beta is not None:
+            return alpha, own.beta, why
+        inner = params.inner.name
+        if inner in _FIXED_BETA or inner in _FIXED_ALPHA:
+            return alpha, _FIXED_BETA.get(inner, _SOUP_BETA), why
+        lam = self.base_scale(params)
+        return alpha, _equal_budget_beta(alpha, lam), f"{why}; β = 2·(λ − α) with the base method's λ = {lam:g}"
+
+    def _alpha(self, params: Composed, ctx: TensorContext) -> tuple[float, str]:
+        own = params.own
         if own.alpha is not None:
-            return own.alpha, beta, "given"
+            return own.alpha, "α given"
         if params.inner.name in _FIXED_ALPHA:
-            return _FIXED_ALPHA[params.inner.name], beta, f"the paper's value for {params.inner.name}"
+            return _FIXED_ALPHA[params.inner.name], f"the paper's α for {params.inner.name}"
         alpha = self._ta_alpha(params, ctx.n_inputs)
         if alpha is not None:
-            return alpha, beta, "Eq. 2 heuristic, exactly 1/N for task arithmetic"
+            return alpha, "Eq. 2 heuristic, exactly 1/N for task arithmetic"
         stats = ctx.stats
-        return stats["lines.alpha"], beta, (f"Eq. 2 heuristic (1/N)·‖Σ τ_i‖/‖τ_MTL‖ = {stats['lines.norm_sum']:.6g} "
-                                            f"/ ({ctx.n_inputs} · {stats['lines.norm_mtl']:.6g}), "
-                                            f"{params.own.alpha_norm.upper()} norm")
+        return stats["lines.alpha"], (f"Eq. 2 heuristic (1/N)·‖Σ τ_i‖/‖τ_MTL‖ = {stats['lines.norm_sum']:.6g} "
+                                      f"/ ({ctx.n_inputs} · {stats['lines.norm_mtl']:.6g}), "
+                                      f"{params.own.alpha_norm.upper()} norm")
+
+    def base_scale(self, params: Composed) -> float:
+        """λ the base method uses on its own by default (another modifier's default for it included,
+        e.g. LwPTV's 0.3 for TIES); 1 when it has no scale. A scale the user gives multiplies the
+        inner merge as before and does not move β, so a recipe re-runs to the same factors."""
+        leaf, chain = params.inner, []
+        leaf_params = params.inner_params
+        while isinstance(leaf, Modifier):
+            chain.append(leaf)
+            leaf, leaf_params = leaf_params.inner, leaf_params.inner_params
+        name = leaf.scale_param
+        if name is None:
+            return 1.0
+        default = next(f.default for f in dataclasses.fields(leaf.Params) if f.name == name)
+        for mod in sorted(chain, key=lambda m: m.defaults_priority):  # LwPTV's 0.3 for TIES
+            default = mod.inner_defaults.get(leaf.name, {}).get(name, default)
+        return float(default)
 
     def factor(self, params: Composed, ctx: TensorContext) -> float:
         alpha, beta, _ = self.alpha_beta(params, ctx)

@@ -7,7 +7,9 @@ one becomes the output (no second merge) — an interrupted search leaves the ol
 as it was. With several tasks the selection score is the mean *normalized* accuracy,
 accuracy divided by the matching fine-tune's own accuracy, as in the papers: task ``i``
 is matched with input ``i`` when there are as many tasks as inputs; otherwise raw
-accuracies are averaged. Perplexity tasks count as minus perplexity.
+accuracies are averaged. Perplexity tasks count as minus log-perplexity (the mean token NLL):
+a relative change of perplexity weighs the same on every domain, so the domain with the
+highest perplexity does not decide alone (the mean is that of a geometric-mean perplexity).
 
 Example:
     >>> from hubsoup.workflows.search import parse_grid, search
@@ -97,7 +99,7 @@ def normalized_score(results, references: Sequence[float] | None) -> float:
     """Mean of each task's score, divided by its reference (fine-tune) score when given."""
     vals = []
     for i, r in enumerate(results):
-        s = r.score
+        s = r.score if r.task.kind == "classification" else -math.log(r.metrics["perplexity"])
         if references is not None and r.task.kind == "classification":
             ref = references[i]
             s = s / ref if ref > 0 else s
@@ -160,7 +162,7 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
     references = None
     selection = "score_fn"
     if tasks is not None:
-        selection = "mean accuracy" if any(t.kind == "classification" for t in tasks) else "mean of -perplexity"
+        selection = "mean accuracy" if any(t.kind == "classification" for t in tasks) else "mean of -log(perplexity)"
         if normalize and len(tasks) == len(inputs) and all(t.kind == "classification" for t in tasks):
             monitor.child(0.0, 0.0)(0.0, "eval", "scoring the fine-tunes (references)")
             references = [evaluate_model(inp, [t], limit=limit, quiet=True)[0].score for inp, t in zip(inputs, tasks)]

@@ -1,0 +1,388 @@
+"""The tuned merge-quality protocol shared by the encoder and the decoder-LM benchmarks.
+
+Every seed paper chooses its hyper-parameters on validation data; a user who types
+``hubsoup merge a b c --method m`` gets the defaults. So each method of :data:`ROWS` is run
+three ways, side by side, through the CLI:
+
+- **defaults**: ``hubsoup merge REPOS --method M`` plus only the row's structural ``params``
+  (``base_method=ties``; never a number the user would have to know);
+- **old defaults**: the same with :attr:`Row.old` added, the values the defaults had before
+  they were chosen from these benchmarks (issue 16); skipped when identical to ``defaults``;
+- **tuned**: ``hubsoup merge ... --search KEY=GRID --eval VAL_TASK ...``: one merge per grid
+  point, scored on the in-domain *validation* splits with the papers' selection score (mean
+  normalized accuracy; for LMs, mean log-perplexity: see :mod:`hubsoup.workflows.search`), the
+  best point kept; then scored once on *test*.
+
+Scores. Per in-domain task t, the **normalized gain** of model m is
+``g_t = (s_t(m) − s_t(base)) / (s_t(ft_t) − s_t(base))`` where s is accuracy (encoders) or
+minus the mean token NLL = −log perplexity (LMs), and ft_t the fine-tune of task t: 1 = the
+fine-tune's own gain recovered, 0 = nothing gained, < 0 = worse than the untouched base. The
+papers' **normalized accuracy** ``s_t(m) / s_t(ft_t)`` is reported too (encoders). Controls
+(tasks no input was trained on): ``s_t(m) − s_t(base)`` (negative = forgetting).
+
+Confidence intervals: a paired bootstrap over test examples (each task's examples resampled,
+the same resample for every model, so references and merges move together), 95 % percentile
+intervals of every average and of every difference used in a claim (:func:`bootstrap`).
+
+The guard (:func:`guard`) fails when a method at its defaults recovers less than half of the
+fine-tunes' gain on average, or is worse than the base on an in-domain task beyond the noise
+(the paired 95 % interval of ``s_t(m) − s_t(base)`` entirely below 0).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+B = 1000  # bootstrap resamples
+SEED = 20261123
+
+
+@dataclass(frozen=True)
+class Row:
+    """One method of the protocol.
+
+    ``params`` are structural (which inner method, which variant) and go into every run;
+    ``old`` the pre-evidence defaults (issue 16), added for the "old defaults" run;
+    ``grid`` what the tuned run searches (``--search KEY=a,b,c``; the method's paper grid,
+    thinned to stay in the time budget); ``inherit``: the label of a row whose tuned values
+    this one takes as fixed (LwPTV is compared like for like: the same base method and λ with
+    and without the mask).
+    """
+
+    label: str
+    method: str
+    params: dict = field(default_factory=dict)
+    old: dict = field(default_factory=dict)
+    grid: dict = field(default_factory=dict)
+    inherit: str | None = None
+    lora: bool = True  # also run on LoRA fine-tunes
+    exemplars: bool = False  # LOT: needs --exemplars TASK=PATH per input
+    continual: bool = False  # OPCM: order matters
+
+
+ROWS: list[Row] = [
+    Row("uniform soup", "linear"),
+    Row("task arithmetic", "task_arithmetic", old={"scale": 0.3},
+        grid={"scale": [0.1, 0.2, 0.3, 0.5, 0.7, 1.0]}),
+    Row("TIES", "ties", old={"density": 0.2, "scale": 1.0}, grid={"scale": [0.3, 0.5, 0.7, 1.0, 1.3]}),
+    Row("DARE + TA", "dare", {"then": "sum"}, old={"p": 0.9, "scale": 1.0},
+        grid={"scale": [0.1, 0.2, 0.3, 0.5, 0.7, 1.0]}),
+    Row("consensus", "consensus", old={"k": 2, "lambdas": 0.4, "scale": 0.3},
+        grid={"scale": [0.1, 0.2, 0.3, 0.5, 0.7, 1.0]}),
+    Row("LiNeS + uniform soup", "lines", {"base_method": "linear"}, old={"beta": 1.0},
+        grid={"beta": [0.0, 0.2, 0.5, 1.0]}),
+    Row("LiNeS + TA", "lines", {"base_method": "task_arithmetic"}, old={"beta": 1.0},
+        grid={"beta": [0.1, 0.2, 0.3, 0.5, 0.7, 1.0]}),
+    Row("LiNeS + TIES", "lines", {"base_method": "ties"}, old={"beta": 1.0},
+        grid={"beta": [0.1, 0.3, 0.5, 0.7, 1.0, 1.4]}),
+    Row("LiNeS + consensus", "lines", {"base_method": "consensus"}, old={"beta": 1.0},
+        grid={"beta": [0.1, 0.2, 0.3, 0.5, 0.7, 1.0]}),
+    Row("LwPTV + TA", "lwptv", {"base_method": "task_arithmetic"}, old={"eta": 0.7, "scale": 0.3},
+        grid={"eta": [0.3, 0.5, 0.7]}, inherit="task arithmetic"),
+    Row("LwPTV + TIES", "lwptv", {"base_method": "ties"}, old={"eta": 0.7},
+        grid={"eta": [0.3, 0.5, 0.7]}, inherit="TIES"),
+    Row("SFTM", "sftm", old={"eta": 0.2, "gamma": 0.6}, grid={"gamma": [0.4, 0.6, 0.8, 1.0, 1.2]}),
+    Row("LOT", "lot", old={"scale": 1.0}, grid={"scale": [0.6, 0.8, 1.0, 1.2, 1.5]}, exemplars=True),
+    Row("OPCM", "opcm", old={"alpha": 0.5}, grid={"alpha": [0.3, 0.5, 0.7]}, continual=True),
+]
+ROW = {r.label: r for r in ROWS}
+
+# The seed papers' claims, as (claim, row, reference row, what is compared). "in" = mean in-domain
+# normalized gain; "control" = mean control score change; LwPTV's claim has two parts.
+CLAIMS: list[tuple[str, str, str, str]] = [
+    ("LiNeS improves task arithmetic", "LiNeS + TA", "task arithmetic", "in"),
+    ("LiNeS improves TIES", "LiNeS + TIES", "TIES", "in"),
+    ("LiNeS improves consensus", "LiNeS + consensus", "consensus", "in"),
+    ("LwPTV lifts control tasks (over TA, same λ)", "LwPTV + TA", "task arithmetic", "control"),
+    ("LwPTV costs ≤ 1 point in-domain (over TA, same λ)", "LwPTV + TA", "task arithmetic", "in_loss"),
+    ("LwPTV lifts control tasks (over TIES, same λ)", "LwPTV + TIES", "TIES", "control"),
+    ("LwPTV costs ≤ 1 point in-domain (over TIES, same λ)", "LwPTV + TIES", "TIES", "in_loss"),
+    ("SFTM ≥ TIES", "SFTM", "TIES", "in"),
+    ("LOT ≥ task arithmetic", "LOT", "task arithmetic", "in"),
+    ("OPCM ≥ sequential averaging", "OPCM", "uniform soup", "in"),
+]
+
+
+# ---- running merges through the CLI -------------------------------------------------------------
+
+
+def cli_command(inputs: Sequence[str], method: str, params: dict, out: str, *, search: dict | None = None,
+                evals: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
+    """The ``hubsoup merge`` command line of one run (``python -m hubsoup`` in this interpreter)."""
+    cmd = [sys.executable, "-m", "hubsoup", "merge", *inputs, "--method", method, "--out", out,
+           "--overwrite", "--quiet"]
+    for k, v in params.items():
+        cmd += ["--param", f"{k}={_cli_value(v)}"]
+    for k, values in (search or {}).items():
+        cmd += ["--search", f"{k}=" + ",".join(_cli_value(v) for v in values)]
+    for spec in evals:
+        cmd += ["--eval", spec]
+    return cmd + list(extra)
+
+
+def _cli_value(v) -> str:
+    if isinstance(v, (list, tuple)):
+        return ",".join(_cli_value(x) for x in v)
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def display(cmd: Sequence[str]) -> str:
+    """A command as a user types it (``hubsoup merge ...``), for the results."""
+    return " ".join(["hubsoup", *[c if " " not in c else repr(c) for c in cmd[3:]]])
+
+
+def run_cli(cmd: Sequence[str], env: dict | None = None) -> tuple[bool, str, float]:
+    """Run one CLI merge; (ok, last error line or the command, seconds)."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, cwd=REPO, env=env)
+    dt = time.perf_counter() - t0
+    if proc.returncode != 0:
+        lines = [l for l in (proc.stderr or proc.stdout).strip().splitlines() if l.strip()]
+        return False, (lines[-1] if lines else f"exit {proc.returncode}")[:400], dt
+    return True, display(cmd), dt
+
+
+def _effective(method: str, params: dict) -> dict:
+    """The parameters a merge with ``params`` really uses (the method's defaults filled in)."""
+    from hubsoup.methods import get_method
+
+    m = get_method(method)
+    return m.describe_params(m.parse(dict(params)))
+
+
+def _inherited(label: str, tuned: dict[str, dict]) -> dict:
+    """Every parameter the tuned run of row ``label`` merged with (its chosen values and its method's
+    defaults): a like-for-like comparison (LwPTV's own default for TIES is a disjoint *sum* at 0.3)."""
+    src = ROW[label]
+    return {k: v for k, v in _effective(src.method, {**src.params, **tuned.get(label, {})}).items()
+            if v is not None and not isinstance(v, dict)}
+
+
+def runs_of(row: Row, tuned: dict[str, dict]) -> list[tuple[str, dict, dict | None]]:
+    """The runs of ``row``: (variant, params, search grid or None); ``tuned`` maps a row label to the
+    values its tuned run chose (for :attr:`Row.inherit`)."""
+    fixed = dict(row.params)
+    out = [("defaults", fixed, None)]
+    old = {**fixed, **row.old}
+    if _effective(row.method, old) != _effective(row.method, fixed):  # skipped where the defaults did not move
+        out.append(("old defaults", old, None))
+    if row.grid:
+        base = {**fixed, **(_inherited(row.inherit, tuned) if row.inherit else {})}
+        out.append(("tuned", {k: v for k, v in base.items() if k not in row.grid}, row.grid))
+    return out
+
+
+# ---- scores and confidence intervals -----------------------------------------------------------
+
+
+@dataclass
+class Scores:
+    """Per-example scores of one model on one task's test split.
+
+    Classification: ``values`` = 1/0 per example, ``weights`` = 1 each (accuracy = mean).
+    Perplexity: ``values`` = each sequence's summed token NLL, ``weights`` = its token count
+    (score = −Σ nll / Σ tokens = −log perplexity).
+    """
+
+    values: list[float]
+    weights: list[float]
+
+    def score(self, idx: Sequence[int] | None = None) -> float:
+        v, w = self._arrays()
+        if idx is not None:  # numpy: the bootstrap calls this 10⁴–10⁵ times per model
+            v, w = v[idx], w[idx]
+        total = w.sum()
+        return float(v.sum() / total) if total else float("nan")
+
+    def _arrays(self):
+        if "_np" not in self.__dict__:
+            import numpy as np
+
+            self.__dict__["_np"] = (np.asarray(self.values, dtype=np.float64), np.asarray(self.weights, dtype=np.float64))
+        return self.__dict__["_np"]
+
+    @classmethod
+    def classification(cls, correct: Sequence[int]) -> "Scores":
+        return cls([float(c) for c in correct], [1.0] * len(correct))
+
+    @classmethod
+    def perplexity(cls, nll: Sequence[float], tokens: Sequence[int]) -> "Scores":
+        return cls([-float(x) for x in nll], [float(t) for t in tokens])  # higher is better: −NLL
+
+    def to_dict(self) -> dict:
+        return {"values": self.values, "weights": self.weights}
+
+
+ModelScores = dict  # task -> Scores
+
+
+_RESAMPLES: dict = {}
+
+
+def _resamples(n_by_task: dict[str, int], b: int = B, seed: int = SEED) -> list[dict[str, list[int]]]:
+    # drawn once per (task sizes, b, seed) and kept: the same draws as before, as numpy index arrays
+    key = (tuple(n_by_task.items()), b, seed)
+    if key not in _RESAMPLES:
+        import numpy as np
+
+        rng = random.Random(seed)
+        _RESAMPLES[key] = [{t: np.array([rng.randrange(n) for _ in range(n)], dtype=np.int64)
+                            for t, n in n_by_task.items()} for _ in range(b)]
+    return _RESAMPLES[key]
+
+
+def interval(stat: Callable[[dict[str, Sequence[int] | None]], float], n_by_task: dict[str, int],
+             b: int = B) -> dict:
+    """``stat`` on the full test sets, with its paired-bootstrap 95 % percentile interval."""
+    point = stat({t: None for t in n_by_task})
+    samples = sorted(stat(r) for r in _resamples(n_by_task, b))
+    lo, hi = samples[int(0.025 * b)], samples[min(b - 1, int(math.ceil(0.975 * b)) - 1)]
+    return {"value": point, "lo": lo, "hi": hi}
+
+
+def gain(m: ModelScores, base: ModelScores, fts: dict[str, ModelScores], tasks: Sequence[str]):
+    """The statistic "mean normalized gain over ``tasks``" (for :func:`interval`)."""
+    def stat(idx):
+        vals = []
+        for t in tasks:
+            b, f = base[t].score(idx[t]), fts[t][t].score(idx[t])
+            vals.append((m[t].score(idx[t]) - b) / (f - b) if f != b else float("nan"))
+        return sum(vals) / len(vals)
+    return stat
+
+
+def normalized(m: ModelScores, fts: dict[str, ModelScores], tasks: Sequence[str]):
+    """Mean normalized accuracy ``s(m) / s(ft)`` (encoders, the papers' table metric)."""
+    return lambda idx: sum(m[t].score(idx[t]) / fts[t][t].score(idx[t]) for t in tasks) / len(tasks)
+
+
+def change(m: ModelScores, base: ModelScores, tasks: Sequence[str]):
+    """Mean ``s(m) − s(base)`` over ``tasks`` (controls: negative = forgetting)."""
+    return lambda idx: sum(m[t].score(idx[t]) - base[t].score(idx[t]) for t in tasks) / len(tasks)
+
+
+def difference(f: Callable, g: Callable):
+    return lambda idx: f(idx) - g(idx)
+
+
+def summarize(m: ModelScores, base: ModelScores, fts: dict[str, ModelScores], in_domain: Sequence[str],
+              controls: Sequence[str], b: int = B) -> dict:
+    """Everything a table row shows, each with its interval."""
+    n = {t: len(base[t].values) for t in [*in_domain, *controls]}
+    n_in = {t: n[t] for t in in_domain}
+    out = {"scores": {t: m[t].score() for t in n},
+           "gain": interval(gain(m, base, fts, in_domain), n_in, b),
+           "in_domain": interval(lambda idx: sum(m[t].score(idx[t]) for t in in_domain) / len(in_domain), n_in, b),
+           "worst_task_vs_base": {t: interval(change(m, base, [t]), {t: n[t]}, b) for t in in_domain}}
+    if all(fts[t][t].score() > 0 for t in in_domain):  # accuracies: the papers' normalized accuracy
+        out["normalized"] = interval(normalized(m, fts, in_domain), n_in, b)
+    if controls:
+        out["control_change"] = interval(change(m, base, controls), {t: n[t] for t in controls}, b)
+    return out
+
+
+# ---- claims and the guard ----------------------------------------------------------------------
+
+
+def claim(kind: str, m: ModelScores, ref: ModelScores, base: ModelScores, fts: dict[str, ModelScores],
+          in_domain: Sequence[str], controls: Sequence[str], b: int = B) -> dict:
+    """One seed claim, m against ref: the difference with its interval and a verdict.
+
+    "holds" when the interval is above 0 (for "in_loss": the loss of in-domain score is ≤ 1 point,
+    i.e. the interval's lower end of m − ref is above −0.01 on the mean in-domain score),
+    "does not hold" when it is below 0 (above −0.01 fails), "inside the noise" otherwise.
+    """
+    n_in = {t: len(base[t].values) for t in in_domain}
+    if kind == "in":
+        d = interval(difference(gain(m, base, fts, in_domain), gain(ref, base, fts, in_domain)), n_in, b)
+        lo_ok = 0.0
+    elif kind == "control":
+        d = interval(difference(change(m, base, controls), change(ref, base, controls)),
+                     {t: len(base[t].values) for t in controls}, b)
+        lo_ok = 0.0
+    else:  # in_loss: mean in-domain score of m − ref ≥ −1 point
+        d = interval(difference(change(m, base, in_domain), change(ref, base, in_domain)), n_in, b)
+        lo_ok = -0.01
+    if d["lo"] > lo_ok:
+        verdict = "holds"
+    elif d["hi"] < lo_ok:
+        verdict = "does not hold"
+    else:
+        verdict = "inside the noise"
+    return {**d, "verdict": verdict, "threshold": lo_ok}
+
+
+def guard(results: dict) -> list[str]:
+    """Failures of the defaults guard in one benchmark's results (see the module docstring).
+
+    ``results``: ``{"benchmark": name, "settings": {setting: {"rows": {label: {"defaults":
+    summary}}}}}`` as the benchmarks write them (a setting = fine-tune kind × number of tasks).
+    """
+    bad = []
+    for setting, s in results["settings"].items():
+        for label, variants in s["rows"].items():
+            summ = variants.get("defaults", {}).get("summary")
+            if not summ:
+                continue
+            where = f"{results['benchmark']} / {setting} / {label} at its defaults"
+            g = summ["gain"]
+            if g["value"] < 0.5:
+                bad.append(f"{where}: recovers {g['value']:.2f} of the fine-tunes' gain (< 0.5)")
+            for t, d in summ["worst_task_vs_base"].items():
+                if d["hi"] < 0:
+                    bad.append(f"{where}: worse than the base on {t} ({d['value']:+.4f}, "
+                               f"95% CI [{d['lo']:+.4f}, {d['hi']:+.4f}])")
+    return bad
+
+
+def defaults_in_use() -> dict[str, dict]:
+    """Each row's "defaults" run as a merge really performs it today (the method's current defaults
+    filled in); a benchmark stores this as ``results["defaults"]``."""
+    return {r.label: json.loads(json.dumps(_effective(r.method, r.params), default=str)) for r in ROWS}
+
+
+def stale_defaults(results: dict) -> list[str]:
+    """Rows whose defaults changed since ``results`` were measured: the guard's verdict on them is void
+    until the benchmark's defaults runs are repeated (``--variants defaults``)."""
+    now, then = defaults_in_use(), results.get("defaults") or {}
+    out = []
+    for label, eff in now.items():
+        if label in then and then[label] != eff:
+            diff = sorted(k for k in set(eff) | set(then[label]) if eff.get(k) != then[label].get(k))
+            out.append(f"{results['benchmark']} / {label}: defaults changed since the benchmark ran "
+                       f"({', '.join(diff)}); re-run its defaults")
+        elif label not in then:
+            out.append(f"{results['benchmark']} / {label}: not in the results; re-run the benchmark")
+    return out
+
+
+def ci(d: dict, pct: bool = True) -> str:
+    """``value [lo, hi]`` for a table."""
+    k = 100 if pct else 1
+    return f"{k * d['value']:.1f} [{k * d['lo']:.1f}, {k * d['hi']:.1f}]" if pct else \
+        f"{d['value']:.2f} [{d['lo']:.2f}, {d['hi']:.2f}]"
+
+
+def write_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, default=str)
+
+
+if __name__ == "__main__":  # the guard over committed results: python -m benchmarks.protocol FILE.json ...
+    failures = []
+    for p in sys.argv[1:]:
+        with open(p, encoding="utf-8") as f:
+            res = json.load(f)
+        failures += guard(res) + stale_defaults(res)
+    print("\n".join(failures) or "guard: every method at its defaults passes")
+    sys.exit(1 if failures else 0)

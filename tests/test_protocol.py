@@ -1,0 +1,104 @@
+"""benchmarks/protocol.py: the tuned quality protocol's scores, intervals, claims and the defaults guard,
+and the guard over the committed benchmark results (issue 16: a change of defaults cannot regress silently)."""
+
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from benchmarks import protocol as P  # noqa: E402
+
+RESULTS = [os.path.join(REPO, "benchmarks", "results", f) for f in ("quality.json", "quality_lm.json")]
+
+
+def _cls(correct):
+    return P.Scores.classification(correct)
+
+
+def _world(n=200):
+    """Two tasks: base gets half right, each fine-tune all of its own task; a merge in between."""
+    half = [i % 2 for i in range(n)]
+    base = {"a": _cls(half), "b": _cls(half), "c": _cls(half)}
+    fts = {"a": {"a": _cls([1] * n)}, "b": {"b": _cls([1] * n)}}
+    return base, fts
+
+
+def test_gain_is_the_share_of_the_fine_tunes_gain():
+    base, fts = _world()
+    n = 200
+    three_q = [1 if i % 4 else 0 for i in range(n)]  # 75 %: half of the fine-tune's +50 points
+    m = {"a": _cls(three_q), "b": _cls([1] * n), "c": _cls([0] * n)}
+    s = P.summarize(m, base, fts, ["a", "b"], ["c"], b=200)
+    assert s["gain"]["value"] == pytest.approx((0.5 + 1.0) / 2)
+    assert s["gain"]["lo"] <= s["gain"]["value"] <= s["gain"]["hi"] and s["gain"]["lo"] < s["gain"]["hi"]
+    assert s["normalized"]["value"] == pytest.approx((0.75 + 1.0) / 2)
+    assert s["control_change"]["value"] == pytest.approx(-0.5)
+    assert s["control_change"]["hi"] < 0  # forgetting, beyond the noise
+
+
+def test_perplexity_scores_are_minus_the_mean_token_nll():
+    s = P.Scores.perplexity([6.0, 2.0], [3, 1])
+    assert s.score() == pytest.approx(-2.0)  # −Σ nll / Σ tokens = −log perplexity
+    assert s.score([1, 1]) == pytest.approx(-2.0) and s.score([0]) == pytest.approx(-2.0)
+
+
+def test_intervals_repeat_exactly():
+    base, fts = _world()
+    m = {"a": _cls([1, 0, 1] * 66 + [1, 1]), "b": _cls([1] * 200), "c": _cls([1] * 200)}
+    assert P.summarize(m, base, fts, ["a", "b"], ["c"], b=100) == P.summarize(m, base, fts, ["a", "b"], ["c"], b=100)
+
+
+def test_claim_verdicts():
+    base, fts = _world()
+    n = 200
+    good = {"a": _cls([1] * n), "b": _cls([1] * n), "c": _cls([1] * n)}
+    bad = {"a": _cls([i % 2 for i in range(n)]), "b": _cls([i % 2 for i in range(n)]), "c": _cls([0] * n)}
+    assert P.claim("in", good, bad, base, fts, ["a", "b"], ["c"], b=200)["verdict"] == "holds"
+    assert P.claim("in", bad, good, base, fts, ["a", "b"], ["c"], b=200)["verdict"] == "does not hold"
+    assert P.claim("in", good, good, base, fts, ["a", "b"], ["c"], b=200)["verdict"] == "inside the noise"
+    assert P.claim("control", good, bad, base, fts, ["a", "b"], ["c"], b=200)["verdict"] == "holds"
+    # in_loss: m may lose up to 1 point in-domain against ref; equal models lose nothing
+    assert P.claim("in_loss", good, good, base, fts, ["a", "b"], ["c"], b=200)["verdict"] == "holds"
+    assert P.claim("in_loss", bad, good, base, fts, ["a", "b"], ["c"], b=200)["verdict"] == "does not hold"
+
+
+def _results(gain, worst_hi, defaults=None):
+    summary = {"gain": {"value": gain, "lo": gain - 0.1, "hi": gain + 0.1},
+               "worst_task_vs_base": {"a": {"value": worst_hi - 0.01, "lo": worst_hi - 0.02, "hi": worst_hi}}}
+    return {"benchmark": "toy", "settings": {"lora": {"rows": {"TIES": {"defaults": {"summary": summary}}}}},
+            "defaults": defaults if defaults is not None else P.defaults_in_use()}
+
+
+def test_guard_fails_on_a_weak_or_harmful_default():
+    assert P.guard(_results(0.7, 0.01)) == []
+    low = P.guard(_results(0.4, 0.01))
+    assert len(low) == 1 and "toy / lora / TIES" in low[0] and "0.40" in low[0]
+    harm = P.guard(_results(0.7, -0.001))  # worse than the base on task a, the whole interval below 0
+    assert len(harm) == 1 and "worse than the base on a" in harm[0]
+
+
+def test_stale_defaults_are_reported():
+    fresh = _results(0.7, 0.01)
+    assert P.stale_defaults(fresh) == []
+    old = json.loads(json.dumps(fresh))
+    old["defaults"]["task arithmetic"]["scale"] = 0.123  # measured under another default
+    stale = P.stale_defaults(old)
+    assert len(stale) == 1 and "task arithmetic" in stale[0] and "scale" in stale[0]
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=os.path.basename)
+def test_committed_results_pass_the_guard_at_todays_defaults(path):
+    """The guard over the measured results: every method at its defaults recovers ≥ half of the
+    fine-tunes' gain and is not worse than the base on any in-domain task, and the defaults measured
+    are today's (changing one without re-running the benchmark fails here)."""
+    assert os.path.isfile(path), f"{path} is missing: run its benchmark (benchmarks/README.md)"
+    with open(path, encoding="utf-8") as f:
+        res = json.load(f)
+    assert P.stale_defaults(res) == []
+    assert P.guard(res) == []
+    rows = {label for s in res["settings"].values() for label, v in s["rows"].items() if v.get("defaults")}
+    assert {r.label for r in P.ROWS if r.lora} <= rows  # every method's defaults were measured
