@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 import time
@@ -189,26 +188,23 @@ class Scores:
     """Per-example scores of one model on one task's test split.
 
     Classification: ``values`` = 1/0 per example, ``weights`` = 1 each (accuracy = mean).
-    Perplexity: ``values`` = each sequence's summed token NLL, ``weights`` = its token count
+    Perplexity: ``values`` = minus each sequence's summed token NLL, ``weights`` = its token count
     (score = −Σ nll / Σ tokens = −log perplexity).
     """
 
     values: list[float]
     weights: list[float]
 
-    def score(self, idx: Sequence[int] | None = None) -> float:
-        v, w = self._arrays()
-        if idx is not None:  # numpy: the bootstrap calls this 10⁴–10⁵ times per model
-            v, w = v[idx], w[idx]
-        total = w.sum()
-        return float(v.sum() / total) if total else float("nan")
+    def score(self, idx=None):
+        """The score on all examples (``idx`` None: a float), or on each bootstrap resample (``idx``: a
+        [B, n] index tensor; a [B] tensor)."""
+        import torch
 
-    def _arrays(self):
-        if "_np" not in self.__dict__:
-            import numpy as np
-
-            self.__dict__["_np"] = (np.asarray(self.values, dtype=np.float64), np.asarray(self.weights, dtype=np.float64))
-        return self.__dict__["_np"]
+        v = torch.as_tensor(self.values, dtype=torch.float64)
+        w = torch.as_tensor(self.weights, dtype=torch.float64)
+        if idx is None:
+            return float(v.sum() / w.sum()) if float(w.sum()) else float("nan")
+        return v[idx].sum(-1) / w[idx].sum(-1)
 
     @classmethod
     def classification(cls, correct: Sequence[int]) -> "Scores":
@@ -225,27 +221,26 @@ class Scores:
 ModelScores = dict  # task -> Scores
 
 
-_RESAMPLES: dict = {}
+def _resamples(n_by_task: dict[str, int], b: int = B, seed: int = SEED) -> dict:
+    """Each task's bootstrap resamples, a [b, n] index tensor, seeded by the task's name (so the same
+    task gets the same resamples in every statistic: the intervals are paired)."""
+    import torch
+
+    out = {}
+    for t, n in n_by_task.items():
+        g = torch.Generator().manual_seed(seed + sum(ord(c) * 31 ** i for i, c in enumerate(t)) % 2 ** 31)
+        out[t] = torch.randint(0, n, (b, n), generator=g)
+    return out
 
 
-def _resamples(n_by_task: dict[str, int], b: int = B, seed: int = SEED) -> list[dict[str, list[int]]]:
-    # drawn once per (task sizes, b, seed) and kept: the same draws as before, as numpy index arrays
-    key = (tuple(n_by_task.items()), b, seed)
-    if key not in _RESAMPLES:
-        import numpy as np
+def interval(stat: Callable[[dict], float], n_by_task: dict[str, int], b: int = B) -> dict:
+    """``stat`` on the full test sets, with its paired-bootstrap 95 % percentile interval. ``stat`` takes
+    ``{task: None}`` (a float) or ``{task: [b, n] indices}`` (a [b] tensor)."""
+    import torch
 
-        rng = random.Random(seed)
-        _RESAMPLES[key] = [{t: np.array([rng.randrange(n) for _ in range(n)], dtype=np.int64)
-                            for t, n in n_by_task.items()} for _ in range(b)]
-    return _RESAMPLES[key]
-
-
-def interval(stat: Callable[[dict[str, Sequence[int] | None]], float], n_by_task: dict[str, int],
-             b: int = B) -> dict:
-    """``stat`` on the full test sets, with its paired-bootstrap 95 % percentile interval."""
-    point = stat({t: None for t in n_by_task})
-    samples = sorted(stat(r) for r in _resamples(n_by_task, b))
-    lo, hi = samples[int(0.025 * b)], samples[min(b - 1, int(math.ceil(0.975 * b)) - 1)]
+    point = float(stat({t: None for t in n_by_task}))
+    samples = torch.sort(torch.as_tensor(stat(_resamples(n_by_task, b)), dtype=torch.float64)).values
+    lo, hi = float(samples[int(0.025 * b)]), float(samples[min(b - 1, int(math.ceil(0.975 * b)) - 1)])
     return {"value": point, "lo": lo, "hi": hi}
 
 
@@ -255,7 +250,8 @@ def gain(m: ModelScores, base: ModelScores, fts: dict[str, ModelScores], tasks: 
         vals = []
         for t in tasks:
             b, f = base[t].score(idx[t]), fts[t][t].score(idx[t])
-            vals.append((m[t].score(idx[t]) - b) / (f - b) if f != b else float("nan"))
+            d = f - b  # 0: a fine-tune that gained nothing on its own task; its share is undefined
+            vals.append((m[t].score(idx[t]) - b) / (d if not isinstance(d, float) or d else float("nan")))
         return sum(vals) / len(vals)
     return stat
 
