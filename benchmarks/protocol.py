@@ -198,13 +198,18 @@ class Scores:
     def score(self, idx=None):
         """The score on all examples (``idx`` None: a float), or on each bootstrap resample (``idx``: a
         [B, n] index tensor; a [B] tensor)."""
-        import torch
-
-        v = torch.as_tensor(self.values, dtype=torch.float64)
-        w = torch.as_tensor(self.weights, dtype=torch.float64)
+        v, w = self._tensors()
         if idx is None:
             return float(v.sum() / w.sum()) if float(w.sum()) else float("nan")
         return v[idx].sum(-1) / w[idx].sum(-1)
+
+    def _tensors(self):
+        if getattr(self, "_t", None) is None:  # converted once: every statistic reads them B times
+            import torch
+
+            self._t = (torch.as_tensor(self.values, dtype=torch.float64),
+                       torch.as_tensor(self.weights, dtype=torch.float64))
+        return self._t
 
     @classmethod
     def classification(cls, correct: Sequence[int]) -> "Scores":
