@@ -201,7 +201,10 @@ class Scores:
         v, w = self._tensors()
         if idx is None:
             return float(v.sum() / w.sum()) if float(w.sum()) else float("nan")
-        return v[idx].sum(-1) / w[idx].sum(-1)
+        memo = self.__dict__.setdefault("_memo", {})
+        if id(idx) not in memo:  # the resample tensors live in _RESAMPLES, so their ids stay theirs
+            memo[id(idx)] = v[idx].sum(-1) / w[idx].sum(-1)
+        return memo[id(idx)]
 
     def _tensors(self):
         if getattr(self, "_t", None) is None:  # converted once: every statistic reads them B times
@@ -233,9 +236,15 @@ def _resamples(n_by_task: dict[str, int], b: int = B, seed: int = SEED) -> dict:
 
     out = {}
     for t, n in n_by_task.items():
-        g = torch.Generator().manual_seed(seed + sum(ord(c) * 31 ** i for i, c in enumerate(t)) % 2 ** 31)
-        out[t] = torch.randint(0, n, (b, n), generator=g)
+        key = (t, n, b, seed)
+        if key not in _RESAMPLES:
+            g = torch.Generator().manual_seed(seed + sum(ord(c) * 31 ** i for i, c in enumerate(t)) % 2 ** 31)
+            _RESAMPLES[key] = torch.randint(0, n, (b, n), generator=g)
+        out[t] = _RESAMPLES[key]
     return out
+
+
+_RESAMPLES: dict = {}  # one index tensor per task: every statistic reuses it (and Scores caches by it)
 
 
 def interval(stat: Callable[[dict], float], n_by_task: dict[str, int], b: int = B) -> dict:
