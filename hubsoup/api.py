@@ -251,13 +251,17 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     sink = None
     try:
         monitor.plan(_stage_weights(m, p, inputs, base, tasks))
-        base_ckpt, sources = _open_inputs(inputs, base, m, p, opts, monitor=monitor)
+        # Hub models' tensors from their safetensors headers: the fit check below runs before any weight moves
+        base_ckpt, sources = _open_inputs(inputs, base, m, p, opts, monitor=monitor, headers_only=True)
         check_out_is_no_input(out, base_ckpt, sources)  # --overwrite must never delete an input or the base
         # a layout (a mergekit config's slices, tokenizer_source) plans the output itself: the one engine streams it
         plan = layout.plan(base_ckpt, sources, opts) if layout is not None else Plan.of(base_ckpt, opts.device)
         if layout is not None and layout.donors:  # the models slices copy from are inputs too
             check_out_is_no_input(out, base_ckpt, layout.donors)
         place_blocks(plan, m, p, len(sources), opts, lora_output=sink_options is not None)
+        for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):  # the fit check passed: download
+            if ckpt is not None:
+                ckpt.fetch()
         recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref,
                         inputs=[s.ref for s in sources], dtype=opts.dtype, hubsoup_version=__version__,
                         options={**opts.hashed, **(layout.hashed if layout is not None else {})},
@@ -265,7 +269,8 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
                         output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
         metadata = recipe.metadata()  # the public recipe: no local path in what may be pushed
         job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=opts.quiet, monitor=monitor,
-                  donors=layout.donors if layout is not None else (), prefetch=opts.prefetch)
+                  donors=layout.donors if layout is not None else (), prefetch=opts.prefetch,
+                  device_map=opts.device_map, max_memory=opts.max_memory, scratch=folder.path)
         if sink_options is not None:
             from hubsoup.output.checkpoint import copy_base_files
             from hubsoup.output.lora import LoraSink

@@ -66,6 +66,11 @@ class Job:
     prefetch: bool | None = None
     """Read the next block ahead while this one is computed (:mod:`hubsoup.engine.prefetch`);
     None: ``HUBSOUP_PREFETCH`` (default on). Never changes a result."""
+    device_map: Any = None
+    """The merge's ``device_map`` / ``max_memory`` options, for methods that run the model (LOT's experts)."""
+    max_memory: Any = None
+    scratch: str | None = None
+    """Where :meth:`Method.prepare` may put large temporary files (inside the output's temporary folder)."""
 
     def release(self) -> None:
         """Unmap every weight file (see :meth:`Checkpoint.release`)."""
@@ -282,7 +287,8 @@ def prepare_context(job: Job) -> PrepareContext:
     inputs = [InputInfo(s.label, s.ref.spec, s.ref.repo_id, None if s.ref.repo_id else s.ref.path)
               for s in job.inputs]
     device = job.plan.blocks[0].device if job.plan.blocks else "cpu"
-    return PrepareContext(job.base.folder, job.base.label, inputs, device, names, load_expert, job.quiet)
+    return PrepareContext(job.base.folder, job.base.label, inputs, device, names, load_expert, job.quiet,
+                          device_map=job.device_map, max_memory=job.max_memory, scratch=job.scratch)
 
 
 def run(job: Job, sink: Sink) -> dict[str, Any]:

@@ -28,6 +28,11 @@ at the end of a chunk the statistics are written to a scratch safetensors file p
 and freed. Peak memory while capturing: one float32 copy of the model + one chunk's
 Grams + one batch's activations. Disk: every task's statistics (T·Σ d_in²·8 bytes).
 When merging, one Gram at a time is read back from disk per linear weight.
+
+Experts larger than one device: given a ``device_map`` or ``max_memory`` (the merge's options),
+each expert is built empty and dispatched by accelerate's big-model inference, the modules that
+fit no device offloaded to disk in a folder inside the output's temporary folder
+(:mod:`hubsoup.exemplars.dispatch`); the statistics are the same, bit for bit on the CPU.
 """
 
 from hubsoup.exemplars.capture import FeatureStore, OpStat, capture, load_skeleton, plan_ops

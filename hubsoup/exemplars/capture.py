@@ -319,7 +319,16 @@ def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
     from tqdm.auto import tqdm
 
     device = ctx.device
-    model = load_skeleton(ctx.base_folder, device)
+    experts = None
+    if ctx.device_map is not None or ctx.max_memory is not None:
+        # big experts: each is built and run with accelerate's big-model inference (CPU/disk offload)
+        from hubsoup.exemplars.dispatch import DispatchedExperts
+
+        experts = DispatchedExperts(ctx.base_folder, device_map=ctx.device_map, max_memory=ctx.max_memory,
+                                    scratch=ctx.scratch, quiet=ctx.quiet)
+        model, device = experts.template, experts.main_device  # the template: empty weights, for the op plan
+    else:
+        model = load_skeleton(ctx.base_folder, device)
     ops, hooks = plan_ops(model, set(ctx.names))
     ops = {ctx.names.get(n, n): s for n, s in ops.items()}  # tied names: the tensor the merge sees
     if not any(s.kind == "linear" for s in ops.values()):
@@ -344,28 +353,37 @@ def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
         if p is not None and p.dtype.is_floating_point:
             p.copy_(value.reshape(p.shape))
 
+    def run_task(model, chunks, i: int, task: str) -> None:
+        for c, chunk in enumerate(chunks):
+            cap = _Capture(model, [(n_, m, k, x) for n_, m, k, x, _ in chunk])
+            try:
+                with torch.no_grad():
+                    for batch in tqdm(batches[i], desc=f"LOT features: task '{task}'"
+                                      + (f" part {c + 1}/{len(chunks)}" if len(chunks) > 1 else ""),
+                                      unit="batch", disable=ctx.quiet, leave=False):
+                        cap.mask = batch.mask
+                        cap._last = None
+                        _forward(model, {k: v.to(device) for k, v in batch.inputs.items()})
+            finally:
+                cap.close()
+            path = os.path.join(tmp.name, f"task{i}-part{c}.safetensors")
+            save_file({k: v.cpu().contiguous() for k, v in cap.sums.items()}, path)
+            store.files[i].update({k: path for k in cap.sums})
+            store.rows[i].update(cap.rows)
+            store.alias[i].update(cap.alias)
+            del cap
+
     try:
         for i, task, spec in tasks:
-            with torch.no_grad():
-                ctx.load_expert(i, assign)  # θ_0 + τ_i, streamed block by block through the engine
-            for c, chunk in enumerate(chunks):
-                cap = _Capture(model, [(n_, m, k, x) for n_, m, k, x, _ in chunk])
-                try:
-                    with torch.no_grad():
-                        for batch in tqdm(batches[i], desc=f"LOT features: task '{task}'"
-                                          + (f" part {c + 1}/{len(chunks)}" if len(chunks) > 1 else ""),
-                                          unit="batch", disable=ctx.quiet, leave=False):
-                            cap.mask = batch.mask
-                            cap._last = None
-                            _forward(model, {k: v.to(device) for k, v in batch.inputs.items()})
-                finally:
-                    cap.close()
-                path = os.path.join(tmp.name, f"task{i}-part{c}.safetensors")
-                save_file({k: v.cpu().contiguous() for k, v in cap.sums.items()}, path)
-                store.files[i].update({k: path for k in cap.sums})
-                store.rows[i].update(cap.rows)
-                store.alias[i].update(cap.alias)
-                del cap
+            if experts is None:
+                with torch.no_grad():
+                    ctx.load_expert(i, assign)  # θ_0 + τ_i, streamed block by block through the engine
+                run_task(model, chunks, i, task)
+                continue
+            # θ_0 + τ_i streamed the same way, into a model dispatched by accelerate (offloaded modules on disk)
+            with experts.load(lambda put, i=i: ctx.load_expert(i, put)) as expert:
+                run_task(expert, _chunks(plan_ops(expert, set(ctx.names))[1], int(params.gram_budget_gb * 1e9)),
+                         i, task)
     except BaseException:
         store.close()
         raise

@@ -89,6 +89,12 @@ class PrepareContext:
     """Every floating-point tensor name of the base (tied names included) → the name the merge uses."""
     load_expert: Callable[[int, Callable[[str, torch.Tensor], None]], None]
     quiet: bool = False
+    device_map: Any = None
+    """The merge's ``device_map`` and ``max_memory`` as given: a method that runs the model (LOT) runs each
+    expert with accelerate's big-model inference when either is set (:mod:`hubsoup.exemplars.dispatch`)."""
+    max_memory: Any = None
+    scratch: str | None = None
+    """A folder for large temporary files (offloaded weights) inside the output's temporary folder; None: the system's."""
 
 
 class Method:

@@ -290,6 +290,18 @@ class Checkpoint:
                 self._infos[name], self._files[name] = info, fname
         self._from_headers = True
 
+    def fetch(self) -> None:
+        """Download (a Hub input) and open the weight files now.
+
+        A checkpoint opened with ``headers_only`` knows its tensors from the Hub's headers; a merge
+        calls this once its fit check has passed, so the downloads happen in its download stage.
+
+        Example:
+            >>> ckpt = open_input("org/model", headers_only=True)   # doctest: +SKIP
+            >>> ckpt.fetch()                                          # doctest: +SKIP
+        """
+        self._open()
+
     def _open(self) -> None:
         if self._opened:
             return

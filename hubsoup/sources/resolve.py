@@ -261,6 +261,10 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         names = safetensors_files()
         if not names:
             return None
+        from huggingface_hub import try_to_load_from_cache
+
+        if all(isinstance(try_to_load_from_cache(repo_id, f, revision=sha), str) for f in names):
+            return None  # every weight file is in the local cache at this commit: its headers are read there
         api = HfApi()
         out: dict[str, dict[str, TensorInfo]] = {}
         try:
