@@ -98,3 +98,22 @@ def test_predicted_peak_is_measured_peak(zoo, server, method, params):
         assert abs(measured / predicted - 1) <= TOLERANCE, (
             f"{method}, {d} layers: the planner predicts {predicted:.1f} MiB, the merge's peak RSS grew by "
             f"{measured:.1f} MiB (anon {r['anon_growth_mib']:.1f}, mapped files {r['file_growth_mib']:.1f})")
+
+
+@pytest.mark.parametrize("method,params", [("lines", {"base_method": "ties"}), ("lwptv", {"base_method": "sftm"}),
+                                           ("lwptv", {"base_method": "lines+ties"})])
+def test_a_modifier_declares_its_inner_methods_workspace(method, params):
+    """LiNeS over TIES selects like TIES and LwPTV over SFTM solves like SFTM: the planner must see
+    those workspaces through the modifier (it saw none before), plus LiNeS' Eq. 2 pass copy."""
+    from hubsoup.methods import get_method
+
+    m = get_method(method)
+    p = m.parse(dict(params))
+    leaf, leaf_p = p.inner, p.inner_params
+    while hasattr(leaf_p, "inner"):
+        leaf, leaf_p = leaf_p.inner, leaf_p.inner_params
+    shape, name = (256, 128), "model.layers.0.mlp.up_proj.weight"
+    inner = leaf.workspace_bytes(shape, 3, leaf_p, name)
+    assert inner > 0 and m.workspace_bytes(shape, 3, p, name) >= inner
+    if "lines" in (method, params["base_method"].split("+")[0]):  # the Eq. 2 pass: N + 1 float32 copies
+        assert m.workspace_bytes(shape, 3, p, name) >= inner + 4 * 4 * 256 * 128

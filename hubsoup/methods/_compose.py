@@ -99,6 +99,15 @@ class Modifier(Method):
     def finish(self, params: Composed, stats: dict[str, Any]) -> None:
         params.inner.finish(params.inner_params, stats)
 
+    def workspace_bytes(self, shape, n_inputs, params: Composed, name=""):
+        """The inner method's workspace (TIES' selection, SFTM's SVDs...) plus this modifier's own."""
+        return params.inner.workspace_bytes(shape, n_inputs, params.inner_params, name) + \
+            self.own_workspace_bytes(shape, n_inputs, params, name)
+
+    def own_workspace_bytes(self, shape, n_inputs, params: Composed, name="") -> int:
+        """What the modifier itself needs for one tensor beyond the inner merge (default none)."""
+        return 0
+
     def inner_passes(self, params: Composed, n_inputs: int) -> list[StatsPass]:
         return params.inner.passes(params.inner_params, n_inputs)
 

@@ -199,6 +199,13 @@ class Lines(Modifier):
         alpha, beta, _ = self.alpha_beta(params, ctx)
         return depth_factor(ctx.block, alpha, beta, params.own, ctx.stats.get("plan.stacks"))
 
+    def own_workspace_bytes(self, shape, n_inputs, params: Composed, name=""):
+        """The Eq. 2 pass merges a copy of the stack (the inner merge may overwrite its input) next to
+        the task vectors' sum: N + 1 float32 copies of the tensor, when that pass runs."""
+        if not self._needs_pass(params, n_inputs):
+            return 0
+        return 4 * (n_inputs + 1) * math.prod(shape)
+
     def merge(self, base, deltas, params: Composed, ctx: TensorContext):
         lam = self.factor(params, ctx)
         return self.inner_merge(base, deltas, params, ctx).mul_(lam)
