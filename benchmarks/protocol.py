@@ -13,10 +13,10 @@ three ways, side by side, through the CLI:
   normalized accuracy; for LMs, mean log-perplexity: see :mod:`hubsoup.workflows.search`), the
   best point kept; then scored once on *test*.
 
-Scores. Per in-domain task t, the **normalized gain** of model m is
-``g_t = (s_t(m) − s_t(base)) / (s_t(ft_t) − s_t(base))`` where s is accuracy (encoders) or
+Scores. The **normalized gain** of model m over the in-domain tasks is
+``Σ_t (s_t(m) − s_t(base)) / Σ_t (s_t(ft_t) − s_t(base))`` where s is accuracy (encoders) or
 minus the mean token NLL = −log perplexity (LMs), and ft_t the fine-tune of task t: 1 = the
-fine-tune's own gain recovered, 0 = nothing gained, < 0 = worse than the untouched base. The
+fine-tunes' own gains recovered, 0 = nothing gained, < 0 = worse than the untouched base. The
 papers' **normalized accuracy** ``s_t(m) / s_t(ft_t)`` is reported too (encoders). Controls
 (tasks no input was trained on): ``s_t(m) − s_t(base)`` (negative = forgetting).
 
@@ -139,10 +139,15 @@ def display(cmd: Sequence[str]) -> str:
     return " ".join(["hubsoup", *[c if " " not in c else repr(c) for c in cmd[3:]]])
 
 
-def run_cli(cmd: Sequence[str], env: dict | None = None) -> tuple[bool, str, float]:
-    """Run one CLI merge; (ok, last error line or the command, seconds)."""
+def run_cli(cmd: Sequence[str], env: dict | None = None,
+            timeout: float | None = None) -> tuple[bool, str, float]:
+    """Run one CLI merge; (ok, last error line or the command, seconds). ``timeout``: seconds after which
+    the merge is killed and reported as failed (a time budget)."""
     t0 = time.perf_counter()
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, cwd=REPO, env=env)
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"stopped after {timeout:.0f} s (the benchmark's time budget)", time.perf_counter() - t0
     dt = time.perf_counter() - t0
     if proc.returncode != 0:
         lines = [l for l in (proc.stderr or proc.stdout).strip().splitlines() if l.strip()]
@@ -259,14 +264,14 @@ def interval(stat: Callable[[dict], float], n_by_task: dict[str, int], b: int = 
 
 
 def gain(m: ModelScores, base: ModelScores, fts: dict[str, ModelScores], tasks: Sequence[str]):
-    """The statistic "mean normalized gain over ``tasks``" (for :func:`interval`)."""
+    """The statistic "share of the fine-tunes' gain recovered" over ``tasks`` (for :func:`interval`):
+    Σ_t (s_t(m) − s_t(base)) / Σ_t (s_t(ft_t) − s_t(base)), the tasks' gains pooled. A per-task ratio
+    averaged over tasks is undefined where a fine-tune gained nothing on its own task (one encoder
+    task's fine-tune ends below the base), and one such task then decides the whole average."""
     def stat(idx):
-        vals = []
-        for t in tasks:
-            b, f = base[t].score(idx[t]), fts[t][t].score(idx[t])
-            d = f - b  # 0: a fine-tune that gained nothing on its own task; its share is undefined
-            vals.append((m[t].score(idx[t]) - b) / (d if not isinstance(d, float) or d else float("nan")))
-        return sum(vals) / len(vals)
+        num = sum(m[t].score(idx[t]) - base[t].score(idx[t]) for t in tasks)
+        den = sum(fts[t][t].score(idx[t]) - base[t].score(idx[t]) for t in tasks)
+        return num / (den if not isinstance(den, float) or den else float("nan"))
     return stat
 
 

@@ -104,9 +104,11 @@ def test_dare_mergekit_rescale_keeps_each_l1_norm_exactly():
     assert 0.3 < float((out != 0).float().mean()) < 0.5
     torch.testing.assert_close(out.abs().sum(), tau.abs().sum(), rtol=1e-5, atol=0)
     # the paper convention rescales by 1/(1 − p) instead: kept entries are τ/(0.4)
-    paper = merge_tensors("dare", [tau], p=0.6, recipe_hash="x")
+    paper = merge_tensors("dare", [tau], p=0.6, scale=1.0, recipe_hash="x")
     kept = paper != 0
     torch.testing.assert_close(paper[kept], tau[kept] / 0.4)
+    # at its default λ, then=sum is task arithmetic's 0.3 (λ = 1 cost 19 control points at 8 tasks)
+    torch.testing.assert_close(merge_tensors("dare", [tau], p=0.6, recipe_hash="x"), 0.3 * paper)
 
 
 # --- hand-computed conventions ------------------------------------------------------------------

@@ -96,7 +96,7 @@ def test_dare_matches_peft_random_pruning(taus):
     m = get_method("dare")
     c = ctx(n=3)
     for then, ref_fn in (("sum", merge_utils.dare_linear), ("ties", merge_utils.dare_ties)):
-        p = m.parse({"p": 0.6, "then": then})
+        p = m.parse({"p": 0.6, "then": then, "scale": 1.0})  # peft's λ = 1
         ours = m.merge(torch.zeros(16, 12), torch.stack(taus).clone(), p, c)
         # reproduce our per-input generators as peft's global RNG, one input at a time
         pruned = []
@@ -114,13 +114,13 @@ def test_dare_matches_peft_random_pruning(taus):
 
 def test_dare_drops_about_p_and_is_seeded(taus):
     big = [torch.ones(200, 100)]
-    a = merge_tensors("dare", big, p=0.7)
-    b = merge_tensors("dare", big, p=0.7)
+    a = merge_tensors("dare", big, p=0.7, scale=1.0)
+    b = merge_tensors("dare", big, p=0.7, scale=1.0)
     assert torch.equal(a, b)
     frac_dropped = float((a == 0).float().mean())
     assert abs(frac_dropped - 0.7) < 0.02
     torch.testing.assert_close(a[a != 0], torch.full_like(a[a != 0], 1 / 0.3))
-    c = merge_tensors("dare", big, p=0.7, seed=1)
+    c = merge_tensors("dare", big, p=0.7, seed=1, scale=1.0)
     assert not torch.equal(a, c)
 
 

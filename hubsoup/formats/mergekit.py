@@ -99,6 +99,11 @@ class MkMethod:
     """hubsoup's ``use_base`` says whether base_model was given (nuslerp, multislerp)."""
 
 
+def _scale_of(p: dict) -> float:
+    """The λ a recipe merged with (a DARE scale left at None resolves to mergekit's lambda, 1)."""
+    return 1.0 if p.get("scale") is None else p["scale"]
+
+
 def _gta(hub: str, fixed: dict, normalize: bool, rescale: bool, *, normalize_as: str = "normalize",
          extra: dict | None = None, sparsify: bool = True) -> MkMethod:
     conv = _mean_or_sum if normalize_as == "merge" else None
@@ -976,18 +981,18 @@ def export_config(recipe) -> str:
             cfg.update(merge_method="task_arithmetic")
             per["weight"] = weights()
     elif method == "task_arithmetic":
-        cfg.update(merge_method="task_arithmetic", parameters={"lambda": p.get("scale", 1.0),
+        cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(p),
                                                                "normalize": bool(p.get("normalize"))})
         per["weight"] = weights()
     elif method == "soup":
-        cfg.update(merge_method="task_arithmetic", parameters={"lambda": p.get("scale", 1.0), "normalize": True})
+        cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(p), "normalize": True})
         per["weight"] = [1.0] * n
     elif method == "ties":
         if p.get("convention") != "mergekit" or p.get("scope") != "tensor":
             fail(" with convention=paper or scope=model (hubsoup's TIES; mergekit elects signs on weighted "
                  "deltas, per tensor: use convention=mergekit scope=tensor)")
         cfg.update(merge_method="ties", parameters={"normalize": p.get("merge") == "mean",
-                                                    "lambda": p.get("scale", 1.0), "rescale": bool(p.get("rescale"))})
+                                                    "lambda": _scale_of(p), "rescale": bool(p.get("rescale"))})
         if p.get("merge") not in ("mean", "sum"):
             fail(f" with merge={p.get('merge')}")
         per["weight"] = weights()
@@ -1000,7 +1005,7 @@ def export_config(recipe) -> str:
         if then not in ("ties", "sum"):
             fail(f" with then={then}")
         cfg["merge_method"] = "dare_ties" if then == "ties" else "dare_linear"
-        params = {"lambda": p.get("scale", 1.0), "rescale": bool(p.get("rescale", True))}
+        params = {"lambda": _scale_of(p), "rescale": bool(p.get("rescale", True))}
         params["normalize"] = p.get("merge") == "mean" if then == "ties" else bool(p.get("normalize"))
         cfg["parameters"] = params
         per["weight"] = weights()
@@ -1009,7 +1014,7 @@ def export_config(recipe) -> str:
         else:
             per["density"] = [round(1.0 - float(p.get("p", 0.9)), 12)] * n
     elif method in ("breadcrumbs", "breadcrumbs_ties", "della", "della_linear"):
-        cfg.update(merge_method=method, parameters={"lambda": p.get("scale", 1.0),
+        cfg.update(merge_method=method, parameters={"lambda": _scale_of(p),
                                                     "normalize": bool(p.get("normalize")),
                                                     "rescale": bool(p.get("rescale"))})
         per["weight"] = weights()

@@ -48,7 +48,10 @@ class DareParams:
     p: float = param(0.9, "drop rate (the DARE paper drops up to 90-99% of delta parameters)", range=(0.0, 0.9999))
     then: Literal["sum", "ties"] = param("sum", "combine the sparsified vectors by weighted sum (task arithmetic, "
                                               "dare_linear) or by TIES sign election + disjoint merge (dare_ties)")
-    scale: float = param(1.0, "λ applied to the combined task vector", range=(None, None))
+    scale: float | None = param(
+        None, "λ applied to the combined task vector; none = the combining method's own default: 0.3 for then=sum "
+              "(task arithmetic's λ; λ = 1 summed N rescaled vectors and cost 19 control points at 8 tasks), 1 for "
+              "then=ties and for convention=mergekit (mergekit's lambda)", range=(None, None), source="measured")
     weights: tuple[float, ...] | None = param(None, "per-input weights (default 1 each)", per_input=True)
     rescale: bool = param(True, "rescale kept entries: by 1/(1-p) (paper) or to the L1 norm (mergekit)")
     seed: int = param(0, "extra seed mixed with the recipe and tensor name", source="ours")
@@ -78,8 +81,16 @@ class Dare(Method):
     search_grid = {"scale": [round(0.1 * i, 1) for i in range(1, 11)]}  # λ = 0.1..1.0
     scale_param = "scale"
 
+    @staticmethod
+    def resolved_scale(params) -> float:
+        """λ of this merge: the given scale, else the combining method's default (see ``scale``)."""
+        if params.scale is not None:
+            return params.scale
+        return 0.3 if params.then == "sum" and params.convention == "paper" else 1.0
+
     def merge(self, base, deltas, params, ctx: TensorContext):
         weights = params.weights or [1.0] * len(deltas)
+        scale = self.resolved_scale(params)
         if params.convention == "mergekit":
             densities = params.densities or [1.0 - params.p] * len(deltas)
             for i, (row, density) in enumerate(zip(deltas, densities)):
@@ -88,10 +99,10 @@ class Dare(Method):
                     apply_mask_(row, mask, params.rescale)
             normalize = params.merge == "mean" if params.then == "ties" else params.normalize
             return gta_combine_(deltas, weights, consensus=params.then == "ties", normalize=normalize,
-                                scale=params.scale)
+                                scale=scale)
         for i, row in enumerate(deltas):
             dare_drop_(row, params.p, ctx.generator(f"dare:{params.seed}:{i}"), params.rescale)
         if params.then == "ties":
-            return ties_combine_(deltas, params.weights, params.merge).mul_(params.scale)
-        out = task_arithmetic(deltas, weights, params.scale)
+            return ties_combine_(deltas, params.weights, params.merge).mul_(scale)
+        out = task_arithmetic(deltas, weights, scale)
         return out.div_(sum(weights)) if params.normalize and abs(sum(weights)) >= 1e-8 else out

@@ -191,6 +191,9 @@ class Lines(Modifier):
         if name is None:
             return 1.0
         default = next(f.default for f in dataclasses.fields(leaf.Params) if f.name == name)
+        if default is None:  # a default that depends on other parameters (DARE: then=sum 0.3, ties 1)
+            default = leaf.resolved_scale(leaf.parse({k: v for k, v in leaf.describe_params(leaf_params).items()
+                                                      if k != name}))
         for mod in sorted(chain, key=lambda m: m.defaults_priority):  # LwPTV's 0.3 for TIES
             default = mod.inner_defaults.get(leaf.name, {}).get(name, default)
         return float(default)
