@@ -62,7 +62,7 @@ def render(loaded: dict[str, dict]) -> str:
             lines += ["*no results file: run the benchmark*", ""]
             continue
         for setting, s in res["settings"].items():
-            lines += [f"### {setting}: {s.get('n_inputs', '?')} fine-tunes merged", "",
+            lines += [f"### {setting}: {s.get('n_inputs') or s.get('n_tasks') or len(s.get('in_domain', []))} fine-tunes merged", "",
                       "| method | old defaults | defaults | tuned | tuned values |", "|---|---|---|---|---|"]
             for row in P.ROWS:
                 variants = s["rows"].get(row.label)

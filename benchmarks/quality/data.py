@@ -1,4 +1,4 @@
-"""The quality benchmark's tasks: 4 in-domain (fine-tuned and merged) + 2 held-out controls.
+"""The quality benchmark's tasks: 8 in-domain (fine-tuned and merged) + 3 held-out controls.
 
 Every task is built from real text that is available offline, deduplicated on a normalised
 text key (a text seen under two labels is dropped), split with a fixed seed into balanced
@@ -11,11 +11,18 @@ train / validation / test sets, and written as csv (``text,label``) under
 | pydoc_topics | in-domain | stdlib docstrings | network, concurrency, gui, numeric module families |
 | deb_desktop | in-domain | Debian descriptions | sections graphics, x11, gnome, kde |
 | deb_sys | in-domain | Debian descriptions | sections net, admin, mail, database |
+| deb_science | in-domain | Debian descriptions | sections science, math, games, sound |
+| deb_dev | in-domain | Debian descriptions | sections devel, utils, misc, interpreters |
+| deb_web | in-domain | Debian descriptions | sections web, httpd, vcs, comm |
+| pydoc_sys | in-domain | stdlib docstrings | filesystem, datatypes, cli module families |
 | pydoc_tools | control | stdlib docstrings | devtools, packaging, fileformats, text module families |
 | deb_media | control | Debian descriptions | sections editors, video, electronics, hamradio |
+| deb_text | control | Debian descriptions | sections text, fonts, tex, localization |
 
-The label sets are disjoint (no module family or Debian section is in two tasks), so the
-controls measure what merging does to tasks that no fine-tune saw.
+The first four in-domain tasks are those of the 4-task setting (the benchmark's first
+version); the 8-task setting merges all eight. The label sets are disjoint (no module family
+or Debian section is in two tasks, and no label name is reused), so the controls measure what
+merging does to tasks that no fine-tune saw.
 
 Usage: ``python -m benchmarks.quality.data`` (prints the split sizes).
 """
@@ -40,13 +47,27 @@ from hubsoup.demo import data as demo_data  # noqa: E402
 WORK = os.path.join(REPO, "benchmarks", ".work", "quality")
 DATA_DIR = os.path.join(WORK, "data")
 SEED = 1234
-DATA_VERSION = 2  # bump when the task definitions change (invalidates the cache)
+DATA_VERSION = 3  # bump when the task definitions change (invalidates the cache)
 
 PYDOC_TOPICS = demo_data.PYDOC_TOPICS  # network, concurrency, gui, numeric
 PYDOC_TOOLS = demo_data.PYDOC_TOOLS  # devtools, packaging, fileformats, text
 DEB_DESKTOP = {"graphics": ["graphics"], "x11": ["x11"], "gnome": ["gnome"], "kde": ["kde"]}
 DEB_SYS = {"net": ["net"], "admin": ["admin"], "mail": ["mail"], "database": ["database"]}
 DEB_MEDIA = {"editors": ["editors"], "video": ["video"], "electronics": ["electronics"], "hamradio": ["hamradio"]}
+DEB_SCIENCE = {"science": ["science"], "math": ["math"], "games": ["games"], "sound": ["sound"]}
+DEB_DEV = {"devel": ["devel"], "utils": ["utils"], "misc": ["misc"], "interpreters": ["interpreters"]}
+DEB_WEB = {"web": ["web"], "httpd": ["httpd"], "vcs": ["vcs"], "comm": ["comm"]}
+# section "text" is labelled "textproc": the label name "text" is a stdlib family of pydoc_tools
+DEB_TEXT = {"textproc": ["text"], "fonts": ["fonts"], "tex": ["tex"], "localization": ["localization"]}
+# stdlib module families disjoint from PYDOC_TOPICS and PYDOC_TOOLS
+PYDOC_SYS = {
+    "filesystem": ["os", "pathlib", "shutil", "glob", "tempfile", "stat", "filecmp", "fileinput", "posixpath",
+                   "ntpath", "genericpath", "io", "_pyio"],
+    "datatypes": ["collections", "datetime", "_pydatetime", "calendar", "heapq", "bisect", "enum", "copy", "pprint",
+                  "reprlib", "weakref", "types", "functools", "dataclasses", "typing", "abc", "contextlib",
+                  "operator", "graphlib"],
+    "cli": ["argparse", "optparse", "getopt", "logging", "cmd", "getpass"],
+}
 
 
 @dataclass(frozen=True)
@@ -57,7 +78,7 @@ class TaskDef:
     build: Callable[[], list]
     n_train: int = 300  # per class
     n_val: int = 40
-    n_test: int = 75
+    n_test: int = 50  # per class; 75 before version 3 (11 tasks instead of 6: the evaluation time budget)
 
 
 TASKS: list[TaskDef] = [
@@ -67,11 +88,18 @@ TASKS: list[TaskDef] = [
     TaskDef("deb_desktop", "in-domain", "Debian descriptions by section",
             lambda: debian.debian_descriptions(DEB_DESKTOP)),
     TaskDef("deb_sys", "in-domain", "Debian descriptions by section", lambda: debian.debian_descriptions(DEB_SYS)),
+    TaskDef("deb_science", "in-domain", "Debian descriptions by section",
+            lambda: debian.debian_descriptions(DEB_SCIENCE)),
+    TaskDef("deb_dev", "in-domain", "Debian descriptions by section", lambda: debian.debian_descriptions(DEB_DEV)),
+    TaskDef("deb_web", "in-domain", "Debian descriptions by section", lambda: debian.debian_descriptions(DEB_WEB)),
+    TaskDef("pydoc_sys", "in-domain", "stdlib docstrings by module family",
+            lambda: demo_data.stdlib_docstrings(PYDOC_SYS)),
     TaskDef("pydoc_tools", "control", "stdlib docstrings by module family",
             lambda: demo_data.stdlib_docstrings(PYDOC_TOOLS)),
     TaskDef("deb_media", "control", "Debian descriptions by section", lambda: debian.debian_descriptions(DEB_MEDIA)),
+    TaskDef("deb_text", "control", "Debian descriptions by section", lambda: debian.debian_descriptions(DEB_TEXT)),
 ]
-IN_DOMAIN = [t.name for t in TASKS if t.kind == "in-domain"]
+IN_DOMAIN = [t.name for t in TASKS if t.kind == "in-domain"]  # in merge order: the 4-task setting = the first 4
 CONTROLS = [t.name for t in TASKS if t.kind == "control"]
 
 
@@ -104,10 +132,15 @@ def build(log=print, force: bool = False) -> dict[str, demo_data.TaskData]:
             if json.load(f) == json.loads(json.dumps(fp)):
                 return {t.name: demo_data.read_task(os.path.join(DATA_DIR, t.name)) for t in TASKS}
     out = {}
+    owner: dict[str, str] = {}
     for i, t in enumerate(TASKS):
         task = demo_data.make_task(t.name, t.build(), seed=SEED + i, n_train=t.n_train, n_val=t.n_val,
                                    n_test=t.n_test, source=t.source)
         task.stats["kind"] = t.kind
+        for label in task.labels:  # the controls must be tasks no fine-tune saw: no label in two tasks
+            if label in owner:
+                raise SystemExit(f"label {label!r} is in tasks {owner[label]} and {t.name}: label sets must be disjoint")
+            owner[label] = t.name
         demo_data.write_task(task, os.path.join(DATA_DIR, t.name))
         log(f"  {t.name:<13} {t.kind:<9} labels {task.labels}  sizes {task.stats['split_sizes']}")
         out[t.name] = task

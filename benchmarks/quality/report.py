@@ -2,101 +2,172 @@
 
 from __future__ import annotations
 
-import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks import protocol  # noqa: E402
+
+VARIANT_ORDER = ("defaults", "old defaults", "tuned")
 
 
-def _pct(v) -> str:
-    if isinstance(v, dict):
-        return f"{100 * v['mean']:.1f} ± {100 * v['std']:.1f}"
+def _pct(v: float) -> str:
     return f"{100 * v:.1f}"
 
 
-def _table(rows: list[dict], in_domain: list[str], controls: list[str]) -> list[str]:
-    head = (["model"] + in_domain + ["**in-domain avg**", "**in-domain norm.**"] + controls
-            + ["**control avg**", "**control norm.**", "merge s (CLI)"])
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        s = r.get("summary")
-        label = r["label"]
-        if s is None:
-            out.append(f"| {label} | " + f"*{r.get('status', 'no result')}*" + " |" * (len(head) - 1))
+def _ci(d: dict | None, pct: bool = True, signed: bool = False) -> str:
+    if not d:
+        return ""
+    k, f = (100, ".1f") if pct else (1, ".2f")
+    sign = "+" if signed else ""
+    return f"{k * d['value']:{sign}{f}} [{k * d['lo']:{sign}{f}}, {k * d['hi']:{sign}{f}}]"
+
+
+def _params(run: dict, row: protocol.Row) -> str:
+    shown = {k: v for k, v in run.get("params", {}).items()}
+    if run.get("chosen"):
+        chosen = ", ".join(f"**{k}={v}**" for k, v in run["chosen"].items())
+        rest = ", ".join(f"{k}={v}" for k, v in shown.items())
+        return chosen + (f" ({rest})" if rest else "")
+    return ", ".join(f"{k}={v}" for k, v in shown.items()) or "—"
+
+
+def _setting_table(setting: dict) -> list[str]:
+    out = ["| method | variant | parameters | norm. accuracy % [95% CI] | norm. gain [95% CI] | "
+           "control Δ pts [95% CI] | merge s |", "|---|---|---|---|---|---|---|"]
+    for row in protocol.ROWS:
+        variants = setting["rows"].get(row.label)
+        if not variants:
             continue
-        acc = s["accuracy"]
-        cells = [label]
-        cells += [_pct(acc[t]) for t in in_domain]
-        cells += [f"**{_pct(s['in_domain_acc'])}**", f"**{_pct(s['in_domain_norm'])}**"]
-        cells += [_pct(acc[t]) for t in controls]
-        cells += [f"**{_pct(s['control_acc'])}**", f"**{_pct(s['control_norm'])}**"]
-        ms = r.get("merge_seconds")
-        cells.append(f"{ms:.1f}" if isinstance(ms, (int, float)) else "")
-        out.append("| " + " | ".join(cells) + " |")
+        for v in VARIANT_ORDER:
+            run = variants.get(v)
+            if run is None:
+                continue
+            params = _params(run, row)
+            if v == "tuned":
+                grid = "; ".join(f"{k} ∈ {{{', '.join(str(x) for x in vals)}}}" for k, vals in run.get("grid", {}).items())
+                params += f" — searched {grid}" if grid else ""
+            if "summary" not in run:
+                out.append(f"| {row.label} | {v} | {params} | *{run.get('status', 'no result')}* | | | "
+                           f"{run.get('merge_seconds', 0):.1f} |")
+                continue
+            s = run["summary"]
+            out.append(f"| {row.label} | {v} | {params} | {_ci(s.get('normalized'))} | {_ci(s['gain'], pct=False)} | "
+                       f"{_ci(s.get('control_change'), signed=True)} | {run.get('merge_seconds', 0):.1f} |")
     return out
 
 
-def render(meta: dict, rows: list[dict], in_domain: list[str], controls: list[str], methods) -> str:
-    kinds = list(meta["finetune_configs"])
+def _per_task(setting: dict, refs: dict) -> list[str]:
+    tasks = setting["in_domain"] + setting["controls"]
+    kind = setting["kind"]
+    out = ["| model | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    base = refs["base"]
+    fts = refs["fine-tunes"].get(kind, {})
+    out.append("| base (zero-shot heads) | " + " | ".join(_pct(base[t]["accuracy"]) for t in tasks) + " |")
+    out.append(f"| {kind} fine-tune, own task | " + " | ".join(
+        _pct(fts[t]["accuracy"]) if t in fts else "" for t in tasks) + " |")
+    for row in protocol.ROWS:
+        for v in VARIANT_ORDER:
+            run = setting["rows"].get(row.label, {}).get(v)
+            if run and "tests" in run:
+                out.append(f"| {row.label} ({v}) | " + " | ".join(_pct(run["tests"][t]["accuracy"]) for t in tasks) + " |")
+    return out
+
+
+def _claims(setting: dict) -> list[str]:
+    out = []
+    for c in setting.get("claims", []):
+        where = f"{c['row']} ({c['variants'][0]}) vs {c['ref']} ({c['variants'][1]})"
+        if c["verdict"] == "not run":
+            out.append(f"- **{c['claim']}**: not run ({where})")
+            continue
+        what = {"in": "Δ mean normalized gain", "control": "Δ mean control accuracy (pts)",
+                "in_loss": "Δ mean in-domain accuracy (pts; must stay above −1)"}[c["kind"]]
+        pct = c["kind"] != "in"
+        out.append(f"- **{c['claim']}**: {c['verdict']} — {where}: {what} {_ci(c, pct=pct, signed=True)}")
+    return out
+
+
+def render(results: dict) -> str:
+    meta, settings = results["meta"], results["settings"]
     t = meta["timings_s"]
+    runs = meta.get("runs", [])
     lines = [
-        "# Merge quality: MiniLM-L6 fine-tunes merged through the CLI",
+        "# Merge quality: MiniLM-L6 fine-tunes merged through the CLI, tuned protocol",
         "",
-        f"Generated by `{meta.get('command', 'python -m benchmarks.quality.run')}` "
-        "(see `benchmarks/quality/run.py` for the protocol). "
-        "Accuracies in %, on each task's test split. **norm.** = normalized accuracy: in-domain, accuracy / "
-        "the same task's fine-tune of the same kind (full or LoRA), as in the merging papers; control, "
-        "accuracy / the zero-shot accuracy (below 100 = forgetting). Averages are over tasks. The test splits "
-        "hold 176-300 examples: one accuracy carries a binomial standard error of about 2-3 points, a 4-task "
-        "average about 1-1.5, so smaller differences between rows are noise.",
+        f"Generated by `{meta.get('command', 'python -m benchmarks.quality.run')}` (`benchmarks/quality/run.py`; "
+        "the protocol is `benchmarks/protocol.py`). Each method runs at its **defaults** (`hubsoup merge REPOS "
+        "--method M`), at its **old defaults** (the values before issue 16, where they differ) and **tuned** "
+        "(`--search KEY=GRID --eval ...`: one merge per grid point, chosen on the in-domain validation subsample by "
+        "the mean normalized accuracy against each input, then scored once on test).",
         "",
+        "- **norm. accuracy**: mean over the setting's in-domain tasks of accuracy / the task's fine-tune accuracy "
+        "(the papers' table metric); **norm. gain**: mean of (acc − base) / (fine-tune − base): 1 = every "
+        "fine-tune's gain kept, 0 = none, < 0 = worse than the base; **control Δ**: mean accuracy change on the "
+        "control tasks (no input was trained on them) against the base, in points (negative = forgetting).",
+        f"- 95% intervals: paired bootstrap over test examples ({meta['seeds']['bootstrap_resamples']} resamples, "
+        f"seed {meta['seeds']['bootstrap']}; the same resample for every model and reference). A claim whose "
+        "interval contains 0 is **inside the noise**.",
         f"- base: `{meta['base']['repo']}` = {meta['base']['source']}, 22.7M parameters, mean pooling, "
-        f"max length {meta['eval']['max_length']}",
-        f"- heads: one linear head per task, a logistic regression on the frozen pre-trained encoder's "
-        f"mean-pooled output from {meta.get('head_per_class', '?')} labelled train examples per class, then "
-        "frozen; every encoder is scored on a task with that task's head (the CLIP zero-shot-head protocol)",
+        f"max length {meta['eval']['max_length']}; heads: a logistic regression per task on the frozen base from "
+        f"{meta.get('head_per_class', '?')} labelled train examples per class, then frozen (the CLIP "
+        "zero-shot-head protocol): every model is scored on a task with that task's head.",
         "- fine-tunes: " + "; ".join(
             f"{k}: {c['steps']} steps × batch {c['batch_size']}, lr {c['lr']:g}"
             + (f", LoRA r={c['lora_r']} α={c['lora_alpha']} on q/k/v/dense" if c["lora"] else ", all weights")
-            for k, c in meta["finetune_configs"].items()),
-        "- merges: `hubsoup merge REPO_1 .. REPO_4 --method M --param ...` by repo ID from the local test Hub "
-        "(base resolved from the fine-tunes' cards), in a subprocess each",
-        f"- wall time {t.get('total', 0):.0f}s on {meta['cpus']} CPUs / {meta['threads']} torch threads "
-        f"(fine-tunes {'cached' if meta['finetunes_cached'] else 'trained in this run'}): "
-        + ", ".join(f"{k} {v:.0f}s" for k, v in t.items() if k != "total")
-        + f"; CPU time {meta.get('cpu_seconds', 0):.0f}s (this process and its children; load average at the end "
-        f"{', '.join(f'{x:.1f}' for x in meta.get('load_average_at_end', []))}); "
-        f"hubsoup {meta['hubsoup_version']}, torch {meta['torch']}, Python {meta['python']}",
-        "",
-        "## Tasks",
-        "",
-        "| task | kind | source | labels | train / val / test | head val. acc |",
-        "|---|---|---|---|---|---|",
+            for k, c in meta["finetune_configs"].items()) + f"; seeds {min(meta['finetune_seeds'].values())}+task index.",
+        f"- merges: `hubsoup merge REPO_1 .. REPO_N --method M ...` by repo ID from the local test Hub (base from "
+        f"the cards), one subprocess each; the search scores {meta['eval']['search_val_per_class']} validation "
+        f"examples per class per task (a seeded class-balanced subsample); LOT gets {meta['eval']['lot_exemplars']} "
+        "unlabelled train texts per task; OPCM merges in the listed task order.",
+        f"- LoRA settings run the rows {', '.join(meta['lora_rows']) if isinstance(meta['lora_rows'], list) else 'all'}"
+        " (time budget; `--lora-rows all` runs every row).",
+        f"- machine: {meta['cpus']} CPUs / {meta['threads']} torch threads, {meta['platform']}; hubsoup "
+        f"{meta['hubsoup_version']}, torch {meta['torch']}, transformers {meta['transformers']}, peft {meta['peft']}, "
+        f"Python {meta['python']}.",
+        f"- this run: {t.get('total', 0):.0f} s wall (fine-tunes {'cached' if meta['finetunes_cached'] else 'trained in this run'}): "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in t.items() if k != "total")
+        + f"; evaluation {meta.get('eval_seconds', 0):.0f} s for {meta.get('eval_examples', 0)} test examples; "
+        f"CPU time {meta.get('cpu_seconds', 0):.0f} s; load average at the end "
+        f"{', '.join(f'{x:.1f}' for x in meta.get('load_average_at_end', []))}.",
     ]
+    if len(runs) > 1:
+        lines.append("- earlier runs merged into these results: " + "; ".join(
+            f"`{r['command']}` ({r['timings_s'].get('total', 0):.0f} s, {r['at']})" for r in runs[:-1]))
+    if meta.get("lora_reference_check"):
+        c = meta["lora_reference_check"]
+        lines.append(f"- check: a LoRA input loaded by repo ID (as the search scores it) and its merged weights give "
+                     f"the same {c['task']} validation accuracy ({100 * c['by_repo_id']:.2f} vs "
+                     f"{100 * c['merged_and_unloaded']:.2f}).")
+    lines += ["", "## Tasks", "",
+              "| task | kind | source | labels | train / val / test | search val | head val. acc | base test acc |",
+              "|---|---|---|---|---|---|---|---|"]
+    base = meta["references"]["base"]
     for name, tk in meta["tasks"].items():
         sz = tk["sizes"]
         lines.append(f"| {name} | {tk['kind']} | {tk['source']} | {', '.join(tk['labels'])} | "
-                     f"{sz['train']} / {sz['validation']} / {sz['test']} | {100 * tk['head']['val_accuracy']:.1f} |")
-    refs = [r for r in rows if r["group"] == "reference"]
-    for kind in kinds:
-        lines += ["", f"## Merging the {kind} fine-tunes", ""]
-        group = refs + [r for r in rows if r["group"] == f"{kind} fine-tunes"] + \
-            [r for r in rows if r["group"] == f"merges of the {kind} fine-tunes"]
-        lines += _table(group, in_domain, controls)
-    missing = meta.get("methods_missing") or []
-    lines += ["", "## Hyper-parameters", "",
-              "The papers' defaults, fixed (no search on these numbers unless a row says \"searched\"):", "",
-              "| row | method | parameters | why |", "|---|---|---|---|"]
-    for m in methods:
-        params = ", ".join(f"{k}={v}" for k, v in m.params.items()) or "(defaults)"
-        lines.append(f"| {m.label} | `{m.method}` | {params} | {m.note} |")
-    searched = [r for r in rows if r.get("search")]
-    for r in searched:
-        lines.append(f"| {r['label']} ({r['kind']}) | `{r['method']}` | {json.dumps(r['params'])} | {r['note']} |")
-    lines += ["", "## Methods not available when this ran", "",
-              ("none: every method of the list is registered" if not missing else
-               ", ".join(f"`{m}`" for m in missing) + " (rows marked *not available*; re-run to fill them in)")]
-    lines += ["", "Rows marked *not run by default* were skipped on the LoRA inputs to keep the run within "
-              "15 minutes; `--lora-methods all` runs them (`quality-all.md` holds such a run)."] \
-        if any(str(r.get("status", "")).startswith("not run") for r in rows) else []
-    failed = [r for r in rows if str(r.get("status", "")).startswith("failed")]
-    if failed:
-        lines += ["", "Failed merges:", ""] + [f"- {r['label']} ({r['kind']}): {r['status']}" for r in failed]
+                     f"{sz['train']} / {sz['validation']} / {sz['test']} | {tk.get('search_val', '')} | "
+                     f"{100 * tk['head']['val_accuracy']:.1f} | {_pct(base[name]['accuracy'])} |")
+    lines += ["", "Fine-tunes on their own task (test accuracy %): "]
+    for kind, fts in meta["references"]["fine-tunes"].items():
+        lines.append(f"- {kind}: " + ", ".join(f"{t} {_pct(e['accuracy'])} (base {_pct(base[t]['accuracy'])})"
+                                              for t, e in fts.items()))
+    for name in sorted(settings, key=lambda n: (n.split("-")[0] != "full", int(n.split("-")[1]))):
+        s = settings[name]
+        lines += ["", f"## {name}: {s['kind']} fine-tunes of {s['n_tasks']} tasks "
+                      f"({', '.join(s['in_domain'])}); controls {', '.join(s['controls'])}", ""]
+        lines += _setting_table(s)
+        lines += ["", f"Seed claims, {name} (tuned runs; a row without a grid at its defaults):", ""]
+        lines += _claims(s) or ["- (no claims computed)"]
+        lines += ["", "<details><summary>Test accuracy per task (%)</summary>", ""]
+        lines += _per_task(s, meta["references"])
+        lines += ["", "</details>"]
+    lines += ["", "## Guard (issue 16)", "",
+              "Fails when a method at its defaults recovers less than half of the fine-tunes' gain on average, or is "
+              "worse than the base on an in-domain task beyond the noise (paired 95% interval below 0).", ""]
+    lines += [f"- FAIL: {f}" for f in results["guard"]] or ["- passes: every method at its defaults, in every setting"]
     return "\n".join(lines) + "\n"

