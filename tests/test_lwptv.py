@@ -241,7 +241,7 @@ def test_end_to_end_pruned_tensors_are_the_base_bit_for_bit(model_dir, tmp_path)
     card = open(os.path.join(res.path, "README.md"), encoding="utf-8").read()
     assert "LwPTV layer mask" in card and f"{len(pruned)} tensor(s) were reverted" in card
     assert all(f"- `{k}`" in card for k in pruned)
-    assert "[ours" in card  # the choices where the paper is silent are marked
+    assert "default: ours (the paper is silent)" in card  # the choices where the paper is silent are marked
 
 
 def test_end_to_end_eta_zero_equals_task_arithmetic_file_for_file(model_dir, tmp_path):
