@@ -358,7 +358,7 @@ def render(results: dict) -> str:
                 L.append(f"| {row.label} | {v} | {ptxt} | "
                          + " | ".join(f"{math.exp(-sm['scores'][d]):.2f}" for d in doms)
                          + f" | {_gain(sm['gain'])} | {_nats(sm['control_change'])} | {run['merge_seconds']:.0f} |")
-        L += ["", f"### Seed claims ({kind}, tuned runs)", ""]
+        L += ["", f"### Seed claims ({kind}; tuned runs, else both rows at their defaults)", ""]
         for c in s.get("claims", []):
             if c["verdict"] == "not run":
                 L.append(f"- {c['claim']}: not run in this setting.")
