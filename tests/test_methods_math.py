@@ -69,6 +69,33 @@ def test_elect_sign_and_disjoint_mean_by_hand():
     assert out.tolist() == [-4.0, -2.0, 0.0, 2.0]
 
 
+def test_trim_keeps_entries_at_the_threshold_and_drops_just_below():
+    # the fused float32 trim (hardshrink just below t) must be exactly |x| >= t, ties and denormals included
+    t = 0.5
+    below = float(torch.nextafter(torch.tensor(t), torch.tensor(0.0)))
+    tiny = float(torch.finfo(torch.float32).smallest_normal) / 4  # a denormal
+    row = torch.tensor([t, -t, below, -below, 0.75, -0.0, tiny, float("inf"), float("nan")])
+    out = trim_(row.clone().unsqueeze(0), [t])[0]
+    ref = row.masked_fill(row.abs() < t, 0.0)
+    assert torch.equal(out.nan_to_num(7.0), ref.nan_to_num(7.0))
+    assert trim_(torch.tensor([[tiny, 0.0, -tiny]]), [tiny])[0].tolist() == [tiny, 0.0, -tiny]
+
+
+@pytest.mark.parametrize("mode", ["mean", "sum"])
+def test_disjoint_merge_in_column_blocks_equals_whole_rows(mode):
+    # larger than one block, with a ragged last block: the blocked merge must equal the plain formula
+    g = torch.Generator().manual_seed(5)
+    stacked = torch.randn(3, 700, 517, generator=g)
+    stacked[stacked.abs() < 0.8] = 0.0  # trimmed rows: zeros, lone entries and sign conflicts
+    sign = elect_sign(stacked.clone())
+    agree = (stacked * sign) > 0
+    total = (stacked * agree).sum(0)
+    ref = total if mode == "sum" else total / agree.sum(0).clamp(min=1)
+    out = disjoint_merge_(stacked.clone(), sign, mode)
+    assert out.shape == (700, 517)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
 def test_global_threshold_radix_select_is_exact():
     g = torch.Generator().manual_seed(3)
     tensors = [torch.randn(2, n, generator=g) * s for n, s in ((50, 1.0), (200, 0.01), (7, 30.0), (1000, 0.3))]

@@ -208,6 +208,12 @@ class LoraDelta:
             else:
                 out.zero_()
             for i, m in enumerate(mods):
+                if i == 0 and not replaced and not m.transpose:
+                    # B @ A straight into ``out``, then scaled in place: peft's product and rounding
+                    # without the two full-size temporaries of ``(B @ A) * s``
+                    a, b = self._t(m.a_key).to(dev), self._t(m.b_key).to(dev)
+                    torch.matmul(b, a, out=out).mul_(m.scale)
+                    continue
                 d = self._delta(m, dev)
                 if i == 0 and not replaced:
                     out.copy_(d)
