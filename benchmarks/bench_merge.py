@@ -59,20 +59,25 @@ FULL = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidde
             num_attention_heads=12, num_key_value_heads=12)
 QUICK = dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=8)
+# --profile 1b (issue 11): the TinyLlama-1.1B shape in bfloat16, ~1.1B parameters, 2.2 GB per model
+BIG = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+           num_attention_heads=32, num_key_value_heads=4)
+QUICK_BIG = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                 num_attention_heads=8, num_key_value_heads=2)
 BUILD_VERSION = 1  # bump when the way models are built changes (invalidates the cache)
 
 
 # --------------------------------------------------------------------------------------------
 # models
 # --------------------------------------------------------------------------------------------
-def model_config(size: dict, layers: int):
+def model_config(size: dict, layers: int, dtype: str = "float32"):
     import transformers as tf
 
     return tf.LlamaConfig(**{**size, "num_hidden_layers": layers}, max_position_embeddings=2048,
-                          tie_word_embeddings=False, dtype="float32")
+                          tie_word_embeddings=False, dtype=dtype)
 
 
-def build_models(root: str, size: dict, layers: int, log) -> tuple[str, list[str]]:
+def build_models(root: str, size: dict, layers: int, log, dtype: str = "float32") -> tuple[str, list[str]]:
     """Base + 3 fine-tunes under ``root/L{layers}``; cached (rebuilt only if the recipe changed)."""
     import torch
 
@@ -82,6 +87,8 @@ def build_models(root: str, size: dict, layers: int, log) -> tuple[str, list[str
     stamp = os.path.join(folder, "built.json")
     want = {"version": BUILD_VERSION, "size": size, "layers": layers, "noise": NOISE, "seeds": list(SEEDS),
             "shard_bytes": SHARD_BYTES}
+    if dtype != "float32":
+        want["dtype"] = dtype
     base, fts = os.path.join(folder, "base"), [os.path.join(folder, f"ft{s}") for s in SEEDS]
     if os.path.isfile(stamp):
         with open(stamp) as f:
@@ -93,7 +100,7 @@ def build_models(root: str, size: dict, layers: int, log) -> tuple[str, list[str
     import transformers as tf
 
     torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(model_config(size, layers))
+    model = tf.LlamaForCausalLM(model_config(size, layers, dtype)).to(getattr(torch, dtype))
     model.save_pretrained(base, max_shard_size=SHARD_BYTES)
     n = sum(p.numel() for p in model.parameters())
     del model
@@ -562,6 +569,172 @@ def write_report(res: dict, md_path: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------
+# --profile 1b: a ~1B-parameter bf16 model, more methods, the issue-11 targets
+# --------------------------------------------------------------------------------------------
+# (label, tool, hubsoup --param list or mergekit YAML body, which inputs: "3" = base + 3 fine-tunes,
+# "2" = two fine-tunes, no base). mergekit loads in float32 and writes bfloat16, as hubsoup computes.
+PLAN_1B = [
+    ("task_arithmetic", "hubsoup", ["--method", "task_arithmetic", "--param", "scale=1.0"], "3"),
+    ("task_arithmetic", "mergekit", "merge_method: task_arithmetic\nparameters: {normalize: false}\n"
+                                    "model_params: {weight: 1.0}\n", "3"),
+    ("ties", "hubsoup", ["--method", "ties", "--param", "density=0.2", "--param", "scope=tensor",
+                         "--param", "merge=mean"], "3"),
+    ("ties", "mergekit", "merge_method: ties\nparameters: {normalize: true}\n"
+                         "model_params: {weight: 1.0, density: 0.2}\n", "3"),
+    ("ties (scope=model)", "hubsoup", ["--method", "ties", "--param", "density=0.2", "--param", "merge=mean"], "3"),
+    ("dare_ties", "hubsoup", ["--method", "dare", "--param", "then=ties", "--param", "p=0.8",
+                              "--param", "convention=mergekit"], "3"),
+    ("dare_ties", "mergekit", "merge_method: dare_ties\nparameters: {normalize: true}\n"
+                              "model_params: {weight: 1.0, density: 0.2}\n", "3"),
+    ("slerp", "hubsoup", ["--method", "slerp", "--param", "t=0.5"], "2"),
+    ("slerp", "mergekit", "merge_method: slerp\nparameters: {t: 0.5}\n", "2"),
+    ("sftm", "hubsoup", ["--method", "sftm"], "3"),  # not in mergekit
+]
+
+
+def mergekit_config_1b(body: str, base: str, fts: list[str], inputs: str) -> str:
+    head, _, mp = body.partition("model_params: ")
+    models = fts if inputs == "3" else fts[:2]
+    lines = [head.rstrip("\n"), f"base_model: {base if inputs == '3' else fts[0]}", "dtype: float32",
+             "out_dtype: bfloat16", "models:"]
+    for m in models:
+        lines.append(f"  - model: {m}")
+        if mp:
+            lines.append(f"    parameters: {mp.strip()}")
+    return "\n".join(lines) + "\n"
+
+
+def run_1b(args, work: str, results: str, log) -> int:
+    """hubsoup vs mergekit on a ~1.1B-parameter bfloat16 Llama (base + 3 fine-tunes): wall, CPU and peak
+    RSS per method and their ratios, the cold read of every input byte, and the issue-11 targets."""
+    t_start = time.perf_counter()
+    size = QUICK_BIG if args.quick else BIG
+    layers = size["num_hidden_layers"]
+    mk_py = None if args.no_mergekit else ensure_mergekit(args.mergekit_python, work, log)
+    env = child_env()
+    log("building / checking the bf16 models")
+    base, fts = build_models(os.path.join(work, "models-1b-quick" if args.quick else "models-1b"), size, layers,
+                             log, dtype="bfloat16")
+    from hubsoup.sources import open_input
+
+    ck = open_input(base)
+    numel = sum(math.prod(ck.info(k).shape) for k in ck.keys())
+    res: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine_info(), "quick": args.quick,
+                 "profile": "1b", "repeat": args.repeat,
+                 "model": {"shape": size, "dtype": "bfloat16", "params_m": round(numel / 1e6, 1),
+                           "bytes_per_model": dir_bytes([base]), "input_bytes": dir_bytes([base, *fts])},
+                 "runs": [], "summary": [], "ratios": [], "targets": [], "notes": []}
+    res["versions"] = {"hubsoup": versions(sys.executable, ["hubsoup", "torch", "transformers", "safetensors"]),
+                       "mergekit": versions(mk_py, ["mergekit", "torch"]) if mk_py else {}}
+    log("I/O floor: reading all inputs once (cold, then warm)")
+    res["io_floor"] = io_floor([base, *fts])
+    log(f"  {res['io_floor']}")
+    out_root = os.path.join(work, "out-1b")
+    shutil.rmtree(out_root, ignore_errors=True)
+    os.makedirs(out_root)
+    runs: dict[str, list[Run]] = {}
+    for rep in range(args.repeat):
+        for method, tool, spec, inputs in PLAN_1B:
+            if tool == "mergekit" and not mk_py:
+                continue
+            label = f"{tool} {method}"
+            read_all([p for d in (base, *fts) for p in shard_files(d)])  # inputs warm for every run alike
+            slug = "".join(c if c.isalnum() else "_" for c in label)
+            out = os.path.join(out_root, slug)
+            shutil.rmtree(out, ignore_errors=True)
+            if tool == "hubsoup":
+                ins = [*fts, "--base", base] if inputs == "3" else fts[:2]
+                cmd = [sys.executable, "-m", "hubsoup", "merge", *ins, *spec, "--out", out, "--overwrite", "--quiet",
+                       "--shard-size", str(SHARD_BYTES)]
+            else:
+                cfg = out + ".yml"
+                with open(cfg, "w") as fh:
+                    fh.write(mergekit_config_1b(spec, base, fts, inputs))
+                cmd = [mk_py, "-m", "mergekit.scripts.run_yaml", cfg, out, "--lazy-unpickle", "--quiet",
+                       "--no-copy-tokenizer", "--out-shard-size", str(SHARD_BYTES // 2)]  # bf16 parameters
+            run = Run(label, tool, method, "-", layers, out)
+            measure(cmd, run, env, os.path.join(work, "logs", f"1b-{slug}.{rep}.log"))
+            log(f"  {label:<28} {run.wall_s:7.1f}s cpu {run.user_s + run.sys_s:7.1f}s  rss {run.maxrss_mb:6.0f} MB  "
+                f"anon {run.peak_anon_mb:6.0f} MB  others {run.others_cpu:4.0%}  rc={run.rc}")
+            if run.rc != 0:
+                log(f"  !! {label} failed, see {run.log}")
+            runs.setdefault(label, []).append(run)
+            res["runs"].append(asdict(run))
+            shutil.rmtree(out, ignore_errors=True)  # 2.2 GB each
+    summ = {lab: summarize(rs) for lab, rs in runs.items()}
+    res["summary"] = list(summ.values())
+    ok = lambda lab: lab in summ and summ[lab]["rc"] == 0  # noqa: E731
+    in_gb = res["model"]["input_bytes"] / 1e9
+    for method in dict.fromkeys(m for m, *_ in PLAN_1B):
+        h, m = f"hubsoup {method}", f"mergekit {method}"
+        if ok(h):
+            summ[h]["input_gbps"] = round((in_gb if method != "slerp" else in_gb / 2) / summ[h]["wall_s"], 3)
+        if ok(h) and ok(m):
+            hr, mr = summ[h], summ[m]
+            res["ratios"].append({"what": method, "time": _ratio(hr["wall_s"], mr["wall_s"]),
+                                  "cpu": _ratio(hr["cpu_s"], mr["cpu_s"]), "maxrss": _ratio(hr["maxrss_mb"], mr["maxrss_mb"]),
+                                  "anon": _ratio(hr["peak_anon_mb"], mr["peak_anon_mb"])})
+    ratio = {r["what"]: r for r in res["ratios"]}
+    cold = res["io_floor"].get("cold_s")
+
+    def target(what: str, value, limit: float) -> None:
+        res["targets"].append({"target": what, "value": value, "limit": limit,
+                               "met": None if value is None else value <= limit})
+    for method in ("task_arithmetic", "ties"):
+        target(f"{method}: hubsoup / mergekit wall time", ratio.get(method, {}).get("time"), 0.5)
+        target(f"{method}: hubsoup / mergekit peak RSS", ratio.get(method, {}).get("maxrss"), 0.9)
+    ta = summ.get("hubsoup task_arithmetic", {}).get("wall_s") if ok("hubsoup task_arithmetic") else None
+    target("task_arithmetic wall / cold read of every input byte", _ratio(ta, cold) if ta and cold else None, 2.0)
+    ties = summ.get("hubsoup ties", {}).get("wall_s") if ok("hubsoup ties") else None
+    target("ties wall / task_arithmetic wall (hubsoup)", _ratio(ties, ta) if ties and ta else None, 2.0)
+    busy = [r for r in res["summary"] if r.get("others_cpu", 0) > 0.10]
+    if busy:
+        res["notes"].append(f"{len(busy)} run(s) while other processes used >10% of the CPU (max "
+                            f"{max(r['others_cpu'] for r in busy):.0%}): wall times inflated; compare CPU seconds.")
+    shutil.rmtree(out_root, ignore_errors=True)
+    res["total_s"] = round(time.perf_counter() - t_start, 1)
+    with open(os.path.join(results, "merge_bench_1b.json"), "w") as f:
+        json.dump(res, f, indent=2, default=str)
+    write_report_1b(res, os.path.join(results, "merge_bench_1b.md"))
+    log(f"wrote {os.path.relpath(results, REPO)}/merge_bench_1b.{{md,json}} in {res['total_s']:.0f}s")
+    return 0 if all(r["rc"] == 0 for r in res["summary"]) else 1
+
+
+def write_report_1b(res: dict, path: str) -> None:
+    m, io = res["model"], res["io_floor"]
+    lines = ["# hubsoup vs mergekit on a ~1B-parameter bfloat16 model (issue 11)", "",
+             f"`python benchmarks/bench_merge.py --profile 1b` on {res['date']} ({res['total_s']:.0f} s in all, "
+             f"{res['repeat']} run(s) per configuration). Machine: {res['machine'].get('cpu', '')}, "
+             f"{res['machine'].get('cores', os.cpu_count())} cores. Versions: "
+             + "; ".join(f"{tool} venv: " + ", ".join(f"{k} {v}" for k, v in vs.items())
+                         for tool, vs in res["versions"].items() if vs) + ".", "",
+             f"Inputs: LlamaForCausalLM {m['shape']}, bfloat16, {m['params_m']:.0f}M parameters = "
+             f"{m['bytes_per_model'] / 1e9:.2f} GB per model, base + 3 fine-tunes = {m['input_bytes'] / 1e9:.2f} GB "
+             "(SLERP reads 2 fine-tunes). Every merge is its own process through the tools' CLIs, inputs warm in "
+             "the page cache; mergekit loads in float32 and writes bfloat16 (`dtype: float32`, `out_dtype: "
+             "bfloat16`), as hubsoup computes in float32 and writes the inputs' dtype.", "",
+             f"**Read every input byte once**: cold {io.get('cold_s', '—')} s ({io.get('cold_gbps', '—')} GB/s"
+             f"{'; ' + io['cold_error'] if io.get('cold_error') else ''}), warm {io.get('warm_s')} s.", "",
+             "| run | wall s | CPU s | peak RSS MB | peak anon MB | input GB/s | others' CPU |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in res["summary"]:
+        lines.append(f"| {r['label']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['maxrss_mb']:.0f} | "
+                     f"{r['peak_anon_mb']:.0f} | {r.get('input_gbps', '—')} | {r.get('others_cpu', 0):.0%} |")
+    lines += ["", "## Ratios hubsoup / mergekit (< 1: hubsoup better)", "",
+              "| method | wall time | CPU time | peak RSS | peak anon |", "|---|---:|---:|---:|---:|"]
+    for r in res["ratios"]:
+        lines.append(f"| {r['what']} | {r['time']} | {r['cpu']} | {r['maxrss']} | {r['anon']} |")
+    lines += ["", "## Issue 11 targets (2 cores)", "", "| target | value | limit | met |", "|---|---:|---:|---|"]
+    for t in res["targets"]:
+        met = "—" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        lines.append(f"| {t['target']} | {t['value'] if t['value'] is not None else '—'} | ≤ {t['limit']} | {met} |")
+    if res["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in res["notes"]]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mergekit-python", help="python of a venv with mergekit installed "
@@ -577,6 +750,9 @@ def main() -> int:
                                                                       "(slow: ~2.5x its 12-layer time)")
     ap.add_argument("--no-mergekit", action="store_true", help="only hubsoup")
     ap.add_argument("--keep-outputs", action="store_true", help="keep the merged models under WORK/out")
+    ap.add_argument("--profile", choices=["default", "1b"], default="default",
+                    help="1b: a ~1.1B-parameter bfloat16 Llama (9 GB of inputs), task arithmetic, TIES, DARE-TIES, "
+                         "SLERP and SFTM, the issue-11 targets; results in merge_bench_1b.{md,json} (~1 h on 2 cores)")
     args = ap.parse_args()
 
     t_start = time.perf_counter()
@@ -590,6 +766,8 @@ def main() -> int:
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)
 
+    if args.profile == "1b":
+        return run_1b(args, work, results, log)
     size = QUICK if args.quick else FULL
     layers = size["num_hidden_layers"]
     mk_py = None if args.no_mergekit else ensure_mergekit(args.mergekit_python, work, log)

@@ -90,27 +90,35 @@ def test_stale_defaults_are_reported():
     assert len(stale) == 1 and "task arithmetic" in stale[0] and "scale" in stale[0]
 
 
-# What the guard finds in the committed results today: the open part of issue 16 (the encoder's small
-# fine-tune gains are not half-recovered at 8 tasks by any method's defaults; TA's λ = 0.3 is low at 4
-# tasks). A fix that lifts one of them, or a regression that adds one, changes this set and fails here.
+# What the guard finds in the committed results today: the open part of issue 16. The encoder's fine-tunes
+# gain 1-10 points per task, and at 8 LoRA tasks no method recovers half of that even tuned (best 0.42, SFTM
+# at its defaults); TA's λ = 0.3 is low at 4 encoder tasks (tuned: 1.0) but best on the LM, so no one value
+# serves both. A fix that lifts one of them, or a regression that adds one, changes this set and fails here.
 KNOWN_FAILURES: dict[str, set] = {"quality_lm.json": set(), "quality.json": {
     ('full-4', 'DARE + TA'),
     ('full-4', 'LiNeS + TA'),
-    ('full-4', 'LiNeS + consensus'),
     ('full-4', 'LiNeS + uniform soup'),
     ('full-4', 'LwPTV + TA'),
     ('full-4', 'LwPTV + TIES'),
-    ('full-4', 'consensus'),
     ('full-4', 'task arithmetic'),
     ('full-8', 'DARE + TA'),
     ('full-8', 'LOT'),
     ('full-8', 'LiNeS + TA'),
-    ('full-8', 'LiNeS + consensus'),
     ('full-8', 'LiNeS + uniform soup'),
     ('full-8', 'LwPTV + TA'),
-    ('full-8', 'LwPTV + TIES'),
-    ('full-8', 'consensus'),
     ('full-8', 'task arithmetic'),
+    ('lora-4', 'LiNeS + TA'),
+    ('lora-4', 'LiNeS + TIES'),
+    ('lora-4', 'OPCM'),
+    ('lora-4', 'SFTM'),
+    ('lora-4', 'TIES'),
+    ('lora-4', 'task arithmetic'),
+    ('lora-8', 'LiNeS + TA'),
+    ('lora-8', 'LiNeS + TIES'),
+    ('lora-8', 'OPCM'),
+    ('lora-8', 'SFTM'),
+    ('lora-8', 'TIES'),
+    ('lora-8', 'task arithmetic'),
 }}
 
 

@@ -106,8 +106,9 @@ def render(results: dict) -> str:
         "the mean normalized accuracy against each input, then scored once on test).",
         "",
         "- **norm. accuracy**: mean over the setting's in-domain tasks of accuracy / the task's fine-tune accuracy "
-        "(the papers' table metric); **norm. gain**: mean of (acc − base) / (fine-tune − base): 1 = every "
-        "fine-tune's gain kept, 0 = none, < 0 = worse than the base; **control Δ**: mean accuracy change on the "
+        "(the papers' table metric); **norm. gain**: the share of the fine-tunes' gain recovered, pooled over the "
+        "in-domain tasks, Σ (acc − base) / Σ (fine-tune − base) (`protocol.gain`): 1 = the fine-tunes' gains "
+        "kept, 0 = none, < 0 = worse than the base; **control Δ**: mean accuracy change on the "
         "control tasks (no input was trained on them) against the base, in points (negative = forgetting).",
         f"- 95% intervals: paired bootstrap over test examples ({meta['seeds']['bootstrap_resamples']} resamples, "
         f"seed {meta['seeds']['bootstrap']}; the same resample for every model and reference). A claim whose "

@@ -481,7 +481,7 @@ def main(argv=None) -> int:
                      "grid_points": args.grid_points or "all"},
             "lora_rows": list(LORA_ROWS) if args.lora_rows == "core" else "all",
             "lora_reference_check": lora_check or prev_meta.get("lora_reference_check"),
-            "references": {"base": base_eval, "fine-tunes": ft_eval},
+            "references": {"base": base_eval, "fine-tunes": dict(ft_eval)},  # a copy: the other kind is added below
             "command": "python -m benchmarks.quality.run" + "".join(
                 f" {a!r}" if " " in a else f" {a}" for a in (argv if argv is not None else sys.argv[1:])),
             "finetunes_cached": cached_fts, "timings_s": {k: round(v, 1) for k, v in timings.items()},
@@ -597,7 +597,7 @@ def main(argv=None) -> int:
         # references are the same, deterministic evaluations of the same data and fine-tunes)
         t_phase = time.perf_counter()
         for name, setting in settings.items():
-            if setting["kind"] in ft_eval:
+            if setting["kind"] in ctx["ft_scores"]:
                 # every summary from its stored per-example outcomes, with today's protocol (rows kept
                 # from an earlier run were summarised by the protocol of their day)
                 for variants in setting["rows"].values():

@@ -170,8 +170,8 @@ def to_scores(evals: dict[str, dict]):
 
 def thin(values: list, n: int) -> list:
     """At most ``n`` of ``values``, evenly spaced, both ends kept (``[0.1, 0.2, 0.3, 0.5, 0.7, 1.0]`` ->
-    ``[0.1, 0.3, 0.5, 1.0]``)."""
-    if len(values) <= n:
+    ``[0.1, 0.3, 0.5, 1.0]``); ``n`` = 0: all of them."""
+    if n <= 0 or len(values) <= n:
         return list(values)
     return [values[round(i * (len(values) - 1) / (n - 1))] for i in range(n)]
 
@@ -391,7 +391,7 @@ def main(argv=None) -> int:
     ap.add_argument("--val-seqs", type=int, default=VAL_SEQS,
                     help=f"validation sequences per domain scored at each grid point (default {VAL_SEQS})")
     ap.add_argument("--grid-points", type=int, default=GRID_POINTS,
-                    help=f"thin each tuned run's grid to at most this many points (default {GRID_POINTS})")
+                    help=f"thin each tuned run's grid to at most this many points (default {GRID_POINTS}; 0: the whole grid)")
     ap.add_argument("--all-variants", action="store_true",
                     help=f"also run the old defaults and tuned variants of {', '.join(EXPENSIVE)}, without a time limit")
     ap.add_argument("--budget-min", type=float,
@@ -435,7 +435,9 @@ def main(argv=None) -> int:
     ft_train_seconds = sum(st["seconds"] for k in ft_stats for st in ft_stats[k].values())
     # results of an earlier run are kept (a partial run adds to them) while the data and the sizes match;
     # a kind's rows and references also need the same fine-tunes
-    fingerprint = debian.fingerprint(data.DATA_VERSION, data_stats, args.limit, args.val_seqs, args.grid_points)
+    # the grid density is not in it (each tuned run records its grid): a finer search adds to the results;
+    # the constant keeps the fingerprint of results written when it was
+    fingerprint = debian.fingerprint(data.DATA_VERSION, data_stats, args.limit, args.val_seqs, GRID_POINTS)
     ft_fp = {k: {t: st["fingerprint"] for t, st in v.items()} for k, v in ft_stats.items()}
     previous = {}
     if os.path.isfile(args.out + ".json"):
