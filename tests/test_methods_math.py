@@ -174,3 +174,19 @@ def test_wise_ft_and_slerp_endpoints(taus):
     a, b = base + taus[0], base + taus[1]
     # slerp keeps the norm between the endpoints' (lerp would shrink it)
     assert float(mid.norm()) >= min(float(a.norm()), float(b.norm())) - 1e-4
+
+
+def test_slerp_blockwise_float64_reductions_match_the_formula():
+    # more elements than one float64 block, so the cosine is summed over several blocks
+    from hubsoup.methods.slerp import _CHUNK, slerp
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(3, _CHUNK, generator=g), torch.randn(3, _CHUNK, generator=g)
+    b = 0.6 * a + 0.4 * b  # a clear angle, far from the linear fallback
+    a64, b64 = a.double().flatten(), b.double().flatten()
+    omega = torch.arccos((a64 / a64.norm()) @ (b64 / b64.norm()))
+    want = (torch.sin(0.3 * omega) * a64 + torch.sin(0.7 * omega) * b64) / torch.sin(omega)
+    got = slerp(a, b, 0.7)
+    assert got.dtype == torch.float32 and got.shape == a.shape
+    torch.testing.assert_close(got.double().flatten(), want, rtol=1e-6, atol=1e-6)
+    assert torch.equal(slerp(a, a.clone(), 0.3), torch.lerp(a, a, 0.3))  # parallel: the linear fallback

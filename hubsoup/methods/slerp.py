@@ -12,6 +12,7 @@ orthogonal (θ = sin(tπ/2)·b); both agree everywhere else.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -20,23 +21,31 @@ from hubsoup.methods import Method, register
 from hubsoup.methods import param
 
 
+_CHUNK = 1 << 20  # elements per float64 block of a reduction
+
+
+def dot64(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Σ a·b accumulated in float64, a block at a time (never a float64 copy of a whole tensor)."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    return float(sum(torch.dot(x.double(), y.double()) for x, y in zip(a.split(_CHUNK), b.split(_CHUNK))))  # one sync
+
+
 def slerp(a: torch.Tensor, b: torch.Tensor, t: float, eps: float = 1e-8, dot_threshold: float = 0.9995) -> torch.Tensor:
     """Interpolate along the great circle between the directions of a and b.
 
     Falls back to linear interpolation when they are (anti)parallel or zero, where
-    the angle is ill-conditioned.
+    the angle is ill-conditioned. Norms, the cosine and the coefficients in float64; the
+    combination in the inputs' dtype (two temporaries, not float64 copies of both ends).
     """
-    a64, b64 = a.double().flatten(), b.double().flatten()
-    na, nb = a64.norm(), b64.norm()
+    na, nb = math.sqrt(dot64(a, a)), math.sqrt(dot64(b, b))
     if na < eps or nb < eps:
         return torch.lerp(a, b, t)
-    dot = torch.clamp((a64 / na) @ (b64 / nb), -1.0, 1.0)
-    if abs(float(dot)) > dot_threshold:
+    dot = min(max(dot64(a, b) / (na * nb), -1.0), 1.0)
+    if abs(dot) > dot_threshold:
         return torch.lerp(a, b, t)
-    omega = torch.arccos(dot)
-    so = torch.sin(omega)
-    out = (torch.sin((1 - t) * omega) / so) * a64 + (torch.sin(t * omega) / so) * b64
-    return out.reshape(a.shape).to(a.dtype)
+    omega = math.acos(dot)
+    so = math.sin(omega)
+    return torch.add(a * (math.sin((1 - t) * omega) / so), b, alpha=math.sin(t * omega) / so)
 
 
 @dataclass
@@ -58,6 +67,7 @@ class Slerp(Method):
         return n_inputs < 2
 
     def merge(self, base, deltas, params, ctx):
+        # the ends rebuilt in place in the task vectors' buffers (the method owns them)
         if len(deltas) == 1:
-            return slerp(base, base + deltas[0], params.t) - base
-        return slerp(base + deltas[0], base + deltas[1], params.t) - base
+            return slerp(base, deltas[0].add_(base), params.t).sub_(base)
+        return slerp(deltas[0].add_(base), deltas[1].add_(base), params.t).sub_(base)
