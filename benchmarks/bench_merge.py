@@ -569,6 +569,51 @@ def write_report(res: dict, md_path: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+def record_run(cmd: list[str], run: Run, env: dict, log_path: str, runs: dict, res: dict, log) -> Run:
+    """Measure one merge (:func:`measure`), log its line and add it to ``runs`` and ``res["runs"]``."""
+    measure(cmd, run, env, log_path)
+    log(f"  {run.label:<38} {run.wall_s:6.1f}s cpu {run.user_s + run.sys_s:6.1f}s  rss {run.maxrss_mb:6.0f} MB  "
+        f"anon {run.peak_anon_mb:6.0f} MB  file {run.peak_file_mb:6.0f} MB  others {run.others_cpu:4.0%}  rc={run.rc}")
+    if run.rc != 0:
+        log(f"  !! {run.label} failed, see {run.log}")
+    runs.setdefault(run.label, []).append(run)
+    res["runs"].append(asdict(run))
+    return run
+
+
+def finish_run(res: dict, t_start: float, path: str, writer, out_root: str, keep: bool, log) -> int:
+    """Note contention, remove the outputs (unless ``keep``), write ``path``.json and .md (by ``writer``);
+    the exit status: 0 when every configuration succeeded."""
+    busy = [r for r in res["summary"] if r.get("others_cpu", 0) > 0.10]
+    if busy:
+        res["notes"].append(f"{len(busy)} configuration(s) ran while other processes used >10% of the machine's CPU "
+                            f"(max {max(r['others_cpu'] for r in busy):.0%}): their wall times are inflated; compare CPU "
+                            "seconds, or rerun with --repeat N on a quiet machine.")
+    if not keep:
+        shutil.rmtree(out_root, ignore_errors=True)
+    res["total_s"] = round(time.perf_counter() - t_start, 1)
+    with open(path + ".json", "w") as f:
+        json.dump(res, f, indent=2, default=str)
+    writer(res, path + ".md")
+    log(f"wrote {os.path.relpath(path, REPO)}.{{md,json}} in {res['total_s']:.0f}s")
+    return 0 if all(r["rc"] == 0 for r in res["summary"]) else 1
+
+
+def setup_run(res: dict, mk_py: str | None, inputs: list[str], out_root: str, log) -> str:
+    """Record both tools' versions and the I/O floor of ``inputs`` in ``res``; returns ``out_root``, emptied."""
+    mods = ["torch", "transformers", "safetensors", "numpy"]
+    res["versions"] = {"hubsoup": versions(sys.executable, ["hubsoup", *mods]),
+                       "mergekit": versions(mk_py, ["mergekit", *mods]) if mk_py else {}}
+    if mk_py and res["versions"]["mergekit"].get("torch", "").split("+")[0] != "2.13.0":
+        res["notes"].append(f"WARNING: the mergekit venv has torch {res['versions']['mergekit'].get('torch')}, not 2.13.0")
+    log("I/O floor: reading all inputs once (cold, then warm)")
+    res["io_floor"] = io_floor(inputs)
+    log(f"  {res['io_floor']}")
+    shutil.rmtree(out_root, ignore_errors=True)
+    os.makedirs(out_root)
+    return out_root
+
+
 # --------------------------------------------------------------------------------------------
 # --profile 1b: a ~1B-parameter bf16 model, more methods, the issue-11 targets
 # --------------------------------------------------------------------------------------------
@@ -625,18 +670,26 @@ def run_1b(args, work: str, results: str, log) -> int:
                  "model": {"shape": size, "dtype": "bfloat16", "params_m": round(numel / 1e6, 1),
                            "bytes_per_model": dir_bytes([base]), "input_bytes": dir_bytes([base, *fts])},
                  "runs": [], "summary": [], "ratios": [], "targets": [], "notes": []}
-    res["versions"] = {"hubsoup": versions(sys.executable, ["hubsoup", "torch", "transformers", "safetensors"]),
-                       "mergekit": versions(mk_py, ["mergekit", "torch"]) if mk_py else {}}
-    log("I/O floor: reading all inputs once (cold, then warm)")
-    res["io_floor"] = io_floor([base, *fts])
-    log(f"  {res['io_floor']}")
-    out_root = os.path.join(work, "out-1b")
-    shutil.rmtree(out_root, ignore_errors=True)
-    os.makedirs(out_root)
+    out_root = setup_run(res, mk_py, [base, *fts], os.path.join(work, "out-1b"), log)
     runs: dict[str, list[Run]] = {}
+    only = set(args.only.split(",")) if args.only else None
+    prev_path = os.path.join(results, "merge_bench_1b.json")
+    if only and os.path.isfile(prev_path):  # keep the other methods' runs of the last results on these models
+        with open(prev_path) as f:
+            prev = json.load(f)
+        if prev.get("model", {}).get("shape") == size:
+            # the targets keep the full run's read times: a cold read swings 4x between runs on this VM
+            res["notes"].append(f"I/O floor measured now: {res['io_floor']}; the targets use the full run's.")
+            res["io_floor"] = prev["io_floor"]
+            for r in prev["runs"]:
+                if r["method"] not in only:
+                    res["runs"].append(r)
+                    runs.setdefault(r["label"], []).append(Run(**r))
+            res["notes"].append(f"{', '.join(sorted(only))} re-run on {res['date']}; the other runs are from "
+                                f"{prev['date']}.")
     for rep in range(args.repeat):
         for method, tool, spec, inputs in PLAN_1B:
-            if tool == "mergekit" and not mk_py:
+            if (tool == "mergekit" and not mk_py) or (only and method not in only):
                 continue
             label = f"{tool} {method}"
             read_all([p for d in (base, *fts) for p in shard_files(d)])  # inputs warm for every run alike
@@ -654,13 +707,9 @@ def run_1b(args, work: str, results: str, log) -> int:
                 cmd = [mk_py, "-m", "mergekit.scripts.run_yaml", cfg, out, "--lazy-unpickle", "--quiet",
                        "--no-copy-tokenizer", "--out-shard-size", str(SHARD_BYTES // 2)]  # bf16 parameters
             run = Run(label, tool, method, "-", layers, out)
-            measure(cmd, run, env, os.path.join(work, "logs", f"1b-{slug}.{rep}.log"))
-            log(f"  {label:<28} {run.wall_s:7.1f}s cpu {run.user_s + run.sys_s:7.1f}s  rss {run.maxrss_mb:6.0f} MB  "
-                f"anon {run.peak_anon_mb:6.0f} MB  others {run.others_cpu:4.0%}  rc={run.rc}")
-            if run.rc != 0:
-                log(f"  !! {label} failed, see {run.log}")
-            runs.setdefault(label, []).append(run)
-            res["runs"].append(asdict(run))
+            if tool == "hubsoup":
+                run.extra["hubsoup_code"] = code_fingerprint()
+            record_run(cmd, run, env, os.path.join(work, "logs", f"1b-{slug}.{rep}.log"), runs, res, log)
             shutil.rmtree(out, ignore_errors=True)  # 2.2 GB each
     summ = {lab: summarize(rs) for lab, rs in runs.items()}
     res["summary"] = list(summ.values())
@@ -688,17 +737,7 @@ def run_1b(args, work: str, results: str, log) -> int:
     target("task_arithmetic wall / cold read of every input byte", _ratio(ta, cold) if ta and cold else None, 2.0)
     ties = summ.get("hubsoup ties", {}).get("wall_s") if ok("hubsoup ties") else None
     target("ties wall / task_arithmetic wall (hubsoup)", _ratio(ties, ta) if ties and ta else None, 2.0)
-    busy = [r for r in res["summary"] if r.get("others_cpu", 0) > 0.10]
-    if busy:
-        res["notes"].append(f"{len(busy)} run(s) while other processes used >10% of the CPU (max "
-                            f"{max(r['others_cpu'] for r in busy):.0%}): wall times inflated; compare CPU seconds.")
-    shutil.rmtree(out_root, ignore_errors=True)
-    res["total_s"] = round(time.perf_counter() - t_start, 1)
-    with open(os.path.join(results, "merge_bench_1b.json"), "w") as f:
-        json.dump(res, f, indent=2, default=str)
-    write_report_1b(res, os.path.join(results, "merge_bench_1b.md"))
-    log(f"wrote {os.path.relpath(results, REPO)}/merge_bench_1b.{{md,json}} in {res['total_s']:.0f}s")
-    return 0 if all(r["rc"] == 0 for r in res["summary"]) else 1
+    return finish_run(res, t_start, os.path.join(results, "merge_bench_1b"), write_report_1b, out_root, False, log)
 
 
 def write_report_1b(res: dict, path: str) -> None:
@@ -719,6 +758,10 @@ def write_report_1b(res: dict, path: str) -> None:
              "| run | wall s | CPU s | peak RSS MB | peak anon MB | input GB/s | others' CPU |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for r in res["summary"]:
+        if r["rc"] != 0:
+            lines.append(f"| {r['label']} | failed or stopped (exit {r['rc']}; its log: {r.get('log') or 'logs/'}) "
+                         "| | | | | |")
+            continue
         lines.append(f"| {r['label']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['maxrss_mb']:.0f} | "
                      f"{r['peak_anon_mb']:.0f} | {r.get('input_gbps', '—')} | {r.get('others_cpu', 0):.0%} |")
     lines += ["", "## Ratios hubsoup / mergekit (< 1: hubsoup better)", "",
@@ -753,6 +796,8 @@ def main() -> int:
     ap.add_argument("--profile", choices=["default", "1b"], default="default",
                     help="1b: a ~1.1B-parameter bfloat16 Llama (9 GB of inputs), task arithmetic, TIES, DARE-TIES, "
                          "SLERP and SFTM, the issue-11 targets; results in merge_bench_1b.{md,json} (~1 h on 2 cores)")
+    ap.add_argument("--only", help="with --profile 1b: re-run only these methods (comma-separated, e.g. slerp,ties), "
+                                   "keeping the other runs of the last merge_bench_1b.json")
     args = ap.parse_args()
 
     t_start = time.perf_counter()
@@ -792,19 +837,7 @@ def main() -> int:
                  "repeat": args.repeat, "models": {"main": model_facts(base, layers)}, "runs": [], "summary": [],
                  "ratios": [], "diffs": [], "notes": []}
     res["models"]["deep"] = model_facts(deep[0], 2 * layers) if deep else res["models"]["main"]
-    res["versions"] = {"hubsoup": versions(sys.executable, ["hubsoup", "torch", "transformers", "safetensors", "numpy"])}
-    res["versions"]["mergekit"] = (versions(mk_py, ["mergekit", "torch", "transformers", "safetensors", "numpy"])
-                                   if mk_py else {})
-    if mk_py and res["versions"]["mergekit"].get("torch", "").split("+")[0] != "2.13.0":
-        res["notes"].append(f"WARNING: the mergekit venv has torch {res['versions']['mergekit'].get('torch')}, not 2.13.0")
-
-    log("I/O floor: reading all inputs once (cold, then warm)")
-    res["io_floor"] = io_floor([base, *fts])
-    log(f"  {res['io_floor']}")
-
-    out_root = os.path.join(work, "out")
-    shutil.rmtree(out_root, ignore_errors=True)
-    os.makedirs(out_root)
+    out_root = setup_run(res, mk_py, [base, *fts], os.path.join(work, "out"), log)
     runs: dict[str, list[Run]] = {}
 
     def do(label: str, tool: str, method: str, scope: str, b: str, f: list[str], n_layers: int, rep: int) -> Run:
@@ -823,14 +856,7 @@ def main() -> int:
             shutil.rmtree(out)
         if tool == "hubsoup":
             run.extra["hubsoup_code"] = code_fingerprint()
-        measure(cmd, run, env, os.path.join(work, "logs", f"{slug}.{rep}.log"))
-        log(f"  {label:<38} {run.wall_s:6.1f}s cpu {run.user_s + run.sys_s:6.1f}s  rss {run.maxrss_mb:6.0f} MB  "
-            f"anon {run.peak_anon_mb:6.0f} MB  file {run.peak_file_mb:6.0f} MB  others {run.others_cpu:4.0%}  rc={run.rc}")
-        if run.rc != 0:
-            log(f"  !! {label} failed, see {run.log}")
-        runs.setdefault(label, []).append(run)
-        res["runs"].append(asdict(run))
-        return run
+        return record_run(cmd, run, env, os.path.join(work, "logs", f"{slug}.{rep}.log"), runs, res, log)
 
     log("import baselines (python -c 'import ...')")
     for py, mod, name in [(sys.executable, "hubsoup.api", "hubsoup"), (mk_py, "mergekit.merge", "mergekit")]:
@@ -900,19 +926,8 @@ def main() -> int:
         res["notes"].append(f"WARNING: hubsoup's source files changed during the benchmark ({len(codes)} versions: "
                             f"{', '.join(codes)}; see each run's extra.hubsoup_code in the JSON): runs of different "
                             "versions are mixed in these tables.")
-    busy = [r for r in res["summary"] if r.get("others_cpu", 0) > 0.10]
-    if busy:
-        res["notes"].append(f"{len(busy)} configuration(s) ran while other processes used >10% of the machine's CPU "
-                            f"(max {max(r['others_cpu'] for r in busy):.0%}): their wall times are inflated; compare CPU "
-                            "seconds, or rerun with --repeat N on a quiet machine.")
-    if not args.keep_outputs:
-        shutil.rmtree(out_root, ignore_errors=True)
-    res["total_s"] = round(time.perf_counter() - t_start, 1)
-    with open(os.path.join(results, "merge_bench.json"), "w") as f:
-        json.dump(res, f, indent=2, default=str)
-    write_report(res, os.path.join(results, "merge_bench.md"))
-    log(f"wrote {os.path.relpath(results, REPO)}/merge_bench.{{md,json}} in {res['total_s']:.0f}s")
-    return 0 if all(r["rc"] == 0 for r in res["summary"]) else 1
+    return finish_run(res, t_start, os.path.join(results, "merge_bench"), write_report, out_root, args.keep_outputs,
+                      log)
 
 
 if __name__ == "__main__":
