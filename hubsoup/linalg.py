@@ -47,6 +47,12 @@ def sq_norm_chunked(x: torch.Tensor) -> float:
     return float(sum(float(c.double().square().sum()) for c in x.split(CHUNK, dim=1)))
 
 
+def dot_chunked(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 20) -> float:
+    """Σ a·b over every entry (any shape), in float64, ``chunk`` elements at a time; one device sync."""
+    a, b = a.reshape(-1), b.reshape(-1)
+    return float(sum(torch.dot(x.double(), y.double()) for x, y in zip(a.split(chunk), b.split(chunk))))
+
+
 def gram_chunked(x: torch.Tensor) -> torch.Tensor:
     """``x @ xᵀ`` in float64, accumulated over column chunks (x: m×n, m ≤ n)."""
     g = torch.zeros(x.shape[0], x.shape[0], dtype=torch.float64, device=x.device)

@@ -17,17 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
+from hubsoup.linalg import dot_chunked
 from hubsoup.methods import Method, register
 from hubsoup.methods import param
-
-
-_CHUNK = 1 << 20  # elements per float64 block of a reduction
-
-
-def dot64(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Σ a·b accumulated in float64, a block at a time (never a float64 copy of a whole tensor)."""
-    a, b = a.reshape(-1), b.reshape(-1)
-    return float(sum(torch.dot(x.double(), y.double()) for x, y in zip(a.split(_CHUNK), b.split(_CHUNK))))  # one sync
 
 
 def slerp(a: torch.Tensor, b: torch.Tensor, t: float, eps: float = 1e-8, dot_threshold: float = 0.9995) -> torch.Tensor:
@@ -37,10 +29,10 @@ def slerp(a: torch.Tensor, b: torch.Tensor, t: float, eps: float = 1e-8, dot_thr
     the angle is ill-conditioned. Norms, the cosine and the coefficients in float64; the
     combination in the inputs' dtype (two temporaries, not float64 copies of both ends).
     """
-    na, nb = math.sqrt(dot64(a, a)), math.sqrt(dot64(b, b))
+    na, nb = math.sqrt(dot_chunked(a, a)), math.sqrt(dot_chunked(b, b))
     if na < eps or nb < eps:
         return torch.lerp(a, b, t)
-    dot = min(max(dot64(a, b) / (na * nb), -1.0), 1.0)
+    dot = min(max(dot_chunked(a, b) / (na * nb), -1.0), 1.0)
     if abs(dot) > dot_threshold:
         return torch.lerp(a, b, t)
     omega = math.acos(dot)
