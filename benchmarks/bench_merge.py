@@ -315,9 +315,9 @@ def mergekit_config(method: str, base: str, fts: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def mergekit_cmd(python: str, cfg_path: str, out: str) -> list[str]:
+def mergekit_cmd(python: str, cfg_path: str, out: str, bytes_per_param: int = 4) -> list[str]:
     return [python, "-m", "mergekit.scripts.run_yaml", cfg_path, out, "--lazy-unpickle", "--quiet",
-            "--no-copy-tokenizer", "--out-shard-size", str(SHARD_BYTES // 4)]  # parameters, float32
+            "--no-copy-tokenizer", "--out-shard-size", str(SHARD_BYTES // bytes_per_param)]  # in parameters
 
 
 def import_baseline(python: str, module: str, work: str, name: str, env: dict) -> Run:
@@ -704,8 +704,7 @@ def run_1b(args, work: str, results: str, log) -> int:
                 cfg = out + ".yml"
                 with open(cfg, "w") as fh:
                     fh.write(mergekit_config_1b(spec, base, fts, inputs))
-                cmd = [mk_py, "-m", "mergekit.scripts.run_yaml", cfg, out, "--lazy-unpickle", "--quiet",
-                       "--no-copy-tokenizer", "--out-shard-size", str(SHARD_BYTES // 2)]  # bf16 parameters
+                cmd = mergekit_cmd(mk_py, cfg, out, bytes_per_param=2)  # bfloat16
             run = Run(label, tool, method, "-", layers, out)
             if tool == "hubsoup":
                 run.extra["hubsoup_code"] = code_fingerprint()

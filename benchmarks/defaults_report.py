@@ -51,7 +51,8 @@ def render(loaded: dict[str, dict]) -> str:
              "the **share of the fine-tunes' gain** recovered, pooled over the in-domain tasks, "
              "Σ_t (score_t(merge) − score_t(base)) / Σ_t (score_t(fine-tune_t) − score_t(base)) (accuracy for the "
              "encoder, −log perplexity for the LM; `protocol.gain`): 1 = the fine-tunes' own gains recovered, "
-             "0 = nothing, < 0 = worse than the untouched base; with its 95 % paired-bootstrap interval. *old defaults*: the values before issue 16 (LiNeS β = 1, ...); *defaults*: today's, what "
+             "0 = nothing, < 0 = worse than the untouched base; with its 95 % paired-bootstrap interval. "
+             "*old defaults*: the values before issue 16 (LiNeS β = 1, ...); *defaults*: today's, what "
              "`hubsoup merge ... --method M` does with no `--param`; *tuned*: the method's grid searched on the "
              "validation splits (`--search`), chosen values shown. The guard fails when a method at its defaults "
              "recovers < 0.5 on average or is worse than the base on an in-domain task beyond the noise.", ""]

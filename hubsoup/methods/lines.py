@@ -66,8 +66,8 @@ class _LinesOwn:
     beta: float | None = param(
         None, "β, the last block gets α+β; none = 0.5 for wise_ft (paper), 1.0 for linear/soup (the appendix "
               "pseudocode's), else 2·(λ − α) ≥ 0 with λ the base method's default scale (0.3 for task "
-              "arithmetic, 1 for TIES, 0.7 for consensus): the schedule's mean factor is λ, so LiNeS redistributes the "
-              "base method's edit over depth instead of enlarging it (the paper tunes β on validation: "
+              "arithmetic, 1 for TIES, 0.7 for consensus): the schedule's mean factor is λ, so LiNeS "
+              "redistributes the base method's edit over depth instead of enlarging it (the paper tunes β on validation: "
               "TA/consensus 0.1..1.0, TIES 0.1..1.5, soups 0..1)",
         source="measured")
     edit_gamma: float | None = param(

@@ -12,7 +12,8 @@ from hubsoup.methods._kernels import task_arithmetic
 class TaskArithmeticParams:
     scale: float = param(0.3, "λ, the scale of the summed task vectors (papers search 0.1..1.0; 0.3 is "
                               "LwPTV's fixed vision setting and was best or near-best on validation in 5 of 6 "
-                              "searches; 4 full encoder fine-tunes wanted 1.0, 4 LM domains 0.3: no rule in N held)", range=(None, None), source="measured")
+                              "searches; 4 full encoder fine-tunes wanted 1.0, 4 LM domains 0.3: no rule in N held)",
+                         range=(None, None), source="measured")
     weights: tuple[float, ...] | None = param(None, "per-input weights inside the sum (default 1 each)",
                                               per_input=True)
     normalize: bool = param(False, "divide the weighted sum by the sum of the weights (mergekit's normalize; "
