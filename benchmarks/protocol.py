@@ -87,7 +87,7 @@ ROWS: list[Row] = [
         grid={"beta": [0.1, 0.2, 0.3, 0.5, 0.7, 1.0]}),
     Row("LwPTV + TA", "lwptv", {"base_method": "task_arithmetic"}, old={"eta": 0.7, "scale": 0.3},
         grid={"eta": [0.1, 0.2, 0.3, 0.5, 0.7]}, inherit="task arithmetic"),
-    Row("LwPTV + TIES", "lwptv", {"base_method": "ties"}, old={"eta": 0.7},
+    Row("LwPTV + TIES", "lwptv", {"base_method": "ties"}, old={"eta": 0.7, "merge": "sum", "scale": 0.3},
         grid={"eta": [0.1, 0.2, 0.3, 0.5, 0.7]}, inherit="TIES"),
     Row("SFTM", "sftm", old={"eta": 0.2, "gamma": 0.6}, grid={"gamma": [0.4, 0.6, 0.8, 1.0, 1.2]}),
     Row("LOT", "lot", old={"scale": 1.0}, grid={"scale": [0.6, 0.8, 1.0, 1.2, 1.5]}, exemplars=True),
@@ -165,7 +165,7 @@ def _effective(method: str, params: dict) -> dict:
 
 def _inherited(label: str, tuned: dict[str, dict]) -> dict:
     """Every parameter the tuned run of row ``label`` merged with (its chosen values and its method's
-    defaults): a like-for-like comparison (LwPTV's own default for TIES is a disjoint *sum* at 0.3)."""
+    defaults): a like-for-like comparison."""
     src = ROW[label]
     return {k: v for k, v in _effective(src.method, {**src.params, **tuned.get(label, {})}).items()
             if v is not None and not isinstance(v, dict)}

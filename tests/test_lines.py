@@ -204,7 +204,7 @@ def test_soup_plus_lines_alpha_one_beta_zero_is_the_uniform_soup(taus):
     ("task_arithmetic", {}, 0.3),  # task arithmetic's default λ
     ("ties", {}, 1.0),
     ("consensus", {}, 0.7),
-    ("lwptv+ties", {}, 0.3),  # LwPTV's own default for TIES (the paper's disjoint sum at 0.3)
+    ("lwptv+ties", {}, 1.0),  # TIES' own λ through LwPTV
     ("task_arithmetic", {"scale": 0.5}, 0.3),  # a given scale multiplies the merge; β stays (recipes re-run)
 ])
 def test_default_beta_keeps_the_base_methods_mean_factor(base_method, extra, lam):

@@ -119,8 +119,6 @@ def test_eta_zero_equals_the_base_method_bit_for_bit():
     tensors = model_tensors(k=3)
     for base_method, extra in (("task_arithmetic", {}), ("ties", {"density": 0.3}), ("consensus", {"k": 2})):
         ours, stats = merge_all("lwptv", tensors, eta=0.0, base_method=base_method, **extra)
-        if base_method == "ties":
-            extra = {**extra, "merge": "sum", "scale": 0.3}  # LwPTV's TIES: the disjoint sum at λ = 0.3
         ref, _ = merge_all(base_method, tensors, **extra)
         assert stats["lwptv.pruned"] == []
         for name in tensors:
@@ -146,9 +144,9 @@ def test_pruned_layers_revert_kept_layers_equal_task_arithmetic():
             assert torch.equal(ours[name], ref[name])
 
 
-def test_ties_runs_on_the_masked_vectors_with_disjoint_sum():
-    tensors = model_tensors(k=3)
-    ours, stats = merge_all("lwptv", tensors, base_method="ties", eta=0.5, density=0.2)
+def test_ties_runs_on_the_masked_vectors():
+    tensors = model_tensors(k=3)  # the paper's TIES setting (disjoint sum at λ = 0.3), given as parameters
+    ours, stats = merge_all("lwptv", tensors, base_method="ties", eta=0.5, density=0.2, merge="sum", scale=0.3)
     keep = stats["lwptv.keep"]
     masked = {n: [t if keep[n] else torch.zeros_like(t) for t in ts] for n, (_, ts) in tensors.items()}
     # the global top-20% counts the pruned layers' zeros
@@ -159,8 +157,8 @@ def test_ties_runs_on_the_masked_vectors_with_disjoint_sum():
         ref = merge_one("ties", masked[name], block, stats={"ties.threshold": thresholds},
                         density=0.2, merge="sum", scale=0.3)
         assert torch.equal(ours[name], ref), name
-    # the defaults LwPTV gives TIES can be overridden
-    p = get_method("lwptv").parse({"base_method": "ties", "merge": "mean", "scale": 1.0})
+    # without them TIES runs at its own defaults
+    p = get_method("lwptv").parse({"base_method": "ties"})
     assert (p.inner_params.merge, p.inner_params.scale) == ("mean", 1.0)
 
 
@@ -206,9 +204,10 @@ def test_base_method_defaults_through_a_chain():
             p = p.inner_params
         return p.merge, p.scale
 
-    assert ties_of("lwptv", base_method="ties") == ("sum", 0.3)  # the paper's TIES setting
-    assert ties_of("lwptv", base_method="lines+ties") == ("sum", 1.0)  # LiNeS's β replaces λ
-    assert ties_of("lines", base_method="lwptv+ties") == ("sum", 1.0)
+    assert ties_of("lwptv", base_method="ties") == ("mean", 1.0)  # TIES' own defaults
+    assert ties_of("lwptv", base_method="lines+ties") == ("mean", 1.0)  # LiNeS's β replaces λ
+    assert ties_of("lines", base_method="lwptv+ties") == ("mean", 1.0)
+    assert ties_of("lwptv", base_method="ties", merge="sum", scale=0.3) == ("sum", 0.3)  # the paper's setting
     assert ties_of("lines", base_method="ties") == ("mean", 1.0)
     assert ties_of("lwptv", base_method="lines+ties", scale=0.5, merge="mean") == ("mean", 0.5)  # the user's win
 

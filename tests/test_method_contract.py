@@ -90,12 +90,14 @@ def test_lines_sets_the_base_methods_scale_to_one_unless_given(name):
     assert getattr(lines.parse({"base_method": name, scale: 0.5}).inner_params, scale) == 0.5
 
 
-def test_chained_modifiers_keep_the_priority_of_their_defaults():
+def test_chained_modifiers_leave_the_base_method_its_defaults():
     lwptv = get_method("lwptv")
     ties = lwptv.parse({"base_method": "ties"}).inner_params
-    assert (ties.merge, ties.scale) == ("sum", 0.3)  # LwPTV's own TIES setting
+    assert (ties.merge, ties.scale) == ("mean", 1.0)  # TIES' own defaults
     under_lines = lwptv.parse({"base_method": "lines+ties"}).inner_params.inner_params
-    assert (under_lines.merge, under_lines.scale) == ("sum", 1.0)  # LiNeS's λ = 1 wins, the disjoint sum stays
+    assert (under_lines.merge, under_lines.scale) == ("mean", 1.0)  # LiNeS's λ = 1 (its β scales instead)
+    given = lwptv.parse({"base_method": "lines+ties", "merge": "sum", "scale": 0.3}).inner_params.inner_params
+    assert (given.merge, given.scale) == ("sum", 0.3)  # the paper's TIES setting, when asked for
 
 
 # --- hooks ----------------------------------------------------------------------------------------

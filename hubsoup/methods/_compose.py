@@ -36,22 +36,16 @@ class Composed:
 class Modifier(Method):
     """A method wrapping ``base_method``; subclasses declare ``base_method`` in ``Params``."""
 
-    #: Defaults the modifier sets on the base method at the end of its chain when the user does
-    #: not give them, per base method name (e.g. LwPTV's paper setting for TIES).
-    inner_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     #: The modifier applies its own global scale (LiNeS' depth factors): the base method's declared
     #: :attr:`~hubsoup.methods.Method.scale_param` is set to 1 unless the user gives it, so the merged
     #: task vector is not scaled twice.
     replaces_scale: ClassVar[bool] = False
-    #: Where two modifiers of a chain set the same default, the higher priority wins.
-    defaults_priority: ClassVar[int] = 0
 
     def leaf_defaults(self, leaf: Method) -> dict[str, Any]:
         """The parameters this modifier sets on ``leaf``, the base method at the end of its chain."""
-        out = dict(self.inner_defaults.get(leaf.name, {}))
         if self.replaces_scale and leaf.scale_param is not None:
-            out[leaf.scale_param] = 1.0
-        return out
+            return {leaf.scale_param: 1.0}
+        return {}
 
     def parse(self, given: dict[str, Any]) -> Composed:
         if isinstance(given.get("base_params"), dict):  # the nested form a recipe stores
@@ -76,9 +70,9 @@ class Modifier(Method):
             names = ", ".join(f"'{n}'" for n in [self.name, *chain])
             raise ParameterError(f"parameter '{unknown[0]}' belongs to none of {names} "
                                  "(`hubsoup methods NAME` lists each one's parameters)")
-        # the modifiers' defaults for the base method at the end of the chain, highest priority first
+        # the modifiers' defaults for the base method at the end of the chain (the user's values win)
         leaf = methods[-1]
-        for mod in sorted([self, *methods[:-1]], key=lambda m: -m.defaults_priority):
+        for mod in [self, *methods[:-1]]:
             for k, v in mod.leaf_defaults(leaf).items():
                 if k in _fields(leaf) and k not in rest:
                     rest[k] = v

@@ -126,7 +126,6 @@ class Lines(Modifier):
     Params = LinesParams
     search_grid = {"beta": [round(0.1 * i, 1) for i in range(1, 11)]}  # β = 0.1..1.0 (the paper's TA grid)
     replaces_scale = True  # the depth factors replace the base method's λ (its scale_param): 1 unless given
-    defaults_priority = 10  # that λ = 1 wins over other modifiers' defaults in a chain (LwPTV's 0.3 for TIES)
 
     def check_inputs(self, params: Composed, n_inputs: int) -> None:
         super().check_inputs(params, n_inputs)
@@ -179,13 +178,11 @@ class Lines(Modifier):
                                       f"{params.own.alpha_norm.upper()} norm")
 
     def base_scale(self, params: Composed) -> float:
-        """λ the base method uses on its own by default (another modifier's default for it included,
-        e.g. LwPTV's 0.3 for TIES); 1 when it has no scale. A scale the user gives multiplies the
+        """λ the base method uses on its own by default (through any modifiers between); 1 when it
+        has no scale. A scale the user gives multiplies the
         inner merge as before and does not move β, so a recipe re-runs to the same factors."""
-        leaf, chain = params.inner, []
-        leaf_params = params.inner_params
+        leaf, leaf_params = params.inner, params.inner_params
         while isinstance(leaf, Modifier):
-            chain.append(leaf)
             leaf, leaf_params = leaf_params.inner, leaf_params.inner_params
         name = leaf.scale_param
         if name is None:
@@ -194,8 +191,6 @@ class Lines(Modifier):
         if default is None:  # a default that depends on other parameters (DARE: then=sum 0.3, ties 1)
             default = leaf.resolved_scale(leaf.parse({k: v for k, v in leaf.describe_params(leaf_params).items()
                                                       if k != name}))
-        for mod in sorted(chain, key=lambda m: m.defaults_priority):  # LwPTV's 0.3 for TIES
-            default = mod.inner_defaults.get(leaf.name, {}).get(name, default)
         return float(default)
 
     def factor(self, params: Composed, ctx: TensorContext) -> float:

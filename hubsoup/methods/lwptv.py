@@ -32,9 +32,9 @@ from hubsoup.methods._compose import Composed, Modifier
 @dataclass
 class LwptvParams:
     base_method: str = param(
-        "task_arithmetic", "inner method merging the masked task vectors: task_arithmetic, ties (default here: "
-                           "disjoint sum, scale 0.3, as the paper), consensus, or a chain such as lines+ties; "
-                           "give its parameters alongside")
+        "task_arithmetic", "inner method merging the masked task vectors, at its own defaults: "
+                           "task_arithmetic, ties (the paper's setting: merge=sum, scale=0.3), consensus, or a "
+                           "chain such as lines+ties; give its parameters alongside")
     eta: float = param(0.3, "pruning ratio η: each task drops its ⌊ηL⌋ lowest-saliency layers (η = 0 is the base "
                             "method, η = 1 the base model). The paper's 0.7 (every vision run) cost 0.09-0.15 of "
                             "the gain against the base method on the LM and the 8-task encoder; η = 0.1-0.3 scored "
@@ -168,9 +168,9 @@ class Lwptv(Modifier):
     Params = LwptvParams
     min_inputs = 2
     search_grid = {"eta": [round(0.1 * i, 1) for i in range(1, 8)]}  # η = 0.1..0.7
-    # the paper's TIES setting (not a neutral scale: LwPTV runs TIES as disjoint sum at λ = 0.3); under
-    # lines (priority 10) the scale is LiNeS's 1 instead, the disjoint sum stays
-    inner_defaults = {"ties": {"merge": "sum", "scale": 0.3}}
+    # The inner method keeps its own defaults. The paper ran TIES as a disjoint sum at λ = 0.3
+    # (--param merge=sum --param scale=0.3): measured at η = 0.3 it recovered 0.43-0.61 of the
+    # fine-tunes' gain where TIES' mean at λ = 1 recovered 0.56-0.74 (benchmarks/results/defaults.md).
 
     def check_inputs(self, params: Composed, n_inputs: int) -> None:
         if n_inputs < 2:
