@@ -13,7 +13,7 @@ from hubsoup import __version__
 from hubsoup.engine import Job, run
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.methods import Method, get_method
-from hubsoup.options import MergeOptions
+from hubsoup.options import DTYPES, MergeOptions
 from hubsoup.output import OutputFolder, check_output
 from hubsoup.plan import Plan
 from hubsoup.recipe import RECIPE_FILE, Recipe
@@ -258,7 +258,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         plan = layout.plan(base_ckpt, sources, opts) if layout is not None else Plan.of(base_ckpt, opts.device)
         if layout is not None and layout.donors:  # the models slices copy from are inputs too
             check_out_is_no_input(out, base_ckpt, layout.donors)
-        place_blocks(plan, m, p, len(sources), opts, lora_output=sink_options is not None)
+        place_blocks(plan, m, p, sources, opts, lora_output=sink_options is not None)
         for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):  # the fit check passed: download
             if ckpt is not None:
                 ckpt.fetch()
@@ -359,10 +359,28 @@ def _open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opt
         return open_models(inputs, base=inputs[0], **kw)
 
 
-def place_blocks(plan: Plan, method: Method, params: Any, n_inputs: int, opts: MergeOptions, *,
+def place_blocks(plan: Plan, method: Method, params: Any, sources: Sequence, opts: MergeOptions, *,
                  lora_output: bool = False):
-    """Every block's device from ``opts`` (device, device_map, max_memory); refuses a block that fits nowhere."""
+    """Every block's device from ``opts`` (device, device_map, max_memory); refuses a block that fits nowhere.
+
+    ``sources``: the inputs' task vectors (their number, and whether all are full checkpoints: a linear
+    method then merges in pieces on the CPU).
+    """
+    n_inputs, full_inputs = len(sources), all(s.kind == "full" for s in sources)
     from hubsoup.engine.placement import place
+    from hubsoup.methods._schedule import layer_position, resolve_params
+
+    def pieces(block) -> int | None:
+        """Output bytes per entry if the engine merges this block's tensors in pieces (its Weights path)."""
+        if lora_output or not full_inputs:
+            return None
+        merged = [e for e in block.tensors if e.mergeable]
+        if not merged or any(e.source is not None for e in merged):  # a layout's renumbering: dense path
+            return None
+        t = layer_position(block.info)
+        if any(method.linear_coefficients(resolve_params(params, e.name, t), n_inputs) is None for e in merged):
+            return None
+        return max((DTYPES[opts.dtype] if opts.dtype else e.dtype).itemsize for e in merged)
 
     def workspace(block) -> int:
         # the most any one tensor needs (not the largest's: a method's workspace depends on the tensor's role)
@@ -375,7 +393,7 @@ def place_blocks(plan: Plan, method: Method, params: Any, n_inputs: int, opts: M
         return extra
 
     return place(plan, n_inputs, device=opts.device, device_map=opts.device_map, max_memory=opts.max_memory,
-                 workspace=workspace)
+                 workspace=workspace, pieces=pieces)
 
 
 def parse_method(method: str, given: dict[str, Any]) -> tuple[Method, Any]:

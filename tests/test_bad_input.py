@@ -182,18 +182,18 @@ def test_base_cannot_be_resolved(model_dir, tmp_path):
 
 
 def test_interrupted_merge_leaves_nothing(llama, tmp_path, monkeypatch):
-    from hubsoup import engine
+    from hubsoup.output.checkpoint import CheckpointSink
 
     base, fts = llama
     calls = {"n": 0}
-    real = engine.TensorWork.deltas
+    real = CheckpointSink.put  # every tensor's way out, whichever path merged it
 
     def flaky(*a, **k):
         calls["n"] += 1
         if calls["n"] == 10:
             raise KeyboardInterrupt
         return real(*a, **k)
-    monkeypatch.setattr(engine.TensorWork, "deltas", flaky)
+    monkeypatch.setattr(CheckpointSink, "put", flaky)
     with pytest.raises(KeyboardInterrupt):
         merge(fts, tmp_path, base=base)
     assert_no_output(tmp_path)

@@ -73,7 +73,7 @@ def _predicted_mib(base: str, fts: list[str], method: str, params: dict) -> floa
 
     ckpt, sources = open_models(fts, base=base, headers_only=True)
     m, p = parse_method(method, dict(params))
-    return place_blocks(Plan.of(ckpt), m, p, len(sources), MergeOptions()).peak["cpu"] / 2**20
+    return place_blocks(Plan.of(ckpt), m, p, sources, MergeOptions()).peak["cpu"] / 2**20
 
 
 @pytest.mark.parametrize("method,params", METHODS, ids=[m for m, _ in METHODS])

@@ -133,7 +133,7 @@ def cmd_plan(args) -> int:
     base, sources = open_models(args.models, base=args.base, allow_pickle=opts.allow_pickle, token=opts.token,
                                 ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch, headers_only=True)
     plan = Plan.of(base, opts.device)
-    placement = place_blocks(plan, m, p, len(sources), opts, lora_output=args.output_format == "lora")
+    placement = place_blocks(plan, m, p, sources, opts, lora_output=args.output_format == "lora")
     print(plan.summary())
     print()
     print(f"merge of {len(sources)} model(s) with {args.method} onto {base.label}: "

@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hubsoup.engine import prefetch
-from hubsoup.engine.lowrank import Copy, Dense, LowRank, Outcome, Unchanged, decide
+from hubsoup.engine.lowrank import Copy, Dense, LowRank, Outcome, Unchanged, Weights, decide
 from hubsoup.errors import NonFiniteTensorError
 from hubsoup.methods import InputInfo, Method, PrepareContext, TensorContext
 from hubsoup.methods._schedule import layer_position
@@ -43,7 +43,7 @@ from hubsoup.sources.taskvector import TaskVector, all_finite
 log = logging.getLogger(__name__)
 
 __all__ = ["Job", "TensorWork", "Sink", "stream", "gather_stats", "run",
-           "Outcome", "Copy", "Unchanged", "LowRank", "Dense"]
+           "Outcome", "Copy", "Unchanged", "LowRank", "Dense", "Weights"]
 
 
 @dataclass
@@ -155,6 +155,18 @@ class TensorWork:
         """θ₀ + τᵢ: input ``i``'s own weights for this tensor (a new float32 tensor)."""
         return self.delta_into(i, torch.empty_like(self.base())).add_(self.base())
 
+    def input_weights(self) -> list[torch.Tensor] | None:
+        """Every input's θᵢ for this tensor as stored (CPU, unchecked), or None if one input does not
+        hold it whole with the base's shape (a LoRA, a layout gap, a resized vocabulary)."""
+        out = []
+        for i, src in enumerate(self.job.inputs):
+            name = self._input_name(i)
+            t = None if name is None else src.weights(name, tuple(self.entry.shape))
+            if t is None:
+                return None
+            out.append(t)
+        return out
+
     def byte_ranges(self) -> list[tuple[str, int, int]]:
         """Where this tensor's bytes lie on disk, the base's and every input's (the read-ahead's hint)."""
         src = self.entry.source
@@ -193,13 +205,15 @@ class TensorWork:
             out.append((p, q))
         return out
 
-    def merge(self, *, lowrank_ok: bool = True) -> Outcome:
+    def merge(self, *, lowrank_ok: bool = True, weights_dtype: torch.dtype | None = None) -> Outcome:
         """This tensor's merged task vector, by the job's method (see :mod:`hubsoup.engine.lowrank`).
 
         ``lowrank_ok``: the consumer can take a :class:`LowRank` outcome, or a method's
         own low-rank path, for this tensor (a LoRA sink cannot for a module it cannot adapt).
+        ``weights_dtype``: the consumer can take the merged weights themselves in this dtype
+        (a :class:`Weights` outcome, computed in cache-sized pieces where the method allows).
         """
-        return decide(self, lowrank_ok=lowrank_ok)
+        return decide(self, lowrank_ok=lowrank_ok, weights_dtype=weights_dtype)
 
 
 class Sink(Protocol):
@@ -207,6 +221,10 @@ class Sink(Protocol):
 
     def accepts_lowrank(self, entry: TensorEntry) -> bool:
         """Whether a :class:`LowRank` outcome (τ = P Q, never formed) is welcome for ``entry``."""
+
+    def weights_dtype(self, entry: TensorEntry) -> torch.dtype | None:
+        """The dtype in which a :class:`Weights` outcome (θ itself, cast) is welcome for ``entry``;
+        None: the sink wants τ."""
 
     def put(self, work: TensorWork, outcome: Outcome) -> None:
         """Take one tensor's outcome; called once per plan entry, in plan order."""
@@ -307,7 +325,8 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
     job.monitor.stage("merge", desc)
     if len(workers) <= 1:
         for work in stream(job, desc=desc):
-            sink.put(work, work.merge(lowrank_ok=sink.accepts_lowrank(work.entry)))
+            sink.put(work, work.merge(lowrank_ok=sink.accepts_lowrank(work.entry),
+                                      weights_dtype=sink.weights_dtype(work.entry)))
         return stats
     import threading
     from concurrent.futures import ThreadPoolExecutor
@@ -322,7 +341,8 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
             for work in stream(sub):
                 if failed.is_set():  # another worker failed: stop at the next tensor
                     return
-                outcome = work.merge(lowrank_ok=sink.accepts_lowrank(work.entry))
+                outcome = work.merge(lowrank_ok=sink.accepts_lowrank(work.entry),
+                                     weights_dtype=sink.weights_dtype(work.entry))
                 with lock:  # the sink casts and writes one tensor at a time
                     sink.put(work, outcome)
         except BaseException:

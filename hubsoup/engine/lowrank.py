@@ -18,6 +18,14 @@ them (``(N, *shape)`` float32). :func:`decide` avoids that where it can:
 * **Dense** from factors: a method with its own low-rank path
   (:meth:`~hubsoup.methods.Method.merge_factors`, e.g. SFTM) gets the list of
   ``(Pᵢ, Qᵢ)`` (None for an untouched input) and returns the merged τ, or None.
+* **Weights** in pieces: a linear method (its merge is then element-wise) whose inputs all
+  hold the tensor whole (full fine-tunes), for a consumer that takes the merged weights
+  themselves (``weights_dtype``: a full checkpoint). The method's own
+  :meth:`~hubsoup.methods.Method.merge` runs on cache-sized pieces of the flattened tensor,
+  each piece's θ₀ + τ is cast straight into the output: no float32 copy of the whole tensor
+  or of the stack, and every value passes through L2 once instead of a dozen times over
+  memory. Same operations, element for element, as the dense path; only a non-finite
+  result sends the tensor down the dense path, which names the input or the overflow.
 * **Dense**: every other case — the method's :meth:`~hubsoup.methods.Method.merge` on the stack.
 
 Low-rank outcomes are offered only where the consumer takes them (``lowrank_ok``).
@@ -31,6 +39,7 @@ from typing import TYPE_CHECKING, Union
 import torch
 
 from hubsoup.methods._schedule import resolve_params
+from hubsoup.sources.taskvector import all_finite
 
 if TYPE_CHECKING:
     from hubsoup.engine import TensorWork
@@ -61,10 +70,21 @@ class Dense:
     tau: torch.Tensor
 
 
-Outcome = Union[Copy, Unchanged, LowRank, Dense]
+@dataclass
+class Weights:
+    """θ = θ₀ + τ itself, already cast to the consumer's dtype and checked finite."""
+
+    theta: torch.Tensor
 
 
-def decide(work: "TensorWork", *, lowrank_ok: bool = True) -> Outcome:
+Outcome = Union[Copy, Unchanged, LowRank, Dense, Weights]
+
+# float32 bytes a piece of the in-pieces path may span over its N + 1 buffers: they stay in L2
+PIECE_BYTES = 1 << 20
+MIN_PIECE = 1 << 14  # entries; below it torch's per-call cost outweighs the cache
+
+
+def decide(work: "TensorWork", *, lowrank_ok: bool = True, weights_dtype: torch.dtype | None = None) -> Outcome:
     """The cheapest way to the merged task vector of ``work``'s tensor (see the module docs)."""
     job, entry = work.job, work.entry
     method = job.method
@@ -74,8 +94,12 @@ def decide(work: "TensorWork", *, lowrank_ok: bool = True) -> Outcome:
     params = resolve_params(job.params, entry.name, work.position)  # t: its block's, or its slice's
     if method.preserves_zero(params) and work.untouched():
         return Unchanged()
+    coefs = method.linear_coefficients(params, len(job.inputs))
+    if weights_dtype is not None and coefs is not None and torch.device(work.device).type == "cpu":
+        theta = merge_in_pieces(work, params, weights_dtype)
+        if theta is not None:
+            return Weights(theta)
     if lowrank_ok and len(entry.shape) == 2:
-        coefs = method.linear_coefficients(params, len(job.inputs))
         if coefs is not None:
             f = _stacked(work, coefs)
             if f is not None:
@@ -86,6 +110,37 @@ def decide(work: "TensorWork", *, lowrank_ok: bool = True) -> Outcome:
             if tau is not None:
                 return Dense(tau)
     return Dense(method.merge(work.base(), work.deltas(), params, work.context()))
+
+
+def piece_size(n_inputs: int) -> int:
+    """Entries per piece: N + 1 float32 buffers in :data:`PIECE_BYTES`, a multiple of 4096."""
+    return max(MIN_PIECE, PIECE_BYTES // (4 * (n_inputs + 1)) // 4096 * 4096)
+
+
+def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Tensor | None:
+    """θ₀ + method.merge(θ₀, τ) over pieces of the flattened tensor, cast to ``dtype``; None when an
+    input does not hold the tensor whole or the result is not finite (the dense path says why)."""
+    raws = work.input_weights()
+    if raws is None:
+        return None
+    base = work.raw_base()
+    flat_base, flats = base.reshape(-1), [r.reshape(-1) for r in raws]
+    numel, n = flat_base.numel(), len(raws)
+    step = piece_size(n)
+    out = torch.empty(numel, dtype=dtype)
+    b, stack = torch.empty(step), torch.empty((n, step))
+    method, ctx = work.job.method, work.context()
+    for start in range(0, numel, step):
+        k = min(step, numel - start)
+        if k < step:  # the last piece: contiguous buffers of its own size
+            b, stack = torch.empty(k), torch.empty((n, k))
+        b.copy_(flat_base[start:start + k])
+        for i, r in enumerate(flats):
+            torch.sub(r[start:start + k], b, out=stack[i])  # τᵢ = θᵢ − θ₀ in float32, as delta_into
+        out[start:start + k] = method.merge(b, stack, params, ctx).add_(b)
+    if not all_finite(out):
+        return None
+    return out.view(base.shape)
 
 
 def _stacked(work: "TensorWork", coefs: list[float]) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -116,13 +116,19 @@ class Placement:
         return "\n".join(lines)
 
 
-def working_set(block: Block, n_inputs: int, extra: int = 0) -> int:
-    """Bytes merging ``block`` needs at once: (N + 2) float32 copies of its largest tensor, plus ``extra``."""
+def working_set(block: Block, n_inputs: int, extra: int = 0, *, pieces: int | None = None) -> int:
+    """Bytes merging ``block`` needs at once, plus ``extra``: (N + 2) float32 copies of its largest tensor;
+    merged in pieces (``pieces``: the output's bytes per entry, see :mod:`hubsoup.engine.lowrank`), the
+    largest output tensor and the pieces' N + 1 float32 buffers."""
     largest = max((e.numel for e in block.tensors if e.mergeable), default=0)
+    if pieces is not None:
+        from hubsoup.engine.lowrank import piece_size
+
+        return largest * pieces + (n_inputs + 1) * piece_size(n_inputs) * 4 + extra
     return (n_inputs + 2) * largest * 4 + extra
 
 
-def mapped_bytes(block: Block, n_inputs: int) -> int:
+def mapped_bytes(block: Block, n_inputs: int, *, pieces: bool = False) -> int:
     """What merging ``block`` on the CPU adds to the process's resident memory beyond :func:`working_set`.
 
     The engine reads tensors through the weight files' memory maps and unmaps them only when
@@ -136,15 +142,18 @@ def mapped_bytes(block: Block, n_inputs: int) -> int:
     merge = [e for e in block.tensors if e.mergeable]
     stored = sum(e.numel * e.dtype.itemsize for e in block.tensors)
     largest = max(merge, key=lambda e: e.numel, default=None)
-    in_place = largest.numel * 4 if largest is not None and largest.dtype == torch.float32 else 0
+    dense = largest is not None and largest.dtype == torch.float32 and not pieces  # pieces make no copy
+    in_place = largest.numel * 4 if dense else 0
     return (n_inputs + 1) * stored - in_place
 
 
 def place(plan: Plan, n_inputs: int, *, device: str = "cpu", device_map: str | dict | None = None,
-          max_memory: str | dict | None = None, workspace=None) -> Placement:
+          max_memory: str | dict | None = None, workspace=None, pieces=None) -> Placement:
     """Set every block's device (and worker) and predict each device's peak; refuse a block that fits nowhere.
 
-    ``workspace(block) -> bytes`` is what the method and the sink need beyond the stack.
+    ``workspace(block) -> bytes`` is what the method and the sink need beyond the stack;
+    ``pieces(block) -> int | None``: the output's bytes per entry when the block's tensors are
+    merged in pieces on the CPU (the engine's Weights path), else None.
     """
     dm = parse_device_map(device_map)
     mm = parse_max_memory(max_memory)
@@ -160,7 +169,10 @@ def place(plan: Plan, n_inputs: int, *, device: str = "cpu", device_map: str | d
         key = worker_key(assign[b.name])
         b.device, b.worker = torch_device(assign[b.name]), key
         out.devices.setdefault(key, []).append(b)
-        host = mapped_bytes(b, n_inputs) if b.device == "cpu" else 0  # the mapped files count in the CPU's memory
+        per = pieces(b) if b.device == "cpu" and pieces is not None else None
+        if per is not None:  # on the CPU the engine merges these in pieces: a smaller working set
+            sizes[b.name] = working_set(b, n_inputs, workspace(b) if workspace else 0, pieces=per)
+        host = mapped_bytes(b, n_inputs, pieces=per is not None) if b.device == "cpu" else 0
         out.peak[key] = max(out.peak.get(key, 0), sizes[b.name] + host)
     for key, peak in out.peak.items():
         budget = out.budgets.get(key)

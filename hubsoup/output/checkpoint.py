@@ -8,7 +8,7 @@ import shutil
 
 import torch
 
-from hubsoup.engine import Copy, LowRank, Outcome, TensorWork, Unchanged
+from hubsoup.engine import Copy, LowRank, Outcome, TensorWork, Unchanged, Weights
 from hubsoup.errors import NonFiniteTensorError
 from hubsoup.options import DTYPES
 from hubsoup.output.shards import ShardedWriter
@@ -110,10 +110,15 @@ class CheckpointSink:
     def accepts_lowrank(self, entry: TensorEntry) -> bool:
         return True
 
+    def weights_dtype(self, entry: TensorEntry) -> torch.dtype:
+        return self.out_dtype or entry.dtype
+
     def put(self, work: TensorWork, outcome: Outcome) -> None:
         entry = work.entry
         if isinstance(outcome, Copy):
             out = work.raw_base()  # integer buffers, masks: the base's, untouched
+        elif isinstance(outcome, Weights):
+            out = outcome.theta  # cast and checked by the engine
         else:
             if isinstance(outcome, Unchanged):
                 merged = work.base()

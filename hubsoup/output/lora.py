@@ -121,6 +121,9 @@ class LoraSink:
     def accepts_lowrank(self, entry: TensorEntry) -> bool:
         return self.lora_kind(entry) is not None  # a module it cannot adapt needs its dense τ
 
+    def weights_dtype(self, entry: TensorEntry) -> None:
+        return None  # an adapter holds τ, never θ
+
     def put(self, work: TensorWork, outcome: Outcome) -> None:
         if isinstance(outcome, (Copy, Unchanged)):
             return  # integer buffers stay the base's; untouched tensors have τ = 0

@@ -178,6 +178,9 @@ class LoraDelta:
             return None
         return torch.cat(ps, 1), torch.cat(qs, 0)
 
+    def weights(self, name: str, shape: tuple[int, ...]) -> None:
+        return None  # an adapter holds updates, not weights
+
     def delta_into(self, out: torch.Tensor, name: str, base: torch.Tensor) -> None:
         """Write τ for base tensor ``name`` into ``out`` (float32, the base's shape and device)."""
         if not self.touches(name):

@@ -55,6 +55,10 @@ class TaskVector(Protocol):
     def delta_into(self, out: torch.Tensor, name: str, base: torch.Tensor) -> None:
         """Write τ for base tensor ``name`` into ``out`` (float32, the base's shape and device)."""
 
+    def weights(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
+        """θ for base tensor ``name`` as stored (on the CPU, unchecked), when the input holds it whole
+        with the base's ``shape``; None otherwise (the engine then asks :meth:`delta_into`)."""
+
     def release(self) -> None:
         """Unmap the weight files read so far (the engine calls it after every block)."""
 
@@ -87,6 +91,10 @@ class FullDelta:
 
     def factors(self, name: str) -> None:
         return None
+
+    def weights(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
+        t = self.ckpt.tensor(self.name_map.get(name, name))
+        return t if tuple(t.shape) == tuple(shape) else None
 
     def release(self) -> None:
         self.ckpt.release()

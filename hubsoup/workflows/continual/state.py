@@ -179,6 +179,9 @@ class StateReader:
     def factors(self, name: str) -> None:
         return None
 
+    def weights(self, name: str, shape: tuple[int, ...]) -> None:
+        return None  # S is an update, not weights
+
     def delta_into(self, out: torch.Tensor, name: str, base: torch.Tensor) -> None:
         """S of tensor ``name`` into ``out``."""
         out.copy_(self.tensor(name))

@@ -1,0 +1,117 @@
+"""The engine's in-pieces path (Weights outcomes): linear methods on full fine-tunes merge cache-sized
+pieces straight into the output dtype. Same result, bit for bit, as the dense path; the same errors."""
+
+import os
+
+import pytest
+import torch
+
+import hubsoup
+from hubsoup.engine import lowrank
+from hubsoup.errors import NonFiniteTensorError
+from hubsoup.output.checkpoint import CheckpointSink
+from hubsoup.testing import make_base, make_finetune
+from method_helpers import state
+
+
+@pytest.fixture(scope="module", params=[torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def models(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"pieces-{str(request.param)[6:]}")
+    base = make_base("llama", str(root / "base"), dtype=request.param)
+    fts = [make_finetune(base, str(root / f"ft{i}"), seed=10 + i) for i in range(3)]
+    return base, fts
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """Pieces of 1000 entries (not a multiple of any vector width): every tensor spans several, ragged."""
+    monkeypatch.setattr(lowrank, "PIECE_BYTES", 4 * 4 * 1000)
+    monkeypatch.setattr(lowrank, "MIN_PIECE", 1000)
+
+
+@pytest.fixture
+def used(monkeypatch):
+    """How many tensors went through the in-pieces path."""
+    calls = []
+    real = lowrank.merge_in_pieces
+
+    def counting(*a, **kw):
+        out = real(*a, **kw)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(lowrank, "merge_in_pieces", counting)
+    return calls
+
+
+def _dense(monkeypatch):
+    monkeypatch.setattr(CheckpointSink, "weights_dtype", lambda self, entry: None)
+
+
+@pytest.mark.parametrize("method, params", [
+    ("task_arithmetic", {"scale": 0.3}),
+    ("task_arithmetic", {"weights": [0.2, 1.0, -0.5], "normalize": True}),
+    ("linear", {}),
+    ("soup", {"scale": 0.8}),
+])
+def test_pieces_equal_the_dense_path_bit_for_bit(models, small_pieces, used, monkeypatch, tmp_path, method, params):
+    base, fts = models
+    ours = hubsoup.merge(fts, method=method, base=base, out=str(tmp_path / "pieces"), quiet=True, **params)
+    assert used and all(used), "the in-pieces path was not taken"
+    _dense(monkeypatch)
+    used.clear()
+    ref = hubsoup.merge(fts, method=method, base=base, out=str(tmp_path / "dense"), quiet=True, **params)
+    assert not used
+    got, want = state(ours.path), state(ref.path)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+
+
+def test_default_pieces_and_a_dtype_change(models, used, monkeypatch, tmp_path):
+    base, fts = models
+    ours = hubsoup.merge(fts, method="task_arithmetic", base=base, out=str(tmp_path / "p"), quiet=True,
+                         dtype="float16")
+    assert all(used)
+    _dense(monkeypatch)
+    ref = hubsoup.merge(fts, method="task_arithmetic", base=base, out=str(tmp_path / "d"), quiet=True,
+                        dtype="float16")
+    got, want = state(ours.path), state(ref.path)
+    assert {v.dtype for v in got.values() if v.is_floating_point()} == {torch.float16}
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_lora_output_and_nonlinear_methods_keep_the_dense_path(models, used, tmp_path):
+    base, fts = models
+    hubsoup.merge(fts, method="ties", base=base, out=str(tmp_path / "t"), quiet=True)
+    assert not used  # TIES is not linear: never offered
+
+
+def _poison(folder: str, name: str, value: float) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(folder, "model.safetensors")
+    sd = load_file(path)
+    sd[name] = sd[name].clone()
+    sd[name].view(-1)[3] = value
+    save_file(sd, path, metadata={"format": "pt"})
+
+
+def test_a_nan_input_is_named_and_nothing_is_written(models, small_pieces, used, tmp_path):
+    base, fts = models
+    bad = make_finetune(base, str(tmp_path / "bad"), seed=99)
+    name = "model.layers.0.mlp.up_proj.weight"
+    _poison(bad, name, float("nan"))
+    out = tmp_path / "o"
+    with pytest.raises(NonFiniteTensorError, match=rf"input '.*bad.*': tensor '{name}' has 1 NaN/inf"):
+        hubsoup.merge([fts[0], bad], method="task_arithmetic", base=base, out=str(out), quiet=True)
+    assert False in used  # the in-pieces result was refused; the dense path named the input
+    assert not out.exists()
+
+
+def test_an_output_overflow_is_named(models, tmp_path):
+    base, fts = models
+    with pytest.raises(NonFiniteTensorError, match="overflows float16"):
+        hubsoup.merge(fts, method="task_arithmetic", base=base, out=str(tmp_path / "o"), quiet=True,
+                      dtype="float16", scale=1e7)
+    assert not (tmp_path / "o").exists()
