@@ -228,6 +228,42 @@ _AUTO_CLASSES = (
 )
 
 
+@functools.lru_cache(maxsize=1)
+def _auto_mappings() -> dict[str, dict]:
+    """transformers' ``MODEL_FOR_*_MAPPING_NAMES`` (model type → architecture names).
+
+    They are literals in ``transformers/models/auto/modeling_auto.py``: read from its source
+    (~50 ms) unless the module is loaded already, since importing it imports transformers
+    (~1.7 s, the largest fixed cost of a merge, paid only to write the card's snippet). Any
+    surprise in the source falls back to the import.
+    """
+    import sys
+
+    loaded = sys.modules.get("transformers.models.auto.modeling_auto")
+    wanted = [m for m, _, _ in _AUTO_CLASSES]
+    if loaded is None:
+        try:
+            import ast
+            import importlib.util
+
+            spec = importlib.util.find_spec("transformers")  # finds the package without importing it
+            path = os.path.join(os.path.dirname(spec.origin), "models", "auto", "modeling_auto.py")
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            found = {}
+            for node in tree.body:
+                if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                        and node.targets[0].id in wanted and isinstance(node.value, ast.Call)
+                        and len(node.value.args) == 1):
+                    found[node.targets[0].id] = dict(ast.literal_eval(node.value.args[0]))
+            if set(found) == set(wanted):
+                return found
+        except (OSError, ValueError, SyntaxError, TypeError, AttributeError):
+            pass
+        from transformers.models.auto import modeling_auto as loaded
+    return {m: dict(getattr(loaded, m, {})) for m in wanted}
+
+
 @dataclass(frozen=True)
 class AutoClass:
     """How to load a model: the transformers Auto class and the Hub ``pipeline_tag`` (None: no tag fits)."""
@@ -250,13 +286,12 @@ def auto_class(config: dict | None) -> AutoClass:
         >>> auto_class({"architectures": ["BertModel"], "vocab_size": 30522}).name
         'AutoModel'
     """
-    from transformers.models.auto import modeling_auto
-
     archs = (config or {}).get("architectures") or []
     arch = archs[0] if archs and isinstance(archs[0], str) else None
     if arch:
+        mappings = _auto_mappings()
         for mapping, cls, tag in _AUTO_CLASSES:
-            for names in getattr(modeling_auto, mapping, {}).values():
+            for names in mappings.get(mapping, {}).values():
                 if arch == names or (isinstance(names, (tuple, list)) and arch in names):
                     if cls == "AutoModel" and "vocab_size" not in (config or {}):
                         tag = "image-feature-extraction" if "image_size" in (config or {}) else None

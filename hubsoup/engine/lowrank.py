@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Union
 import torch
 
 from hubsoup.methods._schedule import resolve_params
-from hubsoup.sources.taskvector import all_finite
 
 if TYPE_CHECKING:
     from hubsoup.engine import TensorWork
@@ -79,8 +78,8 @@ class Weights:
 
 Outcome = Union[Copy, Unchanged, LowRank, Dense, Weights]
 
-# float32 bytes a piece of the in-pieces path may span over its N + 1 buffers: they stay in L2
-PIECE_BYTES = 1 << 20
+# float32 bytes a piece spans over its N + 1 buffers: in L3, and large enough that both threads share each op
+PIECE_BYTES = 4 << 20
 MIN_PIECE = 1 << 14  # entries; below it torch's per-call cost outweighs the cache
 
 
@@ -130,15 +129,21 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
     out = torch.empty(numel, dtype=dtype)
     b, stack = torch.empty(step), torch.empty((n, step))
     method, ctx = work.job.method, work.context()
+    extremes = []
     for start in range(0, numel, step):
         k = min(step, numel - start)
         if k < step:  # the last piece: contiguous buffers of its own size
             b, stack = torch.empty(k), torch.empty((n, k))
         b.copy_(flat_base[start:start + k])
-        for i, r in enumerate(flats):
-            torch.sub(r[start:start + k], b, out=stack[i])  # τᵢ = θᵢ − θ₀ in float32, as delta_into
-        out[start:start + k] = method.merge(b, stack, params, ctx).add_(b)
-    if not all_finite(out):
+        for i, r in enumerate(flats):  # τᵢ = θᵢ − θ₀ in float32, as delta_into (a mixed-dtype sub is slower)
+            stack[i].copy_(r[start:start + k]).sub_(b)
+        merged = method.merge(b, stack, params, ctx).add_(b)
+        extremes.extend(torch.aminmax(merged))  # while the piece is in cache
+        out[start:start + k] = merged
+    # NaN/inf in an input or the result propagates to the extremes (NaN fails the test); a value beyond
+    # the output dtype's range might round to inf: the dense path decides (and names the overflow)
+    peak = float(torch.stack(extremes).abs().max()) if extremes else 0.0
+    if not peak <= torch.finfo(dtype).max:
         return None
     return out.view(base.shape)
 

@@ -6,6 +6,10 @@ so the layout (which shard, which byte offsets) is fixed up front: headers are
 written first and each tensor's bytes go straight to their place on disk as soon as
 it is merged. Memory stays at one tensor, whatever the shard size.
 
+Writing overlaps merging: a writer thread takes one tensor at a time (the caller
+waits while one is still queued, so at most two are held), and each shard is synced
+to disk by another thread as soon as its last byte is written, not all at the end.
+
 A full disk (``ENOSPC``, or ``EDQUOT`` for a quota) is a one-line
 :class:`~hubsoup.errors.DiskFullError` naming the file, the folder and the bytes the
 shards need; :meth:`ShardedWriter.abort` never raises, even when closing a file fails.
@@ -17,6 +21,8 @@ import errno
 import json
 import os
 import shutil
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -57,7 +63,7 @@ class ShardedWriter:
 
     def __init__(self, folder: str, entries: list[tuple[str, tuple[int, ...], torch.dtype]],
                  max_shard_size: int, metadata: dict[str, str] | None = None, *, prefix: str = "model",
-                 index: bool = True):
+                 index: bool = True, background: bool = True):
         self.folder, self.index = folder, index
         metadata = {"format": "pt", **(metadata or {})}
         shards: list[list[tuple[str, tuple[int, ...], torch.dtype, int]]] = [[]]
@@ -97,6 +103,12 @@ class ShardedWriter:
             self.total_size += offset
             self.file_bytes += data_start + offset
         self.free_at_start = _free(folder)
+        self._left = [sum(nbytes for *_, nbytes in shard) for shard in shards]  # data bytes still to write
+        self._queued: deque[Future] = deque()
+        self._syncs: dict[int, Future] = {}
+        self._synced: set[int] = set()  # shards whose sync was started
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="hubsoup-write") if background else None
+        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="hubsoup-fsync") if background else None
         for i, (raw, length) in enumerate(headers):
             try:
                 f = open(os.path.join(folder, self.files[i]), "w+b")
@@ -104,6 +116,7 @@ class ShardedWriter:
                 f.write(len(raw).to_bytes(8, "little"))
                 f.write(raw)
                 f.truncate(length)
+                f.flush()  # tensors go in with pwrite on the descriptor
             except BaseException as e:
                 self.abort()
                 raise self._disk_full(e, self.files[i])
@@ -126,22 +139,52 @@ class ShardedWriter:
             raise ValueError(f"tensor '{name}': got {tuple(tensor.shape)} {tensor.dtype}, planned {slot.shape} {slot.dtype}")
         data = tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy()
         assert data.nbytes == slot.nbytes
-        f = self.handles[slot.shard]
+        self.written.add(name)
+        if self._writer is None:
+            self._put(slot, data)
+            return
+        while self._queued:  # one write queued at most: the merge runs at most one tensor ahead
+            self._queued.popleft().result()  # a failed write fails here
+        self._queued.append(self._writer.submit(self._put, slot, data))
+
+    def _put(self, slot: _Slot, data) -> None:
+        """Write one tensor's bytes at their place; the shard's last bytes start its sync."""
+        fd = self.handles[slot.shard].fileno()
+        view, pos = memoryview(data), slot.start
         try:
-            f.seek(slot.start)  # (flushes what the previous write buffered)
-            f.write(memoryview(data))
+            while view:
+                n = os.pwrite(fd, view, pos)
+                view, pos = view[n:], pos + n
         except OSError as e:
             raise self._disk_full(e, self.files[slot.shard])
-        self.written.add(name)
+        self._left[slot.shard] -= slot.nbytes
+        if self._left[slot.shard] == 0 and self._syncer is not None:
+            self._synced.add(slot.shard)
+            self._syncs[slot.shard] = self._syncer.submit(self._sync, slot.shard)
+
+    def _sync(self, shard: int) -> None:
+        try:
+            os.fsync(self.handles[shard].fileno())
+        except OSError as e:
+            raise self._disk_full(e, self.files[shard])
+
+    def _drain(self) -> None:
+        """Wait for every queued write and started sync (their first error is raised)."""
+        while self._queued:
+            self._queued.popleft().result()
+        for i in list(self._syncs):
+            self._syncs.pop(i).result()
 
     def close(self) -> None:
         missing = set(self.slots) - self.written
         file = ""
         try:
-            for i, f in enumerate(self.handles):
-                file = self.files[i]
-                f.flush()
-                os.fsync(f.fileno())
+            self._drain()
+            for i in range(len(self.handles)):
+                if i not in self._synced:  # no thread, or a shard with nothing (left) to write
+                    file = self.files[i]
+                    os.fsync(self.handles[i].fileno())
+            self._stop()
             for f in self.handles:
                 f.close()
             self.handles = []
@@ -156,8 +199,21 @@ class ShardedWriter:
             self.abort()
             raise self._disk_full(e, file)
 
+    def _stop(self) -> None:
+        for pool in (self._writer, self._syncer):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._writer = self._syncer = None
+
     def abort(self) -> None:
         """Close every file; never raises (a file whose buffer cannot be flushed, e.g. on a full disk, is dropped)."""
+        try:
+            self._drain()  # the threads stop touching the files before they close
+        except BaseException:  # noqa: BLE001 - the caller is already failing; its error is the one to show
+            pass
+        self._queued.clear()
+        self._syncs.clear()
+        self._stop()
         handles, self.handles = self.handles, []
         for f in handles:
             try:
