@@ -367,20 +367,25 @@ def place_blocks(plan: Plan, method: Method, params: Any, sources: Sequence, opt
     method then merges in pieces on the CPU).
     """
     n_inputs, full_inputs = len(sources), all(s.kind == "full" for s in sources)
+    from hubsoup.engine.lowrank import piece_size
     from hubsoup.engine.placement import place
     from hubsoup.methods._schedule import layer_position, resolve_params
 
-    def pieces(block) -> int | None:
-        """Output bytes per entry if the engine merges this block's tensors in pieces (its Weights path)."""
+    def pieces(block) -> tuple[int, int] | None:
+        """If the engine merges this block's tensors in pieces (its Weights path): the output's bytes per
+        entry and the method's workspace for one piece."""
         if lora_output or not full_inputs:
             return None
         merged = [e for e in block.tensors if e.mergeable]
         if not merged or any(e.source is not None for e in merged):  # a layout's renumbering: dense path
             return None
         t = layer_position(block.info)
-        if any(method.linear_coefficients(resolve_params(params, e.name, t), n_inputs) is None for e in merged):
+        resolved = [resolve_params(params, e.name, t) for e in merged]
+        if any(method.tensor_passes(p, n_inputs) is None for p in resolved):
             return None
-        return max((DTYPES[opts.dtype] if opts.dtype else e.dtype).itemsize for e in merged)
+        piece = (piece_size(n_inputs),)
+        return (max((DTYPES[opts.dtype] if opts.dtype else e.dtype).itemsize for e in merged),
+                max(method.workspace_bytes(piece, n_inputs, p, name=e.name) for e, p in zip(merged, resolved)))
 
     def workspace(block) -> int:
         # the most any one tensor needs (not the largest's: a method's workspace depends on the tensor's role)

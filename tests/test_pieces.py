@@ -1,5 +1,6 @@
-"""The engine's in-pieces path (Weights outcomes): linear methods on full fine-tunes merge cache-sized
-pieces straight into the output dtype. Same result, bit for bit, as the dense path; the same errors."""
+"""The engine's in-pieces path (Weights outcomes): methods whose merge is element-wise once per-tensor
+statistics are known (linear ones; TIES) merge full fine-tunes in cache-sized pieces straight into the
+output dtype. Same result, bit for bit, as the dense path; the same errors."""
 
 import os
 
@@ -53,6 +54,10 @@ def _dense(monkeypatch):
     ("task_arithmetic", {"weights": [0.2, 1.0, -0.5], "normalize": True}),
     ("linear", {}),
     ("soup", {"scale": 0.8}),
+    ("ties", {"scope": "tensor"}),  # the threshold and the majority sign from passes over the pieces
+    ("ties", {"scope": "tensor", "densities": [0.1, 1.0, 0.5], "weights": [0.5, 1.0, 2.0], "merge": "sum"}),
+    ("ties", {"scope": "tensor", "density": 0.0}),  # keeps nothing
+    ("ties", {}),  # scope=model: the model-wide threshold, the majority sign per tensor
 ])
 def test_pieces_equal_the_dense_path_bit_for_bit(models, small_pieces, used, monkeypatch, tmp_path, method, params):
     base, fts = models
@@ -81,10 +86,16 @@ def test_default_pieces_and_a_dtype_change(models, used, monkeypatch, tmp_path):
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
-def test_lora_output_and_nonlinear_methods_keep_the_dense_path(models, used, tmp_path):
+@pytest.mark.parametrize("method, params", [
+    ("dare", {"then": "sum"}),  # random drops: not element-wise
+    ("ties", {"convention": "mergekit"}),  # exactly top-k per row
+    ("slerp", {}),  # norms of whole tensors
+])
+def test_methods_needing_the_whole_tensor_keep_the_dense_path(models, used, tmp_path, method, params):
     base, fts = models
-    hubsoup.merge(fts, method="ties", base=base, out=str(tmp_path / "t"), quiet=True)
-    assert not used  # TIES is not linear: never offered
+    ins = fts[:2] if method == "slerp" else fts
+    hubsoup.merge(ins, method=method, base=base, out=str(tmp_path / "t"), quiet=True, **params)
+    assert not any(used)
 
 
 def _poison(folder: str, name: str, value: float) -> None:

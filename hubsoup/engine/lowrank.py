@@ -18,12 +18,14 @@ them (``(N, *shape)`` float32). :func:`decide` avoids that where it can:
 * **Dense** from factors: a method with its own low-rank path
   (:meth:`~hubsoup.methods.Method.merge_factors`, e.g. SFTM) gets the list of
   ``(Pᵢ, Qᵢ)`` (None for an untouched input) and returns the merged τ, or None.
-* **Weights** in pieces: a linear method (its merge is then element-wise) whose inputs all
-  hold the tensor whole (full fine-tunes), for a consumer that takes the merged weights
-  themselves (``weights_dtype``: a full checkpoint). The method's own
-  :meth:`~hubsoup.methods.Method.merge` runs on cache-sized pieces of the flattened tensor,
+* **Weights** in pieces: a method whose merge is element-wise once some per-tensor
+  statistics are known (:meth:`~hubsoup.methods.Method.tensor_passes`: none for a linear
+  method, TIES' threshold and majority sign), whose inputs all hold the tensor whole (full
+  fine-tunes), for a consumer that takes the merged weights themselves (``weights_dtype``: a
+  full checkpoint). The passes and then the method's own
+  :meth:`~hubsoup.methods.Method.merge` run on cache-sized pieces of the flattened tensor,
   each piece's θ₀ + τ is cast straight into the output: no float32 copy of the whole tensor
-  or of the stack, and every value passes through L2 once instead of a dozen times over
+  or of the stack, and every value passes through the cache instead of a dozen times over
   memory. Same operations, element for element, as the dense path; only a non-finite
   result sends the tensor down the dense path, which names the input or the overflow.
 * **Dense**: every other case — the method's :meth:`~hubsoup.methods.Method.merge` on the stack.
@@ -33,6 +35,7 @@ Low-rank outcomes are offered only where the consumer takes them (``lowrank_ok``
 
 from __future__ import annotations
 
+from collections import ChainMap
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
@@ -94,7 +97,7 @@ def decide(work: "TensorWork", *, lowrank_ok: bool = True, weights_dtype: torch.
     if method.preserves_zero(params) and work.untouched():
         return Unchanged()
     coefs = method.linear_coefficients(params, len(job.inputs))
-    if weights_dtype is not None and coefs is not None and torch.device(work.device).type == "cpu":
+    if weights_dtype is not None and torch.device(work.device).type == "cpu":
         theta = merge_in_pieces(work, params, weights_dtype)
         if theta is not None:
             return Weights(theta)
@@ -117,26 +120,45 @@ def piece_size(n_inputs: int) -> int:
 
 
 def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Tensor | None:
-    """θ₀ + method.merge(θ₀, τ) over pieces of the flattened tensor, cast to ``dtype``; None when an
-    input does not hold the tensor whole or the result is not finite (the dense path says why)."""
+    """θ₀ + method.merge(θ₀, τ) over pieces of the flattened tensor, cast to ``dtype``; None when the
+    method needs the whole tensor (no :meth:`~hubsoup.methods.Method.tensor_passes`), an input does
+    not hold it whole, or the result is not finite (the dense path says why).
+
+    Each of the method's tensor passes sweeps the pieces first (τ recomputed from the stored bytes
+    every sweep: cheaper than holding the float32 stack), then the merge sweep writes the output.
+    """
+    method, n = work.job.method, len(work.job.inputs)
+    passes = method.tensor_passes(params, n)
+    if passes is None:
+        return None
     raws = work.input_weights()
     if raws is None:
         return None
     base = work.raw_base()
     flat_base, flats = base.reshape(-1), [r.reshape(-1) for r in raws]
-    numel, n = flat_base.numel(), len(raws)
+    numel = flat_base.numel()
     step = piece_size(n)
+    ctx = work.context()
+    ctx.stats = ChainMap({}, ctx.stats)  # this tensor's statistics over the merge's
+
+    def pieces():
+        b, stack = torch.empty(step), torch.empty((n, step))
+        for start in range(0, numel, step):
+            k = min(step, numel - start)
+            if k < step:  # the last piece: contiguous buffers of its own size
+                b, stack = torch.empty(k), torch.empty((n, k))
+            b.copy_(flat_base[start:start + k])
+            for i, r in enumerate(flats):  # τᵢ = θᵢ − θ₀ in float32, as delta_into (a mixed-dtype sub is slower)
+                stack[i].copy_(r[start:start + k]).sub_(b)
+            yield start, k, b, stack
+
+    for p in passes:
+        for _, _, b, stack in pieces():
+            p.update(ctx, b, stack)
+        p.finish(ctx.stats)
     out = torch.empty(numel, dtype=dtype)
-    b, stack = torch.empty(step), torch.empty((n, step))
-    method, ctx = work.job.method, work.context()
     extremes = []
-    for start in range(0, numel, step):
-        k = min(step, numel - start)
-        if k < step:  # the last piece: contiguous buffers of its own size
-            b, stack = torch.empty(k), torch.empty((n, k))
-        b.copy_(flat_base[start:start + k])
-        for i, r in enumerate(flats):  # τᵢ = θᵢ − θ₀ in float32, as delta_into (a mixed-dtype sub is slower)
-            stack[i].copy_(r[start:start + k]).sub_(b)
+    for start, k, b, stack in pieces():
         merged = method.merge(b, stack, params, ctx).add_(b)
         extremes.extend(torch.aminmax(merged))  # while the piece is in cache
         out[start:start + k] = merged

@@ -153,8 +153,8 @@ def place(plan: Plan, n_inputs: int, *, device: str = "cpu", device_map: str | d
     """Set every block's device (and worker) and predict each device's peak; refuse a block that fits nowhere.
 
     ``workspace(block) -> bytes`` is what the method and the sink need beyond the stack;
-    ``pieces(block) -> int | None``: the output's bytes per entry when the block's tensors are
-    merged in pieces on the CPU (the engine's Weights path), else None.
+    ``pieces(block) -> (bytes per output entry, workspace of a piece) | None``: when the block's
+    tensors are merged in pieces on the CPU (the engine's Weights path), else None.
     """
     dm = parse_device_map(device_map)
     mm = parse_max_memory(max_memory)
@@ -172,7 +172,7 @@ def place(plan: Plan, n_inputs: int, *, device: str = "cpu", device_map: str | d
         out.devices.setdefault(key, []).append(b)
         per = pieces(b) if b.device == "cpu" and pieces is not None else None
         if per is not None:  # on the CPU the engine merges these in pieces: a smaller working set
-            sizes[b.name] = working_set(b, n_inputs, workspace(b) if workspace else 0, pieces=per)
+            sizes[b.name] = working_set(b, n_inputs, per[1], pieces=per[0])
         host = mapped_bytes(b, n_inputs, pieces=per is not None) if b.device == "cpu" else 0
         out.peak[key] = max(out.peak.get(key, 0), sizes[b.name] + host)
     for key, peak in out.peak.items():

@@ -196,6 +196,19 @@ class Method:
         """Statistics passes to run before merging (none by default)."""
         return []
 
+    def tensor_passes(self, params: Any, n_inputs: int) -> list[StatsPass] | None:
+        """Passes over one tensor that make its merge element-wise, or None (the default for non-linear
+        methods): :meth:`merge` then needs the whole tensor.
+
+        With a list, the engine may merge a tensor in pieces of its flattened entries: each pass
+        sees every piece (``update(ctx, base_piece, deltas_piece)``, one sweep per pass, so it may
+        overwrite ``deltas_piece``) and ``finish`` writes the tensor's statistics into
+        ``ctx.stats``; then :meth:`merge` of any piece must equal that piece of the merge of the
+        whole tensor. A linear method needs no pass (``[]``); TIES counts its per-tensor threshold
+        and majority sign this way.
+        """
+        return [] if self.linear_coefficients(params, n_inputs) is not None else None
+
     def prepare(self, params: Any, ctx: PrepareContext) -> dict[str, Any]:
         """Optional work before any statistics pass; returns entries for ``ctx.stats`` of the merge.
 

@@ -10,6 +10,8 @@ Memory: one small histogram per task.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from hubsoup.methods import StatsPass, TensorContext
@@ -26,13 +28,15 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 class KthLargestPass:
     """Two passes that store ``stats[key][i]``: the k_i-th largest |τ_i| over the model.
 
-    ``fraction`` is the kept share (density): k_i = int(fraction · total elements).
+    ``fraction`` is the kept share (density), one for every input or one per input:
+    k_i = max(1, int(fraction_i · total elements)) (0 for a zero fraction).
     A threshold of +inf means keep nothing; keeping ``|τ| >= threshold`` keeps exactly
     k_i entries when magnitudes are distinct.
     """
 
-    def __init__(self, key: str, n_inputs: int, fraction: float):
-        self.key, self.n, self.fraction = key, n_inputs, fraction
+    def __init__(self, key: str, n_inputs: int, fraction: float | Sequence[float]):
+        self.key, self.n = key, n_inputs
+        self.fractions = [fraction] * n_inputs if isinstance(fraction, (int, float)) else list(fraction)
 
     def passes(self) -> list[StatsPass]:
         return [_HighPass(self), _LowPass(self)]
@@ -51,10 +55,10 @@ class _HighPass(StatsPass):
 
     def finish(self, stats: dict) -> None:
         sel = self.sel
-        # a positive density keeps at least one entry (as mergekit's magnitude pruning does)
-        k = max(1, int(sel.fraction * self.total)) if sel.fraction > 0 else 0
         state = []
-        for h in self.hist:
+        for h, fraction in zip(self.hist, sel.fractions):
+            # a positive density keeps at least one entry (as mergekit's magnitude pruning does)
+            k = max(1, int(fraction * self.total)) if fraction > 0 else 0
             if k <= 0:
                 state.append(None)
             else:

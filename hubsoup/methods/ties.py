@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 
 from hubsoup.errors import ParameterError
-from hubsoup.methods import Method, param, register
+from hubsoup.methods import Method, StatsPass, param, register
 from hubsoup.methods._kernels import kth_largest_abs, ties_combine_, trim_
 from hubsoup.methods._schedule import Schedule
 from hubsoup.methods._select import KthLargestPass
@@ -83,11 +83,24 @@ class Ties(Method):
         2.25). Measured: tests/test_memory_plan.py."""
         return 13 * math.prod(shape)
 
+    def tensor_passes(self, params, n_inputs):
+        """Per tensor, in pieces: the k-th largest |τᵢ| (scope=tensor; radix select, two passes) and
+        the majority sign of the elected signs; the mergekit convention ranks whole rows: None."""
+        if params.convention != "paper":
+            return None
+        densities = per_input(params.density, params.densities, n_inputs)
+        out = []
+        if params.scope == "tensor" and any(d < 1.0 for d in densities):
+            out += KthLargestPass(_TENSOR_THRESHOLD, n_inputs, densities).passes()
+        return [*out, _MajorityPass(self, params)]
+
     @staticmethod
     def thresholds(deltas: torch.Tensor, params, ctx) -> list[float]:
         densities = per_input(params.density, params.densities, len(deltas))
         if params.scope == "model":
             return ctx.stats["ties.threshold"] if params.density < 1.0 else [0.0] * len(deltas)
+        if _TENSOR_THRESHOLD in ctx.stats:  # merged in pieces: the whole tensor's, from tensor_passes
+            return [0.0 if d >= 1.0 else t for d, t in zip(densities, ctx.stats[_TENSOR_THRESHOLD])]
         out = []
         for d, density in zip(deltas, densities):
             k = max(1, int(density * d.numel())) if density > 0 else 0  # a positive density keeps one entry
@@ -102,4 +115,22 @@ class Ties(Method):
             return gta_combine_(deltas, params.weights or [1.0] * len(deltas), consensus=True,
                                 normalize=params.merge == "mean", scale=params.scale)
         trim_(deltas, self.thresholds(deltas, params, ctx))
-        return ties_combine_(deltas, params.weights, params.merge).mul_(params.scale)
+        return ties_combine_(deltas, params.weights, params.merge, ctx.stats.get(_MAJORITY)).mul_(params.scale)
+
+
+_TENSOR_THRESHOLD = "ties.tensor_threshold"
+_MAJORITY = "ties.majority"
+
+
+class _MajorityPass(StatsPass):
+    """The sign of Σ sign(Σᵢ trimmed τᵢ) over one tensor's pieces (the sign entries summing to 0 take)."""
+
+    def __init__(self, method: Ties, params):
+        self.method, self.params, self.total = method, params, 0.0
+
+    def update(self, ctx, base, deltas):
+        trim_(deltas, self.method.thresholds(deltas, self.params, ctx))  # its own sweep: deltas is ours
+        self.total += float(deltas.sum(dim=0).sign_().sum())  # ±1 and 0: exact in every piece
+
+    def finish(self, stats):
+        stats[_MAJORITY] = 1.0 if self.total >= 0 else -1.0
