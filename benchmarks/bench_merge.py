@@ -681,8 +681,11 @@ def run_1b(args, work: str, results: str, log) -> int:
             # the targets keep the full run's read times: a cold read swings 4x between runs on this VM
             res["notes"].append(f"I/O floor measured now: {res['io_floor']}; the targets use the full run's.")
             res["io_floor"] = prev["io_floor"]
+            if not res["versions"]["mergekit"]:  # --no-mergekit: the kept mergekit runs' versions
+                res["versions"]["mergekit"] = prev.get("versions", {}).get("mergekit", {})
             for r in prev["runs"]:
-                if r["method"] not in only:
+                # --no-mergekit: mergekit's runs of the re-run methods are kept too (its code did not change)
+                if r["method"] not in only or (args.no_mergekit and r["tool"] == "mergekit"):
                     res["runs"].append(r)
                     runs.setdefault(r["label"], []).append(Run(**r))
             res["notes"].append(f"{', '.join(sorted(only))} re-run on {res['date']}; the other runs are from "

@@ -439,4 +439,6 @@ def test_lines_heuristic_pass_peak_rss_close_to_task_arithmetic(tmp_path):
     ta = min(r["growth"] for r in measured if r["method"] == "task_arithmetic")
     li = min(r["growth"] for r in measured if r["method"] == "lines")
     print(f"peak RSS growth: task_arithmetic {ta:.1f} MiB, lines {li:.1f} MiB, model {model_mib:.1f} MiB")
-    assert li - ta < 0.25 * model_mib, (ta, li, model_mib)
+    # holding the model or τ_MTL would add ≥ 1× the model; the Eq. 2 pass's one-tensor stack (N + 1 float32
+    # copies) adds a few MiB over task arithmetic, which merges full fine-tunes in 4 MiB pieces
+    assert li - ta < 0.5 * model_mib, (ta, li, model_mib)

@@ -46,7 +46,11 @@ def used(monkeypatch):
 
 
 def _dense(monkeypatch):
+    """No pieces anywhere: the merge (the sink wants τ) and the statistics passes (no sweep)."""
+    from hubsoup.engine import TensorWork
+
     monkeypatch.setattr(CheckpointSink, "weights_dtype", lambda self, entry: None)
+    monkeypatch.setattr(TensorWork, "pieces", lambda self: None)
 
 
 @pytest.mark.parametrize("method, params", [
@@ -57,7 +61,12 @@ def _dense(monkeypatch):
     ("ties", {"scope": "tensor"}),  # the threshold and the majority sign from passes over the pieces
     ("ties", {"scope": "tensor", "densities": [0.1, 1.0, 0.5], "weights": [0.5, 1.0, 2.0], "merge": "sum"}),
     ("ties", {"scope": "tensor", "density": 0.0}),  # keeps nothing
-    ("ties", {}),  # scope=model: the model-wide threshold, the majority sign per tensor
+    ("ties", {}),  # scope=model: the model-wide threshold (its radix passes in pieces too), the majority sign
+    ("ties", {"density": 0.05, "weights": [1.0, 0.5, 2.0]}),
+    ("lwptv", {"base_method": "ties", "eta": 0.3}),  # TIES' model-wide passes see the masked pieces
+    ("lwptv", {"base_method": "ties", "scope": "tensor", "combine": "per_task", "eta": 0.5}),
+    ("lines", {}),  # over task arithmetic
+    ("lines", {"base_method": "ties", "scope": "tensor"}),
 ])
 def test_pieces_equal_the_dense_path_bit_for_bit(models, small_pieces, used, monkeypatch, tmp_path, method, params):
     base, fts = models

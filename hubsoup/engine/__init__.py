@@ -167,6 +167,35 @@ class TensorWork:
             out.append(t)
         return out
 
+    def pieces(self):
+        """A sweep over this tensor in pieces, or None if an input does not hold it whole (or the block is
+        not on the CPU): a callable returning an iterator of ``(start, k, base, stack)``, the float32
+        ``base`` piece θ₀[start:start + k] of the flattened tensor and the ``(N, k)`` stack of τᵢ over it,
+        recomputed from the stored bytes on every call (buffers reused: consume each before the next)."""
+        from hubsoup.engine.lowrank import piece_size
+
+        if torch.device(self.device).type != "cpu":
+            return None
+        raws = self.input_weights()
+        if raws is None:
+            return None
+        flat_base, flats = self.raw_base().reshape(-1), [r.reshape(-1) for r in raws]
+        numel, n = flat_base.numel(), len(raws)
+        step = piece_size(n)
+
+        def sweep():
+            b, stack = torch.empty(step), torch.empty((n, step))
+            for start in range(0, numel, step):
+                k = min(step, numel - start)
+                if k < step:  # the last piece: contiguous buffers of its own size
+                    b, stack = torch.empty(k), torch.empty((n, k))
+                b.copy_(flat_base[start:start + k])
+                for i, r in enumerate(flats):  # τᵢ = θᵢ − θ₀ in float32, as delta_into (a mixed-dtype sub is slower)
+                    stack[i].copy_(r[start:start + k]).sub_(b)
+                yield start, k, b, stack
+
+        return sweep
+
     def byte_ranges(self) -> list[tuple[str, int, int]]:
         """Where this tensor's bytes lie on disk, the base's and every input's (the read-ahead's hint)."""
         src = self.entry.source
@@ -284,7 +313,13 @@ def gather_stats(job: Job) -> dict[str, Any]:
         job.monitor.stage("statistics", f"{len(passes)} statistics pass(es)", parts=len(passes))
     for i, p in enumerate(passes):
         for work in stream(job, mergeable_only=True, unit="tensor", desc=f"statistics pass {i + 1}/{len(passes)}"):
-            p.update(work.context(), work.base(), work.deltas())
+            sweep = work.pieces() if p.piecewise else None
+            if sweep is None:
+                p.update(work.context(), work.base(), work.deltas())
+                continue
+            ctx = work.context()
+            for _, _, b, stack in sweep():  # a piecewise pass over full fine-tunes: no float32 stack
+                p.update(ctx, b, stack)
         p.finish(stats)
     return stats
 

@@ -131,31 +131,16 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
     passes = method.tensor_passes(params, n)
     if passes is None:
         return None
-    raws = work.input_weights()
-    if raws is None:
+    pieces = work.pieces()
+    if pieces is None:
         return None
-    base = work.raw_base()
-    flat_base, flats = base.reshape(-1), [r.reshape(-1) for r in raws]
-    numel = flat_base.numel()
-    step = piece_size(n)
     ctx = work.context()
     ctx.stats = ChainMap({}, ctx.stats)  # this tensor's statistics over the merge's
-
-    def pieces():
-        b, stack = torch.empty(step), torch.empty((n, step))
-        for start in range(0, numel, step):
-            k = min(step, numel - start)
-            if k < step:  # the last piece: contiguous buffers of its own size
-                b, stack = torch.empty(k), torch.empty((n, k))
-            b.copy_(flat_base[start:start + k])
-            for i, r in enumerate(flats):  # τᵢ = θᵢ − θ₀ in float32, as delta_into (a mixed-dtype sub is slower)
-                stack[i].copy_(r[start:start + k]).sub_(b)
-            yield start, k, b, stack
-
     for p in passes:
         for _, _, b, stack in pieces():
             p.update(ctx, b, stack)
         p.finish(ctx.stats)
+    numel = work.entry.numel
     out = torch.empty(numel, dtype=dtype)
     extremes = []
     for start, k, b, stack in pieces():
@@ -167,7 +152,7 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
     peak = float(torch.stack(extremes).abs().max()) if extremes else 0.0
     if not peak <= torch.finfo(dtype).max:
         return None
-    return out.view(base.shape)
+    return out.view(tuple(work.entry.shape))
 
 
 def _stacked(work: "TensorWork", coefs: list[float]) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -51,6 +51,10 @@ class StatsPass:
     what it learned in ``stats``, which later passes and the merge read.
     """
 
+    piecewise: ClassVar[bool] = False
+    """``update`` may see a tensor as several pieces of its flattened entries (the ``(N, k)`` stack over
+    each) and learns the same (e.g. histograms): the engine then streams full fine-tunes in pieces."""
+
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
         """See one tensor: ``deltas`` is the (N, *shape) stack; read it, never modify it."""
         raise NotImplementedError

@@ -105,6 +105,13 @@ class Modifier(Method):
     def inner_passes(self, params: Composed, n_inputs: int) -> list[StatsPass]:
         return params.inner.passes(params.inner_params, n_inputs)
 
+    def tensor_passes(self, params: Composed, n_inputs: int) -> list[StatsPass] | None:
+        """None: a modifier's merge is element-wise only where it says so (see LiNeS, LwPTV)."""
+        return None
+
+    def inner_tensor_passes(self, params: Composed, n_inputs: int) -> list[StatsPass] | None:
+        return params.inner.tensor_passes(params.inner_params, n_inputs)
+
     def inner_merge(self, base, deltas, params: Composed, ctx: TensorContext):
         return params.inner.merge(base, deltas, params.inner_params, ctx)
 

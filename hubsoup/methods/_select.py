@@ -43,6 +43,8 @@ class KthLargestPass:
 
 
 class _HighPass(StatsPass):
+    piecewise = True  # histograms: any split of a tensor's entries counts the same
+
     def __init__(self, sel: KthLargestPass):
         self.sel = sel
         self.hist = [torch.zeros(_HIGH, dtype=torch.int64) for _ in range(sel.n)]
@@ -67,6 +69,8 @@ class _HighPass(StatsPass):
 
 
 class _LowPass(StatsPass):
+    piecewise = True
+
     def __init__(self, sel: KthLargestPass):
         self.sel = sel
         self.hist = [torch.zeros(_LOW, dtype=torch.int64) for _ in range(sel.n)]

@@ -204,6 +204,9 @@ class Lines(Modifier):
             return 0
         return 4 * (n_inputs + 1) * math.prod(shape)
 
+    def tensor_passes(self, params: Composed, n_inputs: int):
+        return self.inner_tensor_passes(params, n_inputs)  # a factor per tensor: element-wise as its base
+
     def merge(self, base, deltas, params: Composed, ctx: TensorContext):
         lam = self.factor(params, ctx)
         return self.inner_merge(base, deltas, params, ctx).mul_(lam)

@@ -135,6 +135,7 @@ class _MaskedPass(StatsPass):
 
     def __init__(self, inner: StatsPass, own: LwptvParams):
         self.inner, self.own = inner, own
+        self.piecewise = inner.piecewise  # the mask is per tensor: a piece is masked as its tensor
 
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
         self.inner.update(ctx, base, masked(deltas, ctx, self.own, copy=True))
@@ -180,6 +181,10 @@ class Lwptv(Modifier):
     def passes(self, params: Composed, n_inputs: int) -> list[StatsPass]:
         return [_SaliencyPass(params.own, n_inputs),
                 *(_MaskedPass(p, params.own) for p in self.inner_passes(params, n_inputs))]
+
+    def tensor_passes(self, params: Composed, n_inputs: int):
+        inner = self.inner_tensor_passes(params, n_inputs)  # a mask per tensor: element-wise as its base
+        return None if inner is None else [_MaskedPass(p, params.own) for p in inner]
 
     def merge(self, base, deltas, params: Composed, ctx: TensorContext):
         if not ctx.stats["lwptv.keep"][unit_of(ctx, params.own.unit)]:
