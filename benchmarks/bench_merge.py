@@ -688,8 +688,9 @@ def run_1b(args, work: str, results: str, log) -> int:
                 if r["method"] not in only or (args.no_mergekit and r["tool"] == "mergekit"):
                     res["runs"].append(r)
                     runs.setdefault(r["label"], []).append(Run(**r))
+            res["notes"] += [n for n in prev.get("notes", []) if " re-run on " in n]  # the earlier re-runs
             res["notes"].append(f"{', '.join(sorted(only))} re-run on {res['date']}; the other runs are from "
-                                f"{prev['date']}.")
+                                f"{prev['date']} or the re-runs above.")
     for rep in range(args.repeat):
         for method, tool, spec, inputs in PLAN_1B:
             if (tool == "mergekit" and not mk_py) or (only and method not in only):
