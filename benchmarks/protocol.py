@@ -387,10 +387,25 @@ def ci(d: dict, pct: bool = True) -> str:
         f"{d['value']:.2f} [{d['lo']:.2f}, {d['hi']:.2f}]"
 
 
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its finished children (the merges run as children)."""
+    import resource
+
+    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+               for f in ("ru_utime", "ru_stime"))
+
+
 def write_json(path: str, data: dict) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1, default=str)
+
+
+def write_results(out: str, results: dict, render) -> None:
+    """``out``.json (the results) and ``out``.md (``render(results)``)."""
+    write_json(out + ".json", results)
+    with open(out + ".md", "w", encoding="utf-8") as f:
+        f.write(render(results))
 
 
 if __name__ == "__main__":  # the guard over committed results: python -m benchmarks.protocol FILE.json ...

@@ -450,10 +450,7 @@ def main(argv=None) -> int:
         """Write the results as they stand (after every row: a run cut short leaves what it did)."""
         failures = protocol.guard({"benchmark": "encoder", "settings": settings})
         timings["total"] = time.perf_counter() - log.t0
-        import resource
-
-        cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-                  for f in ("ru_utime", "ru_stime"))
+        cpu = protocol.cpu_seconds()
         prev_meta = previous.get("meta", {})
         meta = {
             "fingerprint": fingerprint,
@@ -496,11 +493,9 @@ def main(argv=None) -> int:
                 meta["references"]["fine-tunes"].setdefault(k, v)
         results = {"benchmark": "encoder", "meta": meta, "settings": settings, "guard": failures,
                    "defaults": protocol.defaults_in_use()}
-        protocol.write_json(args.out + ".json", results)
         from benchmarks.quality.report import render
 
-        with open(args.out + ".md", "w", encoding="utf-8") as f:
-            f.write(render(results))
+        protocol.write_results(args.out, results, render)
         return failures
 
     from hub_server import HubServer

@@ -508,10 +508,7 @@ def main(argv=None) -> int:
             """Write the results as they stand (after every run: a run cut short leaves what it did)."""
             failures = protocol.guard({"benchmark": "decoder-lm", "settings": settings})
             timings["total"] = time.perf_counter() - log.t0
-            import resource
-
-            cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-                      for f in ("ru_utime", "ru_stime"))
+            cpu = protocol.cpu_seconds()
             prev_meta = previous.get("meta", {})
             first_run_ft = {k: {t: st["seconds"] for t, st in v.items()} for k, v in ft_stats.items()}
             command = "python -m benchmarks.quality_lm.run" + "".join(
@@ -552,9 +549,7 @@ def main(argv=None) -> int:
             }
             results = {"benchmark": "decoder-lm", "meta": meta, "settings": settings, "guard": failures,
                        "defaults": protocol.defaults_in_use()}
-            protocol.write_json(args.out + ".json", results)
-            with open(args.out + ".md", "w", encoding="utf-8") as f:
-                f.write(render(results))
+            protocol.write_results(args.out, results, render)
             return failures
 
         ctx["save"] = save
