@@ -363,8 +363,8 @@ def place_blocks(plan: Plan, method: Method, params: Any, sources: Sequence, opt
                  lora_output: bool = False):
     """Every block's device from ``opts`` (device, device_map, max_memory); refuses a block that fits nowhere.
 
-    ``sources``: the inputs' task vectors (their number, and whether all are full checkpoints: a linear
-    method then merges in pieces on the CPU).
+    ``sources``: the inputs' task vectors (their number, and whether all are full checkpoints: a method
+    with :meth:`~hubsoup.methods.Method.tensor_passes` then merges in pieces on the CPU).
     """
     n_inputs, full_inputs = len(sources), all(s.kind == "full" for s in sources)
     from hubsoup.engine.lowrank import piece_size

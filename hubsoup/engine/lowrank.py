@@ -96,12 +96,12 @@ def decide(work: "TensorWork", *, lowrank_ok: bool = True, weights_dtype: torch.
     params = resolve_params(job.params, entry.name, work.position)  # t: its block's, or its slice's
     if method.preserves_zero(params) and work.untouched():
         return Unchanged()
-    coefs = method.linear_coefficients(params, len(job.inputs))
-    if weights_dtype is not None and torch.device(work.device).type == "cpu":
+    if weights_dtype is not None:
         theta = merge_in_pieces(work, params, weights_dtype)
         if theta is not None:
             return Weights(theta)
     if lowrank_ok and len(entry.shape) == 2:
+        coefs = method.linear_coefficients(params, len(job.inputs))
         if coefs is not None:
             f = _stacked(work, coefs)
             if f is not None:
@@ -122,7 +122,7 @@ def piece_size(n_inputs: int) -> int:
 def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Tensor | None:
     """θ₀ + method.merge(θ₀, τ) over pieces of the flattened tensor, cast to ``dtype``; None when the
     method needs the whole tensor (no :meth:`~hubsoup.methods.Method.tensor_passes`), an input does
-    not hold it whole, or the result is not finite (the dense path says why).
+    not hold it whole, the block is not on the CPU, or the result is not finite (the dense path says why).
 
     Each of the method's tensor passes sweeps the pieces first (τ recomputed from the stored bytes
     every sweep: cheaper than holding the float32 stack), then the merge sweep writes the output.
