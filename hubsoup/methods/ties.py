@@ -123,7 +123,8 @@ _MAJORITY = "ties.majority"
 
 
 class _MajorityPass(StatsPass):
-    """The sign of Σ sign(Σᵢ trimmed τᵢ) over one tensor's pieces (the sign entries summing to 0 take)."""
+    """The majority sign of one tensor, seen in pieces: the sign of Σ sign(Σᵢ trimmed τᵢ), which the
+    entries whose trimmed τᵢ sum to 0 take."""
 
     def __init__(self, method: Ties, params):
         self.method, self.params, self.total = method, params, 0.0

@@ -21,7 +21,6 @@ import errno
 import json
 import os
 import shutil
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -63,7 +62,7 @@ class ShardedWriter:
 
     def __init__(self, folder: str, entries: list[tuple[str, tuple[int, ...], torch.dtype]],
                  max_shard_size: int, metadata: dict[str, str] | None = None, *, prefix: str = "model",
-                 index: bool = True, background: bool = True):
+                 index: bool = True):
         self.folder, self.index = folder, index
         metadata = {"format": "pt", **(metadata or {})}
         shards: list[list[tuple[str, tuple[int, ...], torch.dtype, int]]] = [[]]
@@ -104,11 +103,10 @@ class ShardedWriter:
             self.file_bytes += data_start + offset
         self.free_at_start = _free(folder)
         self._left = [sum(nbytes for *_, nbytes in shard) for shard in shards]  # data bytes still to write
-        self._queued: deque[Future] = deque()
-        self._syncs: dict[int, Future] = {}
-        self._synced: set[int] = set()  # shards whose sync was started
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="hubsoup-write") if background else None
-        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="hubsoup-fsync") if background else None
+        self._queued: Future | None = None  # the one write not yet waited for
+        self._syncs: dict[int, Future] = {}  # shard -> its started sync
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="hubsoup-write")
+        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="hubsoup-fsync")
         for i, (raw, length) in enumerate(headers):
             try:
                 f = open(os.path.join(folder, self.files[i]), "w+b")
@@ -140,12 +138,9 @@ class ShardedWriter:
         data = tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy()
         assert data.nbytes == slot.nbytes
         self.written.add(name)
-        if self._writer is None:
-            self._put(slot, data)
-            return
-        while self._queued:  # one write queued at most: the merge runs at most one tensor ahead
-            self._queued.popleft().result()  # a failed write fails here
-        self._queued.append(self._writer.submit(self._put, slot, data))
+        if self._queued is not None:  # one write queued at most: the merge runs at most one tensor ahead
+            self._queued.result()  # a failed write fails here
+        self._queued = self._writer.submit(self._put, slot, data)
 
     def _put(self, slot: _Slot, data) -> None:
         """Write one tensor's bytes at their place; the shard's last bytes start its sync."""
@@ -158,8 +153,7 @@ class ShardedWriter:
         except OSError as e:
             raise self._disk_full(e, self.files[slot.shard])
         self._left[slot.shard] -= slot.nbytes
-        if self._left[slot.shard] == 0 and self._syncer is not None:
-            self._synced.add(slot.shard)
+        if self._left[slot.shard] == 0:
             self._syncs[slot.shard] = self._syncer.submit(self._sync, slot.shard)
 
     def _sync(self, shard: int) -> None:
@@ -170,10 +164,11 @@ class ShardedWriter:
 
     def _drain(self) -> None:
         """Wait for every queued write and started sync (their first error is raised)."""
-        while self._queued:
-            self._queued.popleft().result()
-        for i in list(self._syncs):
-            self._syncs.pop(i).result()
+        queued, self._queued = self._queued, None
+        if queued is not None:
+            queued.result()
+        for f in self._syncs.values():
+            f.result()
 
     def close(self) -> None:
         missing = set(self.slots) - self.written
@@ -181,7 +176,7 @@ class ShardedWriter:
         try:
             self._drain()
             for i in range(len(self.handles)):
-                if i not in self._synced:  # no thread, or a shard with nothing (left) to write
+                if i not in self._syncs:  # a shard with nothing (left) to write
                     file = self.files[i]
                     os.fsync(self.handles[i].fileno())
             self._stop()
@@ -211,8 +206,6 @@ class ShardedWriter:
             self._drain()  # the threads stop touching the files before they close
         except BaseException:  # noqa: BLE001 - the caller is already failing; its error is the one to show
             pass
-        self._queued.clear()
-        self._syncs.clear()
         self._stop()
         handles, self.handles = self.handles, []
         for f in handles:
