@@ -86,8 +86,9 @@ def measure(index, spec):
     with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
         f.write("5")  # VmHWM := VmRSS
     start = {k: field(k) for k in ("VmRSS", "RssAnon", "RssFile")}
-    # one short line (< PIPE_BUF): side-by-side children's lines never interleave
-    print("START " + json.dumps({"index": index, "pid": os.getpid(), **start}), flush=True)
+    # one os.write of one short line (< PIPE_BUF) on the saved stdout: side-by-side children's START
+    # lines never interleave (print may split a line into two writes), and nothing else reaches it
+    os.write(REPORT_FD, ("START " + json.dumps({"index": index, "pid": os.getpid(), **start}) + "\n").encode())
     t1 = time.perf_counter()
     res = run(spec["measure"])
     return {"growth_mib": field("VmHWM") - start["VmRSS"], "start_rss_mib": start["VmRSS"],
@@ -105,6 +106,8 @@ while True:
         pid = os.fork()
         if pid == 0:
             os.close(r)
+            REPORT_FD = os.dup(1)
+            os.dup2(2, 1)  # whatever the measured call prints goes to stderr, never into the report lines
             try:
                 payload = {"ok": measure(index, spec)}
             except BaseException:
@@ -200,7 +203,9 @@ class RssServer:
             if "ok" not in r:
                 raise MeasureError(f"spec {i}: the measured call failed:\n{r['error'][-3000:]}")
             res = r["ok"]
-            if i in samplers:
+            if sample:
+                if i not in samplers:
+                    raise MeasureError(f"spec {i}: no START line was read from its process:\n{self.stderr_tail()}")
                 _, start, peak = samplers[i]
                 res["anon_growth_mib"] = max(peak["RssAnon"] - start["RssAnon"], 0.0)
                 res["file_growth_mib"] = max(peak["RssFile"] - start["RssFile"], 0.0)
