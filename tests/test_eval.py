@@ -58,22 +58,29 @@ def test_classification_with_frozen_head(bert_with_tok, tmp_path):
 
     from hubsoup.eval.run import pooled_logits
 
-    rows = [(f"w{i} w{i + 3} w{i + 7}", i % 3) for i in range(30)]
+    # lengths vary and are not in dataset order: batches are formed shortest first, results come back in order
+    rows = [(" ".join(f"w{i + j}" for j in range(1 + (7 * i) % 5)), i % 3) for i in range(30)]
     data = write_csv(tmp_path / "val.csv", rows)
-    g = torch.Generator().manual_seed(0)
-    w, b = torch.randn(3, 32, generator=g), torch.randn(3, generator=g)
+    model, tok = AutoModel.from_pretrained(bert_with_tok).eval(), AutoTokenizer.from_pretrained(bert_with_tok)
+    # a head that tells the examples apart (a random one on a random model predicts one class): three
+    # examples' centred features as class prototypes
+    with torch.no_grad():
+        feats = torch.cat([pooled_logits(model, tok([t], return_tensors="pt"), torch.eye(32), torch.zeros(32))
+                           for t, _ in rows])
+    w, b = 100 * (feats[[0, 1, 2]] - feats.mean(0)), torch.zeros(3)
     head = str(tmp_path / "head.safetensors")
     save_file({"weight": w, "bias": b}, head, metadata={"pooling": "mean", "labels": json.dumps(["a", "b", "c"])})
     # reference predictions computed independently, one example at a time
-    model, tok = AutoModel.from_pretrained(bert_with_tok).eval(), AutoTokenizer.from_pretrained(bert_with_tok)
     want = []
     for text, _ in rows:
         with torch.no_grad():
             want.append(int(pooled_logits(model, tok([text], return_tensors="pt"), w, b).argmax()))
+    assert len(set(want)) == 3
     acc = sum(int(p == y) for p, (_, y) in zip(want, rows)) / len(rows)
     [res] = evaluate_model(bert_with_tok, [TaskSpec.parse(f"classification:{data},head={head},name=toy")],
                            batch_size=7, quiet=True)
     assert res.metrics["accuracy"] == pytest.approx(acc)
+    assert res.details["correct"] == [int(p == y) for p, (_, y) in zip(want, rows)]
     assert res.n_examples == 30
     # a head whose bias dominates predicts one class: accuracy = that class's share
     save_file({"weight": torch.zeros(3, 32), "bias": torch.tensor([0.0, 5.0, 0.0])}, head)
@@ -100,6 +107,18 @@ def test_perplexity_matches_model_loss(tmp_path):
     with torch.no_grad():
         loss = model(input_ids=ids, labels=ids).loss  # equal lengths: mean over all predicted tokens
     assert res.metrics["perplexity"] == pytest.approx(math.exp(float(loss)), rel=1e-4)
+
+    # mixed lengths: each sequence's NLL sum and token count, in dataset order
+    lengths = [5, 2, 7, 3, 4]
+    data.write_text("\n".join(json.dumps({"text": " ".join(f"w{i + j}" for j in range(n))})
+                              for i, n in enumerate(lengths)) + "\n")
+    [res] = evaluate_model(folder, [TaskSpec.parse(f"perplexity:{data}")], quiet=True, batch_size=2)
+    assert res.details["counts"] == [n - 1 for n in lengths]
+    for i, n in enumerate(lengths):
+        seq = torch.tensor([[5 + i + j for j in range(n)]])
+        with torch.no_grad():
+            want = float(model(input_ids=seq, labels=seq).loss) * (n - 1)
+        assert res.details["nll"][i] == pytest.approx(want, rel=1e-4)
 
 
 def test_eval_cli_and_bad_column(bert_with_tok, tmp_path, capsys):

@@ -146,6 +146,22 @@ def _label_ids(values: list, names: list[str] | None, task: TaskSpec) -> list[in
     return [index[str(v)] for v in values]
 
 
+def _batches(tok, task: TaskSpec, texts: list, pairs: list | None, batch_size: int, quiet: bool):
+    """(indices, encoding) per batch, the examples taken shortest first.
+
+    Batches of similar lengths pad little (a third less compute on the quality benchmark's
+    texts). An example's result does not depend on its batch beyond rounding (padding is
+    masked); callers put the results back in dataset order by the indices.
+    """
+    lengths = tok(texts, pairs, truncation=True, max_length=task.max_length, return_length=True)["length"]
+    order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
+    for start in tqdm(range(0, len(order), batch_size), desc=f"eval {task.name}", disable=quiet, leave=False):
+        idx = order[start:start + batch_size]
+        enc = tok([texts[i] for i in idx], [pairs[i] for i in idx] if pairs is not None else None, padding=True,
+                  truncation=True, max_length=task.max_length, return_tensors="pt")
+        yield idx, enc
+
+
 def _classify(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool) -> TaskResult:
     tok = models.tokenizer()
     if task.head:
@@ -158,17 +174,17 @@ def _classify(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool)
         cfg = model.config
         names = [cfg.id2label[i] for i in range(cfg.num_labels)] if getattr(cfg, "id2label", None) else None
     refs = _label_ids(list(ds[task.label]), names, task)
-    preds: list[int] = []
-    for start in tqdm(range(0, len(ds), batch_size), desc=f"eval {task.name}", disable=quiet, leave=False):
-        rows = ds[start:start + batch_size]
-        enc = tok(rows[task.text], rows[task.text_pair] if task.text_pair else None, padding=True, truncation=True,
-                  max_length=task.max_length, return_tensors="pt").to(models.device)
+    preds: list[int] = [0] * len(refs)
+    pairs = list(ds[task.text_pair]) if task.text_pair else None
+    for idx, enc in _batches(tok, task, list(ds[task.text]), pairs, batch_size, quiet):
+        enc = enc.to(models.device)
         with torch.no_grad():
             if task.head:
                 logits = pooled_logits(model, enc, weight.to(models.device), bias.to(models.device), pooling)
             else:
                 logits = model(**enc).logits
-        preds.extend(logits.argmax(-1).tolist())
+        for i, p in zip(idx, logits.argmax(-1).tolist()):
+            preds[i] = p
     acc = load_metric("accuracy").compute(predictions=preds, references=refs)
     f1 = load_metric("macro_f1").compute(predictions=preds, references=refs)
     # per-example outcomes, for paired confidence intervals (not written to eval_results.json)
@@ -194,17 +210,16 @@ def pooled_logits(model, enc, weight, bias, pooling: str = "mean") -> torch.Tens
 def _perplexity(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool) -> TaskResult:
     tok = models.tokenizer()
     model = models.get("causal")
-    nlls, counts = [], []
-    for start in tqdm(range(0, len(ds), batch_size), desc=f"eval {task.name}", disable=quiet, leave=False):
-        texts = ds[start:start + batch_size][task.text]
-        enc = tok(texts, padding=True, truncation=True, max_length=task.max_length, return_tensors="pt").to(models.device)
+    nlls, counts = [0.0] * len(ds), [0] * len(ds)
+    for idx, enc in _batches(tok, task, list(ds[task.text]), None, batch_size, quiet):
+        enc = enc.to(models.device)
         with torch.no_grad():
             logits = model(**enc).logits[:, :-1].float()
         target = enc["input_ids"][:, 1:]
         mask = enc["attention_mask"][:, 1:].bool() & enc["attention_mask"][:, :-1].bool()
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none") * mask
-        nlls.extend(nll.sum(1).double().tolist())
-        counts.extend(mask.sum(1).tolist())
+        for i, v, c in zip(idx, nll.sum(1).double().tolist(), mask.sum(1).tolist()):
+            nlls[i], counts[i] = v, c
     res = load_metric("perplexity").compute(predictions=nlls, references=counts)
     # per-sequence NLL sums and token counts, for paired confidence intervals (not in eval_results.json)
     return TaskResult(task, {"perplexity": res["perplexity"]}, len(counts),
