@@ -7,6 +7,7 @@ from method_helpers import state
 
 import hubsoup
 from hubsoup.cli import main as cli_main
+from hubsoup.methods.sftm import gram as sftm_gram
 from hubsoup.methods.sftm import (
     Features,
     keep_count,
@@ -134,6 +135,16 @@ def test_lora_factorized_path_equals_dense_path():
     dense = sftm_matrices([s * B @ A for B, A, s in loras])
     torch.testing.assert_close(fact, dense, rtol=0, atol=1e-10)
     assert lora_features(*loras[0]).s.numel() == r  # ρ triplets, never min(m, n)
+
+
+def test_gram_from_the_blocks_between_tasks_is_the_full_product():
+    feats = [singular_features(rand(9, 6, seed=50 + i)) for i in range(3)]
+    feats.append(lora_features(rand(9, 2, seed=60), rand(2, 6, seed=61), 1.5))
+    feats.append(Features(torch.zeros(9, 0, dtype=D), torch.zeros(0, dtype=D), torch.zeros(6, 0, dtype=D)))  # no triplets
+    want, *_ = gram(feats)
+    got = sftm_gram(feats)
+    assert got.dtype == torch.float64 and got.shape == want.shape == (3 * 6 + 2,) * 2
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
 def test_solver_paths():

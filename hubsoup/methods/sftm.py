@@ -147,20 +147,42 @@ def solve_gram(G: torch.Tensor, rhs: torch.Tensor, *, ridge: float = 0.0,
     return x, {"solver": "pinv", "cond": cond, "dropped": dropped}
 
 
+def gram(features: Sequence[Features]) -> torch.Tensor:
+    """G = (UᵀU) ⊙ (VᵀV) in float64, the Gram matrix of the rank-1 components u_a v_aᵀ.
+
+    Each task's U and V have orthonormal columns, so its diagonal block is exactly the identity;
+    only the blocks between two tasks are computed, each once: (1 - 1/T)/2 of the full products'
+    work for T tasks.
+    """
+    sizes = [f.s.numel() for f in features]
+    ref = features[0].s
+    G = torch.eye(sum(sizes), dtype=torch.float64, device=ref.device)
+    Us = [f.U.to(torch.float64) for f in features]
+    Vs = [f.V.to(torch.float64) for f in features]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    for i in range(len(features)):
+        for j in range(i + 1, len(features)):
+            if sizes[i] and sizes[j]:
+                blk = (Us[i].mT @ Us[j]).mul_(Vs[i].mT @ Vs[j])
+                G[starts[i]:starts[i] + sizes[i], starts[j]:starts[j] + sizes[j]] = blk
+                G[starts[j]:starts[j] + sizes[j], starts[i]:starts[i] + sizes[i]] = blk.mT
+    return G
+
+
 def superpose(features: Sequence[Features], *, ridge: float = 0.0, rcond: float = 1e-10,
               out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, dict]:
-    """Merged task matrix M = Σ_a β_a u_a v_aᵀ with G β = σ (Alg. 1, symmetric form)."""
+    """Merged task matrix M = Σ_a β_a u_a v_aᵀ with G β = σ (Alg. 1, symmetric form).
+
+    ``features``: each task's kept triplets with orthonormal U and V, as
+    :func:`singular_features` and :func:`lora_features` give.
+    """
     U = torch.cat([f.U for f in features], dim=1)
     V = torch.cat([f.V for f in features], dim=1)
     s = torch.cat([f.s for f in features])
     dtype = out_dtype or U.dtype
     if s.numel() == 0:
         return torch.zeros(U.shape[0], V.shape[0], dtype=dtype, device=U.device), {"rank": 0}
-    Ud, Vd = U.to(torch.float64), V.to(torch.float64)
-    G = Ud.mT @ Ud
-    G.mul_(Vd.mT @ Vd)  # Schur product: the Gram matrix of the rank-1 components
-    del Ud, Vd
-    beta, info = solve_gram(G, s, ridge=ridge, rcond=rcond)
+    beta, info = solve_gram(gram(features), s, ridge=ridge, rcond=rcond)
     info["rank"] = int(s.numel())
     M = (U.to(dtype) * beta.to(dtype)) @ V.to(dtype).mT
     return M, info
