@@ -158,8 +158,9 @@ def test_lot_with_one_task_returns_that_tasks_weights(zoo, tmp_path, arch):
     # GPT-2's linears read LayerNorm outputs, centred rows: their Gram has one tiny eigenvalue that the
     # default eps (1e-6·λ_max) treats as unexcited; with a smaller cut-off the features are full rank
     eps = 1e-12 if arch == "gpt2" else 1e-6
+    # at λ = 1 (the default λ = 1.5 scales the merged task vector past it)
     res = hubsoup.merge(fts[:1], method="lot", base=base, out=str(tmp_path / "o"), quiet=True,
-                        exemplars={"1": zoo["ex"][0]}, eps=eps)
+                        exemplars={"1": zoo["ex"][0]}, eps=eps, scale=1.0)
     merged, ft, b = state(res.path), state(fts[0]), state(base)
     seen = torch.tensor([i + 2 for i in range(len(CHARS))])  # the char tokens; [PAD] only pads, [UNK] never
     for k in ft:
@@ -191,7 +192,7 @@ def _expert_gram(folder, exemplars, module, tokenizer_folder):
 
 def test_full_rank_features_equal_regmean(zoo, tmp_path):
     base, fts = zoo["llama"]
-    res = hubsoup.merge(fts, method="lot", base=base, out=str(tmp_path / "o"), quiet=True,
+    res = hubsoup.merge(fts, method="lot", base=base, out=str(tmp_path / "o"), quiet=True, scale=1.0,  # RegMean's λ
                         exemplars=[f"{os.path.basename(fts[0])}={zoo['ex'][0]}", f"2={zoo['ex'][1]}"])
     merged = state(res.path)
     for module in ("model.layers.0.mlp.down_proj", "model.layers.1.self_attn.v_proj"):
@@ -215,10 +216,10 @@ def test_chunked_capture_equals_one_pass_and_scale(zoo, tmp_path):
                                **kw).path)  # one op per forward pass
     for k in one:
         torch.testing.assert_close(many[k], one[k], rtol=0, atol=1e-6, msg=k)
-    half = state(hubsoup.merge(fts, method="lot", base=base, out=str(tmp_path / "c"), scale=0.5, **kw).path)
+    half = state(hubsoup.merge(fts, method="lot", base=base, out=str(tmp_path / "c"), scale=0.75, **kw).path)
     b = state(base)
     k = "transformer.h.1.mlp.c_fc.weight"
-    torch.testing.assert_close(half[k] - b[k], 0.5 * (one[k] - b[k]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(half[k] - b[k], 0.5 * (one[k] - b[k]), rtol=0, atol=1e-6)  # λ 0.75 vs the default 1.5
 
 
 def test_cli_lot_and_recipe(zoo, tmp_path):

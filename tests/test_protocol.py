@@ -101,7 +101,6 @@ KNOWN_FAILURES: dict[str, set] = {"quality_lm.json": set(), "quality.json": {
     ('full-4', 'LwPTV + TA'),
     ('full-4', 'task arithmetic'),
     ('full-8', 'DARE + TA'),
-    ('full-8', 'LOT'),
     ('full-8', 'LiNeS + TA'),
     ('full-8', 'LiNeS + uniform soup'),
     ('full-8', 'LwPTV + TA'),
