@@ -96,9 +96,14 @@ def test_disjoint_merge_in_column_blocks_equals_whole_rows(mode):
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 
-def test_global_threshold_radix_select_is_exact():
+@pytest.mark.parametrize("buffer", [1 << 22, 700, 3])  # smaller: the held low halves counted as they fill
+def test_global_threshold_radix_select_is_exact(monkeypatch, buffer):
+    from hubsoup.methods import _select
+
+    monkeypatch.setattr(_select._LowPass, "BUFFER", buffer)
     g = torch.Generator().manual_seed(3)
     tensors = [torch.randn(2, n, generator=g) * s for n, s in ((50, 1.0), (200, 0.01), (7, 30.0), (1000, 0.3))]
+    tensors.append(torch.full((2, 300), -0.125))  # one bin, duplicates
     for density in (0.0, 0.013, 0.2, 0.77, 1.0):
         sel = KthLargestPass("t", 2, density)
         stats = {}

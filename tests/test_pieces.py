@@ -135,3 +135,68 @@ def test_an_output_overflow_is_named(models, tmp_path):
         hubsoup.merge(fts, method="task_arithmetic", base=base, out=str(tmp_path / "o"), quiet=True,
                       dtype="float16", scale=1e7)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    """Float32 weights on a coarse grid (exact arithmetic) whose task vectors cancel exactly at a stripe of
+    entries (τ₁ = q, τ₂ = -q, τ₃ = 0: the elected sign is the tensor's majority) and agree elsewhere,
+    negative in the MLP tensors (majority -1), positive in the others (+1)."""
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("tied")
+    base = make_base("llama", str(root / "base"), dtype=torch.float32)
+    path = os.path.join(base, "model.safetensors")
+    sd = {k: (torch.round(v * 16) / 16 if v.is_floating_point() else v) for k, v in load_file(path).items()}
+    save_file(sd, path, metadata={"format": "pt"})
+    fts = []
+    for i in range(3):
+        ft = make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.0)
+        out = {}
+        for k, v in sd.items():
+            tau = torch.full(v.shape, (-1.0 if ".mlp." in k else 1.0) / 64)
+            flat = tau.view(-1)
+            flat[::7] = (0.5, -0.5, 0.0)[i]  # the stripe: rows summing to 0, not all 0
+            out[k] = v + tau if v.is_floating_point() else v
+        save_file(out, os.path.join(ft, "model.safetensors"), metadata={"format": "pt"})
+        fts.append(ft)
+    return base, fts
+
+
+@pytest.mark.parametrize("params", [{"scope": "tensor", "density": 1.0}, {"scope": "tensor", "density": 0.6},
+                                    {"density": 0.6, "weights": [1.0, 0.5, 2.0]}])
+def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, used, monkeypatch, tmp_path, params):
+    """TIES learns each tensor's majority sign in its merge sweep, merging with +1 first: the tensors whose
+    majority is -1 merge again the pieces that used it, and only those; the result is the dense path's."""
+    from hubsoup.engine import TensorWork
+
+    base, fts = tied
+    again = []
+    real = TensorWork.pieces
+
+    def spying(self):
+        sweep = real(self)
+        if sweep is None:
+            return None
+
+        def wrapped(only=None):
+            if only is not None:
+                again.append((self.name, len(only)))
+            return sweep(only)
+        return wrapped
+
+    monkeypatch.setattr(TensorWork, "pieces", spying)
+    ours = hubsoup.merge(fts, method="ties", base=base, out=str(tmp_path / "pieces"), quiet=True, **params)
+    assert used and all(used)
+    names = {n for n, _ in again}
+    assert names and all(".mlp." in n for n in names)
+    assert {n for n in state(base) if ".mlp." in n and n.endswith("weight")} <= names
+    assert all(k >= 2 for _, k in again)  # every piece of a stripe-holding tensor (pieces of 1000 entries)
+    monkeypatch.setattr(TensorWork, "pieces", real)
+    _dense(monkeypatch)
+    ref = hubsoup.merge(fts, method="ties", base=base, out=str(tmp_path / "dense"), quiet=True, **params)
+    got, want = state(ours.path), state(ref.path)
+    mlp = next(k for k in want if ".mlp." in k)
+    assert float(want[mlp].view(-1)[0] - state(base)[mlp].view(-1)[0]) < 0  # the stripe took the -1
+    for k in want:
+        assert torch.equal(got[k], want[k]), k

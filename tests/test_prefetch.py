@@ -232,6 +232,28 @@ def test_ties_tensor_threshold_equals_kthvalue_with_ties_duplicates_and_zeros():
     assert kth_largest_abs(torch.randn(1 << 16), 0) == float("inf")
 
 
+def test_magnitude_histograms_from_int16_halves_equal_the_shifted_bits(monkeypatch):
+    """The high-half histogram reads each float32's upper int16 half, the low one masks the int32 bits in
+    place (sign dropped): the same counts as shifting and masking |x|'s bits, negatives and -0.0 included."""
+    from hubsoup.methods import _kernels
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 70_001, generator=g)
+    x[0, :100] = -0.0
+    x[1] = x[1].bfloat16().float()
+    rows = list(x)
+    fast_hi = [_kernels.high_half_histogram(r) for r in rows]
+    b = [int(torch.nonzero(h).flatten()[len(torch.nonzero(h)) // 2]) for h in fast_hi]
+    fast_lo = [_kernels.low_half_histogram(r, bi) for r, bi in zip(rows, b)]
+    monkeypatch.setattr(_kernels, "_LITTLE", False)
+    for r, h, lo, bi in zip(rows, fast_hi, fast_lo, b):
+        bits = r.abs().view(torch.int32)
+        assert torch.equal(h, torch.bincount(bits >> 16, minlength=1 << 15))
+        assert torch.equal(h, _kernels.high_half_histogram(r))  # the portable path
+        assert torch.equal(lo, torch.bincount(bits[(bits >> 16) == bi] & 0xFFFF, minlength=1 << 16))
+        assert int(lo.sum()) == int(h[bi]) > 0
+
+
 def test_ties_scope_tensor_merge_unchanged_by_the_radix_threshold(monkeypatch):
     from hubsoup.methods import _kernels
     from hubsoup.testing import merge_tensors

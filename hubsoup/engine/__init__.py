@@ -171,7 +171,8 @@ class TensorWork:
         """A sweep over this tensor in pieces, or None if an input does not hold it whole (or the block is
         not on the CPU): a callable returning an iterator of ``(start, k, base, stack)``, the float32
         ``base`` piece θ₀[start:start + k] of the flattened tensor and the ``(N, k)`` stack of τᵢ over it,
-        recomputed from the stored bytes on every call (buffers reused: consume each before the next)."""
+        recomputed from the stored bytes on every call (buffers reused: consume each before the next);
+        ``only``: the pieces starting at these offsets, no others."""
         from hubsoup.engine.lowrank import piece_size
 
         if torch.device(self.device).type != "cpu":
@@ -183,9 +184,11 @@ class TensorWork:
         numel, n = flat_base.numel(), len(raws)
         step = piece_size(n)
 
-        def sweep():
+        def sweep(only: set[int] | None = None):
             b, stack = torch.empty(step), torch.empty((n, step))
             for start in range(0, numel, step):
+                if only is not None and start not in only:
+                    continue
                 k = min(step, numel - start)
                 if k < step:  # the last piece: contiguous buffers of its own size
                     b, stack = torch.empty(k), torch.empty((n, k))

@@ -136,20 +136,35 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
         return None
     ctx = work.context()
     ctx.stats = ChainMap({}, ctx.stats)  # this tensor's statistics over the merge's
+    during = [p for p in passes if p.during_merge]
     for p in passes:
+        if p.during_merge:
+            continue
         for _, _, b, stack in pieces():
             p.update(ctx, b, stack)
         p.finish(ctx.stats)
+    for p in during:
+        p.begin(ctx.stats)
     numel = work.entry.numel
     out = torch.empty(numel, dtype=dtype)
-    extremes = []
+    extremes: dict[int, tuple] = {}
+    again = set()  # pieces merged with a provisional statistic that may turn out wrong
     for start, k, b, stack in pieces():
         merged = method.merge(b, stack, params, ctx).add_(b)
-        extremes.extend(torch.aminmax(merged))  # while the piece is in cache
+        extremes[start] = torch.aminmax(merged)  # while the piece is in cache
         out[start:start + k] = merged
+        if any([p.piece_done() for p in during]):  # a list: every pass hears of every piece
+            again.add(start)
+    for p in during:
+        p.finish(ctx.stats)
+    if again and not all(p.confirmed(ctx.stats) for p in during):
+        for start, k, b, stack in pieces(only=again):
+            merged = method.merge(b, stack, params, ctx).add_(b)
+            extremes[start] = torch.aminmax(merged)
+            out[start:start + k] = merged
     # NaN/inf in an input or the result propagates to the extremes (NaN fails the test); a value beyond
     # the output dtype's range might round to inf: the dense path decides (and names the overflow)
-    peak = float(torch.stack(extremes).abs().max()) if extremes else 0.0
+    peak = float(torch.stack([x for pair in extremes.values() for x in pair]).abs().max()) if extremes else 0.0
     if not peak <= torch.finfo(dtype).max:
         return None
     return out.view(tuple(work.entry.shape))

@@ -62,6 +62,26 @@ class StatsPass:
     def finish(self, stats: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    # A per-tensor pass (Method.tensor_passes) may instead be learned by the merge sweep itself, when its
+    # statistic changes the merge of a few entries only (TIES' majority sign: entries whose trimmed task
+    # vectors sum to 0): one sweep over the pieces instead of two.
+    during_merge: ClassVar[bool] = False
+    """True: no sweep of its own. The engine calls :meth:`begin` (a provisional value into ``stats``),
+    merges every piece (the method reports to the pass through ``stats``), asks :meth:`piece_done`
+    after each piece, calls :meth:`finish`, and merges again the pieces that used the provisional value
+    when :meth:`confirmed` is False."""
+
+    def begin(self, stats: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def piece_done(self) -> bool:
+        """Whether the piece just merged depends on the provisional value."""
+        raise NotImplementedError
+
+    def confirmed(self, stats: dict[str, Any]) -> bool:
+        """After :meth:`finish`: whether the provisional value was the final one."""
+        raise NotImplementedError
+
 
 @dataclass
 class InputInfo:
@@ -209,7 +229,7 @@ class Method:
         overwrite ``deltas_piece``) and ``finish`` writes the tensor's statistics into
         ``ctx.stats``; then :meth:`merge` of any piece must equal that piece of the merge of the
         whole tensor. A linear method needs no pass (``[]``); TIES counts its per-tensor threshold
-        and majority sign this way.
+        this way, and learns its majority sign during the merge sweep (``StatsPass.during_merge``).
         """
         return [] if self.linear_coefficients(params, n_inputs) is not None else None
 

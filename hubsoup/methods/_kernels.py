@@ -12,6 +12,7 @@ keeps peak memory near N + 2 tensors) and returns it or a tensor built from it.
 
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 import torch
@@ -87,11 +88,38 @@ def _radix_kth_largest(mags: torch.Tensor, k: int) -> float:
     Two counting passes instead of :func:`torch.kthvalue`'s partial sort of a copy (~2x less CPU
     time on a 4096×4096 tensor); the same value, ties and zeros included.
     """
-    bits = mags.contiguous().view(torch.int32)
-    high = bits >> 16
-    b, rank = walk_from_top(torch.bincount(high, minlength=1 << 15), k)
-    low, _ = walk_from_top(torch.bincount(bits[high == b] & 0xFFFF, minlength=1 << 16), rank)
+    b, rank = walk_from_top(high_half_histogram(mags), k)
+    low, _ = walk_from_top(low_half_histogram(mags, b), rank)
     return float(torch.tensor([(b << 16) | low], dtype=torch.int32).view(torch.float32)[0])
+
+
+# A float32's high 16 bits, read as the int16 upper half of the same bytes (no shift, no int32 copy): on
+# a little-endian machine element 2i + 1 of the int16 view. ~3x cheaper to histogram than ``bits >> 16``
+# (the select's passes are most of TIES' time).
+_LITTLE = sys.byteorder == "little"
+
+
+def high_half_histogram(x: torch.Tensor) -> torch.Tensor:
+    """Counts of the high 16 bits of |x| (sign dropped: 2¹⁵ bins), over every entry of float32 ``x``."""
+    if _LITTLE and x.dtype == torch.float32 and x.is_contiguous():
+        return torch.bincount(x.reshape(-1).view(torch.int16)[1::2] & 0x7FFF, minlength=1 << 15)
+    return torch.bincount(x.detach().abs().float().contiguous().view(torch.int32).flatten() >> 16,
+                          minlength=1 << 15)
+
+
+def low_half_values(x: torch.Tensor, high: int) -> torch.Tensor:
+    """The low 16 bits (int32, 0..2¹⁶-1) of the entries of float32 ``x`` whose |x| has ``high`` as its high
+    16 bits: few (one bin of 2¹⁵), so a model-wide select buffers them and counts once."""
+    if x.dtype == torch.float32 and x.is_contiguous():
+        bits = x.reshape(-1).view(torch.int32)
+        return bits[(bits & 0x7FFF0000) == (high << 16)] & 0xFFFF  # the sign bit masked off: |x|
+    bits = x.detach().abs().float().contiguous().view(torch.int32).flatten()
+    return bits[(bits >> 16) == high] & 0xFFFF
+
+
+def low_half_histogram(x: torch.Tensor, high: int) -> torch.Tensor:
+    """Counts of the low 16 bits (2¹⁶ bins) of the entries of :func:`low_half_values`."""
+    return torch.bincount(low_half_values(x, high), minlength=1 << 16)
 
 
 def walk_from_top(hist: torch.Tensor, k: int) -> tuple[int, int]:
@@ -178,7 +206,7 @@ def disjoint_merge_(stacked: torch.Tensor, sign: torch.Tensor, mode: str = "mean
 
 
 def ties_combine_(stacked: torch.Tensor, weights: Sequence[float] | None, mode: str = "mean",
-                  majority: float | None = None) -> torch.Tensor:
+                  majority: float | None = None, observe=None) -> torch.Tensor:
     """Elect signs on the (already trimmed) rows, then weight them and merge disjointly.
 
     Signs are elected on the unweighted rows, as peft's ``merge_utils.ties`` does
@@ -189,12 +217,26 @@ def ties_combine_(stacked: torch.Tensor, weights: Sequence[float] | None, mode: 
         weights: one weight per row, applied after the sign election (None: no weighting).
         mode: ``"mean"`` or ``"sum"``, as in :func:`disjoint_merge_`.
         majority: as in :func:`elect_sign`.
+        observe: with a (provisional) ``majority``, called with the sum of the entries' own signs
+            (what the majority sign is the sign of) and whether the result used ``majority``: some
+            entry's rows sum to 0 and are not all 0. A tensor merged in pieces learns its majority
+            sign this way in the merge sweep itself.
 
     Returns:
         The merged task vector, of the rows' shape.
     """
-    sign = elect_sign(stacked, majority)
+    if observe is None:
+        sign = elect_sign(stacked, majority)
+    else:  # elect_sign, keeping what observe needs (the same operations: the same result)
+        sign = stacked.sum(dim=0).sign_()
+        own = float(sign.sum())
+        at_ties = sign.abs().neg_().add_(1.0)  # 1 where the rows sum to 0
+        sign.add_(at_ties * majority)
     if weights is not None:
         for row, w in zip(stacked, weights):
             row.mul_(w)
-    return disjoint_merge_(stacked, sign, mode)
+    out = disjoint_merge_(stacked, sign, mode)
+    if observe is not None:
+        # at an all-zero entry the result is 0 whatever the majority; elsewhere a tie took it
+        observe(own, bool(at_ties.mul_(out).count_nonzero()))
+    return out

@@ -15,14 +15,11 @@ from typing import Sequence
 import torch
 
 from hubsoup.methods import StatsPass, TensorContext
+from hubsoup.methods._kernels import high_half_histogram, low_half_values
 from hubsoup.methods._kernels import walk_from_top as _walk_from_top
 
 _HIGH = 1 << 15  # |x| has sign bit 0, so its int32 bits >> 16 fit in 15 bits
 _LOW = 1 << 16
-
-
-def _bits(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().abs().float().contiguous().view(torch.int32).flatten()
 
 
 class KthLargestPass:
@@ -53,7 +50,7 @@ class _HighPass(StatsPass):
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
         self.total += base.numel()
         for i, d in enumerate(deltas):
-            self.hist[i] += torch.bincount(_bits(d) >> 16, minlength=_HIGH).cpu()
+            self.hist[i] += high_half_histogram(d).cpu()
 
     def finish(self, stats: dict) -> None:
         sel = self.sel
@@ -70,10 +67,15 @@ class _HighPass(StatsPass):
 
 class _LowPass(StatsPass):
     piecewise = True
+    BUFFER = 1 << 22  # at most this many low halves held per input before they are counted (16 MB)
 
     def __init__(self, sel: KthLargestPass):
         self.sel = sel
         self.hist = [torch.zeros(_LOW, dtype=torch.int64) for _ in range(sel.n)]
+        # one buffer per input: thousands of small tensors kept alive among the pieces' large
+        # temporaries would fragment the heap (measured: +4 GB RSS on a 1B model)
+        self.held = [torch.empty(0, dtype=torch.int32) for _ in range(sel.n)]
+        self.n_held = [0] * sel.n
         self.high = None
 
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
@@ -82,12 +84,31 @@ class _LowPass(StatsPass):
         for i, d in enumerate(deltas):
             if self.high[i] is None:
                 continue
-            bits = _bits(d)
-            inside = bits[(bits >> 16) == self.high[i][0]]
-            if inside.numel():
-                self.hist[i] += torch.bincount(inside & 0xFFFF, minlength=_LOW).cpu()
+            # the entries in the k-th largest's bin are few: held and counted in one bincount, not a
+            # 2^16-bin histogram per piece
+            values = low_half_values(d, self.high[i][0]).cpu()
+            held, n, m = self.held[i], self.n_held[i], values.numel()
+            if n + m > self.BUFFER:  # full: count what is held (and a piece too large to hold)
+                self._count(i)
+                n = 0
+                if m > self.BUFFER:
+                    self.hist[i] += torch.bincount(values, minlength=_LOW)
+                    continue
+            if n + m > held.numel():  # grown by doubling, up to BUFFER
+                grown = torch.empty(min(self.BUFFER, max(2 * held.numel(), n + m, 1 << 16)), dtype=torch.int32)
+                grown[:n] = held[:n]
+                self.held[i] = held = grown
+            held[n:n + m] = values
+            self.n_held[i] = n + m
+
+    def _count(self, i: int) -> None:
+        if self.n_held[i]:
+            self.hist[i] += torch.bincount(self.held[i][:self.n_held[i]], minlength=_LOW)
+            self.n_held[i] = 0
 
     def finish(self, stats: dict) -> None:
+        for i in range(self.sel.n):
+            self._count(i)
         high = stats.pop(self.sel.key + ".high")
         out = []
         for i, h in enumerate(self.hist):

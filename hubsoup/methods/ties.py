@@ -115,23 +115,52 @@ class Ties(Method):
             return gta_combine_(deltas, params.weights or [1.0] * len(deltas), consensus=True,
                                 normalize=params.merge == "mean", scale=params.scale)
         trim_(deltas, self.thresholds(deltas, params, ctx))
-        return ties_combine_(deltas, params.weights, params.merge, ctx.stats.get(_MAJORITY)).mul_(params.scale)
+        tally = ctx.stats.get(_TALLY)  # merged in pieces: the majority sign is being learned
+        return ties_combine_(deltas, params.weights, params.merge, ctx.stats.get(_MAJORITY),
+                             observe=tally.observe if tally is not None else None).mul_(params.scale)
 
 
 _TENSOR_THRESHOLD = "ties.tensor_threshold"
 _MAJORITY = "ties.majority"
+_TALLY = "ties.majority.tally"
 
 
 class _MajorityPass(StatsPass):
-    """The majority sign of one tensor, seen in pieces: the sign of Σ sign(Σᵢ trimmed τᵢ), which the
-    entries whose trimmed τᵢ sum to 0 take."""
+    """The majority sign of one tensor merged in pieces: the sign of Σ sign(Σᵢ trimmed τᵢ), which the
+    entries whose trimmed τᵢ sum to 0 (and are not all 0) take.
+
+    Learned by the merge sweep itself (``during_merge``): every piece is merged with a provisional +1
+    and reports its own signs' sum and whether it has such an entry; when the tensor's majority turns out
+    to be -1, the engine merges those pieces again (few: an exact 0 sum of non-zero entries is rare).
+    """
+
+    during_merge = True
+    _GUESS = 1.0
 
     def __init__(self, method: Ties, params):
-        self.method, self.params, self.total = method, params, 0.0
+        self.method, self.params = method, params
+        self.total, self.flagged = 0.0, False
 
-    def update(self, ctx, base, deltas):
-        trim_(deltas, self.method.thresholds(deltas, self.params, ctx))  # its own sweep: deltas is ours
-        self.total += float(deltas.sum(dim=0).sign_().sum())  # ±1 and 0: exact in every piece
+    def begin(self, stats):
+        self.total, self.flagged = 0.0, False
+        stats[_MAJORITY] = self._GUESS
+        stats[_TALLY] = self
+
+    def observe(self, own_signs: float, used_majority: bool) -> None:
+        self.total += own_signs  # ±1 and 0: exact in every piece
+        self.flagged = self.flagged or used_majority
+
+    def piece_done(self) -> bool:
+        flagged, self.flagged = self.flagged, False
+        return flagged
+
+    def update(self, ctx, base, deltas):  # a sweep of its own, where an engine runs one
+        trim_(deltas, self.method.thresholds(deltas, self.params, ctx))  # deltas is ours
+        self.total += float(deltas.sum(dim=0).sign_().sum())
 
     def finish(self, stats):
+        stats.pop(_TALLY, None)
         stats[_MAJORITY] = 1.0 if self.total >= 0 else -1.0
+
+    def confirmed(self, stats):
+        return stats[_MAJORITY] == self._GUESS
