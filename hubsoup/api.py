@@ -287,7 +287,8 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         try:
             stats = run(job, sink)
         finally:
-            m.finish(p, job.stats)
+            if not job.shared_stats:  # else the search that shares them finishes them
+                m.finish(p, job.stats)
         lora_report = sink.close()
         if layout is not None:
             layout.finish(folder.path)  # the output config's layer count, tokenizer_source, chat_template

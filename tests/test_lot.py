@@ -325,3 +325,51 @@ def test_lines_over_lot_gets_the_exemplar_features(zoo, tmp_path):
                                 "n_exemplars": 8, "beta": 0.5})
     assert res.params["base_params"]["n_exemplars"] == 8
     assert "lot.features" in res.stats
+
+
+def test_a_search_over_lambda_runs_the_experts_once(zoo, tmp_path, monkeypatch):
+    """LOT's λ acts in the merge only: a search over it captures the exemplar features once, every point
+    equals its own merge, and the Gram scratch folder is gone when the search ends (also on failure)."""
+    from safetensors.torch import load_file
+
+    from hubsoup.methods.lot import Lot
+    from hubsoup.workflows.search import search
+
+    base, fts = zoo["llama"]
+    ex = {"1": zoo["ex"][0], "2": zoo["ex"][1]}
+    kw = dict(quiet=True, exemplars=ex, n_exemplars=16)
+    calls, stores = [], []
+    real = Lot.prepare
+
+    def prepare(self, params, ctx):
+        out = real(self, params, ctx)
+        calls.append(params.scale)
+        stores.append(out["lot.features"])
+        return out
+
+    monkeypatch.setattr(Lot, "prepare", prepare)
+    seen = []
+
+    def score(folder):
+        seen.append(load_file(os.path.join(folder, "model.safetensors")))
+        return float(len(seen))  # the last point wins
+
+    search(fts, "lot", base=base, out=str(tmp_path / "s"), grid={"scale": [0.5, 1.5]}, score_fn=score, **kw)
+    assert len(calls) == 1 and len(seen) == 2
+    assert stores[0]._tmp is None  # closed: its scratch folder removed
+    for got, lam in zip(seen, (0.5, 1.5)):
+        ref = state(hubsoup.merge(fts, method="lot", base=base, out=str(tmp_path / f"r{lam}"), scale=lam, **kw).path)
+        assert all(torch.equal(got[k], ref[k]) for k in ref)
+
+    def failing(folder):
+        raise RuntimeError("scoring failed")
+
+    calls.clear()
+    with pytest.raises(RuntimeError, match="scoring failed"):
+        search(fts, "lot", base=base, out=str(tmp_path / "f"), grid={"scale": [0.5, 1.5]}, score_fn=failing, **kw)
+    assert len(calls) == 1 and stores[-1]._tmp is None
+    assert not (tmp_path / "f").exists()
+    calls.clear()
+    search(fts, "lot", base=base, out=str(tmp_path / "n"), grid={"n_exemplars": [8, 16]}, score_fn=score,
+           quiet=True, exemplars=ex)
+    assert len(calls) == 2  # what the capture reads changed: captured again

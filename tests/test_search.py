@@ -4,6 +4,8 @@ import os
 
 import pytest
 import torch
+
+import hubsoup
 from safetensors.torch import load_file
 
 from hubsoup.errors import ParameterError
@@ -115,3 +117,38 @@ def test_cli_search_records_grid_and_scores_in_card(bert_task, tmp_path, capsys)
     assert main(["merge", *fts, "--base", base, "--method", "ties", "--out", str(tmp_path / "x"),
                  "--search", "scale"]) == 2
     assert "--search needs validation tasks" in capsys.readouterr().err
+
+
+def test_a_search_over_lambda_prepares_once_and_equals_separate_merges(llama, tmp_path, monkeypatch):
+    """Points that differ only in λ share TIES' whole-model ranking (one set of statistics passes); each
+    point's model is the separate merge's, bit for bit; a density grid ranks again per point."""
+    from hubsoup.engine import shared
+    from hubsoup.methods import _select
+
+    base, fts = llama
+    counted = []
+    real = _select._HighPass.finish
+
+    def finish(self, stats):
+        counted.append(1)
+        return real(self, stats)
+
+    monkeypatch.setattr(_select._HighPass, "finish", finish)
+    seen = {}
+
+    def score(folder):
+        seen[len(seen)] = load_file(os.path.join(folder, "model.safetensors"))
+        return -len(seen)  # the first point wins
+
+    search(fts, "ties", base=base, out=str(tmp_path / "s"), grid={"scale": [0.5, 1.0, 1.5]}, score_fn=score,
+           quiet=True, density=0.3)
+    assert len(counted) == 1 and len(seen) == 3
+    assert shared.current() is None  # the sharing ends with the search
+    for i, lam in enumerate((0.5, 1.0, 1.5)):
+        ref = load_file(os.path.join(hubsoup.merge(fts, method="ties", base=base, out=str(tmp_path / f"r{i}"),
+                                                   quiet=True, density=0.3, scale=lam).path, "model.safetensors"))
+        assert all(torch.equal(seen[i][k], ref[k]) for k in ref)
+    counted.clear()
+    search(fts, "ties", base=base, out=str(tmp_path / "d"), grid={"density": [0.2, 0.4]}, score_fn=lambda f: 0.0,
+           quiet=True)
+    assert len(counted) == 2

@@ -31,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hubsoup.engine import prefetch
+from hubsoup.engine import shared as shared_statistics
 from hubsoup.engine.lowrank import Copy, Dense, LowRank, Outcome, Unchanged, Weights, decide
 from hubsoup.errors import NonFiniteTensorError
 from hubsoup.methods import InputInfo, Method, PrepareContext, TensorContext
@@ -71,6 +72,8 @@ class Job:
     max_memory: Any = None
     scratch: str | None = None
     """Where :meth:`Method.prepare` may put large temporary files (inside the output's temporary folder)."""
+    shared_stats: bool = False
+    """The statistics belong to a :func:`hubsoup.engine.shared.shared_statistics` block, which finishes them."""
 
     def release(self) -> None:
         """Unmap every weight file (see :meth:`Checkpoint.release`)."""
@@ -310,6 +313,14 @@ def gather_stats(job: Job) -> dict[str, Any]:
     stats = job.stats
     # the plan's stacks (name -> number of blocks), for methods that treat stacks differently (LiNeS)
     stats["plan.stacks"] = {b.info.stack: b.info.num_layers for b in job.plan.blocks if b.info}
+    shared, key = shared_statistics.current(), None
+    if shared is not None:  # a search: an earlier point may have computed these already
+        key = _stats_key(job)
+        known = shared.get(key)
+        if known is not None:
+            stats.update(known)
+            job.shared_stats = True
+            return stats
     stats.update(job.method.prepare(job.params, prepare_context(job)))  # e.g. exemplar features (LOT)
     passes = job.method.passes(job.params, len(job.inputs))
     if passes:
@@ -324,7 +335,16 @@ def gather_stats(job: Job) -> dict[str, Any]:
             for _, _, b, stack in sweep():  # a piecewise pass over full fine-tunes: no float32 stack
                 p.update(ctx, b, stack)
         p.finish(stats)
+    if shared is not None:
+        shared.put(key, job.method, job.params, stats)
+        job.shared_stats = True
     return stats
+
+
+def _stats_key(job: Job) -> tuple:
+    """What :func:`gather_stats` depends on: the method's own key, the inputs, the base and the placement."""
+    return (job.method.name, job.method.stats_key(job.params), str(job.base.ref), tuple(str(s.ref) for s in job.inputs),
+            tuple((b.name, str(b.device)) for b in job.plan.blocks), repr(job.device_map), repr(job.max_memory))
 
 
 def prepare_context(job: Job) -> PrepareContext:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Sequence
 
 import torch
 
@@ -232,6 +232,12 @@ class Method:
         this way, and learns its majority sign during the merge sweep (``StatsPass.during_merge``).
         """
         return [] if self.linear_coefficients(params, n_inputs) is not None else None
+
+    def stats_key(self, params: Any) -> Hashable:
+        """What :meth:`prepare` and :meth:`passes` read of ``params``: merges of the same inputs with equal
+        keys share one preparation and one set of statistics passes inside a search
+        (:mod:`hubsoup.engine.shared`). Default: every parameter (no sharing between different points)."""
+        return repr(params)
 
     def prepare(self, params: Any, ctx: PrepareContext) -> dict[str, Any]:
         """Optional work before any statistics pass; returns entries for ``ctx.stats`` of the merge.

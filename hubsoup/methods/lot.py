@@ -147,6 +147,12 @@ class Lot(Method):
             given = {**given, "exemplars": [f"{k}={v}" for k, v in ex.items()]}
         return super().parse(given)
 
+    def stats_key(self, params):
+        """The capture reads these; λ (``scale``), ``eps``, ``solver`` and ``gram_reduction`` only act in the
+        merge, so a search over them runs the experts on their exemplars once."""
+        return (params.exemplars, params.n_exemplars, params.max_length, params.batch_size, params.seed,
+                params.text_column, params.gram_budget_gb)
+
     def prepare(self, params, ctx) -> dict[str, Any]:
         from hubsoup.exemplars import capture, match_tasks, parse_exemplar_specs
 

@@ -76,6 +76,10 @@ class Ties(Method):
             return KthLargestPass("ties.threshold", n_inputs, params.density).passes()
         return []
 
+    def stats_key(self, params):
+        """The whole-model threshold reads the densities only: a search over λ ranks the model once."""
+        return (params.scope, params.convention, repr(params.density), repr(params.densities))
+
     def workspace_bytes(self, shape, n_inputs, params, name=""):
         """Beyond the stack, the base and the result: 3.25 float32 copies of the tensor, when choosing a
         row's threshold (|τ|, its radix keys as int32 and ``torch.bincount``'s int64 copy of them, a

@@ -143,8 +143,13 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
     # the lock on `out` for the whole search; the points are merged inside its temporary folder
     folder = OutputFolder(out, overwrite=opts.overwrite)
     try:
-        return _search(folder, grid_points, inputs, method, base, tasks, score_fn, params, normalize, limit, opts,
-                       merge_kwargs)
+        from hubsoup.engine.shared import shared_statistics
+
+        # points that differ only in what the merge itself reads (λ) share the preparation (LOT's exemplar
+        # features) and the statistics passes (TIES' whole-model ranking): computed once
+        with shared_statistics():
+            return _search(folder, grid_points, inputs, method, base, tasks, score_fn, params, normalize, limit,
+                           opts, merge_kwargs)
     except BaseException as e:
         raise folder.fail(e)
 

@@ -1,0 +1,68 @@
+"""One preparation for many merges of the same inputs: what a search over merge-time parameters shares.
+
+A method's preparation and statistics passes (:func:`hubsoup.engine.gather_stats`: LOT runs every
+expert on its exemplars; TIES ranks every magnitude of the model) often do not read the parameter a
+search varies (LOT's and TIES' λ, ``scale``). :meth:`Method.stats_key` says what they do read; inside
+:func:`shared_statistics`, a merge whose inputs, base, options and key equal an earlier one's takes
+that merge's statistics instead of computing them again, and the method's :meth:`Method.finish` runs
+once, when the block ends. The statistics are the same objects, so the merges are the same bit for bit.
+
+Example:
+    >>> with shared_statistics():                                    # doctest: +SKIP
+    ...     for lam in (0.5, 1.0, 1.5):
+    ...         hubsoup.merge(inputs, "lot", base=base, out=f"lot-{lam}", scale=lam, exemplars=ex)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Hashable, Iterator
+
+_CURRENT: contextvars.ContextVar["SharedStatistics | None"] = contextvars.ContextVar("hubsoup_shared_statistics",
+                                                                                    default=None)
+
+
+class SharedStatistics:
+    """Statistics kept for reuse, by key; :meth:`close` finishes each (LOT's scratch files go)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[Hashable, tuple[Any, Any, dict[str, Any]]] = {}
+        self.hits = 0
+
+    def get(self, key: Hashable) -> dict[str, Any] | None:
+        entry = self.entries.get(key)
+        if entry is None:
+            return None
+        self.hits += 1
+        return dict(entry[2])
+
+    def put(self, key: Hashable, method, params, stats: dict[str, Any]) -> None:
+        self.entries[key] = (method, params, dict(stats))
+
+    def close(self) -> None:
+        entries, self.entries = self.entries, {}
+        errors = []
+        for method, params, stats in entries.values():
+            try:
+                method.finish(params, stats)
+            except Exception as e:  # noqa: BLE001 - finish every entry, then report the first failure
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+@contextlib.contextmanager
+def shared_statistics() -> Iterator[SharedStatistics]:
+    """Merges inside the block share equal preparations and statistics passes (see the module doc)."""
+    shared = SharedStatistics()
+    token = _CURRENT.set(shared)
+    try:
+        yield shared
+    finally:
+        _CURRENT.reset(token)
+        shared.close()
+
+
+def current() -> SharedStatistics | None:
+    return _CURRENT.get()
