@@ -106,6 +106,7 @@ def check_lines_ties_search(out: str, stdout: str) -> None:
     assert [p["params"]["beta"] for p in found["scores"]] == [0.0, 0.5, 1.0, 1.5]
     assert float(chosen) == found["best"]["beta"]
     assert found["best_score"] == max(p["score"] for p in found["scores"])
+    assert found["seconds"]["references"] > 0 and len(found["seconds"]["points"]) == 4  # normalized: timed
     assert len(re.findall(r"^  beta=", stdout, re.M)) == 4
     card = open(os.path.join(soup, "README.md"), encoding="utf-8").read()
     assert "## Hyper-parameter search" in card and f"`beta={found['best']['beta']}`" in card

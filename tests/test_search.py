@@ -109,8 +109,12 @@ def test_cli_search_records_grid_and_scores_in_card(bert_task, tmp_path, capsys)
     assert [p["params"]["scale"] for p in found["scores"]] == [0.0, 1.0, 2.0]
     best = max(found["scores"], key=lambda p: p["score"])
     assert found["best"] == best["params"]
+    secs = found["seconds"]  # where the time went: each point's merge and scoring (and any references)
+    assert "references" not in secs and len(secs["points"]) == 3  # one task, two inputs: no normalization
+    assert all(p["merge"] > 0 and p["score"] > 0 for p in secs["points"])
     card = (out / "README.md").read_text()
     assert "## Hyper-parameter search" in card and f"| {best['params']['scale']} |" in card
+    assert "seconds" not in card  # timings would make the card differ between runs
     recipe = (out / "hubsoup_recipe.yaml").read_text()
     assert f"scale: {best['params']['scale']}" in recipe
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]

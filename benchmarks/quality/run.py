@@ -296,7 +296,7 @@ def run_setting(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> 
                     found = json.load(f)
                 chosen = {k: _num(v) for k, v in found["best"].items()}
                 run.update({"chosen": chosen, "selection": found.get("selection"),
-                            "val_score": found.get("best_score"),
+                            "val_score": found.get("best_score"), "search_seconds": found.get("seconds"),
                             "grid_scores": [{"params": {k: _num(v) for k, v in s["params"].items()},
                                              "score": s["score"]} for s in found.get("scores", [])]})
                 tuned[row.label] = chosen

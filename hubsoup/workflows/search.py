@@ -26,6 +26,7 @@ import json
 import math
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -90,6 +91,9 @@ class SearchResult:
     selection: str = ""
     result: Any = None
     """The :class:`hubsoup.MergeResult` of the best point, now at the output path."""
+    seconds: dict[str, Any] = field(default_factory=dict)
+    """Where the search's time went: ``references`` (scoring the fine-tunes), then per point ``merge`` and
+    ``score`` (in ``hubsoup_search.json``, not in the card: the card stays the same on every run)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"best": self.best, "best_score": self.best_score, "selection": self.selection, "scores": self.scores}
@@ -165,12 +169,15 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
     monitor = opts.monitor()
     monitor.check("before the search")
     references = None
+    seconds: dict[str, Any] = {"points": []}
     selection = "score_fn"
     if tasks is not None:
         selection = "mean accuracy" if any(t.kind == "classification" for t in tasks) else "mean of -log(perplexity)"
         if normalize and len(tasks) == len(inputs) and all(t.kind == "classification" for t in tasks):
             monitor.child(0.0, 0.0)(0.0, "eval", "scoring the fine-tunes (references)")
+            t0 = time.perf_counter()
             references = [evaluate_model(inp, [t], limit=limit, quiet=True)[0].score for inp, t in zip(inputs, tasks)]
+            seconds["references"] = round(time.perf_counter() - t0, 2)
             selection = "mean normalized accuracy (accuracy / the matching fine-tune's accuracy)"
 
     scores: list[dict[str, Any]] = []
@@ -181,8 +188,10 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
         lo, mid, hi = i / n, (i + 0.8) / n, (i + 1) / n  # each point: its merge, then its scoring
         point_opts = opts.replace(quiet=True, overwrite=False,
                                   progress=monitor.child(lo, mid) if monitor.reporting else None)
+        t0 = time.perf_counter()
         res = hubsoup.merge(inputs, method, base=base, out=point_dir, params={**(params or {}), **point},
                             options=point_opts, **merge_kwargs)
+        t1 = time.perf_counter()
         if monitor.reporting:
             monitor.child(mid, hi)(0.0, "eval", f"scoring point {i + 1}/{n} {point}")
         monitor.check()
@@ -196,6 +205,7 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
             res.evaluation = evals
         entry["score"] = score
         scores.append(entry)
+        seconds["points"].append({"merge": round(t1 - t0, 2), "score": round(time.perf_counter() - t1, 2)})
         if monitor.reporting:
             monitor.child(mid, hi)(1.0, "eval", f"point {i + 1}/{n} {point}: score {score:.4f}")
         if not opts.quiet:
@@ -208,13 +218,13 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
             shutil.rmtree(point_dir, ignore_errors=True)
     best_dir = os.path.join(folder.path, f"point-{best_i:03d}")
     best_res.path = folder.target
-    found = SearchResult(grid_points[best_i], best_score, scores, selection, best_res)
+    found = SearchResult(grid_points[best_i], best_score, scores, selection, best_res, seconds)
     best_res.search = found.to_dict()
     # the card and eval file of the chosen point also record the grid and every score; then it becomes `out`
     if best_res.evaluation:
         write_results(best_res.evaluation, os.path.join(best_dir, EVAL_FILE))
     with open(os.path.join(best_dir, "hubsoup_search.json"), "w", encoding="utf-8") as f:
-        json.dump(found.to_dict(), f, indent=2, default=str)
+        json.dump({**found.to_dict(), "seconds": seconds}, f, indent=2, default=str)
     best_res.write_card(best_dir)
     monitor.check("before the output was committed")
     folder.commit(best_dir)
