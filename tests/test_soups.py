@@ -249,3 +249,22 @@ def test_uniform_soup_is_the_mean_of_the_models(ingredients, tmp_path):
     got, sds = state(res.path), [state(p) for p in near + far]
     for k in got:
         torch.testing.assert_close(got[k], sum(s[k] for s in sds) / 4, rtol=1e-5, atol=1e-6)
+
+
+def test_a_sweep_over_lambda_ranks_once(llama, tmp_path, monkeypatch):
+    """A sweep of TIES' λ shares the whole-model ranking between its points (one statistics pass), and
+    each point is the model its own merge makes."""
+    from hubsoup.methods import _select
+
+    base, fts = llama
+    counted = []
+    real = _select._HighPass.finish
+    monkeypatch.setattr(_select._HighPass, "finish", lambda self, stats: (counted.append(1), real(self, stats))[1])
+    res = sweep(fts, "ties", str(tmp_path / "lams"), "0.5,1.0", param="scale", base=base, quiet=True,
+                params={"density": 0.3})
+    assert len(counted) == 1
+    for lam in ("0.50", "1.00"):
+        one = hubsoup.merge(fts, method="ties", base=base, out=str(tmp_path / f"one-{lam}"), quiet=True,
+                            density=0.3, scale=float(lam))
+        got, want = state(os.path.join(res.path, f"scale-{lam}")), state(one.path)
+        assert all(torch.equal(got[k], want[k]) for k in want)

@@ -137,17 +137,20 @@ def sweep(inputs: Sequence[str], method: str, out_dir: str, grid: str | Sequence
     result = SweepResult(folder.target, param)
     monitor = opts.monitor()  # progress: each point's merge gets its share of [0, 1]; cancel: checked by each
     try:
-        for i, p in enumerate(points):
-            value = ",".join(repr(x) for x in p) if isinstance(p, tuple) else p
-            point_opts = opts.replace(overwrite=False, quiet=opts.silent,
-                                      progress=monitor.child(i / len(points), (i + 1) / len(points))
-                                      if monitor.reporting else None)
-            res = merge(inputs, method, base=base, out=os.path.join(folder.path, folder_name(p)),
-                        params={**fixed, param: value}, options=point_opts, **merge_kwargs)
-            # the card's "how to use" names the model's final place, not the temporary folder
-            res.path = os.path.join(folder.target, folder_name(p))
-            res.write_card(os.path.join(folder.path, folder_name(p)))
-            result.points.append(SweepPoint(p, res))
+        from hubsoup.engine.shared import shared_statistics
+
+        with shared_statistics():  # points differing only in what the merge reads (λ) share the statistics
+            for i, p in enumerate(points):
+                value = ",".join(repr(x) for x in p) if isinstance(p, tuple) else p
+                point_opts = opts.replace(overwrite=False, quiet=opts.silent,
+                                          progress=monitor.child(i / len(points), (i + 1) / len(points))
+                                          if monitor.reporting else None)
+                res = merge(inputs, method, base=base, out=os.path.join(folder.path, folder_name(p)),
+                            params={**fixed, param: value}, options=point_opts, **merge_kwargs)
+                # the card's "how to use" names the model's final place, not the temporary folder
+                res.path = os.path.join(folder.target, folder_name(p))
+                res.write_card(os.path.join(folder.path, folder_name(p)))
+                result.points.append(SweepPoint(p, res))
         index = {"method": method, "param": param, "grid": grid if isinstance(grid, str) else list(values),
                  "points": [{"value": list(pt.value) if isinstance(pt.value, tuple) else pt.value,
                              "path": os.path.basename(pt.result.path), "recipe_hash": pt.result.recipe.hash}
