@@ -370,6 +370,15 @@ def test_a_search_over_lambda_runs_the_experts_once(zoo, tmp_path, monkeypatch):
     assert len(calls) == 1 and stores[-1]._tmp is None
     assert not (tmp_path / "f").exists()
     calls.clear()
-    search(fts, "lot", base=base, out=str(tmp_path / "n"), grid={"n_exemplars": [8, 16]}, score_fn=score,
+    stores.clear()
+    open_then = []
+
+    def score_open(folder):  # which stores hold Gram files while each point is scored
+        open_then.append([st._tmp is not None for st in stores])
+        return 0.0
+
+    search(fts, "lot", base=base, out=str(tmp_path / "n"), grid={"n_exemplars": [8, 16]}, score_fn=score_open,
            quiet=True, exemplars=ex)
     assert len(calls) == 2  # what the capture reads changed: captured again
+    assert open_then == [[True], [False, True]]  # one set of Gram files at a time
+    assert all(st._tmp is None for st in stores)

@@ -5,7 +5,7 @@ expert on its exemplars; TIES ranks every magnitude of the model) often do not r
 search varies (LOT's and TIES' λ, ``scale``). :meth:`Method.stats_key` says what they do read; inside
 :func:`shared_statistics`, a merge whose inputs, base, options and key equal an earlier one's takes
 that merge's statistics instead of computing them again, and the method's :meth:`Method.finish` runs
-once, when the block ends. The statistics are the same objects, so the merges are the same bit for bit.
+once, when other statistics replace them or the block ends. The statistics are the same objects, so the merges are the same bit for bit.
 
 Example:
     >>> with shared_statistics():                                    # doctest: +SKIP
@@ -24,20 +24,19 @@ _CURRENT: contextvars.ContextVar["SharedStatistics | None"] = contextvars.Contex
 
 
 class SharedStatistics:
-    """Statistics kept for reuse, by key; :meth:`close` finishes each (LOT's scratch files go)."""
+    """The last merge's statistics, kept for the next merge with the same key; :meth:`close` finishes them
+    (LOT's scratch files go). One entry only: a grid whose points change what the preparation reads
+    (LOT's ``n_exemplars``) holds one set of Gram files on disk at a time, as separate merges do."""
 
     def __init__(self) -> None:
         self.entries: dict[Hashable, tuple[Any, Any, dict[str, Any]]] = {}
-        self.hits = 0
 
     def get(self, key: Hashable) -> dict[str, Any] | None:
         entry = self.entries.get(key)
-        if entry is None:
-            return None
-        self.hits += 1
-        return dict(entry[2])
+        return None if entry is None else dict(entry[2])
 
     def put(self, key: Hashable, method, params, stats: dict[str, Any]) -> None:
+        self.close()  # the earlier merge is over: its statistics go
         self.entries[key] = (method, params, dict(stats))
 
     def close(self) -> None:
