@@ -163,9 +163,14 @@ def tied(tmp_path_factory):
     return base, fts
 
 
-@pytest.mark.parametrize("params", [{"scope": "tensor", "density": 1.0}, {"scope": "tensor", "density": 0.6},
-                                    {"density": 0.6, "weights": [1.0, 0.5, 2.0]}])
-def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, used, monkeypatch, tmp_path, params):
+@pytest.mark.parametrize("method, params", [
+    ("ties", {"scope": "tensor", "density": 1.0}),
+    ("ties", {"scope": "tensor", "density": 0.6}),
+    ("ties", {"density": 0.6, "weights": [1.0, 0.5, 2.0]}),
+    ("lwptv", {"base_method": "ties", "scope": "tensor", "density": 1.0, "eta": 0.0}),  # TIES' pass, masked
+])
+def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, used, monkeypatch, tmp_path, method,
+                                                     params):
     """TIES learns each tensor's majority sign in its merge sweep, merging with +1 first: the tensors whose
     majority is -1 merge again the pieces that used it, and only those; the result is the dense path's."""
     from hubsoup.engine import TensorWork
@@ -186,7 +191,7 @@ def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, used, 
         return wrapped
 
     monkeypatch.setattr(TensorWork, "pieces", spying)
-    ours = hubsoup.merge(fts, method="ties", base=base, out=str(tmp_path / "pieces"), quiet=True, **params)
+    ours = hubsoup.merge(fts, method=method, base=base, out=str(tmp_path / "pieces"), quiet=True, **params)
     assert used and all(used)
     names = {n for n, _ in again}
     assert names and all(".mlp." in n for n in names)
@@ -194,7 +199,7 @@ def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, used, 
     assert all(k >= 2 for _, k in again)  # every piece of a stripe-holding tensor (pieces of 1000 entries)
     monkeypatch.setattr(TensorWork, "pieces", real)
     _dense(monkeypatch)
-    ref = hubsoup.merge(fts, method="ties", base=base, out=str(tmp_path / "dense"), quiet=True, **params)
+    ref = hubsoup.merge(fts, method=method, base=base, out=str(tmp_path / "dense"), quiet=True, **params)
     got, want = state(ours.path), state(ref.path)
     mlp = next(k for k in want if ".mlp." in k)
     assert float(want[mlp].view(-1)[0] - state(base)[mlp].view(-1)[0]) < 0  # the stripe took the -1

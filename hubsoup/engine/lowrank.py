@@ -137,9 +137,7 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
     ctx = work.context()
     ctx.stats = ChainMap({}, ctx.stats)  # this tensor's statistics over the merge's
     during = [p for p in passes if p.during_merge]
-    for p in passes:
-        if p.during_merge:
-            continue
+    for p in (p for p in passes if not p.during_merge):
         for _, _, b, stack in pieces():
             p.update(ctx, b, stack)
         p.finish(ctx.stats)

@@ -29,26 +29,19 @@ class SharedStatistics:
     (LOT's ``n_exemplars``) holds one set of Gram files on disk at a time, as separate merges do."""
 
     def __init__(self) -> None:
-        self.entries: dict[Hashable, tuple[Any, Any, dict[str, Any]]] = {}
+        self.entry: tuple[Hashable, Any, Any, dict[str, Any]] | None = None  # key, method, params, stats
 
     def get(self, key: Hashable) -> dict[str, Any] | None:
-        entry = self.entries.get(key)
-        return None if entry is None else dict(entry[2])
+        return dict(self.entry[3]) if self.entry is not None and self.entry[0] == key else None
 
     def put(self, key: Hashable, method, params, stats: dict[str, Any]) -> None:
         self.close()  # the earlier merge is over: its statistics go
-        self.entries[key] = (method, params, dict(stats))
+        self.entry = (key, method, params, dict(stats))
 
     def close(self) -> None:
-        entries, self.entries = self.entries, {}
-        errors = []
-        for method, params, stats in entries.values():
-            try:
-                method.finish(params, stats)
-            except Exception as e:  # noqa: BLE001 - finish every entry, then report the first failure
-                errors.append(e)
-        if errors:
-            raise errors[0]
+        entry, self.entry = self.entry, None
+        if entry is not None:
+            entry[1].finish(entry[2], entry[3])
 
 
 @contextlib.contextmanager

@@ -136,12 +136,23 @@ class _MaskedPass(StatsPass):
     def __init__(self, inner: StatsPass, own: LwptvParams):
         self.inner, self.own = inner, own
         self.piecewise = inner.piecewise  # the mask is per tensor: a piece is masked as its tensor
+        # learned in the merge sweep (TIES' majority sign): the merge masks the pieces itself
+        self.during_merge = inner.during_merge
 
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
         self.inner.update(ctx, base, masked(deltas, ctx, self.own, copy=True))
 
     def finish(self, stats: dict[str, Any]) -> None:
         self.inner.finish(stats)
+
+    def begin(self, stats: dict[str, Any]) -> None:
+        self.inner.begin(stats)
+
+    def piece_done(self) -> bool:
+        return self.inner.piece_done()
+
+    def confirmed(self, stats: dict[str, Any]) -> bool:
+        return self.inner.confirmed(stats)
 
 
 def masked(deltas: torch.Tensor, ctx: TensorContext, own: LwptvParams, copy: bool) -> torch.Tensor:

@@ -96,7 +96,7 @@ class Ties(Method):
         out = []
         if params.scope == "tensor" and any(d < 1.0 for d in densities):
             out += KthLargestPass(_TENSOR_THRESHOLD, n_inputs, densities).passes()
-        return [*out, _MajorityPass(self, params)]
+        return [*out, _MajorityPass()]
 
     @staticmethod
     def thresholds(deltas: torch.Tensor, params, ctx) -> list[float]:
@@ -141,8 +141,7 @@ class _MajorityPass(StatsPass):
     during_merge = True
     _GUESS = 1.0
 
-    def __init__(self, method: Ties, params):
-        self.method, self.params = method, params
+    def __init__(self):
         self.total, self.flagged = 0.0, False
 
     def begin(self, stats):
@@ -157,10 +156,6 @@ class _MajorityPass(StatsPass):
     def piece_done(self) -> bool:
         flagged, self.flagged = self.flagged, False
         return flagged
-
-    def update(self, ctx, base, deltas):  # a sweep of its own, where an engine runs one
-        trim_(deltas, self.method.thresholds(deltas, self.params, ctx))  # deltas is ours
-        self.total += float(deltas.sum(dim=0).sign_().sum())
 
     def finish(self, stats):
         stats.pop(_TALLY, None)
