@@ -156,3 +156,47 @@ def test_a_search_over_lambda_prepares_once_and_equals_separate_merges(llama, tm
     search(fts, "ties", base=base, out=str(tmp_path / "d"), grid={"density": [0.2, 0.4]}, score_fn=lambda f: 0.0,
            quiet=True)
     assert len(counted) == 2
+
+
+def test_a_second_search_reuses_the_fine_tunes_scores_while_nothing_they_depend_on_changed(bert_task, tmp_path,
+                                                                                         monkeypatch):
+    import collections
+
+    import hubsoup.eval
+    from hubsoup.eval import TaskSpec
+    from hubsoup.workflows import search as search_mod
+
+    base, fts, spec = bert_task
+    data = tmp_path / "val2.csv"  # a second task: one per input, so the selection is normalized
+    data.write_text("text,label\n" + "".join(f"w{(i * 3) % 50} w{i},{i % 2}\n" for i in range(30)))
+    tasks = [TaskSpec.parse(spec), TaskSpec.parse(spec.replace(spec.split(",")[0].split(":", 1)[1], str(data))
+                                                  .replace("name=toy", "name=toy2"))]
+    monkeypatch.setattr(search_mod, "_REFERENCES", collections.OrderedDict())
+    scored = []
+    real = hubsoup.eval.evaluate_model
+
+    def counting(model, tasks_, **kw):
+        if model in fts:
+            scored.append((model, tasks_[0].name))
+        return real(model, tasks_, **kw)
+
+    monkeypatch.setattr(hubsoup.eval, "evaluate_model", counting)
+
+    def run(name, grid):
+        return search(fts, "task_arithmetic", base=base, out=str(tmp_path / name), grid={"scale": grid},
+                      tasks=tasks, quiet=True)
+
+    first = run("a", [0.5, 1.0])
+    assert scored == [(fts[0], "toy"), (fts[1], "toy2")] and "references" in first.seconds
+    scored.clear()
+    second = run("b", [1.0, 1.5])
+    assert scored == []  # the same pinned inputs and data: not scored again
+    assert second.scores[0]["score"] == first.scores[1]["score"]  # the same point, the same normalized score
+    os.utime(data, ns=(1, 1))  # the second task's data file changed (as far as its stamp says)
+    run("c", [1.0])
+    assert scored == [(fts[1], "toy2")]
+    scored.clear()
+    weights = os.path.join(fts[0], "model.safetensors")
+    os.utime(weights, ns=(2, 2))  # the first fine-tune's folder changed
+    run("d", [1.0])
+    assert scored == [(fts[0], "toy")]

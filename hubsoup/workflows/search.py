@@ -7,7 +7,10 @@ one becomes the output (no second merge) — an interrupted search leaves the ol
 as it was. With several tasks the selection score is the mean *normalized* accuracy,
 accuracy divided by the matching fine-tune's own accuracy, as in the papers: task ``i``
 is matched with input ``i`` when there are as many tasks as inputs; otherwise raw
-accuracies are averaged. Perplexity tasks count as minus log-perplexity (the mean token NLL):
+accuracies are averaged. The fine-tunes' scores are kept in this process, by what pins them (the
+input's commit or folder stamp, the task's data and head files): a later search of the same inputs on
+the same data (a grid per row of a benchmark, an app's second search) does not score them again.
+Perplexity tasks count as minus log-perplexity (the mean token NLL):
 a relative change of perplexity weighs the same on every domain, so the domain with the
 highest perplexity does not decide alone (the mean is that of a geometric-mean perplexity).
 
@@ -26,7 +29,9 @@ import json
 import math
 import os
 import shutil
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -97,6 +102,61 @@ class SearchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"best": self.best, "best_score": self.best_score, "selection": self.selection, "scores": self.scores}
+
+
+# the fine-tunes' reference scores of earlier searches in this process (key: see _reference_key)
+_REFERENCES: "OrderedDict[tuple, float]" = OrderedDict()
+_REFERENCES_MAX = 512
+_REFERENCES_LOCK = threading.Lock()
+
+
+def _stamp(path: str) -> tuple:
+    """A file's or folder's identity as far as a cache may trust it: path, and size and mtime of each file."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(path):
+        return (path, tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns)
+                                   for e in os.scandir(path) if e.is_file())))
+    st = os.stat(path)
+    return (path, st.st_size, st.st_mtime_ns)
+
+
+def _reference_key(ref, base, task, limit: int | None) -> tuple | None:
+    """What a fine-tune's score on ``task`` depends on; None where something cannot be pinned (an input
+    without its commit, data or a head that is not a local file): that score is not kept."""
+    if ref.repo_id:
+        if not ref.sha:
+            return None
+        who: tuple = (ref.repo_id, ref.sha)
+    elif ref.path or ref.spec:
+        who = _stamp(ref.path or ref.spec)
+    else:
+        return None
+    if not task.is_local or (task.head and not os.path.isfile(os.path.expanduser(task.head))):
+        return None
+    fields = tuple(sorted((k, repr(v)) for k, v in task.__dict__.items() if k not in ("data", "head")))
+    head = _stamp(task.head) if task.head else None
+    return (who, base.public, _stamp(task.data), head, fields, limit)
+
+
+def reference_scores(inputs: Sequence[str], refs: Sequence, base, tasks: Sequence, limit: int | None) -> list[float]:
+    """Each input's score on its own task (input ``i`` on task ``i``), from this process' earlier searches
+    where nothing they depend on changed. ``refs``: the inputs as the merge opened them (:class:`InputRef`)."""
+    from hubsoup.eval import evaluate_model
+
+    out = []
+    for inp, ref, task in zip(inputs, refs, tasks):
+        key = _reference_key(ref, base, task, limit)
+        with _REFERENCES_LOCK:
+            score = _REFERENCES.get(key) if key is not None else None
+        if score is None:
+            score = evaluate_model(inp, [task], limit=limit, quiet=True)[0].score
+            if key is not None:
+                with _REFERENCES_LOCK:
+                    _REFERENCES[key] = score
+                    while len(_REFERENCES) > _REFERENCES_MAX:
+                        _REFERENCES.popitem(last=False)
+        out.append(score)
+    return out
 
 
 def normalized_score(results, references: Sequence[float] | None) -> float:
@@ -171,13 +231,11 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
     references = None
     seconds: dict[str, Any] = {"points": []}
     selection = "score_fn"
+    normalized = False
     if tasks is not None:
         selection = "mean accuracy" if any(t.kind == "classification" for t in tasks) else "mean of -log(perplexity)"
         if normalize and len(tasks) == len(inputs) and all(t.kind == "classification" for t in tasks):
-            monitor.child(0.0, 0.0)(0.0, "eval", "scoring the fine-tunes (references)")
-            t0 = time.perf_counter()
-            references = [evaluate_model(inp, [t], limit=limit, quiet=True)[0].score for inp, t in zip(inputs, tasks)]
-            seconds["references"] = round(time.perf_counter() - t0, 2)
+            normalized = True  # the references are scored after the first merge: it pins the inputs
             selection = "mean normalized accuracy (accuracy / the matching fine-tune's accuracy)"
 
     scores: list[dict[str, Any]] = []
@@ -192,9 +250,16 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
         res = hubsoup.merge(inputs, method, base=base, out=point_dir, params={**(params or {}), **point},
                             options=point_opts, **merge_kwargs)
         t1 = time.perf_counter()
+        monitor.check()
+        if normalized and references is None:  # after the first merge: it pinned the inputs
+            if monitor.reporting:
+                monitor.child(mid, mid)(0.0, "eval", "scoring the fine-tunes (references)")
+            references = reference_scores(inputs, res.inputs, res.base, tasks, limit)
+            seconds["references"] = round(time.perf_counter() - t1, 2)
+            monitor.check()
+            t1 = time.perf_counter()
         if monitor.reporting:
             monitor.child(mid, hi)(0.0, "eval", f"scoring point {i + 1}/{n} {point}")
-        monitor.check()
         entry: dict[str, Any] = {"params": point}
         if score_fn is not None:
             score = float(score_fn(point_dir))
