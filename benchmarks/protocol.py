@@ -41,6 +41,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IN_PROCESS = True
+"""Run each ``hubsoup merge`` command line through the CLI's entry point in this process (same argv, same
+code path, no interpreter start and imports per run, and a search's fine-tune scores are kept between
+runs); False (``--subprocess``): one ``python -m hubsoup`` process per run, as a user's shell does."""
 B = 1000  # bootstrap resamples
 SEED = 20261123
 
@@ -142,7 +146,10 @@ def display(cmd: Sequence[str]) -> str:
 def run_cli(cmd: Sequence[str], env: dict | None = None,
             timeout: float | None = None) -> tuple[bool, str, float]:
     """Run one CLI merge; (ok, last error line or the command, seconds). ``timeout``: seconds after which
-    the merge is killed and reported as failed (a time budget)."""
+    the merge is killed and reported as failed (a time budget; such a run, or one with its own ``env``, is
+    a process of its own even when :data:`IN_PROCESS`)."""
+    if IN_PROCESS and env is None and timeout is None:
+        return _run_in_process(cmd)
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(list(cmd), capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
@@ -152,6 +159,34 @@ def run_cli(cmd: Sequence[str], env: dict | None = None,
     if proc.returncode != 0:
         lines = [l for l in (proc.stderr or proc.stdout).strip().splitlines() if l.strip()]
         return False, (lines[-1] if lines else f"exit {proc.returncode}")[:400], dt
+    return True, display(cmd), dt
+
+
+def _run_in_process(cmd: Sequence[str]) -> tuple[bool, str, float]:
+    """:func:`run_cli` through ``hubsoup.cli.main(argv)`` in this process: its output captured, its
+    exit status (or the exception it let out) the verdict."""
+    import contextlib
+    import gc
+    import io
+
+    from hubsoup.cli import main
+
+    assert list(cmd[1:3]) == ["-m", "hubsoup"], cmd
+    out, err = io.StringIO(), io.StringIO()
+    t0 = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(list(cmd[3:]))
+    except SystemExit as e:  # argparse
+        rc = e.code if isinstance(e.code, int) else 2
+    except Exception as e:  # noqa: BLE001 - a crash of one run is that run's failure
+        rc = 1
+        err.write(f"{type(e).__name__}: {e}\n")
+    dt = time.perf_counter() - t0
+    gc.collect()  # the run's models and buffers, before the next run is timed
+    if rc != 0:
+        lines = [l for l in (err.getvalue() or out.getvalue()).strip().splitlines() if l.strip()]
+        return False, (lines[-1] if lines else f"exit {rc}")[:400], dt
     return True, display(cmd), dt
 
 

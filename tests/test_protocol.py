@@ -136,3 +136,31 @@ def test_committed_results_pass_the_guard_at_todays_defaults(path):
     assert _failing(P.guard(res)) == KNOWN_FAILURES[os.path.basename(path)]
     rows = {label for s in res["settings"].values() for label, v in s["rows"].items() if v.get("defaults")}
     assert rows, "no method's defaults were measured"
+
+
+def test_cli_runs_in_process_give_what_a_process_of_their_own_gives(tmp_path, monkeypatch):
+    """The benchmarks run each command line through the CLI's entry point in their own process: the
+    same output as ``python -m hubsoup`` with that argv, and a failure reported by its error line."""
+    from safetensors.torch import load_file
+
+    from hubsoup.testing import make_base, make_finetune
+
+    base = make_base("llama", str(tmp_path / "base"))
+    fts = [make_finetune(base, str(tmp_path / f"ft{i}"), seed=i) for i in (1, 2)]
+    cmds = {how: P.cli_command(fts, "ties", {"density": 0.5}, str(tmp_path / how), extra=["--base", base])
+            for how in ("inproc", "proc")}
+    monkeypatch.setattr(P, "IN_PROCESS", True)
+    ok, msg, _ = P.run_cli(cmds["inproc"])
+    assert ok and msg.startswith("hubsoup merge ")
+    monkeypatch.setattr(P, "IN_PROCESS", False)
+    assert P.run_cli(cmds["proc"])[0]
+    a, b = (load_file(str(tmp_path / how / "model.safetensors")) for how in ("inproc", "proc"))
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+
+    monkeypatch.setattr(P, "IN_PROCESS", True)
+    bad = P.cli_command(fts, "ties", {"density": 7}, str(tmp_path / "bad"), extra=["--base", base])
+    ok, msg, _ = P.run_cli(bad)
+    assert not ok and msg.startswith("error:") and "density" in msg
+    assert not (tmp_path / "bad").exists()
+    ok, msg, _ = P.run_cli(P.cli_command(fts, "no_such_method", {}, str(tmp_path / "x")))
+    assert not ok and "no_such_method" in msg

@@ -20,8 +20,9 @@ What it does (the protocol itself, the rows, scores, intervals, claims and the g
    process; the base and the 16 fine-tunes pushed as repos whose cards name ``base_model``.
 6. **settings**: full-4, full-8, lora-4, lora-8 (fine-tune kind × the first 4 / all 8 in-domain
    tasks). In each, every row of ``protocol.ROWS`` (LoRA: those of :data:`LORA_ROWS`) runs each
-   of ``protocol.runs_of(row, tuned)`` as ``hubsoup merge REPO... --method M ...`` (a subprocess,
-   by repo ID, the base from the cards): **defaults**, **old defaults**, and **tuned** =
+   of ``protocol.runs_of(row, tuned)`` as ``hubsoup merge REPO... --method M ...`` (the CLI's entry point
+   with that argv in this process, or a process per run with ``--subprocess``; by repo ID, the base from
+   the cards): **defaults**, **old defaults**, and **tuned** =
    ``--search KEY=GRID`` with one ``--eval classification:VAL,...`` per merged task in input
    order, so the CLI's search scores each grid point by the mean normalized accuracy against
    each input (the papers' selection rule) on a class-balanced validation subsample
@@ -80,7 +81,7 @@ def _free_port() -> int:
 
 
 def _setup_env(work: str = WORK) -> str:
-    """Point every Hub client (this process and the CLI subprocesses) at the local test Hub.
+    """Point every Hub client (this process and any CLI subprocesses) at the local test Hub.
     Must run before anything imports huggingface_hub. ``work``: the benchmark's work folder
     (its Hub cache and datasets cache go there)."""
     if "huggingface_hub" in sys.modules:
@@ -366,6 +367,9 @@ def main(argv=None) -> int:
                          "24 test examples per task, 4 validation examples per class, results under "
                          "benchmarks/.work/quality/smoke/")
     ap.add_argument("--keep", action="store_true", help="keep the merged model folders")
+    ap.add_argument("--subprocess", action="store_true",
+                    help="run each merge as its own `python -m hubsoup` process (default: the CLI's entry point "
+                         "with the same argv in this process)")
     ap.add_argument("--out", help="results path without extension (default benchmarks/results/quality)")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -388,6 +392,8 @@ def main(argv=None) -> int:
 
     from benchmarks import protocol
     from benchmarks.quality import data, debian, finetune, heads
+
+    protocol.IN_PROCESS = not args.subprocess
     from hubsoup import __version__
     from hubsoup.eval import TaskSpec
 

@@ -400,6 +400,9 @@ def main(argv=None) -> int:
     ap.add_argument("--resummarize", action="store_true",
                     help="no merges: recompute every summary, claim and the guard from the stored results")
     ap.add_argument("--keep", action="store_true", help="keep the merged model folders")
+    ap.add_argument("--subprocess", action="store_true",
+                    help="run each merge as its own `python -m hubsoup` process (default: the CLI's entry point "
+                         "with the same argv in this process)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "quality_lm"), help="results path without extension")
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -417,6 +420,8 @@ def main(argv=None) -> int:
 
     from benchmarks import protocol
     from benchmarks.quality import debian
+
+    protocol.IN_PROCESS = not args.subprocess
     from benchmarks.quality_lm import base, data, finetune
     from hubsoup import __version__
     from hubsoup.demo import train
