@@ -167,6 +167,37 @@ def test_opcm_norm_invariant_order_and_determinism(llama, tmp_path):
     torch.testing.assert_close(s_sqrt[k], ref, rtol=0, atol=1e-6)
 
 
+def test_the_merge_reads_S_from_the_statistics_pass_instead_of_repeating_its_svds(llama, tmp_path, monkeypatch):
+    from hubsoup.engine import kept as kept_mod
+    from hubsoup.methods.opcm import Opcm
+
+    base, fts = llama
+    real_svd, svds = torch.linalg.svd, []
+    monkeypatch.setattr(torch.linalg, "svd", lambda *a, **k: svds.append(1) or real_svd(*a, **k))
+    stores, where = [], []
+    real_init = kept_mod.KeptTensors.__init__
+
+    def spy(self, scratch, label):
+        real_init(self, scratch, label)
+        stores.append(self)
+        where.append(self.folder)
+
+    monkeypatch.setattr(kept_mod.KeptTensors, "__init__", spy)
+    res = hubsoup.merge(fts, method="opcm", base=base, out=str(tmp_path / "kept"), quiet=True)
+    kept_svds = len(svds)
+    assert kept_svds > 0 and len(stores) == 1
+    assert os.path.basename(os.path.dirname(where[0])).startswith(".kept.partial")  # the output's scratch
+    assert stores[0].folder is None and not os.path.exists(where[0])  # closed and gone with the merge
+    assert "opcm.kept" not in res.stats
+
+    svds.clear()
+    monkeypatch.setattr(Opcm, "prepare", lambda self, params, ctx: {})  # nothing kept: S computed twice
+    again = hubsoup.merge(fts, method="opcm", base=base, out=str(tmp_path / "twice"), quiet=True)
+    assert len(svds) == 2 * kept_svds
+    a, b = state(res.path), state(again.path)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the same merge, bit for bit
+
+
 # --- continual: init, add, export ------------------------------------------------------------
 
 @pytest.fixture()

@@ -120,6 +120,14 @@ class PrepareContext:
     scratch: str | None = None
     """A folder for large temporary files (offloaded weights) inside the output's temporary folder; None: the system's."""
 
+    def keep_tensors(self, label: str):
+        """A store for per-tensor intermediates the statistics pass computes and the merge needs again
+        (``put(name, tensor)``, ``get(name, device)``, ``close()``; on disk in :attr:`scratch`): return it
+        from :meth:`Method.prepare` in the statistics and close it in :meth:`Method.finish`."""
+        from hubsoup.engine.kept import KeptTensors
+
+        return KeptTensors(self.scratch, label)
+
 
 class Method:
     """Base class of merge methods. Subclasses set the class attributes and ``merge``; every hook has a default.
