@@ -197,6 +197,16 @@ def test_the_merge_reads_S_from_the_statistics_pass_instead_of_repeating_its_svd
     a, b = state(res.path), state(again.path)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # the same merge, bit for bit
 
+    # in a search, what a point keeps lives in the search's folder, never in a point's (one becomes the output)
+    monkeypatch.undo()
+    from hubsoup.workflows.search import search
+
+    search(fts, "opcm", base=base, out=str(tmp_path / "s"), grid={"alpha": [0.3, 0.5]}, score_fn=lambda f: 0.0,
+           quiet=True)
+    assert set(os.listdir(tmp_path / "s")) - set(os.listdir(tmp_path / "kept")) == {"hubsoup_card.json",
+                                                                                  "hubsoup_search.json"}
+    assert not any(d.startswith((".hubsoup-", ".s.partial")) for _, dirs, _ in os.walk(tmp_path) for d in dirs)
+
 
 # --- continual: init, add, export ------------------------------------------------------------
 

@@ -158,6 +158,39 @@ def test_a_search_over_lambda_prepares_once_and_equals_separate_merges(llama, tm
     assert len(counted) == 2
 
 
+def test_a_search_over_sftm_gamma_superposes_once_and_equals_separate_merges(llama, tmp_path, monkeypatch):
+    """γ scales SFTM's merged matrices last: a γ search keeps each matrix's superposition from its first point
+    (one set of SVDs for the whole grid), and every point is the separate merge, bit for bit."""
+    base, fts = llama
+    real_svd, svds = torch.linalg.svd, []
+    monkeypatch.setattr(torch.linalg, "svd", lambda *a, **k: svds.append(1) or real_svd(*a, **k))
+    one = hubsoup.merge(fts, method="sftm", base=base, out=str(tmp_path / "one"), quiet=True)
+    per_merge = len(svds)
+    assert per_merge > 0
+    svds.clear()
+    seen = {}
+
+    def score(folder):
+        seen[len(seen)] = load_file(os.path.join(folder, "model.safetensors"))
+        return -len(seen)
+
+    search(fts, "sftm", base=base, out=str(tmp_path / "s"), grid={"gamma": [0.4, 0.6, 1.2]}, score_fn=score,
+           quiet=True)
+    assert len(svds) == per_merge and len(seen) == 3
+    assert not any(".hubsoup-sftm" in n for _, _, files in os.walk(tmp_path) for n in files)
+    assert not any(d.startswith(".hubsoup-sftm") for _, dirs, _ in os.walk(tmp_path) for d in dirs)
+    ref = load_file(os.path.join(one.path, "model.safetensors"))  # γ = 0.6, the default
+    assert all(torch.equal(seen[1][k], ref[k]) for k in ref)
+    for i, gamma in ((0, 0.4), (2, 1.2)):
+        ref = load_file(os.path.join(hubsoup.merge(fts, method="sftm", base=base, out=str(tmp_path / f"r{i}"),
+                                                   quiet=True, gamma=gamma).path, "model.safetensors"))
+        assert all(torch.equal(seen[i][k], ref[k]) for k in ref)
+    svds.clear()
+    search(fts, "sftm", base=base, out=str(tmp_path / "e"), grid={"eta": [0.2, 0.4]}, score_fn=lambda f: 0.0,
+           quiet=True)
+    assert len(svds) == 2 * per_merge  # η changes the trimmed matrices: superposed per point
+
+
 def test_a_second_search_reuses_the_fine_tunes_scores_while_nothing_they_depend_on_changed(bert_task, tmp_path,
                                                                                          monkeypatch):
     import collections

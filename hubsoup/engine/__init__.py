@@ -321,7 +321,11 @@ def gather_stats(job: Job) -> dict[str, Any]:
             stats.update(known)
             job.shared_stats = True
             return stats
-    stats.update(job.method.prepare(job.params, prepare_context(job)))  # e.g. exemplar features (LOT)
+    pctx = prepare_context(job)
+    if shared is not None:  # what it keeps may serve later merges: kept where their folders are not
+        pctx.shared = True
+        pctx.scratch = shared.scratch or pctx.scratch
+    stats.update(job.method.prepare(job.params, pctx))  # e.g. exemplar features (LOT)
     passes = job.method.passes(job.params, len(job.inputs))
     if passes:
         job.monitor.stage("statistics", f"{len(passes)} statistics pass(es)", parts=len(passes))

@@ -28,8 +28,11 @@ class SharedStatistics:
     (LOT's scratch files go). One entry only: a grid whose points change what the preparation reads
     (LOT's ``n_exemplars``) holds one set of Gram files on disk at a time, as separate merges do."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: str | None = None) -> None:
         self.entry: tuple[Hashable, Any, Any, dict[str, Any]] | None = None  # key, method, params, stats
+        self.scratch = scratch
+        """Where shared preparations keep their files: a folder that outlives each merge's own (the
+        search's temporary folder); None: each merge's scratch folder."""
 
     def get(self, key: Hashable) -> dict[str, Any] | None:
         return dict(self.entry[3]) if self.entry is not None and self.entry[0] == key else None
@@ -45,9 +48,10 @@ class SharedStatistics:
 
 
 @contextlib.contextmanager
-def shared_statistics() -> Iterator[SharedStatistics]:
-    """Merges inside the block share equal preparations and statistics passes (see the module doc)."""
-    shared = SharedStatistics()
+def shared_statistics(scratch: str | None = None) -> Iterator[SharedStatistics]:
+    """Merges inside the block share equal preparations and statistics passes (see the module doc).
+    ``scratch``: a folder for the files they keep, which outlives every merge of the block."""
+    shared = SharedStatistics(scratch)
     token = _CURRENT.set(shared)
     try:
         yield shared

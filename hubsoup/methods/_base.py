@@ -120,6 +120,11 @@ class PrepareContext:
     scratch: str | None = None
     """A folder for large temporary files (offloaded weights) inside the output's temporary folder; None: the system's."""
 
+    shared: bool = False
+    """True inside a search (:mod:`hubsoup.engine.shared`): later merges that differ only in parameters the
+    method's :meth:`Method.stats_key` leaves out get what this preparation returns, so per-tensor work those
+    parameters do not change is worth keeping (:meth:`keep_tensors`)."""
+
     def keep_tensors(self, label: str):
         """A store for per-tensor intermediates the statistics pass computes and the merge needs again
         (``put(name, tensor)``, ``get(name, device)``, ``close()``; on disk in :attr:`scratch`): return it

@@ -21,6 +21,10 @@ trimming destroys their low rank, so by default they are not (``lora_trim=true``
 trims the dense B·A with η instead). Inputs mixing full fine-tunes and LoRAs take the
 dense path, where every task matrix is trimmed with η.
 
+In a search over γ alone, the points share each matrix's unscaled superposition (kept on disk by the
+first point, :meth:`PrepareContext.keep_tensors`): γ scales it last, so every point is the merge it
+would be on its own, bit for bit, for one set of SVDs and solves.
+
 Non-matrix tensors follow Alg. 2: trim each τ_i to its top-η entries, then biases and
 embeddings take γ·Σ τ_i (task arithmetic) and normalisation parameters take the
 plain mean of the τ_i, without γ.
@@ -28,6 +32,7 @@ plain mean of the τ_i, without γ.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -259,18 +264,43 @@ class Sftm(Method):
         M, _ = superpose(feats, ridge=params.ridge, rcond=params.rcond, out_dtype=torch.float32)
         return M.mul_(params.gamma)
 
+    def stats_key(self, params):
+        """γ scales the merged matrices last: points of a search over γ alone share their superpositions."""
+        return repr(dataclasses.replace(params, gamma=None))
+
+    def prepare(self, params, ctx):
+        return {"sftm.kept": ctx.keep_tensors("sftm")} if ctx.shared else {}
+
+    def finish(self, params, stats):
+        kept = stats.pop("sftm.kept", None)
+        if kept is not None:
+            kept.close()
+
     def merge(self, base, deltas, params, ctx):
         role = tensor_role(ctx.name, tuple(base.shape))
+        if self._is_matrix(ctx.name, base.shape, params):
+            kept = ctx.stats.get("sftm.kept")
+            M = kept.get(ctx.name, deltas.device) if kept is not None else None
+            if M is None:
+                M = self._superposed(base, deltas, params, ctx.name)
+                if kept is not None:
+                    kept.put(ctx.name, M)
+            return M.mul_(params.gamma)
         for row in deltas:
             trim_topk_(row, params.eta)
-        if self._is_matrix(ctx.name, base.shape, params):
-            mats = deltas.reshape(deltas.shape[0], base.shape[0], -1)  # conv [out, in, kh, kw] -> [out, in·kh·kw]
-            feats = [singular_features(M, params.rank_tol) for M in mats]
-            del mats
-            M, info = superpose(feats, ridge=params.ridge, rcond=params.rcond, out_dtype=deltas.dtype)
-            log.debug("SFTM %s: r=%d solver=%s cond=%.3g", ctx.name, info.get("rank", 0),
-                      info.get("solver", "-"), info.get("cond", 0.0))
-            return M.reshape(base.shape).mul_(params.gamma)
         if role == "norm":
             return deltas.mean(dim=0)
         return deltas.sum(dim=0).mul_(params.gamma)
+
+    @staticmethod
+    def _superposed(base, deltas, params, name: str) -> torch.Tensor:
+        """The unscaled merged matrix: trim each task matrix, its singular features, their superposition."""
+        for row in deltas:
+            trim_topk_(row, params.eta)
+        mats = deltas.reshape(deltas.shape[0], base.shape[0], -1)  # conv [out, in, kh, kw] -> [out, in·kh·kw]
+        feats = [singular_features(M, params.rank_tol) for M in mats]
+        del mats
+        M, info = superpose(feats, ridge=params.ridge, rcond=params.rcond, out_dtype=deltas.dtype)
+        log.debug("SFTM %s: r=%d solver=%s cond=%.3g", name, info.get("rank", 0),
+                  info.get("solver", "-"), info.get("cond", 0.0))
+        return M.reshape(base.shape)

@@ -211,7 +211,7 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
 
         # points that differ only in what the merge itself reads (λ) share the preparation (LOT's exemplar
         # features) and the statistics passes (TIES' whole-model ranking): computed once
-        with shared_statistics():
+        with shared_statistics(scratch=folder.path):
             return _search(folder, grid_points, inputs, method, base, tasks, score_fn, params, normalize, limit,
                            opts, merge_kwargs)
     except BaseException as e:
