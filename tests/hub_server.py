@@ -31,7 +31,9 @@ Errors carry ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``, ``EntryNo
 owns the namespace (403 otherwise, 401 when anonymous).  Opening a PR (``create_pr=True``) only
 needs a write token and read access, as on the Hub.
 
-Every commit has a random 40-hex sha; each branch keeps its history, so an old sha still serves
+Every commit has a random 40-hex sha (``content_shas=True``: the sha of its repo, parents, tree and
+title, so the same uploads give the same shas on every run: the benchmarks' seeded merges, whose
+seeds come from the recipe and so from the inputs' shas, then repeat across runs); each branch keeps its history, so an old sha still serves
 the old files.  A new repo starts with the Hub's "initial commit" by ``system`` holding a
 ``.gitattributes`` (pass ``gitattributes=False`` to get an empty tree instead).
 
@@ -242,7 +244,8 @@ class HubServer:
     def __init__(self, port: int = 0, host: str = "127.0.0.1",
                  tokens: dict[str, str | tuple[str, bool]] | None = None,
                  orgs: dict[str, Iterable[str]] | None = None, gitattributes: bool = True,
-                 page_size: int = 1000):
+                 page_size: int = 1000, content_shas: bool = False):
+        self.content_shas = content_shas
         self.host = host
         self.port = port
         self.tokens: dict[str, tuple[str, bool]] = {}
@@ -468,7 +471,8 @@ class HubServer:
 
     def _new_commit(self, repo: Repo, parents: list[str], tree: dict[str, str], title: str,
                     message: str, author: str) -> str:
-        seed = json.dumps([uuid.uuid4().hex, repo.id, parents, sorted(tree.items()), title]).encode()
+        nonce = "" if self.content_shas else uuid.uuid4().hex
+        seed = json.dumps([nonce, repo.id, parents, sorted(tree.items()), title]).encode()
         oid = hashlib.sha1(seed).hexdigest()
         repo.commits[oid] = Commit(oid, parents, dict(tree), title, message, author, _now())
         return oid

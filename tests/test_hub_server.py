@@ -438,3 +438,18 @@ def test_hub_fixture_leaves_nothing_behind():
     assert constants.HF_HUB_OFFLINE is True
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
     assert "HF_TOKEN" not in os.environ
+
+
+def test_commit_shas_are_random_unless_derived_from_content():
+    """The benchmarks' servers derive shas from content (their seeded merges repeat across runs); tests'
+    servers keep them random (a re-published repo must look new)."""
+    from hub_server import HubServer
+
+    def publish(server):
+        a = server.seed("alice/m", {"config.json": "{}", "w.bin": b"\x00\x01"})
+        return a, server.seed("alice/m", {"README.md": "# m"})
+
+    same = [publish(HubServer(content_shas=True)) for _ in range(2)]
+    assert same[0] == same[1] and all(SHA_RE.match(s) for s in same[0]) and same[0][0] != same[0][1]
+    rand = [publish(HubServer()) for _ in range(2)]
+    assert rand[0][0] != rand[1][0] and rand[0][1] != rand[1][1]

@@ -122,7 +122,7 @@ def render(results: dict) -> str:
             + (f", LoRA r={c['lora_r']} α={c['lora_alpha']} on q/k/v/dense" if c["lora"] else ", all weights")
             for k, c in meta["finetune_configs"].items()) + f"; seeds {min(meta['finetune_seeds'].values())}+task index.",
         f"- merges: `hubsoup merge REPO_1 .. REPO_N --method M ...` by repo ID from the local test Hub (base from "
-        f"the cards), one subprocess each; the search scores {meta['eval']['search_val_per_class']} validation "
+        f"the cards), {'each a process of its own' if meta.get('cli_runs') == 'subprocess' else 'each through the CLI entry point in the benchmark process (`--subprocess`: a process each)'}; the search scores {meta['eval']['search_val_per_class']} validation "
         f"examples per class per task (a seeded class-balanced subsample); LOT gets {meta['eval']['lot_exemplars']} "
         "unlabelled train texts per task; OPCM merges in the listed task order.",
         f"- LoRA settings run the rows {', '.join(meta['lora_rows']) if isinstance(meta['lora_rows'], list) else 'all'}"

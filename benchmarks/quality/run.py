@@ -88,7 +88,7 @@ def _setup_env(work: str = WORK) -> str:
         raise RuntimeError("huggingface_hub was imported before the benchmark set HF_ENDPOINT")
     endpoint = f"http://127.0.0.1:{_free_port()}"
     hf_home = os.path.join(work, "hf_home")
-    shutil.rmtree(hf_home, ignore_errors=True)  # the server is new each run: so are the commit SHAs
+    shutil.rmtree(hf_home, ignore_errors=True)  # a fresh Hub cache: the server and its repos are new each run
     os.environ.update({"HF_ENDPOINT": endpoint, "HF_HOME": hf_home, "HF_HUB_DISABLE_XET": "1",
                        "HF_DATASETS_CACHE": os.path.join(work, "datasets_cache"),  # kept: csv -> arrow once
                        "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -485,6 +485,7 @@ def main(argv=None) -> int:
             "lora_rows": list(LORA_ROWS) if args.lora_rows == "core" else "all",
             "lora_reference_check": lora_check or prev_meta.get("lora_reference_check"),
             "references": {"base": base_eval, "fine-tunes": dict(ft_eval)},  # a copy: the other kind is added below
+            "cli_runs": "in-process" if protocol.IN_PROCESS else "subprocess",
             "command": "python -m benchmarks.quality.run" + "".join(
                 f" {a!r}" if " " in a else f" {a}" for a in (argv if argv is not None else sys.argv[1:])),
             "finetunes_cached": cached_fts, "timings_s": {k: round(v, 1) for k, v in timings.items()},
@@ -508,7 +509,7 @@ def main(argv=None) -> int:
     from huggingface_hub import HfApi
 
     t_phase = time.perf_counter()
-    server = HubServer(port=int(endpoint.rsplit(":", 1)[1])).start()
+    server = HubServer(port=int(endpoint.rsplit(":", 1)[1]), content_shas=True).start()  # seeded merges repeat
     try:
         api = HfApi(endpoint=endpoint, token=TOKEN)
         repos = publish(api, base_dir, {k: {t: finetune.ft_dir(k, t) for t in data.IN_DOMAIN[:finetune.N_TASKS[k]]}

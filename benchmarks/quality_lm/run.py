@@ -473,7 +473,7 @@ def main(argv=None) -> int:
     from huggingface_hub import HfApi
 
     t_phase = time.perf_counter()
-    server = HubServer(port=int(endpoint.rsplit(":", 1)[1])).start()
+    server = HubServer(port=int(endpoint.rsplit(":", 1)[1]), content_shas=True).start()  # seeded merges repeat
     try:
         api = HfApi(endpoint=endpoint, token=TOKEN)
         repos = publish(api, base_dir, {k: {t: finetune.ft_dir(k, t) for t in data.IN_DOMAIN} for k in kinds}, log)
@@ -518,7 +518,9 @@ def main(argv=None) -> int:
             first_run_ft = {k: {t: st["seconds"] for t, st in v.items()} for k, v in ft_stats.items()}
             command = "python -m benchmarks.quality_lm.run" + "".join(
                 f" {a!r}" if " " in a else f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-            runs = prev_meta.get("runs", []) + [{"command": command, "timings_s": {k: round(v, 1) for k, v in timings.items()},
+            runs = prev_meta.get("runs", []) + [{"command": command,
+                                                 "cli_runs": "in-process" if protocol.IN_PROCESS else "subprocess",
+                                                 "timings_s": {k: round(v, 1) for k, v in timings.items()},
                                                  "finetunes_cached": cached_fts, "at": time.strftime("%Y-%m-%d %H:%M"),
                                                  "load_average_at_end": os.getloadavg()}]
             n_ft = sum(len(v) for v in ft_stats.values())
