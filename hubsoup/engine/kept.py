@@ -56,10 +56,6 @@ class KeptTensors:
             t = h.get_tensor("t")
         return t.to(device) if str(device) != "cpu" else t.clone()  # the clone unmaps the file
 
-    def __contains__(self, name: str) -> bool:
-        with self._lock:
-            return name in self._names
-
     def close(self) -> None:
         with self._lock:
             folder, self.folder = self.folder, None
