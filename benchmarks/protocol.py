@@ -31,6 +31,7 @@ than half of the fine-tunes' gain, or is worse than the base on an in-domain tas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -160,6 +161,24 @@ def run_cli(cmd: Sequence[str], env: dict | None = None,
         lines = [l for l in (proc.stderr or proc.stdout).strip().splitlines() if l.strip()]
         return False, (lines[-1] if lines else f"exit {proc.returncode}")[:400], dt
     return True, display(cmd), dt
+
+
+@contextlib.contextmanager
+def sharing(work: str):
+    """While the runs are in-process: runs of the same inputs share equal preparations and statistics
+    (:mod:`hubsoup.engine.shared`: LOT's exemplar capture, TIES' ranking, SFTM's superpositions, OPCM's
+    S) across a row's defaults, old defaults and its search's points, each model bit for bit the one its
+    own command gives; the files they keep live in a folder under ``work``, removed at the end."""
+    if not IN_PROCESS:
+        yield
+        return
+    import tempfile
+
+    from hubsoup.engine.shared import shared_statistics
+
+    os.makedirs(work, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="shared-", dir=work) as tmp, shared_statistics(scratch=tmp):
+        yield
 
 
 def _run_in_process(cmd: Sequence[str]) -> tuple[bool, str, float]:

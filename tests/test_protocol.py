@@ -164,3 +164,17 @@ def test_cli_runs_in_process_give_what_a_process_of_their_own_gives(tmp_path, mo
     assert not (tmp_path / "bad").exists()
     ok, msg, _ = P.run_cli(P.cli_command(fts, "no_such_method", {}, str(tmp_path / "x")))
     assert not ok and "no_such_method" in msg
+
+
+def test_in_process_runs_share_one_block_whose_files_go_with_it(tmp_path, monkeypatch):
+    from hubsoup.engine import shared
+
+    monkeypatch.setattr(P, "IN_PROCESS", True)
+    with P.sharing(str(tmp_path)):
+        block = shared.current()
+        assert block is not None and os.path.dirname(block.scratch) == str(tmp_path)
+        assert os.path.isdir(block.scratch)
+    assert shared.current() is None and os.listdir(tmp_path) == []
+    monkeypatch.setattr(P, "IN_PROCESS", False)  # a process per run: nothing to share
+    with P.sharing(str(tmp_path)):
+        assert shared.current() is None

@@ -233,3 +233,35 @@ def test_a_second_search_reuses_the_fine_tunes_scores_while_nothing_they_depend_
     os.utime(weights, ns=(2, 2))  # the first fine-tune's folder changed
     run("d", [1.0])
     assert scored == [(fts[0], "toy")]
+
+
+def test_a_block_with_a_scratch_folder_shares_with_the_merges_and_searches_inside_it(llama, tmp_path, monkeypatch):
+    """A benchmark runs many merges and searches of the same inputs inside one block: a search nested in it
+    shares with the merges before it (one TIES ranking for all of them), and each result is still its own
+    merge's, bit for bit; the block's files go with it."""
+    from hubsoup.engine import shared
+    from hubsoup.methods import _select
+
+    base, fts = llama
+    counted = []
+    real = _select._HighPass.finish
+    monkeypatch.setattr(_select._HighPass, "finish", lambda self, stats: counted.append(1) or real(self, stats))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with shared.shared_statistics(scratch=str(scratch)) as block:
+        hubsoup.merge(fts, method="ties", base=base, out=str(tmp_path / "a"), quiet=True, density=0.3)
+        search(fts, "ties", base=base, out=str(tmp_path / "s"), grid={"scale": [0.5, 1.0]}, score_fn=lambda f: 0.0,
+               quiet=True, density=0.3)
+        assert shared.current() is block and len(counted) == 1  # the search's block was this one
+    assert shared.current() is None and os.listdir(scratch) == []
+    ref = load_file(os.path.join(hubsoup.merge(fts, method="ties", base=base, out=str(tmp_path / "r"), quiet=True,
+                                               density=0.3, scale=0.5).path, "model.safetensors"))
+    got = load_file(str(tmp_path / "s" / "model.safetensors"))  # the first point (scale 0.5) won
+    assert all(torch.equal(got[k], ref[k]) for k in ref)
+    assert len(counted) == 2
+    counted.clear()
+    with shared.shared_statistics():  # no scratch folder: a search inside keeps its own block
+        hubsoup.merge(fts, method="ties", base=base, out=str(tmp_path / "b"), quiet=True, density=0.3)
+        search(fts, "ties", base=base, out=str(tmp_path / "t"), grid={"scale": [0.5]}, score_fn=lambda f: 0.0,
+               quiet=True, density=0.3)
+    assert len(counted) == 2

@@ -582,19 +582,20 @@ def main(argv=None) -> int:
         # two passes: every setting's fixed-parameter runs (what the guard reads), then the searches, so
         # that a run cut short by --budget-min still has the guard's rows of every setting
         passes = [[v for v in variants if v != "tuned"], [v for v in variants if v == "tuned"]]
-        for pass_variants in passes:
-            for setting, rows in plan:
-                if not pass_variants:
-                    continue
-                name = setting["name"]
-                tuned = {lab: v["tuned"]["chosen"] for lab, v in setting["rows"].items()
-                         if "chosen" in v.get("tuned", {})}
-                t0 = time.perf_counter()
-                log(f"[{name}] {len(rows)} rows, variants {', '.join(pass_variants)}")
-                run_setting(setting, rows, pass_variants, tuned, repos, ctx, log)
-                key = f"setting {name} ({'/'.join(pass_variants)})"
-                timings[key] = time.perf_counter() - t0
-                setting.setdefault("seconds", {})[" / ".join(pass_variants)] = round(timings[key], 1)
+        with protocol.sharing(WORK):
+            for pass_variants in passes:
+                for setting, rows in plan:
+                    if not pass_variants:
+                        continue
+                    name = setting["name"]
+                    tuned = {lab: v["tuned"]["chosen"] for lab, v in setting["rows"].items()
+                             if "chosen" in v.get("tuned", {})}
+                    t0 = time.perf_counter()
+                    log(f"[{name}] {len(rows)} rows, variants {', '.join(pass_variants)}")
+                    run_setting(setting, rows, pass_variants, tuned, repos, ctx, log)
+                    key = f"setting {name} ({'/'.join(pass_variants)})"
+                    timings[key] = time.perf_counter() - t0
+                    setting.setdefault("seconds", {})[" / ".join(pass_variants)] = round(timings[key], 1)
         # the claims of every setting of the kinds run now (rows kept from an earlier run included: the
         # references are the same, deterministic evaluations of the same data and fine-tunes)
         t_phase = time.perf_counter()

@@ -563,21 +563,22 @@ def main(argv=None) -> int:
 
         # ---- merges ----------------------------------------------------------------------------
         only = [s.strip().lower() for s in args.only.split(",")] if args.only else None
-        for kind in kinds:
-            setting = settings.setdefault(kind, {"rows": {}})
-            setting.update({"name": kind, "kind": kind, "finetunes_fingerprint": ft_fp[kind], "n_tasks": len(data.IN_DOMAIN), "in_domain": data.IN_DOMAIN,
-                            "controls": data.CONTROLS, "inputs": [repos[kind][t] for t in data.IN_DOMAIN]})
-            rows = [r for r in protocol.ROWS if (kind == "lora" and r.lora) or (
-                kind == "full" and (args.full_rows == "all" or r.label in FULL_ROWS))]
-            rows = [r for r in rows if not only or any(s in r.label.lower() for s in only)]
-            if args.resummarize:
-                rows = []
-            tuned = {lab: v["tuned"]["chosen"] for lab, v in setting["rows"].items() if "chosen" in v.get("tuned", {})}
-            t0 = time.perf_counter()
-            log(f"[{kind}] {len(rows)} rows, variants {', '.join(variants)}")
-            run_kind(setting, rows, variants, tuned, repos, ctx, log)
-            setting["seconds_last_run"] = round(time.perf_counter() - t0, 1)
-            timings[f"merges {kind}"] = time.perf_counter() - t0
+        with protocol.sharing(base.WORK):
+            for kind in kinds:
+                setting = settings.setdefault(kind, {"rows": {}})
+                setting.update({"name": kind, "kind": kind, "finetunes_fingerprint": ft_fp[kind], "n_tasks": len(data.IN_DOMAIN), "in_domain": data.IN_DOMAIN,
+                                "controls": data.CONTROLS, "inputs": [repos[kind][t] for t in data.IN_DOMAIN]})
+                rows = [r for r in protocol.ROWS if (kind == "lora" and r.lora) or (
+                    kind == "full" and (args.full_rows == "all" or r.label in FULL_ROWS))]
+                rows = [r for r in rows if not only or any(s in r.label.lower() for s in only)]
+                if args.resummarize:
+                    rows = []
+                tuned = {lab: v["tuned"]["chosen"] for lab, v in setting["rows"].items() if "chosen" in v.get("tuned", {})}
+                t0 = time.perf_counter()
+                log(f"[{kind}] {len(rows)} rows, variants {', '.join(variants)}")
+                run_kind(setting, rows, variants, tuned, repos, ctx, log)
+                setting["seconds_last_run"] = round(time.perf_counter() - t0, 1)
+                timings[f"merges {kind}"] = time.perf_counter() - t0
         # every summary and claim from the stored per-sequence results with today's protocol (rows kept from
         # an earlier run included: the references are the same deterministic evaluations)
         for name, setting in settings.items():

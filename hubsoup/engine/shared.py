@@ -50,7 +50,14 @@ class SharedStatistics:
 @contextlib.contextmanager
 def shared_statistics(scratch: str | None = None) -> Iterator[SharedStatistics]:
     """Merges inside the block share equal preparations and statistics passes (see the module doc).
-    ``scratch``: a folder for the files they keep, which outlives every merge of the block."""
+    ``scratch``: a folder for the files they keep, which outlives every merge of the block. A block
+    inside another that has its own scratch folder is the outer one (a search inside a benchmark's block
+    shares with the benchmark's other runs); inside one without, it is a block of its own (what the inner
+    block keeps must not outlive the inner block's folder)."""
+    outer = _CURRENT.get()
+    if outer is not None and outer.scratch is not None:
+        yield outer
+        return
     shared = SharedStatistics(scratch)
     token = _CURRENT.set(shared)
     try:
