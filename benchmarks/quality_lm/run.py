@@ -199,7 +199,9 @@ def run_kind(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> Non
                     entry.setdefault(variant, {"params": params, "status": "not run (time budget, --budget-min)"})
                     continue
                 if row.label in EXPENSIVE and variant != "defaults" and not ctx["expensive"]:
-                    entry[variant] = {"params": params, "status": "not run (time budget: defaults only; --all-variants)"}
+                    if "tests" not in entry.get(variant, {}):  # a result measured earlier (--all-variants) stays
+                        entry[variant] = {"params": params,
+                                          "status": "not run (time budget: defaults only; --all-variants)"}
                     continue
                 if grid:
                     grid = {k: thin(v, ctx["grid_points"]) for k, v in grid.items()}
@@ -552,7 +554,9 @@ def main(argv=None) -> int:
                                                                  **ft_eval}},
                 "command": command, "finetunes_cached": cached_fts, "timings_s": {k: round(v, 1) for k, v in timings.items()},
                 "eval_seconds": round(evaluate.seconds, 1), "eval_sequences": evaluate.sequences, "cpu_seconds": round(cpu, 1),
-                "load_average_at_end": os.getloadavg(), "timing_note": note, "runs": runs,
+                "load_average_at_end": os.getloadavg(), "runs": runs,
+                # a --resummarize run merges nothing: the timing that stands is the last merging run's
+                "timing_note": prev_meta.get("timing_note", note) if args.resummarize else note,
             }
             results = {"benchmark": "decoder-lm", "meta": meta, "settings": settings, "guard": failures,
                        "defaults": protocol.defaults_in_use()}
