@@ -128,7 +128,7 @@ class PrepareContext:
     def keep_tensors(self, label: str):
         """A store for per-tensor intermediates the statistics pass computes and the merge needs again
         (``put(name, tensor)``, ``get(name, device)``, ``close()``; on disk in :attr:`scratch`): return it
-        from :meth:`Method.prepare` in the statistics and close it in :meth:`Method.finish`."""
+        from :meth:`Method.prepare` in the statistics; :meth:`Method.finish` closes it."""
         from hubsoup.engine.kept import KeptTensors
 
         return KeptTensors(self.scratch, label)
@@ -261,7 +261,13 @@ class Method:
         return {}
 
     def finish(self, params: Any, stats: dict[str, Any]) -> None:
-        """Release what :meth:`prepare` holds (scratch files), after the merge or on failure."""
+        """Release what :meth:`prepare` holds (scratch files), after the merge or on failure. By default the
+        stores of :meth:`PrepareContext.keep_tensors` are closed and left out of the statistics; a method
+        that overrides this and keeps tensors calls it too."""
+        from hubsoup.engine.kept import KeptTensors
+
+        for k in [k for k, v in stats.items() if isinstance(v, KeptTensors)]:
+            stats.pop(k).close()
 
     def merge_factors(self, shape: tuple[int, ...], factors: list[tuple[torch.Tensor, torch.Tensor] | None],
                       params: Any, ctx: TensorContext) -> torch.Tensor | None:

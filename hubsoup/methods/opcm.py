@@ -180,11 +180,6 @@ class Opcm(Method):
     def prepare(self, params, ctx):
         return {"opcm.kept": ctx.keep_tensors("opcm")} if self._two_sweeps(params, len(ctx.inputs)) else {}
 
-    def finish(self, params, stats):
-        kept = stats.pop("opcm.kept", None)
-        if kept is not None:
-            kept.close()
-
     def merge(self, base, deltas, params, ctx):
         lam = ctx.stats.get("opcm.lambda")
         if lam is None:

@@ -271,11 +271,6 @@ class Sftm(Method):
     def prepare(self, params, ctx):
         return {"sftm.kept": ctx.keep_tensors("sftm")} if ctx.shared else {}
 
-    def finish(self, params, stats):
-        kept = stats.pop("sftm.kept", None)
-        if kept is not None:
-            kept.close()
-
     def merge(self, base, deltas, params, ctx):
         role = tensor_role(ctx.name, tuple(base.shape))
         if self._is_matrix(ctx.name, base.shape, params):

@@ -139,7 +139,8 @@ def sweep(inputs: Sequence[str], method: str, out_dir: str, grid: str | Sequence
     try:
         from hubsoup.engine.shared import shared_statistics
 
-        with shared_statistics(scratch=folder.path):  # points differing only in what the merge reads (λ) share the statistics
+        # points differing only in what the merge reads (λ) share the statistics
+        with shared_statistics(scratch=folder.path):
             for i, p in enumerate(points):
                 value = ",".join(repr(x) for x in p) if isinstance(p, tuple) else p
                 point_opts = opts.replace(overwrite=False, quiet=opts.silent,
