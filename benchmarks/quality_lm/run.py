@@ -422,12 +422,12 @@ def main(argv=None) -> int:
 
     from benchmarks import protocol
     from benchmarks.quality import debian
-
-    protocol.IN_PROCESS = not args.subprocess
     from benchmarks.quality_lm import base, data, finetune
     from hubsoup import __version__
     from hubsoup.demo import train
     from hubsoup.eval import TaskSpec
+
+    protocol.IN_PROCESS = not args.subprocess
 
     train.quiet_transformers()
     timings: dict[str, float] = {}
