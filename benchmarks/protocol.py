@@ -239,6 +239,21 @@ def runs_of(row: Row, tuned: dict[str, dict]) -> list[tuple[str, dict, dict | No
     return out
 
 
+VARIANT_ORDER = ("defaults", "tuned", "old defaults")
+
+
+def run_order(rows: Sequence[Row], budgeted: bool) -> list[tuple[Row, str]]:
+    """The order of the runs, as (row, variant). Under a time budget every row's defaults first (what
+    the guard reads), then the tuned runs (the claims), then the old defaults, so the budget cuts off the
+    least needed. Without one, each row's runs one after another (defaults, tuned, old defaults): the
+    shared block (:func:`sharing`) keeps only the last merge's statistics, so a row's search reuses its
+    defaults' preparations (SFTM's superpositions, LOT's capture, OPCM's S) only when it comes next.
+    Rows stay in their order either way, so a row's :attr:`Row.inherit` source is tuned before it."""
+    if budgeted:
+        return [(row, v) for v in VARIANT_ORDER for row in rows]
+    return [(row, v) for row in rows for v in VARIANT_ORDER]
+
+
 # ---- scores and confidence intervals -----------------------------------------------------------
 
 

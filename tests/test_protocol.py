@@ -178,3 +178,24 @@ def test_in_process_runs_share_one_block_whose_files_go_with_it(tmp_path, monkey
     monkeypatch.setattr(P, "IN_PROCESS", False)  # a process per run: nothing to share
     with P.sharing(str(tmp_path)):
         assert shared.current() is None
+
+
+def test_run_order_keeps_a_rows_runs_together_unless_a_budget_is_set():
+    rows = P.ROWS
+    free = P.run_order(rows, budgeted=False)
+    # without a budget: each row's runs back to back (the shared block keeps only the last merge's stats)
+    labels = [r.label for r, _ in free]
+    assert labels == [r.label for r in rows for _ in P.VARIANT_ORDER]
+    sftm = [v for r, v in free if r.label == "SFTM"]
+    assert sftm == ["defaults", "tuned", "old defaults"]  # the search right after the defaults it shares with
+    # a row's like-for-like source is tuned before the row that inherits its values, in either order
+    for order in (free, P.run_order(rows, budgeted=True)):
+        at = {(r.label, v): i for i, (r, v) in enumerate(order)}
+        for r in rows:
+            if r.inherit:
+                assert at[(r.inherit, "tuned")] < at[(r.label, "tuned")]
+    budgeted = P.run_order(rows, budgeted=True)
+    # under a budget: every row's defaults (the guard's) before any search, old defaults last
+    variants = [v for _, v in budgeted]
+    assert variants == sorted(variants, key=P.VARIANT_ORDER.index)
+    assert sorted(map(id, (r for r, _ in budgeted))) == sorted(map(id, (r for r, _ in free)))

@@ -187,67 +187,64 @@ def run_kind(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> Non
     val_specs = [f"perplexity:{ctx['val_files'][t]},name={t},split=validation,text=text,"
                  f"max_length={ctx['max_length']}" for t in in_domain]
     extra_lot = [x for t, r in zip(in_domain, inputs) for x in ("--exemplars", f"{r}={ctx['exemplars'][t]}")]
-    # every row's defaults first (the guard), then the tuned runs (the claims), then the old defaults: what a
-    # time budget (--budget-min) cuts off last is the least needed
-    for order in ("defaults", "tuned", "old defaults"):
-        for row in rows:
-            entry = setting["rows"].setdefault(row.label, {})
-            for variant, params, grid in protocol.runs_of(row, tuned):
-                if variant != order or variant not in variants:
-                    continue
-                if ctx["deadline"] and time.perf_counter() > ctx["deadline"]:
-                    entry.setdefault(variant, {"params": params, "status": "not run (time budget, --budget-min)"})
-                    continue
-                if row.label in EXPENSIVE and variant != "defaults" and not ctx["expensive"]:
-                    if "tests" not in entry.get(variant, {}):  # a result measured earlier (--all-variants) stays
-                        entry[variant] = {"params": params,
-                                          "status": "not run (time budget: defaults only; --all-variants)"}
-                    continue
-                if grid:
-                    grid = {k: thin(v, ctx["grid_points"]) for k, v in grid.items()}
-                slug = f"{kind}-" + "".join(c if c.isalnum() else "_" for c in row.label) + "-" + variant.replace(" ", "_")
-                out = os.path.join(merge_dir, slug)
-                extra = list(extra_lot) if row.exemplars else []
-                if row.exemplars:
-                    params = {**params, "n_exemplars": N_EXEMPLARS, "max_length": ctx["max_length"]}
-                if grid:
-                    extra += ["--eval-limit", str(ctx["val_seqs"])]
-                cmd = protocol.cli_command(inputs, row.method, params, out, search=grid,
-                                           evals=val_specs if grid else (), extra=extra)
-                ok, msg, dt = protocol.run_cli(cmd, timeout=None if ctx["expensive"] or row.label not in EXPENSIVE
-                                               else EXPENSIVE_TIMEOUT)
-                run = {"params": params, "merge_seconds": round(dt, 2)}
-                if grid:
-                    run["grid"] = grid
-                if not ok:
-                    run.update({"status": f"failed: {msg}", "command": protocol.display(cmd)})
-                    entry[variant] = run
-                    log(f"[{kind}] {row.label} / {variant}: FAILED after {dt:.0f}s: {msg}")
-                    continue
-                run["command"] = protocol.display(cmd).replace(out, "OUT").replace(REPO + os.sep, "")
-                if grid:
-                    with open(os.path.join(out, "hubsoup_search.json"), encoding="utf-8") as f:
-                        found = json.load(f)
-                    chosen = {k: _num(v) for k, v in found["best"].items()}
-                    run.update({"chosen": chosen, "selection": found.get("selection"),
-                                "val_score": found.get("best_score"), "search_seconds": found.get("seconds"),
-                                "grid_scores": [{"params": {k: _num(v) for k, v in s["params"].items()},
-                                                 "score": s["score"]} for s in found.get("scores", [])]})
-                    tuned[row.label] = chosen
-                t0 = time.perf_counter()
-                evals = ctx["evaluate"](out, domains, key=f"{kind}:{weights_hash(out)}")
-                run["eval_seconds"] = round(time.perf_counter() - t0, 2)
-                run["tests"] = evals
-                run["summary"] = protocol.summarize(to_scores(evals), ctx["base_scores"], ctx["ft_scores"][kind],
-                                                    in_domain, ctx["controls"])
+    for row, order in protocol.run_order(rows, budgeted=bool(ctx["deadline"])):
+        entry = setting["rows"].setdefault(row.label, {})
+        for variant, params, grid in protocol.runs_of(row, tuned):
+            if variant != order or variant not in variants:
+                continue
+            if ctx["deadline"] and time.perf_counter() > ctx["deadline"]:
+                entry.setdefault(variant, {"params": params, "status": "not run (time budget, --budget-min)"})
+                continue
+            if row.label in EXPENSIVE and variant != "defaults" and not ctx["expensive"]:
+                if "tests" not in entry.get(variant, {}):  # a result measured earlier (--all-variants) stays
+                    entry[variant] = {"params": params,
+                                      "status": "not run (time budget: defaults only; --all-variants)"}
+                continue
+            if grid:
+                grid = {k: thin(v, ctx["grid_points"]) for k, v in grid.items()}
+            slug = f"{kind}-" + "".join(c if c.isalnum() else "_" for c in row.label) + "-" + variant.replace(" ", "_")
+            out = os.path.join(merge_dir, slug)
+            extra = list(extra_lot) if row.exemplars else []
+            if row.exemplars:
+                params = {**params, "n_exemplars": N_EXEMPLARS, "max_length": ctx["max_length"]}
+            if grid:
+                extra += ["--eval-limit", str(ctx["val_seqs"])]
+            cmd = protocol.cli_command(inputs, row.method, params, out, search=grid,
+                                       evals=val_specs if grid else (), extra=extra)
+            ok, msg, dt = protocol.run_cli(cmd, timeout=None if ctx["expensive"] or row.label not in EXPENSIVE
+                                           else EXPENSIVE_TIMEOUT)
+            run = {"params": params, "merge_seconds": round(dt, 2)}
+            if grid:
+                run["grid"] = grid
+            if not ok:
+                run.update({"status": f"failed: {msg}", "command": protocol.display(cmd)})
                 entry[variant] = run
-                ctx["save"]()
-                s = run["summary"]
-                log(f"[{kind}] {row.label} / {variant}{' ' + json.dumps(run.get('chosen')) if grid else ''}: "
-                    f"gain {protocol.ci(s['gain'], pct=False)}, control {protocol.ci(s['control_change'], pct=False)}; "
-                    f"merge {dt:.1f}s, eval {run['eval_seconds']:.1f}s")
-                if not ctx["keep"]:
-                    shutil.rmtree(out, ignore_errors=True)
+                log(f"[{kind}] {row.label} / {variant}: FAILED after {dt:.0f}s: {msg}")
+                continue
+            run["command"] = protocol.display(cmd).replace(out, "OUT").replace(REPO + os.sep, "")
+            if grid:
+                with open(os.path.join(out, "hubsoup_search.json"), encoding="utf-8") as f:
+                    found = json.load(f)
+                chosen = {k: _num(v) for k, v in found["best"].items()}
+                run.update({"chosen": chosen, "selection": found.get("selection"),
+                            "val_score": found.get("best_score"), "search_seconds": found.get("seconds"),
+                            "grid_scores": [{"params": {k: _num(v) for k, v in s["params"].items()},
+                                             "score": s["score"]} for s in found.get("scores", [])]})
+                tuned[row.label] = chosen
+            t0 = time.perf_counter()
+            evals = ctx["evaluate"](out, domains, key=f"{kind}:{weights_hash(out)}")
+            run["eval_seconds"] = round(time.perf_counter() - t0, 2)
+            run["tests"] = evals
+            run["summary"] = protocol.summarize(to_scores(evals), ctx["base_scores"], ctx["ft_scores"][kind],
+                                                in_domain, ctx["controls"])
+            entry[variant] = run
+            ctx["save"]()
+            s = run["summary"]
+            log(f"[{kind}] {row.label} / {variant}{' ' + json.dumps(run.get('chosen')) if grid else ''}: "
+                f"gain {protocol.ci(s['gain'], pct=False)}, control {protocol.ci(s['control_change'], pct=False)}; "
+                f"merge {dt:.1f}s, eval {run['eval_seconds']:.1f}s")
+            if not ctx["keep"]:
+                shutil.rmtree(out, ignore_errors=True)
 
 
 def claims_of(setting: dict, ctx) -> list[dict]:
