@@ -9,7 +9,7 @@ import hubsoup
 from safetensors.torch import load_file
 
 from hubsoup.errors import ParameterError
-from hubsoup.workflows.search import normalized_score, parse_grid, search
+from hubsoup.workflows.search import merge_order, normalized_score, parse_grid, points, search
 
 
 def test_parse_grid():
@@ -265,3 +265,64 @@ def test_a_block_with_a_scratch_folder_shares_with_the_merges_and_searches_insid
         search(fts, "ties", base=base, out=str(tmp_path / "t"), grid={"scale": [0.5]}, score_fn=lambda f: 0.0,
                quiet=True, density=0.3)
     assert len(counted) == 2
+
+
+def test_a_search_merges_first_the_points_that_share_what_its_block_holds(llama, tmp_path, monkeypatch):
+    """Inside a benchmark's block, an OPCM merge at α = 0.5 and then a search over α: the search merges its
+    α = 0.5 point first (it reuses that merge's statistics pass), reports the points in grid order, and a tie
+    still goes to the first grid point, whose output is its own merge bit for bit."""
+    from hubsoup.engine import shared
+    from hubsoup.methods import opcm
+
+    base, fts = llama
+    passes = []
+    real = opcm._NormPass.finish
+    monkeypatch.setattr(opcm._NormPass, "finish", lambda self, stats: passes.append(self.params.alpha)
+                        or real(self, stats))
+    visited = []
+
+    def score(folder):
+        visited.append(int(os.path.basename(folder).split("-")[1]))  # point-NNN: its grid index
+        return 0.0  # a tie everywhere
+
+    grid = {"alpha": [0.3, 0.5, 0.7]}
+    assert merge_order(points(grid), "opcm") == [0, 1, 2]  # nothing held: the grid's order
+    (tmp_path / "scratch").mkdir()
+    with shared.shared_statistics(scratch=str(tmp_path / "scratch")):
+        hubsoup.merge(fts, method="opcm", base=base, out=str(tmp_path / "a"), quiet=True, alpha=0.5)
+        assert merge_order(points(grid), "opcm") == [1, 0, 2]
+        found = search(fts, "opcm", base=base, out=str(tmp_path / "s"), grid=grid, score_fn=score, quiet=True)
+    assert visited == [1, 0, 2] and passes == [0.5, 0.3, 0.7]  # no second pass at α = 0.5
+    assert [s["params"]["alpha"] for s in found.scores] == [0.3, 0.5, 0.7]
+    assert found.best == {"alpha": 0.3}
+    ref = load_file(os.path.join(hubsoup.merge(fts, method="opcm", base=base, out=str(tmp_path / "r"), quiet=True,
+                                               alpha=0.3).path, "model.safetensors"))
+    got = load_file(str(tmp_path / "s" / "model.safetensors"))
+    assert all(torch.equal(got[k], ref[k]) for k in ref)
+
+
+def test_a_lines_beta_search_prepares_once_and_equals_separate_merges(llama, tmp_path, monkeypatch):
+    """β only sets LiNeS' depth factors: a β search over TIES runs the ranking and the Eq. 2 pass once, and
+    every point is its own merge bit for bit."""
+    from hubsoup.methods import _select, lines
+
+    base, fts = llama
+    counted = []
+    for cls in (_select._HighPass, lines._HeuristicPass):
+        real = cls.finish
+        monkeypatch.setattr(cls, "finish", lambda self, stats, real=real, cls=cls: counted.append(cls.__name__)
+                            or real(self, stats))
+    seen = {}
+
+    def score(folder):
+        seen[len(seen)] = load_file(os.path.join(folder, "model.safetensors"))
+        return float(len(seen))
+
+    search(fts, "lines", base=base, out=str(tmp_path / "s"), grid={"beta": [0.2, 0.8]}, score_fn=score, quiet=True,
+           base_method="ties")
+    assert sorted(counted) == ["_HeuristicPass", "_HighPass"]
+    for i, beta in enumerate((0.2, 0.8)):
+        ref = load_file(os.path.join(hubsoup.merge(fts, method="lines", base=base, out=str(tmp_path / f"r{i}"),
+                                                   quiet=True, base_method="ties", beta=beta).path,
+                                     "model.safetensors"))
+        assert all(torch.equal(seen[i][k], ref[k]) for k in ref)

@@ -145,6 +145,11 @@ class Lines(Modifier):
         return (own.alpha is None and own.edit_gamma is None and params.inner.name not in _FIXED_ALPHA
                 and self._ta_alpha(params, n) is None)
 
+    def stats_key(self, params: Composed):
+        """β only sets the depth factors of the merge itself; the base method's passes and the Eq. 2 pass
+        (which runs the base merge) read everything else: a search over β prepares once."""
+        return repr(dataclasses.replace(params.own, beta=None)), params.inner.name, repr(params.inner_params)
+
     def passes(self, params: Composed, n_inputs: int) -> list[StatsPass]:
         inner = self.inner_passes(params, n_inputs)
         return inner + ([_HeuristicPass(self, params, n_inputs)] if self._needs_pass(params, n_inputs) else [])

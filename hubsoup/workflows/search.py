@@ -87,6 +87,30 @@ def points(grid: dict[str, list]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
+def merge_order(grid_points: list[dict[str, Any]], method: str, params: dict[str, Any] | None = None) -> list[int]:
+    """The order a search merges its points in: points whose preparation is the same
+    (:meth:`Method.stats_key`, e.g. TIES' λ, LOT's λ, SFTM's γ, LiNeS' β) back to back, since a block
+    of shared statistics keeps only the last one, and first those equal to what the enclosing block
+    holds (a benchmark's defaults merged just before). Otherwise the grid's order. The order changes
+    nothing but the time: every point is its own merge, scores are reported in grid order, and a tie
+    goes to the earlier grid point.
+
+    >>> merge_order([{"alpha": 0.3}, {"alpha": 0.5}, {"alpha": 0.3}], "opcm")
+    [0, 2, 1]
+    """
+    from hubsoup.engine import shared
+
+    m = get_method(method)
+    keys = [m.stats_key(m.parse({**(params or {}), **p})) for p in grid_points]
+    held = shared.current()
+    held = held.entry[0] if held is not None and held.entry is not None else None
+    first = {}  # key -> grid index of its first point: the groups in order of first appearance
+    for i, k in enumerate(keys):
+        first.setdefault(k, i)
+    ahead = next((k for k in first if held is not None and held[:2] == (m.name, k)), None)
+    return sorted(range(len(keys)), key=lambda i: (keys[i] != ahead, first[keys[i]], i))
+
+
 @dataclass
 class SearchResult:
     best: dict[str, Any]
@@ -238,12 +262,14 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
             normalized = True  # the references are scored after the first merge: it pins the inputs
             selection = "mean normalized accuracy (accuracy / the matching fine-tune's accuracy)"
 
-    scores: list[dict[str, Any]] = []
+    scores: list[dict[str, Any]] = [{} for _ in grid_points]
+    point_seconds: list[dict[str, Any]] = [{} for _ in grid_points]
     best_i, best_score, best_res = -1, float("-inf"), None
     n = len(grid_points)
-    for i, point in enumerate(grid_points):
+    for j, i in enumerate(merge_order(grid_points, method, params)):
+        point = grid_points[i]
         point_dir = os.path.join(folder.path, f"point-{i:03d}")
-        lo, mid, hi = i / n, (i + 0.8) / n, (i + 1) / n  # each point: its merge, then its scoring
+        lo, mid, hi = j / n, (j + 0.8) / n, (j + 1) / n  # each point: its merge, then its scoring
         point_opts = opts.replace(quiet=True, overwrite=False,
                                   progress=monitor.child(lo, mid) if monitor.reporting else None)
         t0 = time.perf_counter()
@@ -259,7 +285,7 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
             monitor.check()
             t1 = time.perf_counter()
         if monitor.reporting:
-            monitor.child(mid, hi)(0.0, "eval", f"scoring point {i + 1}/{n} {point}")
+            monitor.child(mid, hi)(0.0, "eval", f"scoring point {j + 1}/{n} {point}")
         entry: dict[str, Any] = {"params": point}
         if score_fn is not None:
             score = float(score_fn(point_dir))
@@ -269,18 +295,19 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
             entry["metrics"] = {r.task.name: r.metrics for r in evals}
             res.evaluation = evals
         entry["score"] = score
-        scores.append(entry)
-        seconds["points"].append({"merge": round(t1 - t0, 2), "score": round(time.perf_counter() - t1, 2)})
+        scores[i] = entry
+        point_seconds[i] = {"merge": round(t1 - t0, 2), "score": round(time.perf_counter() - t1, 2)}
         if monitor.reporting:
-            monitor.child(mid, hi)(1.0, "eval", f"point {i + 1}/{n} {point}: score {score:.4f}")
+            monitor.child(mid, hi)(1.0, "eval", f"point {j + 1}/{n} {point}: score {score:.4f}")
         if not opts.quiet:
             print(f"  {point} -> {score:.4f}")
-        if score > best_score:
+        if score > best_score or (score == best_score and i < best_i):  # a tie: the earlier grid point
             if best_i >= 0:
                 shutil.rmtree(os.path.join(folder.path, f"point-{best_i:03d}"), ignore_errors=True)
             best_i, best_score, best_res = i, score, res
         else:
             shutil.rmtree(point_dir, ignore_errors=True)
+    seconds["points"] = point_seconds  # in grid order, as the scores
     best_dir = os.path.join(folder.path, f"point-{best_i:03d}")
     best_res.path = folder.target
     found = SearchResult(grid_points[best_i], best_score, scores, selection, best_res, seconds)
