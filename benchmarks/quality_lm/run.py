@@ -19,15 +19,15 @@ What it does (the protocol, rows, scores, intervals, claims and guard are
    its time here).
 4. **publish**: the test Hub server (``tests/hub_server.py``) on a free 127.0.0.1 port in this
    process; the base and the 8 fine-tunes pushed as repos whose cards name ``base_model``.
-5. **merge** by repo ID: for each fine-tune kind (default: LoRA only, the time budget; ``--kinds
-   lora,full`` adds the full fine-tunes with the :data:`FULL_ROWS` subset), every row of
+5. **merge** by repo ID: for each fine-tune kind (default both; ``--kinds lora`` for the LoRA ones
+   only, ``--full-rows core`` for the :data:`FULL_ROWS` subset of the full ones), every row of
    ``protocol.ROWS`` (LoRA: rows with ``lora=True``) runs each of ``protocol.runs_of(row, tuned)``:
    **defaults**, **old defaults**, and **tuned** = ``--search KEY=GRID`` (the row's grid thinned to
    :data:`GRID_POINTS` points, both ends kept) with one ``--eval perplexity:VAL,...`` per in-domain
    domain (the validation split, :data:`VAL_SEQS` sequences each via ``--eval-limit``), which the
    CLI's search scores by the mean −log perplexity; the chosen values come from ``hubsoup_search.json``.
-   LOT and OPCM (:data:`EXPENSIVE`) run at their defaults only, each merge stopped after
-   :data:`EXPENSIVE_TIMEOUT` s (``--all-variants`` lifts both); their claims then compare defaults with defaults.
+   With ``--no-all-variants``, LOT and OPCM (:data:`EXPENSIVE`) run at their defaults only, each merge
+   stopped after :data:`EXPENSIVE_TIMEOUT` s; their claims then compare defaults with defaults.
    LOT gets ``--exemplars REPO=CSV`` (:data:`N_EXEMPLARS` unlabelled train sequences per domain);
    OPCM merges in the listed domain order.
 6. **evaluate** every model (base, fine-tunes, merges) on every domain's test split
@@ -37,8 +37,8 @@ What it does (the protocol, rows, scores, intervals, claims and guard are
    ``protocol.guard`` over the defaults rows.
 
 Results: ``benchmarks/results/quality_lm.md`` and ``quality_lm.json``; exit status 1 when the
-guard fails (after writing them). Options: ``--kinds lora,full``, ``--only LABEL,..``
-(substrings of row labels), ``--variants defaults,old defaults,tuned``, ``--full-rows all``,
+guard fails (after writing them). Options: ``--kinds lora``, ``--only LABEL,..``
+(substrings of row labels), ``--variants defaults,old defaults,tuned``, ``--full-rows core``, ``--no-all-variants``,
 ``--limit N`` (test sequences per domain), ``--val-seqs N``, ``--grid-points N``, ``--keep``,
 ``--out PATH``. A partial run merges its
 rows into the existing JSON (same data, fine-tunes and limit) and re-renders everything.
@@ -198,7 +198,7 @@ def run_kind(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> Non
             if row.label in EXPENSIVE and variant != "defaults" and not ctx["expensive"]:
                 if "tests" not in entry.get(variant, {}):  # a result measured earlier (--all-variants) stays
                     entry[variant] = {"params": params,
-                                      "status": "not run (time budget: defaults only; --all-variants)"}
+                                      "status": "not run (--no-all-variants: defaults only)"}
                 continue
             if grid:
                 grid = {k: thin(v, ctx["grid_points"]) for k, v in grid.items()}
@@ -302,7 +302,7 @@ def render(results: dict) -> str:
          f"- **Domains** (sequences of {meta['eval']['seq_len']} tokens; test: {meta['eval']['test_seqs']} per "
          f"domain, validation for the search: {meta['eval']['val_seqs']} per in-domain domain): "
          + "; ".join(f"`{d}` ({v['kind']}: {v['source']})" for d, v in meta["domains"].items()) + ".",
-         f"- **Fine-tunes** ({', '.join(meta['finetunes'])} run; full merges need `--kinds lora,full`): full = every weight, {meta['finetune_configs']['full']['steps']} steps of "
+         f"- **Fine-tunes** ({', '.join(meta['finetunes'])} run): full = every weight, {meta['finetune_configs']['full']['steps']} steps of "
          f"{meta['finetune_configs']['full']['batch_size']} × {meta['finetune_configs']['full']['max_length']} tokens, "
          f"lr {meta['finetune_configs']['full']['lr']:g}; LoRA = peft r={meta['finetune_configs']['lora']['lora_r']}, "
          f"alpha={meta['finetune_configs']['lora']['lora_alpha']} on q/k/v/o/gate/up/down, "
@@ -381,19 +381,20 @@ def render(results: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kinds", default="lora", help="fine-tune kinds to merge: lora (default), full or both "
-                    "(full fine-tunes are trained on first use)")
+    ap.add_argument("--kinds", default="lora,full", help="fine-tune kinds to merge: lora, full or both (default; "
+                    "full fine-tunes are trained on first use)")
     ap.add_argument("--only", help="comma-separated substrings of row labels to run (default: all)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="variants to (re-)run: " + ", ".join(VARIANTS))
-    ap.add_argument("--full-rows", choices=["core", "all"], default="core",
-                    help="rows merged from the full fine-tunes: core (%s) or all" % ", ".join(FULL_ROWS))
+    ap.add_argument("--full-rows", choices=["core", "all"], default="all",
+                    help="rows merged from the full fine-tunes: core (%s) or all (default)" % ", ".join(FULL_ROWS))
     ap.add_argument("--limit", type=int, default=TEST_SEQS, help=f"test sequences per domain (default {TEST_SEQS})")
     ap.add_argument("--val-seqs", type=int, default=VAL_SEQS,
                     help=f"validation sequences per domain scored at each grid point (default {VAL_SEQS})")
     ap.add_argument("--grid-points", type=int, default=GRID_POINTS,
                     help=f"thin each tuned run's grid to at most this many points (default {GRID_POINTS}; 0: the whole grid)")
-    ap.add_argument("--all-variants", action="store_true",
-                    help=f"also run the old defaults and tuned variants of {', '.join(EXPENSIVE)}, without a time limit")
+    ap.add_argument("--all-variants", action=argparse.BooleanOptionalAction, default=True,
+                    help=f"run the old defaults and tuned variants of {', '.join(EXPENSIVE)} too, without a time limit "
+                         f"(default; --no-all-variants: their defaults only, each stopped after {EXPENSIVE_TIMEOUT} s)")
     ap.add_argument("--budget-min", type=float,
                     help="start no merge after this many minutes (rows left are marked 'not run'); default: no limit")
     ap.add_argument("--resummarize", action="store_true",
@@ -444,6 +445,9 @@ def main(argv=None) -> int:
     # the constant keeps the fingerprint of results written when it was
     fingerprint = debian.fingerprint(data.DATA_VERSION, data_stats, args.limit, args.val_seqs, GRID_POINTS)
     ft_fp = {k: {t: st["fingerprint"] for t, st in v.items()} for k, v in ft_stats.items()}
+    # the references (the base's and the fine-tunes' test scores) are reused for the same weights only
+    ft_hashes = {"base": weights_hash(base_dir),
+                 **{k: {t: weights_hash(finetune.ft_dir(k, t)) for t in v} for k, v in ft_stats.items()}}
     previous = {}
     if os.path.isfile(args.out + ".json"):
         with open(args.out + ".json", encoding="utf-8") as f:
@@ -452,9 +456,18 @@ def main(argv=None) -> int:
             log(f"{args.out}.json comes from other data or sizes: starting afresh")
             previous = {}
         for kind in kinds:
-            if previous.get("settings", {}).get(kind, {}).get("finetunes_fingerprint") != ft_fp[kind]:
+            refs = previous.get("meta", {}).get("references", {})
+            held = refs.get("weights", {}).get(kind)
+            if previous.get("settings", {}).get(kind, {}).get("finetunes_fingerprint") != ft_fp[kind] or \
+                    (held is not None and held != ft_hashes[kind]):
+                # other fine-tunes (a retrained one's bytes differ: training is not bit-exact across
+                # machines): that kind's rows and references go
                 previous.get("settings", {}).pop(kind, None)
-                previous.get("meta", {}).get("references", {}).get("fine-tunes", {}).pop(kind, None)
+                refs.get("fine-tunes", {}).pop(kind, None)
+            elif held is None:  # results of a version that kept no hashes: re-score the references only
+                refs.get("fine-tunes", {}).pop(kind, None)
+        if previous.get("meta", {}).get("references", {}).get("weights", {}).get("base") != ft_hashes["base"]:
+            previous.get("meta", {}).get("references", {}).pop("base", None)
 
     # ---- local files the CLI reads: exemplars (LOT) ---------------------------------------------
     ex_dir = os.path.join(WORK, "exemplars")
@@ -548,7 +561,8 @@ def main(argv=None) -> int:
                          "val_seqs": args.val_seqs, "grid_points": args.grid_points, "lot_exemplars": N_EXEMPLARS, "split": "test"},
                 "full_rows": list(FULL_ROWS) if args.full_rows == "core" else "all",
                 "references": {"base": base_eval, "fine-tunes": {**prev_meta.get("references", {}).get("fine-tunes", {}),
-                                                                 **ft_eval}},
+                                                                 **ft_eval},
+                               "weights": {**prev_meta.get("references", {}).get("weights", {}), **ft_hashes}},
                 "command": command, "finetunes_cached": cached_fts, "timings_s": {k: round(v, 1) for k, v in timings.items()},
                 "eval_seconds": round(evaluate.seconds, 1), "eval_sequences": evaluate.sequences, "cpu_seconds": round(cpu, 1),
                 "load_average_at_end": os.getloadavg(), "runs": runs,

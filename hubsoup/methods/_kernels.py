@@ -70,10 +70,12 @@ def kth_largest_abs(x: torch.Tensor, k: int) -> float:
     """
     if k <= 0:
         return float("inf")
+    k = min(k, x.numel())
+    if x.numel() >= _RADIX_MIN and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        # the radix select masks the sign bit off, so a float32 tensor needs no |x| copy
+        mags = x if x.dtype == torch.float32 and x.is_contiguous() else x.abs().float().contiguous()
+        return _radix_kth_largest(mags.reshape(-1), k)
     flat = x.abs().flatten()
-    k = min(k, flat.numel())
-    if flat.numel() >= _RADIX_MIN and flat.dtype in (torch.float32, torch.bfloat16, torch.float16):
-        return _radix_kth_largest(flat.float(), k)
     return float(torch.kthvalue(flat, flat.numel() - k + 1).values)
 
 
@@ -81,7 +83,7 @@ _RADIX_MIN = 1 << 16  # below this a full kthvalue is as cheap as two histograms
 
 
 def _radix_kth_largest(mags: torch.Tensor, k: int) -> float:
-    """The k-th largest of non-negative float32 ``mags``, exactly, by radix select (as :mod:`._select`).
+    """The k-th largest magnitude of float32 ``mags`` (signs ignored), exactly, by radix select (as :mod:`._select`).
 
     A non-negative float32's bit pattern orders like its value: a histogram of the high 16 bits
     pins the bin holding the k-th largest, a histogram of the low 16 bits inside it the value.
