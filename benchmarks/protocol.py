@@ -239,6 +239,42 @@ def runs_of(row: Row, tuned: dict[str, dict]) -> list[tuple[str, dict, dict | No
     return out
 
 
+def _num(v):
+    """A grid value as the search recorded it (a string or a number), as a number where it is one."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return v
+    return int(f) if f.is_integer() and "." not in str(v) else f
+
+
+def searched(out: str) -> dict:
+    """A tuned run's record from its search's ``hubsoup_search.json`` in ``out``: the chosen values, the
+    selection score's name and value, where the time went and every grid point's score."""
+    with open(os.path.join(out, "hubsoup_search.json"), encoding="utf-8") as f:
+        found = json.load(f)
+    return {"chosen": {k: _num(v) for k, v in found["best"].items()}, "selection": found.get("selection"),
+            "val_score": found.get("best_score"), "search_seconds": found.get("seconds"),
+            "grid_scores": [{"params": {k: _num(v) for k, v in s["params"].items()}, "score": s["score"]}
+                            for s in found.get("scores", [])]}
+
+
+def scored_run(run: dict, out: str, grid: dict | None, tuned: dict, label: str,
+               evaluate: Callable[[str], dict], summarize: Callable[[dict], dict]) -> dict:
+    """Complete the record ``run`` of a merge written to ``out``: a tuned run's search (:func:`searched`;
+    its chosen values go into ``tuned[label]``), the test evaluation ``evaluate(out)`` and its time, and
+    ``summarize(evaluations)``."""
+    if grid:
+        run.update(searched(out))
+        tuned[label] = run["chosen"]
+    t0 = time.perf_counter()
+    evals = evaluate(out)
+    run["eval_seconds"] = round(time.perf_counter() - t0, 2)
+    run["tests"] = evals
+    run["summary"] = summarize(evals)
+    return run
+
+
 VARIANT_ORDER = ("defaults", "tuned", "old defaults")
 
 

@@ -199,3 +199,14 @@ def test_run_order_keeps_a_rows_runs_together_unless_a_budget_is_set():
     variants = [v for _, v in budgeted]
     assert variants == sorted(variants, key=P.VARIANT_ORDER.index)
     assert sorted(map(id, (r for r, _ in budgeted))) == sorted(map(id, (r for r, _ in free)))
+
+
+def test_a_tuned_runs_record_comes_from_its_search_file(tmp_path):
+    found = {"best": {"scale": "0.5", "k": "2", "mode": "mean"}, "best_score": 0.9, "selection": "mean accuracy",
+             "scores": [{"params": {"scale": "0.5", "k": "2", "mode": "mean"}, "score": 0.9},
+                        {"params": {"scale": 1.0, "k": 2, "mode": "mean"}, "score": 0.8}], "seconds": {"points": []}}
+    (tmp_path / "hubsoup_search.json").write_text(json.dumps(found))
+    rec = P.searched(str(tmp_path))
+    assert rec["chosen"] == {"scale": 0.5, "k": 2, "mode": "mean"} and isinstance(rec["chosen"]["k"], int)
+    assert [g["params"]["scale"] for g in rec["grid_scores"]] == [0.5, 1.0]
+    assert (rec["val_score"], rec["selection"], rec["search_seconds"]) == (0.9, "mean accuracy", {"points": []})

@@ -226,14 +226,6 @@ def to_scores(evals: dict[str, dict]):
     return {t: protocol.Scores.classification([int(c) for c in e["correct"]]) for t, e in evals.items()}
 
 
-def _num(v):
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return v
-    return int(f) if f.is_integer() and "." not in str(v) else f
-
-
 def params_text(params: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items()) or "—"
 
@@ -292,21 +284,11 @@ def run_setting(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> 
                 log(f"[{name}] {row.label} / {variant}: FAILED after {dt:.0f}s: {msg}")
                 continue
             run["command"] = protocol.display(cmd).replace(out, "OUT")
-            if grid:
-                with open(os.path.join(out, "hubsoup_search.json"), encoding="utf-8") as f:
-                    found = json.load(f)
-                chosen = {k: _num(v) for k, v in found["best"].items()}
-                run.update({"chosen": chosen, "selection": found.get("selection"),
-                            "val_score": found.get("best_score"), "search_seconds": found.get("seconds"),
-                            "grid_scores": [{"params": {k: _num(v) for k, v in s["params"].items()},
-                                             "score": s["score"]} for s in found.get("scores", [])]})
-                tuned[row.label] = chosen
-            t0 = time.perf_counter()
-            evals = ctx["evaluate"](out, tasks, key=f"{name}:{weights_hash(out)}")
-            run["eval_seconds"] = round(time.perf_counter() - t0, 2)
-            run["tests"] = evals
-            run["summary"] = protocol.summarize(to_scores(evals), ctx["base_scores"], ctx["ft_scores"][kind],
-                                                in_domain, ctx["controls"])
+            protocol.scored_run(run, out, grid, tuned, row.label,
+                                evaluate=lambda o: ctx["evaluate"](o, tasks, key=f"{name}:{weights_hash(o)}"),
+                                summarize=lambda ev: protocol.summarize(to_scores(ev), ctx["base_scores"],
+                                                                        ctx["ft_scores"][kind], in_domain,
+                                                                        ctx["controls"]))
             entry[variant] = run
             s = run["summary"]
             log(f"[{name}] {row.label} / {variant}{' ' + json.dumps(run.get('chosen')) if grid else ''}: "

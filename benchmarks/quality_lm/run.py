@@ -61,7 +61,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.quality.run import Log, _num, _setup_env, params_text, weights_hash
+from benchmarks.quality.run import Log, _setup_env, params_text, weights_hash
 from benchmarks.quality_lm.base import WORK
 
 RESULTS = os.path.join(REPO, "benchmarks", "results")
@@ -222,21 +222,11 @@ def run_kind(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> Non
                 log(f"[{kind}] {row.label} / {variant}: FAILED after {dt:.0f}s: {msg}")
                 continue
             run["command"] = protocol.display(cmd).replace(out, "OUT").replace(REPO + os.sep, "")
-            if grid:
-                with open(os.path.join(out, "hubsoup_search.json"), encoding="utf-8") as f:
-                    found = json.load(f)
-                chosen = {k: _num(v) for k, v in found["best"].items()}
-                run.update({"chosen": chosen, "selection": found.get("selection"),
-                            "val_score": found.get("best_score"), "search_seconds": found.get("seconds"),
-                            "grid_scores": [{"params": {k: _num(v) for k, v in s["params"].items()},
-                                             "score": s["score"]} for s in found.get("scores", [])]})
-                tuned[row.label] = chosen
-            t0 = time.perf_counter()
-            evals = ctx["evaluate"](out, domains, key=f"{kind}:{weights_hash(out)}")
-            run["eval_seconds"] = round(time.perf_counter() - t0, 2)
-            run["tests"] = evals
-            run["summary"] = protocol.summarize(to_scores(evals), ctx["base_scores"], ctx["ft_scores"][kind],
-                                                in_domain, ctx["controls"])
+            protocol.scored_run(run, out, grid, tuned, row.label,
+                                evaluate=lambda o: ctx["evaluate"](o, domains, key=f"{kind}:{weights_hash(o)}"),
+                                summarize=lambda ev: protocol.summarize(to_scores(ev), ctx["base_scores"],
+                                                                        ctx["ft_scores"][kind], in_domain,
+                                                                        ctx["controls"]))
             entry[variant] = run
             ctx["save"]()
             s = run["summary"]

@@ -34,6 +34,12 @@ class SharedStatistics:
         """Where shared preparations keep their files: a folder that outlives each merge's own (the
         search's temporary folder); None: each merge's scratch folder."""
 
+    @property
+    def key(self) -> Hashable | None:
+        """The key of the statistics held (see :func:`hubsoup.engine._stats_key`: the method's name and its
+        :meth:`Method.stats_key` first), None when none are."""
+        return self.entry[0] if self.entry is not None else None
+
     def get(self, key: Hashable) -> dict[str, Any] | None:
         return dict(self.entry[3]) if self.entry is not None and self.entry[0] == key else None
 

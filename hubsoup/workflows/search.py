@@ -102,12 +102,12 @@ def merge_order(grid_points: list[dict[str, Any]], method: str, params: dict[str
 
     m = get_method(method)
     keys = [m.stats_key(m.parse({**(params or {}), **p})) for p in grid_points]
-    held = shared.current()
-    held = held.entry[0] if held is not None and held.entry is not None else None
+    block = shared.current()
+    held = block.key if block is not None else None
+    ahead = held[1] if held is not None and held[0] == m.name else None  # the method's own key
     first = {}  # key -> grid index of its first point: the groups in order of first appearance
     for i, k in enumerate(keys):
         first.setdefault(k, i)
-    ahead = next((k for k in first if held is not None and held[:2] == (m.name, k)), None)
     return sorted(range(len(keys)), key=lambda i: (keys[i] != ahead, first[keys[i]], i))
 
 
@@ -253,7 +253,8 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
     monitor = opts.monitor()
     monitor.check("before the search")
     references = None
-    seconds: dict[str, Any] = {"points": []}
+    point_seconds: list[dict[str, Any]] = [{} for _ in grid_points]  # in grid order, as the scores
+    seconds: dict[str, Any] = {"points": point_seconds}
     selection = "score_fn"
     normalized = False
     if tasks is not None:
@@ -263,7 +264,6 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
             selection = "mean normalized accuracy (accuracy / the matching fine-tune's accuracy)"
 
     scores: list[dict[str, Any]] = [{} for _ in grid_points]
-    point_seconds: list[dict[str, Any]] = [{} for _ in grid_points]
     best_i, best_score, best_res = -1, float("-inf"), None
     n = len(grid_points)
     for j, i in enumerate(merge_order(grid_points, method, params)):
@@ -307,7 +307,6 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
             best_i, best_score, best_res = i, score, res
         else:
             shutil.rmtree(point_dir, ignore_errors=True)
-    seconds["points"] = point_seconds  # in grid order, as the scores
     best_dir = os.path.join(folder.path, f"point-{best_i:03d}")
     best_res.path = folder.target
     found = SearchResult(grid_points[best_i], best_score, scores, selection, best_res, seconds)
