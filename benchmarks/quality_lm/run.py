@@ -445,8 +445,8 @@ def main(argv=None) -> int:
         if previous.get("meta", {}).get("fingerprint") != fingerprint:
             log(f"{args.out}.json comes from other data or sizes: starting afresh")
             previous = {}
+        refs = previous.get("meta", {}).get("references", {})
         for kind in kinds:
-            refs = previous.get("meta", {}).get("references", {})
             held = refs.get("weights", {}).get(kind)
             if previous.get("settings", {}).get(kind, {}).get("finetunes_fingerprint") != ft_fp[kind] or \
                     (held is not None and held != ft_hashes[kind]):
@@ -456,8 +456,8 @@ def main(argv=None) -> int:
                 refs.get("fine-tunes", {}).pop(kind, None)
             elif held is None:  # results of a version that kept no hashes: re-score the references only
                 refs.get("fine-tunes", {}).pop(kind, None)
-        if previous.get("meta", {}).get("references", {}).get("weights", {}).get("base") != ft_hashes["base"]:
-            previous.get("meta", {}).get("references", {}).pop("base", None)
+        if refs.get("weights", {}).get("base") != ft_hashes["base"]:
+            refs.pop("base", None)
 
     # ---- local files the CLI reads: exemplars (LOT) ---------------------------------------------
     ex_dir = os.path.join(WORK, "exemplars")
