@@ -30,6 +30,28 @@ def small_pieces(monkeypatch):
     monkeypatch.setattr(lowrank, "MIN_PIECE", 1000)
 
 
+@pytest.fixture(params=[1, 2], ids=["1lane", "2lanes"])
+def lanes(request, monkeypatch):
+    """Pieces swept by one thread, or by two at once (each piece in either, whatever the machine's cores)."""
+    from hubsoup.engine import lanes as module
+
+    monkeypatch.setattr(module, "count", lambda allowed=None, n_pieces=None: max(1, min(request.param, n_pieces or 2)))
+    import threading
+
+    real, seen = module.run, set()
+
+    def run(fn, n):
+        def lane(j):
+            seen.add((j, threading.current_thread() is threading.main_thread()))
+            return fn(j)
+        return real(lane, n)
+
+    monkeypatch.setattr(module, "run", run)
+    yield request.param
+    # lane 0 in this thread, every other lane in one of its own
+    assert seen == {(j, j == 0) for j in range(request.param)}, "the pieces were not swept in that many threads"
+
+
 @pytest.fixture
 def used(monkeypatch):
     """How many tensors went through the in-pieces path."""
@@ -68,7 +90,8 @@ def _dense(monkeypatch):
     ("lines", {}),  # over task arithmetic
     ("lines", {"base_method": "ties", "scope": "tensor"}),
 ])
-def test_pieces_equal_the_dense_path_bit_for_bit(models, small_pieces, used, monkeypatch, tmp_path, method, params):
+def test_pieces_equal_the_dense_path_bit_for_bit(models, small_pieces, lanes, used, monkeypatch, tmp_path, method,
+                                                 params):
     base, fts = models
     ours = hubsoup.merge(fts, method=method, base=base, out=str(tmp_path / "pieces"), quiet=True, **params)
     assert used and all(used), "the in-pieces path was not taken"
@@ -169,10 +192,11 @@ def tied(tmp_path_factory):
     ("ties", {"density": 0.6, "weights": [1.0, 0.5, 2.0]}),
     ("lwptv", {"base_method": "ties", "scope": "tensor", "density": 1.0, "eta": 0.0}),  # TIES' pass, masked
 ])
-def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, used, monkeypatch, tmp_path, method,
-                                                     params):
-    """TIES learns each tensor's majority sign in its merge sweep, merging with +1 first: the tensors whose
-    majority is -1 merge again the pieces that used it, and only those; the result is the dense path's."""
+def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, lanes, used, monkeypatch, tmp_path,
+                                                     method, params):
+    """TIES learns each tensor's majority sign in its merge sweep, merging with +1 first (every lane on
+    its own tally): the tensors whose majority is -1 merge again the pieces that used it, and only
+    those; the result is the dense path's."""
     from hubsoup.engine import TensorWork
 
     base, fts = tied
@@ -183,11 +207,11 @@ def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, used, 
         sweep = real(self)
         if sweep is None:
             return None
-
         def wrapped(only=None):
-            if only is not None:
+            if isinstance(only, set):  # not the lanes' shared queue of a whole sweep: merged again
                 again.append((self.name, len(only)))
             return sweep(only)
+        wrapped.starts = sweep.starts
         return wrapped
 
     monkeypatch.setattr(TensorWork, "pieces", spying)

@@ -30,7 +30,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from hubsoup.engine import prefetch
+from hubsoup.engine import lanes, prefetch
 from hubsoup.engine import shared as shared_statistics
 from hubsoup.engine.lowrank import Copy, Dense, LowRank, Outcome, Unchanged, Weights, decide
 from hubsoup.errors import NonFiniteTensorError
@@ -74,6 +74,9 @@ class Job:
     """Where :meth:`Method.prepare` may put large temporary files (inside the output's temporary folder)."""
     shared_stats: bool = False
     """The statistics belong to a :func:`hubsoup.engine.shared.shared_statistics` block, which finishes them."""
+    lanes: int | None = None
+    """Threads sweeping a tensor's pieces (:mod:`hubsoup.engine.lanes`); None: torch's intra-op threads.
+    Never changes a result."""
 
     def release(self) -> None:
         """Unmap every weight file (see :meth:`Checkpoint.release`)."""
@@ -175,7 +178,9 @@ class TensorWork:
         not on the CPU): a callable returning an iterator of ``(start, k, base, stack)``, the float32
         ``base`` piece θ₀[start:start + k] of the flattened tensor and the ``(N, k)`` stack of τᵢ over it,
         recomputed from the stored bytes on every call (buffers reused: consume each before the next);
-        ``only``: the pieces starting at these offsets, no others."""
+        ``only``: the pieces starting at these offsets (a set, swept in order; or a
+        :class:`~hubsoup.engine.lanes.Shared` queue that concurrent sweeps take pieces from), no others.
+        ``sweep.starts``: every piece's offset. Each call has buffers of its own."""
         from hubsoup.engine.lowrank import piece_size
 
         if torch.device(self.device).type != "cpu":
@@ -187,19 +192,20 @@ class TensorWork:
         numel, n = flat_base.numel(), len(raws)
         step = piece_size(n)
 
-        def sweep(only: set[int] | None = None):
+        starts = range(0, numel, step)
+
+        def sweep(only=None):
             b, stack = torch.empty(step), torch.empty((n, step))
-            for start in range(0, numel, step):
-                if only is not None and start not in only:
-                    continue
+            for start in starts if only is None else only if isinstance(only, lanes.Shared) else sorted(only):
                 k = min(step, numel - start)
-                if k < step:  # the last piece: contiguous buffers of its own size
+                if k != b.numel():  # the last piece: contiguous buffers of its own size
                     b, stack = torch.empty(k), torch.empty((n, k))
                 b.copy_(flat_base[start:start + k])
                 for i, r in enumerate(flats):  # τᵢ = θᵢ − θ₀ in float32, as delta_into (a mixed-dtype sub is slower)
                     stack[i].copy_(r[start:start + k]).sub_(b)
                 yield start, k, b, stack
 
+        sweep.starts = starts  # not read inside sweep: a function referring to itself lives until a GC
         return sweep
 
     def byte_ranges(self) -> list[tuple[str, int, int]]:
@@ -330,19 +336,33 @@ def gather_stats(job: Job) -> dict[str, Any]:
     if passes:
         job.monitor.stage("statistics", f"{len(passes)} statistics pass(es)", parts=len(passes))
     for i, p in enumerate(passes):
+        forks = lanes.forked(p, lanes.count(job.lanes)) if p.piecewise else [p]
         for work in stream(job, mergeable_only=True, unit="tensor", desc=f"statistics pass {i + 1}/{len(passes)}"):
             sweep = work.pieces() if p.piecewise else None
             if sweep is None:
                 p.update(work.context(), work.base(), work.deltas())
                 continue
-            ctx = work.context()
-            for _, _, b, stack in sweep():  # a piecewise pass over full fine-tunes: no float32 stack
-                p.update(ctx, b, stack)
+            # a piecewise pass over full fine-tunes: no float32 stack, the pieces in lanes when p forks
+            feed(forks or [p], work.context(), sweep)
+        for f in (forks or [p])[1:]:
+            p.join(f)
         p.finish(stats)
     if shared is not None:
         shared.put(key, job.method, job.params, stats)
         job.shared_stats = True
     return stats
+
+
+def feed(forks: list, ctx: TensorContext, sweep) -> None:
+    """Every piece of ``sweep`` to a statistics pass: lane j's pieces to ``forks[j]`` (one lane per fork)."""
+    n = lanes.count(len(forks), len(sweep.starts))
+    queue = lanes.Shared(sweep.starts) if n > 1 else None
+
+    def lane(j: int) -> None:
+        for _, _, b, stack in sweep(only=queue):
+            forks[j].update(ctx, b, stack)
+
+    lanes.run(lane, n)
 
 
 def _stats_key(job: Job) -> tuple:
@@ -397,8 +417,10 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
     job.monitor.segment(len(job.plan.blocks), desc)  # one segment, stepped by every worker
 
     def merge_blocks(blocks: list[Block]) -> None:
+        # one lane per worker: the devices' workers already keep the cores busy
         sub = Job(Plan(blocks), job.base, job.inputs, job.method, job.params, job.recipe_hash, quiet=True,
-                  stats=job.stats, monitor=shared_segment(job.monitor), donors=job.donors, prefetch=job.prefetch)
+                  stats=job.stats, monitor=shared_segment(job.monitor), donors=job.donors, prefetch=job.prefetch,
+                  lanes=1)
         try:
             for work in stream(sub):
                 if failed.is_set():  # another worker failed: stop at the next tensor

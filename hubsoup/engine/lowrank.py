@@ -36,7 +36,7 @@ Low-rank outcomes are offered only where the consumer takes them (``lowrank_ok``
 from __future__ import annotations
 
 from collections import ChainMap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Union
 
 import torch
@@ -134,26 +134,52 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
     pieces = work.pieces()
     if pieces is None:
         return None
+    from hubsoup.engine import feed, lanes  # the engine imports this module
+
     ctx = work.context()
     ctx.stats = ChainMap({}, ctx.stats)  # this tensor's statistics over the merge's
+    want = lanes.count(work.job.lanes, len(pieces.starts))
     during = [p for p in passes if p.during_merge]
     for p in (p for p in passes if not p.during_merge):
-        for _, _, b, stack in pieces():
-            p.update(ctx, b, stack)
+        forks = lanes.forked(p, want) or [p]
+        feed(forks, ctx, pieces)
+        for other in forks[1:]:
+            p.join(other)
         p.finish(ctx.stats)
+    # the merge sweep: one set of the passes learned during it per lane, each begun on the lane's own stats
+    forks = [lanes.forked(p, want) for p in during]
+    n_lanes = want if all(f is not None for f in forks) else 1
+    if n_lanes == 1:
+        forks = [[p] for p in during]
+    queue = lanes.Shared(pieces.starts) if n_lanes > 1 else None
+    contexts = [ctx] + [replace(ctx, stats=ChainMap({}, ctx.stats)) for _ in range(n_lanes - 1)]
     for p in during:
         p.begin(ctx.stats)
+    for f in forks:
+        for j in range(1, n_lanes):
+            f[j].begin(contexts[j].stats)
     numel = work.entry.numel
     out = torch.empty(numel, dtype=dtype)
+
+    def lane(j: int) -> tuple[dict[int, tuple], set[int]]:
+        mine = [f[j] for f in forks]
+        extremes, again = {}, set()  # again: pieces merged with a provisional statistic that may turn out wrong
+        for start, k, b, stack in pieces(only=queue):
+            merged = method.merge(b, stack, params, contexts[j]).add_(b)
+            extremes[start] = torch.aminmax(merged)  # while the piece is in cache
+            out[start:start + k] = merged
+            if any([p.piece_done() for p in mine]):  # a list: every pass hears of every piece
+                again.add(start)
+        return extremes, again
+
     extremes: dict[int, tuple] = {}
-    again = set()  # pieces merged with a provisional statistic that may turn out wrong
-    for start, k, b, stack in pieces():
-        merged = method.merge(b, stack, params, ctx).add_(b)
-        extremes[start] = torch.aminmax(merged)  # while the piece is in cache
-        out[start:start + k] = merged
-        if any([p.piece_done() for p in during]):  # a list: every pass hears of every piece
-            again.add(start)
-    for p in during:
+    again: set[int] = set()
+    for e, a in lanes.run(lane, n_lanes):
+        extremes.update(e)
+        again |= a
+    for p, f in zip(during, forks):
+        for other in f[1:n_lanes]:
+            p.join(other)
         p.finish(ctx.stats)
     if again and not all(p.confirmed(ctx.stats) for p in during):
         for start, k, b, stack in pieces(only=again):

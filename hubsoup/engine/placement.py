@@ -119,13 +119,16 @@ class Placement:
 def working_set(block: Block, n_inputs: int, extra: int = 0, *, pieces: int | None = None) -> int:
     """Bytes merging ``block`` needs at once, plus ``extra``: (N + 2) float32 copies of its largest tensor;
     merged in pieces (``pieces``: the output's bytes per entry, see :mod:`hubsoup.engine.lowrank`), two
-    of its largest output tensors (one merged, one being written) and the pieces' N + 1 float32 buffers."""
+    of its largest output tensors (one merged, one being written) and the pieces' N + 1 float32 buffers
+    in every lane (:mod:`hubsoup.engine.lanes`)."""
     largest = max((e.numel for e in block.tensors if e.mergeable), default=0)
     if pieces is not None:
+        from hubsoup.engine import lanes
         from hubsoup.engine.lowrank import piece_size
 
         # the output being merged and the one the writer thread still holds
-        return 2 * largest * pieces + (n_inputs + 1) * piece_size(n_inputs) * 4 + extra
+        buffers = lanes.count() * (n_inputs + 1) * piece_size(n_inputs) * 4
+        return 2 * largest * pieces + buffers + extra
     return (n_inputs + 2) * largest * 4 + extra
 
 

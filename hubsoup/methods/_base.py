@@ -62,6 +62,17 @@ class StatsPass:
     def finish(self, stats: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def fork(self) -> "StatsPass | None":
+        """An empty pass of the same kind that another thread feeds other pieces of the same tensors
+        (the engine sweeps pieces in lanes, :mod:`hubsoup.engine.lanes`), put back by :meth:`join`
+        before :meth:`finish` (or, learned during the merge, before :meth:`finish` too: begun on the
+        lane's own ``stats``). None (the default): one thread feeds this pass every piece."""
+        return None
+
+    def join(self, other: "StatsPass") -> None:
+        """Add what ``other``, one of this pass's :meth:`fork`\ s, has learned."""
+        raise NotImplementedError
+
     # A per-tensor pass (Method.tensor_passes) may instead be learned by the merge sweep itself, when its
     # statistic changes the merge of a few entries only (TIES' majority sign: entries whose trimmed task
     # vectors sum to 0): one sweep over the pieces instead of two.

@@ -173,8 +173,13 @@ def elect_sign(stacked: torch.Tensor, majority: float | None = None) -> torch.Te
     sign = stacked.sum(dim=0).sign_()
     if majority is None:
         majority = 1.0 if float(sign.sum()) >= 0 else -1.0
-    # sign + (1 − |sign|)·majority: the zeros take the majority; four cheap passes, not a mask fill
-    return sign.add_(sign.abs().neg_().add_(1.0).mul_(majority))
+    return _fill_ties_(sign, majority)
+
+
+def _fill_ties_(sign: torch.Tensor, majority: float) -> torch.Tensor:
+    """In place: the zeros of a tensor of signs (-1, 0, 1) take ``majority`` (±1): sign(sign + majority/2)
+    keeps ±1 and turns 0 into the majority, in two cheap passes (not a mask fill)."""
+    return sign.add_(0.5 * majority).sign_()
 
 
 def disjoint_merge_(stacked: torch.Tensor, sign: torch.Tensor, mode: str = "mean") -> torch.Tensor:
@@ -232,13 +237,13 @@ def ties_combine_(stacked: torch.Tensor, weights: Sequence[float] | None, mode: 
     else:  # elect_sign, keeping what observe needs (the same operations: the same result)
         sign = stacked.sum(dim=0).sign_()
         own = float(sign.sum())
-        at_ties = sign.abs().neg_().add_(1.0)  # 1 where the rows sum to 0
-        sign.add_(at_ties * majority)
+        at_ties = sign == 0  # where the rows sum to 0
+        _fill_ties_(sign, majority)
     if weights is not None:
         for row, w in zip(stacked, weights):
             row.mul_(w)
     out = disjoint_merge_(stacked, sign, mode)
     if observe is not None:
         # at an all-zero entry the result is 0 whatever the majority; elsewhere a tie took it
-        observe(own, bool(at_ties.mul_(out).count_nonzero()))
+        observe(own, bool(at_ties.logical_and_(out != 0).any()))
     return out

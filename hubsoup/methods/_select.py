@@ -39,18 +39,37 @@ class KthLargestPass:
         return [_HighPass(self), _LowPass(self)]
 
 
+def _accumulate(hists: list, i: int, counts: torch.Tensor | None) -> None:
+    """``hists[i] += counts``, the first counts (ours to keep) standing for the histogram."""
+    if counts is not None:
+        hists[i] = counts if hists[i] is None else hists[i].add_(counts)
+
+
 class _HighPass(StatsPass):
     piecewise = True  # histograms: any split of a tensor's entries counts the same
 
     def __init__(self, sel: KthLargestPass):
         self.sel = sel
-        self.hist = [torch.zeros(_HIGH, dtype=torch.int64) for _ in range(sel.n)]
+        # made by the first count: passes are made per tensor (and per lane), a zeroed histogram each is
+        # measurable on a 1B model
+        self.hist: list[torch.Tensor | None] = [None] * sel.n
         self.total = 0
 
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
         self.total += base.numel()
         for i, d in enumerate(deltas):
-            self.hist[i] += high_half_histogram(d).cpu()
+            self._add(i, high_half_histogram(d).cpu())
+
+    def _add(self, i: int, counts: torch.Tensor | None) -> None:
+        _accumulate(self.hist, i, counts)
+
+    def fork(self) -> "_HighPass":
+        return _HighPass(self.sel)
+
+    def join(self, other: "_HighPass") -> None:
+        self.total += other.total
+        for i, theirs in enumerate(other.hist):
+            self._add(i, theirs)
 
     def finish(self, stats: dict) -> None:
         sel = self.sel
@@ -61,7 +80,8 @@ class _HighPass(StatsPass):
             if k <= 0:
                 state.append(None)
             else:
-                state.append(_walk_from_top(h, min(k, self.total)))
+                state.append(_walk_from_top(torch.zeros(_HIGH, dtype=torch.int64) if h is None else h,
+                                            min(k, self.total)))
         stats[sel.key + ".high"] = state
 
 
@@ -71,7 +91,7 @@ class _LowPass(StatsPass):
 
     def __init__(self, sel: KthLargestPass):
         self.sel = sel
-        self.hist = [torch.zeros(_LOW, dtype=torch.int64) for _ in range(sel.n)]
+        self.hist: list[torch.Tensor | None] = [None] * sel.n  # made by the first count, as _HighPass's
         # one buffer per input: thousands of small tensors kept alive among the pieces' large
         # temporaries would fragment the heap (measured: +4 GB RSS on a 1B model)
         self.held = [torch.empty(0, dtype=torch.int32) for _ in range(sel.n)]
@@ -82,41 +102,58 @@ class _LowPass(StatsPass):
         if self.high is None:
             self.high = ctx.stats[self.sel.key + ".high"]
         for i, d in enumerate(deltas):
-            if self.high[i] is None:
-                continue
-            # the entries in the k-th largest's bin are few: held and counted in one bincount, not a
-            # 2^16-bin histogram per piece
-            values = low_half_values(d, self.high[i][0]).cpu()
-            held, n, m = self.held[i], self.n_held[i], values.numel()
-            if n + m > self.BUFFER:  # full: count what is held (and a piece too large to hold)
-                self._count(i)
-                n = 0
-                if m > self.BUFFER:
-                    self.hist[i] += torch.bincount(values, minlength=_LOW)
-                    continue
-            if n + m > held.numel():  # grown by doubling, up to BUFFER
-                grown = torch.empty(min(self.BUFFER, max(2 * held.numel(), n + m, 1 << 16)), dtype=torch.int32)
-                grown[:n] = held[:n]
-                self.held[i] = held = grown
-            held[n:n + m] = values
-            self.n_held[i] = n + m
+            if self.high[i] is not None:
+                # the entries in the k-th largest's bin are few: held, then counted or ranked at once
+                self._hold(i, low_half_values(d, self.high[i][0]).cpu())
+
+    def _hold(self, i: int, values: torch.Tensor) -> None:
+        held, n, m = self.held[i], self.n_held[i], values.numel()
+        if n + m > self.BUFFER:  # full: count what is held (and a piece too large to hold)
+            self._count(i)
+            n = 0
+            if m > self.BUFFER:
+                self._add(i, torch.bincount(values, minlength=_LOW))
+                return
+        if n + m > held.numel():  # grown by doubling, up to BUFFER
+            grown = torch.empty(min(self.BUFFER, max(2 * held.numel(), n + m, 1 << 16)), dtype=torch.int32)
+            grown[:n] = held[:n]
+            self.held[i] = held = grown
+        held[n:n + m] = values
+        self.n_held[i] = n + m
+
+    def _add(self, i: int, counts: torch.Tensor | None) -> None:
+        _accumulate(self.hist, i, counts)
+
+    def fork(self) -> "_LowPass":
+        return _LowPass(self.sel)
+
+    def join(self, other: "_LowPass") -> None:
+        for i in range(self.sel.n):
+            self._hold(i, other.held[i][:other.n_held[i]])
+            self._add(i, other.hist[i])
 
     def _count(self, i: int) -> None:
         if self.n_held[i]:
-            self.hist[i] += torch.bincount(self.held[i][:self.n_held[i]], minlength=_LOW)
+            self._add(i, torch.bincount(self.held[i][:self.n_held[i]], minlength=_LOW))
             self.n_held[i] = 0
 
+    def _low(self, i: int, rank: int) -> int:
+        """The low 16 bits of the rank-th largest entry of the bin."""
+        n = self.n_held[i]
+        if self.hist[i] is None and 0 < rank <= n:  # all of the bin held (one tensor's): rank it, no histogram
+            return int(torch.kthvalue(self.held[i][:n], n - rank + 1).values)
+        self._count(i)
+        h = self.hist[i]
+        return _walk_from_top(torch.zeros(_LOW, dtype=torch.int64) if h is None else h, rank)[0]
+
     def finish(self, stats: dict) -> None:
-        for i in range(self.sel.n):
-            self._count(i)
         high = stats.pop(self.sel.key + ".high")
         out = []
-        for i, h in enumerate(self.hist):
+        for i in range(self.sel.n):
             if high[i] is None:
                 out.append(float("inf"))
                 continue
             bin_hi, rank = high[i]
-            low, _ = _walk_from_top(h, rank)
-            bits = torch.tensor([(bin_hi << 16) | low], dtype=torch.int32)
+            bits = torch.tensor([(bin_hi << 16) | self._low(i, rank)], dtype=torch.int32)
             out.append(float(bits.view(torch.float32)[0]))
         stats[self.sel.key] = out

@@ -145,6 +145,13 @@ class _MaskedPass(StatsPass):
     def finish(self, stats: dict[str, Any]) -> None:
         self.inner.finish(stats)
 
+    def fork(self) -> "_MaskedPass | None":
+        inner = self.inner.fork()
+        return None if inner is None else _MaskedPass(inner, self.own)
+
+    def join(self, other: "_MaskedPass") -> None:
+        self.inner.join(other.inner)
+
     def begin(self, stats: dict[str, Any]) -> None:
         self.inner.begin(stats)
 

@@ -153,6 +153,12 @@ class _MajorityPass(StatsPass):
         self.total += own_signs  # ±1 and 0: exact in every piece
         self.flagged = self.flagged or used_majority
 
+    def fork(self) -> "_MajorityPass":
+        return _MajorityPass()
+
+    def join(self, other: "_MajorityPass") -> None:
+        self.total += other.total  # sums of ±1: exact, in any order
+
     def piece_done(self) -> bool:
         flagged, self.flagged = self.flagged, False
         return flagged

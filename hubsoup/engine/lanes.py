@@ -1,0 +1,98 @@
+"""A tensor's pieces swept by several threads at once ("lanes"), one intra-op thread each.
+
+A piece is a few MB (:data:`hubsoup.engine.lowrank.PIECE_BYTES`): too small for torch's own
+intra-op threads to pay off (each op forks and joins a team; ``bincount`` and boolean indexing
+run on one core anyway). Sweeping the pieces in lanes instead — each lane takes the next piece
+not yet taken, with torch set to one thread — keeps every core busy: TIES' three sweeps over a 1B model ran
+~2x faster on 2 cores (``benchmarks/bench_merge.py --profile 1b``).
+
+Each piece sees the same operations as in one lane, so results are the same bit for bit; a
+statistics pass is split with :meth:`~hubsoup.methods.StatsPass.fork` (one accumulator per
+lane) and put together with :meth:`~hubsoup.methods.StatsPass.join` (counts: any order adds up
+the same).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Callable, Sequence, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def count(allowed: int | None = None, n_pieces: int | None = None) -> int:
+    """How many lanes: ``allowed``, or torch's intra-op threads when None; at most one per piece."""
+    want = torch.get_num_threads() if allowed is None else allowed
+    return max(1, want if n_pieces is None else min(want, n_pieces))
+
+
+class Shared:
+    """A sweep's pieces (their start offsets), each handed to whichever lane asks first: lanes finish
+    together whatever their pieces cost (a page fault, the writer, another process)."""
+
+    def __init__(self, starts: Sequence[int]):
+        self.starts = starts
+        self._taken = itertools.count()  # next() on it is atomic under the GIL
+
+    def __iter__(self) -> "Shared":
+        return self
+
+    def __next__(self) -> int:
+        i = next(self._taken)
+        if i >= len(self.starts):
+            raise StopIteration
+        return self.starts[i]
+
+
+def forked(p, n: int) -> list | None:
+    """``[p, p.fork(), ...]``: one accumulator per lane, or None if ``p`` is fed from one thread only."""
+    if n <= 1:
+        return [p]
+    out = [p]
+    for _ in range(n - 1):
+        f = p.fork()
+        if f is None:
+            return None
+        out.append(f)
+    return out
+
+
+def run(fn: Callable[[int], T], n: int) -> list[T]:
+    """``[fn(0), ..., fn(n - 1)]``, each call in its own thread (this one runs ``fn(0)``), torch at one
+    intra-op thread meanwhile; the first exception is raised once every lane has stopped."""
+    if n <= 1:
+        return [fn(0)]
+    pool = _pool(n - 1)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        futures = [pool.submit(fn, j) for j in range(1, n)]
+        try:
+            first = fn(0)
+        finally:
+            wait(futures)  # no lane outlives the call, even when this one failed
+        return [first, *(f.result() for f in futures)]
+    finally:
+        torch.set_num_threads(saved)
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_LOCK = threading.Lock()
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    """``n`` threads kept for every sweep (starting threads per tensor cost ~1 s over a 1B model)."""
+    with _LOCK:
+        pool = _POOLS.get(n)
+        if pool is None:
+            pool = _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="hubsoup-lane", initializer=_one_thread)
+        return pool
+
+
+def _one_thread() -> None:
+    torch.get_num_threads()  # torch's lazy per-thread setup first: it would undo what follows
+    torch.set_num_threads(1)  # this thread's for good (the caller restores the process default)
