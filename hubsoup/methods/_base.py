@@ -254,6 +254,10 @@ class Method:
         ``ctx.stats``; then :meth:`merge` of any piece must equal that piece of the merge of the
         whole tensor. A linear method needs no pass (``[]``); TIES counts its per-tensor threshold
         this way, and learns its majority sign during the merge sweep (``StatsPass.during_merge``).
+
+        Pieces are swept by several threads at once (:mod:`hubsoup.engine.lanes`): :meth:`merge`
+        may run on two pieces concurrently, so it must not change shared state (``ctx.stats``
+        included); a pass is fed from several threads only through its :meth:`StatsPass.fork`.
         """
         return [] if self.linear_coefficients(params, n_inputs) is not None else None
 
