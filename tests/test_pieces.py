@@ -35,7 +35,11 @@ def lanes(request, monkeypatch):
     """Pieces swept by one thread, or by two at once (each piece in either, whatever the machine's cores)."""
     from hubsoup.engine import lanes as module
 
-    monkeypatch.setattr(module, "count", lambda allowed=None, n_pieces=None: max(1, min(request.param, n_pieces or 2)))
+    def count(allowed=None, n_pieces=None):
+        want = request.param if allowed is None else min(allowed, request.param)
+        return max(1, min(want, n_pieces or want))
+
+    monkeypatch.setattr(module, "count", count)
     import threading
 
     real, seen = module.run, set()
@@ -229,3 +233,66 @@ def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, lanes,
     assert float(want[mlp].view(-1)[0] - state(base)[mlp].view(-1)[0]) < 0  # the stripe took the -1
     for k in want:
         assert torch.equal(got[k], want[k]), k
+
+
+class _PositiveShare:
+    """A per-tensor pass that counts τ₀'s positive entries; it does not fork, so one thread feeds it."""
+
+    piecewise = False
+    during_merge = False
+
+    def __init__(self, threads: set):
+        self.threads, self.positive, self.total = threads, 0, 0
+
+    def fork(self):
+        return None
+
+    def update(self, ctx, base, deltas):
+        import threading
+
+        self.threads.add(threading.get_ident())
+        self.positive += int((deltas[0] > 0).sum())
+        self.total += deltas[0].numel()
+
+    def finish(self, stats):
+        stats["share"] = self.positive / self.total
+
+
+def test_a_pass_that_does_not_fork_is_fed_from_one_thread(models, small_pieces, lanes, used, monkeypatch, tmp_path):
+    """A method's own per-tensor pass without ``fork`` sees every piece from one thread while its merge runs in
+    the lanes; the result is the dense path's, bit for bit."""
+    import threading
+    from dataclasses import dataclass
+
+    from hubsoup.methods import Method, param, register
+
+    fed, merged_in = set(), set()
+
+    @dataclass
+    class ShareParams:
+        scale: float = param(1.0, "λ", range=(None, None))
+
+    @register
+    class PositiveShareMean(Method):
+        name = "test_positive_share"
+        summary = "mean task vector times the share of τ₀'s positive entries (a test of the pass contract)"
+        Params = ShareParams
+
+        def tensor_passes(self, params, n_inputs):
+            return [_PositiveShare(fed)]
+
+        def merge(self, base, deltas, params, ctx):
+            merged_in.add(threading.get_ident())
+            share = ctx.stats.get("share")
+            if share is None:  # the dense path: the whole tensor at once
+                share = int((deltas[0] > 0).sum()) / deltas[0].numel()
+            return deltas.mean(dim=0).mul_(share * params.scale)
+
+    base, fts = models
+    ours = hubsoup.merge(fts, method="test_positive_share", base=base, out=str(tmp_path / "p"), quiet=True)
+    assert used and all(used)
+    assert len(fed) == 1 and len(merged_in) == lanes
+    _dense(monkeypatch)
+    ref = hubsoup.merge(fts, method="test_positive_share", base=base, out=str(tmp_path / "d"), quiet=True)
+    got, want = state(ours.path), state(ref.path)
+    assert all(torch.equal(got[k], want[k]) for k in want)

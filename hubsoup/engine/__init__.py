@@ -355,7 +355,7 @@ def gather_stats(job: Job) -> dict[str, Any]:
 
 def feed(forks: list, ctx: TensorContext, sweep) -> None:
     """Every piece of ``sweep`` to a statistics pass: lane j's pieces to ``forks[j]`` (one lane per fork)."""
-    n = lanes.count(len(forks), len(sweep.starts))
+    n = max(1, min(len(forks), len(sweep.starts)))  # the forks were made for the lanes wanted
     queue = lanes.Shared(sweep.starts) if n > 1 else None
 
     def lane(j: int) -> None:
