@@ -46,14 +46,15 @@ def lanes(request, monkeypatch):
 
     def run(fn, n):
         def lane(j):
-            seen.add((j, threading.current_thread() is threading.main_thread()))
+            seen.add((n, j, threading.current_thread() is threading.main_thread()))
             return fn(j)
         return real(lane, n)
 
     monkeypatch.setattr(module, "run", run)
     yield request.param
-    # lane 0 in this thread, every other lane in one of its own
-    assert seen == {(j, j == 0) for j in range(request.param)}, "the pieces were not swept in that many threads"
+    # one lane (a one-piece tensor too): this thread; more: every lane in a lane thread
+    want = {(n, j, n == 1) for n in range(1, request.param + 1) for j in range(n)}
+    assert seen == want, "the pieces were not swept in lanes"
 
 
 @pytest.fixture
@@ -291,8 +292,27 @@ def test_a_pass_that_does_not_fork_is_fed_from_one_thread(models, small_pieces, 
     base, fts = models
     ours = hubsoup.merge(fts, method="test_positive_share", base=base, out=str(tmp_path / "p"), quiet=True)
     assert used and all(used)
-    assert len(fed) == 1 and len(merged_in) == lanes
+    assert len(fed) == 1 and (len(merged_in) == 1 if lanes == 1 else len(merged_in) > 1)
     _dense(monkeypatch)
     ref = hubsoup.merge(fts, method="test_positive_share", base=base, out=str(tmp_path / "d"), quiet=True)
     got, want = state(ours.path), state(ref.path)
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_lanes_leave_the_callers_torch_threads_alone():
+    """Lane threads run torch at one intra-op thread; the caller's setting, and the default a thread started
+    later takes up, stay what they were (an app merging in several threads at once)."""
+    import threading
+
+    from hubsoup.engine import lanes as module
+
+    before = torch.get_num_threads()
+    got = module.run(lambda j: (torch.get_num_threads(), threading.current_thread() is threading.main_thread()), 2)
+    assert got == [(1, False), (1, False)]
+    later = []
+    t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    assert torch.get_num_threads() == before and later == [before]
+    with pytest.raises(ZeroDivisionError):  # a lane's failure reaches the caller
+        module.run(lambda j: 1 / j, 2)

@@ -62,22 +62,15 @@ def forked(p, n: int) -> list | None:
 
 
 def run(fn: Callable[[int], T], n: int) -> list[T]:
-    """``[fn(0), ..., fn(n - 1)]``, each call in its own thread (this one runs ``fn(0)``), torch at one
-    intra-op thread meanwhile; the first exception is raised once every lane has stopped."""
+    """``[fn(0), ..., fn(n - 1)]``, each call in a lane thread of its own (torch at one intra-op thread
+    there); this thread waits. The first exception is raised once every lane has stopped."""
     if n <= 1:
         return [fn(0)]
-    pool = _pool(n - 1)
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        futures = [pool.submit(fn, j) for j in range(1, n)]
-        try:
-            first = fn(0)
-        finally:
-            wait(futures)  # no lane outlives the call, even when this one failed
-        return [first, *(f.result() for f in futures)]
-    finally:
-        torch.set_num_threads(saved)
+    # the calling thread keeps its own torch threads: merges running side by side in an app's threads
+    # never see each other's settings
+    futures = [_pool(n).submit(fn, j) for j in range(n)]
+    wait(futures)
+    return [f.result() for f in futures]
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
@@ -85,14 +78,22 @@ _LOCK = threading.Lock()
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
-    """``n`` threads kept for every sweep (starting threads per tensor cost ~1 s over a 1B model)."""
+    """``n`` lane threads, kept for every sweep (starting threads per tensor cost ~1 s over a 1B model)."""
     with _LOCK:
         pool = _POOLS.get(n)
         if pool is None:
-            pool = _POOLS[n] = ThreadPoolExecutor(n, thread_name_prefix="hubsoup-lane", initializer=_one_thread)
+            default = torch.get_num_threads()
+            pool = ThreadPoolExecutor(n, thread_name_prefix="hubsoup-lane", initializer=_one_thread)
+            started = threading.Barrier(n + 1)
+            for _ in range(n):  # every thread started (each waits for the others), so each ran _one_thread
+                pool.submit(started.wait)
+            started.wait()
+            # set_num_threads also sets the default that threads started later take up: the process's again
+            torch.set_num_threads(default)
+            _POOLS[n] = pool
         return pool
 
 
 def _one_thread() -> None:
     torch.get_num_threads()  # torch's lazy per-thread setup first: it would undo what follows
-    torch.set_num_threads(1)  # this thread's for good (the caller restores the process default)
+    torch.set_num_threads(1)  # this lane thread's, for good
