@@ -316,3 +316,16 @@ def test_lanes_leave_the_callers_torch_threads_alone():
     assert torch.get_num_threads() == before and later == [before]
     with pytest.raises(ZeroDivisionError):  # a lane's failure reaches the caller
         module.run(lambda j: 1 / j, 2)
+
+
+def test_lanes_in_a_forked_child(tmp_path):
+    """A process forked after the lanes' threads started (a web server's workers, a dataset map) sweeps in
+    lanes of its own instead of waiting for threads that do not exist there."""
+    import multiprocessing
+
+    from hubsoup.engine import lanes as module
+
+    assert module.run(lambda j: j, 2) == [0, 1]  # the parent's lane threads exist
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        assert pool.apply_async(module.run, (abs, 2)).get(timeout=60) == [0, 1]

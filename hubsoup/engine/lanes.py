@@ -15,6 +15,7 @@ the same).
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Sequence, TypeVar
@@ -73,14 +74,16 @@ def run(fn: Callable[[int], T], n: int) -> list[T]:
     return [f.result() for f in futures]
 
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
-    """``n`` lane threads, kept for every sweep (starting threads per tensor cost ~1 s over a 1B model)."""
+    """``n`` lane threads, kept for every sweep (starting threads per tensor cost ~1 s over a 1B model);
+    a forked child makes its own (its parent's threads do not exist there)."""
+    key = (os.getpid(), n)
     with _LOCK:
-        pool = _POOLS.get(n)
+        pool = _POOLS.get(key)
         if pool is None:
             default = torch.get_num_threads()
             pool = ThreadPoolExecutor(n, thread_name_prefix="hubsoup-lane", initializer=_one_thread)
@@ -90,7 +93,7 @@ def _pool(n: int) -> ThreadPoolExecutor:
             started.wait()
             # set_num_threads also sets the default that threads started later take up: the process's again
             torch.set_num_threads(default)
-            _POOLS[n] = pool
+            _POOLS[key] = pool
         return pool
 
 
