@@ -120,8 +120,9 @@ class Ties(Method):
                                 normalize=params.merge == "mean", scale=params.scale)
         trim_(deltas, self.thresholds(deltas, params, ctx))
         tally = ctx.stats.get(_TALLY)  # merged in pieces: the majority sign is being learned
-        return ties_combine_(deltas, params.weights, params.merge, ctx.stats.get(_MAJORITY),
-                             observe=tally.observe if tally is not None else None).mul_(params.scale)
+        out = ties_combine_(deltas, params.weights, params.merge, ctx.stats.get(_MAJORITY),
+                            observe=tally.observe if tally is not None else None)
+        return out if params.scale == 1.0 else out.mul_(params.scale)  # λ = 1 (the default): x·1 is x
 
 
 _TENSOR_THRESHOLD = "ties.tensor_threshold"
