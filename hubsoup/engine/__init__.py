@@ -336,15 +336,15 @@ def gather_stats(job: Job) -> dict[str, Any]:
     if passes:
         job.monitor.stage("statistics", f"{len(passes)} statistics pass(es)", parts=len(passes))
     for i, p in enumerate(passes):
-        forks = lanes.forked(p, lanes.count(job.lanes)) if p.piecewise else [p]
+        forks = (lanes.forked(p, lanes.count(job.lanes)) if p.piecewise else None) or [p]
         for work in stream(job, mergeable_only=True, unit="tensor", desc=f"statistics pass {i + 1}/{len(passes)}"):
             sweep = work.pieces() if p.piecewise else None
             if sweep is None:
                 p.update(work.context(), work.base(), work.deltas())
                 continue
             # a piecewise pass over full fine-tunes: no float32 stack, the pieces in lanes when p forks
-            feed(forks or [p], work.context(), sweep)
-        for f in (forks or [p])[1:]:
+            feed(forks, work.context(), sweep)
+        for f in forks[1:]:
             p.join(f)
         p.finish(stats)
     if shared is not None:

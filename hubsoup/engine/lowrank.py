@@ -141,9 +141,9 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
     want = lanes.count(work.job.lanes, len(pieces.starts))
     during = [p for p in passes if p.during_merge]
     for p in (p for p in passes if not p.during_merge):
-        forks = lanes.forked(p, want) or [p]
-        feed(forks, ctx, pieces)
-        for other in forks[1:]:
+        accumulators = lanes.forked(p, want) or [p]
+        feed(accumulators, ctx, pieces)
+        for other in accumulators[1:]:
             p.join(other)
         p.finish(ctx.stats)
     # the merge sweep: one set of the passes learned during it per lane, each begun on the lane's own stats

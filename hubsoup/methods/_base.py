@@ -70,7 +70,7 @@ class StatsPass:
         return None
 
     def join(self, other: "StatsPass") -> None:
-        """Add what ``other``, one of this pass's :meth:`fork`\ s, has learned."""
+        """Add what ``other``, a fork of this pass (:meth:`fork`), has learned."""
         raise NotImplementedError
 
     # A per-tensor pass (Method.tensor_passes) may instead be learned by the merge sweep itself, when its
