@@ -3,6 +3,7 @@ statistics are known (linear ones; TIES) merge full fine-tunes in cache-sized pi
 output dtype. Same result, bit for bit, as the dense path; the same errors."""
 
 import os
+import threading
 
 import pytest
 import torch
@@ -40,8 +41,6 @@ def lanes(request, monkeypatch):
         return max(1, min(want, n_pieces or want))
 
     monkeypatch.setattr(module, "count", count)
-    import threading
-
     real, seen = module.run, set()
 
     def run(fn, n):
@@ -212,6 +211,7 @@ def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, lanes,
         sweep = real(self)
         if sweep is None:
             return None
+
         def wrapped(only=None):
             if isinstance(only, set):  # not the lanes' shared queue of a whole sweep: merged again
                 again.append((self.name, len(only)))
@@ -249,8 +249,6 @@ class _PositiveShare:
         return None
 
     def update(self, ctx, base, deltas):
-        import threading
-
         self.threads.add(threading.get_ident())
         self.positive += int((deltas[0] > 0).sum())
         self.total += deltas[0].numel()
@@ -262,11 +260,11 @@ class _PositiveShare:
 def test_a_pass_that_does_not_fork_is_fed_from_one_thread(models, small_pieces, lanes, used, monkeypatch, tmp_path):
     """A method's own per-tensor pass without ``fork`` sees every piece from one thread while its merge runs in
     the lanes; the result is the dense path's, bit for bit."""
-    import threading
     from dataclasses import dataclass
 
-    from hubsoup.methods import Method, param, register
+    from hubsoup.methods import Method, _base, param, register
 
+    monkeypatch.setattr(_base, "_REGISTRY", dict(_base._REGISTRY))  # the test's method leaves with the test
     fed, merged_in = set(), set()
 
     @dataclass
@@ -302,8 +300,6 @@ def test_a_pass_that_does_not_fork_is_fed_from_one_thread(models, small_pieces, 
 def test_lanes_leave_the_callers_torch_threads_alone():
     """Lane threads run torch at one intra-op thread; the caller's setting, and the default a thread started
     later takes up, stay what they were (an app merging in several threads at once)."""
-    import threading
-
     from hubsoup.engine import lanes as module
 
     before = torch.get_num_threads()
