@@ -325,3 +325,21 @@ def test_lanes_in_a_forked_child(tmp_path):
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(1) as pool:
         assert pool.apply_async(module.run, (abs, 2)).get(timeout=60) == [0, 1]
+
+
+def test_shared_pieces_go_to_one_lane_each():
+    """Lanes taking pieces from one queue get every piece exactly once between them."""
+    from hubsoup.engine import lanes as module
+
+    starts = range(0, 50_000, 7)
+    queue = module.Shared(starts)
+
+    def take(j):
+        got = []
+        for s in queue:
+            got.append(s)
+            torch.ones(64).sum()  # let the other lane in
+        return got
+
+    a, b = module.run(take, 2)
+    assert sorted(a + b) == list(starts) and not set(a) & set(b)

@@ -14,7 +14,6 @@ the same).
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -37,13 +36,15 @@ class Shared:
 
     def __init__(self, starts: Sequence[int]):
         self.starts = starts
-        self._taken = itertools.count()  # next() on it is atomic under the GIL
+        self._taken = 0
+        self._lock = threading.Lock()  # a piece goes to one lane, with or without a GIL
 
     def __iter__(self) -> "Shared":
         return self
 
     def __next__(self) -> int:
-        i = next(self._taken)
+        with self._lock:
+            i, self._taken = self._taken, self._taken + 1
         if i >= len(self.starts):
             raise StopIteration
         return self.starts[i]
