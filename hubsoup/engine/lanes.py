@@ -4,7 +4,7 @@ A piece is a few MB (:data:`hubsoup.engine.lowrank.PIECE_BYTES`): too small for 
 intra-op threads to pay off (each op forks and joins a team; ``bincount`` and boolean indexing
 run on one core anyway). Sweeping the pieces in lanes instead — each lane takes the next piece
 not yet taken, with torch set to one thread — keeps every core busy: on a 1B-parameter model and 2 cores,
-TIES 24.1 → 18.6 s and task arithmetic 8.1 → 5.8 s (``benchmarks/bench_merge.py --profile 1b``).
+TIES 24.1 → 19.9 s and task arithmetic 8.1 → 5.9 s (``benchmarks/bench_merge.py --profile 1b``).
 
 Each piece sees the same operations as in one lane, so results are the same bit for bit; a
 statistics pass is split with :meth:`~hubsoup.methods.StatsPass.fork` (one accumulator per
