@@ -336,7 +336,7 @@ def gather_stats(job: Job) -> dict[str, Any]:
     if passes:
         job.monitor.stage("statistics", f"{len(passes)} statistics pass(es)", parts=len(passes))
     for i, p in enumerate(passes):
-        forks = (lanes.forked(p, lanes.count(job.lanes)) if p.piecewise else None) or [p]
+        forks = lanes.forked(p, lanes.count(job.lanes)) if p.piecewise else [p]
         for work in stream(job, mergeable_only=True, unit="tensor", desc=f"statistics pass {i + 1}/{len(passes)}"):
             sweep = work.pieces() if p.piecewise else None
             if sweep is None:

@@ -50,15 +50,13 @@ class Shared:
         return self.starts[i]
 
 
-def forked(p, n: int) -> list | None:
-    """``[p, p.fork(), ...]``: one accumulator per lane, or None if ``p`` is fed from one thread only."""
-    if n <= 1:
-        return [p]
+def forked(p, n: int) -> list:
+    """``[p, p.fork(), ...]``: one accumulator per lane, or ``[p]`` if ``p`` is fed from one thread only."""
     out = [p]
     for _ in range(n - 1):
         f = p.fork()
         if f is None:
-            return None
+            return [p]
         out.append(f)
     return out
 

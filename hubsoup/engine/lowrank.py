@@ -141,16 +141,14 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
     want = lanes.count(work.job.lanes, len(pieces.starts))
     during = [p for p in passes if p.during_merge]
     for p in (p for p in passes if not p.during_merge):
-        accumulators = lanes.forked(p, want) or [p]
+        accumulators = lanes.forked(p, want)
         feed(accumulators, ctx, pieces)
         for other in accumulators[1:]:
             p.join(other)
         p.finish(ctx.stats)
     # the merge sweep: one set of the passes learned during it per lane, each begun on the lane's own stats
     forks = [lanes.forked(p, want) for p in during]
-    n_lanes = want if all(f is not None for f in forks) else 1
-    if n_lanes == 1:
-        forks = [[p] for p in during]
+    n_lanes = want if all(len(f) == want for f in forks) else 1
     queue = lanes.Shared(pieces.starts) if n_lanes > 1 else None
     contexts = [ctx] + [replace(ctx, stats=ChainMap({}, ctx.stats)) for _ in range(n_lanes - 1)]
     for p in during:

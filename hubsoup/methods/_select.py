@@ -58,10 +58,7 @@ class _HighPass(StatsPass):
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
         self.total += base.numel()
         for i, d in enumerate(deltas):
-            self._add(i, high_half_histogram(d).cpu())
-
-    def _add(self, i: int, counts: torch.Tensor | None) -> None:
-        _accumulate(self.hist, i, counts)
+            _accumulate(self.hist, i, high_half_histogram(d).cpu())
 
     def fork(self) -> "_HighPass":
         return _HighPass(self.sel)
@@ -69,7 +66,7 @@ class _HighPass(StatsPass):
     def join(self, other: "_HighPass") -> None:
         self.total += other.total
         for i, theirs in enumerate(other.hist):
-            self._add(i, theirs)
+            _accumulate(self.hist, i, theirs)
 
     def finish(self, stats: dict) -> None:
         sel = self.sel
@@ -112,7 +109,7 @@ class _LowPass(StatsPass):
             self._count(i)
             n = 0
             if m > self.BUFFER:
-                self._add(i, torch.bincount(values, minlength=_LOW))
+                _accumulate(self.hist, i, torch.bincount(values, minlength=_LOW))
                 return
         if n + m > held.numel():  # grown by doubling, up to BUFFER
             grown = torch.empty(min(self.BUFFER, max(2 * held.numel(), n + m, 1 << 16)), dtype=torch.int32)
@@ -121,20 +118,17 @@ class _LowPass(StatsPass):
         held[n:n + m] = values
         self.n_held[i] = n + m
 
-    def _add(self, i: int, counts: torch.Tensor | None) -> None:
-        _accumulate(self.hist, i, counts)
-
     def fork(self) -> "_LowPass":
         return _LowPass(self.sel)
 
     def join(self, other: "_LowPass") -> None:
         for i in range(self.sel.n):
             self._hold(i, other.held[i][:other.n_held[i]])
-            self._add(i, other.hist[i])
+            _accumulate(self.hist, i, other.hist[i])
 
     def _count(self, i: int) -> None:
         if self.n_held[i]:
-            self._add(i, torch.bincount(self.held[i][:self.n_held[i]], minlength=_LOW))
+            _accumulate(self.hist, i, torch.bincount(self.held[i][:self.n_held[i]], minlength=_LOW))
             self.n_held[i] = 0
 
     def _low(self, i: int, rank: int) -> int:
