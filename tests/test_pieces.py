@@ -201,11 +201,14 @@ def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, lanes,
                                                      method, params):
     """TIES learns each tensor's majority sign in its merge sweep, merging with +1 first (every lane on
     its own tally): the tensors whose majority is -1 merge again the pieces that used it, and only
-    those; the result is the dense path's."""
+    those, in lanes too; the result is the dense path's."""
     from hubsoup.engine import TensorWork
 
+    from hubsoup.engine.lanes import Shared
+
+    n_lanes = lanes
     base, fts = tied
-    again = []
+    again, seen = [], []
     real = TensorWork.pieces
 
     def spying(self):
@@ -214,8 +217,11 @@ def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, lanes,
             return None
 
         def wrapped(only=None):
-            if isinstance(only, set):  # not the lanes' shared queue of a whole sweep: merged again
-                again.append((self.name, len(only)))
+            some = only.starts if isinstance(only, Shared) else only
+            # not a whole sweep (its queue hands out every start): merged again, once per queue (or set)
+            if some is not None and some is not sweep.starts and not any(q is only for q in seen):
+                seen.append(only)  # kept alive: a freed queue's id could come back
+                again.append((self.name, len(some), isinstance(only, Shared)))
             return sweep(only)
         wrapped.starts = sweep.starts
         return wrapped
@@ -223,10 +229,11 @@ def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, lanes,
     monkeypatch.setattr(TensorWork, "pieces", spying)
     ours = hubsoup.merge(fts, method=method, base=base, out=str(tmp_path / "pieces"), quiet=True, **params)
     assert used and all(used)
-    names = {n for n, _ in again}
+    names = {n for n, _, _ in again}
     assert names and all(".mlp." in n for n in names)
     assert {n for n in state(base) if ".mlp." in n and n.endswith("weight")} <= names
-    assert all(k >= 2 for _, k in again)  # every piece of a stripe-holding tensor (pieces of 1000 entries)
+    assert all(k >= 2 for _, k, _ in again)  # every piece of a stripe-holding tensor (pieces of 1000 entries)
+    assert all(queued == (n_lanes > 1) for _, _, queued in again)  # merged again in lanes too
     monkeypatch.setattr(TensorWork, "pieces", real)
     _dense(monkeypatch)
     ref = hubsoup.merge(fts, method=method, base=base, out=str(tmp_path / "dense"), quiet=True, **params)

@@ -159,20 +159,22 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
     numel = work.entry.numel
     out = torch.empty(numel, dtype=dtype)
 
-    def lane(j: int) -> tuple[dict[int, tuple], set[int]]:
-        mine = [f[j] for f in forks]
-        extremes, again = {}, set()  # again: pieces merged with a provisional statistic that may turn out wrong
-        for start, k, b, stack in pieces(only=queue):
-            merged = method.merge(b, stack, params, contexts[j]).add_(b)
-            extremes[start] = torch.aminmax(merged)  # while the piece is in cache
-            out[start:start + k] = merged
-            if any([p.piece_done() for p in mine]):  # a list: every pass hears of every piece
-                again.add(start)
-        return extremes, again
+    def merging(queue, contexts, forks):
+        def lane(j: int) -> tuple[dict[int, tuple], set[int]]:
+            mine = [f[j] for f in forks]
+            extremes, again = {}, set()  # again: pieces merged with a provisional statistic that may turn out wrong
+            for start, k, b, stack in pieces(only=queue):
+                merged = method.merge(b, stack, params, contexts[j]).add_(b)
+                extremes[start] = torch.aminmax(merged)  # while the piece is in cache
+                out[start:start + k] = merged
+                if any([p.piece_done() for p in mine]):  # a list: every pass hears of every piece
+                    again.add(start)
+            return extremes, again
+        return lane
 
     extremes: dict[int, tuple] = {}
     again: set[int] = set()
-    for e, a in lanes.run(lane, n_lanes):
+    for e, a in lanes.run(merging(queue, contexts, forks), n_lanes):
         extremes.update(e)
         again |= a
     for p, f in zip(during, forks):
@@ -180,10 +182,13 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
             p.join(other)
         p.finish(ctx.stats)
     if again and not all(p.confirmed(ctx.stats) for p in during):
-        for start, k, b, stack in pieces(only=again):
-            merged = method.merge(b, stack, params, ctx).add_(b)
-            extremes[start] = torch.aminmax(merged)
-            out[start:start + k] = merged
+        # merged again with the learned statistics, in lanes too (on bf16 weights ties are common: a tensor
+        # whose majority is -1 may merge most of its pieces twice)
+        n_again = lanes.count(work.job.lanes, len(again))
+        queue = lanes.Shared(sorted(again)) if n_again > 1 else again
+        contexts = [replace(ctx, stats=ChainMap({}, ctx.stats)) for _ in range(n_again)]
+        for e, _ in lanes.run(merging(queue, contexts, []), n_again):
+            extremes.update(e)
     # NaN/inf in an input or the result propagates to the extremes (NaN fails the test); a value beyond
     # the output dtype's range might round to inf: the dense path decides (and names the overflow)
     peak = float(torch.stack([x for pair in extremes.values() for x in pair]).abs().max()) if extremes else 0.0
