@@ -196,6 +196,7 @@ def tied(tmp_path_factory):
     ("ties", {"density": 0.6, "weights": [1.0, 0.5, 2.0]}),
     ("ties", {"scope": "tensor", "density": 1.0, "weights": [0.0, 1.0, 1.0]}),  # the tie's +1 row weighs 0
     ("lwptv", {"base_method": "ties", "scope": "tensor", "density": 1.0, "eta": 0.0}),  # TIES' pass, masked
+    ("lines", {"base_method": "ties", "scope": "tensor", "density": 1.0}),  # TIES' pass, under layer scaling
 ])
 def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, lanes, used, monkeypatch, tmp_path,
                                                      method, params):
