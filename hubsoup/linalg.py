@@ -47,10 +47,35 @@ def sq_norm_chunked(x: torch.Tensor) -> float:
     return float(sum(float(c.double().square().sum()) for c in x.split(CHUNK, dim=1)))
 
 
-def dot_chunked(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 20) -> float:
-    """Σ a·b over every entry (any shape), in float64, ``chunk`` elements at a time; one device sync."""
+DOT_BLOCK = 4096
+"""Entries per partial sum of :func:`block_dots`; a piece of a tensor merged in pieces starts at a multiple."""
+
+
+def block_dots(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 20) -> list[float]:
+    """Σ a·b of each block of :data:`DOT_BLOCK` consecutive entries (the last may be shorter), in float64.
+
+    A block's sum does not depend on torch's thread count (it is one row of a row-wise reduction), nor on
+    where a piece of the flattened tensors starts, if at a multiple of the block: the exactly rounded
+    sum of the blocks' sums (``math.fsum``) is then the same over the whole tensor or over its pieces,
+    in any order. Converted ``chunk`` entries at a time (no float64 copy of the tensor).
+
+    Example:
+        >>> import math
+        >>> x = torch.arange(10000.0)
+        >>> math.fsum(block_dots(x, x)) == math.fsum(block_dots(x[:4096], x[:4096]) + block_dots(x[4096:], x[4096:]))
+        True
+    """
     a, b = a.reshape(-1), b.reshape(-1)
-    return float(sum(torch.dot(x.double(), y.double()) for x, y in zip(a.split(chunk), b.split(chunk))))
+    out: list[float] = []
+    chunk = max(DOT_BLOCK, chunk // DOT_BLOCK * DOT_BLOCK)
+    for x, y in zip(a.split(chunk), b.split(chunk)):
+        x, y = x.double(), y.double()
+        full = x.numel() // DOT_BLOCK * DOT_BLOCK
+        out += (x[:full].view(-1, DOT_BLOCK) * y[:full].view(-1, DOT_BLOCK)).sum(1).tolist()
+        if full < x.numel():
+            out.append(float((x[full:] * y[full:]).sum()))
+    return out
+
 
 
 def gram_chunked(x: torch.Tensor) -> torch.Tensor:

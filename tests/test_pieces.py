@@ -109,6 +109,79 @@ def test_pieces_equal_the_dense_path_bit_for_bit(models, small_pieces, lanes, us
         assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
 
 
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def wider(request, tmp_path_factory):
+    """Tensors of several 4096-entry blocks, the embeddings' ending in a partial one (500 × 64 entries)."""
+    root = tmp_path_factory.mktemp(f"wider-{str(request.param)[6:]}")
+    base = make_base("llama", str(root / "base"), dtype=request.param, hidden=64, vocab=500)
+    return base, [make_finetune(base, str(root / f"ft{i}"), seed=20 + i) for i in range(2)]
+
+
+@pytest.mark.parametrize("ends", ["two inputs", "base and input"])
+def test_slerp_in_pieces_equals_the_dense_path(wider, small_pieces, lanes, used, monkeypatch, tmp_path, ends):
+    """SLERP's norms and dot product come from a pass over the pieces (whole blocks of entries, their sums
+    summed exactly, in whatever order the lanes give them), then each piece interpolates: the dense
+    path's result, bit for bit."""
+    base, fts = wider
+    args = dict(base=base) if ends == "base and input" else {}
+    ins = fts[:1] if ends == "base and input" else fts[:2]
+    ours = hubsoup.merge(ins, method="slerp", out=str(tmp_path / "pieces"), quiet=True, t=0.3, **args)
+    assert used and all(used), "the in-pieces path was not taken"
+    _dense(monkeypatch)
+    ref = hubsoup.merge(ins, method="slerp", out=str(tmp_path / "dense"), quiet=True, t=0.3, **args)
+    got, want = state(ours.path), state(ref.path)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+
+
+def test_slerp_pieces_start_at_whole_blocks(wider, small_pieces, monkeypatch, tmp_path):
+    """Pieces of 1000 entries asked for, SLERP's start at multiples of its blocks (``piece_multiple``)."""
+    from hubsoup.engine import TensorWork
+    from hubsoup.linalg import DOT_BLOCK
+
+    steps = []
+    real = TensorWork.pieces
+
+    def spying(self):
+        sweep = real(self)
+        if sweep is not None:
+            steps.append(sweep.starts.step)
+        return sweep
+
+    monkeypatch.setattr(TensorWork, "pieces", spying)
+    base, fts = wider
+    hubsoup.merge(fts, method="slerp", out=str(tmp_path / "s"), quiet=True)
+    assert steps and all(step % DOT_BLOCK == 0 for step in steps)
+    steps.clear()
+    hubsoup.merge(fts, method="task_arithmetic", base=base, out=str(tmp_path / "t"), quiet=True)
+    assert steps and all(step == 1000 for step in steps)  # other methods keep the pieces asked for
+
+
+def test_slerp_dots_from_pieces_in_any_order_are_the_whole_tensors():
+    """The pass's dot products do not depend on the order its pieces come in: block sums chosen so that a
+    running float64 sum in one order or the other differs (1e20 + 1 - 1e20)."""
+    from hubsoup.linalg import DOT_BLOCK
+    from hubsoup.methods.slerp import _DOTS, _dots, _DotsPass
+
+    a = torch.ones(3 * DOT_BLOCK)
+    b = torch.cat([torch.full((DOT_BLOCK,), 1e20 / DOT_BLOCK), torch.zeros(DOT_BLOCK), torch.full((DOT_BLOCK,), -1e20 / DOT_BLOCK)])
+    b[DOT_BLOCK] = 1.0
+    base = torch.zeros_like(a)
+    pieces = [(slice(i * DOT_BLOCK, (i + 1) * DOT_BLOCK)) for i in range(3)]
+    results = []
+    for order in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
+        p, q = _DotsPass(), _DotsPass()
+        for j, i in enumerate(order):  # two lanes, each its share
+            (p if j % 2 == 0 else q).update(None, base[pieces[i]], torch.stack([a[pieces[i]], b[pieces[i]]]))
+        p.join(q)
+        stats = {}
+        p.finish(stats)
+        results.append(stats[_DOTS])
+    whole = _dots(a, b)
+    assert all(r == whole for r in results) and whole[2] == 1.0
+
+
 def test_default_pieces_and_a_dtype_change(models, used, monkeypatch, tmp_path):
     base, fts = models
     ours = hubsoup.merge(fts, method="task_arithmetic", base=base, out=str(tmp_path / "p"), quiet=True,
@@ -125,7 +198,6 @@ def test_default_pieces_and_a_dtype_change(models, used, monkeypatch, tmp_path):
 @pytest.mark.parametrize("method, params", [
     ("dare", {"then": "sum"}),  # random drops: not element-wise
     ("ties", {"convention": "mergekit"}),  # exactly top-k per row
-    ("slerp", {}),  # norms of whole tensors
 ])
 def test_methods_needing_the_whole_tensor_keep_the_dense_path(models, used, tmp_path, method, params):
     base, fts = models

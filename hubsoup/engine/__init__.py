@@ -190,7 +190,7 @@ class TensorWork:
             return None
         flat_base, flats = self.raw_base().reshape(-1), [r.reshape(-1) for r in raws]
         numel, n = flat_base.numel(), len(raws)
-        step = piece_size(n)
+        step = -(-piece_size(n) // self.job.method.piece_multiple) * self.job.method.piece_multiple
 
         starts = range(0, numel, step)
 

@@ -172,6 +172,9 @@ class Method:
     scale_param: ClassVar[str | None] = None
     """The parameter that scales the whole merged task vector (λ), if any: a modifier that applies
     its own scale (LiNeS) sets it to 1 unless the user gives it."""
+    piece_multiple: ClassVar[int] = 1
+    """Merged in pieces (:meth:`tensor_passes`), a tensor's pieces start at multiples of this many
+    entries (SLERP's block sums of the dot products need the whole tensor's blocks)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

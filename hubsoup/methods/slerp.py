@@ -8,6 +8,10 @@ reference). Each tensor is flattened; its two endpoints' directions give the ang
 |cos Ω| > ``dot_threshold`` (0.9995, mergekit's DOT_THRESHOLD) or an endpoint is (near)
 zero, it falls back to linear interpolation. mergekit instead treats a zero endpoint as
 orthogonal (θ = sin(tπ/2)·b); both agree everywhere else.
+
+A tensor is merged in pieces (the engine's cache-sized sweeps): one pass gathers the dot products'
+sums over blocks of 4096 entries and adds them exactly (``math.fsum``), so the angle is the whole
+tensor's, bit for bit, whatever the pieces and their order; then every piece interpolates.
 """
 
 from __future__ import annotations
@@ -17,27 +21,69 @@ from dataclasses import dataclass
 
 import torch
 
-from hubsoup.linalg import dot_chunked
-from hubsoup.methods import Method, register
-from hubsoup.methods import param
+from hubsoup.linalg import DOT_BLOCK, block_dots
+from hubsoup.methods import Method, StatsPass, param, register
 
 
-def slerp(a: torch.Tensor, b: torch.Tensor, t: float, eps: float = 1e-8, dot_threshold: float = 0.9995) -> torch.Tensor:
+def slerp(a: torch.Tensor, b: torch.Tensor, t: float, eps: float = 1e-8, dot_threshold: float = 0.9995,
+          dots: tuple[float, float, float] | None = None) -> torch.Tensor:
     """Interpolate along the great circle between the directions of a and b.
 
     Falls back to linear interpolation when they are (anti)parallel or zero, where
     the angle is ill-conditioned. Norms, the cosine and the coefficients in float64; the
     combination in the inputs' dtype (two temporaries, not float64 copies of both ends).
+    ``dots``: (a·a, b·b, a·b) of the whole tensors, when a and b are pieces of them.
     """
-    na, nb = math.sqrt(dot_chunked(a, a)), math.sqrt(dot_chunked(b, b))
+    aa, bb, ab = dots if dots is not None else _dots(a, b)
+    na, nb = math.sqrt(aa), math.sqrt(bb)
     if na < eps or nb < eps:
         return torch.lerp(a, b, t)
-    dot = min(max(dot_chunked(a, b) / (na * nb), -1.0), 1.0)
+    dot = min(max(ab / (na * nb), -1.0), 1.0)
     if abs(dot) > dot_threshold:
         return torch.lerp(a, b, t)
     omega = math.acos(dot)
     so = math.sin(omega)
     return torch.add(a * (math.sin((1 - t) * omega) / so), b, alpha=math.sin(t * omega) / so)
+
+
+def _dots(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
+    """(a·a, b·b, a·b), each the exactly rounded sum of block sums: the same whole or in pieces."""
+    return math.fsum(block_dots(a, a)), math.fsum(block_dots(b, b)), math.fsum(block_dots(a, b))
+
+
+def _ends(base: torch.Tensor, deltas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two ends, rebuilt in place in the task vectors' buffers (θᵢ = τᵢ + θ₀): base → input with one
+    input, input → input with two."""
+    if len(deltas) == 1:
+        return base, deltas[0].add_(base)
+    return deltas[0].add_(base), deltas[1].add_(base)
+
+
+_DOTS = "slerp.dots"
+
+
+class _DotsPass(StatsPass):
+    """(a·a, b·b, a·b) of one tensor's two ends, from its pieces: block sums gathered, summed exactly."""
+
+    piecewise = True
+
+    def __init__(self):
+        self.blocks: tuple[list, list, list] = ([], [], [])
+
+    def update(self, ctx, base, deltas):
+        a, b = _ends(base, deltas)  # the sweep's buffers: this pass's to overwrite
+        for acc, (x, y) in zip(self.blocks, ((a, a), (b, b), (a, b))):
+            acc += block_dots(x, y)
+
+    def fork(self) -> "_DotsPass":
+        return _DotsPass()
+
+    def join(self, other: "_DotsPass") -> None:
+        for acc, theirs in zip(self.blocks, other.blocks):
+            acc += theirs
+
+    def finish(self, stats):
+        stats[_DOTS] = tuple(math.fsum(acc) for acc in self.blocks)  # fsum: in any order, the same
 
 
 @dataclass
@@ -54,12 +100,15 @@ class Slerp(Method):
     paper_url = "https://arxiv.org/abs/1609.04468"
     Params = SlerpParams
     min_inputs, max_inputs = 1, 2
+    piece_multiple = DOT_BLOCK  # pieces made of whole blocks of the dot products' sums
 
     def needs_base(self, params, n_inputs):
         return n_inputs < 2
 
+    def tensor_passes(self, params, n_inputs):
+        """The ends' norms and dot product, summed over the pieces (the merge is element-wise)."""
+        return [_DotsPass()]
+
     def merge(self, base, deltas, params, ctx):
-        # the ends rebuilt in place in the task vectors' buffers (the method owns them)
-        if len(deltas) == 1:
-            return slerp(base, deltas[0].add_(base), params.t).sub_(base)
-        return slerp(deltas[0].add_(base), deltas[1].add_(base), params.t).sub_(base)
+        a, b = _ends(base, deltas)  # the method owns the task vectors' buffers
+        return slerp(a, b, params.t, dots=ctx.stats.get(_DOTS)).sub_(base)
