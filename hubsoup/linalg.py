@@ -48,11 +48,13 @@ def sq_norm_chunked(x: torch.Tensor) -> float:
 
 
 DOT_BLOCK = 4096
-"""Entries per partial sum of :func:`block_dots`; a piece of a tensor merged in pieces starts at a multiple."""
+"""Entries per partial sum of :func:`block_sums`; a piece of a tensor merged in pieces starts at a multiple."""
 
 
-def block_dots(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 20) -> list[float]:
-    """Σ a·b of each block of :data:`DOT_BLOCK` consecutive entries (the last may be shorter), in float64.
+def block_sums(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = False,
+               chunk: int = 1 << 20) -> list[float]:
+    """Σ x (Σ x·y with ``y``; Σ |x| with ``absolute``) of each block of :data:`DOT_BLOCK` consecutive
+    entries (the last may be shorter), in float64.
 
     A block's sum does not depend on torch's thread count (it is one row of a row-wise reduction), nor on
     where a piece of the flattened tensors starts, if at a multiple of the block: the exactly rounded
@@ -62,18 +64,23 @@ def block_dots(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 20) -> list[f
     Example:
         >>> import math
         >>> x = torch.arange(10000.0)
-        >>> math.fsum(block_dots(x, x)) == math.fsum(block_dots(x[:4096], x[:4096]) + block_dots(x[4096:], x[4096:]))
+        >>> math.fsum(block_sums(x, x)) == math.fsum(block_sums(x[:4096], x[:4096]) + block_sums(x[4096:], x[4096:]))
         True
     """
-    a, b = a.reshape(-1), b.reshape(-1)
+    x = x.reshape(-1)
+    y = None if y is None else y.reshape(-1)
     out: list[float] = []
     chunk = max(DOT_BLOCK, chunk // DOT_BLOCK * DOT_BLOCK)
-    for x, y in zip(a.split(chunk), b.split(chunk)):
-        x, y = x.double(), y.double()
-        full = x.numel() // DOT_BLOCK * DOT_BLOCK
-        out += (x[:full].view(-1, DOT_BLOCK) * y[:full].view(-1, DOT_BLOCK)).sum(1).tolist()
-        if full < x.numel():
-            out.append(float((x[full:] * y[full:]).sum()))
+    for a in range(0, x.numel(), chunk):
+        c = x[a:a + chunk].double()
+        if absolute:
+            c.abs_()
+        if y is not None:
+            c.mul_(y[a:a + chunk].double())  # float32 products are exact in float64
+        full = c.numel() // DOT_BLOCK * DOT_BLOCK
+        out += c[:full].view(-1, DOT_BLOCK).sum(1).tolist()
+        if full < c.numel():
+            out.append(float(c[full:].sum()))
     return out
 
 

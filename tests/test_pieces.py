@@ -111,10 +111,11 @@ def test_pieces_equal_the_dense_path_bit_for_bit(models, small_pieces, lanes, us
 
 @pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def wider(request, tmp_path_factory):
-    """Tensors of several 4096-entry blocks, the embeddings' ending in a partial one (500 × 64 entries)."""
+    """Tensors of several 4096-entry blocks (SLERP's sums) and 65536-entry ones (DARE's masks), the
+    embeddings' ending in a partial block (2100 × 64 entries)."""
     root = tmp_path_factory.mktemp(f"wider-{str(request.param)[6:]}")
-    base = make_base("llama", str(root / "base"), dtype=request.param, hidden=64, vocab=500)
-    return base, [make_finetune(base, str(root / f"ft{i}"), seed=20 + i) for i in range(2)]
+    base = make_base("llama", str(root / "base"), dtype=request.param, hidden=64, vocab=2100)
+    return base, [make_finetune(base, str(root / f"ft{i}"), seed=20 + i) for i in range(3)]
 
 
 @pytest.mark.parametrize("ends", ["two inputs", "base and input"])
@@ -135,6 +136,31 @@ def test_slerp_in_pieces_equals_the_dense_path(wider, small_pieces, lanes, used,
         assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
 
 
+@pytest.mark.parametrize("params", [
+    {"then": "ties", "p": 0.5},
+    {"then": "sum", "densities": [0.3, 1.0, 0.6], "weights": [1.0, 0.5, 2.0], "normalize": True},
+    {"then": "ties", "p": 0.7, "rescale": False, "merge": "mean"},
+])
+def test_dare_mergekit_in_pieces_equals_the_dense_path(wider, small_pieces, lanes, used, monkeypatch, tmp_path,
+                                                       params):
+    """DARE's mergekit convention draws each 2¹⁶-entry block of a mask from a generator of its own and sums
+    the L1 norms in a pass over the pieces: merged in pieces (in lanes, any order), the dense path's
+    result bit for bit."""
+    base, fts = wider
+    params = {"convention": "mergekit", **params}
+    ours = hubsoup.merge(fts, method="dare", base=base, out=str(tmp_path / "pieces"), quiet=True, **params)
+    assert used and all(used), "the in-pieces path was not taken"
+    _dense(monkeypatch)
+    ref = hubsoup.merge(fts, method="dare", base=base, out=str(tmp_path / "dense"), quiet=True, **params)
+    got, want, b = state(ours.path), state(ref.path), state(base)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+    if "densities" not in params:  # every input dropped at some entries (an input kept whole changes them all)
+        emb = next(k for k in want if "embed" in k)
+        assert 0.05 < float((got[emb] == b[emb]).float().mean()) < 0.95
+
+
 def test_slerp_pieces_start_at_whole_blocks(wider, small_pieces, monkeypatch, tmp_path):
     """Pieces of 1000 entries asked for, SLERP's start at multiples of its blocks (``piece_multiple``)."""
     from hubsoup.engine import TensorWork
@@ -151,7 +177,7 @@ def test_slerp_pieces_start_at_whole_blocks(wider, small_pieces, monkeypatch, tm
 
     monkeypatch.setattr(TensorWork, "pieces", spying)
     base, fts = wider
-    hubsoup.merge(fts, method="slerp", out=str(tmp_path / "s"), quiet=True)
+    hubsoup.merge(fts[:2], method="slerp", out=str(tmp_path / "s"), quiet=True)
     assert steps and all(step % DOT_BLOCK == 0 for step in steps)
     steps.clear()
     hubsoup.merge(fts, method="task_arithmetic", base=base, out=str(tmp_path / "t"), quiet=True)

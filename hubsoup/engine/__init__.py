@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Protocol, Sequence
 
 import torch
@@ -359,8 +359,8 @@ def feed(forks: list, ctx: TensorContext, sweep) -> None:
     queue = lanes.Shared(sweep.starts) if n > 1 else None
 
     def lane(j: int) -> None:
-        for _, _, b, stack in sweep(only=queue):
-            forks[j].update(ctx, b, stack)
+        for start, _, b, stack in sweep(only=queue):
+            forks[j].update(replace(ctx, offset=start), b, stack)
 
     lanes.run(lane, n)
 

@@ -164,7 +164,7 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
             mine = [f[j] for f in forks]
             extremes, again = {}, set()  # again: pieces merged with a provisional statistic that may turn out wrong
             for start, k, b, stack in pieces(only=queue):
-                merged = method.merge(b, stack, params, contexts[j]).add_(b)
+                merged = method.merge(b, stack, params, replace(contexts[j], offset=start)).add_(b)
                 extremes[start] = torch.aminmax(merged)  # while the piece is in cache
                 out[start:start + k] = merged
                 if any([p.piece_done() for p in mine]):  # a list: every pass hears of every piece

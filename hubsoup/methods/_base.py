@@ -35,6 +35,9 @@ class TensorContext:
     stats: dict[str, Any] = field(default_factory=dict)
     """Results of the method's statistics passes."""
     recipe_hash: str = ""
+    offset: int = 0
+    """Where the entries seen start in the flattened tensor: 0 for the whole tensor, a piece's start when
+    merged in pieces (:meth:`Method.tensor_passes`)."""
 
     def generator(self, salt: str = "", device: str | torch.device = "cpu") -> torch.Generator:
         """A random generator seeded from the recipe and the tensor name: reruns repeat exactly."""

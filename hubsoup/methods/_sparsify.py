@@ -27,9 +27,12 @@ name): masks equal mergekit's in distribution, not bit for bit.
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Callable, Sequence
 
 import torch
+
+from hubsoup.linalg import block_sums
 
 
 def magnitude_mask(x: torch.Tensor, density: float) -> torch.Tensor | None:
@@ -76,11 +79,29 @@ def outliers_mask(x: torch.Tensor, density: float, gamma: float) -> torch.Tensor
     return mask.reshape(x.shape)
 
 
-def bernoulli_mask(shape: torch.Size | tuple[int, ...], density: float, generator: torch.Generator,
-                   device: str | torch.device) -> torch.Tensor:
-    """Keep each entry with probability ``density`` (drawn on the generator's device, moved to ``device``)."""
-    keep = torch.bernoulli(torch.full(tuple(shape), float(density), device=generator.device), generator=generator)
-    return keep.to(device=device, dtype=torch.bool)
+MASK_BLOCK = 1 << 16
+"""Entries drawn from one generator by :func:`bernoulli_mask`."""
+
+
+def bernoulli_mask(numel: int, density: float, generator_for: Callable[[int], torch.Generator],
+                   offset: int = 0) -> torch.Tensor:
+    """Keep each of ``numel`` entries with probability ``density``: a flat CPU mask.
+
+    Block j of the flattened tensor (:data:`MASK_BLOCK` entries from ``j · MASK_BLOCK``) is drawn from
+    ``generator_for(j)``, so the entries from ``offset`` (a multiple of the block) get what the whole
+    tensor's mask has there: a tensor merged in pieces draws the same mask, piece by piece, in any order.
+
+    Example:
+        >>> gen = lambda j: torch.Generator().manual_seed(j)
+        >>> whole = bernoulli_mask(3 * MASK_BLOCK, 0.3, gen)
+        >>> torch.equal(whole[MASK_BLOCK:], bernoulli_mask(2 * MASK_BLOCK, 0.3, gen, offset=MASK_BLOCK))
+        True
+    """
+    out = torch.empty(numel, dtype=torch.bool)
+    for a in range(0, numel, MASK_BLOCK):
+        k = min(MASK_BLOCK, numel - a)
+        torch.lt(torch.rand(k, generator=generator_for((offset + a) // MASK_BLOCK)), density, out=out[a:a + k])
+    return out
 
 
 def della_probabilities(x: torch.Tensor, density: float, epsilon: float) -> torch.Tensor:
@@ -111,18 +132,25 @@ def apply_mask_(row: torch.Tensor, mask: torch.Tensor | None, rescale: bool, eps
     """In place: zero ``row`` outside ``mask``; with ``rescale``, restore its L1 norm (see :func:`rescale_to_norm_`)."""
     if mask is None:
         return row
-    before = float(row.abs().sum(dtype=torch.float64)) if rescale else 0.0
-    row.masked_fill_(~mask, 0.0)
+    before = l1_norm(row) if rescale else 0.0
+    row.masked_fill_(~mask.reshape(row.shape), 0.0)
     return rescale_to_norm_(row, before, eps) if rescale else row
 
 
-def rescale_to_norm_(row: torch.Tensor, before: float, eps: float = 1e-7) -> torch.Tensor:
+def l1_norm(x: torch.Tensor) -> float:
+    """‖x‖₁ in float64, the exactly rounded sum of block sums: the same whole or summed over pieces
+    (:func:`hubsoup.linalg.block_sums`)."""
+    return math.fsum(block_sums(x, absolute=True))
+
+
+def rescale_to_norm_(row: torch.Tensor, before: float, eps: float = 1e-7, after: float | None = None) -> torch.Tensor:
     """In place: multiply ``row`` by ``before / ‖row‖₁`` (left alone when either norm is below ``eps``).
 
     mergekit's ``rescale``: the sparsified task vector keeps the L1 norm it had, whatever
-    the kept fraction turned out to be.
+    the kept fraction turned out to be. ``after``: ‖row‖₁ when ``row`` is a piece of the vector (both
+    norms then the whole vector's).
     """
-    after = float(row.abs().sum(dtype=torch.float64))
+    after = l1_norm(row) if after is None else after
     if before < eps or after < eps:
         return row
     return row.mul_(before / after)
@@ -149,12 +177,23 @@ def gta_combine_(stacked: torch.Tensor, weights: Sequence[float], *, consensus: 
     w = torch.tensor(list(weights), dtype=stacked.dtype, device=stacked.device).reshape(-1, *[1] * (stacked.dim() - 1))
     stacked.mul_(w)
     if consensus:
-        elected = torch.where(stacked.sum(dim=0) >= 0, 1.0, -1.0).to(stacked.dtype)
-        agree = torch.sign(stacked) == elected
-        divisor = (w * agree).sum(dim=0)
-        merged = stacked.masked_fill_(~agree, 0.0).sum(dim=0)
-        if normalize:
-            merged.div_(divisor.masked_fill_(divisor == 0, 1.0))
+        n = stacked.shape[0]
+        rows, wcol = stacked.reshape(n, -1), w.reshape(n, 1)
+        merged = torch.empty(rows.shape[1], dtype=rows.dtype, device=rows.device)
+        # float passes over column blocks that stay in cache, no boolean masks (~3x faster); every entry sees
+        # the same operations: Σ of the agreeing dᵢ is sign · Σ |dᵢ| over them, exactly (negation is exact)
+        step = max(1 << 14, (1 << 19) // max(n, 1))
+        for a in range(0, rows.shape[1], step):
+            block, out = rows[:, a:a + step], merged[a:a + step]
+            elected = block.sum(0).sign_().add_(0.5).sign_()  # the sum's sign, + where it is 0
+            block.mul_(elected).clamp_(min=0)  # agreeing entries (> 0 here) kept, the rest 0
+            if normalize:
+                divisor = torch.sign(block).mul_(wcol).sum(0)  # Σ of the agreeing entries' weights
+                divisor.add_(1.0 - divisor.abs().sign())  # 0 → 1
+            torch.sum(block, 0, out=out).mul_(elected)
+            if normalize:
+                out.div_(divisor)
+        merged = merged.view(stacked.shape[1:])
     else:
         merged = stacked.sum(dim=0)
         if normalize:

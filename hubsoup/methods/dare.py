@@ -13,7 +13,12 @@ Two conventions (``convention``):
   divides by Σ wᵢ. λ last.
 
 Masks are seeded from the recipe hash, the tensor name and the input: reruns repeat exactly;
-against mergekit they agree in distribution (kept fraction, rescale), not bit for bit.
+against mergekit they agree in distribution (kept fraction, rescale), not bit for bit. The paper
+convention draws each mask as peft does (one ``torch.bernoulli`` over the tensor: the same masks as
+peft's ``dare_linear`` / ``dare_ties`` for the same seed), so it merges whole tensors. The mergekit
+convention draws each block of 2¹⁶ entries from a generator of its own, so a tensor is merged in
+pieces (in lanes): one pass sums each task vector's L1 norm before and after the drop (for
+``rescale``), then every piece drops, rescales and combines.
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ from typing import Literal
 
 import torch
 
+import math
+
 from hubsoup.errors import ParameterError
-from hubsoup.methods import Method, TensorContext, param, register
+from hubsoup.linalg import block_sums
+from hubsoup.methods import Method, StatsPass, TensorContext, param, register
 from hubsoup.methods._kernels import task_arithmetic, ties_combine_
-from hubsoup.methods._sparsify import apply_mask_, bernoulli_mask, gta_combine_
+from hubsoup.methods._sparsify import MASK_BLOCK, bernoulli_mask, gta_combine_, l1_norm, rescale_to_norm_
 
 
 def dare_drop_(delta: torch.Tensor, p: float, generator: torch.Generator, rescale: bool = True) -> torch.Tensor:
@@ -88,15 +96,27 @@ class Dare(Method):
             return params.scale
         return 0.3 if params.then == "sum" and params.convention == "paper" else 1.0
 
+    piece_multiple = MASK_BLOCK  # a piece draws whole blocks of the mask (mergekit convention)
+
+    def tensor_passes(self, params, n_inputs):
+        """The mergekit convention merges in pieces: with ``rescale``, after a pass summing each task
+        vector's L1 norm before and after its drop; the paper convention draws peft's mask: None."""
+        if params.convention != "mergekit":
+            return None
+        rescaled = params.rescale and any(d < 1.0 for d in _densities(params, n_inputs))
+        return [_NormsPass(params)] if rescaled else []
+
     def merge(self, base, deltas, params, ctx: TensorContext):
         weights = params.weights or [1.0] * len(deltas)
         scale = self.resolved_scale(params)
         if params.convention == "mergekit":
-            densities = params.densities or [1.0 - params.p] * len(deltas)
-            for i, (row, density) in enumerate(zip(deltas, densities)):
+            norms = ctx.stats.get(_NORMS)  # the whole vectors' (merged in pieces), else computed here
+            for i, (row, density) in enumerate(zip(deltas, _densities(params, len(deltas)))):
                 if density < 1.0:
-                    mask = bernoulli_mask(row.shape, density, ctx.generator(f"dare:{params.seed}:{i}"), row.device)
-                    apply_mask_(row, mask, params.rescale)
+                    before = (norms[i][0] if norms else l1_norm(row)) if params.rescale else 0.0
+                    row.masked_fill_(~_mask(row, density, params, ctx, i), 0.0)
+                    if params.rescale:
+                        rescale_to_norm_(row, before, after=norms[i][1] if norms else None)
             normalize = params.merge == "mean" if params.then == "ties" else params.normalize
             return gta_combine_(deltas, weights, consensus=params.then == "ties", normalize=normalize,
                                 scale=scale)
@@ -106,3 +126,52 @@ class Dare(Method):
             return ties_combine_(deltas, params.weights, params.merge).mul_(scale)
         out = task_arithmetic(deltas, weights, scale)
         return out.div_(sum(weights)) if params.normalize and abs(sum(weights)) >= 1e-8 else out
+
+
+def _densities(params, n: int) -> list[float]:
+    return list(params.densities or [1.0 - params.p] * n)
+
+
+def _mask(row: torch.Tensor, density: float, params, ctx: TensorContext, i: int) -> torch.Tensor:
+    """Input i's mask (mergekit convention) over the entries ``row`` holds, from ``ctx.offset``."""
+    mask = bernoulli_mask(row.numel(), density, lambda j: ctx.generator(f"dare:{params.seed}:{i}:{j}"), ctx.offset)
+    return mask.to(row.device).view(row.shape)
+
+
+_NORMS = "dare.l1"
+
+
+class _NormsPass(StatsPass):
+    """Each task vector's L1 norm before and after its drop (mergekit's rescale), over the pieces: block
+    sums gathered, summed exactly (in any order, the whole tensor's)."""
+
+    piecewise = True
+
+    def __init__(self, params):
+        self.params = params
+        self.sums: list[tuple[list, list]] | None = None
+
+    def update(self, ctx, base, deltas):
+        if self.sums is None:
+            self.sums = [([], []) for _ in deltas]
+        for i, (row, density) in enumerate(zip(deltas, _densities(self.params, len(deltas)))):
+            if density < 1.0:
+                before, after = self.sums[i]
+                before += block_sums(row, absolute=True)
+                row.masked_fill_(~_mask(row, density, self.params, ctx, i), 0.0)  # the sweep's buffer
+                after += block_sums(row, absolute=True)
+
+    def fork(self) -> "_NormsPass":
+        return _NormsPass(self.params)
+
+    def join(self, other: "_NormsPass") -> None:
+        if other.sums is None:
+            return
+        if self.sums is None:
+            self.sums = [([], []) for _ in other.sums]
+        for (b, a), (ob, oa) in zip(self.sums, other.sums):
+            b += ob
+            a += oa
+
+    def finish(self, stats):
+        stats[_NORMS] = [(math.fsum(b), math.fsum(a)) for b, a in self.sums or []]

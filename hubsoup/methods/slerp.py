@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hubsoup.linalg import DOT_BLOCK, block_dots
+from hubsoup.linalg import DOT_BLOCK, block_sums
 from hubsoup.methods import Method, StatsPass, param, register
 
 
@@ -48,7 +48,7 @@ def slerp(a: torch.Tensor, b: torch.Tensor, t: float, eps: float = 1e-8, dot_thr
 
 def _dots(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
     """(a·a, b·b, a·b), each the exactly rounded sum of block sums: the same whole or in pieces."""
-    return math.fsum(block_dots(a, a)), math.fsum(block_dots(b, b)), math.fsum(block_dots(a, b))
+    return math.fsum(block_sums(a, a)), math.fsum(block_sums(b, b)), math.fsum(block_sums(a, b))
 
 
 def _ends(base: torch.Tensor, deltas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +73,7 @@ class _DotsPass(StatsPass):
     def update(self, ctx, base, deltas):
         a, b = _ends(base, deltas)  # the sweep's buffers: this pass's to overwrite
         for acc, (x, y) in zip(self.blocks, ((a, a), (b, b), (a, b))):
-            acc += block_dots(x, y)
+            acc += block_sums(x, y)
 
     def fork(self) -> "_DotsPass":
         return _DotsPass()
