@@ -136,22 +136,23 @@ def test_slerp_in_pieces_equals_the_dense_path(wider, small_pieces, lanes, used,
         assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
 
 
-@pytest.mark.parametrize("params", [
-    {"then": "ties", "p": 0.5},
-    {"then": "sum", "densities": [0.3, 1.0, 0.6], "weights": [1.0, 0.5, 2.0], "normalize": True},
-    {"then": "ties", "p": 0.7, "rescale": False, "merge": "mean"},
+@pytest.mark.parametrize("method, params", [
+    ("dare", {"then": "ties", "p": 0.5}),
+    ("dare", {"then": "sum", "densities": [0.3, 1.0, 0.6], "weights": [1.0, 0.5, 2.0], "normalize": True}),
+    ("dare", {"then": "ties", "p": 0.7, "rescale": False, "merge": "mean"}),
+    ("lines", {"base_method": "dare", "then": "ties", "p": 0.5}),  # the pieces as DARE's, under layer scaling
 ])
 def test_dare_mergekit_in_pieces_equals_the_dense_path(wider, small_pieces, lanes, used, monkeypatch, tmp_path,
-                                                       params):
+                                                       method, params):
     """DARE's mergekit convention draws each 2¹⁶-entry block of a mask from a generator of its own and sums
     the L1 norms in a pass over the pieces: merged in pieces (in lanes, any order), the dense path's
     result bit for bit."""
     base, fts = wider
     params = {"convention": "mergekit", **params}
-    ours = hubsoup.merge(fts, method="dare", base=base, out=str(tmp_path / "pieces"), quiet=True, **params)
+    ours = hubsoup.merge(fts, method=method, base=base, out=str(tmp_path / "pieces"), quiet=True, **params)
     assert used and all(used), "the in-pieces path was not taken"
     _dense(monkeypatch)
-    ref = hubsoup.merge(fts, method="dare", base=base, out=str(tmp_path / "dense"), quiet=True, **params)
+    ref = hubsoup.merge(fts, method=method, base=base, out=str(tmp_path / "dense"), quiet=True, **params)
     got, want, b = state(ours.path), state(ref.path), state(base)
     assert got.keys() == want.keys()
     for k in want:
@@ -169,8 +170,8 @@ def test_slerp_pieces_start_at_whole_blocks(wider, small_pieces, monkeypatch, tm
     steps = []
     real = TensorWork.pieces
 
-    def spying(self):
-        sweep = real(self)
+    def spying(self, multiple=1):
+        sweep = real(self, multiple)
         if sweep is not None:
             steps.append(sweep.starts.step)
         return sweep
@@ -310,8 +311,8 @@ def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, lanes,
     again, seen = [], []
     real = TensorWork.pieces
 
-    def spying(self):
-        sweep = real(self)
+    def spying(self, multiple=1):
+        sweep = real(self, multiple)
         if sweep is None:
             return None
 

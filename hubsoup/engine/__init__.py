@@ -173,10 +173,11 @@ class TensorWork:
             out.append(t)
         return out
 
-    def pieces(self):
-        """A sweep over this tensor in pieces, or None if an input does not hold it whole (or the block is
-        not on the CPU): a callable returning an iterator of ``(start, k, base, stack)``, the float32
-        ``base`` piece θ₀[start:start + k] of the flattened tensor and the ``(N, k)`` stack of τᵢ over it,
+    def pieces(self, multiple: int = 1):
+        """A sweep over this tensor in pieces (their starts multiples of ``multiple`` entries), or None if an
+        input does not hold it whole (or the block is not on the CPU): a callable returning an iterator of
+        ``(start, k, base, stack)``, the float32 ``base`` piece θ₀[start:start + k] of the flattened
+        tensor and the ``(N, k)`` stack of τᵢ over it,
         recomputed from the stored bytes on every call (buffers reused: consume each before the next);
         ``only``: the pieces starting at these offsets (a set, swept in order; or a
         :class:`~hubsoup.engine.lanes.Shared` queue that concurrent sweeps take pieces from), no others.
@@ -190,7 +191,7 @@ class TensorWork:
             return None
         flat_base, flats = self.raw_base().reshape(-1), [r.reshape(-1) for r in raws]
         numel, n = flat_base.numel(), len(raws)
-        step = -(-piece_size(n) // self.job.method.piece_multiple) * self.job.method.piece_multiple
+        step = -(-piece_size(n) // multiple) * multiple
 
         starts = range(0, numel, step)
 

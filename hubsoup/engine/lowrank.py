@@ -131,7 +131,7 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
     passes = method.tensor_passes(params, n)
     if passes is None:
         return None
-    pieces = work.pieces()
+    pieces = work.pieces(method.piece_multiple(params))
     if pieces is None:
         return None
     from hubsoup.engine import feed, lanes  # the engine imports this module

@@ -175,9 +175,6 @@ class Method:
     scale_param: ClassVar[str | None] = None
     """The parameter that scales the whole merged task vector (λ), if any: a modifier that applies
     its own scale (LiNeS) sets it to 1 unless the user gives it."""
-    piece_multiple: ClassVar[int] = 1
-    """Merged in pieces (:meth:`tensor_passes`), a tensor's pieces start at multiples of this many
-    entries (SLERP's block sums of the dot products need the whole tensor's blocks)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -266,6 +263,11 @@ class Method:
         included); a pass is fed from several threads only through its :meth:`StatsPass.fork`.
         """
         return [] if self.linear_coefficients(params, n_inputs) is not None else None
+
+    def piece_multiple(self, params: Any) -> int:
+        """Merged in pieces (:meth:`tensor_passes`), a tensor's pieces start at multiples of this many
+        entries: SLERP sums its dot products over fixed blocks, DARE draws its masks by blocks."""
+        return 1
 
     def stats_key(self, params: Any) -> Hashable:
         """What :meth:`prepare` and :meth:`passes` read of ``params``: merges of the same inputs with equal

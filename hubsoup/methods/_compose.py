@@ -112,6 +112,9 @@ class Modifier(Method):
     def inner_tensor_passes(self, params: Composed, n_inputs: int) -> list[StatsPass] | None:
         return params.inner.tensor_passes(params.inner_params, n_inputs)
 
+    def piece_multiple(self, params: Composed) -> int:
+        return params.inner.piece_multiple(params.inner_params)
+
     def inner_merge(self, base, deltas, params: Composed, ctx: TensorContext):
         return params.inner.merge(base, deltas, params.inner_params, ctx)
 

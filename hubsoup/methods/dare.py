@@ -96,8 +96,6 @@ class Dare(Method):
             return params.scale
         return 0.3 if params.then == "sum" and params.convention == "paper" else 1.0
 
-    piece_multiple = MASK_BLOCK  # a piece draws whole blocks of the mask (mergekit convention)
-
     def tensor_passes(self, params, n_inputs):
         """The mergekit convention merges in pieces: with ``rescale``, after a pass summing each task
         vector's L1 norm before and after its drop; the paper convention draws peft's mask: None."""
@@ -105,6 +103,9 @@ class Dare(Method):
             return None
         rescaled = params.rescale and any(d < 1.0 for d in _densities(params, n_inputs))
         return [_NormsPass(params)] if rescaled else []
+
+    def piece_multiple(self, params) -> int:
+        return MASK_BLOCK  # a piece draws whole blocks of the masks
 
     def merge(self, base, deltas, params, ctx: TensorContext):
         weights = params.weights or [1.0] * len(deltas)

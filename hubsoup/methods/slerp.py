@@ -100,7 +100,6 @@ class Slerp(Method):
     paper_url = "https://arxiv.org/abs/1609.04468"
     Params = SlerpParams
     min_inputs, max_inputs = 1, 2
-    piece_multiple = DOT_BLOCK  # pieces made of whole blocks of the dot products' sums
 
     def needs_base(self, params, n_inputs):
         return n_inputs < 2
@@ -108,6 +107,9 @@ class Slerp(Method):
     def tensor_passes(self, params, n_inputs):
         """The ends' norms and dot product, summed over the pieces (the merge is element-wise)."""
         return [_DotsPass()]
+
+    def piece_multiple(self, params) -> int:
+        return DOT_BLOCK  # pieces made of whole blocks of the dot products' sums
 
     def merge(self, base, deltas, params, ctx):
         a, b = _ends(base, deltas)  # the method owns the task vectors' buffers
