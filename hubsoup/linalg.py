@@ -84,7 +84,6 @@ def block_sums(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = 
     return out
 
 
-
 def gram_chunked(x: torch.Tensor) -> torch.Tensor:
     """``x @ xᵀ`` in float64, accumulated over column chunks (x: m×n, m ≤ n)."""
     g = torch.zeros(x.shape[0], x.shape[0], dtype=torch.float64, device=x.device)

@@ -133,7 +133,7 @@ def apply_mask_(row: torch.Tensor, mask: torch.Tensor | None, rescale: bool, eps
     if mask is None:
         return row
     before = l1_norm(row) if rescale else 0.0
-    row.masked_fill_(~mask.reshape(row.shape), 0.0)
+    row.masked_fill_(~mask, 0.0)
     return rescale_to_norm_(row, before, eps) if rescale else row
 
 

@@ -23,12 +23,11 @@ pieces (in lanes): one pass sums each task vector's L1 norm before and after the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
-
-import math
 
 from hubsoup.errors import ParameterError
 from hubsoup.linalg import block_sums
@@ -102,7 +101,7 @@ class Dare(Method):
         if params.convention != "mergekit":
             return None
         rescaled = params.rescale and any(d < 1.0 for d in _densities(params, n_inputs))
-        return [_NormsPass(params)] if rescaled else []
+        return [_NormsPass(params, n_inputs)] if rescaled else []
 
     def piece_multiple(self, params) -> int:
         return MASK_BLOCK  # a piece draws whole blocks of the masks
@@ -114,10 +113,11 @@ class Dare(Method):
             norms = ctx.stats.get(_NORMS)  # the whole vectors' (merged in pieces), else computed here
             for i, (row, density) in enumerate(zip(deltas, _densities(params, len(deltas)))):
                 if density < 1.0:
-                    before = (norms[i][0] if norms else l1_norm(row)) if params.rescale else 0.0
+                    if params.rescale:
+                        before, after = norms[i] if norms else (l1_norm(row), None)
                     row.masked_fill_(~_mask(row, density, params, ctx, i), 0.0)
                     if params.rescale:
-                        rescale_to_norm_(row, before, after=norms[i][1] if norms else None)
+                        rescale_to_norm_(row, before, after=after)
             normalize = params.merge == "mean" if params.then == "ties" else params.normalize
             return gta_combine_(deltas, weights, consensus=params.then == "ties", normalize=normalize,
                                 scale=scale)
@@ -148,14 +148,12 @@ class _NormsPass(StatsPass):
 
     piecewise = True
 
-    def __init__(self, params):
-        self.params = params
-        self.sums: list[tuple[list, list]] | None = None
+    def __init__(self, params, n_inputs: int):
+        self.params, self.n = params, n_inputs
+        self.sums: list[tuple[list, list]] = [([], []) for _ in range(n_inputs)]  # block sums before, after
 
     def update(self, ctx, base, deltas):
-        if self.sums is None:
-            self.sums = [([], []) for _ in deltas]
-        for i, (row, density) in enumerate(zip(deltas, _densities(self.params, len(deltas)))):
+        for i, (row, density) in enumerate(zip(deltas, _densities(self.params, self.n))):
             if density < 1.0:
                 before, after = self.sums[i]
                 before += block_sums(row, absolute=True)
@@ -163,16 +161,12 @@ class _NormsPass(StatsPass):
                 after += block_sums(row, absolute=True)
 
     def fork(self) -> "_NormsPass":
-        return _NormsPass(self.params)
+        return _NormsPass(self.params, self.n)
 
     def join(self, other: "_NormsPass") -> None:
-        if other.sums is None:
-            return
-        if self.sums is None:
-            self.sums = [([], []) for _ in other.sums]
         for (b, a), (ob, oa) in zip(self.sums, other.sums):
             b += ob
             a += oa
 
     def finish(self, stats):
-        stats[_NORMS] = [(math.fsum(b), math.fsum(a)) for b, a in self.sums or []]
+        stats[_NORMS] = [(math.fsum(b), math.fsum(a)) for b, a in self.sums]
