@@ -134,7 +134,7 @@ class MergeResult:
         Example:
             >>> info = result.push_to_hub("my-org/soup", private=True)   # doctest: +SKIP
             >>> print(info.commit_url)                                     # doctest: +SKIP
-            >>> stop = threading.Event()                                   # e.g. set by a Cancel button
+            >>> stop = threading.Event()                  # e.g. set by a Cancel button  # doctest: +SKIP
             >>> result.push_to_hub("my-org/soup", token=user_token, cancel=stop,
             ...                    progress=lambda done, stage, msg: print(f"{done:.0%} {msg}"))  # doctest: +SKIP
         """

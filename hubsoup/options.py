@@ -9,8 +9,9 @@ Example:
     >>> from hubsoup.options import MergeOptions
     >>> MergeOptions(dtype="bf16", shard_size="2GB").shard_bytes
     2000000000
-    >>> MergeOptions.split({"overwrite": True, "density": 0.2})
-    (MergeOptions(device='cpu', device_map=None, max_memory=None, dtype=None, shard_size='5GB', overwrite=True, allow_pickle=False, ignore_extra=False, shape_mismatch='error', quiet=False), {'density': 0.2})
+    >>> options, method_params = MergeOptions.split({"overwrite": True, "density": 0.2})
+    >>> options.overwrite, method_params
+    (True, {'density': 0.2})
 """
 
 from __future__ import annotations
