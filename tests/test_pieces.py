@@ -192,10 +192,11 @@ def test_slerp_dots_from_pieces_in_any_order_are_the_whole_tensors():
     from hubsoup.methods.slerp import _DOTS, _dots, _DotsPass
 
     a = torch.ones(3 * DOT_BLOCK)
-    b = torch.cat([torch.full((DOT_BLOCK,), 1e20 / DOT_BLOCK), torch.zeros(DOT_BLOCK), torch.full((DOT_BLOCK,), -1e20 / DOT_BLOCK)])
+    big = torch.full((DOT_BLOCK,), 1e20 / DOT_BLOCK)
+    b = torch.cat([big, torch.zeros(DOT_BLOCK), -big])
     b[DOT_BLOCK] = 1.0
     base = torch.zeros_like(a)
-    pieces = [(slice(i * DOT_BLOCK, (i + 1) * DOT_BLOCK)) for i in range(3)]
+    pieces = [slice(i * DOT_BLOCK, (i + 1) * DOT_BLOCK) for i in range(3)]
     results = []
     for order in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
         p, q = _DotsPass(), _DotsPass()
@@ -223,7 +224,7 @@ def test_default_pieces_and_a_dtype_change(models, used, monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("method, params", [
-    ("dare", {"then": "sum"}),  # random drops: not element-wise
+    ("dare", {"then": "sum"}),  # the paper convention: peft's mask, one stream over the whole tensor
     ("ties", {"convention": "mergekit"}),  # exactly top-k per row
 ])
 def test_methods_needing_the_whole_tensor_keep_the_dense_path(models, used, tmp_path, method, params):
@@ -303,7 +304,6 @@ def test_the_majority_sign_learned_in_the_merge_sweep(tied, small_pieces, lanes,
     its own tally): the tensors whose majority is -1 merge again the pieces that used it, and only
     those, in lanes too; the result is the dense path's."""
     from hubsoup.engine import TensorWork
-
     from hubsoup.engine.lanes import Shared
 
     n_lanes = lanes
