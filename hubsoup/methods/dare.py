@@ -33,7 +33,7 @@ from hubsoup.errors import ParameterError
 from hubsoup.linalg import block_sums
 from hubsoup.methods import Method, StatsPass, TensorContext, param, register
 from hubsoup.methods._kernels import task_arithmetic, ties_combine_
-from hubsoup.methods._sparsify import MASK_BLOCK, bernoulli_mask, gta_combine_, l1_norm, rescale_to_norm_
+from hubsoup.methods._sparsify import MASK_BLOCK, bernoulli_mask, gta_combine_, l1_norm, per_input, rescale_to_norm_
 
 
 def dare_drop_(delta: torch.Tensor, p: float, generator: torch.Generator, rescale: bool = True) -> torch.Tensor:
@@ -130,7 +130,7 @@ class Dare(Method):
 
 
 def _densities(params, n: int) -> list[float]:
-    return list(params.densities or [1.0 - params.p] * n)
+    return per_input(1.0 - params.p, params.densities, n)
 
 
 def _mask(row: torch.Tensor, density: float, params, ctx: TensorContext, i: int) -> torch.Tensor:

@@ -46,9 +46,15 @@ def slerp(a: torch.Tensor, b: torch.Tensor, t: float, eps: float = 1e-8, dot_thr
     return torch.add(a * (math.sin((1 - t) * omega) / so), b, alpha=math.sin(t * omega) / so)
 
 
+def _block_dots(a: torch.Tensor, b: torch.Tensor) -> tuple[list, list, list]:
+    """The block sums of a·a, b·b and a·b (:func:`hubsoup.linalg.block_sums`)."""
+    return block_sums(a, a), block_sums(b, b), block_sums(a, b)
+
+
 def _dots(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
     """(a·a, b·b, a·b), each the exactly rounded sum of block sums: the same whole or in pieces."""
-    return math.fsum(block_sums(a, a)), math.fsum(block_sums(b, b)), math.fsum(block_sums(a, b))
+    aa, bb, ab = (math.fsum(sums) for sums in _block_dots(a, b))
+    return aa, bb, ab
 
 
 def _ends(base: torch.Tensor, deltas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,8 +78,8 @@ class _DotsPass(StatsPass):
 
     def update(self, ctx, base, deltas):
         a, b = _ends(base, deltas)  # the sweep's buffers: this pass's to overwrite
-        for acc, (x, y) in zip(self.blocks, ((a, a), (b, b), (a, b))):
-            acc += block_sums(x, y)
+        for acc, sums in zip(self.blocks, _block_dots(a, b)):
+            acc += sums
 
     def fork(self) -> "_DotsPass":
         return _DotsPass()
