@@ -210,14 +210,11 @@ def write(tmp_path, text: str) -> str:
 
 
 @pytest.mark.parametrize("text, key", [
-    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\nfoo: 1\n", "'foo'"),
-    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n    weight: 1\n", "'models[0].weight'"),
-    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n    parameters: {weight: 1, dens: 0.5}\n",
-     "'models[0].parameters.dens'"),
-    ("merge_method: linear\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\ntokenizer_source: union\n",
-     "tokenizer_source: union"),
-    ("merge_method: linear\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\nchat_template: chatml\n",
-     "chat_template: chatml"),
+    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\nfoo: 1\n", "'weight' is required"),
+    ("merge_method: linear\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\nchat_template: chatmlx\n",
+     "chat_template: 'chatmlx'"),
+    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n    parameters: {weight: one}\n",
+     "'models[0].parameters.weight' = 'one' is not a number"),
     ("merge_method: linear\nmodules:\n  text: {}\n", "'modules'"),
     ("merge_method: ties\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\n", "needs 'base_model'"),
     ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n", "'weight' is required"),
@@ -228,8 +225,6 @@ def write(tmp_path, text: str) -> str:
      "exactly one other model"),
     ("merge_method: linear\nslices:\n  - sources:\n      - model: a/b\n        layer_range: [0, 2]\n"
      "      - model: c/d\n        layer_range: [0, 3]\n", "same number of layers"),
-    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n    parameters:\n      weight: 1\n"
-     "      normalize: [true, false]\n", "'models[0].parameters.normalize'"),
     ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\ndtype: int8\n",
      "'dtype'"),
 ])
@@ -241,6 +236,79 @@ def test_bad_configs_name_the_key(text, key):
         read_config(text, resolve=False)
     assert key in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_keys_mergekit_ignores_are_ignored_with_a_warning(caplog):
+    """mergekit's config classes drop unknown keys and a method reads only the parameters it declares:
+    hubsoup accepts the same configs, reads them the same way, and names each dropped key once."""
+    from hubsoup.formats.mergekit import read_config
+
+    text = """name: stage-1
+merge_method: ties
+base_model: a/b
+select_topk: 0.5
+int8_mask: true
+pad_to_multiple_of: 64
+models:
+  - model: c/d
+    weight: 1
+    parameters:
+      weight: "1e-1"
+      dens: 0.5
+      normalize: [true, false]
+      density:
+        - pattern: mlp
+          value: 0.3
+        - value: 0.2
+parameters:
+  normalize: "true"
+  tol: 1e-10
+"""
+    with caplog.at_level("WARNING", logger="hubsoup.formats.mergekit"):
+        m = read_config(text, resolve=False)
+    # values as mergekit 0.1.5 resolves them (checked with its MergeConfiguration and evaluate_setting):
+    # a string weight is a number, `pattern` is dropped so the first entry applies to every tensor
+    assert m.params["weights"] == [0.1] and m.params["densities"] == [0.3] and m.params["merge"] == "mean"
+    dropped = ["name", "select_topk", "int8_mask", "pad_to_multiple_of", "models[0].weight", "parameters.tol",
+               "models[0].parameters.dens", "models[0].parameters.normalize", "models[0].parameters.density.pattern"]
+    assert m.ignored == dropped
+    said = [r.getMessage() for r in caplog.records]
+    assert all(sum(f"'{k}' is ignored" in x for x in said) == 1 for k in dropped)
+    # a slice's residual_weight and a source's revision: read by mergekit's classes, used nowhere
+    m = read_config("merge_method: passthrough\nslices:\n  - sources:\n      - model: a/b\n        layer_range: [0, 2]\n"
+                    "        revision: main\n    residual_weight: 0.5\n", resolve=False)
+    assert m.ignored == ["slices[0].residual_weight", "slices[0].sources[0].revision"]
+
+
+def test_named_and_auto_chat_templates(models, tmp_path, monkeypatch):
+    """chat_template: a mergekit name is mergekit's template; auto is the plurality of the models' own."""
+    import hubsoup
+    from transformers import AutoTokenizer
+
+    from hubsoup.formats.chat_template import NAMES, resolve
+
+    assert set(NAMES) == {"alpaca", "chatml", "exaone", "llama3", "mistral"}
+    monkeypatch.chdir(models)
+    r = hubsoup.run_recipe(write(tmp_path, CONFIGS["task_arithmetic"][1] + "chat_template: chatml\n"),
+                           str(tmp_path / "named"), quiet=True)
+    tok = AutoTokenizer.from_pretrained(r.path)
+    assert tok.chat_template == resolve("chatml")
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == \
+        "<|im_start|>user\nhi<|im_end|>\n"
+    # auto: two models carry template B, one carries A (the base, first in order): B wins
+    for ref, t in (("tiny-llama/base", "{{ 'A' }}{% for m in messages %}{{ m['content'] }}{% endfor %}"),
+                   ("tiny-llama/ft-a", "{{ 'B' }}{% for m in messages %}{{ m['content'] }}{% endfor %}"),
+                   ("tiny-llama/ft-b", "{{ 'B' }}{% for m in messages %}{{ m['content'] }}{% endfor %}")):
+        with open(os.path.join(models, ref, "chat_template.jinja"), "w", encoding="utf-8") as f:
+            f.write(t + "\n")
+    try:
+        r = hubsoup.run_recipe(write(tmp_path, CONFIGS["task_arithmetic"][1] + "chat_template: auto\n"),
+                               str(tmp_path / "auto"), quiet=True)
+    finally:
+        for ref in ("tiny-llama/base", "tiny-llama/ft-a", "tiny-llama/ft-b"):
+            os.remove(os.path.join(models, ref, "chat_template.jinja"))
+    tok = AutoTokenizer.from_pretrained(r.path)
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == "Bx"
 
 
 def test_lora_on_the_base_is_the_adapter_input():

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -52,6 +53,9 @@ from typing import Any, Callable
 import yaml
 
 from hubsoup.errors import ParameterError
+from hubsoup.formats import chat_template
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "mergekit_config.yml"
 """The name mergekit gives the config it writes beside a merge."""
@@ -63,6 +67,7 @@ _UNSUPPORTED_TOP = {
     "tokenizer": "the 'tokenizer' section (added tokens, vocabulary padding) is not supported; "
                  "use tokenizer_source: base or a model",
 }
+_IGNORED_SLICE_KEYS = {"residual_weight": "mergekit 0.1.5 reads it but never uses it"}
 _DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16": "float16",
            "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 REQUIRED = object()
@@ -189,6 +194,10 @@ class MergekitMerge:
     guarded: list[str] = field(default_factory=list, repr=False)
     """mergekit parameters set per slice (several slices): resolved by :func:`_guard_params` from the tensor names."""
     top: dict[str, Any] = field(default_factory=dict, repr=False)
+    chat_template_text: str | None = None
+    """The template ``chat_template`` names (None for ``auto``: chosen from the models when the merge is planned)."""
+    ignored: list[str] = field(default_factory=list)
+    """Keys and parameters mergekit would drop without a word (warned about, and listed on the card)."""
 
     def merge_kwargs(self) -> dict[str, Any]:
         """The :func:`hubsoup.merge` arguments (inputs apart) of this merge."""
@@ -218,16 +227,18 @@ def _where(path: list) -> str:
     return out
 
 
-def _check_keys(d: Any, allowed: set[str], where: list, unsupported: dict[str, str] | None = None) -> dict:
+def _check_keys(d: Any, allowed: set[str], where: list, dropped: list[str],
+                unsupported: dict[str, str] | None = None) -> dict:
+    """``d`` as a mapping; a key mergekit does not know is dropped (mergekit's config classes drop it too) and
+    recorded in ``dropped`` for the warning; a key mergekit uses and hubsoup cannot reproduce is refused."""
     if not isinstance(d, dict):
         raise ParameterError(f"mergekit config: '{_where(where)}' must be a mapping, got {d!r}")
     for k in d:
         if unsupported and k in unsupported:
             raise ParameterError(f"mergekit config: key '{_where(where + [k])}' is not supported: {unsupported[k]}")
         if k not in allowed:
-            raise ParameterError(f"mergekit config: unknown key '{_where(where + [k])}' "
-                                 f"(allowed here: {', '.join(sorted(allowed))})")
-    return d
+            dropped.append(_where(where + [k]))
+    return {k: v for k, v in d.items() if k in allowed}
 
 
 def _model_ref(value: Any, where: list) -> str:
@@ -266,7 +277,8 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
         raise ParameterError(f"mergekit config: not valid YAML ({str(e).splitlines()[0]})") from None
     if not is_mergekit_config(data):
         raise ParameterError("mergekit config: no 'merge_method' key (is this a hubsoup recipe?)")
-    _check_keys(data, _TOP_KEYS, [], _UNSUPPORTED_TOP)
+    dropped: list[str] = []
+    data = _check_keys(data, _TOP_KEYS, [], dropped, _UNSUPPORTED_TOP)
     mk_name = data["merge_method"]
     if not isinstance(mk_name, str):
         raise ParameterError(f"mergekit config: 'merge_method' must be a method name, got {mk_name!r}")
@@ -285,7 +297,7 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
             raise ParameterError("mergekit config: 'models' must be a non-empty list")
         for i, m in enumerate(data["models"]):
             w = ["models", i]
-            _check_keys(m, {"model", "parameters"}, w)
+            m = _check_keys(m, {"model", "parameters"}, w, dropped)
             models.append(Source(_model_ref(m.get("model"), w + ["model"]), None,
                                  _params_map(m.get("parameters"), w + ["parameters"])))
     else:
@@ -294,15 +306,15 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
         slices = []
         for i, s in enumerate(data["slices"]):
             w = ["slices", i]
-            _check_keys(s, {"sources", "parameters"}, w,
-                        {"base_model": "a per-slice base_model is not supported; use the top-level base_model",
-                         "residual_weight": "residual_weight is not supported"})
+            s = _check_keys(s, {"sources", "parameters"} | set(_IGNORED_SLICE_KEYS), w, dropped,
+                            {"base_model": "a per-slice base_model is not supported; use the top-level base_model"})
+            dropped.extend(_where(w + [k]) for k in _IGNORED_SLICE_KEYS if k in s)
             if not isinstance(s.get("sources"), list) or not s["sources"]:
                 raise ParameterError(f"mergekit config: '{_where(w + ['sources'])}' must be a non-empty list")
             srcs = []
             for j, src in enumerate(s["sources"]):
                 ws = w + ["sources", j]
-                _check_keys(src, {"model", "layer_range", "parameters"}, ws)
+                src = _check_keys(src, {"model", "layer_range", "parameters"}, ws, dropped)
                 lr = src.get("layer_range")
                 if (not isinstance(lr, (list, tuple)) or len(lr) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in lr)
                         or lr[0] < 0 or lr[1] <= lr[0]):
@@ -331,12 +343,14 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
                                  "embeddings for a merged vocabulary); use 'base' or one model")
         tok = None if tok == "base" else _model_ref(tok, ["tokenizer_source"])
     chat = data.get("chat_template")
-    if chat is not None and (not isinstance(chat, str) or "{" not in chat):
-        raise ParameterError(f"mergekit config: 'chat_template: {chat}' is not supported: give the template "
-                             "itself (Jinja text); mergekit's named templates and 'auto' are not available")
+    chat_text = chat_template.resolve(chat) if chat is not None else None  # a name or a bad value: refused now
 
-    merge = _build(text, mk_name, base_ref, top, models, slices, dtype)
+    merge = _build(text, mk_name, base_ref, top, models, slices, dtype, dropped)
     merge.tokenizer_source, merge.chat_template, merge.top = tok, chat, top
+    merge.chat_template_text = chat_text
+    merge.ignored = dropped
+    for key in dropped:  # mergekit drops them silently; the author meant something by each: say so
+        log.warning("mergekit config: '%s' is ignored (mergekit ignores it too)", key)
     if resolve:
         naming = MergekitLayout(merge).check_sources(token=token, allow_pickle=allow_pickle)
         if merge.guarded:
@@ -359,7 +373,7 @@ def _lora_input(ref: str, base_ref: str | None, where: str) -> str:
 
 
 def _build(text: str, mk_name: str, base_ref: str | None, top: dict, models: list[Source],
-           slices: list[Slice] | None, dtype: str | None) -> MergekitMerge:
+           slices: list[Slice] | None, dtype: str | None, dropped: list[str]) -> MergekitMerge:
     spec = METHODS.get(mk_name)
     if spec is None:
         return _build_native(text, mk_name, base_ref, top, models, slices, dtype)
@@ -408,7 +422,7 @@ def _build(text: str, mk_name: str, base_ref: str | None, top: dict, models: lis
         params["use_base"] = base_ref is not None
     merge = MergekitMerge(text, mk_name, spec.hub, params, base, inputs, dtype, slices,
                           models_mode_sources=models)
-    _fill_params(merge, spec, top)
+    _fill_params(merge, spec, top, dropped)
     merge.base = _lora_input(merge.base, None, "base_model") if merge.base else None
     merge.inputs = [_lora_input(m, base_ref, "models") for m in merge.inputs]
     return merge
@@ -462,13 +476,45 @@ def _entries(setting: Any, where: str) -> list[dict]:
             return [{"value": list(setting)}]
         out = []
         for e in setting:
-            if not isinstance(e, dict) or "value" not in e or set(e) - {"filter", "value"}:
+            if not isinstance(e, dict) or "value" not in e:
                 raise ParameterError(f"mergekit config: '{where}': an entry is {{filter: NAME, value: V}}, got {e!r}")
+            e = {k: v for k, v in e.items() if k in ("filter", "value")}  # other keys were dropped (and warned of)
             if e.get("filter") is not None and not isinstance(e["filter"], str):
                 raise ParameterError(f"mergekit config: '{where}': filter {e['filter']!r} is not a string")
             out.append({"value": e["value"]} if e.get("filter") in (None, "*") else dict(e))
         return out
     raise ParameterError(f"mergekit config: '{where}': unexpected value {setting!r}")
+
+
+def _typed_setting(setting: Any, p: MkParam, where: str, dropped: list[str]) -> Any:
+    """A parameter setting with mergekit's pydantic reading: numbers written as strings (``tol: "1e-10"``) are
+    numbers for a numeric parameter, and keys of a ``{filter, value}`` entry other than those two
+    (``pattern:``) are dropped, so such an entry applies to every tensor, as in mergekit."""
+    def scalar(v: Any) -> Any:
+        if isinstance(v, str) and p.kind in (float, int):
+            try:
+                x = float(v.strip())
+            except ValueError:
+                raise ParameterError(f"mergekit config: '{where}' = {v!r} is not a number") from None
+            return int(x) if p.kind is int and x.is_integer() else x
+        return v
+
+    def value(v: Any) -> Any:
+        return [scalar(x) for x in v] if isinstance(v, list) else scalar(v)
+
+    if isinstance(setting, dict):
+        setting = [setting]
+        single = True
+    else:
+        single = False
+    if isinstance(setting, list) and setting and all(isinstance(e, dict) for e in setting):
+        out = []
+        for e in setting:
+            extra = [k for k in e if k not in ("filter", "value")]
+            dropped.extend(f"{where}.{k}" for k in extra)
+            out.append({k: (value(v) if k == "value" else v) for k, v in e.items() if k not in extra})
+        return out[0] if single else out
+    return value(setting)
 
 
 def _chain(parts: list[tuple[Any, str]], p: MkParam, name: str) -> list[dict]:
@@ -511,8 +557,12 @@ def _bool(v: Any, name: str) -> bool:
     raise ParameterError(f"mergekit config: parameter '{name}' must be true or false, got {v!r}")
 
 
-def _fill_params(merge: MergekitMerge, spec: MkMethod, top: dict) -> None:
-    """Every mergekit parameter of the config, resolved to hubsoup's (single-scope chains; slices: per slice later)."""
+def _fill_params(merge: MergekitMerge, spec: MkMethod, top: dict, dropped: list[str]) -> None:
+    """Every mergekit parameter of the config, resolved to hubsoup's (single-scope chains; slices: per slice later).
+
+    A parameter the method does not declare, or a whole-merge parameter given for one model, is
+    dropped into ``dropped``: mergekit resolves only the parameters a method declares, each at the
+    scopes it is looked up at, and never reads the others."""
     known = set(spec.params)
     scopes: list[tuple[dict, str, bool]] = [(top, "parameters", False)]
     for i, s in enumerate(merge.models_mode_sources):
@@ -522,13 +572,12 @@ def _fill_params(merge: MergekitMerge, spec: MkMethod, top: dict) -> None:
         for j, src in enumerate(sl.sources):
             scopes.append((src.parameters, f"slices[{i}].sources[{j}].parameters", True))
     for d, where, per_model in scopes:
-        for k in d:
-            if k not in known:
-                raise ParameterError(f"mergekit config: unknown parameter '{where}.{k}' for merge_method "
-                                     f"'{merge.merge_method}' (its parameters: {', '.join(sorted(known))})")
-            if per_model and not spec.params[k].per_input:  # mergekit would silently ignore it there
-                raise ParameterError(f"mergekit config: parameter '{where}.{k}' applies to the whole merge, not "
-                                     "to one model: give it under the top-level (or the slice's) parameters")
+        for k in list(d):
+            if k not in known or (per_model and not spec.params[k].per_input):
+                dropped.append(f"{where}.{k}")
+                del d[k]
+            else:
+                d[k] = _typed_setting(d[k], spec.params[k], f"{where}.{k}", dropped)
     multi = merge.slices is not None and len(merge.slices) > 1
     for name, p in spec.params.items():
         if p.hub is None:
@@ -633,6 +682,8 @@ class MergekitLayout:
         from hubsoup.plan import Plan
 
         self._check_tokenizer(base, opts)
+        if self.merge.chat_template == "auto":
+            self.merge.chat_template_text = self._auto_chat_template(base, opts)
         self._num_layers = _layers(base.config)
         if self._trivial_slices():
             return Plan.of(base, opts.device)
@@ -715,6 +766,28 @@ class MergekitLayout:
                 f"the base's ('{base.label}'), and hubsoup keeps the base's embedding rows (mergekit would re-map "
                 "them); use tokenizer_source: base")
 
+    def _auto_chat_template(self, base, opts) -> str | None:
+        """``chat_template: auto``: the template most of the config's models carry (config order breaks ties)."""
+        from hubsoup.sources.resolve import open_input
+
+        refs = [r.split("+")[0] for r in _referenced(self.merge)]
+        folders = []
+        for ref in refs:
+            if ref == self.merge.base:
+                folders.append((ref, base.folder))
+            else:
+                ckpt = open_input(ref, allow_pickle=opts.allow_pickle, token=opts.token, with_tokenizer=True,
+                                  headers_only=True)
+                folders.append((ref, ckpt.folder))
+        found = chat_template.plurality((ref, chat_template.template_of(f)) for ref, f in folders)
+        if found is None:
+            log.warning("mergekit config: chat_template: auto, but none of the models has a chat template: "
+                        "the tokenizer keeps its own")
+            return None
+        log.warning("mergekit config: chat_template: auto chose the template of '%s' (%d of %d models carry it)",
+                    found[0], sum(chat_template.template_of(f) == found[1] for _, f in folders), len(folders))
+        return found[1]
+
     def finish(self, folder: str) -> None:
         """The output's config (layer count), tokenizer (``tokenizer_source``) and chat template."""
         cfg_path = os.path.join(folder, "config.json")
@@ -733,11 +806,12 @@ class MergekitLayout:
                     if os.path.isfile(p):
                         os.remove(p)
             copy_base_files(self._tok_ckpt, folder, tokenizer_only=True)
-        if self.merge.chat_template:
+        if self.merge.chat_template:  # mergekit then saves the tokenizer again (not a file copy), template or not
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(folder)
-            tok.chat_template = self.merge.chat_template
+            if self.merge.chat_template_text:
+                tok.chat_template = self.merge.chat_template_text
             tok.save_pretrained(folder)
 
     def card_section(self) -> dict[str, str]:
@@ -745,7 +819,18 @@ class MergekitLayout:
         return {"title": "mergekit configuration",
                 "body": "This model was merged by hubsoup from the following mergekit configuration, with "
                         "mergekit's semantics:\n\n```yaml\n" + public_config_text(self.merge.text).rstrip()
-                        + "\n```"}
+                        + "\n```" + ("\n\nIgnored, as mergekit ignores them: "
+                                     + ", ".join(f"`{k}`" for k in self.merge.ignored) + "."
+                                     if self.merge.ignored else "")}
+
+
+def _referenced(merge: MergekitMerge) -> list[str]:
+    """Every model the config names, once each, in the config's order (base_model first)."""
+    data = yaml.safe_load(merge.text)
+    refs = [data.get("base_model")] if isinstance(data, dict) and data.get("base_model") else []
+    refs += [s.model for s in merge.models_mode_sources]
+    refs += [s.model for sl in merge.slices or [] for s in sl.sources]
+    return list(dict.fromkeys(r for r in refs if isinstance(r, str)))
 
 
 def _naming(ckpt) -> tuple[str, list[str], list[str], list[str]]:
