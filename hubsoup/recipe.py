@@ -280,22 +280,37 @@ def run_recipe(path: str, out: str, **overrides: Any):
         path = os.path.join(path, RECIPE_FILE)
     if not os.path.isfile(path):
         raise ParameterError(f"recipe '{path}' not found")
+    from hubsoup.formats import stages
+
+    # mergekit-yaml's own options (hubsoup run CFG OUT --no-copy-tokenizer ...): for mergekit configs only
+    mk = {k: overrides.pop(k) for k in ("copy_tokenizer", "random_seed", "out_shard_params", "intermediate_dir")
+          if k in overrides}
+    mk = {k: v for k, v in mk.items() if v is not None and not (k == "copy_tokenizer" and v is True)}
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
+    except OSError as e:
+        raise ParameterError(f"recipe '{path}' cannot be read: {e}") from e
+    if stages.is_multi_stage(text):  # mergekit-multi's stream of configs
+        return stages.run_stages(text, out, **mk, **overrides)
+    mk.pop("intermediate_dir", None)
+    try:
         data = yaml.safe_load(text)
     except Exception as e:  # noqa: BLE001 - a malformed file gets one clear line
         raise ParameterError(f"recipe '{path}' cannot be read: {e}") from e
     if mergekit.is_mergekit_config(data):
-        return mergekit.run_config(text, out, **overrides)
+        return mergekit.run_config(text, out, **mk, **overrides)
     try:
         recipe = Recipe.from_yaml(text)
     except Exception as e:  # noqa: BLE001 - a malformed file gets one clear line
         raise ParameterError(f"recipe '{path}' cannot be read: {e}") from e
     if recipe.mergekit.get("config"):  # repeat the mergekit config, its Hub models pinned to the recorded SHAs
         pins = {r.spec: r.pinned_spec for r in (recipe.base, *recipe.inputs) if r.spec and r.repo_id}
-        result = mergekit.run_config(recipe.mergekit["config"], out, pins=pins, **overrides)
+        result = mergekit.run_config(recipe.mergekit["config"], out, pins=pins, **mk, **overrides)
     else:
+        if mk:
+            raise ParameterError(f"{', '.join(sorted(mk))}: mergekit-yaml's options apply to mergekit configs; "
+                                 f"'{path}' is a hubsoup recipe")
         inputs, kwargs = recipe_merge_args(recipe)
         result = merge(inputs, out=out, **{**kwargs, **overrides})
     if result.recipe.hash != recipe.hash:

@@ -478,3 +478,90 @@ def test_overwrite_never_deletes_a_slice_donor(models, tmp_path, monkeypatch):
     with pytest.raises(ParameterError, match="would delete it"):
         hubsoup.run_recipe(os.path.join(FIX, "passthrough_frankenmerge.yml"), donor, overwrite=True, quiet=True)
     assert os.path.isfile(os.path.join(donor, "model.safetensors"))
+
+
+# --- mergekit-yaml's command line and mergekit-multi's stages --------------------------------------
+
+def test_run_takes_mergekit_yaml_arguments(models, tmp_path, monkeypatch, caplog):
+    """`hubsoup run CONFIG OUT_PATH` with mergekit-yaml's flags: honoured where they mean something here."""
+    from hubsoup.cli import main
+    from hubsoup.recipe import RECIPE_FILE, Recipe
+
+    monkeypatch.chdir(models)
+    cfg = write(tmp_path, CONFIGS["dare_linear"][1])
+    out = str(tmp_path / "out")
+    with caplog.at_level("WARNING"):
+        rc = main(["run", cfg, out, "--no-copy-tokenizer", "--allow-crimes", "--lazy-unpickle",
+                   "--lora-merge-cache", "/tmp/x", "--out-shard-size", "1K", "--random-seed", "3", "-q"])
+    assert rc == 0
+    files = os.listdir(out)
+    assert not any(f.startswith("tokenizer") for f in files) and "config.json" in files
+    shards = [f for f in files if f.endswith(".safetensors")]
+    assert len(shards) >= 3 and all(os.path.getsize(os.path.join(out, f)) < 1000 * 4 + 4096 for f in shards)
+    with open(os.path.join(out, RECIPE_FILE), encoding="utf-8") as f:
+        assert Recipe.from_yaml(f.read()).params["seed"] == 3
+    said = " ".join(r.getMessage() for r in caplog.records)
+    for flag in ("--allow-crimes", "--lazy-unpickle", "--lora-merge-cache"):
+        assert f"{flag}: accepted for mergekit-yaml compatibility, no effect here" in said
+    # the same config with another seed draws other masks
+    assert main(["run", cfg, "--out", str(tmp_path / "seed4"), "--random-seed", "4", "-q"]) == 0
+    a, b = load_dir(out), load_dir(str(tmp_path / "seed4"))
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    assert main(["run", cfg, str(tmp_path / "x"), "--unsafe-truncate-embeddings"]) == 2
+
+
+STAGES = """\
+name: blend
+merge_method: linear
+models:
+  - model: tiny-llama/ft-a
+    parameters: {weight: 0.7}
+  - model: tiny-llama/ft-b
+    parameters: {weight: 0.3}
+---
+merge_method: slerp
+base_model: tiny-llama/base
+models:
+  - model: blend
+parameters:
+  t: [0.2, 0.8]
+dtype: float32
+"""
+
+
+def test_multi_stage_config_merges_each_stage_in_order(models, tmp_path, monkeypatch):
+    """A mergekit-multi stream: the named stage is merged first, kept, and the final stage merges it."""
+    import hubsoup
+
+    monkeypatch.chdir(models)
+    inter = tmp_path / "stages"
+    r = hubsoup.run_recipe(write(tmp_path, STAGES), str(tmp_path / "final"), quiet=True,
+                           intermediate_dir=str(inter))
+    assert os.listdir(inter) == ["blend"]
+    # the same two merges by hand: the stage's output, then the final config naming its folder
+    first, _, second = STAGES.partition("---\n")
+    hubsoup.run_recipe(write(tmp_path, first.replace("name: blend\n", "")), str(tmp_path / "blend"), quiet=True)
+    (tmp_path / "second.yml").write_text(second.replace("model: blend", f"model: {tmp_path / 'blend'}"))
+    by_hand = hubsoup.run_recipe(str(tmp_path / "second.yml"), str(tmp_path / "by-hand"), quiet=True)
+    a, b = load_dir(r.path), load_dir(by_hand.path)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    card = r.card
+    assert "## Merge stages" in card and "**blend**" in card and "**final merge**" in card
+    stages = card.split("## Merge stages", 1)[1].split("\n## ", 1)[0]
+    assert str(tmp_path) not in stages and "model: blend@sha256:" in stages  # a stage's folder by its public form
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name: a\nmerge_method: linear\nmodels: [{model: b}]\n---\nname: b\nmerge_method: linear\nmodels: [{model: a}]\n",
+     "in a circle"),
+    ("name: a\nmerge_method: linear\nmodels: [{model: x/y}]\n---\nname: a\nmerge_method: linear\nmodels: [{model: a}]\n",
+     "two stages are named 'a'"),
+    ("merge_method: linear\nmodels: [{model: x/y}]\n---\nmerge_method: linear\nmodels: [{model: x/z}]\n",
+     "more than one unnamed"),
+])
+def test_bad_stage_streams_are_refused(text, message):
+    from hubsoup.errors import ParameterError
+    from hubsoup.formats.stages import read_stages
+
+    with pytest.raises(ParameterError, match=message):
+        read_stages(text)

@@ -1,12 +1,68 @@
-"""``hubsoup run RECIPE --out DIR``: repeat a merge from its ``hubsoup_recipe.yaml``, or run a mergekit config."""
+"""``hubsoup run RECIPE [OUT]``: repeat a merge from its ``hubsoup_recipe.yaml``, or run a mergekit config.
+
+Takes ``mergekit-yaml CONFIG OUT_PATH``'s arguments too, so one command swaps for the other:
+flags with a meaning here are honoured, the others are accepted with one warning each.
+"""
 
 from __future__ import annotations
 
+import argparse
+import logging
+
+from hubsoup.errors import ParameterError
 from hubsoup.recipe import run_recipe
+
+log = logging.getLogger(__name__)
+
+# mergekit-yaml's flags with no meaning for hubsoup: name -> why (each accepted with a warning)
+_IGNORED = {
+    "--allow-crimes": "hubsoup still refuses inputs of another architecture, naming the field that differs",
+    "--trust-remote-code": "hubsoup reads safetensors and configs only; it never runs a model's code to merge",
+    "--lazy-unpickle": "hubsoup streams tensors from safetensors; pickle checkpoints need --allow-pickle",
+    "--low-cpu-memory": "hubsoup streams tensor by tensor whatever the device",
+    "--read-to-gpu": "inputs are read on the host and copied to --device",
+    "--multi-gpu": "use --device-map with hubsoup merge to spread blocks over GPUs",
+    "--gpu-rich": "use --cuda (or --device) for the device",
+    "--async-write": "hubsoup's writer already overlaps with the merge",
+    "--clone-tensors": "repeated layers are written as separate tensors anyway",
+    "--safe-serialization": "the output is always safetensors",
+    "--write-model-card": "hubsoup always writes its model card",
+    "--transformers-cache": "hubsoup uses huggingface_hub's cache (HF_HOME / HF_HUB_CACHE)",
+    "--lora-merge-cache": "LoRA adapters are applied tensor by tensor, never saved as a merged copy",
+    "--lora-merge-dtype": "LoRA adapters are applied in float32, tensor by tensor",
+    "--write-threads": "the writer's threads are hubsoup's own",
+}
+
+
+def _parse_params(text: str) -> int:
+    """mergekit's SIZE for --out-shard-size: a number of parameters, with K/M/B suffixes (5B)."""
+    t = text.strip().upper()
+    mult = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if mult != 1 else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a parameter count: {text!r} (e.g. 5B, 500M)") from None
 
 
 def run(args) -> int:
-    result = run_recipe(args.recipe, args.out, overwrite=args.overwrite, device=args.device, quiet=args.quiet)
+    out = args.out or args.out_path
+    if not out:
+        raise ParameterError("give the output folder: hubsoup run RECIPE OUT (or --out OUT)")
+    if args.out and args.out_path and args.out != args.out_path:
+        raise ParameterError(f"two output folders given ('{args.out_path}' and --out '{args.out}')")
+    for flag in args.mergekit_ignored or []:
+        log.warning("%s: accepted for mergekit-yaml compatibility, no effect here (%s)", flag, _IGNORED[flag])
+    if args.unsafe_truncate_embeddings:
+        raise ParameterError("--unsafe-truncate-embeddings is not supported: give the config a tokenizer section "
+                             "(tokenizer_source: union, or a model) so the embeddings are mapped by token")
+    if args.num_threads:
+        import torch
+
+        torch.set_num_threads(args.num_threads)  # hubsoup's lanes follow torch's thread count
+    device = args.device or ("cuda" if args.cuda else "cpu")
+    result = run_recipe(args.recipe, out, overwrite=args.overwrite, device=device, quiet=args.quiet,
+                        copy_tokenizer=args.copy_tokenizer, random_seed=args.random_seed,
+                        out_shard_params=args.out_shard_size, intermediate_dir=args.intermediate_dir)
     print(result)
     return 0
 
@@ -15,12 +71,47 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="repeat a merge from its hubsoup_recipe.yaml, or run a mergekit config",
                        description="Merge again exactly as a recipe says (Hub inputs pinned to the recorded SHAs). "
                                    "RECIPE is a hubsoup_recipe.yaml or an output folder holding one, or a mergekit "
-                                   "YAML config (merge_method, models or slices, ...) as model cards carry it: it "
-                                   "is merged with mergekit's semantics (model folders relative to the working "
-                                   "folder, as mergekit resolves them).")
-    p.add_argument("recipe")
-    p.add_argument("--out", "-o", required=True, help="output folder")
+                                   "YAML config (merge_method, models or slices, ...) as model cards carry it, or a "
+                                   "stream of them (mergekit-multi's stages, named with 'name:'): it is merged with "
+                                   "mergekit's semantics (model folders relative to the working folder, as mergekit "
+                                   "resolves them). mergekit-yaml's arguments work too: "
+                                   "'hubsoup run CONFIG OUT_PATH --cuda --out-shard-size 1B'.",
+                       epilog="examples:\n  hubsoup run merge.yml ./merged\n"
+                              "  hubsoup run ./soup --out ./soup-again          # repeat a merge from its folder\n"
+                              "  hubsoup run stages.yml ./final --intermediate-dir ./stages",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", help="hubsoup_recipe.yaml, an output folder, or a mergekit config")
+    p.add_argument("out_path", nargs="?", help="output folder (as mergekit-yaml's OUT_PATH)")
+    p.add_argument("--out", "-o", help="output folder")
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default=None, help="device for the arithmetic (default cpu)")
+    p.add_argument("--cuda", action=argparse.BooleanOptionalAction, default=False,
+                   help="mergekit-yaml's --cuda: the same as --device cuda")
     p.add_argument("--quiet", "-q", action="store_true")
-    p.set_defaults(func=run)
+    g = p.add_argument_group("mergekit-yaml options")
+    g.add_argument("--out-shard-size", type=_parse_params, default=None, metavar="SIZE",
+                   help="parameters per output shard (5B), as mergekit counts them")
+    g.add_argument("--copy-tokenizer", action=argparse.BooleanOptionalAction, default=True,
+                   help="write the tokenizer into the output (default: yes)")
+    g.add_argument("--random-seed", type=int, default=None, help="seed of the random methods (DARE, DELLA)")
+    g.add_argument("--num-threads", "-j", type=int, default=None, help="CPU threads (torch's, which hubsoup's lanes follow)")
+    g.add_argument("--intermediate-dir", default=None,
+                   help="multi-stage configs: where named stages are written (default: .OUT.stages beside OUT)")
+    g.add_argument("--unsafe-truncate-embeddings", action=argparse.BooleanOptionalAction, default=False,
+                   help=argparse.SUPPRESS)
+    for flag in _IGNORED:
+        takes_value = flag in ("--transformers-cache", "--lora-merge-cache", "--lora-merge-dtype", "--write-threads")
+        if takes_value:
+            g.add_argument(flag, action=_Ignored, nargs=1, help=argparse.SUPPRESS)
+        else:
+            g.add_argument(flag, "--no-" + flag[2:], action=_Ignored, nargs=0, help=argparse.SUPPRESS)
+    p.set_defaults(func=run, mergekit_ignored=None)
+
+
+class _Ignored(argparse.Action):
+    """A mergekit-yaml flag hubsoup accepts and ignores (warned about when the command runs)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        ignored = getattr(namespace, "mergekit_ignored", None) or []
+        name = option_string if option_string in _IGNORED else "--" + option_string[len("--no-"):]
+        namespace.mergekit_ignored = [*ignored, name]

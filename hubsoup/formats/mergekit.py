@@ -626,6 +626,8 @@ class MergekitLayout:
     def __init__(self, merge: MergekitMerge):
         self.merge = merge
         self.donors: list = []
+        self.copy_tokenizer = True
+        """False (``--no-copy-tokenizer``): the output holds no tokenizer files, as with mergekit-yaml."""
         self._num_layers: int | None = None
 
     @property
@@ -798,14 +800,13 @@ class MergekitLayout:
             with open(cfg_path, "w", encoding="utf-8") as f:
                 json.dump(cfg, f, indent=2)
         if getattr(self, "_tok_ckpt", None) is not None:
-            from hubsoup.output.checkpoint import _COPY_FROM_BASE, copy_base_files
+            from hubsoup.output.checkpoint import copy_base_files
 
-            for fname in _COPY_FROM_BASE:
-                if fname not in ("config.json", "generation_config.json", "preprocessor_config.json"):
-                    p = os.path.join(folder, fname)
-                    if os.path.isfile(p):
-                        os.remove(p)
+            _remove_tokenizer_files(folder)
             copy_base_files(self._tok_ckpt, folder, tokenizer_only=True)
+        if not self.copy_tokenizer:
+            _remove_tokenizer_files(folder)
+            return
         if self.merge.chat_template:  # mergekit then saves the tokenizer again (not a file copy), template or not
             from transformers import AutoTokenizer
 
@@ -822,6 +823,17 @@ class MergekitLayout:
                         + "\n```" + ("\n\nIgnored, as mergekit ignores them: "
                                      + ", ".join(f"`{k}`" for k in self.merge.ignored) + "."
                                      if self.merge.ignored else "")}
+
+
+def _remove_tokenizer_files(folder: str) -> None:
+    """Remove the tokenizer files copied from the base into an output folder (its config stays)."""
+    from hubsoup.output.checkpoint import _COPY_FROM_BASE
+
+    for fname in _COPY_FROM_BASE:
+        if fname not in ("config.json", "generation_config.json", "preprocessor_config.json"):
+            p = os.path.join(folder, fname)
+            if os.path.isfile(p):
+                os.remove(p)
 
 
 def _referenced(merge: MergekitMerge) -> list[str]:
@@ -988,12 +1000,16 @@ def _map_models(data: Any, fn: Callable[[str], str]) -> Any:
 
 # --- running ----------------------------------------------------------------------------------------
 
-def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, **options: Any):
+def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, copy_tokenizer: bool = True,
+               random_seed: int | None = None, out_shard_params: int | None = None, **options: Any):
     """Run a mergekit config with hubsoup; returns the :class:`hubsoup.MergeResult`.
 
     ``source``: the YAML text or a file; ``pins``: model reference → pinned spec (``org/name@sha``),
     used when repeating a merge from its recipe; ``options``: :class:`hubsoup.MergeOptions` fields
     (``overwrite``, ``device``, ``quiet``, ...; ``dtype`` overrides the config's).
+    mergekit-yaml's options: ``copy_tokenizer`` (False: the output holds no tokenizer files),
+    ``random_seed`` (the ``seed`` of a random method: DARE, DELLA), ``out_shard_params`` (parameters
+    per output shard, as ``--out-shard-size``; in bytes of the config's dtype, float16's when it names none).
 
     Example:
         >>> res = run_config("mk.yml", "./merged", overwrite=True)     # doctest: +SKIP
@@ -1006,6 +1022,17 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, **o
         text = dump_config(_map_models(data, lambda r: pins.get(r, r)))
     m = read_config(text, token=options.get("token"), allow_pickle=bool(options.get("allow_pickle")))
     kwargs = m.merge_kwargs()
+    kwargs["layout"].copy_tokenizer = copy_tokenizer
+    if random_seed is not None:
+        from hubsoup.methods import get_method
+
+        if "seed" in {f.name for f in dataclasses.fields(get_method(m.method).Params)}:
+            kwargs["params"]["seed"] = int(random_seed)
+    if out_shard_params is not None and options.get("shard_size") is None:
+        from hubsoup.options import DTYPES
+
+        size = DTYPES[options.get("dtype") or m.dtype or "float16"].itemsize
+        options["shard_size"] = int(out_shard_params) * size
     if options.get("dtype") is None:
         options.pop("dtype", None)
     else:

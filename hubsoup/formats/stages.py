@@ -1,0 +1,150 @@
+"""Multi-stage mergekit configs (``mergekit-multi``): a YAML stream of configs, later stages merging earlier ones.
+
+Each document is a mergekit config; a document's ``name`` names its stage, and a model
+reference equal to a stage's name (``model: stage-1``, also as ``stage-1@rev`` or
+``stage-1+lora``) means that stage's output. As ``mergekit-multi`` does, hubsoup merges every
+stage in dependency order, a named stage into ``INTERMEDIATE/NAME`` (kept after the run), and
+refuses duplicate names, a second unnamed document and circular references. The output is the
+unnamed document's; where every document is named (mergekit-multi then needs no output
+folder), it is the last document's. The output's card lists every stage with its config and
+recipe hash.
+
+Example:
+    >>> from hubsoup.formats.stages import read_stages
+    >>> stages = read_stages('''
+    ... name: first
+    ... merge_method: linear
+    ... models: [{model: org/a, parameters: {weight: 1}}, {model: org/b, parameters: {weight: 1}}]
+    ... ---
+    ... merge_method: slerp
+    ... base_model: org/a
+    ... models: [{model: first}]
+    ... parameters: {t: 0.5}
+    ... ''')
+    >>> [(s.name, s.needs) for s in stages]
+    [('first', []), (None, ['first'])]
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from hubsoup.errors import ParameterError
+from hubsoup.formats.mergekit import _map_models, dump_config, is_mergekit_config, public_config_text
+
+
+@dataclass
+class Stage:
+    """One document of a multi-stage config."""
+
+    name: str | None
+    """None for the unnamed (final) document."""
+    data: dict[str, Any]
+    needs: list[str] = field(default_factory=list)
+    """The stages whose outputs it merges, in the order it names them."""
+
+
+def is_multi_stage(text: str) -> bool:
+    """Whether ``text`` is a stream of several mergekit configs."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError:
+        return False
+    return len(docs) > 1 and all(is_mergekit_config(d) for d in docs)
+
+
+def _model_name(ref: str) -> str:
+    return ref.split("+", 1)[0].split("@", 1)[0]
+
+
+def read_stages(text: str) -> list[Stage]:
+    """The stages of a multi-stage config, in an order where each comes after the stages it merges."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise ParameterError(f"mergekit config: not valid YAML ({str(e).splitlines()[0]})") from None
+    stages: dict[str | None, Stage] = {}
+    for i, d in enumerate(docs):
+        if not is_mergekit_config(d):
+            raise ParameterError(f"mergekit config: document {i + 1} of the stream has no 'merge_method'")
+        d = dict(d)
+        name = d.pop("name", None)
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ParameterError(f"mergekit config: document {i + 1}: 'name' must be text, got {name!r}")
+        if name in stages:
+            raise ParameterError("mergekit config: more than one unnamed document in the stream" if name is None
+                                 else f"mergekit config: two stages are named '{name}'")
+        stages[name] = Stage(name, d)
+    names = {n for n in stages if n is not None}
+    for st in stages.values():
+        seen: list[str] = []
+        _map_models(st.data, lambda ref: seen.append(_model_name(ref)) or ref)
+        st.needs = list(dict.fromkeys(n for n in seen if n in names))
+
+    order: list[Stage] = []
+    state: dict[str | None, str] = {}
+
+    def visit(name: str | None, path: list) -> None:
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "visiting":
+            raise ParameterError("mergekit config: stages refer to each other in a circle: "
+                                 + " -> ".join(str(n) for n in [*path, name]))
+        state[name] = "visiting"
+        for dep in stages[name].needs:
+            visit(dep, [*path, name])
+        state[name] = "done"
+        order.append(stages[name])
+
+    final = None if None in stages else list(stages)[-1]
+    for name in stages:  # every stage runs, as with mergekit-multi; the output's stage last
+        if name != final:
+            visit(name, [])
+    visit(final, [])
+    return order
+
+
+def run_stages(text: str, out: str, *, intermediate_dir: str | None = None, **options: Any):
+    """Merge every stage of a multi-stage config; returns the final stage's :class:`hubsoup.MergeResult`.
+
+    ``intermediate_dir``: where named stages are written (default: ``.NAME.stages`` beside ``out``);
+    ``options``: as for :func:`hubsoup.formats.mergekit.run_config` (each stage is run with them,
+    an intermediate stage always replacing an earlier run's).
+    """
+    from hubsoup.formats.mergekit import run_config
+
+    stages = read_stages(text)
+    out_abs = os.path.abspath(out)
+    inter = os.path.abspath(intermediate_dir or os.path.join(os.path.dirname(out_abs),
+                                                             f".{os.path.basename(out_abs)}.stages"))
+    paths = {s.name: os.path.join(inter, s.name) for s in stages if s.name is not None}
+    final = stages[-1]
+    if final.name is not None:
+        paths[final.name] = out_abs
+
+    def patch(ref: str) -> str:
+        head, sep, lora = ref.partition("+")
+        name, at, rev = head.partition("@")
+        return paths[name] + sep + lora if name in paths else ref
+
+    done: list[tuple[Stage, Any, str]] = []
+    result = None
+    for st in stages:
+        config = dump_config(_map_models(st.data, patch))
+        target = out_abs if st is final else paths[st.name]
+        opts = dict(options) if st is final else {**options, "overwrite": True}
+        result = run_config(config, target, **opts)
+        done.append((st, result, config))
+    assert result is not None
+    body = ["This model was merged in stages from one multi-stage mergekit config (mergekit-multi), each stage "
+            "by hubsoup with mergekit's semantics:\n"]
+    for st, res, config in done:
+        body.append(f"**{st.name or 'final merge'}** (recipe `{res.recipe.hash[:12]}`):\n\n```yaml\n"
+                    + public_config_text(config).rstrip() + "\n```\n")
+    result.sections.append({"title": "Merge stages", "body": "\n".join(body)})
+    result.write_card(result.path)
+    return result
