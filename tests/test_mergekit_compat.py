@@ -565,3 +565,33 @@ def test_bad_stage_streams_are_refused(text, message):
 
     with pytest.raises(ParameterError, match=message):
         read_stages(text)
+
+
+@pytest.mark.parametrize("name, method, kwargs", [
+    ("exported_ties_bfloat16", "ties", dict(inputs=["tiny-llama/ft-a", "tiny-llama/ft-b"], convention="mergekit",
+                                           scope="tensor", densities=[0.5, 0.3], weights=[1.0, 0.5], dtype="bfloat16")),
+    ("exported_wise_ft_float16", "wise_ft", dict(inputs=["tiny-llama/ft-a"], gamma=0.3, dtype="float16")),
+])
+def test_export_config_makes_mergekit_reproduce_the_merge(name, method, kwargs, models, tmp_path, monkeypatch):
+    """export-config of a half-precision merge says `dtype: float32` + `out_dtype` (mergekit computes in `dtype`;
+    `dtype: bfloat16` alone made it recompute in bf16, 82 ulp off), WiSE-FT as the task arithmetic it is; the
+    fixture is mergekit's own output on exactly the exported config, and equals hubsoup's merge."""
+    import hubsoup
+    from safetensors.torch import load_file
+
+    from hubsoup.formats.mergekit import export_config
+
+    monkeypatch.chdir(models)
+    inputs = kwargs.pop("inputs")
+    r = hubsoup.merge(inputs, method=method, base="tiny-llama/base", out=str(tmp_path / name), quiet=True, **kwargs)
+    exported = yaml.safe_load(export_config(r.recipe))
+    rel = lambda ref: os.path.relpath(ref, models)  # noqa: E731 - the recipe pins local inputs by absolute path
+    exported["base_model"] = rel(exported["base_model"])
+    for m in exported["models"]:
+        m["model"] = rel(m["model"])
+    assert exported == yaml.safe_load(CONFIGS[name][1])
+    ref, out = load_file(os.path.join(FIX, f"{name}.safetensors")), load_dir(r.path)
+    assert sorted(out) == sorted(ref)
+    for k in ref:
+        assert out[k].dtype == ref[k].dtype
+        assert float((out[k].double() - ref[k].double()).abs().max()) <= ulp(ref[k], ref[k].dtype), k

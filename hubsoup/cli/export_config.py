@@ -21,7 +21,17 @@ def export(args) -> int:
             recipe = Recipe.from_yaml(f.read())
         except ParameterError as e:
             raise ParameterError(f"recipe '{path}': {e}") from None
-    text = export_config(recipe)
+    stored = None
+    if os.path.isdir(args.recipe):  # the output's stored dtype, for a recipe that kept the base's
+        import json
+
+        cfg_path = os.path.join(args.recipe, "config.json")
+        if os.path.isfile(cfg_path):
+            with open(cfg_path, encoding="utf-8") as f:
+                cfg = json.load(f)
+            stored = cfg.get("torch_dtype") or cfg.get("dtype")
+            stored = stored if isinstance(stored, str) else None
+    text = export_config(recipe, out_dtype=stored)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)

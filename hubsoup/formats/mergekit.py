@@ -1042,12 +1042,15 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, cop
 
 # --- writing: a hubsoup recipe as a mergekit config -------------------------------------------------
 
-def export_config(recipe) -> str:
+def export_config(recipe, out_dtype: str | None = None) -> str:
     """The mergekit config equivalent of a hubsoup :class:`~hubsoup.recipe.Recipe`.
 
     A recipe made from a mergekit config gives that config back. Otherwise the method and
     parameters are mapped onto mergekit's (see :data:`METHODS`); a method or option with no
-    mergekit equivalent raises :class:`~hubsoup.errors.ParameterError` naming it.
+    mergekit equivalent raises :class:`~hubsoup.errors.ParameterError` naming it. hubsoup
+    computes in float32, and mergekit in its ``dtype``: the config says ``dtype: float32`` and
+    stores the output as hubsoup did with ``out_dtype`` (the recipe's dtype, else ``out_dtype``,
+    the output's stored dtype, when the caller knows it).
     """
     if recipe.mergekit.get("config"):
         return recipe.mergekit["config"]
@@ -1096,6 +1099,9 @@ def export_config(recipe) -> str:
         cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(p),
                                                                "normalize": bool(p.get("normalize"))})
         per["weight"] = weights()
+    elif method == "wise_ft":  # (1 − γ)θ₀ + γθ₁ = θ₀ + γτ: task arithmetic with weight γ
+        cfg.update(merge_method="task_arithmetic", parameters={"lambda": 1.0, "normalize": False})
+        per["weight"] = [p.get("gamma", 0.5)]
     elif method == "soup":
         cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(p), "normalize": True})
         per["weight"] = [1.0] * n
@@ -1174,6 +1180,10 @@ def export_config(recipe) -> str:
     out["models"] = models
     if cfg.get("parameters"):
         out["parameters"] = cfg["parameters"]
-    if recipe.dtype:
-        out["dtype"] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}.get(recipe.dtype, recipe.dtype)
+    out["dtype"] = "float32"  # mergekit computes in `dtype`: hubsoup's float32 arithmetic
+    stored = recipe.dtype or out_dtype
+    if stored:
+        stored = _DTYPES.get(stored, stored)
+        if stored != "float32":
+            out["out_dtype"] = stored
     return "# mergekit config written by hubsoup export-config (recipe " + recipe.hash[:12] + ")\n" + dump_config(out)

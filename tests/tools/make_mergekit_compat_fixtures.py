@@ -492,6 +492,42 @@ merge_method: task_arithmetic
 base_model: tiny-llama/base
 dtype: float16
 """),
+    # what `hubsoup export-config` writes for two hubsoup merges (tests/test_mergekit_compat.py
+    # test_export_config_computes_in_float32 checks it writes exactly these): mergekit must reproduce them
+    "exported_ties_bfloat16": ("exact", """\
+# mergekit config written by hubsoup export-config
+merge_method: ties
+base_model: tiny-llama/base
+models:
+- model: tiny-llama/ft-a
+  parameters:
+    weight: 1.0
+    density: 0.5
+- model: tiny-llama/ft-b
+  parameters:
+    weight: 0.5
+    density: 0.3
+parameters:
+  normalize: true
+  lambda: 1.0
+  rescale: false
+dtype: float32
+out_dtype: bfloat16
+"""),
+    "exported_wise_ft_float16": ("exact", """\
+# mergekit config written by hubsoup export-config
+merge_method: task_arithmetic
+base_model: tiny-llama/base
+models:
+- model: tiny-llama/ft-a
+  parameters:
+    weight: 0.3
+parameters:
+  lambda: 1.0
+  normalize: false
+dtype: float32
+out_dtype: float16
+"""),
     "linear_out_dtype_bfloat16": ("exact", """\
 models:
   - model: tiny-llama/ft-a
