@@ -7,6 +7,8 @@ hash seeds every random choice (e.g. DARE's masks), so a rerun repeats exactly.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import os
@@ -305,7 +307,8 @@ def run_recipe(path: str, out: str, **overrides: Any):
     except Exception as e:  # noqa: BLE001 - a malformed file gets one clear line
         raise ParameterError(f"recipe '{path}' cannot be read: {e}") from e
     if recipe.mergekit.get("config"):  # repeat the mergekit config, its Hub models pinned to the recorded SHAs
-        pins = {r.spec: r.pinned_spec for r in (recipe.base, *recipe.inputs) if r.spec and r.repo_id}
+        refs = [*(recipe.base, *recipe.inputs), *(r.adapter for r in (recipe.base, *recipe.inputs) if r.adapter)]
+        pins = {r.spec: dataclasses.replace(r, adapter=None).pinned_spec for r in refs if r.spec and r.repo_id}
         result = mergekit.run_config(recipe.mergekit["config"], out, pins=pins, **mk, **overrides)
     else:
         if mk:

@@ -218,8 +218,6 @@ def write(tmp_path, text: str) -> str:
     ("merge_method: linear\nmodules:\n  text: {}\n", "'modules'"),
     ("merge_method: ties\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\n", "needs 'base_model'"),
     ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n", "'weight' is required"),
-    ("merge_method: ties\nbase_model: a/b\nmodels:\n  - model: x/y+l/o\n    parameters: {weight: 1}\n",
-     "LoRA is supported only on base_model"),
     ("merge_method: frobnicate\nbase_model: a/b\nmodels:\n  - model: c/d\n", "'frobnicate'"),
     ("merge_method: slerp\nbase_model: a/b\nmodels:\n  - model: c/d\n  - model: e/f\nparameters: {t: 0.5}\n",
      "exactly one other model"),

@@ -17,7 +17,12 @@ hubsoup merge it means and :func:`run_config` runs it (``hubsoup run CONFIG.yml`
   the output config gets the new layer count.
 * ``dtype`` / ``out_dtype`` set the output dtype (hubsoup computes in float32 whatever
   mergekit's compute dtype); ``tokenizer_source`` may be ``base`` or a model sharing the base's
-  vocabulary; ``chat_template`` may be a literal Jinja template.
+  vocabulary; ``chat_template`` may be a Jinja template, one of mergekit's names or ``auto``
+  (:mod:`hubsoup.formats.chat_template`).
+* Keys and parameters mergekit drops without a word (its config classes ignore unknown keys,
+  a method reads only the parameters it declares) are dropped too, each named in one warning
+  and on the card (:attr:`MergekitMerge.ignored`); numbers written as strings are numbers.
+* A stream of configs (mergekit-multi's stages) is run by :mod:`hubsoup.formats.stages`.
 
 Where hubsoup differs: a per-model ``filter`` matches the *output* tensor's name (mergekit: the
 input's, which differs only in the layer number within a slice); slices that merge must all take
@@ -26,7 +31,8 @@ embedding rows).
 
 Model references are resolved as mergekit does: a folder that exists (relative to the working
 folder) is local, anything else a Hub repo ``org/name[@revision]``; ``base+adapter`` (a LoRA
-on the base model) is the adapter as an input.
+on the base model) is the adapter as an input, and ``model+adapter`` anywhere else (base_model
+included) is the model with the adapter applied tensor by tensor (:mod:`hubsoup.sources.adapted`).
 
 Example:
     >>> from hubsoup.formats.mergekit import read_config
@@ -283,9 +289,6 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
     if not isinstance(mk_name, str):
         raise ParameterError(f"mergekit config: 'merge_method' must be a method name, got {mk_name!r}")
     base_ref = _model_ref(data["base_model"], ["base_model"]) if data.get("base_model") is not None else None
-    if base_ref and "+" in base_ref:
-        raise ParameterError(f"mergekit config: 'base_model' = {base_ref!r}: a LoRA on the base model is not "
-                             "supported as the base; merge the adapter into it first")
     top = _params_map(data.get("parameters"), ["parameters"])
     if (data.get("models") is None) == (data.get("slices") is None):
         raise ParameterError("mergekit config: give exactly one of 'models' and 'slices'")
@@ -362,14 +365,15 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
 
 
 def _lora_input(ref: str, base_ref: str | None, where: str) -> str:
-    """A ``model+adapter`` reference as hubsoup's input: the adapter, when ``model`` is the base."""
+    """A ``model+adapter`` reference as hubsoup's input: the adapter alone when ``model`` is the base (τ = ΔW,
+    merged from its factors), else the reference itself (the model with the adapter applied on read,
+    :mod:`hubsoup.sources.adapted`)."""
     if "+" not in ref:
         return ref
     model, adapter = ref.split("+", 1)
     if base_ref is not None and model == base_ref:
         return adapter
-    raise ParameterError(f"mergekit config: '{where}' = {ref!r}: a LoRA is supported only on base_model "
-                         f"({base_ref!r}); merge the adapter into {model!r} first (peft's merge_and_unload)")
+    return ref
 
 
 def _build(text: str, mk_name: str, base_ref: str | None, top: dict, models: list[Source],
@@ -694,6 +698,7 @@ class MergekitLayout:
     def _slice_plan(self, base, sources, opts):
         from hubsoup.arch import tied_groups
         from hubsoup.plan import TensorSource, layout_plan
+        from hubsoup.sources.adapted import open_adapted
         from hubsoup.sources.resolve import open_input
 
         merge = self.merge
@@ -706,7 +711,7 @@ class MergekitLayout:
         for sl in merge.slices:
             for s in sl.sources:
                 if s.model not in origin:
-                    ckpt = open_input(s.model, allow_pickle=opts.allow_pickle, token=opts.token)
+                    ckpt = open_adapted(s.model, open_input, allow_pickle=opts.allow_pickle, token=opts.token)
                     origin[s.model] = len(self.donors)
                     self.donors.append(ckpt)
         n_in = len(merge.inputs)
@@ -1019,7 +1024,8 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, cop
     text = source if "\n" in source else load_text(source)
     if pins:
         data = yaml.safe_load(text)
-        text = dump_config(_map_models(data, lambda r: pins.get(r, r)))
+        # each part of a model+adapter reference pinned on its own
+        text = dump_config(_map_models(data, lambda r: "+".join(pins.get(x, x) for x in r.split("+"))))
     m = read_config(text, token=options.get("token"), allow_pickle=bool(options.get("allow_pickle")))
     kwargs = m.merge_kwargs()
     kwargs["layout"].copy_tokenizer = copy_tokenizer

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import os
@@ -50,9 +52,13 @@ class InputRef:
     index, set when the weights are opened; with :attr:`name` it names the input on the Hub."""
     name: str | None = None
     """Local inputs read back from a public recipe: the folder name (no path was recorded)."""
+    adapter: "InputRef | None" = None
+    """A LoRA applied to this model (mergekit's ``model+adapter``): its own reference, pinned the same way."""
 
     @property
     def label(self) -> str:
+        if self.adapter is not None:
+            return f"{dataclasses.replace(self, adapter=None).label}+{self.adapter.label}"
         if self.repo_id:
             return f"{self.repo_id}@{self.sha[:12]}" if self.sha else self.repo_id
         return self.spec or self.public
@@ -64,6 +70,8 @@ class InputRef:
     @property
     def public_name(self) -> str:
         """What may be published about this input: the repo ID, or a local folder's name (never its path)."""
+        if self.adapter is not None:
+            return f"{dataclasses.replace(self, adapter=None).public_name}+{self.adapter.public_name}"
         if self.repo_id:
             return self.repo_id
         if self.name:
@@ -74,6 +82,8 @@ class InputRef:
     @property
     def public(self) -> str:
         """The stable, non-identifying reference: ``org/name@sha``, or ``folder-name (sha256:…)`` for a folder."""
+        if self.adapter is not None:
+            return f"{dataclasses.replace(self, adapter=None).public}+{self.adapter.public}"
         if self.repo_id:
             return f"{self.repo_id}@{self.sha}" if self.sha else self.repo_id
         return f"{self.public_name} (sha256:{self.digest})" if self.digest else self.public_name
@@ -88,26 +98,34 @@ class InputRef:
                 d["digest"] = self.digest
         else:  # read back from a public recipe: no path to record
             d = self.public_dict()
+        if self.adapter is not None:
+            d["adapter"] = self.adapter.to_dict()
         return d
 
     def public_dict(self) -> dict[str, Any]:
         """:meth:`to_dict` without anything local: a folder is its name and digest, never its path."""
         if self.repo_id:
             return self.to_dict()
-        d: dict[str, Any] = {"name": self.public_name, "kind": self.kind}
+        d: dict[str, Any] = {"name": dataclasses.replace(self, adapter=None).public_name, "kind": self.kind}
         if self.digest:
             d["digest"] = self.digest
+        if self.adapter is not None:
+            d["adapter"] = self.adapter.public_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "InputRef":
         """The reference a recipe or a continual state recorded with :meth:`to_dict` (or :meth:`public_dict`)."""
+        adapter = d.get("adapter")
         return cls(spec=d.get("spec", ""), repo_id=d.get("repo_id"), revision=d.get("revision"), sha=d.get("sha"),
-                   path=d.get("path"), kind=d.get("kind", "full"), digest=d.get("digest"), name=d.get("name"))
+                   path=d.get("path"), kind=d.get("kind", "full"), digest=d.get("digest"), name=d.get("name"),
+                   adapter=cls.from_dict(adapter) if isinstance(adapter, dict) else None)
 
     @property
     def pinned_spec(self) -> str:
         """How to open exactly this input again: ``org/name@<sha>`` for the Hub, the folder otherwise."""
+        if self.adapter is not None:
+            return f"{dataclasses.replace(self, adapter=None).pinned_spec}+{self.adapter.pinned_spec}"
         if self.repo_id:
             return f"{self.repo_id}@{self.sha}" if self.sha else self.repo_id
         if not (self.path or self.spec):

@@ -110,7 +110,9 @@ def resolve_base_spec(inputs: list[Checkpoint]) -> tuple[str, bool]:
 def check_out_is_no_input(out: str, base: Checkpoint, sources: Sequence[Any]) -> None:
     """Refuse an output folder that is, or contains, an input or the base (``--overwrite`` would delete it)."""
     target = os.path.realpath(os.path.expanduser(out))
-    for role, ckpt in [("the base", base), *(("input", getattr(s, "ckpt", None) or s) for s in sources)]:
+    ckpts = [("the base", base), *(("input", getattr(s, "ckpt", None) or s) for s in sources)]
+    ckpts += [(role, c.adapter) for role, c in ckpts if getattr(c, "adapter", None) is not None]  # model+adapter
+    for role, ckpt in ckpts:
         folder = getattr(ckpt, "folder", None)
         ref = getattr(ckpt, "ref", None)
         if not folder or not os.path.isdir(folder):
@@ -207,8 +209,10 @@ def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pi
     base_hub = base is None or (isinstance(base, str) and not _is_local(base))
     if monitor is not None:  # metadata, then weights, per Hub model (entered at the first download)
         monitor.expect("download", 2 * (len(hub) + int(base_hub)))
-    ckpts = [open_input(s, allow_pickle=allow_pickle, token=token, monitor=monitor, headers_only=headers_only)
-             for s in specs]
+    from hubsoup.sources.adapted import open_adapted
+
+    ckpts = [open_adapted(s, open_input, allow_pickle=allow_pickle, token=token, monitor=monitor,
+                          headers_only=headers_only) for s in specs]
     warn_duplicates(ckpts)
     if isinstance(base, Checkpoint):
         base_ckpt = base
@@ -251,10 +255,11 @@ def open_base(spec: str, *, allow_pickle: bool = False, token: str | bool | None
     ``hub_only``: the base was named by a Hub input's card or adapter config, so it is opened
     from the Hub only (never a local folder, see :func:`resolve_base`).
     """
+    from hubsoup.sources.adapted import open_adapted
     from hubsoup.sources.resolve import open_input
 
-    ckpt = open_input(spec, allow_pickle=allow_pickle, token=token, with_tokenizer=True, hub_only=hub_only,
-                      role="base", monitor=monitor, headers_only=headers_only)
+    ckpt = open_adapted(spec, open_input, allow_pickle=allow_pickle, token=token, with_tokenizer=True,
+                        hub_only=hub_only, role="base", monitor=monitor, headers_only=headers_only)
     if ckpt.ref.kind != "full":
         raise BaseModelError(f"base '{ckpt.label}' is an adapter, not a full model")
     return ckpt

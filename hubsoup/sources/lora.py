@@ -317,7 +317,7 @@ def check_config_values(ckpt: Checkpoint, cfg: dict) -> None:
                 raise InputError(f"{where} has {key} key {k!r}, not a valid module pattern ({e})") from None
 
 
-def check_base_claim(ckpt: Checkpoint, cfg: dict, base: Checkpoint) -> None:
+def check_base_claim(ckpt: Checkpoint, cfg: dict, base: Checkpoint, strict: bool = True) -> None:
     """Compare the adapter's ``base_model_name_or_path`` with the merge's base.
 
     The rule: both Hub IDs (the base opened from the Hub, or a local folder inside the
@@ -352,7 +352,10 @@ def check_base_claim(ckpt: Checkpoint, cfg: dict, base: Checkpoint) -> None:
                     "(the tensor shapes match)", ckpt.label, claim, base.label)
         return
     legacy = "/" not in claim_id and base_id.lower().split("/")[-1] == claim_id  # `gpt2` = openai-community/gpt2
-    if base_id.lower() != claim_id and not legacy:
+    if base_id.lower() != claim_id and not legacy and not strict:  # applied where the config says (mergekit)
+        log.warning("adapter %s was trained on %s; applying it to %s as the config says (the tensor shapes match)",
+                    ckpt.label, claim, base_id)
+    elif base_id.lower() != claim_id and not legacy:
         raise BaseModelError(
             f"adapter '{ckpt.label}' was trained on '{claim}' but the merge's base is '{base_id}'; "
             "a LoRA's update is only meaningful on its own base model. Pass the right --base, "
@@ -390,7 +393,7 @@ def _prefix_maps(names: list[str], base_keys: set[str]):
 
 
 def lora_source(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos: dict, *,
-                ignore_extra: bool = False) -> LoraDelta:
+                ignore_extra: bool = False, base_claim: str = "check") -> LoraDelta:
     """Open a LoRA adapter as a task-vector source, after checking it against the base.
 
     Everything is checked from the adapter's config and file headers: adapter type and
@@ -401,7 +404,7 @@ def lora_source(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos:
     cfg = adapter_config(ckpt)
     check_supported(ckpt, cfg)
     check_config_values(ckpt, cfg)
-    check_base_claim(ckpt, cfg, base)
+    check_base_claim(ckpt, cfg, base, strict=base_claim == "check")  # "warn": a model+adapter reference
     keys = ckpt.keys()
     label = ckpt.label
     layout = model_layout(os.path.abspath(base.folder))

@@ -112,7 +112,34 @@ def build_models(root: str) -> dict[str, str]:
             json.dump(model_config(), f, indent=2)
         save_tiny_tokenizer(folder, vocab=SHAPE["vocab"])
         digests[ref] = digest(tensors)
+    for ref, (target, seed) in ADAPTERS.items():
+        folder = os.path.join(root, ref)
+        os.makedirs(folder, exist_ok=True)
+        tensors = adapter_tensors(seed)
+        save_file(tensors, os.path.join(folder, "adapter_model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(folder, "adapter_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 2, "lora_alpha": 4,
+                       "target_modules": ["q_proj", "v_proj", "down_proj"], "lora_dropout": 0.0, "bias": "none",
+                       "fan_in_fan_out": False, "base_model_name_or_path": target}, f, indent=2)
+        digests[ref] = digest(tensors)
     return digests
+
+
+ADAPTERS = {"tiny-llama/lora-a": ("tiny-llama/ft-a", 11), "tiny-llama/lora-base": ("tiny-llama/base", 12)}
+"""LoRA adapter (a folder under the models root) → (the model it names as its base, seed): rank 2 on q, v, down."""
+
+
+def adapter_tensors(seed: int) -> dict[str, torch.Tensor]:
+    """A rank-2 LoRA's factors, as peft saves them (``base_model.model.<module>.lora_A/B.weight``)."""
+    g = torch.Generator().manual_seed(2000 + seed)
+    shapes = tensor_shapes()
+    out = {}
+    for name, shape in shapes.items():
+        if name.endswith(("q_proj.weight", "v_proj.weight", "down_proj.weight")):
+            mod = "base_model.model." + name[: -len(".weight")]
+            out[mod + ".lora_A.weight"] = torch.randn((2, shape[1]), generator=g) * 0.1
+            out[mod + ".lora_B.weight"] = torch.randn((shape[0], 2), generator=g) * 0.1
+    return out
 
 
 # name → (kind, config). kind: "exact" (deterministic: equal within rounding) or "random" (in distribution).
@@ -528,6 +555,19 @@ parameters:
 dtype: float32
 out_dtype: float16
 """),
+    # LoRA references (mergekit merges the adapter into the model it follows): on a fine-tune, and on the base
+    "lora_on_models_and_base": ("exact", """\
+models:
+  - model: tiny-llama/ft-a+tiny-llama/lora-a
+    parameters:
+      weight: 0.6
+  - model: tiny-llama/ft-b
+    parameters:
+      weight: 0.4
+merge_method: task_arithmetic
+base_model: tiny-llama/base+tiny-llama/lora-base
+dtype: float32
+"""),
     "linear_out_dtype_bfloat16": ("exact", """\
 models:
   - model: tiny-llama/ft-a
@@ -587,7 +627,7 @@ def run_mergekit(mergekit_yaml: str, models_root: str, name: str, config: str, o
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
     cmd = [mergekit_yaml, cfg_path, out, "--random-seed", str(SEED), "--quiet", "--allow-crimes",
-           "--no-write-model-card"]  # the card generator asks the Hub about every model reference
+           "--no-write-model-card", "--lora-merge-cache", os.path.join(models_root, ".lora-cache")]  # the card generator asks the Hub about every model reference
     proc = subprocess.run(cmd, cwd=models_root, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"mergekit failed on {name}:\n{proc.stderr[-3000:]}")
