@@ -593,3 +593,41 @@ def test_export_config_makes_mergekit_reproduce_the_merge(name, method, kwargs, 
     for k in ref:
         assert out[k].dtype == ref[k].dtype
         assert float((out[k].double() - ref[k].double()).abs().max()) <= ulp(ref[k], ref[k].dtype), k
+
+
+@pytest.mark.parametrize("name", ["ties_compute_bfloat16", "breadcrumbs_ties_compute_float16", "sce_compute_bfloat16"])
+def test_half_precision_configs_compute_as_mergekit(name, models, tmp_path, monkeypatch):
+    """mergekit computes in its config's dtype (every step rounds: τ, masks, weights, signs, sums): hubsoup then
+    does too (compute_dtype), and its output is mergekit's bit for bit; in float32 it is not (ranks and signs
+    change on the rounded deltas)."""
+    from safetensors.torch import load_file
+
+    from hubsoup.formats.mergekit import read_config
+
+    half = "bfloat16" if "bfloat16" in name else "float16"
+    assert read_config(CONFIGS[name][1], resolve=False).params["compute_dtype"] == half
+    ref = load_file(os.path.join(FIX, f"{name}.safetensors"))
+    out = load_dir(run_hubsoup(name, models, tmp_path, monkeypatch).path)
+    assert all(torch.equal(out[k], ref[k]) for k in ref)
+    # the same merge computed in float32 (hubsoup's own default) is not mergekit's
+    import hubsoup
+
+    m = read_config(CONFIGS[name][1], resolve=False)
+    params = {**m.params, "compute_dtype": "float32"}
+    r = hubsoup.merge(m.inputs, method=m.method, base=m.base, params=params, dtype=m.dtype,
+                      out=str(tmp_path / "f32"), quiet=True)
+    f32 = load_dir(r.path)
+    assert sum(int((f32[k] != ref[k]).sum()) for k in ref) > 10
+
+
+def test_magnitude_ties_at_the_cut_off_fall_as_in_mergekit():
+    """Equal magnitudes at the density cut-off: the kept ones are those mergekit's own argsort keeps."""
+    from hubsoup.methods._sparsify import magnitude_mask
+
+    x = torch.tensor([0.5, -1.0, 0.5, 2.0, -0.5, 0.5, 0.25, 0.5] * 64)
+    for density in (0.3, 0.5, 0.6):
+        k = max(1, int(density * x.numel()))
+        want = torch.zeros(x.numel(), dtype=torch.bool)
+        want[torch.argsort(x.abs().float(), descending=True)[:k]] = True  # mergekit's sparsify.magnitude
+        got = magnitude_mask(x, density)
+        assert int(got.sum()) == k and torch.equal(got, want)

@@ -106,7 +106,7 @@ class TensorWork:
     def context(self) -> TensorContext:
         """What the method may know about this tensor."""
         return TensorContext(self.name, self.block.info, len(self.job.inputs), self.job.stats,
-                             self.job.recipe_hash)
+                             self.job.recipe_hash, dtype=self.entry.dtype)
 
     @property
     def position(self) -> float:

@@ -349,6 +349,12 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
     chat_text = chat_template.resolve(chat) if chat is not None else None  # a name or a bad value: refused now
 
     merge = _build(text, mk_name, base_ref, top, models, slices, dtype, dropped)
+    if mk_name in METHODS:  # mergekit computes in its `dtype` (else the inputs' own): rounding included
+        from hubsoup.methods import get_method
+
+        compute = _DTYPES[data["dtype"]] if data.get("dtype") is not None else "inputs"
+        if compute != "float32" and "compute_dtype" in {f.name for f in dataclasses.fields(get_method(merge.method).Params)}:
+            merge.params["compute_dtype"] = compute
     merge.tokenizer_source, merge.chat_template, merge.top = tok, chat, top
     merge.chat_template_text = chat_text
     merge.ignored = dropped
@@ -421,6 +427,10 @@ def _build(text: str, mk_name: str, base_ref: str | None, top: dict, models: lis
             raise ParameterError(f"mergekit config: slerp takes base_model and exactly one other model, got "
                                  f"{len(inputs)} others ({', '.join(inputs)})")
         base = base_ref if base_ref is not None else inputs[0]
+        if base_ref is None:  # mergekit takes one from a set of the models: a different one from run to run
+            log.warning("mergekit config: no base_model: the output's config and tokenizer are '%s''s (the first "
+                        "model of the config; mergekit picks one of the models, which may change between runs)",
+                        base)
     params = dict(spec.fixed)
     if spec.use_base_flag:
         params["use_base"] = base_ref is not None

@@ -38,6 +38,8 @@ class TensorContext:
     offset: int = 0
     """Where the entries seen start in the flattened tensor: 0 for the whole tensor, a piece's start when
     merged in pieces (:meth:`Method.tensor_passes`)."""
+    dtype: torch.dtype | None = None
+    """The base tensor's stored dtype (None where unknown)."""
 
     def generator(self, salt: str = "", device: str | torch.device = "cpu") -> torch.Generator:
         """A random generator seeded from the recipe and the tensor name: reruns repeat exactly."""

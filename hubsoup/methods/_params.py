@@ -31,13 +31,16 @@ SOURCES = ("paper", "ours", "mergekit", "measured")
 
 
 def param(default: Any, help: str, *, range: tuple | None = None, choices: tuple | None = None,
-          source: str = "paper", per_input: bool = False, evidence: str | None = None) -> Any:
+          source: str = "paper", per_input: bool = False, evidence: str | None = None,
+          recorded_when_set: bool = False) -> Any:
     """A method parameter with its default, one-line help, allowed range and provenance.
 
     ``source``: where the default comes from: ``paper``, ``ours`` (a choice where the paper is
     silent), ``mergekit`` (that tool's convention) or ``measured`` (chosen on hubsoup's quality
     benchmarks; ``evidence`` says which, default :data:`MEASURED`).
     ``per_input``: a tuple with one value per input model (checked against the number of inputs).
+    ``recorded_when_set``: left out of recipes (and so of their hash) at its default, so that adding
+    it changes no earlier recipe.
     """
     if source not in SOURCES:
         raise ValueError(f"param source must be one of {', '.join(SOURCES)}, got {source!r}")
@@ -46,6 +49,8 @@ def param(default: Any, help: str, *, range: tuple | None = None, choices: tuple
         md["evidence"] = evidence or MEASURED
     if per_input:
         md["per_input"] = True
+    if recorded_when_set:
+        md["recorded_when_set"] = True
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: default, metadata=md)
     return dataclasses.field(default=default, metadata=md)
@@ -181,6 +186,8 @@ def to_dict(params: Any) -> dict[str, Any]:
     out = {}
     for f in dataclasses.fields(params):
         v = getattr(params, f.name)
+        if f.metadata.get("recorded_when_set") and v == f.default:
+            continue
         if isinstance(v, tuple):
             v = [x.to_plain() if isinstance(x, Schedule) else x for x in v]
         out[f.name] = v.to_plain() if isinstance(v, Schedule) else v

@@ -51,7 +51,13 @@ def magnitude_mask(x: torch.Tensor, density: float) -> torch.Tensor | None:
     if density <= 0 or n == 0:
         return mask.reshape(x.shape)
     k = max(1, int(density * n))
-    mask[torch.topk(x.abs().flatten(), k, sorted=False).indices] = True
+    a = x.abs().flatten().float()
+    top = torch.topk(a, k, sorted=False)
+    cut = top.values.min()
+    if int((a >= cut).sum()) == k:  # no tie at the cut-off: the top k are the top k, whoever picks them
+        mask[top.indices] = True
+    else:  # equal magnitudes at the cut-off: keep those mergekit keeps, by calling the sort it calls
+        mask[torch.argsort(a, descending=True)[:k]] = True
     return mask.reshape(x.shape)
 
 
@@ -73,7 +79,7 @@ def outliers_mask(x: torch.Tensor, density: float, gamma: float) -> torch.Tensor
     k = int(density * n)
     n_top = int(gamma * n)
     n_bot = max(0, n - k - n_top)
-    order = torch.sort(x.abs().flatten().float(), stable=True).indices
+    order = torch.sort(x.abs().flatten().float()).indices  # the sort mergekit calls: ties fall as in its output
     mask = torch.zeros(n, dtype=torch.bool, device=x.device)
     mask[order[n_bot:n_bot + k]] = True
     return mask.reshape(x.shape)
@@ -200,6 +206,61 @@ def gta_combine_(stacked: torch.Tensor, weights: Sequence[float], *, consensus: 
             total = float(sum(weights))
             merged.div_(1.0 if abs(total) < 1e-8 else total)
     return merged.mul_(scale) if scale != 1 else merged
+
+
+COMPUTE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def compute_dtype(name: str, ctx) -> torch.dtype:
+    """The dtype mergekit computes a tensor in: the config's ``dtype``, or with ``inputs`` the stored one."""
+    if name == "inputs":
+        return ctx.dtype if ctx.dtype in (torch.float16, torch.bfloat16) else torch.float32
+    return COMPUTE_DTYPES[name]
+
+
+def gta_in_dtype(base: torch.Tensor, deltas: torch.Tensor, dtype: torch.dtype,
+                 mask_of: Callable[[int, torch.Tensor], torch.Tensor | None], weights: Sequence[float], *,
+                 consensus: bool, normalize: bool, scale: float, rescale: bool) -> torch.Tensor:
+    """mergekit's generalized task arithmetic computed in ``dtype`` (its config's ``dtype``), step for step.
+
+    mergekit casts every input to ``dtype`` and computes in it, so each step rounds: τᵢ = xᵢ − x₀,
+    the mask and the L1 rescale, wᵢ·τᵢ, the sign election on the weighted sum, the masked sum, the
+    division by the agreeing weights, λ, and x₀ + merged. This is the same sequence of tensor
+    operations in the same dtype (written from those definitions), so it rounds as mergekit does;
+    :func:`gta_combine_` is the float32 form. ``mask_of(i, τᵢ)`` gives input i's mask (None: all).
+    Returns the merged task vector in float32 (exactly the low-precision result minus ``base``).
+    """
+    base_h = base.to(dtype)
+    stack = torch.empty((len(deltas), *base.shape), dtype=dtype)
+    for i, d in enumerate(deltas):  # xᵢ as stored (θ₀ + τᵢ in float32 is exact for same-dtype checkpoints)
+        tau = (base + d).to(dtype) - base_h
+        mask = mask_of(i, tau)
+        if mask is not None:
+            masked = tau * mask.to(dtype)
+            if rescale:
+                before, after = tau.abs().sum(), masked.abs().sum()
+                if not (before < 1e-7 or after < 1e-7):
+                    masked = masked * (before / after)
+            tau = masked
+        stack[i] = tau
+    w = torch.tensor(list(weights), dtype=dtype).reshape(-1, *[1] * base.dim())
+    stack.mul_(w)
+    if consensus:
+        sign = stack.sign()
+        majority = (stack.sum(dim=0) >= 0).to(dtype) * 2 - 1
+        agree = sign == majority
+        merged = (stack * agree).sum(dim=0)
+        divisor = (w * agree).sum(dim=0)
+        divisor[divisor == 0] = 1
+    else:
+        merged = stack.sum(dim=0)
+        divisor = w.sum(dim=0)
+        divisor[divisor.abs() < 1e-8] = 1
+    if normalize:
+        merged /= divisor
+    if scale != 1:
+        merged *= scale
+    return (base_h + merged).to(torch.float32).sub_(base)
 
 
 def per_input(scalar: float, values: Sequence[float] | None, n: int) -> list[float]:

@@ -13,9 +13,12 @@ mergekit (normalize false, rescale false, gamma 0.01).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+import torch
 
 from hubsoup.methods import Method, param, register
-from hubsoup.methods._sparsify import apply_mask_, gta_combine_, outliers_mask, per_input
+from hubsoup.methods._sparsify import apply_mask_, compute_dtype, gta_combine_, gta_in_dtype, outliers_mask, per_input
 
 
 @dataclass
@@ -32,6 +35,10 @@ class BreadcrumbsParams:
                                              per_input=True, source="mergekit")
     normalize: bool = param(False, "divide by the sum of the (agreeing) weights", source="mergekit")
     rescale: bool = param(False, "rescale each masked task vector to its L1 norm", source="mergekit")
+    compute_dtype: Literal["float32", "float16", "bfloat16", "inputs"] = param(
+        "float32", "the dtype every step is computed in, as mergekit computes in its config's dtype (inputs: "
+                   "the stored dtype); hubsoup's own merges compute in float32", source="mergekit",
+        recorded_when_set=True)
 
 
 @register
@@ -47,8 +54,13 @@ class Breadcrumbs(Method):
 
     def merge(self, base, deltas, params, ctx):
         n = len(deltas)
-        for row, d, g in zip(deltas, per_input(params.density, params.densities, n),
-                             per_input(params.gamma, params.gammas, n)):
+        dens, gammas = per_input(params.density, params.densities, n), per_input(params.gamma, params.gammas, n)
+        dtype = compute_dtype(params.compute_dtype, ctx)
+        if dtype != torch.float32:
+            return gta_in_dtype(base, deltas, dtype, lambda i, tau: outliers_mask(tau, dens[i], gammas[i]),
+                                params.weights or [1.0] * n, consensus=self.consensus, normalize=params.normalize,
+                                scale=params.scale, rescale=params.rescale)
+        for row, d, g in zip(deltas, dens, gammas):
             apply_mask_(row, outliers_mask(row, d, g), params.rescale)
         return gta_combine_(deltas, params.weights or [1.0] * n, consensus=self.consensus,
                             normalize=params.normalize, scale=params.scale)

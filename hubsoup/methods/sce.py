@@ -12,16 +12,22 @@ elected sign (sign of the sum, + at 0); the merged task vector is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from hubsoup.methods import Method, param, register
+from hubsoup.methods._sparsify import compute_dtype
 
 
 @dataclass
 class SceParams:
     select_topk: float = param(1.0, "fraction of entries with the highest variance across inputs kept",
                                range=(0.0, 1.0), source="mergekit")
+    compute_dtype: Literal["float32", "float16", "bfloat16", "inputs"] = param(
+        "float32", "the dtype every step is computed in, as mergekit computes in its config's dtype (inputs: "
+                   "the stored dtype); hubsoup's own merges compute in float32", source="mergekit",
+        recorded_when_set=True)
 
 
 @register
@@ -35,6 +41,9 @@ class Sce(Method):
     def merge(self, base, deltas, params, ctx):
         n = len(deltas)
         k_frac = params.select_topk
+        dtype = compute_dtype(params.compute_dtype, ctx)
+        if dtype != torch.float32:
+            return sce_in_dtype(base, deltas, dtype, k_frac)
         if k_frac < 1:
             if k_frac <= 0:
                 deltas.zero_()
@@ -52,3 +61,26 @@ class Sce(Method):
         elected = torch.where(deltas.sum(dim=0) >= 0, 1.0, -1.0)
         kept_w = w * (torch.sign(deltas) == elected)
         return (deltas * kept_w).sum(dim=0).div_(kept_w.sum(dim=0).clamp_(min=1e-6))
+
+
+def sce_in_dtype(base: torch.Tensor, deltas: torch.Tensor, dtype: torch.dtype, select_topk: float) -> torch.Tensor:
+    """SCE computed in ``dtype`` step for step, as mergekit computes it in its config's dtype (each step rounds);
+    returns the merged task vector in float32 (the low-precision result minus ``base``)."""
+    base_h = base.to(dtype)
+    tvs = torch.stack([(base + d).to(dtype) - base_h for d in deltas])
+    if select_topk < 1:
+        var = torch.var(tvs, dim=0, unbiased=False)
+        k = int(int(torch.count_nonzero(var)) * select_topk) if select_topk > 0 else 0
+        mask = torch.zeros_like(var)
+        if k > 0:
+            mask.view(-1)[torch.topk(var.abs().view(-1), k=k, largest=True).indices] = 1
+        tvs = tvs * mask.unsqueeze(0)
+    sign = tvs.sign()
+    agree = sign == (tvs.sum(dim=0) >= 0).to(dtype) * 2 - 1
+    energy = tvs.square().reshape(len(tvs), -1).mean(dim=1)
+    total = torch.sum(energy).item()
+    w = torch.ones_like(energy) / energy.shape[0] if abs(total) < 1e-6 else energy / total
+    w = w.reshape(-1, *[1] * (tvs.dim() - 1))
+    kept = w * agree
+    merged = (tvs * kept).sum(dim=0) / torch.sum(kept, dim=0).clamp(min=1e-6)
+    return (base_h + merged).to(torch.float32).sub_(base)

@@ -31,7 +31,8 @@ from hubsoup.methods import Method, StatsPass, param, register
 from hubsoup.methods._kernels import kth_largest_abs, ties_combine_, trim_
 from hubsoup.methods._schedule import Schedule
 from hubsoup.methods._select import KthLargestPass
-from hubsoup.methods._sparsify import apply_mask_, gta_combine_, magnitude_mask, per_input
+from hubsoup.methods._sparsify import (apply_mask_, compute_dtype, gta_combine_, gta_in_dtype, magnitude_mask,
+                                      per_input)
 
 
 @dataclass
@@ -52,6 +53,10 @@ class TiesParams:
                                                 source="mergekit")
     rescale: bool = param(False, "rescale each trimmed task vector to its L1 norm (mergekit's rescale; "
                                  "convention=mergekit)", source="mergekit")
+    compute_dtype: Literal["float32", "float16", "bfloat16", "inputs"] = param(
+        "float32", "convention=mergekit: the dtype every step is computed in, as mergekit computes in its "
+                   "config's dtype (inputs: the stored dtype); hubsoup's own merges compute in float32",
+        source="mergekit", recorded_when_set=True)
 
     def validate(self):
         if self.scope == "model" and self.convention == "paper" and (isinstance(self.density, Schedule) or self.densities is not None):
@@ -59,6 +64,8 @@ class TiesParams:
                                  "scope=tensor (scope=model ranks one threshold over the whole model)")
         if self.rescale and self.convention != "mergekit":
             raise ParameterError("parameter 'rescale' needs convention=mergekit")
+        if self.compute_dtype != "float32" and self.convention != "mergekit":
+            raise ParameterError("parameter 'compute_dtype' needs convention=mergekit")
 
 
 @register
@@ -114,6 +121,11 @@ class Ties(Method):
     def merge(self, base, deltas, params, ctx):
         if params.convention == "mergekit":
             densities = per_input(params.density, params.densities, len(deltas))
+            dtype = compute_dtype(params.compute_dtype, ctx)
+            if dtype != torch.float32:
+                return gta_in_dtype(base, deltas, dtype, lambda i, tau: magnitude_mask(tau, densities[i]),
+                                    params.weights or [1.0] * len(deltas), consensus=True,
+                                    normalize=params.merge == "mean", scale=params.scale, rescale=params.rescale)
             for row, density in zip(deltas, densities):
                 apply_mask_(row, magnitude_mask(row, density), params.rescale)
             return gta_combine_(deltas, params.weights or [1.0] * len(deltas), consensus=True,

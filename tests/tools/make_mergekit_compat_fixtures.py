@@ -555,6 +555,57 @@ parameters:
 dtype: float32
 out_dtype: float16
 """),
+    # half-precision compute: mergekit casts the inputs to `dtype` and computes in it (hubsoup: compute_dtype)
+    "ties_compute_bfloat16": ("exact", """\
+models:
+  - model: tiny-llama/ft-a
+    parameters:
+      weight: 1.0
+      density: 0.5
+  - model: tiny-llama/ft-b
+    parameters:
+      weight: 0.7
+      density: 0.3
+  - model: tiny-llama/ft-c
+    parameters:
+      weight: 0.4
+      density: 0.7
+merge_method: ties
+base_model: tiny-llama/base
+parameters:
+  normalize: true
+dtype: bfloat16
+"""),
+    "breadcrumbs_ties_compute_float16": ("exact", """\
+models:
+  - model: tiny-llama/ft-a
+    parameters:
+      weight: 0.6
+      density: 0.8
+      gamma: 0.05
+  - model: tiny-llama/ft-b
+    parameters:
+      weight: 0.4
+      density: 0.7
+      gamma: 0.02
+merge_method: breadcrumbs_ties
+base_model: tiny-llama/base
+parameters:
+  normalize: true
+  rescale: true
+dtype: float16
+"""),
+    "sce_compute_bfloat16": ("exact", """\
+models:
+  - model: tiny-llama/ft-a
+  - model: tiny-llama/ft-b
+  - model: tiny-llama/ft-c
+merge_method: sce
+base_model: tiny-llama/base
+parameters:
+  select_topk: 0.6
+dtype: bfloat16
+"""),
     # LoRA references (mergekit merges the adapter into the model it follows): on a fine-tune, and on the base
     "lora_on_models_and_base": ("exact", """\
 models:
