@@ -66,19 +66,28 @@ def test_claim_verdicts():
     assert P.claim("in_loss", bad, good, base, fts, ["a", "b"], ["c"], b=200)["verdict"] == "does not hold"
 
 
-def _results(gain, worst_hi, defaults=None):
-    summary = {"gain": {"value": gain, "lo": gain - 0.1, "hi": gain + 0.1},
+def _results(gain, worst_hi, defaults=None, tuned=None, benchmark="toy", width=0.1):
+    summary = {"gain": {"value": gain, "lo": gain - width, "hi": gain + width},
                "worst_task_vs_base": {"a": {"value": worst_hi - 0.01, "lo": worst_hi - 0.02, "hi": worst_hi}}}
-    return {"benchmark": "toy", "settings": {"lora": {"rows": {"TIES": {"defaults": {"summary": summary}}}}},
+    row = {"defaults": {"summary": summary}}
+    if tuned is not None:
+        row["tuned"] = {"summary": {"gain": {"value": tuned, "lo": tuned - 0.1, "hi": tuned + 0.1},
+                                    "worst_task_vs_base": {}}}
+    return {"benchmark": benchmark, "settings": {"lora": {"rows": {"TIES": row}}},
             "defaults": defaults if defaults is not None else P.defaults_in_use()}
 
 
 def test_guard_fails_on_a_weak_or_harmful_default():
-    assert P.guard(_results(0.7, 0.01)) == []
-    low = P.guard(_results(0.4, 0.01))
-    assert len(low) == 1 and "toy / lora / TIES" in low[0] and "0.40" in low[0]
-    harm = P.guard(_results(0.7, -0.001))  # worse than the base on task a, the whole interval below 0
+    """Issue 35's guard: relative to what tuning reaches in the setting, never worse than the base, ≥ 0.5 on the LM."""
+    assert P.guard(_results(0.7, 0.01, tuned=0.8)) == []
+    assert P.guard(_results(0.3, 0.01, tuned=0.34)) == []  # 0.3 ≥ 0.8 × 0.34: what tuning reaches is low too
+    low = P.guard(_results(0.4, 0.01, tuned=0.9, width=0.05))  # 0.45 < 0.8 × 0.9 = 0.72
+    assert len(low) == 1 and "toy / lora / TIES" in low[0] and "0.40" in low[0] and "0.72" in low[0]
+    assert P.guard(_results(0.4, 0.01, tuned=0.9, width=0.4)) == []  # its interval reaches 0.72: not told apart
+    harm = P.guard(_results(0.7, -0.001, tuned=0.7))  # worse than the base on task a, the whole interval below 0
     assert len(harm) == 1 and "worse than the base on a" in harm[0]
+    lm = P.guard(_results(0.45, 0.01, tuned=0.5, benchmark="decoder-lm"))  # passes (a), not (c)
+    assert len(lm) == 1 and "< 0.5 on the LM" in lm[0]
 
 
 def test_stale_defaults_are_reported():
@@ -94,29 +103,13 @@ def test_stale_defaults_are_reported():
 # gain 1-10 points per task, and at 8 LoRA tasks no method recovers half of that even tuned (best 0.42, SFTM
 # at its defaults); TA's λ = 0.3 is low at 4 encoder tasks (tuned: 1.0) but best on the LM, so no one value
 # serves both. A fix that lifts one of them, or a regression that adds one, changes this set and fails here.
+# Under issue 35's guard (relative to the tuned share), two failures remain: task arithmetic's λ = 0.3 (best
+# on the LM and at 8 tasks) at 4 full encoder fine-tunes, where tuning picks 1.0 (0.35 [0.09, 0.55] against
+# 0.8 x 0.74). They are the open part of issue 35 (an input-dependent λ, chosen on validation, and a benchmark
+# re-run); a change that fixes them, or a regression that adds one, changes this set and fails here.
 KNOWN_FAILURES: dict[str, set] = {"quality_lm.json": set(), "quality.json": {
-    ('full-4', 'DARE + TA'),
-    ('full-4', 'LiNeS + TA'),
-    ('full-4', 'LiNeS + uniform soup'),
     ('full-4', 'LwPTV + TA'),
     ('full-4', 'task arithmetic'),
-    ('full-8', 'DARE + TA'),
-    ('full-8', 'LiNeS + TA'),
-    ('full-8', 'LiNeS + uniform soup'),
-    ('full-8', 'LwPTV + TA'),
-    ('full-8', 'task arithmetic'),
-    ('lora-4', 'LiNeS + TA'),
-    ('lora-4', 'LiNeS + TIES'),
-    ('lora-4', 'OPCM'),
-    ('lora-4', 'SFTM'),
-    ('lora-4', 'TIES'),
-    ('lora-4', 'task arithmetic'),
-    ('lora-8', 'LiNeS + TA'),
-    ('lora-8', 'LiNeS + TIES'),
-    ('lora-8', 'OPCM'),
-    ('lora-8', 'SFTM'),
-    ('lora-8', 'TIES'),
-    ('lora-8', 'task arithmetic'),
 }}
 
 
