@@ -161,6 +161,7 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
     ensure_timeouts()
     api = HfApi(token=token)
     runner = _Runner(p, api, token, work, out, emit)
+    runner.check_data()
     if dry_run:
         report = runner.plan()
         report.dry_run = True
@@ -203,6 +204,13 @@ class _Runner:
                 spec.head = os.path.join(self.p.root, spec.head)
             tasks.append(spec)
         return tasks
+
+    def check_data(self) -> None:
+        """Read the local evaluation data once, before anything is planned: a bad row is one clear error
+        (exit status 2), not the same failure on every merge."""
+        for spec in self.tasks:
+            if spec.is_local:
+                spec.load()
 
     @property
     def eval_signature(self) -> str:
