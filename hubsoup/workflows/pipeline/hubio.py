@@ -241,8 +241,8 @@ def published_scores(pub: Published, policy: RetryConfig, token: Any = None) -> 
 def flatten_scores(results: Any) -> dict[str, float]:
     """``[{"task": t, "metrics": {m: v}}]`` (``eval_results.json``) → ``{"t/m": v}``.
 
-    A value that is not a finite number (NaN, ±inf, text) is kept as NaN, so that the merge it
-    belongs to is never ranked on it (see :func:`non_finite`).
+    A value that is not a number (text, null) is kept as NaN, NaN and ±inf as they are, so that the
+    merge it belongs to is never ranked on it (see :func:`non_finite`).
     """
     out: dict[str, float] = {}
     for r in results if isinstance(results, list) else []:
@@ -251,8 +251,8 @@ def flatten_scores(results: Any) -> dict[str, float]:
         for m, v in r["metrics"].items():
             if m == "tokens":
                 continue
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            out[f"{r.get('task')}/{m}"] = float(v) if ok else math.nan
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            out[f"{r.get('task')}/{m}"] = float(v) if number else math.nan
     return out
 
 

@@ -777,6 +777,13 @@ def _finite(v: Any) -> Any:
     return v if not isinstance(v, float) or math.isfinite(v) else None
 
 
+def _cell(v: Any) -> str:
+    """A score in the markdown table: 4 decimals; a score that was not a finite number is ``n/a``."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f"{v:.4f}" if _finite(float(v)) is not None else "n/a"
+    return "n/a" if v is None else ""
+
+
 def _checksums(folder: str) -> dict[str, str]:
     """sha256 of every file under ``folder`` but its card (``README.md``, rendered again before a push)."""
     out = {}
@@ -837,7 +844,7 @@ def render_leaderboard(data: dict) -> str:
                              for i in r.get("inputs", []))
         params = ", ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items() if v is not None)
         method = f"{r['method']}" + (f" ({params})" if params else "")
-        scores = [f"{r['scores'][k]:.4f}" if k in (r.get("scores") or {}) else "" for k in metrics]
+        scores = [_cell((r.get("scores") or {}).get(k, "")) for k in metrics]
         cells = [model, status, method, inputs, *scores, r.get("license") or "", f"`{r['recipe_hash'][:12]}`"]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     failed = [c for c in data.get("candidates", []) if c.get("status") in ("failed", "left out")]
