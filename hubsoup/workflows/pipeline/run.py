@@ -559,7 +559,8 @@ class _Runner:
         m.score = self._score(m.scores)
         self.emit("merged", m)
         shown = "  ".join(f"{k}={v:.4f}" for k, v in sorted(m.scores.items()))
-        self._line(f"merged     {m.label}" + (f"  {shown}" if shown else ""))
+        verb = "merged    " if m.action == "merged" else "reused    "  # found in the work folder, verified
+        self._line(f"{verb} {m.label}" + (f"  {shown}" if shown else ""))
         return None
 
     # ---- the work folder: a cache, verified before anything in it is published --------------------
