@@ -458,3 +458,56 @@ def test_kill_with_top_k_loses_no_finished_merge_that_the_work_folder_keeps(hub,
     assert report.exit_code == 0, out
     assert out.count("\nreused     ") + out.startswith("reused ") == 1, out  # the finished merge, verified
     assert out.count("merged     ") == 2 and len(soup_repos(hub)) == 2
+
+
+# ---- the shipped example: installable CI workflow, real evaluation text ---------------------------------
+
+
+def test_ci_workflow_installs_from_the_repository_url_and_caches_the_work_folder():
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        urls = tomllib.load(f)["project"]["urls"]
+    assert {"Homepage", "Repository", "Changelog"} <= set(urls)
+    repo_url = urls["Repository"]
+    assert repo_url == "https://github.com/hubsoup/hubsoup"
+    folder = os.path.join(REPO, "examples", "pipelines")
+    with open(os.path.join(folder, "community-merge.yml"), encoding="utf-8") as f:
+        text = f.read()
+    wf = yaml.safe_load(text)
+    env = wf["env"]
+    assert env["HUBSOUP_SPEC"].startswith(f"hubsoup @ git+{repo_url}@")  # pip's direct-reference form
+    assert text.count(repo_url) == 1  # named once, in the variable the install step uses
+    steps = wf["jobs"]["merge"]["steps"]
+    runs = "\n".join(s.get("run", "") for s in steps)
+    assert 'pip install "$HUBSOUP_SPEC"' in runs and "pip install hubsoup\n" not in runs + "\n"
+    assert "download.pytorch.org/whl/cpu" in runs  # torch's CPU build: no CUDA wheels on a CPU runner
+    with open(os.path.join(folder, "pipeline.yml"), encoding="utf-8") as f:
+        work_dir = yaml.safe_load(f)["work_dir"]
+    assert env["WORK_DIR"] == f"examples/pipelines/{work_dir}"
+    uses = {s.get("uses", "").split("@")[0]: s for s in steps}
+    restore, save = uses["actions/cache/restore"], uses["actions/cache/save"]
+    assert restore["with"]["path"] == save["with"]["path"] == "${{ env.WORK_DIR }}"
+    assert save["if"] == "always()"  # saved when the run fails, is cancelled or times out
+    assert restore["with"]["restore-keys"] and save["with"]["key"].startswith(restore["with"]["restore-keys"])
+    order = [s.get("uses", "").split("@")[0] or s.get("name") for s in steps]
+    assert order.index("actions/cache/restore") < order.index("Merge, evaluate, publish") < order.index(
+        "actions/cache/save")
+
+
+def test_example_evaluation_data_is_real_english_text():
+    import re
+    import runpy
+
+    path = os.path.join(REPO, "examples", "pipelines", "data", "eval.jsonl")
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    assert 200 <= len(rows) <= 1000
+    words = [w for r in rows for w in r["text"].split()]
+    assert all(isinstance(r["text"], str) and len(r["text"].split()) >= 8 for r in rows)
+    assert not [w for w in words if re.fullmatch(r"w\d+", w)]  # no test-tokenizer tokens
+    common = {"the", "of", "a", "to", "and", "is", "in", "for", "an", "or", "be", "if", "this", "that", "with"}
+    assert sum(w.lower() in common for w in words) / len(words) > 0.15  # English prose, not code or tokens
+    # written by make_eval.py from this interpreter's standard library docstrings (its origin)
+    made = set(runpy.run_path(os.path.join(REPO, "examples", "pipelines", "data", "make_eval.py"))["paragraphs"]())
+    assert sum(r["text"] in made for r in rows) / len(rows) > 0.95

@@ -4,14 +4,27 @@ The Hub is the pipeline's memory. A merge is identified by its recipe hash (meth
 base and inputs by commit SHA, dtype, result-changing options), which is computed before any
 weight is read; a merge whose hash some hubsoup repo of the target namespace already holds (its
 ``hubsoup_recipe.yaml``) is not made again, and a merge the leaderboard on the Hub lists as not
-selected is not made again either unless the selection now wants it. Each merge is published in
-one commit as soon as it is selected, so a run that is killed loses only the merge in progress
-(whose temporary folder the next run's output lock clears); the local ``work_dir`` is a cache.
+selected is not made again either unless the selection now wants it.
+
+**What a kill loses.** Without ``select.top_k`` each merge is published in one commit as soon as it
+is selected (merged, evaluated, past the threshold), so a killed run loses only the merge in
+progress (whose temporary folder the next run's output lock clears). With ``select.top_k`` the
+selection needs every score, so the pushes come once every merge is scored: a kill before them
+publishes nothing, and the finished merges stay in ``work_dir`` (the shipped CI workflow caches
+it), where the next run verifies and reuses them instead of merging again. A kill during the
+pushes leaves every push before it published and the one in flight whole or absent (one commit).
+``work_dir`` is a cache, locked for the whole run (a second run on it fails at once): a merge
+there is pushed only if its files still match the checksums recorded when it was made
+(``merges/HASH.manifest.json``); the card is rendered again before every push.
 
 Failures are isolated: a candidate that cannot be read (missing, private, gated), whose config
-is not the base's architecture, or whose weights break its merge, is reported and left out; the
-other merges go on. Licenses are combined (:mod:`hubsoup.workflows.pipeline.licenses`); a merge
-whose licenses cannot be combined is refused.
+is not the base's architecture, whose license forbids derivatives or cannot be read, or whose
+weights break its merge or its evaluation (NaN/inf scores, an overflowing or constant-logits
+model), is reported and left out; the other merges go on, and are pushed and put on the
+leaderboard. Licenses are combined (:mod:`hubsoup.workflows.pipeline.licenses`); a merge whose
+licenses cannot be combined is refused. Private and gated repos go into public merges only with
+``allow_private_inputs: true`` (their cards then say so). The leaderboard on the Hub is committed
+only when its content changed (compared byte for byte, on any Hub).
 
 Example:
     >>> from hubsoup.workflows.pipeline import run_pipeline
