@@ -734,9 +734,9 @@ class _Runner:
                                 "license": c.info.license if c.info else None,
                                 "status": "failed" if c.error else ("left out" if c.skipped else "ok"),
                                 "reason": c.error or c.skipped} for c in report.candidates
-                               if p.push.private or not (c.info and c.info.private)],
+                               if p.push.private or not _hidden(c)],
                 "merges": ordered}
-        hidden = [c for c in report.candidates if c.info and c.info.private]
+        hidden = [c for c in report.candidates if _hidden(c)]
         if hidden and not p.push.private:  # a private repo's name is not for a public leaderboard
             data["private_candidates"] = len(hidden)
         text_json = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
@@ -782,6 +782,11 @@ class _Runner:
 
     def _line(self, text: str) -> None:
         print(text, file=self.out, flush=True)
+
+
+def _hidden(c: Candidate) -> bool:
+    """A private candidate left out: its name (not public on the Hub) stays off a public leaderboard."""
+    return bool(c.info and c.info.private and (c.error or c.skipped))
 
 
 def _finite(v: Any) -> Any:
@@ -879,7 +884,7 @@ def print_plan(report: PipelineReport, out: TextIO) -> None:
 
     b = report.base
     w(f"pipeline '{p.name}' (dry run: nothing is downloaded but cards and configs, nothing is merged or pushed)")
-    w(f"base {b.pinned} (license {b.license or 'none given'})")
+    w(f"base {b.pinned} (license {b.license or f'unreadable: {b.terms.error}'})")
     ok = [c for c in report.candidates if not c.error and not c.skipped]
     left = [c for c in report.candidates if c.skipped]
     w(f"candidates: {len(ok)} usable, {len(report.candidates) - len(ok) - len(left)} failing, {len(left)} left out")
@@ -889,7 +894,7 @@ def print_plan(report: PipelineReport, out: TextIO) -> None:
         elif c.skipped:
             w(f"  left out   {c.spec}: {c.skipped}")
         else:
-            w(f"  ok         {c.info.pinned} ({c.info.kind}, license {c.info.license or 'none given'}, "
+            w(f"  ok         {c.info.pinned} ({c.info.kind}, license {c.info.license}, "
               f"{_size(sum(c.info.weight_files.values()))})")
     todo = [m for m in report.merges if m.status == PLANNED and not m.deferred]
     w(f"merges: {len(todo)} to do, {len(report.by_status(PUBLISHED))} already published, "
