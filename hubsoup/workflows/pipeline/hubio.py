@@ -144,7 +144,7 @@ def _weight_files(siblings) -> dict[str, int]:
     return {n: s for n, s in top.items() if n.endswith(".safetensors")}
 
 
-def repo_info(api, spec: str, policy: RetryConfig, token: Any = None) -> RepoInfo:
+def repo_info(api, spec: str, policy: RetryConfig, token: Any = None, role: str = "candidate") -> RepoInfo:
     """Resolve ``org/name[@rev]`` to its commit, kind, license and weight sizes (``model_info(files_metadata=True)``)."""
     from hubsoup.hub import ensure_timeouts, hub_timeout
     from hubsoup.sources.resolve import hub_failure, parse_spec
@@ -156,7 +156,7 @@ def repo_info(api, spec: str, policy: RetryConfig, token: Any = None) -> RepoInf
         info = with_retry(lambda: api.model_info(repo_id, revision=revision, files_metadata=True, token=token,
                                                  timeout=hub_timeout()), f"model info of {spec}", policy)
     except Exception as e:  # noqa: BLE001 - one line naming the repo
-        raise hub_failure(e, f"candidate '{spec}'", repo_id, revision, token) from e
+        raise hub_failure(e, f"{role} '{spec}'", repo_id, revision, token) from e
     card = info.card_data.to_dict() if info.card_data is not None else {}
     base_model = card.get("base_model") or []
     siblings = info.siblings or []

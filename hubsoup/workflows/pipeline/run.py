@@ -237,7 +237,7 @@ class _Runner:
 
         p = self.p
         self.opts = MergeOptions(**p.options, token=self.token, quiet=True)
-        base = self._base = hubio.repo_info(self.api, p.base, self.retry, self.token)
+        base = self._base = hubio.repo_info(self.api, p.base, self.retry, self.token, role="base")
         hidden = self._restricted(base)
         if hidden:
             raise ParameterError(f"base '{p.base}': {hidden}")
