@@ -37,6 +37,10 @@ seeds come from the recipe and so from the inputs' shas, then repeat across runs
 the old files.  A new repo starts with the Hub's "initial commit" by ``system`` holding a
 ``.gitattributes`` (pass ``gitattributes=False`` to get an empty tree instead).
 
+``file_hashes=False`` (or ``server.file_hashes = False`` in a test; ``reset()`` restores the
+constructor's value) is a Hub that reports no file hashes: pre-upload answers carry no ``oid`` and
+repo info no ``blobId``, so ``huggingface_hub`` cannot skip an unchanged file and commits it again.
+
 Failure injection: ``server.fail_next(n, status=500, method="POST", path=r"/commit/")`` answers
 the next ``n`` matching requests with an error (``when="after"`` runs the request first and then
 loses its answer; ``drop=True`` closes the connection without an answer; ``hang=SECONDS`` stops
@@ -244,8 +248,9 @@ class HubServer:
     def __init__(self, port: int = 0, host: str = "127.0.0.1",
                  tokens: dict[str, str | tuple[str, bool]] | None = None,
                  orgs: dict[str, Iterable[str]] | None = None, gitattributes: bool = True,
-                 page_size: int = 1000, content_shas: bool = False):
+                 page_size: int = 1000, content_shas: bool = False, file_hashes: bool = True):
         self.content_shas = content_shas
+        self._file_hashes = file_hashes
         self.host = host
         self.port = port
         self.tokens: dict[str, tuple[str, bool]] = {}
@@ -303,6 +308,9 @@ class HubServer:
             self.requests: list[dict] = []
             #: requests that matched no route (answered 404 without X-Error-Code)
             self.unhandled: list[str] = []
+            #: False: a Hub that reports no file hashes (no ``oid`` in pre-upload answers, no ``blobId``
+            #: in repo info), so a client cannot tell an unchanged file from a changed one by hash
+            self.file_hashes = self._file_hashes
 
     def _release_hangs(self) -> None:
         wake = getattr(self, "_wake", None)
@@ -680,7 +688,7 @@ class HubServer:
         for p, oid in sorted(commit.tree.items()):
             s: dict[str, Any] = {"rfilename": p}
             if with_blobs:
-                s.update(size=len(self.blobs[oid]), blobId=oid)
+                s.update(size=len(self.blobs[oid]), **({"blobId": oid} if self.file_hashes else {}))
             siblings.append(s)
         info: dict[str, Any] = {
             "_id": repo.uid, "id": repo.id, "author": repo.namespace, "sha": sha,
@@ -889,7 +897,7 @@ class HubServer:
         for f in req.json().get("files", []):
             p = f.get("path", "")
             files.append({"path": p, "uploadMode": "regular", "shouldIgnore": False,
-                          "oid": commit.tree.get(p)})
+                          **({"oid": commit.tree.get(p)} if self.file_hashes else {})})
         return _json_response({"files": files, "commitOid": commit.oid})
 
     def _commit(self, req: _Req, rtype: str, repo_id: str, rev: str):

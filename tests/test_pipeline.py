@@ -26,7 +26,8 @@ from hubsoup.workflows.pipeline.licenses import combine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "examples", "pipelines", "pipeline.yml")
-EVAL_DATA = os.path.join(REPO, "examples", "pipelines", "data", "eval.jsonl")
+# word-level text of the tiny test tokenizer (w0 .. w122): the example's real English text would be all [UNK]
+EVAL_DATA = os.path.join(REPO, "tests", "fixtures", "pipeline", "eval-tiny-tokenizer.jsonl")
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from hubsoup.errors import ParameterError
 
@@ -15,8 +16,48 @@ def cmd_pipeline(args) -> int:
         token = os.environ.get(args.token_env)
         if not token:
             raise ParameterError(f"--token-env {args.token_env}: that environment variable is not set or empty")
-    report = run_pipeline(args.pipeline, dry_run=args.dry_run, token=token, work_dir=args.work_dir)
+    done: list[str] = []
+    pushing: list[str] = []
+
+    def on_event(kind: str, m) -> None:
+        if kind == "pushing":
+            pushing[:] = [m.repo_id]
+        elif kind in ("pushed", "failed"):
+            if kind == "pushed":
+                done.append(m.repo_id)
+            pushing.clear()
+
+    try:
+        report = run_pipeline(args.pipeline, dry_run=args.dry_run, token=token, work_dir=args.work_dir,
+                              on_event=on_event)
+    except KeyboardInterrupt as e:  # what was published stays published: say so, not "nothing was left"
+        print(interrupted_message(type(e).__name__ == "_Terminated", done, pushing[0] if pushing else None),
+              file=sys.stderr)
+        return 143 if type(e).__name__ == "_Terminated" else 130
     return report.exit_code
+
+
+def interrupted_message(sigterm: bool, pushed: list[str], pushing: str | None) -> str:
+    """What an interrupted pipeline run leaves: the merges it pushed, the push in flight, nothing else on the Hub.
+
+    Example:
+        >>> print(interrupted_message(True, ["org/a"], "org/b"))
+        terminated (SIGTERM): 1 merge(s) were published by this run and stay on the Hub:
+          org/a
+        the push of org/b was in flight: a push is one commit, so it is on the Hub whole or not at all;
+        the leaderboard was not updated; finished merges not yet pushed stay in the work folder.
+        Run the pipeline again to finish: what is published is found on the Hub and not made again.
+    """
+    head = "terminated (SIGTERM)" if sigterm else "interrupted"
+    lines = [f"{head}: {len(pushed)} merge(s) were published by this run and stay on the Hub:" if pushed
+             else f"{head}: no merge was published by this run"]
+    lines += [f"  {r}" for r in pushed]
+    if pushing:
+        lines.append(f"the push of {pushing} was in flight: a push is one commit, so it is on the Hub whole or not "
+                     "at all;")
+    lines.append("the leaderboard was not updated; finished merges not yet pushed stay in the work folder.")
+    lines.append("Run the pipeline again to finish: what is published is found on the Hub and not made again.")
+    return "\n".join(lines)
 
 
 def register(sub) -> None:
@@ -24,9 +65,12 @@ def register(sub) -> None:
         "pipeline", help="run an unattended merge -> eval -> push pipeline (candidates from a list or a Hub query)",
         description="Run the pipeline file: find candidates (a list and/or a Hub query), plan the merges, skip those "
                     "already published in the target namespace (found on the Hub by recipe hash), merge, evaluate, "
-                    "select, push each in one commit, and write a leaderboard (markdown + JSON). A failing candidate "
-                    "is reported and left out. Exit status: 0 when nothing failed, 1 when a candidate or a merge "
-                    "failed (the rest was done), 2 when the pipeline cannot run at all.")
+                    "select, push each in one commit as soon as it is selected (with select.top_k: once every "
+                    "merge is scored), and write a leaderboard (markdown + JSON; a Hub commit only when it changed). "
+                    "A failing candidate is reported and left out. Exit status: 0 when nothing failed, 1 when a "
+                    "candidate or a merge failed or was refused for its license's terms (the rest was done), 2 when "
+                    "the pipeline cannot run at all (another run holds the work folder, a malformed leaderboard "
+                    "on the Hub, ...), 130/143 when interrupted (what was pushed stays published).")
     p.add_argument("pipeline", metavar="PIPELINE.yml", help="the pipeline file (see examples/pipelines/pipeline.yml)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (merges to do, skipped and why, bytes to download) and stop: no weights are "

@@ -209,6 +209,7 @@ def _perplexity(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: boo
     tok = models.tokenizer()
     model = models.get("causal")
     nlls, counts = [0.0] * len(ds), [0] * len(ds)
+    informative = False
     for idx, enc in _batches(tok, task, list(ds[task.text]), None, batch_size, quiet):
         enc = enc.to(models.device)
         with torch.no_grad():
@@ -218,6 +219,14 @@ def _perplexity(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: boo
         nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none") * mask
         for i, v, c in zip(idx, nll.sum(1).double().tolist(), mask.sum(1).tolist()):
             nlls[i], counts[i] = v, c
+        if not informative:
+            lo, hi = logits.amin(-1), logits.amax(-1)
+            informative = bool(((hi > lo) | ~torch.isfinite(hi))[mask].any())
+    if not informative and any(counts):
+        # e.g. weights so large that the norm layers' squares overflow: every hidden state is zeroed, every
+        # logit equal; its "perplexity" would be the vocabulary size, a score that could win a selection
+        raise HubsoupError(f"task '{task.name}': the model gives every token the same score at every position "
+                           "(constant logits): a degenerate model, e.g. weights too large for float32; no perplexity")
     res = load_metric("perplexity").compute(predictions=nlls, references=counts)
     # per-sequence NLL sums and token counts, for paired confidence intervals (not in eval_results.json)
     return TaskResult(task, {"perplexity": res["perplexity"]}, len(counts),

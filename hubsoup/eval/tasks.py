@@ -131,4 +131,10 @@ class TaskSpec:
                                  f"(columns: {', '.join(ds.column_names)}); set text=/label= in the task spec")
         if self.limit is not None:
             ds = ds.select(range(min(self.limit, len(ds))))
+        for col in [self.text] + ([self.text_pair] if self.text_pair else []):
+            bad = next(((i, v) for i, v in enumerate(ds[col]) if not isinstance(v, str)), None)
+            if bad is not None:  # a tokenizer given a number or a null fails deep inside; say where it is
+                shown = repr(bad[1])
+                raise ParameterError(f"task '{self.name}': row {bad[0] + 1} of {self.data}: {col!r} must be text, got "
+                                     f"{shown[:40] + '...' if len(shown) > 40 else shown}")
         return ds

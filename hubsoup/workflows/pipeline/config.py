@@ -144,6 +144,9 @@ class Pipeline:
     """Local folder for merge outputs (a cache: what is published is found on the Hub) and the leaderboard;
     relative to the pipeline file."""
     retry: RetryConfig = field(default_factory=RetryConfig)
+    allow_private_inputs: bool = False
+    """Merge private and gated candidates (and a private or gated base) into public repos too; their
+    cards then say so. Default: such a candidate is left out (a private push target takes them)."""
     root: str = field(default=".", repr=False)
     """The folder relative paths are taken from (the pipeline file's; not a YAML key)."""
 

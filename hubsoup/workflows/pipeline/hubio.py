@@ -11,7 +11,9 @@ commits, whole merges whose downloads failed), bounded.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
@@ -93,11 +95,23 @@ class RepoInfo:
     kind: str
     """``full`` or ``lora``."""
     license: str | None
+    """The license as shown (``mit``, ``mit + apache-2.0``; None when it cannot be read: see :attr:`terms`)."""
     card_base_model: list[str]
     weight_files: dict[str, int] = field(default_factory=dict)
     """The files a merge would download, with their sizes in bytes."""
     private: bool = False
     gated: Any = False
+    terms: Any = None
+    """The card's license, read (:class:`~hubsoup.workflows.pipeline.licenses.License`)."""
+
+    @property
+    def restricted(self) -> str | None:
+        """``private`` or ``gated`` when the repo is (its weights are not everyone's to publish), else None."""
+        if self.private:
+            return "private"
+        if self.gated:
+            return "gated"
+        return None
 
     @property
     def pinned(self) -> str:
@@ -130,11 +144,11 @@ def _weight_files(siblings) -> dict[str, int]:
     return {n: s for n, s in top.items() if n.endswith(".safetensors")}
 
 
-def repo_info(api, spec: str, policy: RetryConfig, token: Any = None) -> RepoInfo:
+def repo_info(api, spec: str, policy: RetryConfig, token: Any = None, role: str = "candidate") -> RepoInfo:
     """Resolve ``org/name[@rev]`` to its commit, kind, license and weight sizes (``model_info(files_metadata=True)``)."""
     from hubsoup.hub import ensure_timeouts, hub_timeout
     from hubsoup.sources.resolve import hub_failure, parse_spec
-    from hubsoup.workflows.pipeline.licenses import normalize
+    from hubsoup.workflows.pipeline.licenses import read
 
     repo_id, revision = parse_spec(spec)
     ensure_timeouts()
@@ -142,14 +156,16 @@ def repo_info(api, spec: str, policy: RetryConfig, token: Any = None) -> RepoInf
         info = with_retry(lambda: api.model_info(repo_id, revision=revision, files_metadata=True, token=token,
                                                  timeout=hub_timeout()), f"model info of {spec}", policy)
     except Exception as e:  # noqa: BLE001 - one line naming the repo
-        raise hub_failure(e, f"candidate '{spec}'", repo_id, revision, token) from e
+        raise hub_failure(e, f"{role} '{spec}'", repo_id, revision, token) from e
     card = info.card_data.to_dict() if info.card_data is not None else {}
     base_model = card.get("base_model") or []
     siblings = info.siblings or []
     kind = "lora" if any(s.rfilename == "adapter_config.json" for s in siblings) else "full"
-    return RepoInfo(repo_id, revision, info.sha, kind, normalize(card.get("license"), card.get("license_name")),
-                    [base_model] if isinstance(base_model, str) else list(base_model), _weight_files(siblings),
-                    bool(info.private), info.gated)
+    terms = read(card)
+    bases = [base_model] if isinstance(base_model, str) else [b for b in base_model if isinstance(b, str)] \
+        if isinstance(base_model, list) else []
+    return RepoInfo(repo_id, revision, info.sha, kind, " + ".join(terms.ids) if terms.ids else None, bases,
+                    _weight_files(siblings), bool(info.private), info.gated or False, terms)
 
 
 def query_candidates(api, q: Query, base_repo: str, policy: RetryConfig, token: Any = None) -> list[str]:
@@ -213,56 +229,155 @@ def published_scores(pub: Published, policy: RetryConfig, token: Any = None) -> 
                           f"eval results of {pub.repo_id}", policy)
     except (EntryNotFoundError, RemoteEntryNotFoundError):
         return {}
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    return flatten_scores(data)
-
-
-def flatten_scores(results: list[dict]) -> dict[str, float]:
-    """``[{"task": t, "metrics": {m: v}}]`` (``eval_results.json``) → ``{"t/m": v}``."""
-    out = {}
-    for r in results or []:
-        if not isinstance(r, dict):
-            continue
-        for m, v in (r.get("metrics") or {}).items():
-            if m != "tokens" and isinstance(v, (int, float)):
-                out[f"{r.get('task')}/{m}"] = float(v)
-    return out
-
-
-def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig, token: Any = None) -> list[dict]:
-    """The rows of the leaderboard last published to ``repo_id`` (empty when there is none yet)."""
-    import json
-
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError, RepositoryNotFoundError
-
-    try:
-        path = with_retry(lambda: hf_hub_download(repo_id, LEADERBOARD_JSON, repo_type=repo_type, token=token),
-                          f"leaderboard {repo_id}", policy)
-    except (EntryNotFoundError, RemoteEntryNotFoundError, RepositoryNotFoundError):
-        return []
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except ValueError:
-        log.warning("the leaderboard in %s is not valid JSON; starting a new one", repo_id)
+    except (UnicodeDecodeError, ValueError):  # untrusted: its scores are unknown, not a crash
+        log.warning("the eval results of %s are not valid JSON; its scores are taken as unknown", pub.repo_id)
+        return {}
+    return flatten_scores(data)
+
+
+def flatten_scores(results: Any) -> dict[str, float]:
+    """``[{"task": t, "metrics": {m: v}}]`` (``eval_results.json``) → ``{"t/m": v}``.
+
+    A value that is not a number (text, null) is kept as NaN, NaN and ±inf as they are, so that the
+    merge it belongs to is never ranked on it (see :func:`non_finite`).
+    """
+    out: dict[str, float] = {}
+    for r in results if isinstance(results, list) else []:
+        if not isinstance(r, dict) or not isinstance(r.get("metrics"), dict):
+            continue
+        for m, v in r["metrics"].items():
+            if m == "tokens":
+                continue
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            out[f"{r.get('task')}/{m}"] = float(v) if number else math.nan
+    return out
+
+
+def non_finite(scores: dict[str, float]) -> list[str]:
+    """The metrics whose value is not a finite number."""
+    return sorted(k for k, v in scores.items() if not (isinstance(v, (int, float)) and math.isfinite(v)))
+
+
+_STATUSES = ("published", "not selected", "refused", "failed", "planned")
+
+
+def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig, token: Any = None) -> list[dict]:
+    """The rows of the leaderboard last published to ``repo_id`` (empty when there is none yet).
+
+    Raises:
+        hubsoup.errors.InputError: the file is not the JSON a pipeline writes (one line naming the
+            repo, the row and the key; fix or delete ``leaderboard.json`` there), before anything is done.
+    """
+    import json
+
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from hubsoup.errors import InputError
+
+    try:
+        raw = with_retry(lambda: fetch_file(repo_id, LEADERBOARD_JSON, repo_type, token), f"leaderboard {repo_id}",
+                         policy)
+    except RepositoryNotFoundError:
         return []
-    rows = data.get("merges") if isinstance(data, dict) else None
-    return [r for r in rows or [] if isinstance(r, dict) and isinstance(r.get("recipe_hash"), str)]
+    if raw is None:
+        return []
+    where = f"leaderboard {repo_id} ({LEADERBOARD_JSON})"
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=lambda c: math.nan)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{where}: not valid JSON ({str(e)[:80]}); fix or delete that file") from None
+    if not isinstance(data, dict) or not isinstance(data.get("merges", []), list):
+        raise InputError(f"{where}: must be a mapping whose 'merges' is a list; fix or delete that file")
+    return [check_row(r, f"{where}: merges[{i}]") for i, r in enumerate(data.get("merges", []))]
+
+
+def check_row(r: Any, where: str) -> dict:
+    """One leaderboard row, checked key by key (an earlier run's file is untrusted input)."""
+    from hubsoup.errors import InputError
+
+    def bad(key: str, what: str, value: Any) -> InputError:
+        text = repr(value)
+        return InputError(f"{where}.{key} must be {what}, got {text[:40] + '...' if len(text) > 40 else text}; "
+                          "fix or delete that file")
+
+    if not isinstance(r, dict):
+        raise bad("(row)", "a mapping", r)
+    h = r.get("recipe_hash")
+    if not isinstance(h, str) or not re.fullmatch(r"[0-9a-f]{16,128}", h):
+        raise bad("recipe_hash", "a hex recipe hash", h)
+    if r.get("status") not in _STATUSES:
+        raise bad("status", f"one of {', '.join(_STATUSES)}", r.get("status"))
+    for key in ("repo_id", "url", "method", "spec", "base", "license", "reason", "eval"):
+        if r.get(key) is not None and not isinstance(r[key], str):
+            raise bad(key, "text or null", r[key])
+    scores = r.get("scores") if r.get("scores") is not None else {}
+    if not isinstance(scores, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, (int, float))
+                                                                      and not isinstance(v, bool))
+                                               for k, v in scores.items()):
+        raise bad("scores", "a mapping of metric names to numbers", scores)
+    score = r.get("score")
+    if score is not None and (not isinstance(score, (int, float)) or isinstance(score, bool)):
+        raise bad("score", "a number or null", score)
+    inputs = r.get("inputs") if r.get("inputs") is not None else []
+    if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
+        raise bad("inputs", "a list of repo IDs", inputs)
+    params = r.get("params") if r.get("params") is not None else {}
+    if not isinstance(params, dict):
+        raise bad("params", "a mapping", params)
+    finite = {k: float(v) if v is not None and math.isfinite(v) else math.nan for k, v in scores.items()}
+    return {**r, "scores": finite, "score": float(score) if score is not None and math.isfinite(score) else None,
+            "inputs": inputs, "params": params}
+
+
+def fetch_file(repo_id: str, filename: str, repo_type: str = "model", token: Any = None) -> bytes | None:
+    """The bytes of ``filename`` on ``repo_id``'s main branch now (None when the file is not there).
+
+    A plain GET of the file, compared by content: it works on any Hub, including one that
+    answers without file hashes or ETags, and it leaves nothing in the Hub cache.
+    """
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    from hubsoup.hub import hub_timeout
+
+    url = hf_hub_url(repo_id, filename, repo_type=repo_type, revision="main")
+    resp = get_session().get(url, headers=build_hf_headers(token=token), follow_redirects=True,
+                             timeout=hub_timeout())
+    try:
+        hf_raise_for_status(resp)
+    except (EntryNotFoundError, RemoteEntryNotFoundError):
+        return None
+    return resp.content
 
 
 def push_files(api, repo_id: str, files: dict[str, bytes], message: str, policy: RetryConfig, *,
-               repo_type: str = "dataset", private: bool | None = None) -> str | None:
-    """Upload ``files`` to ``repo_id`` in one commit (none when nothing changed); returns the commit URL."""
+               repo_type: str = "dataset", private: bool | None = None, token: Any = None) -> str | None:
+    """Upload ``files`` to ``repo_id`` in one commit; returns the commit URL, or None when nothing changed.
+
+    What the repo holds now is fetched and compared byte for byte first (:func:`fetch_file`): an
+    unchanged file makes no commit on any Hub, whether or not it reports file hashes.
+    """
     from huggingface_hub import CommitOperationAdd
+    from huggingface_hub.errors import RepositoryNotFoundError
 
     from hubsoup.hub import ensure_timeouts
 
     ensure_timeouts()
+    try:
+        now = {n: with_retry(lambda n=n: fetch_file(repo_id, n, repo_type, token), f"{n} of {repo_id}", policy)
+               for n in files}
+    except RepositoryNotFoundError:
+        now = {}
+    changed = {n: b for n, b in files.items() if now.get(n) != b}
+    if not changed:
+        return None
     with_retry(lambda: api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True),
                f"create {repo_id}", policy)
-    ops = lambda: [CommitOperationAdd(path_in_repo=n, path_or_fileobj=b) for n, b in files.items()]  # noqa: E731
+    ops = lambda: [CommitOperationAdd(path_in_repo=n, path_or_fileobj=b) for n, b in changed.items()]  # noqa: E731
     info = with_retry(lambda: api.create_commit(repo_id, ops(), commit_message=message, repo_type=repo_type),
                       f"push to {repo_id}", policy)
     return getattr(info, "commit_url", None)

@@ -4,14 +4,27 @@ The Hub is the pipeline's memory. A merge is identified by its recipe hash (meth
 base and inputs by commit SHA, dtype, result-changing options), which is computed before any
 weight is read; a merge whose hash some hubsoup repo of the target namespace already holds (its
 ``hubsoup_recipe.yaml``) is not made again, and a merge the leaderboard on the Hub lists as not
-selected is not made again either unless the selection now wants it. Each merge is published in
-one commit as soon as it is selected, so a run that is killed loses only the merge in progress
-(whose temporary folder the next run's output lock clears); the local ``work_dir`` is a cache.
+selected is not made again either unless the selection now wants it.
+
+**What a kill loses.** Without ``select.top_k`` each merge is published in one commit as soon as it
+is selected (merged, evaluated, past the threshold), so a killed run loses only the merge in
+progress (whose temporary folder the next run's output lock clears). With ``select.top_k`` the
+selection needs every score, so the pushes come once every merge is scored: a kill before them
+publishes nothing, and the finished merges stay in ``work_dir`` (the shipped CI workflow caches
+it), where the next run verifies and reuses them instead of merging again. A kill during the
+pushes leaves every push before it published and the one in flight whole or absent (one commit).
+``work_dir`` is a cache, locked for the whole run (a second run on it fails at once): a merge
+there is pushed only if its files still match the checksums recorded when it was made
+(``merges/HASH.manifest.json``); the card is rendered again before every push.
 
 Failures are isolated: a candidate that cannot be read (missing, private, gated), whose config
-is not the base's architecture, or whose weights break its merge, is reported and left out; the
-other merges go on. Licenses are combined (:mod:`hubsoup.workflows.pipeline.licenses`); a merge
-whose licenses cannot be combined is refused.
+is not the base's architecture, whose license forbids derivatives or cannot be read, or whose
+weights break its merge or its evaluation (NaN/inf scores, an overflowing or constant-logits
+model), is reported and left out; the other merges go on, and are pushed and put on the
+leaderboard. Licenses are combined (:mod:`hubsoup.workflows.pipeline.licenses`); a merge whose
+licenses cannot be combined is refused. Private and gated repos go into public merges only with
+``allow_private_inputs: true`` (their cards then say so). The leaderboard on the Hub is committed
+only when its content changed (compared byte for byte, on any Hub).
 
 Example:
     >>> from hubsoup.workflows.pipeline import run_pipeline
@@ -36,7 +49,7 @@ from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.workflows.pipeline import hubio
 from hubsoup.workflows.pipeline.config import MergeSpec, Pipeline, load_pipeline
 from hubsoup.workflows.pipeline.hubio import Published, RepoInfo, with_retry
-from hubsoup.workflows.pipeline.licenses import LicenseDecision, combine
+from hubsoup.workflows.pipeline.licenses import LicenseDecision, combine, forbids_derivatives
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +62,8 @@ class Candidate:
     spec: str
     info: RepoInfo | None = None
     error: str | None = None
+    skipped: str | None = None
+    """Left out by the pipeline's policy (a private or gated repo the query found): reported, not a failure."""
 
     @property
     def repo_id(self) -> str:
@@ -85,8 +100,8 @@ class PlannedMerge:
         return {"repo_id": self.repo_id, "url": self.url, "status": self.status, "method": self.spec.method,
                 "spec": self.spec.name or self.spec.method, "params": self.params, "base": base.pinned,
                 "inputs": [i.pinned for i in self.inputs], "recipe_hash": self.recipe_hash,
-                "license": self.license.license, "scores": self.scores, "score": self.score,
-                "reason": self.reason or None}
+                "license": self.license.license, "scores": {k: _finite(v) for k, v in self.scores.items()},
+                "score": _finite(self.score), "reason": self.reason or None}
 
 
 @dataclass
@@ -105,8 +120,10 @@ class PipelineReport:
 
     @property
     def failures(self) -> list[str]:
+        """Candidates that cannot be used, failed merges, merges refused for an input's own license terms."""
         out = [f"candidate {c.spec}: {c.error}" for c in self.candidates if c.error]
-        out += [f"{m.label}: {m.reason}" for m in self.merges if m.status == FAILED]
+        out += [f"{m.label}: {m.reason}" for m in self.merges
+                if m.status == FAILED or (m.status == REFUSED and m.license.blocking)]
         return out
 
     @property
@@ -136,8 +153,11 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
         :class:`PipelineReport` (``exit_code`` 0 when nothing failed, else 1).
 
     Raises:
-        hubsoup.errors.HubsoupError: the pipeline itself cannot run (bad file, base unreadable,
-            Hub query failing after its retries).
+        hubsoup.errors.HubsoupError: the pipeline itself cannot run (bad file, base unreadable, a
+            private or gated base for public repos, Hub query failing after its retries, a malformed
+            leaderboard on the Hub).
+        hubsoup.errors.OutputLockedError: another run holds the same ``work_dir`` (it is locked for
+            the whole run, so two runs at once never share merges or mark each other's failed).
 
     Example:
         >>> report = run_pipeline("pipeline.yml", token=os.environ["HF_TOKEN"])   # doctest: +SKIP
@@ -154,13 +174,19 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
     ensure_timeouts()
     api = HfApi(token=token)
     runner = _Runner(p, api, token, work, out, emit)
-    report = runner.plan()
-    report.dry_run = dry_run
+    runner.check_data()
     if dry_run:
+        report = runner.plan()
+        report.dry_run = True
         print_plan(report, out)
         return report
-    runner.execute(report)
-    runner.leaderboard(report)
+    from hubsoup.output.folder import OutputLock
+
+    os.makedirs(os.path.dirname(work), exist_ok=True)
+    with OutputLock(work, what="pipeline work folder"):
+        report = runner.plan()
+        runner.execute(report)
+        runner.leaderboard(report)
     print_summary(report, out)
     return report
 
@@ -192,6 +218,13 @@ class _Runner:
             tasks.append(spec)
         return tasks
 
+    def check_data(self) -> None:
+        """Read the local evaluation data once, before anything is planned: a bad row is one clear error
+        (exit status 2), not the same failure on every merge."""
+        for spec in self.tasks:
+            if spec.is_local:
+                spec.load()
+
     @property
     def eval_signature(self) -> str:
         """What the scores were measured on (a stored score counts only for the same evaluation)."""
@@ -204,10 +237,13 @@ class _Runner:
 
         p = self.p
         self.opts = MergeOptions(**p.options, token=self.token, quiet=True)
-        base = self._base = hubio.repo_info(self.api, p.base, self.retry, self.token)
+        base = self._base = hubio.repo_info(self.api, p.base, self.retry, self.token, role="base")
+        hidden = self._restricted(base)
+        if hidden:
+            raise ParameterError(f"base '{p.base}': {hidden}")
         base_ckpt = self._open_config(base.pinned, role="base")
         candidates = self._candidates(base, base_ckpt)
-        good = [c.info for c in candidates if c.info is not None and not c.error]
+        good = [c.info for c in candidates if c.info is not None and not c.error and not c.skipped]
         self.published = hubio.published_recipes(self.api, p.push.namespace, self.retry, self.token)
         self.repo_hash = {pub.repo_id: h for h, pub in self.published.items()}
         if p.leaderboard.repo:
@@ -242,6 +278,7 @@ class _Runner:
         specs: dict[str, str] = {}
         for s in p.candidates.models:
             specs.setdefault(parse_spec(s)[0], s)
+        explicit = set(specs)
         if p.candidates.query is not None:
             for repo_id in hubio.query_candidates(self.api, p.candidates.query, base.repo_id, self.retry, self.token):
                 specs.setdefault(repo_id, repo_id)
@@ -253,12 +290,27 @@ class _Runner:
             c = Candidate(specs[repo_id])
             try:
                 c.info = hubio.repo_info(self.api, c.spec, self.retry, self.token)
-                if c.info.kind == "full":
+                hidden = self._restricted(c.info)
+                if hidden and repo_id in explicit:
+                    c.error = hidden
+                elif hidden:
+                    c.skipped = hidden
+                elif c.info.terms.error or any(forbids_derivatives(i) for i in c.info.terms.ids):
+                    c.error = "license: " + combine([(repo_id, c.info.terms)]).reason
+                elif c.info.kind == "full":
                     check_config(base_ckpt, self._open_config(c.info.pinned, role="input"))
             except HubsoupError as e:
                 c.error = self._public(e)
             out.append(c)
         return out
+
+    def _restricted(self, info: RepoInfo) -> str | None:
+        """Why a private or gated repo may not go into this pipeline's public merges (None: it may)."""
+        what = info.restricted
+        if what is None or self.p.allow_private_inputs or self.p.push.private:
+            return None
+        return (f"{what} repo: not merged into public repos (set allow_private_inputs: true in the pipeline, "
+                "or push.private: true)")
 
     def _combinations(self, spec: MergeSpec, good: list[RepoInfo], candidates: list[Candidate], i: int):
         if spec.combine == "all":
@@ -277,12 +329,16 @@ class _Runner:
                 except HubsoupError as e:
                     candidates.append(Candidate(spec.partner, error=self._public(e)))
                     return []
+                hidden = self._restricted(partner)
+                if hidden:
+                    candidates.append(Candidate(spec.partner, partner, error=hidden))
+                    return []
             else:
                 return []  # the partner's failure is reported with the candidates
         return [[partner, g] for g in good if g.repo_id != partner.repo_id]
 
     def _plan_one(self, i: int, spec: MergeSpec, base: RepoInfo, inputs: list[RepoInfo]) -> PlannedMerge:
-        decision = combine([(base.repo_id, base.license), *((x.repo_id, x.license) for x in inputs)],
+        decision = combine([(base.repo_id, base.terms), *((x.repo_id, x.terms) for x in inputs)],
                            self.p.license.output)
         try:
             h, params = self._predict(spec, base, inputs)
@@ -295,6 +351,8 @@ class _Runner:
         prev = self.previous.get(h)
         if pub is not None:
             m.status, m.action, m.repo_id, m.url = PUBLISHED, "skipped (already published)", pub.repo_id, pub.url
+        elif not decision.ok and decision.blocking:  # an input's own terms: no option publishes it
+            m.status, m.reason = REFUSED, f"license: {decision.reason}"
         elif not decision.ok and not self.p.license.allow_mix:
             m.status, m.reason = REFUSED, f"license: {decision.reason} (set license.allow_mix or license.output)"
         elif prev is not None and prev.get("status") == NOT_SELECTED and prev.get("eval") == self.eval_signature:
@@ -400,6 +458,13 @@ class _Runner:
         return "min" if sel.metric.split("/")[-1] == "perplexity" else "max"
 
     def _score(self, scores: dict[str, float]) -> float | None:
+        """The selection metric of these scores; None when missing or not a finite number (never ranked)."""
+        import math
+
+        value = self._metric(scores)
+        return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+    def _metric(self, scores: dict[str, float]) -> float | None:
         sel = self.p.select
         if sel is None or not scores:
             return None
@@ -436,7 +501,7 @@ class _Runner:
         for m in ranked:
             if m.status != PLANNED:
                 continue
-            if id(m) in top and self._passes(m):
+            if id(m) in top and m.score is not None and self._passes(m):
                 if m.deferred:  # rejected before, wanted now: merge it (again) and publish it
                     m.deferred = False
                     if self._merge(m) is not None or m.status == FAILED:
@@ -445,34 +510,46 @@ class _Runner:
             else:
                 m.status = NOT_SELECTED
                 m.action = m.action or ("not selected (stored score)" if m.deferred else "not selected")
+                if m.score is None:
+                    m.reason = f"no finite '{sel.metric}' score"
 
     def _merge(self, m: PlannedMerge) -> str | None:
-        """Make (or find in the work folder) the merge; on failure its status says why and the culprit is returned."""
+        """Make (or find, verified, in the work folder) the merge and score it; on failure its status says
+        why and the culprit is returned (when the error names one input)."""
         from hubsoup.api import MergeResult, merge
 
-        out = os.path.join(self.work, "merges", m.recipe_hash[:16])
+        out = self._out(m)
         base_pinned = self._base.pinned
         try:
             result = None
             if os.path.isfile(os.path.join(out, hubio.RECIPE_FILE)):
-                try:
-                    cached = MergeResult.from_folder(out)
-                    if cached.recipe.hash == m.recipe_hash:
-                        result = cached
-                except HubsoupError:
-                    result = None
+                problem = self._verify(m, out)
+                if problem is None:
+                    try:
+                        cached = MergeResult.from_folder(out)
+                        if cached.recipe.hash == m.recipe_hash:
+                            result = cached
+                    except HubsoupError:
+                        result = None
+                else:
+                    self._line(f"stale      {m.label}: the merge in the work folder {problem}; merging it again")
             if result is None:
+                _remove(self._manifest(m))  # a merge made again is trusted once its new manifest is written
                 result = with_retry(
                     lambda: merge([i.pinned for i in m.inputs], m.spec.method, base=base_pinned, out=out,
                                   params=dict(m.spec.params), options=self.opts.replace(overwrite=True),
                                   evaluate=self.tasks or None, eval_limit=self.p.eval.limit if self.p.eval else None),
                     f"merge {m.label}", self.retry)
+                self._write_manifest(m, result.path)
                 m.action = "merged"
             else:
                 m.action = "merged (found in the work folder)"
-        except HubsoupError as e:
-            m.status, m.reason = FAILED, self._public(e)
-            culprits = [i.repo_id for i in m.inputs if i.repo_id in str(e)]
+        except Exception as e:  # noqa: BLE001 - one candidate's merge or evaluation never stops the others
+            if not isinstance(e, HubsoupError):
+                log.debug("merge %s failed", m.label, exc_info=True)
+            text = self._public(e)
+            m.status, m.reason = FAILED, text if isinstance(e, HubsoupError) else f"{type(e).__name__}: {text}"
+            culprits = [i.repo_id for i in m.inputs if i.repo_id in str(e)] if isinstance(e, HubsoupError) else []
             self.emit("failed", m)
             self._line(f"failed     {m.label}: {m.reason}")
             return culprits[0] if len(culprits) == 1 else None
@@ -480,28 +557,86 @@ class _Runner:
             log.warning("recipe hash of %s is %s, planned %s", m.label, result.recipe.hash[:12], m.recipe_hash[:12])
             m.recipe_hash = result.recipe.hash
         m.path = result.path
-        m.scores = hubio.flatten_scores(_read_json(os.path.join(out, hubio.EVAL_FILE)) or [])
+        try:
+            m.scores = hubio.flatten_scores(_read_json(os.path.join(out, hubio.EVAL_FILE)) or [])
+        except ValueError:
+            m.scores = {}
+        bad = hubio.non_finite(m.scores)
+        if self.tasks and (bad or not m.scores):  # a merge that cannot be scored is never ranked
+            m.status = FAILED
+            m.reason = (f"evaluation gave a non-finite {bad[0]} ({m.scores[bad[0]]})" if bad
+                        else "evaluation gave no scores")
+            self.emit("failed", m)
+            self._line(f"failed     {m.label}: {m.reason}")
+            return None
         m.score = self._score(m.scores)
         self.emit("merged", m)
         shown = "  ".join(f"{k}={v:.4f}" for k, v in sorted(m.scores.items()))
-        self._line(f"merged     {m.label}" + (f"  {shown}" if shown else ""))
+        verb = "merged    " if m.action == "merged" else "reused    "  # found in the work folder, verified
+        self._line(f"{verb} {m.label}" + (f"  {shown}" if shown else ""))
+        return None
+
+    # ---- the work folder: a cache, verified before anything in it is published --------------------
+
+    def _out(self, m: PlannedMerge) -> str:
+        return os.path.join(self.work, "merges", m.recipe_hash[:16])
+
+    def _manifest(self, m: PlannedMerge) -> str:
+        return os.path.join(self.work, "merges", f"{m.recipe_hash[:16]}.manifest.json")
+
+    def _write_manifest(self, m: PlannedMerge, folder: str) -> None:
+        """The recipe hash and every file's sha256 of a merge just made (the card is rendered again at push)."""
+        data = {"recipe_hash": m.recipe_hash, "files": _checksums(folder)}
+        path = self._manifest(m)
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+
+    def _verify(self, m: PlannedMerge, folder: str) -> str | None:
+        """None when ``folder`` holds exactly the merge this run (or an earlier one) made, else what differs."""
+        try:
+            with open(self._manifest(m), encoding="utf-8") as f:
+                want = json.load(f)
+        except FileNotFoundError:
+            return "has no manifest (a run was stopped before it was written)"
+        except (OSError, ValueError):
+            return "has an unreadable manifest"
+        if not isinstance(want, dict) or want.get("recipe_hash") != m.recipe_hash or not isinstance(want.get("files"), dict):
+            return "has a manifest of another recipe"
+        try:
+            have = _checksums(folder)
+        except OSError as e:
+            return f"cannot be read ({type(e).__name__})"
+        for name in sorted(set(want["files"]) | set(have)):
+            if want["files"].get(name) != have.get(name):
+                what = "is missing" if name not in have else ("was added" if name not in want["files"] else "changed")
+                return f"differs from its manifest ({name} {what})"
         return None
 
     def _push(self, m: PlannedMerge, report: PipelineReport) -> None:
         from hubsoup.api import MergeResult
 
-        problem = self._target_problem(m.repo_id, m.recipe_hash)
+        problem = self._target_problem(m)
+        if problem == "same":
+            self._line(f"skipped    {m.label}: {m.url} already holds it (published by another run meanwhile)")
+            return
+        if problem is None:
+            problem = self._verify(m, m.path) if m.path else "no merge"
+            if problem is not None:
+                problem = f"not pushed: the merge in the work folder {problem}; the next run merges it again"
         if problem:
             m.status, m.reason = FAILED, problem
             self.emit("failed", m)
             self._line(f"failed     {m.label}: {problem}")
             return
-        result = MergeResult.from_folder(m.path)
-        lic = m.license.card_license if m.license.ok else None
+        self.emit("pushing", m)
         message = f"Upload {m.spec.method} merge made with a hubsoup pipeline (recipe {m.recipe_hash[:12]})"
         try:
+            result = MergeResult.from_folder(m.path)
+            self._write_card(m, result)
             info = with_retry(lambda: result.push_to_hub(m.repo_id, private=self.p.push.private or None,
-                                                         token=self.token, license=lic, commit_message=message),
+                                                         token=self.token, commit_message=message),
                               f"push of {m.repo_id}", self.retry)
         except HubsoupError as e:
             m.status, m.reason = FAILED, self._public(e)
@@ -517,10 +652,41 @@ class _Runner:
         self.emit("pushed", m)
         self._line(f"pushed     {m.label} -> {m.url}")
 
-    def _target_problem(self, repo_id: str, h: str) -> str | None:
-        """Never write into a repo that holds something else (a merge of another recipe, or any other model)."""
+    def _write_card(self, m: PlannedMerge, result) -> None:
+        """The card, rendered again from the verified files: the license this pipeline decided (or none),
+        never one inherited by default, and a note naming private or gated inputs when they were allowed."""
+        from huggingface_hub import ModelCard
+
+        d = m.license
+        notes = []
+        restricted = [f"`{r.repo_id}` ({r.restricted})" for r in (self._base, *m.inputs) if r.restricted]
+        if restricted:
+            notes.append(f"**Private or gated inputs:** {', '.join(restricted)} went into this merge; it was "
+                         "published because the pipeline sets `allow_private_inputs: true`"
+                         + (" (the repo is private)." if self.p.push.private else "."))
+        if d.ok and d.license:
+            why = f"**License:** `{d.license}`, derived from the base's and every input's license by the pipeline."
+        else:
+            why = ("**License:** none is set: the inputs' licenses cannot be combined and the pipeline publishes "
+                   f"it anyway (`license.allow_mix`): {d.reason}. Check every input's license before using it.")
+        notes.append(why)
+        path = result.write_card(repo_id=m.repo_id, license=d.card_license if d.ok else None, notes=notes)
+        card = ModelCard.load(path)
+        card.data.license = d.card_license if d.ok else None  # None: no license, not the base's by default
+        card.data.license_name = d.license_name if d.ok and d.card_license == "other" else None
+        card.data.license_link = d.license_link if d.ok and d.card_license == "other" else None
+        card.save(path)
+        result.card_text = None
+
+    def _target_problem(self, m: PlannedMerge) -> str | None:
+        """Never write into a repo that holds something else (a merge of another recipe, or any other model).
+
+        ``"same"``: the target already holds this very merge (a concurrent run pushed it): ``m`` is published.
+        """
+        from huggingface_hub import constants
         from huggingface_hub.errors import RepositoryNotFoundError
 
+        repo_id, h = m.repo_id, m.recipe_hash
         known = self.repo_hash.get(repo_id)
         if known is not None:
             return None if known == h else f"target {repo_id} already holds another merge (recipe {known[:12]})"
@@ -532,9 +698,23 @@ class _Runner:
         except Exception:  # noqa: BLE001 - the push itself will say what is wrong
             return None
         files = {s.rfilename for s in info.siblings or []} - {".gitattributes"}
-        if files:
-            return f"target {repo_id} exists and holds files that are not this merge; change push.name"
-        return None  # created by a run killed before its commit: ours to fill
+        if not files:
+            return None  # created by a run killed before its commit: ours to fill
+        if hubio.RECIPE_FILE in files:
+            try:
+                import yaml
+
+                raw = with_retry(lambda: hubio.fetch_file(repo_id, hubio.RECIPE_FILE, "model", self.token),
+                                 f"recipe of {repo_id}", self.retry)
+                there = (yaml.safe_load(raw or b"") or {}).get("hash")
+            except Exception:  # noqa: BLE001 - unreadable: not ours
+                there = None
+            if there == h:
+                m.status, m.action, m.url = PUBLISHED, "skipped (published meanwhile)", f"{constants.ENDPOINT}/{repo_id}"
+                self.published[h] = Published(repo_id, info.sha or "", m.url, h, dict(m.scores))
+                self.repo_hash[repo_id] = h
+                return "same"
+        return f"target {repo_id} exists and holds files that are not this merge; change push.name"
 
     # ---- leaderboard ------------------------------------------------------------------------
 
@@ -543,7 +723,7 @@ class _Runner:
         rows = {m.recipe_hash: {**m.row(report.base), "eval": self.eval_signature}
                 for m in report.merges if m.recipe_hash}
         for h, r in self.previous.items():  # earlier runs' rows stay (a candidate gone from a query, ...)
-            rows.setdefault(h, r)
+            rows.setdefault(h, {**r, "scores": {k: _finite(v) for k, v in r["scores"].items()}})
         ordered = sorted(rows.values(), key=lambda r: (r.get("status") != PUBLISHED, r.get("score") is None,
                                                        -(r.get("score") or 0.0) * (1 if self._goal_or_max() == "max" else -1),
                                                        r.get("repo_id") or "", r["recipe_hash"]))
@@ -552,8 +732,13 @@ class _Runner:
                                                          "top_k": p.select.top_k, "threshold": p.select.threshold},
                 "candidates": [{"repo_id": c.repo_id, "sha": c.info.sha if c.info else None,
                                 "license": c.info.license if c.info else None,
-                                "status": "failed" if c.error else "ok", "reason": c.error} for c in report.candidates],
+                                "status": "failed" if c.error else ("left out" if c.skipped else "ok"),
+                                "reason": c.error or c.skipped} for c in report.candidates
+                               if p.push.private or not _hidden(c)],
                 "merges": ordered}
+        hidden = [c for c in report.candidates if _hidden(c)]
+        if hidden and not p.push.private:  # a private repo's name is not for a public leaderboard
+            data["private_candidates"] = len(hidden)
         text_json = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
         text_md = render_leaderboard(data)
         folder = os.path.join(self.work, p.leaderboard.folder)
@@ -570,7 +755,7 @@ class _Runner:
                 report.leaderboard_url = hubio.push_files(self.api, p.leaderboard.repo, files,
                                                           "Update the hubsoup pipeline leaderboard", self.retry,
                                                           repo_type=p.leaderboard.repo_type,
-                                                          private=p.push.private or None)
+                                                          private=p.push.private or None, token=self.token)
             except Exception as e:  # noqa: BLE001 - the merges are published; the leaderboard push is reported
                 from hubsoup.hub import scrub_secrets
 
@@ -597,6 +782,50 @@ class _Runner:
 
     def _line(self, text: str) -> None:
         print(text, file=self.out, flush=True)
+
+
+def _hidden(c: Candidate) -> bool:
+    """A private candidate left out: its name (not public on the Hub) stays off a public leaderboard."""
+    return bool(c.info and c.info.private and (c.error or c.skipped))
+
+
+def _finite(v: Any) -> Any:
+    """A score for the leaderboard's JSON: NaN and ±inf are null (JSON has no such numbers)."""
+    import math
+
+    return v if not isinstance(v, float) or math.isfinite(v) else None
+
+
+def _cell(v: Any) -> str:
+    """A score in the markdown table: 4 decimals; a score that was not a finite number is ``n/a``."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f"{v:.4f}" if _finite(float(v)) is not None else "n/a"
+    return "n/a" if v is None else ""
+
+
+def _checksums(folder: str) -> dict[str, str]:
+    """sha256 of every file under ``folder`` but its card (``README.md``, rendered again before a push)."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, folder).replace(os.sep, "/")
+            if rel == "README.md":
+                continue
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            out[rel] = h.hexdigest()
+    return out
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _read_json(path: str) -> Any:
@@ -634,13 +863,15 @@ def render_leaderboard(data: dict) -> str:
                              for i in r.get("inputs", []))
         params = ", ".join(f"{k}={v}" for k, v in (r.get("params") or {}).items() if v is not None)
         method = f"{r['method']}" + (f" ({params})" if params else "")
-        scores = [f"{r['scores'][k]:.4f}" if k in (r.get("scores") or {}) else "" for k in metrics]
+        scores = [_cell((r.get("scores") or {}).get(k, "")) for k in metrics]
         cells = [model, status, method, inputs, *scores, r.get("license") or "", f"`{r['recipe_hash'][:12]}`"]
         lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
-    failed = [c for c in data.get("candidates", []) if c.get("status") == "failed"]
-    if failed:
+    failed = [c for c in data.get("candidates", []) if c.get("status") in ("failed", "left out")]
+    if failed or data.get("private_candidates"):
         lines += ["", "## Candidates left out", ""]
         lines += [f"- `{c['repo_id']}`: {c['reason']}" for c in failed]
+        if data.get("private_candidates"):
+            lines.append(f"- {data['private_candidates']} private repo(s), not named here")
     return "\n".join(lines) + "\n"
 
 
@@ -653,14 +884,17 @@ def print_plan(report: PipelineReport, out: TextIO) -> None:
 
     b = report.base
     w(f"pipeline '{p.name}' (dry run: nothing is downloaded but cards and configs, nothing is merged or pushed)")
-    w(f"base {b.pinned} (license {b.license or 'none given'})")
-    ok = [c for c in report.candidates if not c.error]
-    w(f"candidates: {len(ok)} usable, {len(report.candidates) - len(ok)} failing")
+    w(f"base {b.pinned} (license {b.license or f'unreadable: {b.terms.error}'})")
+    ok = [c for c in report.candidates if not c.error and not c.skipped]
+    left = [c for c in report.candidates if c.skipped]
+    w(f"candidates: {len(ok)} usable, {len(report.candidates) - len(ok) - len(left)} failing, {len(left)} left out")
     for c in report.candidates:
         if c.error:
             w(f"  failing    {c.spec}: {c.error}")
+        elif c.skipped:
+            w(f"  left out   {c.spec}: {c.skipped}")
         else:
-            w(f"  ok         {c.info.pinned} ({c.info.kind}, license {c.info.license or 'none given'}, "
+            w(f"  ok         {c.info.pinned} ({c.info.kind}, license {c.info.license}, "
               f"{_size(sum(c.info.weight_files.values()))})")
     todo = [m for m in report.merges if m.status == PLANNED and not m.deferred]
     w(f"merges: {len(todo)} to do, {len(report.by_status(PUBLISHED))} already published, "
@@ -689,6 +923,9 @@ def print_summary(report: PipelineReport, out: TextIO) -> None:
           f"not selected, {len(report.by_status(REFUSED))} refused, {len(report.failures)} failure(s)", file=out)
     for f in report.failures:
         print(f"  failure: {f}", file=out)
+    for c in report.candidates:
+        if c.skipped:
+            print(f"  left out: candidate {c.spec}: {c.skipped}", file=out)
     if report.leaderboard_path:
         print(f"leaderboard: {os.path.join(report.leaderboard_path, hubio.LEADERBOARD_MD)}", file=out)
     if report.leaderboard_url:

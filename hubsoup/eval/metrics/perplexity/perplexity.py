@@ -22,4 +22,6 @@ class Perplexity(evaluate.Metric):
         tokens = sum(references)
         if tokens <= 0:
             raise ValueError("perplexity needs at least one predicted token")
-        return {"perplexity": math.exp(sum(predictions) / tokens), "tokens": tokens}
+        mean = sum(predictions) / tokens
+        # a model whose losses overflow has an infinite perplexity (NaN stays NaN): a value, not an OverflowError
+        return {"perplexity": math.exp(mean) if mean < 709.0 or math.isnan(mean) else math.inf, "tokens": tokens}
