@@ -592,6 +592,8 @@ class MergekitLayout:
         order = list(dict.fromkeys(([spec.base_model] if spec.base_model else []) + first
                                    + [s.model for sl in merge.slices or [] for s in sl.sources] + last))
 
+        first, last = list(dict.fromkeys(first)), list(dict.fromkeys(last))  # a model named twice counts once
+
         def group(name: str) -> list[str]:  # the embeddings: the first slice's models; the head: the last's
             return first if _before(name) else last
 

@@ -456,18 +456,19 @@ class _Defaults:
         self.vocab_ids = {i: t for t, i in vocab.items()}
         configs: dict[str, TokenSetting] = dict(spec.tokens)
         base = vm.prefer
+        rows_of = torch.stack([perms[m] for m in group]).T.tolist()  # per output id: each model's row (-1: none)
         average: set[str] = set()
         for t, i in vocab.items():  # assign_embedding_sources
             if t in configs:
                 continue
-            has = [bool(perms[m][i] >= 0) for m in group]
+            has = [r >= 0 for r in rows_of[i]]
             k = sum(has)
             if k == 1:
                 configs[t] = TokenSetting(TokenSource("model", group[has.index(True)]))
             elif k == 0:
                 configs[t] = TokenSetting(TokenSource("zero"))
                 log.warning("token %r is in no model: its row of %s is zeros", t, name)
-            elif base in group and perms[base][i] >= 0:
+            elif base in group and rows_of[i][group.index(base)] >= 0:
                 configs[t] = TokenSetting(TokenSource("model", base))
             else:
                 average.add(t)
@@ -480,7 +481,7 @@ class _Defaults:
             return cache[m]
 
         need = [(t, i) for t, i in vocab.items()
-                if (configs.get(t) is not None and configs[t].force) or not all(perms[m][i] >= 0 for m in group)]
+                if (configs.get(t) is not None and configs[t].force) or not all(r >= 0 for r in rows_of[i])]
         self.dtype = common
         self.defaults: dict[int, torch.Tensor] = {}
         for t, i in need:
@@ -488,10 +489,10 @@ class _Defaults:
             if t in average:
                 first = tensor(group[0])
                 row, count = torch.zeros(first.shape[1:], dtype=self.dtype), 0
-                for m in group:
-                    if perms[m][i] < 0:
+                for m, r in zip(group, rows_of[i]):
+                    if r < 0:
                         continue
-                    row = row + tensor(m)[int(perms[m][i])]
+                    row = row + tensor(m)[r]
                     count += 1
                 row /= count
             elif cfg is not None:
