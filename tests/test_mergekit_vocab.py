@@ -209,3 +209,15 @@ def test_configs_are_the_fixtures():
     for name in NAMES:
         with open(os.path.join(FIX, f"{name}.yml"), encoding="utf-8") as f:
             assert yaml.safe_load(f.read()) == yaml.safe_load(CONFIGS[name]), name
+
+
+@pytest.mark.slow
+def test_hub_models_merge_their_vocabularies(models, hub, tmp_path, monkeypatch):
+    """The same union from Hub repos (tokenizer files fetched with the configs, weights after the fit check)."""
+    for ref in ("tiny-vocab/base", "tiny-vocab/chat", "tiny-vocab/padded", "tiny-vocab/shuffled"):
+        hub.seed(ref, os.path.join(models, ref))
+    elsewhere = tmp_path / "cwd"  # no folder named tiny-vocab/... here: the references are Hub repos
+    elsewhere.mkdir()
+    out = str(tmp_path / "out")
+    run_cli(CONFIGS["union_ties"], str(elsewhere), out, monkeypatch)
+    assert_like_mergekit("union_ties", out)
