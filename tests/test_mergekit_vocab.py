@@ -203,6 +203,14 @@ def test_where_mergekit_fails_hubsoup_refuses(models, tmp_path, monkeypatch):
     with pytest.raises(ParameterError, match="'<think>'.*no 'source'"):
         run_api(text, models, str(tmp_path / "b"), monkeypatch)
     assert not os.path.exists(tmp_path / "b")
+    # source: base + a new token: mergekit adds it to the base's own tokenizer, so the base "has" it at an id
+    # beyond its vocab_size and its permutation has a hole there (KeyError in mergekit 0.1.5)
+    text = CONFIGS["section_base_slerp"].replace("  source: base\n", "  source: base\n  tokens:\n    <new>:\n"
+                                                 "      source: {kind: zero}\n")
+    assert "<new>" in text
+    with pytest.raises(ParameterError, match="'<new>'.*beyond its vocab_size 34.*KeyError"):
+        run_api(text, models, str(tmp_path / "c"), monkeypatch)
+    assert not os.path.exists(tmp_path / "c")
 
 
 def test_configs_are_the_fixtures():

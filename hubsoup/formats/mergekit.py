@@ -589,10 +589,9 @@ class MergekitLayout:
         else:
             first = [s.model for s in merge.slices[0].sources]
             last = [s.model for s in merge.slices[-1].sources]
+        first, last = list(dict.fromkeys(first)), list(dict.fromkeys(last))  # a model named twice counts once
         order = list(dict.fromkeys(([spec.base_model] if spec.base_model else []) + first
                                    + [s.model for sl in merge.slices or [] for s in sl.sources] + last))
-
-        first, last = list(dict.fromkeys(first)), list(dict.fromkeys(last))  # a model named twice counts once
 
         def group(name: str) -> list[str]:  # the embeddings: the first slice's models; the head: the last's
             return first if _before(name) else last
