@@ -355,7 +355,10 @@ class VocabMerge:
         toks = {base: stripped_tokenizer(folders[base], base, sizes[base])}
         for m in models:
             if m != base:
-                toks[m] = _load_tokenizer(folders[m], m)
+                try:
+                    toks[m] = _load_tokenizer(folders[m], m)
+                except ParameterError as e:  # mergekit logs it and takes the base's vocabulary for that model
+                    log.warning("%s; taking it to have the same vocabulary as '%s' (as mergekit does)", e, base)
         if spec.source == "base":
             out = toks[base]  # the very object: tokens added below are the base's too (as in mergekit)
         elif spec.source == "union":
@@ -381,6 +384,8 @@ class VocabMerge:
         self.original_vocabs = {m: t.get_vocab() for m, t in toks.items()}
         self.perms: dict[str, torch.Tensor] = {}
         """Per model, per output id: the model's row of that token, -1 where it lacks it."""
+        self.holes: dict[str, str] = {}
+        """Per model whose permutation has a hole (mergekit fails with KeyError on a tensor it is merged into): why."""
         for m in models:
             mv = self.original_vocabs.get(m, self.original_vocabs[base])
             size = sizes[m] or len(mv)
@@ -390,9 +395,9 @@ class VocabMerge:
                 if j is None:
                     continue
                 if j >= size:  # mergekit leaves a hole in its permutation here, and fails on it (KeyError)
-                    raise ParameterError(
-                        f"mergekit config: token {t!r} of the output vocabulary is at id {j} in '{m}', beyond its "
-                        f"vocab_size {size} (a padding token?); mergekit 0.1.5 fails on it (KeyError)")
+                    self.holes.setdefault(m, f"token {t!r} of the output vocabulary is at id {j} in '{m}', beyond "
+                                             f"its vocab_size {size} (a padding token?)")
+                    continue
                 p[i] = j
             self.perms[m] = p
         self.sizes = sizes
@@ -583,6 +588,11 @@ class VocabLayout:
                         "tokenizer, '%s' (mergekit takes the first of a set, which changes from run to run)", base)
         self.vm = VocabMerge(self.spec, base, self.order, folders, configs,
                              self.source_ckpt.folder if self.source_ckpt is not None else None, prefer=self.base_ref)
+        for name in sorted({k for ck in raw.values() for k in ck.keys() if k in VOCAB_TENSORS}):
+            for m in self.groups(name):
+                if m in self.vm.holes:
+                    raise ParameterError(f"mergekit config: {self.vm.holes[m]}; mergekit 0.1.5 fails on it "
+                                         f"(KeyError, merging '{name}')")
         for r in physical:
             ck = raw[r]
             names = [k for k in ck.keys() if k in VOCAB_TENSORS]
