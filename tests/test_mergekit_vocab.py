@@ -5,7 +5,8 @@ passthrough frankenmerge; a model of another vocabulary as the source; ``tokeniz
 with ``tokens`` (per-token ``source``, ``force``), ``pad_to_multiple_of`` and ``source: base``; a
 base with a padded embedding truncated to its tokenizer) is run by ``hubsoup run`` on tiny Llamas
 whose tokenizers differ (added tokens, a resized and a padded embedding, one token at different
-ids, a token only one model has), rebuilt from seeds, and compared with what mergekit 0.1.5 wrote
+ids, a token only one model has, a BPE tokenizer longer than its embedding, which mergekit strips),
+rebuilt from seeds, and compared with what mergekit 0.1.5 wrote
 from the same models (``tests/tools/make_mergekit_vocab_fixtures.py``): the same tensors (float32,
 within 1e-5 relative), the same ``vocab_size`` in ``config.json``, the same vocabulary
 (token → id), added tokens and tokenizer files.

@@ -389,7 +389,7 @@ class VocabMerge:
         for m in models:
             mv = self.original_vocabs.get(m, self.original_vocabs[base])
             size = sizes[m] or len(mv)
-            p = torch.full((self.size,), -1, dtype=torch.long)
+            p = [-1] * self.size
             for t, i in self.vocab.items():
                 j = mv.get(t)
                 if j is None:
@@ -399,10 +399,22 @@ class VocabMerge:
                                              f"its vocab_size {size} (a padding token?)")
                     continue
                 p[i] = j
-            self.perms[m] = p
+            self.perms[m] = torch.tensor(p, dtype=torch.long)
         self.sizes = sizes
         self._rows: dict[tuple, _Defaults] = {}
         self._lock = threading.Lock()
+
+    def defaults(self, name: str, group: Sequence[str], load: Callable[[str], torch.Tensor],
+                 stored: Callable[[str], torch.dtype], *, quiet: bool = False) -> "_Defaults":
+        """The default rows of tensor ``name`` merged from ``group`` (see :meth:`remap`); with ``load``
+        giving meta tensors, it checks every default can be made, reading no weight."""
+        dtype = _DTYPES.get(self.spec.compute_dtype or "")
+        common = dtype
+        if common is None:
+            common = stored(group[0])
+            for m in group[1:]:
+                common = torch.promote_types(common, stored(m))
+        return _Defaults(self, name, list(group), load, dtype, common, quiet)
 
     def remap(self, name: str, model: str, group: Sequence[str], load: Callable[[str], torch.Tensor],
               stored: Callable[[str], torch.dtype]) -> torch.Tensor:
@@ -418,12 +430,7 @@ class VocabMerge:
         with self._lock:
             rows = self._rows.get(key)
             if rows is None:
-                common = dtype
-                if common is None:
-                    common = stored(group[0])
-                    for m in group[1:]:
-                        common = torch.promote_types(common, stored(m))
-                rows = self._rows[key] = _Defaults(self, name, list(group), load, dtype, common)
+                rows = self._rows[key] = self.defaults(name, group, load, stored)
         own = load(model)
         own = own.to(dtype) if dtype is not None else own
         if own.dim() < 1:
@@ -456,7 +463,7 @@ class _Defaults:
     """The rows of one vocabulary tensor that models lacking a token take (mergekit's ``default_embeds``)."""
 
     def __init__(self, vm: VocabMerge, name: str, group: list[str], load: Callable[[str], torch.Tensor],
-                 dtype: torch.dtype | None, common: torch.dtype):
+                 dtype: torch.dtype | None, common: torch.dtype, quiet: bool = False):
         spec, vocab, perms = vm.spec, vm.vocab, vm.perms
         self.vocab_ids = {i: t for t, i in vocab.items()}
         configs: dict[str, TokenSetting] = dict(spec.tokens)
@@ -472,7 +479,8 @@ class _Defaults:
                 configs[t] = TokenSetting(TokenSource("model", group[has.index(True)]))
             elif k == 0:
                 configs[t] = TokenSetting(TokenSource("zero"))
-                log.warning("token %r is in no model: its row of %s is zeros", t, name)
+                if not quiet:
+                    log.warning("token %r is in no model: its row of %s is zeros", t, name)
             elif base in group and rows_of[i][group.index(base)] >= 0:
                 configs[t] = TokenSetting(TokenSource("model", base))
             else:
@@ -493,7 +501,7 @@ class _Defaults:
             cfg = configs.get(t)
             if t in average:
                 first = tensor(group[0])
-                row, count = torch.zeros(first.shape[1:], dtype=self.dtype), 0
+                row, count = first.new_zeros(first.shape[1:], dtype=self.dtype), 0
                 for m, r in zip(group, rows_of[i]):
                     if r < 0:
                         continue
@@ -589,10 +597,15 @@ class VocabLayout:
         self.vm = VocabMerge(self.spec, base, self.order, folders, configs,
                              self.source_ckpt.folder if self.source_ckpt is not None else None, prefer=self.base_ref)
         for name in sorted({k for ck in raw.values() for k in ck.keys() if k in VOCAB_TENSORS}):
-            for m in self.groups(name):
+            group = self.groups(name)
+            for m in group:
                 if m in self.vm.holes:
                     raise ParameterError(f"mergekit config: {self.vm.holes[m]}; mergekit 0.1.5 fails on it "
                                          f"(KeyError, merging '{name}')")
+            if all(raw[m.split("+")[0]].has(name) for m in group):  # every default row can be made: checked on
+                info = lambda m: raw[m.split("+")[0]].info(name)  # noqa: E731 - meta tensors, no weight read
+                self.vm.defaults(name, group, lambda m: torch.empty(info(m).shape, dtype=info(m).dtype, device="meta"),
+                                 lambda m: info(m).dtype, quiet=True)
         for r in physical:
             ck = raw[r]
             names = [k for k in ck.keys() if k in VOCAB_TENSORS]

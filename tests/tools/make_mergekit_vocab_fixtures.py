@@ -16,7 +16,10 @@ The input models (:data:`MODELS`), rebuilt bit-identically from seeds by :func:`
 * ``tiny-vocab/padded``: the base's tokens + a plain added token ``<tool>`` (32), the embedding
   padded to 40 rows (``vocab_size: 40``: 7 rows no token uses);
 * ``tiny-vocab/shuffled``: the same words at other ids (``w3`` and ``w5`` swapped), ``w26``
-  replaced by ``zeta`` (a token only it has), and ``<|im_end|>`` at id 32 (``chat`` has it at 33).
+  replaced by ``zeta`` (a token only it has), and ``<|im_end|>`` at id 32 (``chat`` has it at 33);
+* ``tiny-vocab/bpe``: a BPE tokenizer of 35 tokens (``xyz``, ``qq`` and the added ``<|eot|>`` at
+  ids 32-34) over 32 embedding rows (``vocab_size: 32``: mergekit strips those three from the base's
+  tokenizer); ``tiny-vocab/bpe-ft``: the same tokenizer over 35 rows.
 
 A fine-tune's row of a token the base has is the base's row (at the base's id) plus noise; a
 new token's row is its own draw.
@@ -65,12 +68,19 @@ def _shuffled_words() -> list[str]:
     return words
 
 
-# ref → (seed, words of the word-level model, added tokens [(token, special)], embedding rows)
+# A BPE vocabulary: the specials, a..z, "ab" (merged from a b), then "xyz" and "qq" (no merge makes them)
+BPE_WORDS = SPECIALS + [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["ab", "xyz", "qq"]
+BPE_MERGES = [("a", "b")]
+
+# ref → (seed, words of the word-level model (BPE: the BPE_ list), added tokens [(token, special)], embedding rows)
 MODELS: dict[str, tuple[int, list[str], list[tuple[str, bool]], int]] = {
     "tiny-vocab/base": (0, BASE_WORDS, [], 32),
     "tiny-vocab/chat": (1, BASE_WORDS, [("<|im_start|>", True), ("<|im_end|>", True)], 34),
     "tiny-vocab/padded": (2, BASE_WORDS, [("<tool>", False)], 40),
     "tiny-vocab/shuffled": (3, _shuffled_words(), [("<|im_end|>", True)], 33),
+    # a BPE tokenizer with 35 tokens over a 32-row embedding (vocab_size 32: xyz, qq, <|eot|> unused)
+    "tiny-vocab/bpe": (4, BPE_WORDS, [("<|eot|>", True)], 32),
+    "tiny-vocab/bpe-ft": (5, BPE_WORDS, [("<|eot|>", True)], 35),
 }
 
 
@@ -79,7 +89,10 @@ def save_tokenizer(folder: str, words: list[str], added: list[tuple[str, bool]])
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    if words is BPE_WORDS:
+        tk = Tokenizer(models.BPE({w: i for i, w in enumerate(words)}, BPE_MERGES, unk_token="[UNK]"))
+    else:
+        tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
                                    sep_token="[SEP]", eos_token="[EOS]")
@@ -296,6 +309,29 @@ parameters:
   normalize: true
 tokenizer:
   pad_to_multiple_of: 48
+dtype: float32
+""",
+    "bpe_base_stripped": """\
+models:
+  - model: tiny-vocab/bpe-ft
+    parameters:
+      weight: 0.7
+merge_method: task_arithmetic
+base_model: tiny-vocab/bpe
+tokenizer_source: base
+dtype: float32
+""",
+    "bpe_union": """\
+models:
+  - model: tiny-vocab/bpe
+    parameters:
+      weight: 0.5
+  - model: tiny-vocab/bpe-ft
+    parameters:
+      weight: 0.5
+merge_method: linear
+base_model: tiny-vocab/bpe
+tokenizer_source: union
 dtype: float32
 """,
     "union_passthrough_slices": """\
