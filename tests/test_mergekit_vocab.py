@@ -230,3 +230,19 @@ def test_hub_models_merge_their_vocabularies(models, hub, tmp_path, monkeypatch)
     out = str(tmp_path / "out")
     run_cli(CONFIGS["union_ties"], str(elsewhere), out, monkeypatch)
     assert_like_mergekit("union_ties", out)
+
+
+def test_the_recipe_hash_covers_the_vocabulary():
+    """Two configs differing only in their tokenizer section are different merges (and recipes)."""
+    from hubsoup.formats.mergekit import MergekitLayout, read_config
+
+    head = "merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\n"
+    variants = ["", "tokenizer_source: union\n", "tokenizer_source: base\n", "tokenizer: {pad_to_multiple_of: 64}\n",
+                "tokenizer:\n  tokens:\n    <x>: {source: c/d}\n",
+                "tokenizer:\n  tokens:\n    <x>: {source: c/d, force: true}\n"]
+    hashed = [MergekitLayout(read_config(head + v, resolve=False)).hashed for v in variants]
+    assert all(hashed[i] != hashed[j] for i in range(len(hashed)) for j in range(i))
+    # the section's source and the plain key are one merge
+    same = [MergekitLayout(read_config(head + v, resolve=False)).hashed
+            for v in ("tokenizer_source: union\n", "tokenizer: {source: union}\n", "tokenizer: {}\n")]
+    assert same[0] == same[1] == same[2]
