@@ -42,7 +42,9 @@ once per tensor, are all that is kept beside them.
 Where mergekit is not deterministic hubsoup is, and says so: mergekit orders the models of the
 union (and, without ``base_model``, picks the base whose tokenizer starts it) by a Python ``set``
 of references, which changes with ``PYTHONHASHSEED``; hubsoup takes ``base_model`` (else the first
-model of the config), then the models in the order the config names them. Where mergekit fails
+model of the config), then the models in the order the config names them; and a model's new tokens
+join the union in the order of their ids (mergekit: in the order of the ``tokenizers`` library's
+hash map, which also changes from run to run). Where mergekit fails
 (a token a model's tokenizer holds beyond its ``vocab_size``, a ``tokens`` entry without a source
 where one is needed, a source model that is not merged, a stripped non-BPE tokenizer), hubsoup
 refuses before any weight is read, naming the token and the model.
@@ -309,7 +311,9 @@ def union_tokenizer(base_tok, toks: dict[str, Any], sizes: dict[str, int | None]
         size = sizes.get(ref) or tok.vocab_size
         added = tok.added_tokens_decoder
         added_names = {info.content for info in added.values()}
-        for t, i in tok.get_vocab().items():
+        # in id order: mergekit takes the order of the tokenizers library's hash map, which changes from
+        # run to run, so a model's new tokens would take their output ids in a random order
+        for t, i in sorted(tok.get_vocab().items(), key=lambda kv: kv[1]):
             if i >= size:
                 log.warning("token %r of '%s' is at id %d >= its vocab_size %d: left out of the union", t, ref, i, size)
                 continue

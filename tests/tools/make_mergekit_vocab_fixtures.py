@@ -29,8 +29,11 @@ the output's config) in the order of a Python ``set`` of model references, which
 to run (it hashes ``None``, whose hash is its address in Python 3.11). hubsoup's order is fixed:
 ``base_model`` (else the first model of the config), then the models in the order the config names
 them. So mergekit runs here with its ``MergeConfiguration.referenced_models`` returning the set's
-models sorted into hubsoup's order (:data:`_ORDERED_MERGEKIT`; one of the orders the set gives,
-nothing else changed), and the outputs are comparable id for id.
+models sorted into hubsoup's order, and a tokenizer's ``get_vocab()`` (the same mapping) in id order:
+mergekit adds a model's new tokens to the union in that dict's order, which is the ``tokenizers``
+library's hash map order, random from run to run; hubsoup adds them in id order
+(:data:`_ORDERED_MERGEKIT`: one of the orders mergekit's run may take, nothing else changed). So the
+outputs are comparable id for id.
 
 Regenerate, from the repository root (about 20 s per config)::
 
@@ -375,6 +378,15 @@ def referenced_models(self):  # the set's models, in hubsoup's order (one of the
     return sorted(_refs(self), key=lambda r: _want.index(str(r)))
 
 config.MergeConfiguration.referenced_models = referenced_models
+
+from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+_get_vocab = TokenizersBackend.get_vocab
+
+def get_vocab(self):  # the same mapping, in id order (the tokenizers library's hash map order is random)
+    return dict(sorted(_get_vocab(self).items(), key=lambda kv: kv[1]))
+
+TokenizersBackend.get_vocab = get_vocab
 sys.argv[0] = "mergekit-yaml"
 sys.exit(main())
 """
