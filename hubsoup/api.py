@@ -252,7 +252,10 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     try:
         monitor.plan(_stage_weights(m, p, inputs, base, tasks))
         # Hub models' tensors from their safetensors headers: the fit check below runs before any weight moves
-        base_ckpt, sources = _open_inputs(inputs, base, m, p, opts, monitor=monitor, headers_only=True)
+        if getattr(layout, "opens_inputs", False):  # a mergekit merged vocabulary: the inputs re-mapped to it
+            base_ckpt, sources = layout.open_inputs(inputs, base, opts, monitor=monitor)
+        else:
+            base_ckpt, sources = _open_inputs(inputs, base, m, p, opts, monitor=monitor, headers_only=True)
         check_out_is_no_input(out, base_ckpt, sources)  # --overwrite must never delete an input or the base
         # a layout (a mergekit config's slices, tokenizer_source) plans the output itself: the one engine streams it
         plan = layout.plan(base_ckpt, sources, opts) if layout is not None else Plan.of(base_ckpt, opts.device)

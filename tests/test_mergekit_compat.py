@@ -386,20 +386,29 @@ def test_hubsoup_method_from_mergekit_yaml(models, tmp_path, monkeypatch):
     assert r.method == "sftm" and r.recipe.params["eta"] == 0.3
 
 
-def test_tokenizer_source_of_another_vocabulary_is_refused(models, tmp_path, monkeypatch):
+def test_tokenizer_source_of_another_vocabulary_re_maps_rows(models, tmp_path, monkeypatch):
+    """A tokenizer_source of another vocabulary: the output takes it, every model's rows re-indexed to it
+    (tests/test_mergekit_vocab.py compares such merges with mergekit's own output)."""
     import hubsoup
-    from hubsoup.errors import ParameterError
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
     from hubsoup.testing import save_tiny_tokenizer
 
     other = os.path.join(models, "tiny-llama", "ft-other-vocab")
     shutil.copytree(os.path.join(models, "tiny-llama", "ft-a"), other)
-    save_tiny_tokenizer(other, vocab=20)
+    save_tiny_tokenizer(other, vocab=20)  # the first 20 tokens of the others', at the same ids
     monkeypatch.chdir(models)
     text = CONFIGS["linear_out_dtype_bfloat16"][1].replace("tokenizer_source: tiny-llama/ft-b",
                                                            "tokenizer_source: tiny-llama/ft-other-vocab")
-    with pytest.raises(ParameterError, match="tokenizer_source: tiny-llama/ft-other-vocab"):
-        hubsoup.run_recipe(write(tmp_path, text), str(tmp_path / "out"), quiet=True)
-    assert not os.path.exists(tmp_path / "out")
+    r = hubsoup.run_recipe(write(tmp_path, text), str(tmp_path / "out"), quiet=True)
+    out, ref = load_dir(r.path), load_file(os.path.join(FIX, "linear_out_dtype_bfloat16.safetensors"))
+    with open(os.path.join(r.path, "config.json"), encoding="utf-8") as f:
+        assert json.load(f)["vocab_size"] == 20
+    assert AutoTokenizer.from_pretrained(r.path).get_vocab() == AutoTokenizer.from_pretrained(other).get_vocab()
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+        assert out[k].shape == (20, 8)
+        assert torch.equal(out[k], ref[k][:20]), k
 
 
 def test_export_config_round_trip(models, tmp_path, monkeypatch, capsys):

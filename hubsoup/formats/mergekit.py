@@ -16,9 +16,12 @@ hubsoup merge it means and :func:`run_config` runs it (``hubsoup run CONFIG.yml`
   renumbered source layers (:class:`hubsoup.plan.TensorSource`), streamed by the one engine;
   the output config gets the new layer count.
 * ``dtype`` / ``out_dtype`` set the output dtype (hubsoup computes in float32 whatever
-  mergekit's compute dtype); ``tokenizer_source`` may be ``base`` or a model sharing the base's
-  vocabulary; ``chat_template`` may be a Jinja template, one of mergekit's names or ``auto``
-  (:mod:`hubsoup.formats.chat_template`).
+  mergekit's compute dtype); ``chat_template`` may be a Jinja template, one of mergekit's names or
+  ``auto`` (:mod:`hubsoup.formats.chat_template`).
+* ``tokenizer_source`` (``base``, ``union``, a model) and the ``tokenizer`` section (``source``,
+  ``tokens``, ``pad_to_multiple_of``) give the output mergekit's merged vocabulary: every input's
+  embedding and head rows re-indexed to it as the engine streams them
+  (:mod:`hubsoup.formats.mergekit_vocab`).
 * Keys and parameters mergekit drops without a word (its config classes ignore unknown keys,
   a method reads only the parameters it declares) are dropped too, each named in one warning
   and on the card (:attr:`MergekitMerge.ignored`); numbers written as strings are numbers.
@@ -26,8 +29,7 @@ hubsoup merge it means and :func:`run_config` runs it (``hubsoup run CONFIG.yml`
 
 Where hubsoup differs: a per-model ``filter`` matches the *output* tensor's name (mergekit: the
 input's, which differs only in the layer number within a slice); slices that merge must all take
-the same models; a ``tokenizer_source`` must share the base's vocabulary (hubsoup does not re-map
-embedding rows).
+the same models.
 
 Model references are resolved as mergekit does: a folder that exists (relative to the working
 folder) is local, anything else a Hub repo ``org/name[@revision]``; ``base+adapter`` (a LoRA
@@ -60,6 +62,7 @@ import yaml
 
 from hubsoup.errors import ParameterError
 from hubsoup.formats import chat_template
+from hubsoup.formats.mergekit_vocab import VocabLayout, VocabSpec, parse_vocab
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +70,9 @@ CONFIG_FILE = "mergekit_config.yml"
 """The name mergekit gives the config it writes beside a merge."""
 
 _TOP_KEYS = {"merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
-             "tokenizer_source", "chat_template"}
+             "tokenizer_source", "tokenizer", "chat_template"}
 _UNSUPPORTED_TOP = {
     "modules": "per-module configs (multimodal models) are not supported; use models or slices",
-    "tokenizer": "the 'tokenizer' section (added tokens, vocabulary padding) is not supported; "
-                 "use tokenizer_source: base or a model",
 }
 _IGNORED_SLICE_KEYS = {"residual_weight": "mergekit 0.1.5 reads it but never uses it"}
 _DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16": "float16",
@@ -194,7 +195,8 @@ class MergekitMerge:
     dtype: str | None
     slices: list[Slice] | None
     """None: ``models`` (every layer of every model, mergekit's gradient position over the whole depth)."""
-    tokenizer_source: str | None = None
+    vocab: VocabSpec | None = None
+    """The merged vocabulary ``tokenizer_source`` / ``tokenizer`` ask for (None: the base's tokenizer, copied)."""
     chat_template: str | None = None
     models_mode_sources: list[Source] = field(default_factory=list)
     guarded: list[str] = field(default_factory=list, repr=False)
@@ -339,12 +341,7 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
                                      f"(one of {', '.join(sorted(set(_DTYPES.values())))})")
             dtype = _DTYPES[data[key]]
 
-    tok = data.get("tokenizer_source")
-    if tok is not None:
-        if tok == "union" or not isinstance(tok, str):
-            raise ParameterError(f"mergekit config: 'tokenizer_source: {tok}' is not supported (it rebuilds the "
-                                 "embeddings for a merged vocabulary); use 'base' or one model")
-        tok = None if tok == "base" else _model_ref(tok, ["tokenizer_source"])
+    vocab = parse_vocab(data)  # tokenizer_source / tokenizer: a merged vocabulary (hubsoup.formats.mergekit_vocab)
     chat = data.get("chat_template")
     chat_text = chat_template.resolve(chat) if chat is not None else None  # a name or a bad value: refused now
 
@@ -355,7 +352,8 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
         compute = _DTYPES[data["dtype"]] if data.get("dtype") is not None else "inputs"
         if compute != "float32" and "compute_dtype" in {f.name for f in dataclasses.fields(get_method(merge.method).Params)}:
             merge.params["compute_dtype"] = compute
-    merge.tokenizer_source, merge.chat_template, merge.top = tok, chat, top
+    merge.chat_template, merge.top = chat, top
+    merge.vocab = vocab
     merge.chat_template_text = chat_text
     merge.ignored = dropped
     for key in dropped:  # mergekit drops them silently; the author meant something by each: say so
@@ -643,6 +641,45 @@ class MergekitLayout:
         self.copy_tokenizer = True
         """False (``--no-copy-tokenizer``): the output holds no tokenizer files, as with mergekit-yaml."""
         self._num_layers: int | None = None
+        self._vocab = self._vocab_layout() if merge.vocab is not None else None
+
+    # --- the merged vocabulary (tokenizer_source / tokenizer): hubsoup.formats.mergekit_vocab ---------
+
+    def _vocab_layout(self) -> VocabLayout:
+        merge = self.merge
+        spec = merge.vocab
+        if merge.slices is None:  # mergekit: the models, then base_model when it is not one of them
+            sources = [s.model for s in merge.models_mode_sources]
+            first = last = sources + ([spec.base_model] if spec.base_model and spec.base_model not in sources else [])
+        else:
+            first = [s.model for s in merge.slices[0].sources]
+            last = [s.model for s in merge.slices[-1].sources]
+        first, last = list(dict.fromkeys(first)), list(dict.fromkeys(last))  # a model named twice counts once
+        order = list(dict.fromkeys(([spec.base_model] if spec.base_model else []) + first
+                                   + [s.model for sl in merge.slices or [] for s in sl.sources] + last))
+
+        def group(name: str) -> list[str]:  # the embeddings: the first slice's models; the head: the last's
+            return first if _before(name) else last
+
+        return VocabLayout(merge, spec, order, group)
+
+    @property
+    def opens_inputs(self) -> bool:
+        """Whether :func:`hubsoup.merge` must open the inputs through :meth:`open_inputs` (a merged vocabulary)."""
+        return self._vocab is not None
+
+    def open_inputs(self, inputs, base, opts, monitor=None):
+        """The base and the inputs' task vectors, every model seen through the merged vocabulary (re-mapped rows)."""
+        from hubsoup.sources.compat import open_models
+
+        views = self._vocab.open(opts, monitor)
+        specs = [views.get(i, i) for i in inputs]  # a LoRA (base+adapter) input: the adapter, as is
+        base_ckpt, sources = open_models(specs, base=views[base], allow_pickle=opts.allow_pickle,
+                                         ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch,
+                                         token=opts.token, headers_only=True,
+                                         monitor=monitor if any(isinstance(s, str) for s in specs) else None)
+        self._vocab.check_sources(sources)
+        return base_ckpt, sources
 
     @property
     def hashed(self) -> dict[str, Any]:
@@ -653,8 +690,8 @@ class MergekitLayout:
             # the models a slice copies from without merging: pinned (Hub SHA, or folder) like the inputs
             out["donors"] = [{k: v for k, v in c.ref.to_dict().items() if k in ("repo_id", "sha", "path") and v}
                              for c in self.donors]
-        if self.merge.tokenizer_source:
-            out["tokenizer_source"] = self.merge.tokenizer_source
+        if self._vocab is not None:
+            out["tokenizer"] = self._vocab.hashed()
         if self.merge.chat_template:
             out["chat_template"] = self.merge.chat_template
         return out
@@ -697,7 +734,6 @@ class MergekitLayout:
         """The plan of the output (the base's own for ``models``), with every donor checkpoint opened."""
         from hubsoup.plan import Plan
 
-        self._check_tokenizer(base, opts)
         if self.merge.chat_template == "auto":
             self.merge.chat_template_text = self._auto_chat_template(base, opts)
         self._num_layers = _layers(base.config)
@@ -721,7 +757,8 @@ class MergekitLayout:
         for sl in merge.slices:
             for s in sl.sources:
                 if s.model not in origin:
-                    ckpt = open_adapted(s.model, open_input, allow_pickle=opts.allow_pickle, token=opts.token)
+                    ckpt = (self._vocab.views.get(s.model) if self._vocab is not None else None) or \
+                        open_adapted(s.model, open_input, allow_pickle=opts.allow_pickle, token=opts.token)
                     origin[s.model] = len(self.donors)
                     self.donors.append(ckpt)
         n_in = len(merge.inputs)
@@ -769,20 +806,6 @@ class MergekitLayout:
                 if all(n in out for n in g)]
         return layout_plan(out, infos, config, ties=ties, device=opts.device)
 
-    def _check_tokenizer(self, base, opts) -> None:
-        tok = self.merge.tokenizer_source
-        if not tok or tok == self.merge.base:
-            return
-        from hubsoup.sources.resolve import open_input
-
-        self._tok_ckpt = open_input(tok, allow_pickle=opts.allow_pickle, token=opts.token, with_tokenizer=True)
-        a, b = _vocab(base.folder), _vocab(self._tok_ckpt.folder)
-        if a is None or b is None or a != b:
-            raise ParameterError(
-                f"mergekit config: 'tokenizer_source: {tok}' is not supported here: its vocabulary differs from "
-                f"the base's ('{base.label}'), and hubsoup keeps the base's embedding rows (mergekit would re-map "
-                "them); use tokenizer_source: base")
-
     def _auto_chat_template(self, base, opts) -> str | None:
         """``chat_template: auto``: the template most of the config's models carry (config order breaks ties)."""
         from hubsoup.sources.resolve import open_input
@@ -806,7 +829,7 @@ class MergekitLayout:
         return found[1]
 
     def finish(self, folder: str) -> None:
-        """The output's config (layer count), tokenizer (``tokenizer_source``) and chat template."""
+        """The output's config (layer count, vocabulary size), tokenizer (``tokenizer_source``) and chat template."""
         cfg_path = os.path.join(folder, "config.json")
         if self._num_layers is not None and self.merge.slices is not None and os.path.isfile(cfg_path):
             with open(cfg_path, encoding="utf-8") as f:
@@ -814,12 +837,9 @@ class MergekitLayout:
             _set_layers(cfg, self._num_layers)
             with open(cfg_path, "w", encoding="utf-8") as f:
                 json.dump(cfg, f, indent=2)
-        if getattr(self, "_tok_ckpt", None) is not None:
-            from hubsoup.output.checkpoint import copy_base_files
-
-            _remove_tokenizer_files(folder)
-            copy_base_files(self._tok_ckpt, folder, tokenizer_only=True)
-        if not self.copy_tokenizer:
+        if self._vocab is not None:  # the merged vocabulary's tokenizer and config.json's vocab_size: written
+            self._vocab.finish(folder)  # with --no-copy-tokenizer too, as mergekit writes a merged tokenizer
+        elif not self.copy_tokenizer:
             _remove_tokenizer_files(folder)
             return
         if self.merge.chat_template:  # mergekit then saves the tokenizer again (not a file copy), template or not
@@ -959,15 +979,6 @@ def _set_layers(config: dict, n: int) -> None:
     config["num_hidden_layers"] = n
 
 
-def _vocab(folder: str) -> dict | None:
-    try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(folder).get_vocab()
-    except Exception:  # noqa: BLE001 - no tokenizer (or an unreadable one): not comparable
-        return None
-
-
 def public_config_text(text: str) -> str:
     """The config with every local model folder named by its public form (name and content digest)."""
     from hubsoup.recipe import public_value
@@ -1003,6 +1014,8 @@ def _map_models(data: Any, fn: Callable[[str], str]) -> Any:
     for key in ("base_model", "tokenizer_source"):
         if isinstance(out.get(key), str) and out[key] not in ("base", "union"):
             out[key] = fn(out[key])
+    if isinstance(out.get("tokenizer"), dict):  # the tokenizer section's source and tokens' models
+        out["tokenizer"] = _map_tokenizer_models(out["tokenizer"], fn)
     if isinstance(out.get("models"), list):
         out["models"] = [{**m, "model": fn(m["model"])} if isinstance(m, dict) and "model" in m else m
                          for m in out["models"]]
@@ -1010,6 +1023,24 @@ def _map_models(data: Any, fn: Callable[[str], str]) -> Any:
         out["slices"] = [{**s, "sources": [{**x, "model": fn(x["model"])} if isinstance(x, dict) and "model" in x
                                            else x for x in s.get("sources") or []]} if isinstance(s, dict) else s
                          for s in out["slices"]]
+    return out
+
+
+def _map_tokenizer_models(section: dict, fn: Callable[[str], str]) -> dict:
+    out = dict(section)
+    if isinstance(out.get("source"), str) and out["source"] not in ("base", "union"):
+        out["source"] = fn(out["source"])
+    if isinstance(out.get("tokens"), dict):
+        tokens = {}
+        for tok, setting in out["tokens"].items():
+            if isinstance(setting, dict):
+                src = setting.get("source")
+                if isinstance(src, str):
+                    setting = {**setting, "source": fn(src)}
+                elif isinstance(src, dict) and isinstance(src.get("model"), str):
+                    setting = {**setting, "source": {**src, "model": fn(src["model"])}}
+            tokens[tok] = setting
+        out["tokens"] = tokens
     return out
 
 

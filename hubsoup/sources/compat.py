@@ -197,7 +197,7 @@ def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pi
                 headers_only: bool = False) -> tuple[Checkpoint, list[Any]]:
     """Open the base and the inputs, check every input against the base, and return their task vectors.
 
-    ``base``: a spec, an opened checkpoint, or None for the base the inputs' cards (or adapter configs) name. Only configs,
+    ``specs``: specs or opened checkpoints; ``base``: a spec, an opened checkpoint, or None for the base the inputs' cards (or adapter configs) name. Only configs,
     cards and file headers are read here; no weight. ``monitor`` (:class:`hubsoup.progress.Monitor`): the
     downloads of Hub models are its "download" stage (silent, cancellable between files). ``headers_only``
     (planning): Hub models' tensors are known from their safetensors headers on the Hub, so nothing here
@@ -205,16 +205,17 @@ def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pi
     """
     from hubsoup.sources.resolve import open_input
 
-    hub = [s for s in specs if not _is_local(s)]
+    hub = [s for s in specs if isinstance(s, str) and not _is_local(s)]
     base_hub = base is None or (isinstance(base, str) and not _is_local(base))
     if monitor is not None:  # metadata, then weights, per Hub model (entered at the first download)
         monitor.expect("download", 2 * (len(hub) + int(base_hub)))
     from hubsoup.sources.adapted import open_adapted
 
     ckpts = [open_adapted(s, open_input, allow_pickle=allow_pickle, token=token, monitor=monitor,
-                          headers_only=headers_only) for s in specs]
+                          headers_only=headers_only) if isinstance(s, str) else s
+             for s in specs]  # or opened already (a re-mapped view)
     warn_duplicates(ckpts)
-    if isinstance(base, Checkpoint):
+    if base is not None and not isinstance(base, str):  # opened already
         base_ckpt = base
     elif base:
         base_ckpt = open_base(base, allow_pickle=allow_pickle, token=token, monitor=monitor,
