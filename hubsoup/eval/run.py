@@ -103,11 +103,15 @@ def to_eval_results(results: Sequence[TaskResult]):
 class _Models:
     """Loads each kind of model once per evaluation."""
 
-    def __init__(self, model: str, device: str, tokenizer: str | None):
-        self.path, self.device, self.tokenizer_path = model, device, tokenizer
+    def __init__(self, model: Any, device: str, tokenizer: str | None):
+        self.device, self.tokenizer_path = device, tokenizer
         self._cache: dict[str, Any] = {}
+        self.instance = None if isinstance(model, (str, os.PathLike)) else model
+        self.path = str(model) if self.instance is None else (tokenizer or "the model in memory")
 
     def get(self, kind: str):
+        if self.instance is not None:  # a model held in memory (a search's candidate): used as given
+            return self.instance.to(self.device).eval()
         if kind not in self._cache:
             import transformers
 
@@ -224,12 +228,14 @@ def _perplexity(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: boo
                       {"tokens": res["tokens"], "nll": nlls, "counts": counts})
 
 
-def evaluate_model(model: str, tasks: Sequence[TaskSpec], *, batch_size: int = 32, limit: int | None = None,
+def evaluate_model(model: Any, tasks: Sequence[TaskSpec], *, batch_size: int = 32, limit: int | None = None,
                    device: str = "cpu", tokenizer: str | None = None, quiet: bool = False,
                    before_task: Callable[[int, TaskSpec], None] | None = None) -> list[TaskResult]:
-    """Evaluate ``model`` (a folder or Hub repo ID) on each task.
+    """Evaluate ``model`` (a folder or Hub repo ID, or a ``transformers`` model in memory) on each task.
 
     Args:
+        model: a folder or Hub repo ID; or a model instance of the kind the tasks need (a causal LM for
+            perplexity), with ``tokenizer`` naming where its tokenizer is.
         limit: use at most this many examples per task (overrides a task's own ``limit``).
         tokenizer: where to take the tokenizer from (default: the model's).
         before_task: called with (index, task) before each task (progress reports, cancellation).
