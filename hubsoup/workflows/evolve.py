@@ -300,8 +300,7 @@ def make_sampler(cfg: EvolveConfig, number: int):
     if cfg.optimizer == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if cfg.optimizer == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.population, multivariate=True,
-                                          warn_independent_sampling=False)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.population, multivariate=True)
     # the CMA-ES generation is the population; no random start-up: the first generation is CMA-ES's own
     return optuna.samplers.CmaEsSampler(seed=seed, popsize=cfg.population, n_startup_trials=0,
                                         warn_independent_sampling=False)
@@ -411,13 +410,19 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
     for t in tasks:  # missing data fails now, not in every trial
         t.check()
     opts = MergeOptions(quiet=True, device=cfg.device, dtype=cfg.dtype)
-    # every corner of the space is a valid point for the method (a typo'd choice fails now, by name)
+    # the space's keys and choices are the method's (a typo'd choice fails now, by name)
     from hubsoup.api import parse_method
 
-    mid = {g: (d.choices[0] if hasattr(d, "choices") else
-               (d.low + d.high) // 2 if isinstance(d.low, int) else (d.low + d.high) / 2)
-           for g, d in cfg.distributions().items()}
+    dists = cfg.distributions()
+    # the lower corner: a range that reaches past what the method accepts only fails those trials
+    mid = {g: (d.choices[0] if hasattr(d, "choices") else d.low) for g, d in dists.items()}
     parse_method(cfg.method, cfg.method_params(mid, names))
+    for g, d in dists.items():
+        for c in getattr(d, "choices", ())[1:]:
+            try:
+                parse_method(cfg.method, cfg.method_params({**mid, g: c}, names))
+            except ParameterError as e:
+                raise ParameterError(f"space.{g}: choice {c!r}: {e}") from None
     _check_dir(out)
     os.makedirs(out, exist_ok=True)
     lock = OutputLock(out, "evolve study")
@@ -440,7 +445,6 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
             raise EvolveError(f"the study '{name}' in {out} was started with another '{diff}' "
                               f"({held.get(diff)!r}, now {ident.get(diff)!r}); use a new --out or study_name")
         exe = make_executor(executor, cfg)
-        dists = cfg.distributions()
         payload_base = {"inputs": inputs, "base": base, "method": cfg.method, "tasks": cfg.tasks,
                         "metric": cfg.metric, "limit": cfg.limit, "batch_size": cfg.batch_size,
                         "options": {"device": cfg.device, "dtype": cfg.dtype}, "threads": cfg.cpus}
