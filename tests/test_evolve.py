@@ -259,3 +259,10 @@ def test_progress_and_cancel(tiny, tmp_path):
     seen.clear()
     res = evolve(config(tiny, trials=4, population=2), out, progress=lambda *a: seen.append(a))
     assert seen[-1][0] == 1.0 and res.resumed == 0
+
+
+def test_example_config_parses():
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "evolve.yml")
+    cfg = EvolveConfig.load(here)
+    assert (cfg.optimizer, cfg.trials, cfg.population, cfg.space["weight"].layer_groups) == ("cmaes", 48, 8, 4)
+    assert len(cfg.distributions()) == 2 + 3 * 4 and param_names(cfg)["weight"] == "weights"

@@ -83,7 +83,8 @@ class RayExecutor:
     name = "ray"
 
     def __init__(self, address: str | None = None, *, cpus: int = 1, gpus: float = 0, memory: int | None = None,
-                 max_retries: int = 3, init: dict[str, Any] | None = None):
+                 max_retries: int = 3, init: dict[str, Any] | None = None,
+                 trial: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
         try:
             import ray
         except ImportError:
@@ -101,7 +102,8 @@ class RayExecutor:
         opts: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus, "max_retries": max_retries}
         if memory:
             opts["memory"] = int(memory)
-        self._task = ray.remote(_ray_trial).options(**opts)
+        # `trial`: what a task runs (default run_trial; a wrapper that, e.g., logs where each attempt ran)
+        self._task = ray.remote(trial or _ray_trial).options(**opts)
 
     def run(self, payloads: Sequence[dict[str, Any]], *, on_result: Callable[[dict[str, Any]], None] | None = None,
             monitor: Any = None) -> list[dict[str, Any]]:
