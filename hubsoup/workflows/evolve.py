@@ -323,6 +323,10 @@ class EvolveResult:
     every run of the same study."""
     resumed: int = 0
     """Trials that were asked by an earlier, killed run and evaluated again by this one."""
+    study_seconds: float = 0.0
+    """This run's time from opening the study to its last trial told (asks, trials, tells, table)."""
+    write_seconds: float = 0.0
+    """Writing the best model (one merge to disk, its evaluation and card) and the plot."""
 
 
 def _gene_point(trial) -> dict[str, Any]:
@@ -450,6 +454,7 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
                         "options": {"device": cfg.device, "dtype": cfg.dtype}, "threads": cfg.cpus}
         seconds: list[dict[str, Any]] = []
         resumed = 0
+        t_study = time.perf_counter()
         while True:
             monitor.check("between generations (the study is saved; run again to resume)")
             trials = study.get_trials(deepcopy=False)
@@ -509,6 +514,8 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
             reasons = [r.get("reason") for r in table if r.get("reason")]
             raise EvolveError(f"every trial of the study failed; the first: {reasons[0] if reasons else 'unknown'}")
         best = max(done, key=lambda r: (r["score"], -r["number"]))  # a tie: the earlier trial
+        t_write = time.perf_counter()
+        study_seconds = t_write - t_study
         summary = _write_table(out, cfg, names, table)
         _plot(out, table)
         monitor.check("before the best model was written")
@@ -522,7 +529,7 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         if monitor.reporting:
             monitor.finish(f"best trial {best['number']} (score {best['score']:.6g}) -> {out}")
         return EvolveResult(os.path.abspath(out), best["number"], best["params"], best["score"], table, result,
-                            seconds, resumed)
+                            seconds, resumed, study_seconds, time.perf_counter() - t_write)
     finally:
         if exe is not None:
             exe.close()

@@ -117,7 +117,8 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     options by name: device, dtype, ...), ``scratch`` (a folder for temporary files), ``cancel``
     (local runs only).
     Returns ``number``, ``state`` (``complete``/``fail``), ``score``, ``metrics`` ({task: {metric: value}}),
-    ``reason`` (a failed trial's), ``seconds`` (``merge``, ``eval``, ``total``) and ``host``/``pid``.
+    ``reason`` (a failed trial's), ``seconds`` (``merge``, ``build`` (the model from the merged tensors),
+    ``eval``, ``total``) and ``host``/``pid``.
     """
     import socket
 
@@ -143,6 +144,8 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
         tasks = [TaskSpec.parse(t) if isinstance(t, str) else t for t in payload.get("tasks") or ()]
         model = sink.model(base_ckpt.folder)
         sink.tensors = {}
+        seconds["build"] = time.perf_counter() - t1  # the merged tensors made a model (no disk): overhead
+        t1 = time.perf_counter()
         results = evaluate_model(model, tasks, tokenizer=base_ckpt.folder, limit=payload.get("limit"),
                                  batch_size=int(payload.get("batch_size") or 32), device=opts.device, quiet=True)
         del model
