@@ -343,13 +343,21 @@ def _check_dir(out: str) -> None:
                                  f"or new folder")
 
 
-def _pin_inputs(cfg: EvolveConfig, opts) -> tuple[list[str], str | None]:
-    """The inputs and base pinned once on the driver (Hub IDs -> their commit SHAs), checked against each other."""
-    from hubsoup.api import _open_inputs, parse_method
+def _pin_inputs(cfg: EvolveConfig, opts, point: dict[str, Any]) -> tuple[list[str], str | None, int]:
+    """The inputs and base pinned once on the driver (Hub IDs -> their commit SHAs), checked against each other,
+    and the memory a trial needs as the planner predicts it (headers only): the merge's peak working set plus
+    the merged model held in memory."""
+    from hubsoup.api import _open_inputs, parse_method, place_blocks
+    from hubsoup.options import DTYPES
+    from hubsoup.plan import Plan
 
-    m, p = parse_method(cfg.method, {k: v for k, v in cfg.params.items()})
+    m, p = parse_method(cfg.method, point)
     base_ckpt, sources = _open_inputs(cfg.models, cfg.base, m, p, opts, headers_only=True)
-    return [s.ref.pinned_spec for s in sources], base_ckpt.ref.pinned_spec
+    plan = Plan.of(base_ckpt, opts.device)
+    placement = place_blocks(plan, m, p, sources, opts)
+    held = sum(math.prod(e.shape) * (DTYPES[cfg.dtype] if cfg.dtype and e.mergeable else e.dtype).itemsize
+               for _, e in plan.entries())
+    return [s.ref.pinned_spec for s in sources], base_ckpt.ref.pinned_spec, max(placement.peak.values()) + held
 
 
 def _storage(cfg: EvolveConfig, out: str):
@@ -433,7 +441,10 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
     lock.acquire()
     exe = None
     try:
-        inputs, base = _pin_inputs(cfg, opts)
+        inputs, base, memory = _pin_inputs(cfg, opts, cfg.method_params(mid, names))
+        if "memory" not in cfg.resources:  # Ray's memory request: the planner's prediction (+25 % for the eval)
+            cfg = copy.copy(cfg)
+            cfg.resources = {**cfg.resources, "memory": int(memory * 1.25)}
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
