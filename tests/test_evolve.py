@@ -266,3 +266,15 @@ def test_example_config_parses():
     cfg = EvolveConfig.load(here)
     assert (cfg.optimizer, cfg.trials, cfg.population, cfg.space["weight"].layer_groups) == ("cmaes", 48, 8, 4)
     assert len(cfg.distributions()) == 2 + 3 * 4 and param_names(cfg)["weight"] == "weights"
+
+
+@pytest.mark.slow
+def test_push_once_from_the_driver_without_the_study_store(hub, tiny, tmp_path):
+    hub.login("alice")
+    out = str(tmp_path / "out")
+    res = evolve(config(tiny, trials=2, population=2), out, push="alice/evolved", quiet=True)
+    assert len(hub.history("alice/evolved")) == 2  # the repo's creation, then the one commit of the best model
+    files = set(hub.api("alice").list_repo_files("alice/evolved"))
+    assert {"model.safetensors", "hubsoup_recipe.yaml", "README.md", SEARCH_FILE, "hubsoup_search.png"} <= files
+    assert not [f for f in files if f.startswith("hubsoup_study")]  # the local study store stays local
+    assert res.result.path == os.path.abspath(out)
