@@ -74,7 +74,26 @@ class LocalExecutor:
 def _ray_trial(payload: dict[str, Any]) -> dict[str, Any]:
     from hubsoup.workflows.trial import run_trial
 
+    _worker_shared_statistics()
     return run_trial(payload)
+
+
+def _worker_shared_statistics() -> None:
+    """A Ray worker process keeps one shared-statistics block for its life, as the local executor does for the
+    study: consecutive trials on it whose preparation is the same share it (finished when the process exits)."""
+    import atexit
+
+    from hubsoup.engine import shared
+
+    if shared.current() is None:
+        block = shared.SharedStatistics(scratch=tempfile.mkdtemp(prefix=".hubsoup-worker-"))
+        shared._CURRENT.set(block)
+
+        def close() -> None:
+            block.close()
+            shutil.rmtree(block.scratch, ignore_errors=True)
+
+        atexit.register(close)
 
 
 class RayExecutor:
