@@ -588,6 +588,7 @@ def _write_table(out: str, cfg: EvolveConfig, names: dict[str, str], table: list
 def _plot(out: str, table: list[dict[str, Any]]) -> None:
     """``hubsoup_search.png``: each trial's score (failed trials marked on the axis) and the best so far."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -595,7 +596,7 @@ def _plot(out: str, table: list[dict[str, Any]]) -> None:
     rows = sorted(table, key=lambda r: r["number"])
     ok = [r for r in rows if r["state"] == "complete"]
     fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
-    ax.scatter([r["number"] for r in ok], [r["score"] for r in ok], s=14, label="trial score")
+    ax.scatter([r["number"] for r in ok], [r["score"] for r in ok], s=14, label="trial score", zorder=3)
     best, xs, ys = -math.inf, [], []
     for r in rows:
         if r["state"] == "complete":
@@ -607,6 +608,7 @@ def _plot(out: str, table: list[dict[str, Any]]) -> None:
     failed = [r["number"] for r in rows if r["state"] == "fail"]
     if failed and ok:
         ax.scatter(failed, [min(r["score"] for r in ok)] * len(failed), marker="x", color="C3", label="failed")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("trial")
     ax.set_ylabel("score (higher is better)")
     ax.legend(loc="lower right", fontsize="small")
