@@ -98,7 +98,8 @@ def main() -> None:
                       "eval": round(statistics.mean(ev), 3), "trial": round(trial, 3),
                       "overhead": round(statistics.mean(overhead), 3),
                       "overhead_fraction": round(statistics.mean(overhead) / trial, 4)},
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared), torch threads {args.threads}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared), torch threads {args.threads}, "
+                   f"load average {os.getloadavg()[1]:.1f} at the end",
         "mergekit_evolve": "needs mergekit[evolve] (cma, lm_eval, ray) and one GPU per Ray actor",
     }
     os.makedirs(RESULTS, exist_ok=True)
