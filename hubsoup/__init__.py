@@ -30,6 +30,7 @@ _LAZY = {
     "greedy_soup": ("hubsoup.workflows.soups", "greedy_soup"),
     "uniform_soup": ("hubsoup.workflows.soups", "uniform_soup"),
     "run_recipe": ("hubsoup.recipe", "run_recipe"),
+    "evolve": ("hubsoup.workflows.evolve", "evolve"),
     "list_methods": ("hubsoup.methods", "list_methods"),
 }
 

@@ -104,6 +104,10 @@ class PushError(HubsoupError):
     """Uploading to the Hub failed; the local output is intact."""
 
 
+class EvolveError(HubsoupError):
+    """An evolutionary search could not give a model (every trial failed), or its storage holds another study."""
+
+
 # --- RUN CONTROL ---------------------------------------------------------------------------------
 
 class MergeCancelled(HubsoupError):

@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")
 # never uploaded: VCS folders, huggingface_hub's local metadata, our own temp files
-IGNORE_PATTERNS = [".git/*", "*/.git/*", ".cache/*", "*.tmp", "*.partial", ".DS_Store"]
+IGNORE_PATTERNS = [".git/*", "*/.git/*", ".cache/*", "*.tmp", "*.partial", ".DS_Store",
+                   "hubsoup_study.db*"]  # an evolve study's local store (it names local paths): never uploaded
 
 TIMEOUT_ENV = "HUBSOUP_HUB_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0

@@ -205,9 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
     # further commands live beside this file, one module each with register(subparsers)
     from hubsoup.cli import continual, eval, pipeline, push, run, sweep
-    from hubsoup.cli import export_config
+    from hubsoup.cli import evolve, export_config
 
-    for mod in (eval, push, run, sweep, continual, pipeline, export_config):
+    for mod in (eval, push, run, sweep, continual, pipeline, export_config, evolve):
         mod.register(sub)
     return p
 

@@ -16,7 +16,7 @@ from hubsoup.eval.tasks import TaskSpec
 
 EVAL_FILE = "eval_results.json"
 _METRICS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics")
-_TASK_TYPES = {"classification": "text-classification", "perplexity": "text-generation"}
+_TASK_TYPES = {"classification": "text-classification", "perplexity": "text-generation", "lm-eval": "text-generation"}
 
 
 def load_metric(name: str):
@@ -38,12 +38,17 @@ class TaskResult:
 
     @property
     def main_metric(self) -> str:
+        if self.task.kind == "lm-eval":  # the spec's metric=, else the lm-eval task's first metric
+            return self.details.get("main_metric") or self.task.extra.get("main_metric") or next(iter(self.metrics))
         return "accuracy" if self.task.kind == "classification" else "perplexity"
 
     @property
     def score(self) -> float:
-        """Higher is better: accuracy, or minus perplexity."""
+        """Higher is better: accuracy, minus perplexity, an lm-eval metric (negated where lm-eval says lower is
+        better)."""
         v = self.metrics[self.main_metric]
+        if self.task.kind == "lm-eval":
+            return -v if self.main_metric in (self.details.get("lower_is_better") or ()) else v
         return v if self.task.kind == "classification" else -v
 
     @property
@@ -59,6 +64,9 @@ class TaskResult:
                "config": self.task.config, "n_examples": self.n_examples, "metrics": self.metrics}
         if self.head:
             out["head"] = self.head
+        if "lm_eval" in self.details:  # lm-eval's own output for this task
+            out["main_metric"] = self.main_metric
+            out["lm_eval"] = self.details["lm_eval"]
         return out
 
     @classmethod
@@ -68,7 +76,11 @@ class TaskResult:
                    for k, v in (row.get("metrics") or {}).items()}
         task = TaskSpec(kind=row["kind"], data=row["data"], name=row.get("task") or "",
                         split=row.get("split") or "validation", config=row.get("config"))
-        details = {"head": row["head"]} if isinstance(row.get("head"), dict) else {}
+        details: dict[str, Any] = {"head": row["head"]} if isinstance(row.get("head"), dict) else {}
+        if row.get("kind") == "lm-eval" and isinstance(row.get("lm_eval"), dict):
+            hib = row["lm_eval"].get("higher_is_better") or {}
+            details.update(lm_eval=row["lm_eval"], main_metric=row.get("main_metric"),
+                           lower_is_better=[k.split(",")[0] for k, v in hib.items() if v is False])
         return cls(task, metrics, int(row.get("n_examples") or 0), details)
 
 
@@ -94,7 +106,10 @@ def to_eval_results(results: Sequence[TaskResult]):
             name = METRIC_NAMES.get(metric, metric)
             if head:
                 name = f"{name} (frozen head {head['file']})"
-            out.append(EvalResult(task_type=_TASK_TYPES[r.task.kind], dataset_type=r.task.data,
+            dataset_type = r.task.data
+            if r.task.kind == "lm-eval":  # the dataset lm-eval's task reads (its task name is the dataset's name)
+                dataset_type = (r.details.get("lm_eval") or {}).get("config", {}).get("dataset_path") or r.task.data
+            out.append(EvalResult(task_type=_TASK_TYPES[r.task.kind], dataset_type=dataset_type,
                                   dataset_name=r.task.name, dataset_split=r.task.split, dataset_config=r.task.config,
                                   metric_type=metric, metric_name=name, metric_value=round(float(value), 6)))
     return out
@@ -103,11 +118,15 @@ def to_eval_results(results: Sequence[TaskResult]):
 class _Models:
     """Loads each kind of model once per evaluation."""
 
-    def __init__(self, model: str, device: str, tokenizer: str | None):
-        self.path, self.device, self.tokenizer_path = model, device, tokenizer
+    def __init__(self, model: Any, device: str, tokenizer: str | None):
+        self.device, self.tokenizer_path = device, tokenizer
         self._cache: dict[str, Any] = {}
+        self.instance = None if isinstance(model, (str, os.PathLike)) else model
+        self.path = str(model) if self.instance is None else (tokenizer or "the model in memory")
 
     def get(self, kind: str):
+        if self.instance is not None:  # a model held in memory (a search's candidate): used as given
+            return self.instance.to(self.device).eval()
         if kind not in self._cache:
             import transformers
 
@@ -233,12 +252,14 @@ def _perplexity(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: boo
                       {"tokens": res["tokens"], "nll": nlls, "counts": counts})
 
 
-def evaluate_model(model: str, tasks: Sequence[TaskSpec], *, batch_size: int = 32, limit: int | None = None,
+def evaluate_model(model: Any, tasks: Sequence[TaskSpec], *, batch_size: int = 32, limit: int | None = None,
                    device: str = "cpu", tokenizer: str | None = None, quiet: bool = False,
                    before_task: Callable[[int, TaskSpec], None] | None = None) -> list[TaskResult]:
-    """Evaluate ``model`` (a folder or Hub repo ID) on each task.
+    """Evaluate ``model`` (a folder or Hub repo ID, or a ``transformers`` model in memory) on each task.
 
     Args:
+        model: a folder or Hub repo ID; or a model instance of the kind the tasks need (a causal LM for
+            perplexity), with ``tokenizer`` naming where its tokenizer is.
         limit: use at most this many examples per task (overrides a task's own ``limit``).
         tokenizer: where to take the tokenizer from (default: the model's).
         before_task: called with (index, task) before each task (progress reports, cancellation).
@@ -250,6 +271,12 @@ def evaluate_model(model: str, tasks: Sequence[TaskSpec], *, batch_size: int = 3
             before_task(i, task)
         if limit is not None:
             task = TaskSpec(**{**task.__dict__, "limit": limit})
+        if task.kind == "lm-eval":  # lm-eval's own loading, prompts and metrics, on the model in memory
+            from hubsoup.eval import lmeval
+
+            results.extend(lmeval.evaluate(models.get("causal"), models.tokenizer(), task, limit=task.limit,
+                                           batch_size=batch_size, device=device))
+            continue
         ds = task.load()
         if len(ds) == 0:
             raise ParameterError(f"task '{task.name}': no examples in {task.data}")

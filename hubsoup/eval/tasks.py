@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 
 from hubsoup.errors import ParameterError
 
-KINDS = ("classification", "perplexity")
+KINDS = ("classification", "perplexity", "lm-eval")
 _LOCAL_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -17,7 +17,8 @@ class TaskSpec:
 
     Written on the command line as ``KIND:DATA[,key=value...]``, e.g.
     ``classification:data/val.csv,text=sentence,label=label,name=sst`` or
-    ``perplexity:org/wiki-sample,split=test,text=text``.
+    ``perplexity:org/wiki-sample,split=test,text=text``, or lm-evaluation-harness tasks:
+    ``lm-eval:arc_easy,num_fewshot=0,limit=200`` (:mod:`hubsoup.eval.lmeval`; its options in ``extra``).
     """
 
     kind: str
@@ -50,13 +51,17 @@ class TaskSpec:
 
     @property
     def is_local(self) -> bool:
-        return os.path.exists(os.path.expanduser(self.data))
+        return self.kind != "lm-eval" and os.path.exists(os.path.expanduser(self.data))
 
     @classmethod
     def parse(cls, spec: str) -> "TaskSpec":
         if ":" not in spec:
             raise ParameterError(f"task spec {spec!r}: expected KIND:DATA[,key=value...] with KIND one of {', '.join(KINDS)}")
         kind, rest = spec.split(":", 1)
+        if kind.strip() == "lm-eval":
+            from hubsoup.eval import lmeval
+
+            return lmeval.parse(spec, rest)
         parts = [p for p in rest.split(",") if p]
         if not parts:
             raise ParameterError(f"task spec {spec!r}: no data given")
@@ -84,6 +89,10 @@ class TaskSpec:
         Raises :class:`~hubsoup.errors.ParameterError` naming the task: data that cannot be
         loaded, a missing column, no examples, an unreadable ``head``.
         """
+        if self.kind == "lm-eval":
+            from hubsoup.eval import lmeval
+
+            return lmeval.check(self)
         import datasets
 
         shown = datasets.is_progress_bar_enabled()

@@ -187,7 +187,7 @@ def normalized_score(results, references: Sequence[float] | None) -> float:
     """Mean of each task's score, divided by its reference (fine-tune) score when given."""
     vals = []
     for i, r in enumerate(results):
-        s = r.score if r.task.kind == "classification" else -math.log(r.metrics["perplexity"])
+        s = -math.log(r.metrics["perplexity"]) if r.task.kind == "perplexity" else r.score  # lm-eval: its metric
         if references is not None and r.task.kind == "classification":
             ref = references[i]
             s = s / ref if ref > 0 else s

@@ -1,0 +1,225 @@
+"""lm-evaluation-harness as a hubsoup task kind: ``lm-eval:TASKS[,key=value...]``.
+
+``lm-eval:arc_easy,hellaswag,num_fewshot=0,limit=200`` runs ``lm_eval.simple_evaluate`` on the model
+held in memory (an ``HFLM`` wrapping the model instance: no save and reload per candidate), with
+lm-eval's own task definitions, prompts, few-shot sampling, seeds and metrics, so its numbers are
+lm-eval's. Keys (``pip install 'hubsoup[lmeval]'``):
+
+* ``task_dir=DIR`` — a folder of custom task YAMLs (lm-eval's ``--include_path``); its
+  ``dataset_kwargs.data_files`` paths are read as lm-eval reads them (relative to the working folder);
+* ``num_fewshot=K``, ``limit=N`` (per task), ``batch_size=B``, ``apply_chat_template=true``;
+* ``metric=M`` — the metric a search maximises (default: the task's first), e.g. ``acc_norm`` or
+  ``exact_match,strict-match`` (lm-eval's ``METRIC,FILTER``; the filter ``none`` is left out);
+* ``model_args=K=V;K=V`` / ``gen_kwargs=K=V;K=V`` — passed through to ``HFLM`` / ``simple_evaluate``
+  (``;`` between pairs, since ``,`` separates the spec's keys); a mapping in Python or YAML.
+
+Each lm-eval task gives one :class:`~hubsoup.eval.TaskResult` named by lm-eval's task name, whose
+metrics carry lm-eval's metric names; ``eval_results.json`` keeps lm-eval's own output for it
+(``lm_eval``: results, config, n-shot, higher_is_better, versions) and the card's model-index names the
+task and metric as lm-eval does.
+
+Example:
+    >>> from hubsoup.eval import TaskSpec
+    >>> t = TaskSpec.parse("lm-eval:arc_easy,hellaswag,num_fewshot=0,limit=200,model_args=max_length=2048")
+    >>> t.kind, t.data, t.limit, t.extra["num_fewshot"], t.extra["model_args"]
+    ('lm-eval', 'arc_easy,hellaswag', 200, 0, {'max_length': 2048})
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import Any
+
+from hubsoup.errors import ParameterError
+
+KIND = "lm-eval"
+_INT_KEYS = ("num_fewshot", "limit", "batch_size")
+_KEYS = ("task_dir", "num_fewshot", "limit", "batch_size", "metric", "apply_chat_template", "model_args",
+         "gen_kwargs", "name")
+_MANAGERS: dict[tuple, Any] = {}
+_MANAGERS_LOCK = threading.Lock()
+
+
+def _value(text: str) -> Any:
+    """``true``/``false``, numbers, else the string (as lm-eval's ``simple_parse_args_string``)."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def _pairs(spec: str, key: str, text: Any) -> dict[str, Any]:
+    if isinstance(text, dict):
+        return dict(text)
+    out = {}
+    for part in (p for p in str(text).split(";") if p.strip()):
+        k, sep, v = part.partition("=")
+        if not sep or not k.strip():
+            raise ParameterError(f"task spec {spec!r}: {key} expects K=V pairs joined by ';', got {part!r}")
+        out[k.strip()] = _value(v)
+    return out
+
+
+def parse(spec: str, rest: str):
+    """The :class:`~hubsoup.eval.TaskSpec` of ``lm-eval:REST`` (see the module doc)."""
+    tasks, kw = [], {}
+    for part in (p.strip() for p in rest.split(",")):
+        if not part:
+            continue
+        if "=" not in part:
+            if kw:  # a bare name after key=value: likely a typo'd key
+                raise ParameterError(f"task spec {spec!r}: task names come first, before key=value (got {part!r})")
+            tasks.append(part)
+            continue
+        k, v = part.split("=", 1)
+        if k not in _KEYS:
+            raise ParameterError(f"task spec {spec!r}: unknown key {k!r} (lm-eval keys: {', '.join(_KEYS)})")
+        kw[k] = v
+    if not tasks:
+        raise ParameterError(f"task spec {spec!r}: name at least one lm-eval task (lm-eval:arc_easy,...)")
+    return from_options(spec, tasks, kw)
+
+
+def from_options(spec: str, tasks: list[str], kw: dict[str, Any]):
+    from hubsoup.eval.tasks import TaskSpec
+
+    extra: dict[str, Any] = {}
+    limit = None
+    for k, v in kw.items():
+        if k in _INT_KEYS:
+            try:
+                n = int(v)
+            except (TypeError, ValueError):
+                raise ParameterError(f"task spec {spec!r}: {k} must be an integer, got {v!r}") from None
+            if n < (0 if k == "num_fewshot" else 1):
+                raise ParameterError(f"task spec {spec!r}: {k} must be {'>= 0' if k == 'num_fewshot' else '>= 1'}, "
+                                     f"got {n}")
+            if k == "limit":
+                limit = n
+            else:
+                extra[k] = n
+        elif k == "apply_chat_template":
+            b = _value(str(v)) if not isinstance(v, bool) else v
+            if not isinstance(b, bool):
+                raise ParameterError(f"task spec {spec!r}: apply_chat_template must be true or false, got {v!r}")
+            extra[k] = b
+        elif k in ("model_args", "gen_kwargs"):
+            extra[k] = _pairs(spec, k, v)
+        elif k == "task_dir":
+            extra[k] = os.path.expanduser(str(v))
+        elif k != "name":
+            extra[k] = str(v)
+    bad = sorted(set(extra.get("model_args", {})) & {"pretrained", "trust_remote_code"})
+    if bad:
+        raise ParameterError(f"task spec {spec!r}: model_args '{bad[0]}' cannot be set: the model is the merge "
+                             f"itself, and remote code is never run")
+    return TaskSpec(kind=KIND, data=",".join(tasks), name=str(kw.get("name") or ",".join(tasks)), limit=limit,
+                    extra=extra)
+
+
+def task_names(task) -> list[str]:
+    return [t for t in task.data.split(",") if t]
+
+
+def _import():
+    try:
+        import lm_eval  # noqa: F401
+        from lm_eval.tasks import TaskManager  # noqa: F401
+    except ImportError:
+        raise ParameterError("lm-eval tasks need lm-evaluation-harness: pip install 'hubsoup[lmeval]'") from None
+
+
+def task_manager(task):
+    """lm-eval's ``TaskManager`` for the task's ``task_dir`` (one per process and folder). Custom tasks alone
+    when they are all in ``task_dir`` (indexing lm-eval's ~15k built-in tasks takes most of a minute)."""
+    _import()
+    from lm_eval.tasks import TaskManager
+
+    task_dir = task.extra.get("task_dir")
+    names = task_names(task)
+    with _MANAGERS_LOCK:
+        if task_dir:
+            if not os.path.isdir(task_dir):
+                raise ParameterError(f"task '{task.name}': task_dir {task_dir} is not a folder")
+            key = (os.path.abspath(task_dir), False)
+            if key not in _MANAGERS:
+                _MANAGERS[key] = TaskManager(include_path=os.path.abspath(task_dir), include_defaults=False,
+                                             verbosity="ERROR")
+            tm = _MANAGERS[key]
+            if all(n in tm.all_tasks for n in names):
+                return tm
+        key = (os.path.abspath(task_dir) if task_dir else None, True)
+        if key not in _MANAGERS:
+            _MANAGERS[key] = TaskManager(include_path=key[0], verbosity="ERROR") if key[0] else \
+                TaskManager(verbosity="ERROR")
+        return _MANAGERS[key]
+
+
+def check(task) -> None:
+    """lm-eval is installed, the task folder exists and every task name is known to lm-eval."""
+    tm = task_manager(task)
+    unknown = [n for n in task_names(task) if n not in tm.all_tasks]
+    if unknown:
+        where = f" or in {task.extra['task_dir']}" if task.extra.get("task_dir") else ""
+        raise ParameterError(f"task '{task.name}': lm-eval has no task '{unknown[0]}'{where} "
+                             f"(`lm-eval ls tasks` lists them; custom tasks go in task_dir=DIR)")
+
+
+def _metric_name(key: str) -> str:
+    metric, _, filt = key.partition(",")
+    return metric if filt in ("", "none") else key
+
+
+def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, device: str) -> list:
+    """Run the lm-eval tasks of ``task`` on ``model`` (a causal LM instance) with ``tokenizer``; one
+    :class:`~hubsoup.eval.TaskResult` per lm-eval task."""
+    _import()
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
+    from hubsoup.eval.run import TaskResult
+    from hubsoup.eval.tasks import TaskSpec
+
+    ex = task.extra
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=ex.get("batch_size", batch_size), device=device,
+              **ex.get("model_args", {}))
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=task_names(task), num_fewshot=ex.get("num_fewshot"),
+        limit=limit if limit is not None else task.limit, task_manager=task_manager(task),
+        apply_chat_template=ex.get("apply_chat_template", False), gen_kwargs=ex.get("gen_kwargs") or None,
+        log_samples=False, bootstrap_iters=0, verbosity="ERROR")
+    results = []
+    for name in task_names(task):
+        row = out["results"].get(name)
+        if row is None:
+            raise ParameterError(f"task '{task.name}': lm-eval returned no results for '{name}'")
+        # lm-eval's metrics are METRIC,FILTER keys (alias, name, sample_len are not metrics)
+        metrics = {_metric_name(k): float(v) for k, v in row.items()
+                   if "," in k and "_stderr" not in k and isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and math.isfinite(float(v))}
+        hib = {_metric_name(k): v for k, v in (out.get("higher_is_better", {}).get(name) or {}).items()}
+        main = ex.get("metric") or next(iter(metrics), None)
+        if main not in metrics:
+            raise ParameterError(f"task '{task.name}': lm-eval task '{name}' has no metric '{main}' "
+                                 f"(it has: {', '.join(metrics)})")
+        cfg = (out.get("configs") or {}).get(name) or {}
+        spec = TaskSpec(kind=KIND, data=name, name=name, limit=task.limit,
+                        split=str(cfg.get("test_split") or cfg.get("validation_split") or "validation"),
+                        config=cfg.get("dataset_name"),
+                        extra={**ex, "dataset_path": cfg.get("dataset_path"), "main_metric": main})
+        lm_out = {"results": row, "n-shot": (out.get("n-shot") or {}).get(name),
+                  "higher_is_better": (out.get("higher_is_better") or {}).get(name),
+                  "n-samples": (out.get("n-samples") or {}).get(name), "versions": (out.get("versions") or {}).get(name),
+                  "config": cfg}
+        n = (out.get("n-samples") or {}).get(name, {}).get("effective") or 0
+        results.append(TaskResult(spec, metrics, int(n), {
+            "lm_eval": lm_out, "main_metric": main,
+            "lower_is_better": [k for k, v in hib.items() if v is False]}))
+    return results

@@ -1,0 +1,111 @@
+"""The in-memory output: a merge held as tensors and built into a model, never written to disk.
+
+A search scores many candidates and keeps one; writing each to disk and loading it back is most
+of a small model's trial time (mergekit-evolve's users' complaint). :class:`MemorySink` takes the
+same outcomes as :class:`~hubsoup.output.checkpoint.CheckpointSink`, cast to the same dtype and
+checked the same way, so the model :meth:`MemorySink.model` builds holds exactly the tensors a
+checkpoint of the same merge would hold: its scores are those of the written model, bit for bit.
+
+Example:
+    >>> sink = MemorySink(plan, dtype=None)               # doctest: +SKIP
+    >>> engine.run(job, sink); model = sink.model(base_folder)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hubsoup.engine import Copy, LowRank, Outcome, TensorWork, Unchanged, Weights
+from hubsoup.errors import HubsoupError
+from hubsoup.options import DTYPES
+from hubsoup.output.checkpoint import check_output_tensor
+from hubsoup.plan import Plan, TensorEntry
+
+
+class MemorySink:
+    """Every output tensor in a dict, in the output dtype (the dtype a checkpoint would be written in)."""
+
+    def __init__(self, plan: Plan, *, dtype: str | None = None):
+        self.out_dtype = DTYPES[dtype] if dtype else None
+        self.dtype_name = dtype
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.plan = plan
+
+    def accepts_lowrank(self, entry: TensorEntry) -> bool:
+        return True
+
+    def weights_dtype(self, entry: TensorEntry) -> torch.dtype:
+        return self.out_dtype or entry.dtype
+
+    def put(self, work: TensorWork, outcome: Outcome) -> None:
+        entry = work.entry
+        if isinstance(outcome, Copy):
+            out = work.raw_base().clone()  # the base's file is unmapped after the block
+        elif isinstance(outcome, Weights):
+            out = outcome.theta
+        else:
+            if isinstance(outcome, Unchanged):
+                merged = work.base()
+            elif isinstance(outcome, LowRank):
+                merged = torch.addmm(work.base(), outcome.p, outcome.q)
+            else:
+                merged = outcome.tau.add_(work.base())
+            out = merged.to(self.out_dtype or entry.dtype)
+            check_output_tensor(entry.name, out, merged)
+        out = out.detach().to("cpu")
+        if isinstance(outcome, Unchanged):
+            out = out.clone()  # the base's tensor may be a view of its file, which is unmapped after the block
+        for name in (entry.name, *entry.aliases):
+            self.tensors[name] = out
+
+    def close(self) -> None:
+        return None
+
+    def abort(self) -> None:
+        self.tensors.clear()
+
+    def model(self, config_folder: str, kind: str = "causal"):
+        """The merged model (``transformers``) from the base's ``config.json`` and these tensors, in eval mode.
+
+        Built without random initialisation (every weight is assigned from the merge); a tensor the
+        model expects but the merge lacks, or one it does not know, is an error naming it.
+        """
+        import transformers
+
+        cls = {"causal": transformers.AutoModelForCausalLM, "encoder": transformers.AutoModel,
+               "seqcls": transformers.AutoModelForSequenceClassification}[kind]
+        config = transformers.AutoConfig.from_pretrained(config_folder)
+        if self.dtype_name is not None:
+            config.dtype = self.out_dtype
+        dtype = self.out_dtype or next((t.dtype for t in self.tensors.values() if t.is_floating_point()),
+                                       torch.float32)
+        with _no_init_weights():
+            model = cls.from_config(config, dtype=dtype)
+        state = model.state_dict()
+        missing = [k for k in state if k not in self.tensors]
+        tied = _tied_names(model)
+        missing = [k for k in missing if k not in tied]
+        unknown = [k for k in self.tensors if k not in state]
+        if missing or unknown:
+            what = f"lacks tensor '{missing[0]}'" if missing else f"has tensor '{unknown[0]}' the model does not know"
+            raise HubsoupError(f"the merged model (in memory) {what} for {cls.__name__}")
+        model.load_state_dict({k: v for k, v in self.tensors.items() if k in state}, strict=False, assign=True)
+        model.tie_weights()
+        return model.eval()
+
+
+def _no_init_weights():
+    """transformers' context that skips random initialisation (``transformers.initialization`` from 5.0)."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # transformers 4
+        from transformers.modeling_utils import no_init_weights
+    return no_init_weights()
+
+
+def _tied_names(model) -> set[str]:
+    """Parameter names tied to another (the output embedding of a model with tied embeddings)."""
+    keys = getattr(model, "_tied_weights_keys", None) or ()
+    if isinstance(keys, dict):
+        return set(keys)
+    return set(keys) if model.config.get_text_config().tie_word_embeddings else set()

@@ -1,0 +1,659 @@
+"""Evolutionary search over merge recipes: ``hubsoup evolve CONFIG.yml --out DIR`` / :func:`evolve`.
+
+The search space is any method parameter as a range or a choice, and per-input × per-layer-group
+genes written as mergekit gradients; Optuna's samplers (CMA-ES, TPE, random) propose the points and
+its storage (an SQLite file in ``DIR`` by default, any database URL for a cluster) holds the study.
+
+* **Generation-synchronous.** A whole population is asked, evaluated (by an executor: this process,
+  or Ray tasks, :mod:`hubsoup.workflows.executors`), and told in trial order. Every trial's sampler is
+  seeded from ``(seed, trial number)``, so a seed gives the same study whatever runs the trials and
+  in whatever order they finish, and a resumed study proposes what an uninterrupted one would have.
+* **Resumable.** A killed run is run again with the same command: finished trials are read from the
+  storage, the unfinished ones (asked, never told) are evaluated again, nothing else repeats.
+* **A failing trial** (a point the method refuses, NaN weights, out of memory) is recorded ``FAIL``
+  with its reason; the study goes on.
+* **Cheap candidates.** A trial merges into memory and is scored there (:mod:`hubsoup.workflows.trial`);
+  only the best is written, once, at the end: weights, ``hubsoup_recipe.yaml`` (``hubsoup run`` repeats
+  it bit for bit), the card (space, optimizer, trials, best parameters and scores, with a link to the
+  trial table ``hubsoup_search.json`` and its plot ``hubsoup_search.png``).
+
+Layer groups: ``layer_groups: G`` gives G genes per input (or per parameter), the anchors of a
+mergekit gradient over the layers (:mod:`hubsoup.methods._schedule`): group g sits at layer position
+g/(G-1) and the layers between two anchors interpolate. (mergekit-evolve's ``layer_granularity``
+holds each group's value constant instead; a gradient keeps neighbouring layers close.)
+
+Example:
+    >>> res = evolve("evolve.yml", out="./evolved")                          # doctest: +SKIP
+    >>> res.best_params, res.best_score                                      # doctest: +SKIP
+    ({'density': 0.41, 'weights': [[0.2, 0.7, 0.9], [0.8, 0.3, 0.1]]}, -3.87)
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from hubsoup.errors import EvolveError, ParameterError
+from hubsoup.recipe import public_value
+
+OPTIMIZERS = ("cmaes", "tpe", "random")
+SEARCH_FILE = "hubsoup_search.json"
+PLOT_FILE = "hubsoup_search.png"
+STUDY_FILE = "hubsoup_study.db"
+_STUDY_FILES = (STUDY_FILE, f"{STUDY_FILE}-journal", f"{STUDY_FILE}-wal", f"{STUDY_FILE}-shm", SEARCH_FILE, PLOT_FILE)
+_TOP_KEYS = {"base", "models", "method", "params", "space", "optimizer", "trials", "population", "seed", "eval",
+             "dtype", "device", "storage", "study_name", "resources"}
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One entry of ``space``: a float/int range or a choice, maybe one gene per input and layer group."""
+
+    key: str
+    kind: str  # float | int | choice
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: tuple = ()
+    per_input: bool = False
+    layer_groups: int = 1
+
+    @classmethod
+    def parse(cls, key: str, raw: Any) -> "Dimension":
+        where = f"space.{key}"
+        if isinstance(raw, (list, tuple)):
+            raw = {"range": list(raw)}
+        if not isinstance(raw, dict):
+            raise ParameterError(f"{where}: expected [low, high], {{range: [low, high], ...}} or {{choices: [...]}}, "
+                                 f"got {raw!r}")
+        unknown = sorted(set(raw) - {"range", "choices", "log", "step", "int", "per", "layer_groups"})
+        if unknown:
+            raise ParameterError(f"{where}: unknown key '{unknown[0]}' (range, choices, log, step, int, per, "
+                                 f"layer_groups)")
+        if ("range" in raw) == ("choices" in raw):
+            raise ParameterError(f"{where}: give either range: [low, high] or choices: [...]")
+        per = raw.get("per")
+        if per not in (None, "input"):
+            raise ParameterError(f"{where}: per must be 'input', got {per!r}")
+        groups = raw.get("layer_groups", 1)
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+            raise ParameterError(f"{where}: layer_groups must be a positive integer, got {groups!r}")
+        if "choices" in raw:
+            choices = raw["choices"]
+            if not isinstance(choices, list) or not choices:
+                raise ParameterError(f"{where}: choices must be a non-empty list")
+            if per or groups != 1:
+                raise ParameterError(f"{where}: per-input and per-layer genes are numeric ranges, not choices")
+            if any(not isinstance(c, (str, int, float, bool)) or c is None for c in choices):
+                raise ParameterError(f"{where}: choices must be numbers, strings or booleans")
+            return cls(key, "choice", choices=tuple(choices))
+        rng = raw["range"]
+        if (not isinstance(rng, list) or len(rng) != 2
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in rng)):
+            raise ParameterError(f"{where}: range must be [low, high] numbers, got {rng!r}")
+        low, high = float(rng[0]), float(rng[1])
+        if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
+            raise ParameterError(f"{where}: range [{rng[0]}, {rng[1]}] must have finite low < high")
+        is_int = bool(raw.get("int", False))
+        log = bool(raw.get("log", False))
+        if log and low <= 0:
+            raise ParameterError(f"{where}: a log range needs low > 0, got {low}")
+        step = raw.get("step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0):
+            raise ParameterError(f"{where}: step must be a positive number, got {step!r}")
+        if is_int and (groups != 1 or per):
+            raise ParameterError(f"{where}: integer genes cannot be per input or per layer group")
+        return cls(key, "int" if is_int else "float", low, high, log, float(step) if step else None,
+                   per_input=per == "input", layer_groups=groups)
+
+    def genes(self, n_inputs: int) -> list[str]:
+        """The Optuna parameter names of this entry: ``key``, ``key.i0``, ``key.g1``, ``key.i0.g1``."""
+        ins = [f".i{i}" for i in range(n_inputs)] if self.per_input else [""]
+        grs = [f".g{g}" for g in range(self.layer_groups)] if self.layer_groups > 1 else [""]
+        return [f"{self.key}{i}{g}" for i in ins for g in grs]
+
+    def distribution(self):
+        import optuna.distributions as d
+
+        if self.kind == "choice":
+            return d.CategoricalDistribution(list(self.choices))
+        if self.kind == "int":
+            return d.IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
+        return d.FloatDistribution(self.low, self.high, log=self.log, step=self.step)
+
+    def value(self, point: dict[str, Any], n_inputs: int) -> Any:
+        """The method parameter's value at ``point``: a number/choice, a gradient list, or one per input."""
+        def one(prefix: str) -> Any:
+            if self.layer_groups == 1:
+                return point[prefix]
+            return [point[f"{prefix}.g{g}"] for g in range(self.layer_groups)]
+
+        if self.per_input:
+            return [one(f"{self.key}.i{i}") for i in range(n_inputs)]
+        return one(self.key)
+
+    def describe(self) -> dict[str, Any]:
+        if self.kind == "choice":
+            return {"choices": list(self.choices)}
+        d: dict[str, Any] = {"range": [self.low, self.high]}
+        for k, v in (("int", self.kind == "int"), ("log", self.log), ("step", self.step),
+                     ("per", "input" if self.per_input else None),
+                     ("layer_groups", self.layer_groups if self.layer_groups > 1 else None)):
+            if v:
+                d[k] = v
+        return d
+
+
+@dataclass
+class EvolveConfig:
+    """An evolve config (the YAML file's keys; see the module doc and ``examples/evolve.yml``)."""
+
+    models: list[str]
+    method: str
+    space: dict[str, Dimension]
+    tasks: list[str]
+    base: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    optimizer: str = "cmaes"
+    trials: int = 48
+    population: int = 8
+    seed: int = 0
+    metric: str | None = None
+    limit: int | None = None
+    batch_size: int = 32
+    dtype: str | None = None
+    device: str = "cpu"
+    storage: str | None = None
+    study_name: str | None = None
+    resources: dict[str, Any] = field(default_factory=dict)
+    """Per trial: ``cpus`` (also its torch threads, wherever it runs: the same scores bit for bit; default 1),
+    ``gpus`` (Ray's request; default 0), ``memory`` (bytes for Ray; default: the planner's prediction)."""
+
+    @classmethod
+    def load(cls, source: "str | dict[str, Any]") -> "EvolveConfig":
+        """From a YAML file or a mapping; a bad key or value is an error naming it."""
+        where = "evolve config"
+        if isinstance(source, (str, os.PathLike)):
+            where = f"evolve config '{source}'"
+            if not os.path.isfile(source):
+                raise ParameterError(f"{where} not found")
+            try:
+                with open(source, encoding="utf-8") as f:
+                    source = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                raise ParameterError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(source, dict):
+            raise ParameterError(f"{where}: expected a mapping (base, models, method, space, ...)")
+        d = dict(source)
+        unknown = sorted(set(d) - _TOP_KEYS)
+        if unknown:
+            raise ParameterError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(_TOP_KEYS))})")
+        models = d.get("models")
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
+            raise ParameterError(f"{where}: 'models' must be a non-empty list of Hub IDs or folders")
+        if not isinstance(d.get("method"), str):
+            raise ParameterError(f"{where}: 'method' must be a method name (see `hubsoup methods`)")
+        space = d.get("space")
+        if not isinstance(space, dict) or not space:
+            raise ParameterError(f"{where}: 'space' must map method parameters to ranges or choices")
+        ev = d.get("eval")
+        if not isinstance(ev, dict) or not isinstance(ev.get("tasks"), list) or not ev["tasks"]:
+            raise ParameterError(f"{where}: 'eval.tasks' must list at least one task spec")
+        bad = sorted(set(ev) - {"tasks", "metric", "limit", "batch_size"})
+        if bad:
+            raise ParameterError(f"{where}: unknown key 'eval.{bad[0]}' (tasks, metric, limit, batch_size)")
+        cfg = cls(models=list(models), method=d["method"], base=d.get("base"),
+                  space={str(k): Dimension.parse(str(k), v) for k, v in space.items()},
+                  tasks=[str(t) for t in ev["tasks"]], metric=ev.get("metric"), limit=ev.get("limit"),
+                  batch_size=ev.get("batch_size", 32), params=dict(d.get("params") or {}),
+                  optimizer=d.get("optimizer", "cmaes"), trials=d.get("trials", 48),
+                  population=d.get("population", 8), seed=d.get("seed", 0), dtype=d.get("dtype"),
+                  device=d.get("device", "cpu"), storage=d.get("storage"), study_name=d.get("study_name"),
+                  resources=dict(d.get("resources") or {}))
+        cfg.validate(where)
+        return cfg
+
+    def validate(self, where: str = "evolve config") -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ParameterError(f"{where}: optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        for k in ("trials", "population", "batch_size"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ParameterError(f"{where}: '{k}' must be a positive integer, got {v!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ParameterError(f"{where}: 'seed' must be a non-negative integer, got {self.seed!r}")
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1):
+            raise ParameterError(f"{where}: 'eval.limit' must be a positive integer, got {self.limit!r}")
+        clash = sorted(set(self.space) & set(self.params))
+        if clash:
+            raise ParameterError(f"{where}: '{clash[0]}' is both searched (space) and fixed (params)")
+        bad = sorted(set(self.resources) - {"cpus", "gpus", "memory"})
+        if bad:
+            raise ParameterError(f"{where}: unknown key 'resources.{bad[0]}' (cpus, gpus, memory)")
+
+    @property
+    def cpus(self) -> int:
+        return int(self.resources.get("cpus") or 1)
+
+    def distributions(self) -> dict[str, Any]:
+        out = {}
+        for dim in self.space.values():
+            for g in dim.genes(len(self.models)):
+                out[g] = dim.distribution()
+        return out
+
+    def method_params(self, point: dict[str, Any], param_names: dict[str, str]) -> dict[str, Any]:
+        """The merge's parameters at ``point`` (gene name -> value): the fixed ones, then each dimension's."""
+        out = dict(self.params)
+        for key, dim in self.space.items():
+            out[param_names[key]] = dim.value(point, len(self.models))
+        return out
+
+    def identity(self) -> dict[str, Any]:
+        """What fixes the study's trials (a resumed study must match it): not ``trials``, the storage or executor."""
+        return {"base": self.base, "models": self.models, "method": self.method, "params": self.params,
+                "space": {k: v.describe() for k, v in self.space.items()}, "optimizer": self.optimizer,
+                "population": self.population, "seed": self.seed, "tasks": self.tasks, "metric": self.metric,
+                "limit": self.limit, "dtype": self.dtype, "threads": self.cpus}
+
+
+def param_names(cfg: EvolveConfig) -> dict[str, str]:
+    """Each space key's method parameter; a per-input key may use mergekit's per-model name (``weight`` ->
+    ``weights``, ``density`` -> ``densities``). An unknown name is an error naming the key and the choices."""
+    import dataclasses
+
+    from hubsoup.methods import get_method
+
+    m = get_method(cfg.method)
+    fields = {f.name for f in dataclasses.fields(m.Params)}
+    out = {}
+    for key, dim in cfg.space.items():
+        names = [key]
+        if dim.per_input:
+            names += [key + "s", key[:-1] + "ies" if key.endswith("y") else key + "es"]
+        hit = next((n for n in names if n in fields), None)
+        if hit is None:
+            raise ParameterError(f"space.{key}: method '{m.name}' has no parameter '{key}' "
+                                 f"(its parameters: {', '.join(sorted(fields))})")
+        out[key] = hit
+    return out
+
+
+def make_sampler(cfg: EvolveConfig, number: int):
+    """The sampler that proposes trial ``number``, seeded from ``(seed, number)``: what it proposes depends only
+    on the seed, the number and the finished trials, never on this process' history (resumption, executors)."""
+    import numpy as np
+    import optuna
+
+    seed = int(np.random.SeedSequence([cfg.seed, number]).generate_state(1)[0] % (2**31 - 1))
+    if cfg.optimizer == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if cfg.optimizer == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.population, multivariate=True)
+    # the CMA-ES generation is the population; no random start-up: the first generation is CMA-ES's own
+    return optuna.samplers.CmaEsSampler(seed=seed, popsize=cfg.population, n_startup_trials=0,
+                                        warn_independent_sampling=False)
+
+
+@dataclass
+class EvolveResult:
+    """What :func:`evolve` produced: the best trial, the trial table, and the written best model."""
+
+    path: str
+    best_number: int
+    best_params: dict[str, Any]
+    best_score: float
+    trials: list[dict[str, Any]]
+    result: Any = None
+    """The :class:`hubsoup.MergeResult` of the best model written to ``path``."""
+    seconds: list[dict[str, Any]] = field(default_factory=list)
+    """Per trial evaluated in this run: ``number``, ``merge``, ``eval``, ``total`` (the trial, where it ran) and
+    ``wall`` (from dispatch to result on the driver). Not in ``hubsoup_search.json``, which stays the same on
+    every run of the same study."""
+    resumed: int = 0
+    """Trials that were asked by an earlier, killed run and evaluated again by this one."""
+    study_seconds: float = 0.0
+    """This run's time from opening the study to its last trial told (asks, trials, tells, table)."""
+    write_seconds: float = 0.0
+    """Writing the best model (one merge to disk, its evaluation and card) and the plot."""
+
+
+def _gene_point(trial) -> dict[str, Any]:
+    return dict(trial.params)
+
+
+def _check_dir(out: str) -> None:
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ParameterError(f"--out '{out}' is a file, not a folder")
+    if os.path.isdir(out):
+        names = set(os.listdir(out))
+        if names and not names & {STUDY_FILE, SEARCH_FILE}:
+            raise ParameterError(f"--out '{out}' exists and holds no hubsoup study ({STUDY_FILE}); choose an empty "
+                                 f"or new folder")
+
+
+def _pin_inputs(cfg: EvolveConfig, opts, point: dict[str, Any]) -> tuple[list[str], str | None, int]:
+    """The inputs and base pinned once on the driver (Hub IDs -> their commit SHAs), checked against each other,
+    and the memory a trial needs as the planner predicts it (headers only): the merge's peak working set plus
+    the merged model held in memory."""
+    from hubsoup.api import _open_inputs, parse_method, place_blocks
+    from hubsoup.options import DTYPES
+    from hubsoup.plan import Plan
+
+    m, p = parse_method(cfg.method, point)
+    base_ckpt, sources = _open_inputs(cfg.models, cfg.base, m, p, opts, headers_only=True)
+    plan = Plan.of(base_ckpt, opts.device)
+    placement = place_blocks(plan, m, p, sources, opts)
+    held = sum(math.prod(e.shape) * (DTYPES[cfg.dtype] if cfg.dtype and e.mergeable else e.dtype).itemsize
+               for _, e in plan.entries())
+    return [s.ref.pinned_spec for s in sources], base_ckpt.ref.pinned_spec, max(placement.peak.values()) + held
+
+
+def _storage(cfg: EvolveConfig, out: str):
+    import optuna
+
+    url = cfg.storage or f"sqlite:///{os.path.abspath(os.path.join(out, STUDY_FILE))}"
+    try:
+        return optuna.storages.RDBStorage(url)
+    except Exception as e:  # noqa: BLE001 - one line naming the storage
+        raise EvolveError(f"cannot open the study storage {url.split('@')[-1]}: {e}") from e
+
+
+def _trial_row(t, n_inputs: int, names: dict[str, str], cfg: EvolveConfig) -> dict[str, Any]:
+    ua = t.user_attrs
+    row = {"number": t.number, "generation": t.number // cfg.population, "state": t.state.name.lower(),
+           "params": ua.get("params") or cfg.method_params(_gene_point(t), names),
+           "genes": _gene_point(t), "score": t.value if t.state.name == "COMPLETE" else None}
+    if ua.get("metrics"):
+        row["metrics"] = ua["metrics"]
+    if ua.get("reason"):
+        row["reason"] = ua["reason"]
+    return row
+
+
+def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor: Any = "local",
+           push: str | None = None, private: bool | None = None, progress: Any = None, cancel: Any = None,
+           quiet: bool = False, on_generation: Callable[[int, list[dict[str, Any]]], None] | None = None
+           ) -> EvolveResult:
+    """Run (or resume) an evolutionary merge search and write the best model into ``out``.
+
+    Args:
+        config: an evolve YAML file, a mapping of its keys, or an :class:`EvolveConfig`.
+        out: the study's folder: its SQLite storage (unless ``storage:`` names a database), the trial table
+            ``hubsoup_search.json`` and plot, and at the end the best model (weights, recipe, card).
+            Running again with the same folder resumes the study (more ``trials`` extend it).
+        executor: ``"local"`` (this process, the default), ``"ray"`` (``RAY_ADDRESS`` or a local cluster),
+            ``"ray://HOST:PORT"``, or an executor object (:mod:`hubsoup.workflows.executors`).
+        push: upload the best model to this Hub repo (from this process only, once).
+        progress, cancel: as for :func:`hubsoup.merge` (stage ``eval`` per trial); a cancel stops between
+            trials (the study stays resumable).
+        on_generation: called with (generation, its trial rows) after each generation is told.
+
+    Raises:
+        hubsoup.errors.ParameterError: a bad config key or value (named), a space key the method lacks.
+        EvolveError: every trial failed (the first reason given); the storage holds a different study.
+    """
+    from hubsoup.eval import TaskSpec
+    from hubsoup.options import MergeOptions
+    from hubsoup.output.folder import OutputLock
+    from hubsoup.progress import Monitor
+    from hubsoup.workflows.executors import make_executor
+
+    cfg = config if isinstance(config, EvolveConfig) else EvolveConfig.load(config)
+    monitor = Monitor(progress, cancel)
+    quiet = quiet or monitor.reporting
+    if push:
+        from hubsoup.hub import check_repo_id
+
+        check_repo_id(push)
+    names = param_names(cfg)
+    tasks = [TaskSpec.parse(t) for t in cfg.tasks]
+    for t in tasks:  # missing data fails now, not in every trial
+        t.check()
+    opts = MergeOptions(quiet=True, device=cfg.device, dtype=cfg.dtype)
+    # the space's keys and choices are the method's (a typo'd choice fails now, by name)
+    from hubsoup.api import parse_method
+
+    dists = cfg.distributions()
+    # the lower corner: a range that reaches past what the method accepts only fails those trials
+    mid = {g: (d.choices[0] if hasattr(d, "choices") else d.low) for g, d in dists.items()}
+    parse_method(cfg.method, cfg.method_params(mid, names))
+    for g, d in dists.items():
+        for c in getattr(d, "choices", ())[1:]:
+            try:
+                parse_method(cfg.method, cfg.method_params({**mid, g: c}, names))
+            except ParameterError as e:
+                raise ParameterError(f"space.{g}: choice {c!r}: {e}") from None
+    _check_dir(out)
+    os.makedirs(out, exist_ok=True)
+    lock = OutputLock(out, "evolve study")
+    lock.acquire()
+    exe = None
+    try:
+        inputs, base, memory = _pin_inputs(cfg, opts, cfg.method_params(mid, names))
+        if "memory" not in cfg.resources:  # Ray's memory request: the planner's prediction (+25 % for the eval)
+            cfg = copy.copy(cfg)
+            cfg.resources = {**cfg.resources, "memory": int(memory * 1.25)}
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = _storage(cfg, out)
+        name = cfg.study_name or "hubsoup-evolve"
+        study = optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True)
+        ident = json.loads(json.dumps(cfg.identity(), default=str))
+        held = study.user_attrs.get("hubsoup_config")
+        if held is None:
+            study.set_user_attr("hubsoup_config", ident)
+        elif held != ident:
+            diff = next(k for k in ident if held.get(k) != ident.get(k))
+            raise EvolveError(f"the study '{name}' in {out} was started with another '{diff}' "
+                              f"({held.get(diff)!r}, now {ident.get(diff)!r}); use a new --out or study_name")
+        exe = make_executor(executor, cfg)
+        payload_base = {"inputs": inputs, "base": base, "method": cfg.method, "tasks": cfg.tasks,
+                        "metric": cfg.metric, "limit": cfg.limit, "batch_size": cfg.batch_size,
+                        "options": {"device": cfg.device, "dtype": cfg.dtype}, "threads": cfg.cpus}
+        seconds: list[dict[str, Any]] = []
+        resumed = 0
+        t_study = time.perf_counter()
+        while True:
+            monitor.check("between generations (the study is saved; run again to resume)")
+            trials = study.get_trials(deepcopy=False)
+            open_ = [t for t in trials if not t.state.is_finished()]
+            if open_:  # a killed run's generation: finish asking it, then evaluate what was never told
+                gen = min(t.number for t in open_) // cfg.population
+                resumed += len(open_)
+            else:
+                if len(trials) >= cfg.trials:
+                    break
+                gen = len(trials) // cfg.population
+            end = min((gen + 1) * cfg.population, cfg.trials)
+            while len(study.get_trials(deepcopy=False)) < end:
+                study.sampler = make_sampler(cfg, len(study.get_trials(deepcopy=False)))
+                study.ask(dists)
+            batch = sorted((t for t in study.get_trials(deepcopy=False) if not t.state.is_finished()),
+                           key=lambda t: t.number)
+            payloads = []
+            for t in batch:
+                params = cfg.method_params(_gene_point(t), names)
+                payloads.append({**payload_base, "number": t.number, "params": params})
+                study._storage.set_trial_user_attr(t._trial_id, "params", json.loads(json.dumps(params)))
+            total = cfg.trials
+            if not quiet:
+                print(f"generation {gen}: trials {batch[0].number}-{batch[-1].number} of {total}")
+
+            def on_result(r: dict[str, Any]) -> None:
+                done = len([t for t in trials if t.state.is_finished()]) + 1
+                msg = (f"trial {r['number']}: " + (f"score {r['score']:.6g}" if r["state"] == "complete"
+                                                      else f"failed ({r.get('reason', '')[:120]})"))
+                if monitor.reporting:
+                    monitor.child(0.0, 0.97)(min(done / total, 1.0), "eval", msg)
+                if not quiet:
+                    print("  " + msg)
+
+            results = exe.run(payloads, on_result=on_result, monitor=monitor)
+            rows = []
+            for t, r in zip(batch, results):  # told in trial order, whatever order they finished in
+                sid = t._trial_id
+                if r.get("metrics"):
+                    study._storage.set_trial_user_attr(sid, "metrics", r["metrics"])
+                study._storage.set_trial_user_attr(sid, "seconds", r.get("seconds") or {})
+                if r["state"] == "complete":
+                    study.tell(t.number, float(r["score"]))
+                else:
+                    study._storage.set_trial_user_attr(sid, "reason", r.get("reason") or "unknown")
+                    study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+                seconds.append({"number": t.number, **(r.get("seconds") or {}), "wall": r.get("wall")})
+            all_trials = study.get_trials(deepcopy=False)
+            table = [_trial_row(t, len(inputs), names, cfg) for t in all_trials if t.state.is_finished()]
+            _write_table(out, cfg, names, table)
+            if on_generation is not None:
+                on_generation(gen, [row for row in table if row["number"] in {t.number for t in batch}])
+        table = [_trial_row(t, len(inputs), names, cfg) for t in study.get_trials(deepcopy=False)]
+        done = [r for r in table if r["state"] == "complete"]
+        if not done:
+            reasons = [r.get("reason") for r in table if r.get("reason")]
+            raise EvolveError(f"every trial of the study failed; the first: {reasons[0] if reasons else 'unknown'}")
+        best = max(done, key=lambda r: (r["score"], -r["number"]))  # a tie: the earlier trial
+        t_write = time.perf_counter()
+        study_seconds = t_write - t_study
+        summary = _write_table(out, cfg, names, table)
+        _plot(out, table)
+        monitor.check("before the best model was written")
+        if monitor.reporting:
+            monitor.child(0.97, 0.99)(0.0, "merge", f"writing the best trial ({best['number']})")
+        result = _write_best(out, cfg, inputs, base, best, summary, quiet)
+        if push:
+            info = result.push_to_hub(push, private=private)
+            if not quiet:
+                print(f"pushed to {push}: {info.commit_url}")
+        if monitor.reporting:
+            monitor.finish(f"best trial {best['number']} (score {best['score']:.6g}) -> {out}")
+        return EvolveResult(os.path.abspath(out), best["number"], best["params"], best["score"], table, result,
+                            seconds, resumed, study_seconds, time.perf_counter() - t_write)
+    finally:
+        if exe is not None:
+            exe.close()
+        lock.release()
+
+
+def public_task(spec: str) -> str:
+    """A task spec as it may be published: a local data file, task folder or head by name and content hash.
+
+    >>> public_task("lm-eval:arc_easy,num_fewshot=0")
+    'lm-eval:arc_easy,num_fewshot=0'
+    """
+    from hubsoup.recipe import public_value
+
+    kind, sep, rest = spec.partition(":")
+    if not sep:
+        return spec
+    return kind + ":" + ",".join(public_value(p) for p in rest.split(","))
+
+
+def _selection(cfg: EvolveConfig) -> str:
+    if cfg.metric:
+        return f"{cfg.metric} (maximised; a lower-is-better metric negated)"
+    return "mean over tasks of accuracy / -log(perplexity) / each lm-eval task's main metric"
+
+
+def _write_table(out: str, cfg: EvolveConfig, names: dict[str, str], table: list[dict[str, Any]]) -> dict[str, Any]:
+    """``hubsoup_search.json``: the config, the best trial and every finished trial (no timings: it is the same
+    file for the same study whoever ran it). Written to a temporary file and renamed."""
+    done = [r for r in table if r["state"] == "complete"]
+    best = max(done, key=lambda r: (r["score"], -r["number"])) if done else None
+    data = {"method": cfg.method, "optimizer": cfg.optimizer, "seed": cfg.seed, "population": cfg.population,
+            "trials_planned": cfg.trials, "space": {k: v.describe() for k, v in cfg.space.items()},
+            "parameters": names, "fixed": public_value(cfg.params), "tasks": [public_task(t) for t in cfg.tasks],
+            "selection": _selection(cfg),
+            "best": {k: best[k] for k in ("number", "params", "score", "metrics") if k in best} if best else None,
+            "trials": [r for r in table if r["state"] in ("complete", "fail")]}
+    fd, tmp = tempfile.mkstemp(prefix=f".{SEARCH_FILE}.", dir=out)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, default=str)
+    os.replace(tmp, os.path.join(out, SEARCH_FILE))
+    return data
+
+
+def _plot(out: str, table: list[dict[str, Any]]) -> None:
+    """``hubsoup_search.png``: each trial's score (failed trials marked on the axis) and the best so far."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(table, key=lambda r: r["number"])
+    ok = [r for r in rows if r["state"] == "complete"]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+    ax.scatter([r["number"] for r in ok], [r["score"] for r in ok], s=14, label="trial score", zorder=3)
+    best, xs, ys = -math.inf, [], []
+    for r in rows:
+        if r["state"] == "complete":
+            best = max(best, r["score"])
+        if best > -math.inf:
+            xs.append(r["number"])
+            ys.append(best)
+    ax.step(xs, ys, where="post", color="C1", label="best so far")
+    failed = [r["number"] for r in rows if r["state"] == "fail"]
+    if failed and ok:
+        ax.scatter(failed, [min(r["score"] for r in ok)] * len(failed), marker="x", color="C3", label="failed")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("trial")
+    ax.set_ylabel("score (higher is better)")
+    ax.legend(loc="lower right", fontsize="small")
+    fig.tight_layout()
+    tmp = os.path.join(out, f".{PLOT_FILE}.tmp.png")
+    fig.savefig(tmp, metadata={"Software": None})  # no version stamp: the same study, the same bytes
+    plt.close(fig)
+    os.replace(tmp, os.path.join(out, PLOT_FILE))
+
+
+def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None, best: dict[str, Any],
+                summary: dict[str, Any], quiet: bool):
+    """Merge the best trial once into a temporary folder inside ``out`` (with evaluation and card), then move its
+    files into ``out``, replacing an earlier best model's; the study's own files stay."""
+    import hubsoup
+    from hubsoup.card import template_path
+
+    tmp = tempfile.mkdtemp(prefix=".hubsoup-best-", dir=out)
+    try:
+        model_dir = os.path.join(tmp, "model")
+        res = hubsoup.merge(inputs, cfg.method, base=base, out=model_dir, params=best["params"], dtype=cfg.dtype,
+                            device=cfg.device, evaluate=cfg.tasks, eval_limit=cfg.limit, quiet=True)
+        import jinja2
+
+        with open(template_path("evolve.md"), encoding="utf-8") as f:
+            body = jinja2.Template(f.read()).render(s=summary, trials=len(summary["trials"]),
+                                                    failed=sum(r["state"] == "fail" for r in summary["trials"]),
+                                                    search_file=SEARCH_FILE, plot_file=PLOT_FILE)
+        res.sections.append({"title": "Evolutionary search", "body": body.strip()})
+        res.write_card(model_dir)
+        for name in os.listdir(out):  # the previous best model's files (a study extended with more trials)
+            path = os.path.join(out, name)
+            if name in _STUDY_FILES or name.startswith(".") or path == tmp:
+                continue
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        for name in os.listdir(model_dir):
+            os.replace(os.path.join(model_dir, name), os.path.join(out, name))
+        res.path = os.path.abspath(out)
+        res.card_text = None
+        return res
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+__all__ = ["evolve", "EvolveConfig", "EvolveResult", "EvolveError", "Dimension", "make_sampler", "param_names"]

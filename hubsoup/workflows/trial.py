@@ -1,0 +1,164 @@
+"""One search trial: merge a candidate in memory, score it, forget it.
+
+:func:`run_trial` is what every executor runs (in this process, or as a Ray task on another node):
+its argument and its result are plain data (picklable, JSON-able), so a trial is the same function
+call wherever it runs. The candidate is merged by the one engine into a
+:class:`~hubsoup.output.memory.MemorySink` with the same recipe hash (so the same random draws) as
+``hubsoup.merge`` would use, and scored in memory: nothing is written to disk. A trial that fails
+(a point the method refuses, NaN weights, out of memory) returns ``state: "fail"`` with the reason
+instead of raising, so the study goes on.
+
+Example:
+    >>> out = run_trial({"number": 0, "inputs": ["./ft-a", "./ft-b"], "base": "./base", "method": "ties",
+    ...                  "params": {"density": 0.4}, "tasks": ["perplexity:val.jsonl"]})   # doctest: +SKIP
+    >>> out["state"], out["score"]                                                           # doctest: +SKIP
+    ('complete', -3.91)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Sequence
+
+from hubsoup.errors import MergeCancelled, ParameterError
+
+_OPTION_KEYS = ("device", "dtype", "allow_pickle", "ignore_extra", "shape_mismatch", "token")
+
+
+def merge_in_memory(inputs: Sequence[str], method: str, *, base: str | None, params: dict[str, Any],
+                    options: Any = None, cancel: Any = None, scratch: str | None = None):
+    """Merge like :func:`hubsoup.merge` (same validation, plan, placement and recipe hash) into memory.
+
+    Returns ``(sink, base_checkpoint, recipe)``: ``sink.tensors`` are the output tensors (the dtype a
+    checkpoint would hold), ``sink.model(base_checkpoint.folder)`` the merged model.
+    """
+    from hubsoup import __version__
+    from hubsoup.api import _open_inputs, parse_method, place_blocks
+    from hubsoup.engine import Job, run
+    from hubsoup.options import MergeOptions
+    from hubsoup.output.memory import MemorySink
+    from hubsoup.plan import Plan
+    from hubsoup.recipe import Recipe
+
+    opts = options if options is not None else MergeOptions(quiet=True)
+    if cancel is not None:
+        opts = opts.replace(cancel=cancel)
+    monitor = opts.monitor()
+    m, p = parse_method(method, dict(params))
+    if not inputs:
+        raise ParameterError("no input models given")
+    m.check_inputs(p, len(inputs))
+    base_ckpt, sources = _open_inputs(inputs, base, m, p, opts, headers_only=True)
+    plan = Plan.of(base_ckpt, opts.device)
+    place_blocks(plan, m, p, sources, opts)
+    for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):
+        if ckpt is not None:
+            ckpt.fetch()
+    # the recipe hash seeds every random choice (DARE's masks): the same as the written merge's
+    recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref, inputs=[s.ref for s in sources],
+                    dtype=opts.dtype, hubsoup_version=__version__, options=dict(opts.hashed))
+    tmp = tempfile.mkdtemp(prefix=".hubsoup-trial-", dir=scratch)
+    job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=True, monitor=monitor, prefetch=opts.prefetch,
+              device_map=opts.device_map, max_memory=opts.max_memory, scratch=tmp)
+    sink = MemorySink(plan, dtype=opts.dtype)
+    try:
+        try:
+            run(job, sink)
+        finally:
+            if not job.shared_stats:
+                m.finish(p, job.stats)
+    except BaseException:
+        sink.abort()
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return sink, base_ckpt, recipe
+
+
+def selection_score(results: Sequence[Any], metric: str | None = None) -> float:
+    """The number a search maximises: ``metric`` (``TASK/METRIC``, or ``METRIC`` with one task), else the mean
+    over tasks of each task's score (accuracy; ``-log(perplexity)``; an lm-eval task's main metric).
+
+    A metric where lower is better (perplexity, an lm-eval metric lm-eval marks so) counts negated.
+
+    >>> from hubsoup.eval import TaskResult, TaskSpec
+    >>> r = [TaskResult(TaskSpec.parse("perplexity:a.jsonl"), {"perplexity": math.e}, 3)]
+    >>> selection_score(r), selection_score(r, "a/perplexity")
+    (-1.0, -2.718281828459045)
+    """
+    if metric:
+        task_name, _, name = metric.rpartition("/")
+        rows = [r for r in results if not task_name or r.task.name == task_name]
+        if not task_name and len(rows) > 1:
+            raise ParameterError(f"eval metric '{metric}': several tasks; write TASK/METRIC "
+                                 f"(tasks: {', '.join(r.task.name for r in results)})")
+        if not rows:
+            raise ParameterError(f"eval metric '{metric}': no task named '{task_name}' "
+                                 f"(tasks: {', '.join(r.task.name for r in results)})")
+        r = rows[0]
+        if name not in r.metrics:
+            raise ParameterError(f"eval metric '{metric}': task '{r.task.name}' has no metric '{name}' "
+                                 f"(metrics: {', '.join(sorted(r.metrics))})")
+        lower = name == "perplexity" or name in (r.details.get("lower_is_better") or ())
+        return -float(r.metrics[name]) if lower else float(r.metrics[name])
+    vals = [-math.log(r.metrics["perplexity"]) if r.task.kind == "perplexity" else float(r.score) for r in results]
+    return sum(vals) / len(vals)
+
+
+def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
+    """Merge and score one candidate; never raises for the candidate's own failure (see the module doc).
+
+    ``payload``: ``number``, ``inputs``, ``base``, ``method``, ``params``; ``tasks`` (spec strings or
+    :class:`~hubsoup.eval.TaskSpec`), optional ``metric``, ``limit``, ``batch_size``, ``options`` (merge
+    options by name: device, dtype, ...), ``scratch`` (a folder for temporary files), ``cancel``
+    (local runs only).
+    Returns ``number``, ``state`` (``complete``/``fail``), ``score``, ``metrics`` ({task: {metric: value}}),
+    ``reason`` (a failed trial's), ``seconds`` (``merge``, ``build`` (the model from the merged tensors),
+    ``eval``, ``total``) and ``host``/``pid``.
+    """
+    import socket
+
+    import torch
+
+    from hubsoup.eval import TaskSpec, evaluate_model
+    from hubsoup.options import MergeOptions
+
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"number": payload.get("number"), "host": socket.gethostname(), "pid": os.getpid()}
+    seconds = {"merge": 0.0, "eval": 0.0}
+    try:
+        opts = MergeOptions(quiet=True, **{k: v for k, v in (payload.get("options") or {}).items()
+                                          if k in _OPTION_KEYS and v is not None})
+        threads = payload.get("threads")
+        if threads:  # the same reduction order wherever the trial runs: the same scores bit for bit
+            torch.set_num_threads(int(threads))
+        sink, base_ckpt, _ = merge_in_memory(payload["inputs"], payload["method"], base=payload.get("base"),
+                                             params=payload.get("params") or {}, options=opts,
+                                             cancel=payload.get("cancel"), scratch=payload.get("scratch"))
+        t1 = time.perf_counter()
+        seconds["merge"] = t1 - t0
+        tasks = [TaskSpec.parse(t) if isinstance(t, str) else t for t in payload.get("tasks") or ()]
+        model = sink.model(base_ckpt.folder)
+        sink.tensors = {}
+        seconds["build"] = time.perf_counter() - t1  # the merged tensors made a model (no disk): overhead
+        t1 = time.perf_counter()
+        results = evaluate_model(model, tasks, tokenizer=base_ckpt.folder, limit=payload.get("limit"),
+                                 batch_size=int(payload.get("batch_size") or 32), device=opts.device, quiet=True)
+        del model
+        seconds["eval"] = time.perf_counter() - t1
+        score = selection_score(results, payload.get("metric"))
+        if not math.isfinite(score):
+            raise ParameterError(f"the score is {score} (the merged model's outputs are not finite)")
+        out.update(state="complete", score=score,
+                   metrics={r.task.name: {k: v for k, v in r.metrics.items() if k != "tokens"} for r in results})
+    except (KeyboardInterrupt, MergeCancelled):
+        raise
+    except Exception as e:  # noqa: BLE001 - a bad point or an OOM fails this trial, not the study
+        out.update(state="fail", score=None, metrics={}, reason=f"{type(e).__name__}: {' '.join(str(e).split())}")
+    seconds["total"] = time.perf_counter() - t0
+    out["seconds"] = {k: round(v, 4) for k, v in seconds.items()}
+    return out

@@ -1,0 +1,280 @@
+"""hubsoup evolve: Optuna studies over merge recipes, generation-synchronous, resumable, scored in memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+import yaml
+
+optuna = pytest.importorskip("optuna", reason="hubsoup[evolve] is not installed")  # noqa: F841
+
+from hubsoup.errors import EvolveError, ParameterError  # noqa: E402
+from hubsoup.workflows.evolve import SEARCH_FILE, EvolveConfig, evolve, make_sampler, param_names  # noqa: E402
+from hubsoup.workflows.executors import LocalExecutor  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Llama base with a tokenizer, two fine-tunes and a perplexity validation file."""
+    from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("evolve")
+    base = make_base("llama", str(root / "base"))
+    save_tiny_tokenizer(base)
+    fts = [make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.05) for i in (1, 2)]
+    data = root / "val.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(f"w{(i * 7 + j * 3) % 100}" for j in range(12))}) + "\n"
+                            for i in range(10)))
+    return base, fts, str(data)
+
+
+def config(tiny, **over):
+    base, fts, data = tiny
+    cfg = {"base": base, "models": fts, "method": "ties",
+           "space": {"density": [0.1, 0.9], "merge": {"choices": ["mean", "sum"]},
+                     "weight": {"range": [0.0, 1.0], "per": "input", "layer_groups": 2}},
+           "optimizer": "cmaes", "trials": 4, "population": 2, "seed": 0,
+           "eval": {"tasks": [f"perplexity:{data}"]}}
+    cfg.update(over)
+    return cfg
+
+
+def table(folder):
+    with open(os.path.join(folder, SEARCH_FILE), encoding="utf-8") as f:
+        return json.load(f)
+
+
+# --- the config -----------------------------------------------------------------------------------
+
+def test_config_space_genes_and_gradients(tiny):
+    cfg = EvolveConfig.load(config(tiny))
+    assert sorted(cfg.distributions()) == ["density", "merge", "weight.i0.g0", "weight.i0.g1", "weight.i1.g0",
+                                           "weight.i1.g1"]
+    names = param_names(cfg)
+    assert names == {"density": "density", "merge": "merge", "weight": "weights"}  # mergekit's name -> hubsoup's
+    point = {"density": 0.3, "merge": "sum", "weight.i0.g0": 0.1, "weight.i0.g1": 0.2, "weight.i1.g0": 0.3,
+             "weight.i1.g1": 0.4}
+    # per input a mergekit gradient over the layers: [group 0, group 1]
+    assert cfg.method_params(point, names) == {"density": 0.3, "merge": "sum", "weights": [[0.1, 0.2], [0.3, 0.4]]}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"optimizer": "adam"}, "optimizer must be one of cmaes, tpe, random"),
+    ({"space": {"density": [0.9, 0.1]}}, r"space.density: range \[0.9, 0.1\] must have finite low < high"),
+    ({"space": {"density": {"range": [0, 1], "per": "layer"}}}, "space.density: per must be 'input'"),
+    ({"space": {"dnsity": [0.1, 0.9]}}, "space.dnsity: method 'ties' has no parameter 'dnsity'"),
+    ({"space": {"merge": {"choices": ["mean", "median"]}}}, "merge"),
+    ({"trials": 0}, "'trials' must be a positive integer"),
+    ({"evaluate": {}}, "unknown key 'evaluate'"),
+    ({"eval": {"tasks": []}}, "'eval.tasks' must list at least one task spec"),
+])
+def test_bad_config_is_named(tiny, tmp_path, change, message):
+    with pytest.raises(ParameterError, match=message):
+        evolve(config(tiny, **change), str(tmp_path / "out"), quiet=True)
+    assert not os.path.exists(tmp_path / "out")  # refused before anything was written
+
+
+def test_out_must_be_new_or_a_study(tiny, tmp_path):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(ParameterError, match="holds no hubsoup study"):
+        evolve(config(tiny), str(tmp_path / "busy"), quiet=True)
+
+
+# --- studies --------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["cmaes", "tpe", "random"])
+def test_study_writes_best_model_table_plot_and_card(tiny, tmp_path, optimizer):
+    out = str(tmp_path / "out")
+    res = evolve(config(tiny, optimizer=optimizer), out, quiet=True)
+    t = table(out)
+    assert [r["number"] for r in t["trials"]] == [0, 1, 2, 3]
+    assert all(r["state"] == "complete" and isinstance(r["score"], float) for r in t["trials"])
+    assert [r["generation"] for r in t["trials"]] == [0, 0, 1, 1]
+    for r in t["trials"]:  # the point's genes, and the gradients they became
+        assert r["params"]["weights"] == [[r["genes"]["weight.i0.g0"], r["genes"]["weight.i0.g1"]],
+                                          [r["genes"]["weight.i1.g0"], r["genes"]["weight.i1.g1"]]]
+    best = max(t["trials"], key=lambda r: r["score"])
+    assert res.best_number == best["number"] == t["best"]["number"] and res.best_score == best["score"]
+    for f in ("model.safetensors", "config.json", "hubsoup_recipe.yaml", "README.md", "hubsoup_search.png",
+              "hubsoup_study.db", "eval_results.json"):
+        assert os.path.isfile(os.path.join(out, f)), f
+    with open(os.path.join(out, "hubsoup_search.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    card = open(os.path.join(out, "README.md"), encoding="utf-8").read()
+    assert "## Evolutionary search" in card and f"**{optimizer}** sampler" in card
+    assert f"Best trial: **{best['number']}**" in card and "(hubsoup_search.json)" in card
+    assert "hubsoup_search.png" in card and "`weights`" in card
+    assert tiny[2] not in card and tiny[2] not in json.dumps(t)  # the local data path is never published
+    # the written model is the best trial's: its score from disk is the in-memory score, bit for bit
+    from hubsoup.eval import read_results
+
+    [ev] = read_results(os.path.join(out, "eval_results.json"))
+    assert ev.metrics["perplexity"] == best["metrics"]["val"]["perplexity"]
+    assert sorted(n for n in os.listdir(tmp_path)) == ["out"]  # nothing left beside it
+    assert not [n for n in os.listdir(out) if n.startswith(".")]  # no temporary folder or lock left
+
+
+@pytest.mark.slow
+def test_same_seed_same_study_whatever_the_order(tiny, tmp_path):
+    """Results told in trial order: an executor finishing trials in reverse gives the same table."""
+    class Reversed(LocalExecutor):
+        def run(self, payloads, *, on_result=None, monitor=None):
+            out = super().run(list(reversed(payloads)), on_result=on_result, monitor=monitor)
+            return list(reversed(out))
+
+    a, b, c = (str(tmp_path / n) for n in "abc")
+    evolve(config(tiny, trials=6, population=3), a, quiet=True)
+    evolve(config(tiny, trials=6, population=3), b, quiet=True, executor=Reversed())
+    evolve(config(tiny, trials=6, population=3, seed=1), c, quiet=True)
+    with open(os.path.join(a, SEARCH_FILE), "rb") as fa, open(os.path.join(b, SEARCH_FILE), "rb") as fb:
+        assert fa.read() == fb.read()
+    assert table(a)["trials"][0]["genes"] != table(c)["trials"][0]["genes"]  # the seed matters
+
+
+class _Killed(BaseException):
+    pass
+
+
+@pytest.mark.slow
+def test_killed_driver_resumes_without_repeating_finished_trials(tiny, tmp_path):
+    ref = str(tmp_path / "ref")
+    evolve(config(tiny, trials=6, population=2), ref, quiet=True)
+
+    class DiesInGeneration1(LocalExecutor):  # the driver dies after one trial of generation 1 was evaluated
+        def run(self, payloads, *, on_result=None, monitor=None):
+            if payloads[0]["number"] >= 2:
+                super().run(payloads[:1], monitor=monitor)
+                raise _Killed()
+            return super().run(payloads, on_result=on_result, monitor=monitor)
+
+    out = str(tmp_path / "out")
+    with pytest.raises(_Killed):
+        evolve(config(tiny, trials=6, population=2), out, quiet=True, executor=DiesInGeneration1())
+    st = optuna.load_study(study_name="hubsoup-evolve", storage=f"sqlite:///{out}/hubsoup_study.db")
+    assert [t.state.name for t in st.trials] == ["COMPLETE", "COMPLETE", "RUNNING", "RUNNING"]
+    assert not os.path.exists(os.path.join(out, "model.safetensors"))
+
+    res = evolve(config(tiny, trials=6, population=2), out, quiet=True)
+    assert res.resumed == 2
+    assert [s["number"] for s in res.seconds] == [2, 3, 4, 5]  # 0 and 1 were not run again
+    with open(os.path.join(ref, SEARCH_FILE), "rb") as fa, open(os.path.join(out, SEARCH_FILE), "rb") as fb:
+        assert fa.read() == fb.read()  # the study an uninterrupted run gives
+
+
+@pytest.mark.slow
+def test_killed_while_asking_a_generation_resumes_the_same(tiny, tmp_path):
+    """A run killed after asking part of a generation: the rest is asked as the uninterrupted run would."""
+    ref, out = str(tmp_path / "ref"), str(tmp_path / "out")
+    cfg = config(tiny, trials=4, population=2, optimizer="tpe")
+    evolve(cfg, ref, quiet=True)
+    os.makedirs(out)
+    parsed = EvolveConfig.load(cfg)
+    st = optuna.create_study(storage=f"sqlite:///{out}/hubsoup_study.db", study_name="hubsoup-evolve",
+                             direction="maximize")
+    st.sampler = make_sampler(parsed, 0)
+    st.ask(parsed.distributions())  # trial 0 of generation 0 only, then the "kill"
+    res = evolve(cfg, out, quiet=True)
+    assert res.resumed == 1
+    with open(os.path.join(ref, SEARCH_FILE), "rb") as fa, open(os.path.join(out, SEARCH_FILE), "rb") as fb:
+        assert fa.read() == fb.read()
+
+
+@pytest.mark.slow
+def test_more_trials_extend_the_study_and_other_settings_are_refused(tiny, tmp_path):
+    out = str(tmp_path / "out")
+    evolve(config(tiny, trials=2, population=2), out, quiet=True)
+    res = evolve(config(tiny, trials=4, population=2), out, quiet=True)
+    assert [s["number"] for s in res.seconds] == [2, 3] and len(table(out)["trials"]) == 4
+    with pytest.raises(EvolveError, match="started with another 'seed'"):
+        evolve(config(tiny, trials=4, population=2, seed=3), out, quiet=True)
+
+
+@pytest.mark.slow
+def test_failing_trials_are_recorded_and_the_study_goes_on(tiny, tmp_path):
+    # densities above 1 are refused by TIES: those points fail with the method's reason
+    out = str(tmp_path / "out")
+    res = evolve(config(tiny, optimizer="random", trials=6, population=3,
+                        space={"density": [0.5, 1.6]}), out, quiet=True)
+    rows = table(out)["trials"]
+    failed = [r for r in rows if r["state"] == "fail"]
+    assert failed and len(failed) < len(rows)
+    for r in failed:
+        assert r["params"]["density"] > 1 and r["score"] is None and "density" in r["reason"]
+    assert all(r["params"]["density"] <= 1 for r in rows if r["state"] == "complete")
+    assert res.best_params["density"] <= 1
+
+
+@pytest.mark.slow
+def test_every_trial_failing_is_an_error(tiny, tmp_path):
+    # weights of 1e7 overflow a float16 output: every trial fails, naming the tensor
+    with pytest.raises(EvolveError, match="every trial of the study failed; the first: NonFiniteTensorError.*float16"):
+        evolve(config(tiny, optimizer="random", trials=2, population=2, dtype="float16",
+                      space={"weight": {"range": [1e7, 1e8], "per": "input"}}), str(tmp_path / "out"), quiet=True)
+    with pytest.raises(ParameterError, match="density"):  # a range the method refuses everywhere: refused at once
+        evolve(config(tiny, space={"density": [1.1, 1.9]}), str(tmp_path / "out2"), quiet=True)
+
+
+@pytest.mark.slow
+def test_best_recipe_reruns_bit_for_bit(tiny, tmp_path):
+    from hubsoup.cli import main
+    from hubsoup.eval import TaskSpec, evaluate_model
+
+    cfg_file = tmp_path / "evolve.yml"
+    cfg_file.write_text(yaml.safe_dump(config(tiny, optimizer="tpe")))
+    out, again = str(tmp_path / "out"), str(tmp_path / "again")
+    assert main(["evolve", str(cfg_file), "--out", out, "--quiet"]) == 0
+    assert main(["run", out, "--out", again, "--quiet"]) == 0
+    with open(os.path.join(out, "model.safetensors"), "rb") as f1, \
+            open(os.path.join(again, "model.safetensors"), "rb") as f2:
+        assert f1.read() == f2.read()
+    best = table(out)["best"]
+    [r] = evaluate_model(again, [TaskSpec.parse(f"perplexity:{tiny[2]}")], quiet=True)
+    assert r.metrics["perplexity"] == best["metrics"]["val"]["perplexity"]
+
+
+@pytest.mark.slow
+def test_progress_and_cancel(tiny, tmp_path):
+    from hubsoup.errors import MergeCancelled
+
+    seen = []
+    stop = threading.Event()
+
+    def progress(done, stage, msg):
+        seen.append((done, stage, msg))
+        if "trial 1:" in msg:
+            stop.set()  # cancel once trial 1 is in: the rest of the study never runs
+
+    out = str(tmp_path / "out")
+    with pytest.raises(MergeCancelled):
+        evolve(config(tiny, trials=4, population=2), out, progress=progress, cancel=stop)
+    dones = [d for d, _, _ in seen]
+    assert dones == sorted(dones) and any("trial 0: score" in m for _, _, m in seen)
+    st = optuna.load_study(study_name="hubsoup-evolve", storage=f"sqlite:///{out}/hubsoup_study.db")
+    assert len(st.trials) == 2  # generation 0 told; generation 1 never asked
+    seen.clear()
+    res = evolve(config(tiny, trials=4, population=2), out, progress=lambda *a: seen.append(a))
+    assert seen[-1][0] == 1.0 and res.resumed == 0
+
+
+def test_example_config_parses():
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "evolve.yml")
+    cfg = EvolveConfig.load(here)
+    assert (cfg.optimizer, cfg.trials, cfg.population, cfg.space["weight"].layer_groups) == ("cmaes", 48, 8, 4)
+    assert len(cfg.distributions()) == 2 + 3 * 4 and param_names(cfg)["weight"] == "weights"
+
+
+@pytest.mark.slow
+def test_push_once_from_the_driver_without_the_study_store(hub, tiny, tmp_path):
+    hub.login("alice")
+    out = str(tmp_path / "out")
+    res = evolve(config(tiny, trials=2, population=2), out, push="alice/evolved", quiet=True)
+    assert len(hub.history("alice/evolved")) == 2  # the repo's creation, then the one commit of the best model
+    files = set(hub.api("alice").list_repo_files("alice/evolved"))
+    assert {"model.safetensors", "hubsoup_recipe.yaml", "README.md", SEARCH_FILE, "hubsoup_search.png"} <= files
+    assert not [f for f in files if f.startswith("hubsoup_study")]  # the local study store stays local
+    assert res.result.path == os.path.abspath(out)

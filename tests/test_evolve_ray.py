@@ -1,0 +1,124 @@
+"""hubsoup evolve on a real local Ray cluster: the same study as a local run, also when a worker node dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("optuna", reason="hubsoup[evolve] is not installed")
+ray = pytest.importorskip("ray", reason="hubsoup[ray] is not installed")
+
+from hubsoup.workflows.evolve import SEARCH_FILE, evolve  # noqa: E402
+from hubsoup.workflows.executors import RayExecutor  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# a loaded 2-core machine starts Ray's agents slowly; node deaths are noticed within seconds
+_ENV = {"RAY_agent_register_timeout_ms": "180000", "RAY_worker_register_timeout_seconds": "180",
+        "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
+        "RAY_health_check_initial_delay_ms": "0"}
+
+
+def _start_node(cluster):
+    """A worker node of 1 CPU (a second try when the loaded machine made Ray's start-up time out)."""
+    try:
+        return cluster.add_node(num_cpus=1)
+    except Exception:  # noqa: BLE001
+        return cluster.add_node(num_cpus=1)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A Ray cluster of two nodes on this machine: a head that runs no trial and one worker node of 1 CPU."""
+    from ray.cluster_utils import Cluster
+
+    old = {k: os.environ.get(k) for k in _ENV}
+    os.environ.update(_ENV)
+    c = None
+    for attempt in range(3):  # Ray gives a node 30 s to register: a loaded machine may need another try
+        try:
+            c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+            break
+        except Exception:  # noqa: BLE001
+            if attempt == 2:
+                raise
+    _start_node(c)
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("evolve_ray")
+    base = make_base("llama", str(root / "base"))
+    save_tiny_tokenizer(base)
+    fts = [make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.05) for i in (1, 2)]
+    data = root / "val.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(f"w{(i * 7 + j * 3) % 100}" for j in range(12))}) + "\n"
+                            for i in range(10)))
+    return {"base": base, "models": fts, "method": "ties",
+            "space": {"density": [0.1, 0.9], "weight": {"range": [0.0, 1.0], "per": "input", "layer_groups": 2}},
+            "optimizer": "cmaes", "trials": 4, "population": 2, "seed": 0,
+            "eval": {"tasks": [f"perplexity:{data}"]}}
+
+
+def test_ray_gives_the_local_study_even_when_a_worker_node_dies(cluster, tiny, tmp_path):
+    local, far = str(tmp_path / "local"), str(tmp_path / "ray")
+    evolve(tiny, local, quiet=True)
+    marks = tmp_path / "attempts"
+    marks.mkdir()
+
+    def trial(payload):  # runs on the worker nodes: notes each attempt, and is slow in generation 1
+        import os
+        import time
+
+        from hubsoup.workflows.executors import _ray_trial
+
+        open(os.path.join(str(marks), f"{payload['number']}-{os.getpid()}"), "w").close()
+        if payload["number"] >= 2:
+            time.sleep(4)
+        return _ray_trial(payload)  # what a task runs by default
+
+    done: dict = {}
+
+    def drive():  # the driver in a thread: this one kills the node (Cluster's node processes are this thread's)
+        try:
+            done["res"] = evolve(tiny, far, quiet=True, executor=RayExecutor(trial=trial))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            done["error"] = e
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    deadline = time.time() + 300  # once a trial of generation 1 is running: kill its node, start another
+    while time.time() < deadline and not any(n.startswith("2-") for n in os.listdir(marks)):
+        time.sleep(0.1)
+    [node] = list(cluster.worker_nodes)
+    cluster.remove_node(node, allow_graceful=False)
+    _start_node(cluster)
+    driver.join(timeout=300)
+    assert "error" not in done, done.get("error")
+    res = done["res"]
+    attempts = sorted(os.listdir(marks))
+    tries_of_2 = [a for a in attempts if a.startswith("2-")]
+    assert len(tries_of_2) == 2 and len({a.split("-")[1] for a in tries_of_2}) == 2  # retried, in another process
+    assert [s["number"] for s in res.seconds] == [0, 1, 2, 3]  # each trial told once
+    with open(os.path.join(local, SEARCH_FILE), "rb") as a, open(os.path.join(far, SEARCH_FILE), "rb") as b:
+        assert a.read() == b.read()  # the same study, bit for bit, as the local executor's
+    with open(os.path.join(local, "model.safetensors"), "rb") as a, \
+            open(os.path.join(far, "model.safetensors"), "rb") as b:
+        assert a.read() == b.read()

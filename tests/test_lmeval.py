@@ -1,0 +1,145 @@
+"""lm-evaluation-harness as a task kind: parsing, lm-eval's own numbers, merge --eval, evolve, offline custom tasks."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+from hubsoup.errors import ParameterError
+from hubsoup.eval import TaskSpec
+
+
+def test_parse_lm_eval_spec():
+    t = TaskSpec.parse("lm-eval:arc_easy,hellaswag,num_fewshot=0,limit=200,batch_size=8,metric=acc_norm,"
+                       "apply_chat_template=true,model_args=max_length=2048;add_bos_token=true,gen_kwargs=temperature=0")
+    assert (t.kind, t.data, t.name, t.limit) == ("lm-eval", "arc_easy,hellaswag", "arc_easy,hellaswag", 200)
+    assert t.extra == {"num_fewshot": 0, "batch_size": 8, "metric": "acc_norm", "apply_chat_template": True,
+                       "model_args": {"max_length": 2048, "add_bos_token": True}, "gen_kwargs": {"temperature": 0}}
+    assert not t.is_local
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("lm-eval:num_fewshot=0", "name at least one lm-eval task"),
+    ("lm-eval:arc_easy,shots=5", "unknown key 'shots'"),
+    ("lm-eval:arc_easy,num_fewshot=-1", "num_fewshot must be >= 0"),
+    ("lm-eval:arc_easy,limit=x", "limit must be an integer"),
+    ("lm-eval:arc_easy,apply_chat_template=maybe", "apply_chat_template must be true or false"),
+    ("lm-eval:arc_easy,model_args=trust_remote_code=true", "model_args 'trust_remote_code' cannot be set"),
+    ("lm-eval:arc_easy,model_args=max_length", "model_args expects K=V pairs"),
+    ("lm-eval:arc_easy,limit=3,hellaswag", "task names come first"),
+])
+def test_bad_lm_eval_spec_is_named(spec, message):
+    with pytest.raises(ParameterError, match=message):
+        TaskSpec.parse(spec)
+
+
+lm_eval = pytest.importorskip("lm_eval", reason="hubsoup[lmeval] is not installed")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """A tiny Llama base with a tokenizer, two fine-tunes, and an offline lm-eval multiple-choice task."""
+    from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("lmeval")
+    base = make_base("llama", str(root / "base"))
+    save_tiny_tokenizer(base)
+    fts = [make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.05) for i in (1, 2)]
+    for ft in fts:
+        save_tiny_tokenizer(ft)
+    tasks = root / "tasks"
+    tasks.mkdir()
+    rng = random.Random(0)
+    with open(tasks / "toy.jsonl", "w") as f:
+        for _ in range(6):
+            f.write(json.dumps({"query": " ".join(f"w{rng.randrange(100)}" for _ in range(5)),
+                                "choices": [f"w{rng.randrange(100)} w{rng.randrange(100)}" for _ in range(3)],
+                                "gold": rng.randrange(3)}) + "\n")
+    (tasks / "toy.yaml").write_text(f"""task: toy_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    validation: {tasks / 'toy.jsonl'}
+validation_split: validation
+output_type: multiple_choice
+doc_to_text: "{{{{query}}}}"
+doc_to_choice: choices
+doc_to_target: gold
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+""")
+    return base, fts, f"lm-eval:toy_choice,task_dir={tasks},batch_size=4"
+
+
+@pytest.mark.slow  # a name outside task_dir makes lm-eval index its ~15k built-in tasks (most of a minute)
+def test_unknown_lm_eval_task_is_named(toy):
+    spec = TaskSpec.parse(toy[2].replace("toy_choice", "toy_choise"))
+    with pytest.raises(ParameterError, match="lm-eval has no task 'toy_choise'"):
+        spec.check()
+
+
+@pytest.mark.slow
+def test_scores_are_lm_evals_own(toy):
+    """hubsoup's lm-eval task on a model in memory gives what lm-eval's own `hf` model gives for the folder."""
+    from lm_eval.tasks import TaskManager
+
+    import transformers
+
+    from hubsoup.eval import evaluate_model
+
+    base, fts, spec = toy
+    model = transformers.AutoModelForCausalLM.from_pretrained(fts[0])
+    [ours] = evaluate_model(model, [TaskSpec.parse(spec)], tokenizer=fts[0], quiet=True)
+    theirs = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={fts[0]}", tasks=["toy_choice"],
+                                     device="cpu", batch_size=4, bootstrap_iters=0,
+                                     task_manager=TaskManager(include_path=spec.split("task_dir=")[1].split(",")[0],
+                                                              include_defaults=False))
+    row = theirs["results"]["toy_choice"]
+    assert ours.metrics == {"acc": row["acc,none"], "acc_norm": row["acc_norm,none"]}
+    assert ours.task.name == "toy_choice" and ours.main_metric == "acc" and ours.score == row["acc,none"]
+    assert ours.n_examples == 6
+
+
+@pytest.mark.slow
+def test_merge_eval_writes_lm_eval_output_and_model_index(toy, tmp_path):
+    import hubsoup
+    from huggingface_hub import ModelCard
+
+    base, fts, spec = toy
+    out = tmp_path / "soup"
+    res = hubsoup.merge(fts, "task_arithmetic", base=base, out=str(out), evaluate=[spec + ",metric=acc_norm"],
+                        quiet=True)
+    [r] = res.evaluation
+    rows = json.loads((out / "eval_results.json").read_text())
+    assert rows[0]["kind"] == "lm-eval" and rows[0]["task"] == "toy_choice" and rows[0]["main_metric"] == "acc_norm"
+    assert rows[0]["lm_eval"]["results"]["acc_norm,none"] == r.metrics["acc_norm"]  # lm-eval's own output
+    assert rows[0]["lm_eval"]["config"]["output_type"] == "multiple_choice"
+    index = ModelCard.load(str(out / "README.md")).data.eval_results
+    got = {(e.dataset_name, e.metric_type): e.metric_value for e in index}
+    assert got[("toy_choice", "acc")] == round(r.metrics["acc"], 6)
+    assert got[("toy_choice", "acc_norm")] == round(r.metrics["acc_norm"], 6)
+
+
+@pytest.mark.slow
+def test_evolve_on_an_lm_eval_task(toy, tmp_path):
+    pytest.importorskip("optuna")
+    from hubsoup.workflows.evolve import SEARCH_FILE, evolve
+
+    base, fts, spec = toy
+    out = str(tmp_path / "out")
+    res = evolve({"base": base, "models": fts, "method": "task_arithmetic", "space": {"scale": [0.1, 1.5]},
+                  "optimizer": "random", "trials": 2, "population": 2, "seed": 0,
+                  "eval": {"tasks": [spec], "metric": "toy_choice/acc_norm"}}, out, quiet=True)
+    table = json.loads(open(os.path.join(out, SEARCH_FILE)).read())
+    for row in table["trials"]:
+        assert row["state"] == "complete" and row["score"] == row["metrics"]["toy_choice"]["acc_norm"]
+    rows = json.loads(open(os.path.join(out, "eval_results.json")).read())
+    assert rows[0]["metrics"]["acc_norm"] == res.best_score  # the written model scores what its trial scored
