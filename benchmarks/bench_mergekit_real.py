@@ -8,7 +8,7 @@ at a larger hidden size (256 by default) under ``benchmarks/.work/mergekit_real`
 Every merge runs in its own process, measured by ``bench_merge.measure`` (wall time, ``ru_maxrss``
 through a small launcher, sampled anonymous / file-backed RSS): ``hubsoup run CFG --out DIR``
 against ``mergekit-yaml CFG DIR --lazy-unpickle`` (``mergekit-multi`` for a YAML stream), both
-``--random-seed 0``-free runs of the same config from the same working folder. A config hubsoup
+seeded runs of the same config from the same working folder. A config hubsoup
 refuses is reported as refused (no ratio).
 
 ``--profile`` also runs hubsoup under cProfile on the DELLA configs (DELLA-linear was measured
@@ -72,7 +72,8 @@ def hubsoup_cmd(cfg: str, out: str) -> list[str]:
 
 
 def mergekit_cmd(mergekit_yaml: str, name: str, cfg: str, out: str, work: str) -> list[str]:
-    opts = ["--allow-crimes", "--no-write-model-card", "--quiet", "--lazy-unpickle", "--random-seed", "0"]
+    opts = ["--allow-crimes", "--no-write-model-card", "--quiet", "--lazy-unpickle", "--random-seed", "0",
+            "--lora-merge-cache", os.path.join(work, "_lora_cache")]
     if len(fx.documents(name)) > 1:
         multi = os.path.join(os.path.dirname(mergekit_yaml), "mergekit-multi")
         return [multi, cfg, "--intermediate-dir", os.path.join(work, "_stages", name), "--out-path", out, *opts]

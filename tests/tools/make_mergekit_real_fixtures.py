@@ -335,7 +335,7 @@ def build_models(root: str, only: list[str] | None = None) -> dict[str, str]:
 
     ``only``: just the models these configs name.
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
     from hubsoup.testing import write_adapter
 
@@ -354,10 +354,9 @@ def build_models(root: str, only: list[str] | None = None) -> dict[str, str]:
     for name in only or config_names():
         for model, adapter in sorted(lora_pairs(name)):
             folder = os.path.join(root, adapter)
-            if not os.path.isdir(folder):
+            if not os.path.isdir(folder):  # one adapter may be named by several configs
                 write_adapter(folder, os.path.join(root, model), seed=_seed(adapter), r=2)
-                from safetensors.torch import load_file
-                digests[adapter] = digest(load_file(os.path.join(folder, "adapter_model.safetensors")))
+            digests[adapter] = digest(load_file(os.path.join(folder, "adapter_model.safetensors")))
     return digests
 
 
@@ -370,7 +369,8 @@ def run_mergekit(mergekit_yaml: str, root: str, name: str, out: str) -> tuple[bo
         f.write(config_text(name))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONHASHSEED="0")
-    opts = ["--random-seed", str(SEED), "--allow-crimes", "--no-write-model-card", "--quiet"]
+    opts = ["--random-seed", str(SEED), "--allow-crimes", "--no-write-model-card", "--quiet",
+            "--lora-merge-cache", os.path.join(root, "_lora_cache")]  # mergekit merges a model+lora there first
     if len(documents(name)) > 1:
         multi = os.path.join(os.path.dirname(mergekit_yaml), "mergekit-multi")
         cmd = [multi, cfg_path, "--intermediate-dir", os.path.join(root, "_stages", name), "--out-path", out, *opts]
