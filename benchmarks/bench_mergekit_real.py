@@ -40,7 +40,7 @@ import bench_merge  # noqa: E402
 import make_mergekit_real_fixtures as fx  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
-DEFAULT_MERGEKIT = os.path.join(HERE, ".work", "mergekit-venv", "bin", "mergekit-yaml")
+DEFAULT_MERGEKIT = os.path.join(HERE, ".work", "mergekit-venv", "bin", "mergekit-yaml")  # bench_merge.py creates it
 
 
 def size_of(name: str) -> int:
@@ -72,11 +72,11 @@ def hubsoup_cmd(cfg: str, out: str) -> list[str]:
 
 
 def mergekit_cmd(mergekit_yaml: str, name: str, cfg: str, out: str, work: str) -> list[str]:
+    multi = name in fx.config_names() and len(fx.documents(name)) > 1
     opts = ["--allow-crimes", "--no-write-model-card", "--quiet", "--lazy-unpickle", "--random-seed", "0",
             "--lora-merge-cache", os.path.join(work, "_lora_cache")]
-    if len(fx.documents(name)) > 1:
-        multi = os.path.join(os.path.dirname(mergekit_yaml), "mergekit-multi")
-        return [multi, cfg, "--intermediate-dir", os.path.join(work, "_stages", name), "--out-path", out, *opts]
+    if multi:
+        return [os.path.join(os.path.dirname(mergekit_yaml), "mergekit-multi"), cfg, "--intermediate-dir", os.path.join(work, "_stages", name), "--out-path", out, *opts]
     return [mergekit_yaml, cfg, out, *opts]
 
 
@@ -98,6 +98,26 @@ def profile_hubsoup(cfg: str, out: str, root: str, top: int = 25) -> str:
     return buf.getvalue()
 
 
+def della_probe(root: str) -> str:
+    """For profiling: AngelSlayer's DELLA-linear config with its vocabulary merge taken out.
+
+    Every real DELLA-linear config of the corpus merges vocabularies, which hubsoup refuses today;
+    this derived config (written next to the stand-ins, never into the fixtures) drops
+    ``tokenizer_source``/``chat_template`` and the inputs that carry added tokens, keeping the
+    method, weights, densities, epsilon, lambda and filters as the author wrote them.
+    """
+    import yaml
+
+    cfg = yaml.safe_load(fx.config_text("angelslayer_della_linear_union_chatml"))
+    cfg.pop("tokenizer_source", None)
+    cfg.pop("chat_template", None)
+    cfg["models"] = [m for m in cfg["models"] if m["model"] not in fx.EXTRA_TOKENS]
+    path = os.path.join(root, "della_linear_probe.yml")
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--configs", nargs="*", help="config names (default: the largest accepted ones)")
@@ -110,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-prefix", default=os.path.join(RESULTS, "mergekit_real_bench"))
     args = ap.parse_args(argv)
 
-    names = args.configs or largest(args.n)
+    names = args.configs if args.configs is not None else largest(args.n)  # --configs alone: none (--profile: the probe)
     resize(args.hidden, args.vocab)
     work = os.path.abspath(args.work)
     root = os.path.join(work, f"models-h{args.hidden}")
@@ -123,11 +143,19 @@ def main(argv: list[str] | None = None) -> int:
     env_mk = bench_merge.child_env()
     env_mk["PYTHONHASHSEED"] = "0"
     rows = []
+    if args.profile:
+        fx.build_models(root, only=["angelslayer_della_linear_union_chatml"])
+        names = [*names, "della_linear_probe"]
     for name in names:
         cfg = os.path.join(root, f"{name}.yml")
-        shutil.copyfile(os.path.join(fx.FIXTURES, f"{name}.yml"), cfg)
-        res = {"config": name, "method": fx.documents(name)[-1].get("merge_method"),
-               "models": len(fx.model_refs(name)), "layers": fx.FAMILIES[fx.CONFIG_FAMILY[name]][1]}
+        if name == "della_linear_probe":  # derived, for profiling: see della_probe
+            della_probe(root)
+            res = {"config": name + " (derived: AngelSlayer without its vocabulary merge)", "method": "della_linear",
+                   "models": 3, "layers": 40}
+        else:
+            shutil.copyfile(os.path.join(fx.FIXTURES, f"{name}.yml"), cfg)
+            res = {"config": name, "method": fx.documents(name)[-1].get("merge_method"),
+                   "models": len(fx.model_refs(name)), "layers": fx.FAMILIES[fx.CONFIG_FAMILY[name]][1]}
         for tool in ("hubsoup", "mergekit"):
             out = os.path.join(work, "out", tool, name)
             shutil.rmtree(out, ignore_errors=True)
