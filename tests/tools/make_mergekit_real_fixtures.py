@@ -340,7 +340,7 @@ def build_models(root: str, only: list[str] | None = None) -> dict[str, str]:
     from hubsoup.testing import write_adapter
 
     digests = {}
-    wanted = set().union(*(model_refs(n) for n in only)) if only else None
+    wanted = set().union(*(model_refs(n) for n in only)) if only is not None else None
     for ref, family in sorted(family_of_refs().items()):
         if wanted is not None and ref not in wanted:
             continue
@@ -351,7 +351,7 @@ def build_models(root: str, only: list[str] | None = None) -> dict[str, str]:
         hf_config(family, VOCAB + len(EXTRA_TOKENS.get(ref, []))).save_pretrained(folder)
         save_tokenizer(folder, EXTRA_TOKENS.get(ref, []), TEMPLATE_ALT if ref in ALT_TEMPLATE else TEMPLATE)
         digests[ref] = digest(tensors)
-    for name in only or config_names():
+    for name in config_names() if only is None else only:
         for model, adapter in sorted(lora_pairs(name)):
             folder = os.path.join(root, adapter)
             if not os.path.isdir(folder):  # one adapter may be named by several configs
