@@ -239,7 +239,7 @@ def _cpu_busy_s() -> float:
     return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(cmd: list[str], run: Run, env: dict, log_path: str) -> Run:
+def measure(cmd: list[str], run: Run, env: dict, log_path: str, cwd: str = REPO) -> Run:
     """Run ``cmd`` as its own process: wall time, rusage (os.wait4) and sampled RSS peaks."""
     run.load1 = round(os.getloadavg()[0], 2)
     busy0 = _cpu_busy_s()
@@ -249,7 +249,7 @@ def measure(cmd: list[str], run: Run, env: dict, log_path: str) -> Run:
     with open(log_path, "w") as logf:
         logf.write(" ".join(cmd) + "\n\n")
     launcher = subprocess.Popen([sys.executable, "-S", "-c", _LAUNCHER, log_path, *cmd], stdout=subprocess.PIPE,
-                                text=True, env=env, cwd=REPO)
+                                text=True, env=env, cwd=cwd)
     pid = int(launcher.stdout.readline())
 
     def sample():
