@@ -303,6 +303,9 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
         for i, m in enumerate(data["models"]):
             w = ["models", i]
             m = _check_keys(m, {"model", "parameters"}, w, dropped)
+            if any(x.model == m.get("model") for x in models):
+                raise ParameterError(f"mergekit config: 'models' names '{str(m.get('model'))[:80]}' twice; mergekit "
+                                     "refuses duplicate merge inputs")
             models.append(Source(_model_ref(m.get("model"), w + ["model"]), None,
                                  _params_map(m.get("parameters"), w + ["parameters"])))
     else:
@@ -327,6 +330,10 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
                                          f"with 0 <= start < end, got {lr!r}")
                 srcs.append(Source(_model_ref(src.get("model"), ws + ["model"]), (lr[0], lr[1]),
                                    _params_map(src.get("parameters"), ws + ["parameters"])))
+            dup = next((x.model for k, x in enumerate(srcs) if any(y.model == x.model for y in srcs[:k])), None)
+            if dup is not None:
+                raise ParameterError(f"mergekit config: '{_where(w + ['sources'])}' names '{dup[:80]}' twice; "
+                                     "mergekit refuses duplicate merge inputs")
             lengths = {b - a for a, b in (x.layer_range for x in srcs)}
             if len(lengths) > 1:
                 raise ParameterError(f"mergekit config: '{_where(w)}': all sources of a slice must have the same "
@@ -419,6 +426,8 @@ def _build(text: str, mk_name: str, base_ref: str | None, top: dict, models: lis
             raise ParameterError(f"mergekit config: base_model '{base_ref}' must be one of the sources of every "
                                  "slice that merges")
         inputs = merged_models if spec.base_is_input else [m for m in merged_models if m != base_ref]
+        if not inputs and base_ref is not None and base_ref in order:
+            inputs = [base_ref]  # only the base is named (e.g. base+lora, "lorablation"): mergekit returns it, τ = 0
         if not inputs:
             raise ParameterError(f"mergekit config: merge_method '{mk_name}' has no model to merge besides base_model")
         if mk_name == "slerp" and len(inputs) != 1:
@@ -608,7 +617,7 @@ def _fill_params(merge: MergekitMerge, spec: MkMethod, top: dict, dropped: list[
                 src = (merge.slices[0].sources[0] if merge.slices else merge.models_mode_sources[0])
                 parts.append((src.parameters.get(name), "sources.parameters"))
             elif merge.slices:
-                src = next(s for s in merge.slices[0].sources if s.model == inp) if len(merge.slices[0].sources) > 1 else None
+                src = next((s for s in merge.slices[0].sources if s.model == inp), None)
                 if src is not None:
                     parts.append((src.parameters.get(name), f"parameters of {inp}"))
             else:

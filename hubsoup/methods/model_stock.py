@@ -12,15 +12,21 @@ in magnitude the base is kept (t = 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from hubsoup.methods import Method, param, register
+from hubsoup.methods._sparsify import compute_dtype
 
 
 @dataclass
 class ModelStockParams:
     filter_wise: bool = param(False, "one t per row (last dimension) instead of per tensor", source="mergekit")
+    compute_dtype: Literal["float32", "float16", "bfloat16", "inputs"] = param(
+        "float32", "the dtype every step is computed in, as mergekit computes in its config's dtype (inputs: "
+                   "the stored dtype); hubsoup's own merges compute in float32", source="mergekit",
+        recorded_when_set=True)
 
 
 @register
@@ -35,6 +41,9 @@ class ModelStock(Method):
     def merge(self, base, deltas, params, ctx):
         n = len(deltas)
         shape = deltas.shape[1:]
+        dtype = compute_dtype(params.compute_dtype, ctx)
+        if dtype != torch.float32:
+            return model_stock_in_dtype(base, deltas, dtype, params.filter_wise)
         if params.filter_wise:
             v = deltas.unsqueeze(1) if deltas.dim() == 2 else deltas  # 1-D tensors: one row
         else:
@@ -51,3 +60,30 @@ class ModelStock(Method):
         t = torch.where(singular, torch.zeros_like(c), n * c / torch.where(singular, torch.ones_like(denom), denom))
         mean = v.mean(dim=0)
         return (t * mean).reshape(shape)
+
+
+def model_stock_in_dtype(base: torch.Tensor, deltas: torch.Tensor, dtype: torch.dtype,
+                         filter_wise: bool) -> torch.Tensor:
+    """Model Stock computed in ``dtype`` step for step, as mergekit computes it in its config's dtype (on the
+    weights θᵢ, θ₀ themselves); returns the merged task vector in float32 (the result minus ``base``)."""
+    w0 = base.to(dtype)
+    ws = [(base + d).to(dtype) for d in deltas]
+    shape = w0.shape
+    if filter_wise:
+        if w0.dim() == 1:
+            w0, ws = w0.unsqueeze(0), [w.unsqueeze(0) for w in ws]
+    else:
+        w0, ws = w0.reshape(-1), [w.reshape(-1) for w in ws]
+    offsets = [w - w0 for w in ws]
+    cos = []
+    for i, a in enumerate(offsets):
+        for b in offsets[i + 1:]:
+            norms = torch.norm(a, dim=-1) * torch.norm(b, dim=-1)
+            cos.append(((a * b).sum(dim=-1) / norms.clamp(min=1e-6)).clamp(-1, 1))
+    c = torch.stack(cos).mean(dim=0).unsqueeze(-1)
+    n = len(ws)
+    denom = 1 + (n - 1) * c
+    singular = denom.abs() < 1e-6
+    t = torch.where(singular, torch.zeros_like(c), (n * c) / torch.where(singular, torch.ones_like(denom), denom))
+    average = sum(ws) / n
+    return (t * average + (1 - t) * w0).reshape(shape).to(torch.float32).sub_(base)

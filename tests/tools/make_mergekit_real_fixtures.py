@@ -44,6 +44,8 @@ import re
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the vocabulary tool's ordered runner
 import zlib
 from typing import Any, Iterator
 
@@ -138,6 +140,13 @@ def config_names() -> list[str]:
 def config_text(name: str) -> str:
     with open(os.path.join(FIXTURES, f"{name}.yml"), encoding="utf-8") as f:
         return f.read()
+
+
+def _random_order(doc: dict) -> bool:
+    """Whether mergekit's output on this config depends on a Python set's order (a merged vocabulary, auto)."""
+    tok = doc.get("tokenizer")
+    return (doc.get("tokenizer_source") == "union" or (isinstance(tok, dict) and tok.get("source", "union") == "union")
+            or doc.get("chat_template") == "auto")
 
 
 def documents(name: str) -> list[dict]:
@@ -371,9 +380,19 @@ def run_mergekit(mergekit_yaml: str, root: str, name: str, out: str) -> tuple[bo
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONHASHSEED="0")
     opts = ["--random-seed", str(SEED), "--allow-crimes", "--no-write-model-card", "--quiet",
             "--lora-merge-cache", os.path.join(root, "_lora_cache")]  # mergekit merges a model+lora there first
-    if len(documents(name)) > 1:
+    docs = documents(name)
+    if len(docs) > 1:
         multi = os.path.join(os.path.dirname(mergekit_yaml), "mergekit-multi")
         cmd = [multi, cfg_path, "--intermediate-dir", os.path.join(root, "_stages", name), "--out-path", out, *opts]
+    elif _random_order(docs[0]):
+        # mergekit orders a union vocabulary (and `chat_template: auto`'s ties) by a Python set, which changes
+        # from run to run: run it with that set in hubsoup's order, one of the orders it may take (the
+        # merged-vocabulary fixtures do the same: tests/tools/make_mergekit_vocab_fixtures.py)
+        from make_mergekit_vocab_fixtures import _ORDERED_MERGEKIT, hubsoup_order
+
+        python = os.path.join(os.path.dirname(mergekit_yaml), "python")
+        cmd = [python, "-c", _ORDERED_MERGEKIT, cfg_path, out, *opts]
+        env["HUBSOUP_MODEL_ORDER"] = json.dumps(hubsoup_order(config_text(name)))
     else:
         cmd = [mergekit_yaml, cfg_path, out, *opts]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
