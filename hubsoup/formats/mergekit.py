@@ -159,6 +159,7 @@ METHODS: dict[str, MkMethod] = {
     "sce": MkMethod("sce", {"select_topk": MkParam("select_topk", default=1.0),
                             "int8_mask": MkParam(None, default=False, kind=bool)}),
     "passthrough": MkMethod("passthrough", {"scale": MkParam("weight_scale", True, 1.0)}, base="none"),
+    "arcee_fusion": MkMethod("arcee_fusion", {}),
 }
 """mergekit 0.1.5's merge methods that hubsoup reproduces (``merge_method`` → method, parameters, options)."""
 

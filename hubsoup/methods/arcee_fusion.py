@@ -1,0 +1,66 @@
+"""Arcee Fusion: keep a fine-tune's changes only where they matter most, by an outlier threshold.
+
+mergekit's ``arcee_fusion`` (Arcee AI; mergekit 0.1.5 ``merge_methods/arcee_fusion.py`` is the
+definition, there is no paper): for the base θ₀ and one model θ₁, each entry's importance is
+``|θ₁ − θ₀| · KL(softmax(θ₁) ‖ softmax(θ₀))``, the divergence taken along the last dimension
+(``eps = 1e-8`` added to both distributions); entries whose importance reaches
+``median + 1.5 · (q3 − q1)`` (the quartiles read off the sorted importances at index
+``⌊q · (n − 1)⌋``; above 10⁶ entries from a sample of 10⁶ drawn with replacement) take θ₁'s value,
+the others keep θ₀'s. The sample is drawn from the tensor's own generator (seeded by the
+recipe), so for tensors above 10⁶ entries the threshold equals mergekit's in distribution.
+
+Example:
+    >>> import torch
+    >>> from hubsoup.methods.arcee_fusion import fusion_mask
+    >>> importance = torch.tensor([[0.1, 0.2, 0.1, 5.0]])
+    >>> fusion_mask(importance, torch.Generator()).tolist()
+    [[False, False, False, True]]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hubsoup.methods import Method, register
+
+SAMPLE = 1_000_000
+"""Entries above which the quartiles come from a sample (with replacement), as mergekit takes them."""
+
+
+@dataclass
+class ArceeFusionParams:
+    pass
+
+
+def importance(theta: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """``|θ₁ − θ₀| · KL(softmax(θ₁) ‖ softmax(θ₀))`` along the last dimension."""
+    p = torch.softmax(theta, dim=-1) + 1e-8
+    q = torch.softmax(base, dim=-1) + 1e-8
+    return (theta - base).abs() * torch.sum(p * torch.log(p / q), dim=-1, keepdim=True)
+
+
+def fusion_mask(scores: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Entries whose importance reaches the median plus 1.5 interquartile ranges."""
+    flat = scores.reshape(-1)
+    if flat.numel() > SAMPLE:
+        flat = flat[torch.randint(flat.numel(), (SAMPLE,), generator=generator)]
+    ordered = torch.sort(flat).values
+    q1, median, q3 = ordered[(torch.tensor([0.25, 0.5, 0.75]) * (ordered.numel() - 1)).long()]
+    return scores >= median + 1.5 * (q3 - q1)
+
+
+@register
+class ArceeFusion(Method):
+    name = "arcee_fusion"
+    summary = "Keep one fine-tune's changes where |Δ|·KL(softmax) is an outlier (mergekit's arcee_fusion)."
+    paper = "Arcee Fusion (Arcee AI, mergekit; no paper)"
+    paper_url = "https://github.com/arcee-ai/mergekit"
+    Params = ArceeFusionParams
+    min_inputs = max_inputs = 1
+
+    def merge(self, base, deltas, params, ctx):
+        tau = deltas[0]
+        keep = fusion_mask(importance(base + tau, base), ctx.generator("arcee_fusion"))
+        return tau * keep
