@@ -647,3 +647,19 @@ def test_magnitude_ties_at_the_cut_off_fall_as_in_mergekit():
         want[torch.argsort(x.abs().float(), descending=True)[:k]] = True  # mergekit's sparsify.magnitude
         got = magnitude_mask(x, density)
         assert int(got.sum()) == k and torch.equal(got, want)
+
+
+def test_a_default_module_is_the_plain_config():
+    """`modules: {default: ...}` (a text model's one module) reads as the same config without it; the module's
+    parameters come before the top level's; several modules (multimodal) are refused, naming them."""
+    from hubsoup.errors import ParameterError
+    from hubsoup.formats.mergekit import read_config
+
+    plain = read_config("merge_method: ties\nbase_model: b/b\nmodels:\n  - model: a/a\n    parameters: {weight: 1}\n"
+                        "parameters:\n  density:\n    - filter: mlp\n      value: 0.3\n    - value: 0.5\n", resolve=False)
+    mod = read_config("merge_method: ties\nbase_model: b/b\nmodules:\n  default:\n    models:\n      - model: a/a\n"
+                      "        parameters: {weight: 1}\n    parameters:\n      density:\n        - filter: mlp\n"
+                      "          value: 0.3\nparameters:\n  density: 0.5\n", resolve=False)
+    assert mod.params == plain.params and mod.inputs == plain.inputs and mod.base == plain.base
+    with pytest.raises(ParameterError, match="'modules' \\(text_decoder, vision_tower\\)"):
+        read_config("merge_method: linear\nmodules:\n  text_decoder: {}\n  vision_tower: {}\n", resolve=False)

@@ -70,10 +70,8 @@ CONFIG_FILE = "mergekit_config.yml"
 """The name mergekit gives the config it writes beside a merge."""
 
 _TOP_KEYS = {"merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
-             "tokenizer_source", "tokenizer", "chat_template"}
-_UNSUPPORTED_TOP = {
-    "modules": "per-module configs (multimodal models) are not supported; use models or slices",
-}
+             "tokenizer_source", "tokenizer", "chat_template", "modules"}
+_UNSUPPORTED_TOP: dict[str, str] = {}
 _IGNORED_SLICE_KEYS = {"residual_weight": "mergekit 0.1.5 reads it but never uses it"}
 _DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16": "float16",
            "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -288,6 +286,7 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
         raise ParameterError("mergekit config: no 'merge_method' key (is this a hubsoup recipe?)")
     dropped: list[str] = []
     data = _check_keys(data, _TOP_KEYS, [], dropped, _UNSUPPORTED_TOP)
+    data = _hoist_default_module(data, dropped)
     mk_name = data["merge_method"]
     if not isinstance(mk_name, str):
         raise ParameterError(f"mergekit config: 'merge_method' must be a method name, got {mk_name!r}")
@@ -374,6 +373,43 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
         raise ParameterError(f"mergekit config: per-slice parameters ({', '.join(merge.guarded)}) need the models "
                              "(read_config(..., resolve=True))")
     return merge
+
+
+def _hoist_default_module(data: dict, dropped: list[str]) -> dict:
+    """``modules: {default: {...}}`` as the plain config it is for a model of one module (a text model).
+
+    mergekit reads a module's ``slices`` or ``models`` as the top level's and its ``parameters``
+    between a slice's and the top level's; with one module, ``default``, that is the config with those
+    hoisted (each parameter's module entries before the top level's). Several modules (the vision and
+    text towers of a multimodal model) are refused.
+    """
+    mods = data.get("modules")
+    if mods is None:
+        return data
+    if not isinstance(mods, dict) or set(mods) != {"default"}:
+        names = ", ".join(map(str, mods)) if isinstance(mods, dict) else type(mods).__name__
+        raise ParameterError(f"mergekit config: 'modules' ({names[:80]}): only the single 'default' module of a "
+                             "text model is supported (multimodal per-module merges are not)")
+    if data.get("models") is not None or data.get("slices") is not None:
+        raise ParameterError("mergekit config: give exactly one of 'models', 'slices' and 'modules'")
+    mod = _check_keys(mods["default"], {"slices", "models", "parameters"}, ["modules", "default"], dropped)
+    out = {k: v for k, v in data.items() if k != "modules"}
+    for k in ("slices", "models"):
+        if mod.get(k) is not None:
+            out[k] = mod[k]
+    top = _params_map(data.get("parameters"), ["parameters"])
+    for k, v in _params_map(mod.get("parameters"), ["modules", "default", "parameters"]).items():
+        if k in top:  # the module's entries first, then the top level's: mergekit's precedence
+            first = v if isinstance(v, list) and v and all(isinstance(e, dict) for e in v) else \
+                [v] if isinstance(v, dict) else [{"value": v}]
+            rest = top[k] if isinstance(top[k], list) and top[k] and all(isinstance(e, dict) for e in top[k]) else \
+                [top[k]] if isinstance(top[k], dict) else [{"value": top[k]}]
+            top[k] = first + rest
+        else:
+            top[k] = v
+    if top:
+        out["parameters"] = top
+    return out
 
 
 def _lora_input(ref: str, base_ref: str | None, where: str) -> str:
@@ -1021,6 +1057,8 @@ def _map_models(data: Any, fn: Callable[[str], str]) -> Any:
     if not isinstance(data, dict):
         return data
     out = dict(data)
+    if isinstance(out.get("modules"), dict):  # each module is a config of its own shape
+        out["modules"] = {k: _map_models(v, fn) for k, v in out["modules"].items()}
     for key in ("base_model", "tokenizer_source"):
         if isinstance(out.get(key), str) and out[key] not in ("base", "union"):
             out[key] = fn(out[key])
