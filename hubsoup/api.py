@@ -18,6 +18,7 @@ from hubsoup.output import OutputFolder, check_output
 from hubsoup.plan import Plan
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources import InputRef
+from hubsoup.sources.access import check_specs, current, scoped
 from hubsoup.sources.compat import check_out_is_no_input, open_models
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ class MergeResult:
     """Extra card sections, ``{"title": ..., "body": markdown}`` (e.g. continual merging's)."""
     search: dict[str, Any] | None = field(default=None, repr=False)
     """The hyper-parameter search that chose this merge (grid, scores, best point), if any."""
+    hub_only: bool = field(default=False, repr=False)
+    """Made by a ``hub_only`` run: its card is never rendered from a local template file."""
     card_text: str | None = field(default=None, repr=False)
     """The model card as last rendered by :meth:`write_card` (None: not rendered in this process; see :attr:`card`)."""
 
@@ -92,6 +95,8 @@ class MergeResult:
         """Render the card (``hubsoup.card.render``) into ``folder`` (default: the output) and keep its extras."""
         from hubsoup.card import write_card
 
+        if self.hub_only and kwargs.get("template"):
+            raise ParameterError("card template: a local file, and this result's run was hub_only")
         folder = folder or self.path
         path = write_card(self, folder, **kwargs)
         self.save_card_extras(folder)
@@ -162,6 +167,7 @@ class MergeResult:
                 f"in {self.seconds:.2f}s -> {self.path}")
 
 
+@scoped  # hub_only, cache_dir, max_download hold for every spec opened during the merge
 def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: str,
           params: dict[str, Any] | None = None, options: MergeOptions | None = None,
           output_format: str = "full", rank: int | None = None, energy: float | None = None,
@@ -238,6 +244,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     tasks = _tasks(evaluate)
     if not inputs:
         raise ParameterError("no input models given")
+    check_specs(inputs=inputs, base=base, tasks=tasks, exemplars=getattr(p, "exemplars", None))
     sink_options = _lora_options(output_format, rank, energy, opts)
     if layout is not None and sink_options is not None:
         raise ParameterError("a mergekit config's merge is written as a full checkpoint, not a LoRA adapter")
@@ -259,6 +266,10 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         if layout is not None and layout.donors:  # the models slices copy from are inputs too
             check_out_is_no_input(out, base_ckpt, layout.donors)
         place_blocks(plan, m, p, sources, opts, lora_output=sink_options is not None)
+        opened = [c for c in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
+                              *(layout.donors if layout is not None else ())) if c is not None]
+        if current().limited:  # the run's download budget, from the Hub's file sizes, before any weight moves
+            current().check_total(sum(c.weight_bytes() for c in opened if c.weight_bytes is not None))
         for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):  # the fit check passed: download
             if ckpt is not None:
                 ckpt.fetch()
@@ -323,6 +334,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
             sink.abort()
         raise folder.fail(e)  # temporary folder removed, lock released; disk full / read-only → one line
     result.seconds = time.perf_counter() - t0
+    result.hub_only = opts.hub_only or current().hub_only
     if monitor.reporting:
         monitor.finish(f"merged into {folder.target}")
     return result

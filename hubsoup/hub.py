@@ -245,10 +245,10 @@ def default_commit_message(folder: str) -> str:
     try:
         from hubsoup.recipe import RECIPE_FILE
 
-        import yaml
+        from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 
         with open(os.path.join(folder, RECIPE_FILE), encoding="utf-8") as f:
-            recipe = yaml.safe_load(f) or {}
+            recipe = load_yaml(f.read(MAX_YAML_BYTES + 1), "recipe") or {}
         method = recipe.get("method")
         if method:
             return f"Upload {method} merge made with hubsoup"

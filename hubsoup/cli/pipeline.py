@@ -15,7 +15,8 @@ def cmd_pipeline(args) -> int:
         token = os.environ.get(args.token_env)
         if not token:
             raise ParameterError(f"--token-env {args.token_env}: that environment variable is not set or empty")
-    report = run_pipeline(args.pipeline, dry_run=args.dry_run, token=token, work_dir=args.work_dir)
+    report = run_pipeline(args.pipeline, dry_run=args.dry_run, token=token, work_dir=args.work_dir,
+                          hub_only=args.hub_only)
     return report.exit_code
 
 
@@ -34,4 +35,6 @@ def register(sub) -> None:
     p.add_argument("--token-env", metavar="NAME",
                    help="read the Hub token from this environment variable (default: HF_TOKEN or the stored login)")
     p.add_argument("--work-dir", metavar="DIR", help="overrides the pipeline's work_dir (merges and the leaderboard)")
+    p.add_argument("--hub-only", action="store_true",
+                   help="models and evaluation data are Hub IDs only: no local path is looked at (for servers)")
     p.set_defaults(func=cmd_pipeline)

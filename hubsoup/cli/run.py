@@ -6,7 +6,18 @@ from hubsoup.recipe import run_recipe
 
 
 def run(args) -> int:
-    result = run_recipe(args.recipe, args.out, overwrite=args.overwrite, device=args.device, quiet=args.quiet)
+    source = args.recipe
+    if args.hub_only:  # the operator's file, read here; the models it names must be Hub repo IDs
+        from hubsoup.errors import ParameterError
+        from hubsoup.untrusted import MAX_YAML_BYTES
+
+        try:
+            with open(source, encoding="utf-8") as f:
+                source = f.read(MAX_YAML_BYTES + 1)
+        except OSError as e:
+            raise ParameterError(f"recipe '{args.recipe}' cannot be read ({e.strerror})") from None
+    result = run_recipe(source, args.out, overwrite=args.overwrite, device=args.device, quiet=args.quiet,
+                        hub_only=args.hub_only)
     print(result)
     return 0
 
@@ -23,4 +34,6 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--device", default="cpu")
     p.add_argument("--quiet", "-q", action="store_true")
+    p.add_argument("--hub-only", action="store_true",
+                   help="RECIPE's models must be Hub repo IDs; no local path is looked at (for servers)")
     p.set_defaults(func=run)

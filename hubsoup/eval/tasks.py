@@ -50,6 +50,11 @@ class TaskSpec:
 
     @property
     def is_local(self) -> bool:
+        from hubsoup.sources.access import hub_only, require_hub_dataset
+
+        if hub_only():  # a server's run: Hub datasets only, by their name alone
+            require_hub_dataset(self.data, "evaluation data")
+            return False
         return os.path.exists(os.path.expanduser(self.data))
 
     @classmethod

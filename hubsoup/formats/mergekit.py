@@ -52,6 +52,8 @@ from typing import Any, Callable
 import yaml
 
 from hubsoup.errors import ParameterError
+from hubsoup.sources.access import scoped
+from hubsoup.untrusted import load_yaml, short
 
 CONFIG_FILE = "mergekit_config.yml"
 """The name mergekit gives the config it writes beside a merge."""
@@ -220,7 +222,7 @@ def _where(path: list) -> str:
 
 def _check_keys(d: Any, allowed: set[str], where: list, unsupported: dict[str, str] | None = None) -> dict:
     if not isinstance(d, dict):
-        raise ParameterError(f"mergekit config: '{_where(where)}' must be a mapping, got {d!r}")
+        raise ParameterError(f"mergekit config: '{_where(where)}' must be a mapping, got {short(d)}")
     for k in d:
         if unsupported and k in unsupported:
             raise ParameterError(f"mergekit config: key '{_where(where + [k])}' is not supported: {unsupported[k]}")
@@ -233,10 +235,10 @@ def _check_keys(d: Any, allowed: set[str], where: list, unsupported: dict[str, s
 def _model_ref(value: Any, where: list) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ParameterError(f"mergekit config: '{_where(where)}' must be a model reference (org/name[@revision] "
-                             f"or a folder), got {value!r}")
+                             f"or a folder), got {short(value)}")
     value = value.strip()
     if value.count("@") > 1 or value.count("+") > 1:
-        raise ParameterError(f"mergekit config: '{_where(where)}' = {value!r} is not a model reference")
+        raise ParameterError(f"mergekit config: '{_where(where)}' = {short(value)} is not a model reference")
     return value
 
 
@@ -244,7 +246,7 @@ def _params_map(d: Any, where: list) -> dict[str, Any]:
     if d is None:
         return {}
     if not isinstance(d, dict) or not all(isinstance(k, str) for k in d):
-        raise ParameterError(f"mergekit config: '{_where(where)}' must be a mapping of parameter names, got {d!r}")
+        raise ParameterError(f"mergekit config: '{_where(where)}' must be a mapping of parameter names, got {short(d)}")
     return d
 
 
@@ -260,10 +262,7 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
         hubsoup.errors.ParameterError: naming the key at fault (unknown, unsupported, or invalid).
     """
     text = source if "\n" in source or ":" in source and not os.path.exists(source) else load_text(source)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ParameterError(f"mergekit config: not valid YAML ({str(e).splitlines()[0]})") from None
+    data = load_yaml(text, "mergekit config")
     if not is_mergekit_config(data):
         raise ParameterError("mergekit config: no 'merge_method' key (is this a hubsoup recipe?)")
     _check_keys(data, _TOP_KEYS, [], _UNSUPPORTED_TOP)
@@ -354,8 +353,8 @@ def _lora_input(ref: str, base_ref: str | None, where: str) -> str:
     model, adapter = ref.split("+", 1)
     if base_ref is not None and model == base_ref:
         return adapter
-    raise ParameterError(f"mergekit config: '{where}' = {ref!r}: a LoRA is supported only on base_model "
-                         f"({base_ref!r}); merge the adapter into {model!r} first (peft's merge_and_unload)")
+    raise ParameterError(f"mergekit config: '{where}' = {short(ref)}: a LoRA is supported only on base_model "
+                         f"({short(base_ref)}); merge the adapter into {short(model)} first (peft's merge_and_unload)")
 
 
 def _build(text: str, mk_name: str, base_ref: str | None, top: dict, models: list[Source],
@@ -458,17 +457,17 @@ def _entries(setting: Any, where: str) -> list[dict]:
             return []
         if all(not isinstance(e, dict) for e in setting):
             if any(isinstance(e, (list, tuple)) for e in setting):
-                raise ParameterError(f"mergekit config: '{where}': a gradient is a list of numbers, got {setting!r}")
+                raise ParameterError(f"mergekit config: '{where}': a gradient is a list of numbers, got {short(setting)}")
             return [{"value": list(setting)}]
         out = []
         for e in setting:
             if not isinstance(e, dict) or "value" not in e or set(e) - {"filter", "value"}:
-                raise ParameterError(f"mergekit config: '{where}': an entry is {{filter: NAME, value: V}}, got {e!r}")
+                raise ParameterError(f"mergekit config: '{where}': an entry is {{filter: NAME, value: V}}, got {short(e)}")
             if e.get("filter") is not None and not isinstance(e["filter"], str):
-                raise ParameterError(f"mergekit config: '{where}': filter {e['filter']!r} is not a string")
+                raise ParameterError(f"mergekit config: '{where}': filter {short(e['filter'])} is not a string")
             out.append({"value": e["value"]} if e.get("filter") in (None, "*") else dict(e))
         return out
-    raise ParameterError(f"mergekit config: '{where}': unexpected value {setting!r}")
+    raise ParameterError(f"mergekit config: '{where}': unexpected value {short(setting)}")
 
 
 def _chain(parts: list[tuple[Any, str]], p: MkParam, name: str) -> list[dict]:
@@ -508,7 +507,7 @@ def _bool(v: Any, name: str) -> bool:
         return v.lower() == "true"
     if isinstance(v, (int, float)) and v in (0, 1):
         return bool(v)
-    raise ParameterError(f"mergekit config: parameter '{name}' must be true or false, got {v!r}")
+    raise ParameterError(f"mergekit config: parameter '{name}' must be true or false, got {short(v)}")
 
 
 def _fill_params(merge: MergekitMerge, spec: MkMethod, top: dict) -> None:
@@ -861,8 +860,8 @@ def public_config_text(text: str) -> str:
     from hubsoup.recipe import public_value
 
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
+        data = load_yaml(text, "mergekit config")
+    except ParameterError:
         return text
     pub = _map_models(data, lambda ref: public_value(ref) if isinstance(ref, str) else ref)
     if pub == data:
@@ -903,10 +902,27 @@ def _map_models(data: Any, fn: Callable[[str], str]) -> Any:
 
 # --- running ----------------------------------------------------------------------------------------
 
+def check_hub_only(data: Any) -> None:
+    """In a ``hub_only`` run, refuse a parsed config naming any model (a LoRA's too) that is not a Hub repo ID."""
+    from hubsoup.sources.access import hub_only, require_hub_id
+
+    if not hub_only():
+        return
+
+    def check(ref: Any) -> Any:
+        if isinstance(ref, str):
+            for part in ref.strip().split("+"):
+                require_hub_id(part, "mergekit config: model")
+        return ref
+
+    _map_models(data, check)
+
+
+@scoped
 def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, **options: Any):
     """Run a mergekit config with hubsoup; returns the :class:`hubsoup.MergeResult`.
 
-    ``source``: the YAML text or a file; ``pins``: model reference → pinned spec (``org/name@sha``),
+    ``source``: the YAML text or a file (with ``hub_only``: always the text, never a path); ``pins``: model reference → pinned spec (``org/name@sha``),
     used when repeating a merge from its recipe; ``options``: :class:`hubsoup.MergeOptions` fields
     (``overwrite``, ``device``, ``quiet``, ...; ``dtype`` overrides the config's).
 
@@ -914,10 +930,17 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, **o
         >>> res = run_config("mk.yml", "./merged", overwrite=True)     # doctest: +SKIP
     """
     from hubsoup.api import merge as hub_merge
+    from hubsoup.sources.access import hub_only
 
-    text = source if "\n" in source else load_text(source)
+    if hub_only():  # a server's run: the config is text; nothing is read from (or probed on) the disk
+        if not isinstance(source, str):
+            raise ParameterError("mergekit config: with hub_only, give the config's YAML text")
+        text = source if "\n" in source else source + "\n"
+        check_hub_only(load_yaml(text, "mergekit config"))
+    else:
+        text = source if "\n" in source else load_text(source)
     if pins:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, "mergekit config")
         text = dump_config(_map_models(data, lambda r: pins.get(r, r)))
     m = read_config(text, token=options.get("token"), allow_pickle=bool(options.get("allow_pickle")))
     kwargs = m.merge_kwargs()

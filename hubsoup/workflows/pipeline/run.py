@@ -119,7 +119,7 @@ class PipelineReport:
 
 def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_run: bool = False,
                  token: str | bool | None = None, work_dir: str | None = None, stream: TextIO | None = None,
-                 on_event: Callable[[str, PlannedMerge], None] | None = None) -> PipelineReport:
+                 on_event: Callable[[str, PlannedMerge], None] | None = None, hub_only: bool = False) -> PipelineReport:
     """Run (or with ``dry_run`` only plan) a pipeline; see :mod:`hubsoup.workflows.pipeline.run`.
 
     Args:
@@ -131,6 +131,8 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
         stream: where progress lines go (default: stdout).
         on_event: called as ``on_event(kind, merge)`` with kind ``merged``, ``pushed``, ``failed``
             or ``skipped``, for apps and tests.
+        hub_only: every model and evaluation dataset must be a Hub ID (no local path is looked at;
+            :mod:`hubsoup.sources.access`), as for a server.
 
     Returns:
         :class:`PipelineReport` (``exit_code`` 0 when nothing failed, else 1).
@@ -143,6 +145,13 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
         >>> report = run_pipeline("pipeline.yml", token=os.environ["HF_TOKEN"])   # doctest: +SKIP
         >>> [m.url for m in report.by_status("published")]                         # doctest: +SKIP
     """
+    from hubsoup.sources.access import scope
+
+    with scope(hub_only=hub_only):
+        return _run_pipeline(source, dry_run, token, work_dir, stream, on_event)
+
+
+def _run_pipeline(source, dry_run, token, work_dir, stream, on_event) -> PipelineReport:
     from huggingface_hub import HfApi
 
     from hubsoup.hub import ensure_timeouts
@@ -180,10 +189,15 @@ class _Runner:
         if self.p.eval is None:
             return []
         from hubsoup.eval import TaskSpec
+        from hubsoup.sources.access import check_specs, hub_only
 
         tasks = []
         for t in self.p.eval.tasks:
             spec = TaskSpec.parse(t)
+            if hub_only():  # Hub datasets only, by their names: nothing relative to the pipeline file
+                check_specs(tasks=[spec])
+                tasks.append(spec)
+                continue
             local = os.path.join(self.p.root, os.path.expanduser(spec.data))
             if not os.path.isabs(os.path.expanduser(spec.data)) and os.path.exists(local):
                 spec.data = local  # relative to the pipeline file, wherever it is run from
