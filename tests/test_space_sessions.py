@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,14 +29,21 @@ ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "examples" / "space" / "app.py"
 
 
-@pytest.fixture(scope="module")
-def app():
+_APP: list = []
+
+
+@pytest.fixture
+def app(hub, monkeypatch):
+    """The app's module, imported once (Gradio's local sign-in mock asks the test Hub who the token is)."""
     pytest.importorskip("gradio", reason="the Space needs gradio (the test extra)")
-    spec = importlib.util.spec_from_file_location("space_app", APP)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    module.shutdown()
+    if not _APP:
+        spec = importlib.util.spec_from_file_location("space_app", APP)
+        module = importlib.util.module_from_spec(spec)
+        with monkeypatch.context() as mp:
+            mp.setenv("HF_TOKEN", hub.token("alice"))
+            spec.loader.exec_module(module)
+        _APP.append(module)
+    return _APP[0]
 
 
 @pytest.fixture
@@ -135,11 +143,15 @@ def test_stopping_the_app_removes_its_temporary_folder(hub, tmp_path):
     proc = subprocess.Popen([sys.executable, str(APP)], cwd=APP.parent, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while not any(p.name.startswith("soup-space-runs-") for p in tmp.iterdir()):
+        deadline = time.monotonic() + 180
+        while True:  # serving
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode(errors="replace")
-            time.sleep(0.2)
-        time.sleep(1.0)
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert [p for p in tmp.iterdir() if p.name.startswith("soup-space-runs-")]
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:

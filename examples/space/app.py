@@ -93,6 +93,8 @@ def _interrupt(signum, frame) -> None:
 
 
 atexit.register(shutdown)
+if __name__ == "__main__":  # from now on: even a SIGTERM while the page is built unwinds through shutdown()
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def user_token(oauth: gr.OAuthToken) -> str:
@@ -251,7 +253,6 @@ with gr.Blocks(title="hubsoup: model soups from the Hub") as demo:
     demo.unload(cancel_job)  # closing the tab cancels its job
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
         demo.queue().launch()  # host and port: GRADIO_SERVER_NAME / GRADIO_SERVER_PORT (a Space sets them)
     finally:
