@@ -263,8 +263,10 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         check_out_is_no_input(out, base_ckpt, sources)  # --overwrite must never delete an input or the base
         # a layout (a mergekit config's slices, tokenizer_source) plans the output itself: the one engine streams it
         plan = layout.plan(base_ckpt, sources, opts) if layout is not None else Plan.of(base_ckpt, opts.device)
-        if layout is not None and layout.donors:  # the models slices copy from are inputs too
-            check_out_is_no_input(out, base_ckpt, layout.donors)
+        if layout is not None:  # the models slices copy from, and the tokenizer source, are inputs too
+            tokenizer = getattr(layout, "_tok_ckpt", None)
+            if layout.donors or tokenizer is not None:
+                check_out_is_no_input(out, base_ckpt, [*layout.donors, *([tokenizer] if tokenizer else [])])
         place_blocks(plan, m, p, sources, opts, lora_output=sink_options is not None)
         opened = [c for c in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
                               *(layout.donors if layout is not None else ())) if c is not None]

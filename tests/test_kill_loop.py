@@ -2,7 +2,8 @@
 
 A loop of real CLI merges (``tests/kill_loop_helper.py``: small pieces and four lanes, so lane threads
 start, sweep and read ahead even on a tiny model), each signalled after a random delay drawn over the
-whole merge. None may hang (a hung run's thread stacks are shown), each exits 130 / 143 with one line
+whole merge, or (one run in five each) signalling itself while its lane threads start or as its read-ahead
+thread starts, the narrow moments where runs hung or failed before. None may hang (a hung run's thread stacks are shown), each exits 130 / 143 with one line
 (or 0 when it finished first, its output complete), and nothing is left beside the output: no partial
 folder, no lock.
 """
@@ -35,12 +36,13 @@ def models(tmp_path_factory):
     return base, [make_finetune(base, str(root / f"ft-{i}"), seed=i) for i in (1, 2)]
 
 
-def start(models, folder: str, method: str) -> tuple[subprocess.Popen, str]:
+def start(models, folder: str, method: str, **extra: str) -> tuple[subprocess.Popen, str]:
     base, fts = models
     os.makedirs(folder)
     ready = os.path.join(folder, "..", os.path.basename(folder) + ".ready")
     path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": REPO + (os.pathsep + path if path else ""), "KILL_LOOP_READY": ready}
+    env = {**os.environ, "PYTHONPATH": REPO + (os.pathsep + path if path else ""), "KILL_LOOP_READY": ready,
+           **extra}
     args = ["merge", *fts, "--base", base, "--method", method, "--out", os.path.join(folder, "out"), "-q"]
     if method == "ties":
         args += ["-p", "density=0.5"]
@@ -85,27 +87,32 @@ def test_merges_signalled_at_random_moments_exit_promptly_and_leave_nothing(mode
             folder = str(tmp_path / f"run-{i:03d}")
             sig = rng.choice([signal.SIGINT, signal.SIGTERM])
             delay = rng.uniform(0, took * 1.1)
-            proc, ready = start(models, folder, rng.choice(["ties", "linear", "task_arithmetic"]))
-            batch.append((proc, ready, folder, sig, delay))
-        for proc, ready, folder, sig, delay in batch:
+            # one run in five signals itself while its lanes start, one in five as its read-ahead starts
+            at = {0: "lanes", 1: "readahead"}.get(i % 5, "")
+            proc, ready = start(models, folder, "ties" if at else rng.choice(["ties", "linear", "task_arithmetic"]),
+                                KILL_LOOP_AT=at, KILL_LOOP_SIGNAL=sig.name)
+            batch.append((proc, ready, folder, sig, None if at else delay, at))
+        for proc, ready, folder, sig, delay, at in batch:
             wait_ready(proc, ready)
         t = time.monotonic()
-        for proc, ready, folder, sig, delay in sorted(batch, key=lambda b: b[4]):
-            time.sleep(max(0.0, t + delay - time.monotonic()))
-            proc.send_signal(sig)
-        for proc, ready, folder, sig, delay in batch:
+        for proc, ready, folder, sig, delay, at in sorted(batch, key=lambda b: -1 if b[4] is None else b[4]):
+            if delay is not None:
+                time.sleep(max(0.0, t + delay - time.monotonic()))
+                proc.send_signal(sig)
+        for proc, ready, folder, sig, delay, at in batch:
             signalled = time.monotonic()
             rc, err = finish(proc)
             assert time.monotonic() - signalled < 60
             want = {signal.SIGINT: 130, signal.SIGTERM: 143}[sig]
             left = sorted(os.listdir(folder))
+            assert rc != 0 or not at, f"the run meant to be signalled as its {at} start finished"
             if rc == 0:  # it finished before the signal: a complete output, nothing else
                 assert left == ["out"] and os.path.isfile(os.path.join(folder, "out", "model.safetensors")), left
             else:
-                assert rc == want, (rc, sig, delay, err)
+                assert rc == want, (rc, sig, delay or at, err)
                 lines = [ln for ln in err.splitlines() if ln.strip()]
                 assert len(lines) == 1 and "no output was left behind" in lines[0] and "Traceback" not in err, err
-                assert left == [], (left, sig, delay)
+                assert left == [], (left, sig, delay or at)
             outcomes[rc] = outcomes.get(rc, 0) + 1
     print(f"\n{RUNS} merges signalled over {took:.2f} s: exit codes {outcomes}")
     assert sum(n for rc, n in outcomes.items() if rc) >= RUNS // 2, outcomes  # most were really interrupted

@@ -619,7 +619,7 @@ class MergekitLayout:
         for i, sl in enumerate(self.merge.slices):
             for j, s in enumerate(sl.sources):
                 ckpt = open_input(s.model.split("+")[0], allow_pickle=allow_pickle, token=token)
-                n = _layers(ckpt.config)
+                n = _depth(ckpt)
                 if n is not None and s.layer_range[1] > n:
                     raise ParameterError(f"mergekit config: 'slices[{i}].sources[{j}].layer_range' = "
                                          f"{list(s.layer_range)} but '{s.model}' has {n} layers")
@@ -662,6 +662,26 @@ class MergekitLayout:
 
         out: dict[str, TensorSource] = {}
         infos: dict[str, Any] = {}
+        have = {id(c): set(c.keys()) for c in (base, *self.donors)}
+
+        def checked(s: Source, tensor: str, name: str):
+            """The tensor a slice takes from ``s.model``: it exists, and has the shape of the output's (the
+            base's) tensor in its place — models of another size cannot be stacked, whatever their configs say."""
+            ckpt = ckpt_of(s.model)
+            if tensor not in have[id(ckpt)]:
+                raise ParameterError(f"mergekit config: a slice takes {short(tensor)} from {short(s.model)}, which "
+                                     f"has no such tensor (layer_range {list(s.layer_range)} beyond its layers?)")
+            info = ckpt.info(tensor)
+            ref = name if offset_free(name) else f"{stack}.0.{name}"
+            if ref in have[id(base)] and tuple(base.info(ref).shape) != tuple(info.shape):
+                raise ParameterError(f"mergekit config: a slice takes {short(tensor)} of shape {list(info.shape)} "
+                                     f"from {short(s.model)}, but the output is laid out as '{base.label}', whose "
+                                     f"'{ref}' is {list(base.info(ref).shape)}: models of different sizes (hidden "
+                                     "size, heads, ...) cannot be stacked")
+            return info
+
+        def offset_free(name: str) -> bool:
+            return name in pre or name in post
 
         def add(name: str, sl: Slice, offset: int | None, position: float | None) -> None:
             def src_name(s: Source) -> str:
@@ -671,9 +691,11 @@ class MergekitLayout:
             if len(sl.sources) == 1 or merge.merge_method == "passthrough":
                 s = sl.sources[0]
                 ts = TensorSource(src_name(s), (None,) * n_in, position, origin[s.model])
-                infos[out_name] = ckpt_of(s.model).info(src_name(s))
+                infos[out_name] = checked(s, src_name(s), name)
             else:
                 by_model = {s.model: s for s in sl.sources}
+                for s in sl.sources:
+                    checked(s, src_name(s), name)
                 r = by_model[ref_model]
                 names = tuple(src_name(by_model[m]) if m in by_model else None for m in merge.inputs)
                 ts = TensorSource(src_name(r), names, position, -1)
@@ -836,6 +858,17 @@ def _layers(config: dict) -> int | None:
         if isinstance(config.get(k), int):
             return config[k]
     return None
+
+
+def _depth(ckpt) -> int | None:
+    """The model's layer count: its config's, or (a config without one) counted from its tensors' names."""
+    n = _layers(ckpt.config)
+    if n is not None:
+        return n
+    from hubsoup.plan import block_of
+
+    indices = [b[1] for k in ckpt.keys() if (b := block_of(k))]
+    return max(indices) + 1 if indices else None
 
 
 def _set_layers(config: dict, n: int) -> None:

@@ -9,8 +9,10 @@ when the engine opens them, after the inputs were checked against the base.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import re
+import time
 
 from hubsoup.errors import InputError, MergeCancelled, PickleRefusedError
 from hubsoup.progress import Monitor, silent_tqdm
@@ -34,6 +36,7 @@ TOKENIZER_FILES = [
     "chat_template*",
     "preprocessor_config.json",
 ]
+log = logging.getLogger(__name__)
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
@@ -305,8 +308,8 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         try:
             ensure_timeouts()
             for fname in names:  # two range requests at most per file: its header, never its data
-                meta = api.parse_safetensors_file_metadata(repo_id, fname, revision=sha, token=token,
-                                                           timeout=hub_timeout())
+                meta = with_backoff(lambda: api.parse_safetensors_file_metadata(
+                    repo_id, fname, revision=sha, token=token, timeout=hub_timeout()), mon)
                 out[fname] = {}
                 for name, t in meta.tensors.items():
                     dtype = ST_DTYPES.get(t.dtype)
@@ -330,6 +333,34 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         ckpt.remote_headers = remote_headers
         ckpt.remote_files = safetensors_files
     return ckpt
+
+
+RETRY_STATUS = (408, 429, 500, 502, 503, 504)
+"""The answers huggingface_hub's own downloads retry (``http_backoff``): header reads retry them the same way."""
+_sleep = time.sleep
+
+
+def with_backoff(call, monitor: Monitor | None = None, *, tries: int = 6, first: float = 1.0, most: float = 8.0):
+    """``call()``, tried again after 1, 2, 4, 8, 8 s on a transient Hub answer (a 5xx, 408, 429) or a dropped
+    connection, as huggingface_hub retries its downloads; a timeout is not retried (every request already
+    waited ``HUBSOUP_HUB_TIMEOUT``). A cancel is checked before each new try."""
+    from hubsoup.hub import error_status, is_timeout
+
+    wait = first
+    for attempt in range(tries):
+        try:
+            return call()
+        except Exception as e:  # noqa: BLE001 - re-raised unless transient
+            status = error_status(e)
+            dropped = status is None and any(c.__name__ in ("ConnectError", "RemoteProtocolError", "ReadError")
+                                             for c in type(e).__mro__)
+            if attempt == tries - 1 or is_timeout(e) or not (status in RETRY_STATUS or dropped):
+                raise
+            log.debug("transient Hub answer (%s); trying again in %.0f s", status or type(e).__name__, wait)
+        if monitor is not None:
+            monitor.check("before trying the Hub again")
+        _sleep(wait)
+        wait = min(wait * 2, most)
 
 
 def download_size(ckpt: Checkpoint, token: str | bool | None = None) -> tuple[int, int] | None:
