@@ -53,6 +53,11 @@ class MergeResult:
     """Extra card sections, ``{"title": ..., "body": markdown}`` (e.g. continual merging's)."""
     search: dict[str, Any] | None = field(default=None, repr=False)
     """The hyper-parameter search that chose this merge (grid, scores, best point), if any."""
+    restricted: list[dict[str, str]] = field(default_factory=list, repr=False)
+    """Hub inputs that were not public when merged: ``{"repo": ..., "why": "private" | "gated"}`` (the card says
+    so; a push to a public repo is refused unless ``allow_private_inputs``)."""
+    allow_private_inputs: bool = field(default=False, repr=False)
+    """The run allowed its merge of private or gated inputs to be pushed to a public repo."""
     hub_only: bool = field(default=False, repr=False)
     """Made by a ``hub_only`` run: its card is never rendered from a local template file."""
     card_text: str | None = field(default=None, repr=False)
@@ -61,13 +66,13 @@ class MergeResult:
     def save_card_extras(self, folder: str | None = None) -> None:
         """Persist :attr:`notes`, :attr:`sections` and :attr:`search` beside the recipe (when there are any)."""
         path = os.path.join(folder or self.path, CARD_EXTRAS_FILE)
-        if not (self.notes or self.sections or self.search):
+        if not (self.notes or self.sections or self.search or self.restricted):
             if os.path.exists(path):
                 os.remove(path)
             return
         with open(path, "w", encoding="utf-8") as f:
-            json.dump({"notes": self.notes, "sections": self.sections, "search": self.search}, f, indent=2,
-                      default=str)
+            json.dump({"notes": self.notes, "sections": self.sections, "search": self.search,
+                       **({"restricted": self.restricted} if self.restricted else {})}, f, indent=2, default=str)
 
     @classmethod
     def from_folder(cls, path: str) -> "MergeResult":
@@ -83,6 +88,7 @@ class MergeResult:
         result = cls(os.path.abspath(path), recipe, recipe.method, dict(recipe.params), recipe.base,
                      list(recipe.inputs), None, output_format=recipe.output.get("format", "full"), lora=lora,
                      notes=extras.get("notes") or [], sections=extras.get("sections") or [],
+                     restricted=[r for r in extras.get("restricted") or [] if isinstance(r, dict)],
                      search=extras.get("search"))
         from hubsoup.eval.run import EVAL_FILE, read_results
 
@@ -114,7 +120,8 @@ class MergeResult:
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
                     commit_message: str | None = None, token: str | bool | None = None,
                     eval_results: Sequence[Any] | None = None, card_template: str | None = None,
-                    license: str | None = None, progress: Any = None, cancel: Any = None):
+                    license: str | None = None, progress: Any = None, cancel: Any = None,
+                    allow_private_inputs: bool | None = None):
         """Upload the output folder to the Hub in one commit (the repo is created if needed).
 
         The folder's model card is updated first, in place, so that the folder stays identical
@@ -128,6 +135,10 @@ class MergeResult:
         nothing printed; ``cancel`` is checked before the repo is created, between files and before
         the commit, and a cancelled push raises :class:`hubsoup.errors.MergeCancelled` with no
         commit made (a repo this call created is deleted again).
+
+        A merge of a private or gated Hub input (asked of the Hub with ``token`` at push time) is not pushed
+        to a public repo unless ``allow_private_inputs`` (default: the merge's ``MergeOptions``); the card
+        then has a "Private or gated inputs" section.
 
         Returns:
             ``huggingface_hub.CommitInfo`` (``commit_url``, ``oid``, ``pr_url``).
@@ -153,8 +164,9 @@ class MergeResult:
             self.write_card(repo_id=repo_id, eval_results=eval_results, template=card_template, license=license)
         elif retarget_card(self.path, repo_id):
             self.card_text = None  # the card on disk now names repo_id: read it from there
+        allow = self.allow_private_inputs if allow_private_inputs is None else allow_private_inputs
         info = push_folder(self.path, repo_id, private=private, create_pr=create_pr,
-                           commit_message=commit_message, token=token, monitor=monitor)
+                           commit_message=commit_message, token=token, monitor=monitor, allow_private_inputs=allow)
         if monitor.reporting:
             monitor.finish(f"pushed to {repo_id}")
         return info
@@ -310,6 +322,10 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         result = MergeResult(folder.target, recipe, method, m.describe_params(p), base_ckpt.ref,
                              [s.ref for s in sources], plan, _jsonable(stats), time.perf_counter() - t0,
                              output_format, lora_report)
+        result.restricted = _restricted([base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
+                                         *(layout.donors if layout is not None else ()),
+                                         getattr(layout, "_tok_ckpt", None)])
+        result.allow_private_inputs = opts.allow_private_inputs
         if layout is not None:
             result.sections.append(layout.card_section())  # e.g. the mergekit config, as YAML
         if tasks:
@@ -340,6 +356,16 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     if monitor.reporting:
         monitor.finish(f"merged into {folder.target}")
     return result
+
+
+def _restricted(ckpts: Sequence[Any]) -> list[dict[str, str]]:
+    """The Hub inputs the Hub said were private or gated when they were opened (each once)."""
+    out: dict[str, str] = {}
+    for c in ckpts:
+        seen = getattr(c, "visibility", None) if c is not None else None
+        if seen and (seen.get("private") or seen.get("gated")):
+            out.setdefault(c.ref.repo_id, "private" if seen.get("private") else "gated")
+    return [{"repo": k, "why": v} for k, v in sorted(out.items())]
 
 
 def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, tasks: list) -> dict[str, float]:

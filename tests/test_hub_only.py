@@ -351,3 +351,49 @@ def test_error_messages_quote_untrusted_values_short():
     with pytest.raises(ParameterError) as e:
         read_config("merge_method: linear\nmodels:\n  - model: {path: " + huge + "}\n", resolve=False)
     assert len(str(e.value)) < 300
+
+
+# ---- 5. a merge of private or gated inputs is not pushed publicly unless the run says so -------------
+
+
+def test_a_merge_of_private_or_gated_inputs_is_not_pushed_publicly(hub, zoo, tmp_path, capsys):
+    hub.seed("alice/base", zoo["base"])
+    hub.seed("alice/private-ft", zoo["ft-a"], private=True)
+    hub.seed("alice/gated-ft", zoo["ft-b"])
+    hub.repos[("model", "alice/gated-ft")].gated = "auto"
+    hub.login("alice")
+    res = hubsoup.merge(["alice/private-ft", "alice/gated-ft"], "linear", base="alice/base", out=str(tmp_path / "s"),
+                        quiet=True)
+    assert res.restricted == [{"repo": "alice/gated-ft", "why": "gated"}, {"repo": "alice/private-ft", "why": "private"}]
+    assert "## Private or gated inputs" in res.card and "`alice/private-ft` (private)" in res.card
+    commits = len(hub.calls("POST", r"/commit/"))
+    with pytest.raises(hubsoup.HubsoupError, match=r"alice/public is public and the merge contains 'alice/gated-ft' "
+                                                   r"\(gated\), 'alice/private-ft' \(private\).*--allow-private-inputs"):
+        res.push_to_hub("alice/public")
+    assert not hub.exists("alice/public") and len(hub.calls("POST", r"/commit/")) == commits
+    # the CLI says it in one line too; into an existing public repo as well
+    hub.api("alice").create_repo("alice/existing")
+    rc = main(["push", str(tmp_path / "s"), "alice/existing"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "refused" in err
+    # private: fine; allowed explicitly: pushed, and the card says so
+    res.push_to_hub("alice/private-soup", private=True)
+    assert hub.repos[("model", "alice/private-soup")].private
+    rc = main(["push", str(tmp_path / "s"), "alice/public-soup", "--allow-private-inputs"])
+    assert rc == 0, capsys.readouterr().err
+    card = hub.files("alice/public-soup")["README.md"].decode()
+    assert "## Private or gated inputs" in card and "`alice/private-ft` (private)" in card
+
+
+def test_an_input_made_private_after_the_merge_is_caught_at_push(hub, zoo, tmp_path):
+    """The Hub is asked at push time, with the pushing token: a folder merged while the input was public."""
+    for name in ("base", "ft-a"):
+        hub.seed(f"alice/{name}", zoo[name])
+    hub.login("alice")
+    res = hubsoup.merge(["alice/ft-a"], "linear", base="alice/base", out=str(tmp_path / "s"), quiet=True)
+    assert res.restricted == []
+    hub.repos[("model", "alice/ft-a")].private = True
+    with pytest.raises(hubsoup.HubsoupError, match="'alice/ft-a' \\(private\\)"):
+        res.push_to_hub("alice/soup")
+    res.push_to_hub("alice/soup", allow_private_inputs=True)
+    assert "`alice/ft-a` (private)" in hub.files("alice/soup")["README.md"].decode()
