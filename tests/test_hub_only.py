@@ -397,3 +397,19 @@ def test_an_input_made_private_after_the_merge_is_caught_at_push(hub, zoo, tmp_p
         res.push_to_hub("alice/soup")
     res.push_to_hub("alice/soup", allow_private_inputs=True)
     assert "`alice/ft-a` (private)" in hub.files("alice/soup")["README.md"].decode()
+
+
+def test_soups_search_and_sweep_refuse_local_paths_too(zoo, tmp_path, probes):
+    from hubsoup.workflows.search import search
+    from hubsoup.workflows.soups import greedy_soup
+    from hubsoup.workflows.sweep import sweep
+
+    local, out = zoo["ft-a"], str(tmp_path / "out")
+    probes.clear()
+    for call in (lambda: greedy_soup([local, "alice/ft-b"], lambda p: 0.0, out=out, base="alice/base", hub_only=True),
+                 lambda: search([local], "linear", out=out, grid={"weights": [[1.0]]}, base="alice/base",
+                                score_fn=lambda p: 0.0, hub_only=True),
+                 lambda: sweep(["alice/ft-a", "alice/ft-b"], "task_arithmetic", out, "0.5", base=local, hub_only=True)):
+        with pytest.raises(InputError, match="not local paths"):
+            call()
+    assert marked(probes) == [] and not os.path.exists(out)
