@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from hubsoup.errors import InputError, ParameterError
+from hubsoup.errors import InputError
 from hubsoup.untrusted import short
 
 _NAME = r"[A-Za-z0-9][\w.\-]*"
@@ -168,17 +168,22 @@ def hub_only() -> bool:
 def scope(options: Any = None, **kw: Any) -> Iterator[Access]:
     """Enter a run's rules (from :class:`~hubsoup.options.MergeOptions`' ``hub_only``, ``cache_dir`` and
     ``max_download``, or keywords). A scope inside another (a recipe's run calling :func:`hubsoup.merge`)
-    keeps the outer one's budget and cache and can only add ``hub_only``."""
+    keeps the outer one (its budget and cache); it can only make it stricter: ``hub_only`` added, a cache
+    where it had none, a smaller limit (a new budget then)."""
     want_hub_only = bool(kw.get("hub_only", getattr(options, "hub_only", False)))
     cache_dir = kw.get("cache_dir", getattr(options, "cache_dir", None))
     limit = kw.get("max_download", getattr(options, "max_download_bytes", None))
     outer = _CURRENT.get()
     if outer is not None:
-        if (want_hub_only and not outer.hub_only) or (cache_dir and cache_dir != outer.cache_dir) or (
-                limit is not None and limit != outer.max_download):
-            raise ParameterError("a run inside another run cannot change hub_only, cache_dir or max_download")
-        yield outer
-        return
+        stricter = (want_hub_only and not outer.hub_only) or (cache_dir and not outer.cache_dir) or (
+            limit is not None and (outer.max_download is None or limit < outer.max_download - outer.spent))
+        if not stricter:
+            yield outer
+            return
+        want_hub_only = want_hub_only or outer.hub_only
+        cache_dir = outer.cache_dir or cache_dir
+        if outer.max_download is not None and (limit is None or outer.max_download - outer.spent < limit):
+            limit = outer.max_download - outer.spent
     access = Access(hub_only=want_hub_only, cache_dir=cache_dir, max_download=limit)
     token = _CURRENT.set(access)
     try:
