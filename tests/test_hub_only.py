@@ -244,7 +244,8 @@ def test_the_download_budget_is_checked_before_any_weight_moves(seeded, zoo, tmp
         hubsoup.merge(["alice/ft-a", "alice/ft-b"], "linear", base="alice/base", out=str(out), hub_only=True,
                       cache_dir=str(tmp_path / "c1"), max_download=2 * weights, quiet=True)
     # only the headers were read (range requests, 206): no weight file was downloaded
-    assert [c for c in seeded.calls("GET", r"/resolve/") if c["path"].endswith(".safetensors") and c["status"] != 206] == []
+    assert [c for c in seeded.calls("GET", r"/resolve/")
+            if c["path"].endswith(".safetensors") and c["status"] != 206] == []
     assert not out.exists()
     # enough for the three: it merges
     hubsoup.merge(["alice/ft-a", "alice/ft-b"], "linear", base="alice/base", out=str(out), hub_only=True,
@@ -364,7 +365,8 @@ def test_a_merge_of_private_or_gated_inputs_is_not_pushed_publicly(hub, zoo, tmp
     hub.login("alice")
     res = hubsoup.merge(["alice/private-ft", "alice/gated-ft"], "linear", base="alice/base", out=str(tmp_path / "s"),
                         quiet=True)
-    assert res.restricted == [{"repo": "alice/gated-ft", "why": "gated"}, {"repo": "alice/private-ft", "why": "private"}]
+    assert res.restricted == [{"repo": "alice/gated-ft", "why": "gated"},
+                              {"repo": "alice/private-ft", "why": "private"}]
     assert "## Private or gated inputs" in res.card and "`alice/private-ft` (private)" in res.card
     commits = len(hub.calls("POST", r"/commit/"))
     with pytest.raises(hubsoup.HubsoupError, match=r"alice/public is public and the merge contains 'alice/gated-ft' "

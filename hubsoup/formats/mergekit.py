@@ -955,7 +955,8 @@ def check_hub_only(data: Any) -> None:
 def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, **options: Any):
     """Run a mergekit config with hubsoup; returns the :class:`hubsoup.MergeResult`.
 
-    ``source``: the YAML text or a file (with ``hub_only``: always the text, never a path); ``pins``: model reference → pinned spec (``org/name@sha``),
+    ``source``: the YAML text or a file (with ``hub_only``: always the text, never a path);
+    ``pins``: model reference → pinned spec (``org/name@sha``),
     used when repeating a merge from its recipe; ``options``: :class:`hubsoup.MergeOptions` fields
     (``overwrite``, ``device``, ``quiet``, ...; ``dtype`` overrides the config's).
 

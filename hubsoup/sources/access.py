@@ -251,5 +251,6 @@ def check_offline(who: str) -> None:
                          "the shared Hub cache is not opened without asking the Hub with this run's token")
 
 
-__all__ = ["Access", "current", "scope", "scoped", "check_specs", "hub_only", "is_hub_id", "is_hub_dataset", "require_hub_id",
+__all__ = ["Access", "current", "scope", "scoped", "check_specs", "hub_only", "is_hub_id", "is_hub_dataset",
+           "require_hub_id",
            "require_hub_dataset", "refusal", "check_offline"]
