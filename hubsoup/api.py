@@ -18,6 +18,7 @@ from hubsoup.output import OutputFolder, check_output
 from hubsoup.plan import Plan
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources import InputRef
+from hubsoup.sources.access import check_specs, current, scoped
 from hubsoup.sources.compat import check_out_is_no_input, open_models
 
 log = logging.getLogger(__name__)
@@ -52,19 +53,26 @@ class MergeResult:
     """Extra card sections, ``{"title": ..., "body": markdown}`` (e.g. continual merging's)."""
     search: dict[str, Any] | None = field(default=None, repr=False)
     """The hyper-parameter search that chose this merge (grid, scores, best point), if any."""
+    restricted: list[dict[str, str]] = field(default_factory=list, repr=False)
+    """Hub inputs that were not public when merged: ``{"repo": ..., "why": "private" | "gated"}`` (the card says
+    so; a push to a public repo is refused unless ``allow_private_inputs``)."""
+    allow_private_inputs: bool = field(default=False, repr=False)
+    """The run allowed its merge of private or gated inputs to be pushed to a public repo."""
+    hub_only: bool = field(default=False, repr=False)
+    """Made by a ``hub_only`` run: its card is never rendered from a local template file."""
     card_text: str | None = field(default=None, repr=False)
     """The model card as last rendered by :meth:`write_card` (None: not rendered in this process; see :attr:`card`)."""
 
     def save_card_extras(self, folder: str | None = None) -> None:
         """Persist :attr:`notes`, :attr:`sections` and :attr:`search` beside the recipe (when there are any)."""
         path = os.path.join(folder or self.path, CARD_EXTRAS_FILE)
-        if not (self.notes or self.sections or self.search):
+        if not (self.notes or self.sections or self.search or self.restricted):
             if os.path.exists(path):
                 os.remove(path)
             return
         with open(path, "w", encoding="utf-8") as f:
-            json.dump({"notes": self.notes, "sections": self.sections, "search": self.search}, f, indent=2,
-                      default=str)
+            json.dump({"notes": self.notes, "sections": self.sections, "search": self.search,
+                       **({"restricted": self.restricted} if self.restricted else {})}, f, indent=2, default=str)
 
     @classmethod
     def from_folder(cls, path: str) -> "MergeResult":
@@ -80,6 +88,7 @@ class MergeResult:
         result = cls(os.path.abspath(path), recipe, recipe.method, dict(recipe.params), recipe.base,
                      list(recipe.inputs), None, output_format=recipe.output.get("format", "full"), lora=lora,
                      notes=extras.get("notes") or [], sections=extras.get("sections") or [],
+                     restricted=[r for r in extras.get("restricted") or [] if isinstance(r, dict)],
                      search=extras.get("search"))
         from hubsoup.eval.run import EVAL_FILE, read_results
 
@@ -92,6 +101,8 @@ class MergeResult:
         """Render the card (``hubsoup.card.render``) into ``folder`` (default: the output) and keep its extras."""
         from hubsoup.card import write_card
 
+        if self.hub_only and kwargs.get("template"):
+            raise ParameterError("card template: a local file, and this result's run was hub_only")
         folder = folder or self.path
         path = write_card(self, folder, **kwargs)
         self.save_card_extras(folder)
@@ -109,7 +120,8 @@ class MergeResult:
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
                     commit_message: str | None = None, token: str | bool | None = None,
                     eval_results: Sequence[Any] | None = None, card_template: str | None = None,
-                    license: str | None = None, progress: Any = None, cancel: Any = None):
+                    license: str | None = None, progress: Any = None, cancel: Any = None,
+                    allow_private_inputs: bool | None = None):
         """Upload the output folder to the Hub in one commit (the repo is created if needed).
 
         The folder's model card is updated first, in place, so that the folder stays identical
@@ -123,6 +135,10 @@ class MergeResult:
         nothing printed; ``cancel`` is checked before the repo is created, between files and before
         the commit, and a cancelled push raises :class:`hubsoup.errors.MergeCancelled` with no
         commit made (a repo this call created is deleted again).
+
+        A merge of a private or gated Hub input (asked of the Hub with ``token`` at push time) is not pushed
+        to a public repo unless ``allow_private_inputs`` (default: the merge's ``MergeOptions``); the card
+        then has a "Private or gated inputs" section.
 
         Returns:
             ``huggingface_hub.CommitInfo`` (``commit_url``, ``oid``, ``pr_url``).
@@ -148,8 +164,9 @@ class MergeResult:
             self.write_card(repo_id=repo_id, eval_results=eval_results, template=card_template, license=license)
         elif retarget_card(self.path, repo_id):
             self.card_text = None  # the card on disk now names repo_id: read it from there
+        allow = self.allow_private_inputs if allow_private_inputs is None else allow_private_inputs
         info = push_folder(self.path, repo_id, private=private, create_pr=create_pr,
-                           commit_message=commit_message, token=token, monitor=monitor)
+                           commit_message=commit_message, token=token, monitor=monitor, allow_private_inputs=allow)
         if monitor.reporting:
             monitor.finish(f"pushed to {repo_id}")
         return info
@@ -162,6 +179,7 @@ class MergeResult:
                 f"in {self.seconds:.2f}s -> {self.path}")
 
 
+@scoped  # hub_only, cache_dir, max_download hold for every spec opened during the merge
 def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: str,
           params: dict[str, Any] | None = None, options: MergeOptions | None = None,
           output_format: str = "full", rank: int | None = None, energy: float | None = None,
@@ -238,6 +256,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     tasks = _tasks(evaluate)
     if not inputs:
         raise ParameterError("no input models given")
+    check_specs(inputs=inputs, base=base, tasks=tasks, exemplars=getattr(p, "exemplars", None))
     sink_options = _lora_options(output_format, rank, energy, opts)
     if layout is not None and sink_options is not None:
         raise ParameterError("a mergekit config's merge is written as a full checkpoint, not a LoRA adapter")
@@ -259,9 +278,13 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         check_out_is_no_input(out, base_ckpt, sources)  # --overwrite must never delete an input or the base
         # a layout (a mergekit config's slices, tokenizer_source) plans the output itself: the one engine streams it
         plan = layout.plan(base_ckpt, sources, opts) if layout is not None else Plan.of(base_ckpt, opts.device)
-        if layout is not None and layout.donors:  # the models slices copy from are inputs too
-            check_out_is_no_input(out, base_ckpt, layout.donors)
+        if layout is not None and layout.reads:  # the models slices copy from, the tokenizer source: inputs too
+            check_out_is_no_input(out, base_ckpt, layout.reads)
         place_blocks(plan, m, p, sources, opts, lora_output=sink_options is not None)
+        opened = [c for c in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
+                              *(layout.donors if layout is not None else ())) if c is not None]
+        if current().limited:  # the run's download budget, from the Hub's file sizes, before any weight moves
+            current().check_total(sum(c.weight_bytes() for c in opened if c.weight_bytes is not None))
         for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):  # the fit check passed: download
             if ckpt is not None:
                 ckpt.fetch()
@@ -300,6 +323,9 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         result = MergeResult(folder.target, recipe, method, m.describe_params(p), base_ckpt.ref,
                              [s.ref for s in sources], plan, _jsonable(stats), time.perf_counter() - t0,
                              output_format, lora_report)
+        result.restricted = _restricted([base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
+                                         *(layout.reads if layout is not None else ())])
+        result.allow_private_inputs = opts.allow_private_inputs
         if layout is not None:
             result.sections.append(layout.card_section())  # e.g. the mergekit config, as YAML
         if tasks:
@@ -326,9 +352,20 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
             sink.abort()
         raise folder.fail(e)  # temporary folder removed, lock released; disk full / read-only → one line
     result.seconds = time.perf_counter() - t0
+    result.hub_only = opts.hub_only or current().hub_only
     if monitor.reporting:
         monitor.finish(f"merged into {folder.target}")
     return result
+
+
+def _restricted(ckpts: Sequence[Any]) -> list[dict[str, str]]:
+    """The Hub inputs the Hub said were private or gated when they were opened (each once)."""
+    out: dict[str, str] = {}
+    for c in ckpts:
+        seen = getattr(c, "visibility", None) if c is not None else None
+        if seen and (seen.get("private") or seen.get("gated")):
+            out.setdefault(c.ref.repo_id, "private" if seen.get("private") else "gated")
+    return [{"repo": k, "why": v} for k, v in sorted(out.items())]
 
 
 def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, tasks: list) -> dict[str, float]:

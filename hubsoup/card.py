@@ -257,6 +257,7 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         notes=notes,
         search=result.search,
         sections=result.sections,
+        restricted=getattr(result, "restricted", None) or [],
         lora=lora,
         base_load_id=result.base.repo_id or result.base.public_name,  # a local base: its folder name, not its path
         load=load,

@@ -246,10 +246,10 @@ def default_commit_message(folder: str) -> str:
     try:
         from hubsoup.recipe import RECIPE_FILE
 
-        import yaml
+        from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 
         with open(os.path.join(folder, RECIPE_FILE), encoding="utf-8") as f:
-            recipe = yaml.safe_load(f) or {}
+            recipe = load_yaml(f.read(MAX_YAML_BYTES + 1), "recipe") or {}
         method = recipe.get("method")
         if method:
             return f"Upload {method} merge made with hubsoup"
@@ -468,9 +468,67 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
     return plan
 
 
+def restricted_inputs(folder: str, token: str | bool | None = None) -> list[dict[str, str]]:
+    """The Hub repos a merge folder's recipe names (base, inputs, a mergekit config's models) that are not public,
+    asked of the Hub now with ``token``: ``{"repo": ..., "why": "private" | "gated" | "not readable ..."}``."""
+    from huggingface_hub import HfApi
+
+    from hubsoup.recipe import RECIPE_FILE, Recipe
+
+    path = os.path.join(folder, RECIPE_FILE)
+    if not os.path.isfile(path):
+        return []
+    try:
+        with open(path, encoding="utf-8") as f:
+            recipe = Recipe.from_yaml(f.read())
+    except Exception:  # noqa: BLE001 - not a hubsoup recipe: nothing to check it by
+        return []
+    repos = {r.repo_id for r in (recipe.base, *recipe.inputs) if r.repo_id}
+    config = recipe.mergekit.get("config") if isinstance(recipe.mergekit, dict) else None
+    if isinstance(config, str):
+        from hubsoup.formats.mergekit import _map_models
+        from hubsoup.sources.access import is_hub_id
+        from hubsoup.sources.resolve import parse_spec
+        from hubsoup.untrusted import load_yaml
+
+        named: list[str] = []
+        try:
+            _map_models(load_yaml(config, "mergekit config"), lambda r: named.extend(str(r).split("+")) or r)
+        except Exception:  # noqa: BLE001
+            pass
+        repos |= {parse_spec(n)[0] for n in named if is_hub_id(n)}
+    out = []
+    api = HfApi(token=token)
+    ensure_timeouts()
+    for repo in sorted(repos):
+        try:
+            info = api.model_info(repo, token=token, timeout=hub_timeout())
+        except Exception as e:  # noqa: BLE001 - a repo this token cannot read is not public to it
+            status = error_status(e)
+            if status is None or status >= 500:
+                raise PushError(f"cannot check whether input '{repo}' is public: {_explain(e, repo, token)}") from e
+            out.append({"repo": repo, "why": "not readable with this token"})
+            continue
+        if getattr(info, "private", False) or getattr(info, "gated", False):
+            out.append({"repo": repo, "why": "private" if info.private else "gated"})
+    return out
+
+
+def _goes_public(api, repo_id: str, private: bool | None) -> bool:
+    """Whether a push to ``repo_id`` is readable by everyone (an existing repo keeps its own visibility)."""
+    if private:
+        return False
+    try:
+        return not api.repo_info(repo_id, timeout=hub_timeout()).private
+    except Exception as e:  # noqa: BLE001 - not there (or not ours to see): created public by this push
+        if error_status(e) in (401, 404) or type(e).__name__ == "RepositoryNotFoundError":
+            return True
+        raise
+
+
 def push_folder(folder: str, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
                 commit_message: str | None = None, token: str | bool | None = None,
-                commit_description: str | None = None, monitor: Any = None):
+                commit_description: str | None = None, monitor: Any = None, allow_private_inputs: bool = False):
     """Create ``repo_id`` if needed and upload ``folder`` to it in one commit.
 
     Args:
@@ -480,6 +538,9 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
         create_pr: open a pull request instead of committing to ``main``.
         commit_message: default ``Upload <method> merge made with hubsoup``.
         token: default: the usual huggingface_hub sources (``HF_TOKEN``, ``hf auth login``).
+        allow_private_inputs: push a merge of private or gated inputs (see :func:`restricted_inputs`) to a
+            public repo anyway; without it such a push is refused before anything is sent. The card then
+            says so (rendered again when it does not).
         monitor: a :class:`hubsoup.progress.Monitor` (an app's ``progress``/``cancel``): stage ``push``,
             one report per file, nothing printed; cancelled before the repo is created, between files or
             before the commit, it raises :class:`MergeCancelled` with no commit made (and deletes the repo
@@ -503,11 +564,12 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
     message = commit_message or default_commit_message(folder)
     retry = retry_command(folder, repo_id, private=private, create_pr=create_pr, commit_message=commit_message)
     retarget_card(folder, repo_id)  # the local card too: the folder stays what is on the Hub (but the recipe's paths)
+    api = HfApi(token=token)
+    _check_private_inputs(api, folder, repo_id, private, token, allow_private_inputs, retry)
     try:
         plan = upload_plan(folder, repo_id)
     except PushError as e:
         raise PushError(f"push of '{folder}' to {repo_id} refused: {e}") from None
-    api = HfApi(token=token)
     created = False
     try:
         ensure_timeouts()
@@ -537,6 +599,37 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
                         f"retry with: {retry}") from e
     log.info("pushed %s to %s: %s", folder, repo_id, info.commit_url)
     return info
+
+
+def _check_private_inputs(api, folder: str, repo_id: str, private: bool | None, token: Any, allow: bool,
+                          retry: str) -> None:
+    """Refuse (before anything is sent) a public push of a merge whose inputs are not public, unless allowed;
+    allowed, make sure the card says so."""
+    if private:
+        return
+    try:
+        ensure_timeouts()
+        restricted = restricted_inputs(folder, token)
+        public = bool(restricted) and _goes_public(api, repo_id, private)
+    except PushError as e:
+        raise PushError(f"push of '{folder}' to {repo_id} failed: {e}. The local output is intact; retry with: "
+                        f"{retry}") from None
+    except Exception as e:  # noqa: BLE001
+        raise PushError(f"push of '{folder}' to {repo_id} failed: {_scrub(_explain(e, repo_id, token), token)}. "
+                        f"The local output is intact; retry with: {retry}") from e
+    if not public:
+        return
+    what = ", ".join(f"'{r['repo']}' ({r['why']})" for r in restricted)
+    if not allow:
+        raise PushError(f"push of '{folder}' to {repo_id} refused: {repo_id} is public and the merge contains "
+                        f"{what}: its weights would be published. Push to a private repo (--private), or pass "
+                        "--allow-private-inputs (allow_private_inputs=True) to publish it anyway")
+    from hubsoup.api import MergeResult
+
+    result = MergeResult.from_folder(folder)
+    if result.restricted != restricted:  # the card says which inputs were not public, as the Hub says now
+        result.restricted = restricted
+        result.write_card(folder, repo_id=repo_id)
 
 
 def _push_monitored(api, repo_id: str, plan: list[tuple[str, str | bytes]], monitor: Any, message: str,

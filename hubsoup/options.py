@@ -70,6 +70,17 @@ class MergeOptions:
     cancel: Any = field(default=None, repr=False, compare=False)
     """A ``threading.Event`` or a callable returning True to stop the run (:class:`~hubsoup.errors.MergeCancelled`).
     Not hashed."""
+    hub_only: bool = field(default=False, compare=False)
+    """Accept Hub repo IDs only: every model, base, tokenizer source, soup, exemplar and eval dataset named by
+    the caller (or a config) must be one; a local path is refused by its text, before the disk is looked at
+    (for servers: SECURITY.md; :mod:`hubsoup.sources.access`)."""
+    cache_dir: str | None = field(default=None, repr=False, compare=False)
+    """The run's own Hub cache (default: huggingface_hub's); a server gives each run its own and removes it after."""
+    max_download: str | int | None = field(default=None, compare=False)
+    """At most this much downloaded by the run (``"20GB"`` or bytes), checked from the Hub's file sizes before
+    each download."""
+    allow_private_inputs: bool = field(default=False, compare=False)
+    """Let a merge of private or gated Hub inputs be pushed to a public repo (its card then says so)."""
 
     def __post_init__(self):
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -78,6 +89,13 @@ class MergeOptions:
             raise ParameterError(f"shape_mismatch must be one of {', '.join(SHAPE_POLICIES)}, "
                                  f"got {self.shape_mismatch!r}")
         self.shard_bytes  # noqa: B018 - parse now: a bad size fails before any work
+        self.max_download_bytes  # noqa: B018
+        if self.hub_only and isinstance(self.device_map, str) and not self.device_map.strip().startswith("{"):
+            from hubsoup.engine.placement import STRATEGIES
+
+            if self.device_map.strip() not in STRATEGIES:  # a JSON file: a path, never looked at in hub_only
+                raise ParameterError(f"device_map: with hub_only, one of {', '.join(STRATEGIES)} or a JSON map "
+                                     "(not a file)")
         if self.progress is not None or self.cancel is not None:
             self.monitor()  # refuses a progress that is not callable, a cancel that is neither Event nor callable
         from hubsoup.engine.placement import parse_device_map, parse_max_memory
@@ -108,6 +126,17 @@ class MergeOptions:
             return parse_size(self.shard_size)
         except ParameterError as e:
             raise ParameterError(f"--shard-size (shard_size): {e}") from None
+
+    @property
+    def max_download_bytes(self) -> int | None:
+        if self.max_download is None:
+            return None
+        from hubsoup.output.folder import parse_size
+
+        try:
+            return parse_size(self.max_download)
+        except ParameterError as e:
+            raise ParameterError(f"--max-download (max_download): {e}") from None
 
     @property
     def hashed(self) -> dict[str, Any]:

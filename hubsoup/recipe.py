@@ -19,7 +19,9 @@ from typing import Any
 import yaml
 
 from hubsoup.errors import ParameterError
+from hubsoup.sources.access import scoped
 from hubsoup.sources.checkpoint import InputRef
+from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml, short
 
 RECIPE_FILE = "hubsoup_recipe.yaml"
 
@@ -125,7 +127,7 @@ class Recipe:
 
     @classmethod
     def from_yaml(cls, text: str) -> "Recipe":
-        d = yaml.safe_load(text)
+        d = load_yaml(text, "recipe")
         if not isinstance(d, dict):
             raise ParameterError("a recipe is a YAML mapping (method, params, base, inputs, ...)")
         d.pop("hash", None)
@@ -145,26 +147,26 @@ class Recipe:
             if d.get(key) in (None, "", []):
                 raise ParameterError(f"recipe: '{key}' is missing or empty")
         if not isinstance(d["method"], str):
-            raise ParameterError(f"recipe: 'method' must be a method name, got {d['method']!r}")
+            raise ParameterError(f"recipe: 'method' must be a method name, got {short(d['method'])}")
         bad = [k for k in d.get("params") or {} if not isinstance(k, str)]
         if bad:
-            raise ParameterError(f"recipe: parameter names must be strings, got {bad[0]!r}")
+            raise ParameterError(f"recipe: parameter names must be strings, got {short(bad[0])}")
         if d.get("dtype") is not None and not isinstance(d["dtype"], str):
-            raise ParameterError(f"recipe: 'dtype' must be a dtype name (float32, float16, bfloat16), got {d['dtype']!r}")
+            raise ParameterError(f"recipe: 'dtype' must be a dtype name (float32, float16, bfloat16), got {short(d['dtype'])}")
         if d.get("hubsoup_version") is not None:
             if not isinstance(d["hubsoup_version"], (str, int, float)):
-                raise ParameterError(f"recipe: 'hubsoup_version' must be a version, got {d['hubsoup_version']!r}")
+                raise ParameterError(f"recipe: 'hubsoup_version' must be a version, got {short(d['hubsoup_version'])}")
             d["hubsoup_version"] = str(d["hubsoup_version"])
         for i, ref in enumerate([d["base"], *d["inputs"]]):
             what = "base" if i == 0 else f"inputs[{i - 1}]"
             if not isinstance(ref, dict):
-                raise ParameterError(f"recipe: '{what}' must be a mapping (spec, repo_id, sha, path), got {ref!r}")
+                raise ParameterError(f"recipe: '{what}' must be a mapping (spec, repo_id, sha, path), got {short(ref)}")
             for k in ("spec", "repo_id", "revision", "sha", "path", "kind", "digest", "name"):
                 if ref.get(k) is not None and not isinstance(ref[k], str):
-                    raise ParameterError(f"recipe: '{what}.{k}' must be a string, got {ref[k]!r}")
+                    raise ParameterError(f"recipe: '{what}.{k}' must be a string, got {short(ref[k])}")
         for k in ("options", "output", "continual", "mergekit"):
             if not isinstance(extra.get(k) or {}, dict):
-                raise ParameterError(f"recipe: 'extra.{k}' must be a mapping, got {extra[k]!r}")
+                raise ParameterError(f"recipe: 'extra.{k}' must be a mapping, got {short(extra[k])}")
         if not isinstance((extra.get("mergekit") or {}).get("config", ""), str):
             raise ParameterError("recipe: 'extra.mergekit.config' must be the config's YAML text")
         return cls(**d, **{k: extra.get(k) or {} for k in ("options", "output", "continual", "mergekit")})
@@ -245,7 +247,7 @@ def _ref(r: InputRef | dict) -> InputRef:
     if isinstance(r, InputRef):
         return r
     if not isinstance(r, dict):
-        raise ParameterError(f"recipe: an input must be a mapping (spec, repo_id, sha, path), got {r!r}")
+        raise ParameterError(f"recipe: an input must be a mapping (spec, repo_id, sha, path), got {short(r)}")
     return InputRef.from_dict(r)
 
 
@@ -257,63 +259,80 @@ def recipe_merge_args(recipe) -> tuple[list[str], dict[str, Any]]:
         if k not in ("shape_mismatch", "ignore_extra"):
             raise ParameterError(f"recipe: option '{k}' cannot come from a recipe")
         if k == "ignore_extra" and not isinstance(v, bool):
-            raise ParameterError(f"recipe: option 'ignore_extra' must be true or false, got {v!r}")
+            raise ParameterError(f"recipe: option 'ignore_extra' must be true or false, got {short(v)}")
         kwargs[k] = v
     if recipe.output.get("format") not in (None, "full", "lora"):
-        raise ParameterError(f"recipe: output format must be full or lora, got {recipe.output['format']!r}")
+        raise ParameterError(f"recipe: output format must be full or lora, got {short(recipe.output['format'])}")
     if recipe.output.get("format") == "lora":
         kwargs.update(output_format="lora", rank=recipe.output.get("rank"), energy=recipe.output.get("energy"))
     return [i.pinned_spec for i in recipe.inputs], kwargs
 
 
+@scoped
 def run_recipe(path: str, out: str, **overrides: Any):
     """Merge again from a recipe file (or an output folder holding one); returns the MergeResult.
 
     ``path`` may also be a mergekit YAML config (a file with ``merge_method``, or a folder holding
     ``mergekit_config.yml``): it is merged with mergekit's semantics
-    (:func:`hubsoup.formats.mergekit.run_config`; model folders relative to the working folder).
+    (:func:`hubsoup.formats.mergekit.run_config`; model folders relative to the working folder), or a
+    stream of them (mergekit-multi's stages, :func:`hubsoup.formats.stages.run_stages`).
+    With ``hub_only=True``, ``path`` is the recipe's (or config's) YAML *text*, never a path, and every
+    model it names must be a Hub repo ID. mergekit-yaml's options (``copy_tokenizer``, ``random_seed``,
+    ``out_shard_params``, ``intermediate_dir``) apply to mergekit configs only.
     """
-    from hubsoup.api import merge
-    from hubsoup.formats import mergekit
+    from hubsoup.formats import mergekit, stages
+    from hubsoup.sources.access import check_specs, hub_only
 
-    if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, RECIPE_FILE)) and os.path.isfile(os.path.join(path, mergekit.CONFIG_FILE)):
-            return mergekit.run_config(os.path.join(path, mergekit.CONFIG_FILE), out, **overrides)
-        path = os.path.join(path, RECIPE_FILE)
-    if not os.path.isfile(path):
-        raise ParameterError(f"recipe '{path}' not found")
-    from hubsoup.formats import stages
-
-    # mergekit-yaml's own options (hubsoup run CFG OUT --no-copy-tokenizer ...): for mergekit configs only
     mk = {k: overrides.pop(k) for k in ("copy_tokenizer", "random_seed", "out_shard_params", "intermediate_dir")
           if k in overrides}
     mk = {k: v for k, v in mk.items() if v is not None and not (k == "copy_tokenizer" and v is True)}
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ParameterError(f"recipe '{path}' cannot be read: {e}") from e
+    if hub_only():  # a server's run: the text itself; nothing on the disk is read or probed
+        if not isinstance(path, str):
+            raise ParameterError("recipe: with hub_only, give the recipe's YAML text")
+        text, where = path, "recipe"
+    else:
+        if os.path.isdir(path):
+            if not os.path.isfile(os.path.join(path, RECIPE_FILE)) and os.path.isfile(os.path.join(path, mergekit.CONFIG_FILE)):
+                path = os.path.join(path, mergekit.CONFIG_FILE)
+            else:
+                path = os.path.join(path, RECIPE_FILE)
+        if not os.path.isfile(path):
+            raise ParameterError(f"recipe '{path}' not found")
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read(MAX_YAML_BYTES + 1)
+        except OSError as e:
+            raise ParameterError(f"recipe '{path}' cannot be read: {type(e).__name__}") from e
+        where = f"recipe '{path}'"
     if stages.is_multi_stage(text):  # mergekit-multi's stream of configs
         return stages.run_stages(text, out, **mk, **overrides)
     mk.pop("intermediate_dir", None)
-    try:
-        data = yaml.safe_load(text)
-    except Exception as e:  # noqa: BLE001 - a malformed file gets one clear line
-        raise ParameterError(f"recipe '{path}' cannot be read: {e}") from e
+    data = load_yaml(text, where)
     if mergekit.is_mergekit_config(data):
         return mergekit.run_config(text, out, **mk, **overrides)
     try:
         recipe = Recipe.from_yaml(text)
+    except ParameterError:
+        raise
     except Exception as e:  # noqa: BLE001 - a malformed file gets one clear line
-        raise ParameterError(f"recipe '{path}' cannot be read: {e}") from e
+        raise ParameterError(f"{where} cannot be read: {short(str(e))}") from e
+    if hub_only():
+        check_specs(inputs=[r.pinned_spec for r in recipe.inputs], base=recipe.base.pinned_spec)
+    if mk and not recipe.mergekit.get("config"):
+        raise ParameterError(f"{', '.join(sorted(mk))}: mergekit-yaml's options apply to mergekit configs; "
+                             f"{where} is a hubsoup recipe")
+    return _rerun(recipe, out, overrides, mk)
+
+
+def _rerun(recipe: "Recipe", out: str, overrides: dict[str, Any], mk: dict[str, Any] | None = None):
+    from hubsoup.api import merge
+    from hubsoup.formats import mergekit
+
     if recipe.mergekit.get("config"):  # repeat the mergekit config, its Hub models pinned to the recorded SHAs
         refs = [*(recipe.base, *recipe.inputs), *(r.adapter for r in (recipe.base, *recipe.inputs) if r.adapter)]
         pins = {r.spec: dataclasses.replace(r, adapter=None).pinned_spec for r in refs if r.spec and r.repo_id}
-        result = mergekit.run_config(recipe.mergekit["config"], out, pins=pins, **mk, **overrides)
+        result = mergekit.run_config(recipe.mergekit["config"], out, pins=pins, **(mk or {}), **overrides)
     else:
-        if mk:
-            raise ParameterError(f"{', '.join(sorted(mk))}: mergekit-yaml's options apply to mergekit configs; "
-                                 f"'{path}' is a hubsoup recipe")
         inputs, kwargs = recipe_merge_args(recipe)
         result = merge(inputs, out=out, **{**kwargs, **overrides})
     if result.recipe.hash != recipe.hash:

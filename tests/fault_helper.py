@@ -9,7 +9,10 @@ The environment chooses the fault (read here only, never by hubsoup itself):
   ``MARKER.go`` exists; a test kills the process, signals it, or starts a second run
   meanwhile.
 * ``FAULT_CRASH_IN_COMMIT=1``: SIGKILL this process between the two renames with which
-  an output folder replaces an existing one.
+  an output folder replaces an existing one where the system cannot swap two folders atomically
+  (the atomic exchange is turned off).
+* ``FAULT_CRASH_AFTER_EXCHANGE=1``: SIGKILL this process right after the atomic exchange that
+  puts the new output in place, before the old one (now in the temporary folder) is removed.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ def _pause_at_first_write(marker: str) -> None:
 
 
 def _crash_in_commit() -> None:
+    from hubsoup.output import folder
+
+    folder.exchange = lambda a, b: False  # the two renames of a system without renameat2
     real_rename = os.rename
 
     def rename(src, dst, *args, **kwargs):
@@ -52,11 +58,27 @@ def _crash_in_commit() -> None:
     os.rename = rename
 
 
+def _crash_after_exchange() -> None:
+    from hubsoup.output import folder
+
+    real = folder.exchange
+
+    def exchange(a, b):
+        done = real(a, b)
+        if done:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return done
+
+    folder.exchange = exchange
+
+
 if __name__ == "__main__":
     if os.environ.get("FAULT_PAUSE"):
         _pause_at_first_write(os.environ["FAULT_PAUSE"])
     if os.environ.get("FAULT_CRASH_IN_COMMIT"):
         _crash_in_commit()
+    if os.environ.get("FAULT_CRASH_AFTER_EXCHANGE"):
+        _crash_after_exchange()
     from hubsoup.cli import main
 
     sys.exit(main(sys.argv[1:]))

@@ -278,6 +278,27 @@ def test_a_crash_between_the_two_renames_of_the_commit_restores_the_old_output(l
     assert leftovers(tmp_path) == []
 
 
+def test_the_commit_swaps_the_outputs_atomically_so_out_is_never_missing(llama, tmp_path, caplog, capsys):
+    """Issue 31: with renameat2 (Linux), a crash at the commit leaves --out in place: the new output, complete."""
+    if not folder_mod.exchange(str(tmp_path), str(tmp_path)):
+        pytest.skip("no atomic exchange of folders here (renameat2): the two-rename path above covers the crash")
+    out = tmp_path / "out"
+    assert cli_main(merge_args(llama, out)) == 0
+    old = weights(out)
+    proc = subprocess.run([sys.executable, HELPER, *merge_args(llama, out, "--overwrite", "-p", "scale=0.5")],
+                          cwd=tmp_path, env=_env(FAULT_CRASH_AFTER_EXCHANGE="1"), capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert out.is_dir() and weights(out) != old  # the new output, in place at once
+    new = weights(out)
+    assert any(p.startswith(".out.partial-") for p in leftovers(tmp_path))  # the old one, not yet removed
+    capsys.readouterr()
+    with caplog.at_level(logging.WARNING, logger="hubsoup.output.folder"):  # the next run cleans up
+        assert cli_main(merge_args(llama, out, "--overwrite", "-p", "scale=0.5")) == 0
+    assert "removed 1 temporary folder(s)" in caplog.text
+    assert weights(out) == new and leftovers(tmp_path) == []
+
+
 @pytest.mark.parametrize("sig,code,message", [
     (signal.SIGTERM, 143, "terminated (SIGTERM); no output was left behind"),
     (signal.SIGINT, 130, "interrupted; no output was left behind"),

@@ -284,4 +284,6 @@ def test_space_merges_cancels_and_pushes_in_a_browser(hub, app, browser, tmp_pat
     assert len(hub.calls("POST", r"/commit/")) == commits_before
     left = [p.name for p in app.tmp.iterdir() if p.name.startswith("hubsoup")]
     assert not left, f"the cancelled run left {left}"  # the app's work folder and hubsoup's temp output
+    runs = [q.name for p in app.tmp.iterdir() if p.name.startswith("soup-space-runs-") for q in p.iterdir()]
+    assert not runs, f"a run's folder (output, Hub cache) was left: {runs}"
     print(f"space test: {time.monotonic() - t0:.1f} s from building the models to the last check")

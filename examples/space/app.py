@@ -11,15 +11,24 @@ Run locally, against the Hub or any Hub-compatible endpoint::
 
 Outside a Space, Gradio's sign-in is a mock: it signs you in as the owner of the machine's
 token (``HF_TOKEN`` or ``hf auth login``), whose ``whoami`` gives the profile.
+
+A visitor's text never names a file of the Space (SECURITY.md, "Hosting hubsoup"): every run is
+``hub_only`` (Hub repo IDs only, refused by their text before the disk is looked at), downloads into
+a Hub cache of its own (another visitor's token never opens it) limited to ``HUBSOUP_SPACE_MAX_DOWNLOAD``
+(default 20GB, checked from the Hub's file sizes before downloading), and its folder (output and
+cache) is removed when it ends, whether it succeeded, failed or was cancelled. Stopping the app
+(Ctrl-C, SIGTERM) cancels the running jobs and removes the app's temporary folder.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import signal
 import tempfile
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import gradio as gr
 from huggingface_hub import ModelCard, get_token
@@ -32,8 +41,60 @@ DEFAULT_METHOD = "ties" if "ties" in METHODS else next(iter(METHODS))
 ON_SPACE = os.environ.get("SYSTEM") == "spaces"  # how Gradio itself tells a Space from a local run
 MERGE_SHARE = 0.9  # share of the progress bar for the merge; the push gets the rest
 
+MAX_DOWNLOAD = os.environ.get("HUBSOUP_SPACE_MAX_DOWNLOAD", "20GB")
+"""What one run may download (the Hub's file sizes are checked before any download)."""
+
 # session hash -> the cancel event of that session's running job (one job per browser tab)
 RUNNING: dict[str, threading.Event] = {}
+WORKERS: set[threading.Thread] = set()  # jobs still running (joined when the app stops)
+RUNS_DIR = tempfile.mkdtemp(prefix="soup-space-runs-")
+"""Every run's folder (its output and its own Hub cache) lies here while it runs; removed when the app stops."""
+
+
+def merge_and_push(inputs: list[str], method: str, *, base: str | None, params: dict[str, Any], token: str,
+                   repo_id: str, private: bool, cancel: threading.Event,
+                   report: Callable[[float, float], Callable[[float, str, str], None]] | None = None,
+                   state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One visitor's run: merge Hub models (``hub_only``, its own cache, a download limit) and push the result.
+
+    Whatever happens (done, error, cancel), the run's folder (output and downloads) is removed before it
+    returns. ``state`` gets ``card`` (as soon as the merge is done), then ``url``, or ``error``.
+    """
+    state = {} if state is None else state
+    report = report or (lambda lo, hi: None)
+    workdir = tempfile.mkdtemp(prefix="run-", dir=RUNS_DIR)
+    try:
+        result = hubsoup.merge(inputs, method, base=base, out=os.path.join(workdir, "merge"),
+                               progress=report(0, MERGE_SHARE), cancel=cancel, token=token, hub_only=True,
+                               cache_dir=os.path.join(workdir, "hub-cache"), max_download=MAX_DOWNLOAD, **params)
+        card = ModelCard(result.card)  # shown as its metadata (YAML) and its text, rendered
+        state["card"] = f"```yaml\n{card.data.to_yaml()}\n```\n\n{card.text}"
+        info = result.push_to_hub(repo_id, private=private, token=token,
+                                  progress=report(MERGE_SHARE, 1.0), cancel=cancel)
+        state["url"] = info.commit_url
+    except BaseException as e:  # reported in the status line
+        state["error"] = e
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)  # nothing of a visitor's run stays on the Space's disk
+    return state
+
+
+def shutdown() -> None:
+    """Cancel every running job, wait for them to clean up, remove the app's temporary folder."""
+    for event in list(RUNNING.values()):
+        event.set()
+    for worker in list(WORKERS):
+        worker.join(30)
+    shutil.rmtree(RUNS_DIR, ignore_errors=True)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM (a Space being stopped) as Ctrl-C: launch() returns, shutdown() cleans up
+
+
+atexit.register(shutdown)
+if __name__ == "__main__":  # from now on: even a SIGTERM while the page is built unwinds through shutdown()
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def user_token(oauth: gr.OAuthToken) -> str:
@@ -109,22 +170,15 @@ def run(values: dict, profile: gr.OAuthProfile | None, oauth: gr.OAuthToken | No
             state["done"], state["text"] = lo + (hi - lo) * done, f"{stage}: {message}"
         return callback
 
-    def job(workdir: str) -> None:  # runs in its own thread; the cancel event stops hubsoup itself
+    def job() -> None:  # runs in its own thread; the cancel event stops hubsoup itself
         try:
-            result = hubsoup.merge(inputs, method, base=values[base_box].strip() or None,
-                                   out=os.path.join(workdir, "merge"), progress=report(0, MERGE_SHARE),
-                                   cancel=cancel, token=token, **params)
-            card = ModelCard(result.card)  # shown as its metadata (YAML) and its text, rendered
-            state["card"] = f"```yaml\n{card.data.to_yaml()}\n```\n\n{card.text}"
-            info = result.push_to_hub(repo_id, private=values[private_box], token=token,
-                                      progress=report(MERGE_SHARE, 1.0), cancel=cancel)
-            state["url"] = info.commit_url
-        except BaseException as e:  # reported in the status line below
-            state["error"] = e
+            merge_and_push(inputs, method, base=values[base_box].strip() or None, params=params, token=token,
+                           repo_id=repo_id, private=values[private_box], cancel=cancel, report=report, state=state)
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)  # nothing of a user's merge stays on the Space's disk
+            WORKERS.discard(threading.current_thread())
 
-    worker = threading.Thread(target=job, args=(tempfile.mkdtemp(prefix="hubsoup-space-"),), daemon=True)
+    worker = threading.Thread(target=job, daemon=True)
+    WORKERS.add(worker)
     worker.start()
     shown_card = False
     yield status_line(0.0, "starting"), ""  # and clear the previous run's card
@@ -199,4 +253,7 @@ with gr.Blocks(title="hubsoup: model soups from the Hub") as demo:
     demo.unload(cancel_job)  # closing the tab cancels its job
 
 if __name__ == "__main__":
-    demo.queue().launch()  # host and port: GRADIO_SERVER_NAME / GRADIO_SERVER_PORT (a Space sets them)
+    try:
+        demo.queue().launch()  # host and port: GRADIO_SERVER_NAME / GRADIO_SERVER_PORT (a Space sets them)
+    finally:
+        shutdown()

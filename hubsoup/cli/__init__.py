@@ -21,6 +21,8 @@ def _push_prepare(args) -> str:
         from hubsoup.hub import check_repo_id
 
         check_repo_id(args.push)
+    if args.card_template and getattr(args, "hub_only", False):
+        raise ParameterError("--card-template names a local file, and --hub-only accepts no local path")
     if args.card_template and not os.path.isfile(args.card_template):
         raise ParameterError(f"card template '{args.card_template}' not found")
     out = args.out or (os.path.join(".", args.push.split("/")[-1]) if args.push else None)
@@ -104,6 +106,15 @@ def cmd_methods(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    from hubsoup.sources.access import check_specs, scope
+
+    opts = merge_options(args)
+    with scope(opts):  # --hub-only: the models' text alone decides, before the disk is looked at
+        check_specs(inputs=args.models, base=args.base)
+        return _cmd_plan(args, opts)
+
+
+def _cmd_plan(args, opts) -> int:
     from hubsoup.plan import Plan
     from hubsoup.sources import open_input
 
@@ -117,7 +128,6 @@ def cmd_plan(args) -> int:
                 print(f"download {c.label}: {todo:,} bytes of weights"
                       + (f" ({total - todo:,} of {total:,} already in the Hub cache)" if todo != total else ""))
 
-    opts = merge_options(args)
     if not args.method:  # one model: how its tensors are grouped
         if len(args.models) != 1:
             raise ParameterError("give --method to plan a merge of several models")

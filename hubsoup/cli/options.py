@@ -26,6 +26,13 @@ def add_merge_options(p: argparse.ArgumentParser, *, inputs: bool = True) -> Non
         g.add_argument("--shape-mismatch", default="error", choices=list(SHAPE_POLICIES),
                        help="a tensor whose shape differs from the base's: fail, or merge the base's rows")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    g.add_argument("--hub-only", action="store_true",
+                   help="accept Hub repo IDs only (models, base, tokenizer source, data): refuse every local path "
+                        "(for servers; see SECURITY.md)")
+    g.add_argument("--max-download", metavar="SIZE", help="download at most SIZE in this run (e.g. 20GB), checked "
+                                                          "from the Hub's file sizes before downloading")
+    g.add_argument("--allow-private-inputs", action="store_true",
+                   help="allow pushing a merge of private or gated inputs to a public repo (the card says so)")
 
 
 def merge_options(args: argparse.Namespace) -> MergeOptions:

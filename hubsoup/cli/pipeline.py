@@ -29,7 +29,7 @@ def cmd_pipeline(args) -> int:
 
     try:
         report = run_pipeline(args.pipeline, dry_run=args.dry_run, token=token, work_dir=args.work_dir,
-                              on_event=on_event)
+                              on_event=on_event, hub_only=args.hub_only)
     except KeyboardInterrupt as e:  # what was published stays published: say so, not "nothing was left"
         print(interrupted_message(type(e).__name__ == "_Terminated", done, pushing[0] if pushing else None),
               file=sys.stderr)
@@ -78,4 +78,6 @@ def register(sub) -> None:
     p.add_argument("--token-env", metavar="NAME",
                    help="read the Hub token from this environment variable (default: HF_TOKEN or the stored login)")
     p.add_argument("--work-dir", metavar="DIR", help="overrides the pipeline's work_dir (merges and the leaderboard)")
+    p.add_argument("--hub-only", action="store_true",
+                   help="models and evaluation data are Hub IDs only: no local path is looked at (for servers)")
     p.set_defaults(func=cmd_pipeline)

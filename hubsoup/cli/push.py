@@ -12,7 +12,7 @@ def cmd_push(args) -> int:
     if os.path.isdir(args.folder):
         retarget_card(args.folder, args.repo_id)  # the card's "how to use" loads the repo, not the folder
     info = push_folder(args.folder, args.repo_id, private=args.private or None, create_pr=args.create_pr,
-                       commit_message=args.commit_message)
+                       commit_message=args.commit_message, allow_private_inputs=args.allow_private_inputs)
     print(f"pushed to {args.repo_id}: {info.commit_url}")
     if info.pr_url:
         print(f"pull request: {info.pr_url}")
@@ -31,4 +31,6 @@ def register(sub) -> None:
     p.add_argument("--private", action="store_true", help="create the repo private (an existing repo keeps its visibility)")
     p.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing to main")
     p.add_argument("--commit-message", help="the commit message (default: Upload <method> merge made with hubsoup)")
+    p.add_argument("--allow-private-inputs", action="store_true",
+                   help="push a merge of private or gated inputs to a public repo anyway (the card says so)")
     p.set_defaults(func=cmd_push)

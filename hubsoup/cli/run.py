@@ -60,8 +60,17 @@ def run(args) -> int:
 
         torch.set_num_threads(args.num_threads)  # hubsoup's lanes follow torch's thread count
     device = args.device or ("cuda" if args.cuda else "cpu")
-    result = run_recipe(args.recipe, out, overwrite=args.overwrite, device=device, quiet=args.quiet,
-                        copy_tokenizer=args.copy_tokenizer, random_seed=args.random_seed,
+    source = args.recipe
+    if args.hub_only:  # the operator's file, read here; the models it names must be Hub repo IDs
+        from hubsoup.untrusted import MAX_YAML_BYTES
+
+        try:
+            with open(source, encoding="utf-8") as f:
+                source = f.read(MAX_YAML_BYTES + 1)
+        except OSError as e:
+            raise ParameterError(f"recipe '{args.recipe}' cannot be read ({e.strerror})") from None
+    result = run_recipe(source, out, overwrite=args.overwrite, device=device, quiet=args.quiet,
+                        hub_only=args.hub_only, copy_tokenizer=args.copy_tokenizer, random_seed=args.random_seed,
                         out_shard_params=args.out_shard_size, intermediate_dir=args.intermediate_dir)
     print(result)
     return 0
@@ -105,6 +114,8 @@ def register(sub) -> None:
             g.add_argument(flag, action=_Ignored, nargs=1, help=argparse.SUPPRESS)
         else:
             g.add_argument(flag, "--no-" + flag[2:], action=_Ignored, nargs=0, help=argparse.SUPPRESS)
+    p.add_argument("--hub-only", action="store_true",
+                   help="RECIPE's models must be Hub repo IDs; no local path is looked at (for servers)")
     p.set_defaults(func=run, mergekit_ignored=None)
 
 

@@ -363,7 +363,7 @@ def feed(forks: list, ctx: TensorContext, sweep) -> None:
         for start, _, b, stack in sweep(only=queue):
             forks[j].update(replace(ctx, offset=start), b, stack)
 
-    lanes.run(lane, n)
+    lanes.run(lane, n, stop=queue.stop if queue is not None else None)
 
 
 def _stats_key(job: Job) -> tuple:

@@ -49,6 +49,11 @@ class Shared:
             raise StopIteration
         return self.starts[i]
 
+    def stop(self) -> None:
+        """Hand out no more pieces: every lane ends with the piece it has (an interrupted sweep)."""
+        with self._lock:
+            self._taken = len(self.starts)
+
 
 def forked(p, n: int) -> list:
     """``[p, p.fork(), ...]``: one accumulator per lane, or ``[p]`` if ``p`` is fed from one thread only."""
@@ -61,15 +66,30 @@ def forked(p, n: int) -> list:
     return out
 
 
-def run(fn: Callable[[int], T], n: int) -> list[T]:
+def run(fn: Callable[[int], T], n: int, stop: Callable[[], None] | None = None) -> list[T]:
     """``[fn(0), ..., fn(n - 1)]``, each call in a lane thread of its own (torch at one intra-op thread
-    there); this thread waits. The first exception is raised once every lane has stopped."""
+    there); this thread waits. The first exception is raised once every lane has stopped.
+
+    Interrupted while it waits (Ctrl-C, SIGTERM: raised in this thread), lanes not yet started are
+    cancelled, ``stop()`` (e.g. :meth:`Shared.stop`) ends the others after their current piece, and the
+    interrupt is raised once none runs: nothing of the sweep writes after the caller cleans up."""
     if n <= 1:
         return [fn(0)]
     # the calling thread keeps its own torch threads: merges running side by side in an app's threads
     # never see each other's settings
-    futures = [_pool(n).submit(fn, j) for j in range(n)]
-    wait(futures)
+    futures: list = []
+    try:
+        pool = _pool(n)
+        for j in range(n):
+            futures.append(pool.submit(fn, j))
+        wait(futures)
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        if stop is not None:
+            stop()
+        wait(futures)  # a piece is a few MB: the lanes end at once
+        raise
     return [f.result() for f in futures]
 
 
@@ -87,13 +107,25 @@ def _pool(n: int) -> ThreadPoolExecutor:
             default = torch.get_num_threads()
             pool = ThreadPoolExecutor(n, thread_name_prefix="hubsoup-lane", initializer=_one_thread)
             started = threading.Barrier(n + 1)
-            for _ in range(n):  # every thread started (each waits for the others), so each ran _one_thread
-                pool.submit(started.wait)
-            started.wait()
+            try:
+                for _ in range(n):  # every thread started (each waits for the others), so each ran _one_thread
+                    pool.submit(_wait, started)
+                started.wait()
+            except BaseException:  # interrupted while the lanes start: none may stay waiting (exit would hang)
+                started.abort()
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
             # set_num_threads also sets the default that threads started later take up: the process's again
             torch.set_num_threads(default)
             _POOLS[key] = pool
         return pool
+
+
+def _wait(barrier: threading.Barrier) -> None:
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:  # the start was interrupted (abort): this thread just ends
+        pass
 
 
 def _one_thread() -> None:

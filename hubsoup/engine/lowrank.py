@@ -174,7 +174,7 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
 
     extremes: dict[int, tuple] = {}
     again: set[int] = set()
-    for e, a in lanes.run(merging(queue, contexts, forks), n_lanes):
+    for e, a in lanes.run(merging(queue, contexts, forks), n_lanes, stop=queue.stop if queue is not None else None):
         extremes.update(e)
         again |= a
     for p, f in zip(during, forks):
@@ -187,7 +187,8 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
         n_again = lanes.count(work.job.lanes, len(again))
         queue = lanes.Shared(sorted(again)) if n_again > 1 else again
         contexts = [replace(ctx, stats=ChainMap({}, ctx.stats)) for _ in range(n_again)]
-        for e, _ in lanes.run(merging(queue, contexts, []), n_again):
+        stop = queue.stop if isinstance(queue, lanes.Shared) else None
+        for e, _ in lanes.run(merging(queue, contexts, []), n_again, stop=stop):
             extremes.update(e)
     # NaN/inf in an input or the result propagates to the extremes (NaN fails the test); a value beyond
     # the output dtype's range might round to inf: the dense path decides (and names the overflow)

@@ -79,17 +79,22 @@ class ReadAhead:
         self._q.put_nowait(ranges)
 
     def close(self) -> None:
-        """Stop (between chunks) and join the thread; idempotent."""
+        """Stop (between chunks) and join the thread; idempotent, and safe at any moment of :meth:`request`
+        (a signal may have come between the thread's creation and its start)."""
         self._stop.set()
-        if self._thread is None:
+        thread, self._thread = self._thread, None
+        if thread is None:
             return
         try:
             self._q.get_nowait()
         except queue.Empty:
             pass
-        self._q.put_nowait(None)  # wakes a thread waiting for work
-        self._thread.join()
-        self._thread = None
+        try:
+            self._q.put_nowait(None)  # wakes a thread waiting for work (or one that starts later)
+        except queue.Full:
+            pass
+        if thread.ident is not None:  # never started: nothing to join (it would find the None and end)
+            thread.join()
 
     def __enter__(self) -> "ReadAhead":
         return self

@@ -51,7 +51,16 @@ class TaskSpec:
 
     @property
     def is_local(self) -> bool:
-        return self.kind != "lm-eval" and os.path.exists(os.path.expanduser(self.data))
+        from hubsoup.sources.access import hub_only, require_hub_dataset
+
+        if self.kind == "lm-eval":  # lm-eval's own task names; a custom task_dir is a local folder
+            if hub_only() and self.extra.get("task_dir"):
+                require_hub_dataset(self.extra["task_dir"], "lm-eval task_dir")
+            return False
+        if hub_only():  # a server's run: Hub datasets only, by their name alone
+            require_hub_dataset(self.data, "evaluation data")
+            return False
+        return os.path.exists(os.path.expanduser(self.data))
 
     @classmethod
     def parse(cls, spec: str) -> "TaskSpec":

@@ -50,16 +50,20 @@ def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0):
     """
     import datasets
 
+    from hubsoup.sources.access import hub_only, require_hub_dataset
+
+    if hub_only():  # a server's run: a Hub dataset by its name alone, never a path of the host
+        require_hub_dataset(spec, f"exemplars for task '{task}'")
     where = f"exemplars for task '{task}' ({spec})"
-    path = os.path.expanduser(spec)
+    path, local = os.path.expanduser(spec), not hub_only()
     try:
-        if os.path.isfile(path):
+        if local and os.path.isfile(path):
             ext = os.path.splitext(path)[1].lower()
             if ext not in _BUILDERS:
                 raise ExemplarError(f"{where}: unknown file type {ext!r}; use one of {', '.join(sorted(_BUILDERS))}")
             kw = {"delimiter": "\t"} if ext == ".tsv" else {}
             ds = datasets.load_dataset(_BUILDERS[ext], data_files=path, split="train", **kw)
-        elif os.path.isdir(path):
+        elif local and os.path.isdir(path):
             if os.path.isfile(os.path.join(path, "dataset_info.json")) or os.path.isfile(os.path.join(path, "state.json")):
                 ds = datasets.load_from_disk(path)
             else:

@@ -63,6 +63,8 @@ import yaml
 from hubsoup.errors import ParameterError
 from hubsoup.formats import chat_template
 from hubsoup.formats.mergekit_vocab import VocabLayout, VocabSpec, parse_vocab
+from hubsoup.sources.access import scoped
+from hubsoup.untrusted import load_yaml, short
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +241,7 @@ def _check_keys(d: Any, allowed: set[str], where: list, dropped: list[str],
     """``d`` as a mapping; a key mergekit does not know is dropped (mergekit's config classes drop it too) and
     recorded in ``dropped`` for the warning; a key mergekit uses and hubsoup cannot reproduce is refused."""
     if not isinstance(d, dict):
-        raise ParameterError(f"mergekit config: '{_where(where)}' must be a mapping, got {d!r}")
+        raise ParameterError(f"mergekit config: '{_where(where)}' must be a mapping, got {short(d)}")
     for k in d:
         if unsupported and k in unsupported:
             raise ParameterError(f"mergekit config: key '{_where(where + [k])}' is not supported: {unsupported[k]}")
@@ -251,10 +253,10 @@ def _check_keys(d: Any, allowed: set[str], where: list, dropped: list[str],
 def _model_ref(value: Any, where: list) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ParameterError(f"mergekit config: '{_where(where)}' must be a model reference (org/name[@revision] "
-                             f"or a folder), got {value!r}")
+                             f"or a folder), got {short(value)}")
     value = value.strip()
     if value.count("@") > 1 or value.count("+") > 1:
-        raise ParameterError(f"mergekit config: '{_where(where)}' = {value!r} is not a model reference")
+        raise ParameterError(f"mergekit config: '{_where(where)}' = {short(value)} is not a model reference")
     return value
 
 
@@ -262,7 +264,7 @@ def _params_map(d: Any, where: list) -> dict[str, Any]:
     if d is None:
         return {}
     if not isinstance(d, dict) or not all(isinstance(k, str) for k in d):
-        raise ParameterError(f"mergekit config: '{_where(where)}' must be a mapping of parameter names, got {d!r}")
+        raise ParameterError(f"mergekit config: '{_where(where)}' must be a mapping of parameter names, got {short(d)}")
     return d
 
 
@@ -278,10 +280,7 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
         hubsoup.errors.ParameterError: naming the key at fault (unknown, unsupported, or invalid).
     """
     text = source if "\n" in source or ":" in source and not os.path.exists(source) else load_text(source)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ParameterError(f"mergekit config: not valid YAML ({str(e).splitlines()[0]})") from None
+    data = load_yaml(text, "mergekit config")
     if not is_mergekit_config(data):
         raise ParameterError("mergekit config: no 'merge_method' key (is this a hubsoup recipe?)")
     dropped: list[str] = []
@@ -530,18 +529,18 @@ def _entries(setting: Any, where: str) -> list[dict]:
             return []
         if all(not isinstance(e, dict) for e in setting):
             if any(isinstance(e, (list, tuple)) for e in setting):
-                raise ParameterError(f"mergekit config: '{where}': a gradient is a list of numbers, got {setting!r}")
+                raise ParameterError(f"mergekit config: '{where}': a gradient is a list of numbers, got {short(setting)}")
             return [{"value": list(setting)}]
         out = []
         for e in setting:
             if not isinstance(e, dict) or "value" not in e:
-                raise ParameterError(f"mergekit config: '{where}': an entry is {{filter: NAME, value: V}}, got {e!r}")
+                raise ParameterError(f"mergekit config: '{where}': an entry is {{filter: NAME, value: V}}, got {short(e)}")
             e = {k: v for k, v in e.items() if k in ("filter", "value")}  # other keys were dropped (and warned of)
             if e.get("filter") is not None and not isinstance(e["filter"], str):
-                raise ParameterError(f"mergekit config: '{where}': filter {e['filter']!r} is not a string")
+                raise ParameterError(f"mergekit config: '{where}': filter {short(e['filter'])} is not a string")
             out.append({"value": e["value"]} if e.get("filter") in (None, "*") else dict(e))
         return out
-    raise ParameterError(f"mergekit config: '{where}': unexpected value {setting!r}")
+    raise ParameterError(f"mergekit config: '{where}': unexpected value {short(setting)}")
 
 
 def _typed_setting(setting: Any, p: MkParam, where: str, dropped: list[str]) -> Any:
@@ -612,7 +611,7 @@ def _bool(v: Any, name: str) -> bool:
         return v.lower() == "true"
     if isinstance(v, (int, float)) and v in (0, 1):
         return bool(v)
-    raise ParameterError(f"mergekit config: parameter '{name}' must be true or false, got {v!r}")
+    raise ParameterError(f"mergekit config: parameter '{name}' must be true or false, got {short(v)}")
 
 
 def _fill_params(merge: MergekitMerge, spec: MkMethod, top: dict, dropped: list[str]) -> None:
@@ -710,6 +709,13 @@ class MergekitLayout:
         return VocabLayout(merge, spec, order, group)
 
     @property
+    def reads(self) -> list:
+        """Every checkpoint the output is made from beyond the inputs and the base: the models slices copy
+        from and a tokenizer source (never to be overwritten by the output, pinned like the inputs)."""
+        tok = self._vocab.source_ckpt if self._vocab is not None else None
+        return [*self.donors, *([tok] if tok is not None else [])]
+
+    @property
     def opens_inputs(self) -> bool:
         """Whether :func:`hubsoup.merge` must open the inputs through :meth:`open_inputs` (a merged vocabulary)."""
         return self._vocab is not None
@@ -768,7 +774,7 @@ class MergekitLayout:
         for i, sl in enumerate(self.merge.slices):
             for j, s in enumerate(sl.sources):
                 ckpt = open_input(s.model.split("+")[0], allow_pickle=allow_pickle, token=token)
-                n = _layers(ckpt.config)
+                n = _depth(ckpt)
                 if n is not None and s.layer_range[1] > n:
                     raise ParameterError(f"mergekit config: 'slices[{i}].sources[{j}].layer_range' = "
                                          f"{list(s.layer_range)} but '{s.model}' has {n} layers")
@@ -814,6 +820,26 @@ class MergekitLayout:
 
         out: dict[str, TensorSource] = {}
         infos: dict[str, Any] = {}
+        have = {id(c): set(c.keys()) for c in (base, *self.donors)}
+
+        def checked(s: Source, tensor: str, name: str):
+            """The tensor a slice takes from ``s.model``: it exists, and has the shape of the output's (the
+            base's) tensor in its place — models of another size cannot be stacked, whatever their configs say."""
+            ckpt = ckpt_of(s.model)
+            if tensor not in have[id(ckpt)]:
+                raise ParameterError(f"mergekit config: a slice takes {short(tensor)} from {short(s.model)}, which "
+                                     f"has no such tensor (layer_range {list(s.layer_range)} beyond its layers?)")
+            info = ckpt.info(tensor)
+            ref = name if offset_free(name) else f"{stack}.0.{name}"
+            if ref in have[id(base)] and tuple(base.info(ref).shape) != tuple(info.shape):
+                raise ParameterError(f"mergekit config: a slice takes {short(tensor)} of shape {list(info.shape)} "
+                                     f"from {short(s.model)}, but the output is laid out as '{base.label}', whose "
+                                     f"'{ref}' is {list(base.info(ref).shape)}: models of different sizes (hidden "
+                                     "size, heads, ...) cannot be stacked")
+            return info
+
+        def offset_free(name: str) -> bool:
+            return name in pre or name in post
 
         def add(name: str, sl: Slice, offset: int | None, position: float | None) -> None:
             def src_name(s: Source) -> str:
@@ -823,9 +849,11 @@ class MergekitLayout:
             if len(sl.sources) == 1 or merge.merge_method == "passthrough":
                 s = sl.sources[0]
                 ts = TensorSource(src_name(s), (None,) * n_in, position, origin[s.model])
-                infos[out_name] = ckpt_of(s.model).info(src_name(s))
+                infos[out_name] = checked(s, src_name(s), name)
             else:
                 by_model = {s.model: s for s in sl.sources}
+                for s in sl.sources:
+                    checked(s, src_name(s), name)
                 r = by_model[ref_model]
                 names = tuple(src_name(by_model[m]) if m in by_model else None for m in merge.inputs)
                 ts = TensorSource(src_name(r), names, position, -1)
@@ -919,7 +947,7 @@ def _remove_tokenizer_files(folder: str) -> None:
 
 def _referenced(merge: MergekitMerge) -> list[str]:
     """Every model the config names, once each, in the config's order (base_model first)."""
-    data = yaml.safe_load(merge.text)
+    data = load_yaml(merge.text, "mergekit config")
     refs = [data.get("base_model")] if isinstance(data, dict) and data.get("base_model") else []
     refs += [s.model for s in merge.models_mode_sources]
     refs += [s.model for sl in merge.slices or [] for s in sl.sources]
@@ -1017,6 +1045,17 @@ def _layers(config: dict) -> int | None:
     return None
 
 
+def _depth(ckpt) -> int | None:
+    """The model's layer count: its config's, or (a config without one) counted from its tensors' names."""
+    n = _layers(ckpt.config)
+    if n is not None:
+        return n
+    from hubsoup.plan import block_of
+
+    indices = [b[1] for k in ckpt.keys() if (b := block_of(k))]
+    return max(indices) + 1 if indices else None
+
+
 def _set_layers(config: dict, n: int) -> None:
     for k in ("num_hidden_layers", "n_layer", "num_layers"):
         if k in config:
@@ -1030,8 +1069,8 @@ def public_config_text(text: str) -> str:
     from hubsoup.recipe import public_value
 
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
+        data = load_yaml(text, "mergekit config")
+    except ParameterError:
         return text
     pub = _map_models(data, lambda ref: public_value(ref) if isinstance(ref, str) else ref)
     if pub == data:
@@ -1094,11 +1133,29 @@ def _map_tokenizer_models(section: dict, fn: Callable[[str], str]) -> dict:
 
 # --- running ----------------------------------------------------------------------------------------
 
+def check_hub_only(data: Any) -> None:
+    """In a ``hub_only`` run, refuse a parsed config naming any model (a LoRA's too) that is not a Hub repo ID."""
+    from hubsoup.sources.access import hub_only, require_hub_id
+
+    if not hub_only():
+        return
+
+    def check(ref: Any) -> Any:
+        if isinstance(ref, str):
+            for part in ref.strip().split("+"):
+                require_hub_id(part, "mergekit config: model")
+        return ref
+
+    _map_models(data, check)
+
+
+@scoped
 def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, copy_tokenizer: bool = True,
                random_seed: int | None = None, out_shard_params: int | None = None, **options: Any):
     """Run a mergekit config with hubsoup; returns the :class:`hubsoup.MergeResult`.
 
-    ``source``: the YAML text or a file; ``pins``: model reference → pinned spec (``org/name@sha``),
+    ``source``: the YAML text or a file (with ``hub_only``: always the text, never a path);
+    ``pins``: model reference → pinned spec (``org/name@sha``),
     used when repeating a merge from its recipe; ``options``: :class:`hubsoup.MergeOptions` fields
     (``overwrite``, ``device``, ``quiet``, ...; ``dtype`` overrides the config's).
     mergekit-yaml's options: ``copy_tokenizer`` (False: the output holds no tokenizer files),
@@ -1109,10 +1166,17 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, cop
         >>> res = run_config("mk.yml", "./merged", overwrite=True)     # doctest: +SKIP
     """
     from hubsoup.api import merge as hub_merge
+    from hubsoup.sources.access import hub_only
 
-    text = source if "\n" in source else load_text(source)
+    if hub_only():  # a server's run: the config is text; nothing is read from (or probed on) the disk
+        if not isinstance(source, str):
+            raise ParameterError("mergekit config: with hub_only, give the config's YAML text")
+        text = source if "\n" in source else source + "\n"
+        check_hub_only(load_yaml(text, "mergekit config"))
+    else:
+        text = source if "\n" in source else load_text(source)
     if pins:
-        data = yaml.safe_load(text)
+        data = load_yaml(text, "mergekit config")
         # each part of a model+adapter reference pinned on its own
         text = dump_config(_map_models(data, lambda r: "+".join(pins.get(x, x) for x in r.split("+"))))
     m = read_config(text, token=options.get("token"), allow_pickle=bool(options.get("allow_pickle")))

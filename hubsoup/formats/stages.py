@@ -31,10 +31,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from hubsoup.errors import ParameterError
 from hubsoup.formats.mergekit import _map_models, dump_config, is_mergekit_config, public_config_text
+from hubsoup.untrusted import load_yaml_all
 
 
 @dataclass
@@ -50,10 +49,12 @@ class Stage:
 
 def is_multi_stage(text: str) -> bool:
     """Whether ``text`` is a stream of several mergekit configs."""
+    if "\n---" not in text and not text.startswith("---"):
+        return False  # one document (the common case): not parsed twice
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError:
-        return False
+        docs = [d for d in load_yaml_all(text, "mergekit config") if d is not None]
+    except ParameterError:
+        return False  # read again, and refused with the reason, by the single-document reader
     return len(docs) > 1 and all(is_mergekit_config(d) for d in docs)
 
 
@@ -63,10 +64,7 @@ def _model_name(ref: str) -> str:
 
 def read_stages(text: str) -> list[Stage]:
     """The stages of a multi-stage config, in an order where each comes after the stages it merges."""
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        raise ParameterError(f"mergekit config: not valid YAML ({str(e).splitlines()[0]})") from None
+    docs = [d for d in load_yaml_all(text, "mergekit config") if d is not None]
     stages: dict[str | None, Stage] = {}
     for i, d in enumerate(docs):
         if not is_mergekit_config(d):

@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from hubsoup.errors import ParameterError
 from hubsoup.methods._schedule import Schedule, has_schedule, is_schedule_value, yaml_value
+from hubsoup.untrusted import short
 
 
 MEASURED = ("measured: best or near-best across hubsoup's quality benchmarks (encoder MiniLM-L6 at 4 and 8 "
@@ -43,7 +44,7 @@ def param(default: Any, help: str, *, range: tuple | None = None, choices: tuple
     it changes no earlier recipe.
     """
     if source not in SOURCES:
-        raise ValueError(f"param source must be one of {', '.join(SOURCES)}, got {source!r}")
+        raise ValueError(f"param source must be one of {', '.join(SOURCES)}, got {short(source)}")
     md = {"help": help, "range": range, "choices": choices, "source": source}
     if source == "measured":
         md["evidence"] = evidence or MEASURED
@@ -71,10 +72,10 @@ def _convert(name: str, tp: Any, value: Any) -> Any:
                 return _convert(name, a, value)
             except ParameterError as e:
                 last = e
-        raise last or ParameterError(f"parameter '{name}': cannot parse {value!r}")
+        raise last or ParameterError(f"parameter '{name}': cannot parse {short(value)}")
     if origin is Literal:
         if value not in args:
-            raise ParameterError(f"parameter '{name}': {value!r} is not one of {', '.join(map(str, args))}")
+            raise ParameterError(f"parameter '{name}': {short(value)} is not one of {', '.join(map(str, args))}")
         return value
     if origin in (tuple, list):
         inner = args[0] if args else float
@@ -95,26 +96,26 @@ def _convert(name: str, tp: Any, value: Any) -> Any:
             return True
         if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
             return False
-        raise ParameterError(f"parameter '{name}': expected true/false, got {value!r}")
+        raise ParameterError(f"parameter '{name}': expected true/false, got {short(value)}")
     if tp in (int, float):
         if isinstance(value, Schedule):
             return value
         if is_schedule_value(value):
             return Schedule.parse(value, name=name, integer=tp is int)
         if isinstance(value, bool):
-            raise ParameterError(f"parameter '{name}': expected a number, got {value!r}")
+            raise ParameterError(f"parameter '{name}': expected a number, got {short(value)}")
         if isinstance(value, str):
             value = value.strip()
         try:
             v = tp(value) if not (tp is int and isinstance(value, str) and "." in value) else int(float(value))
         except OverflowError:  # int(inf), int("1e999.")
-            raise ParameterError(f"parameter '{name}': expected a finite number, got {value!r}") from None
+            raise ParameterError(f"parameter '{name}': expected a finite number, got {short(value)}") from None
         except (TypeError, ValueError):
-            raise ParameterError(f"parameter '{name}': expected {tp.__name__}, got {value!r}") from None
+            raise ParameterError(f"parameter '{name}': expected {tp.__name__}, got {short(value)}") from None
         if tp is float and not math.isfinite(v):  # NaN/inf pass every range check and poison the merge
-            raise ParameterError(f"parameter '{name}': expected a finite number, got {value!r}")
+            raise ParameterError(f"parameter '{name}': expected a finite number, got {short(value)}")
         if tp is int and isinstance(value, float) and not float(value).is_integer():
-            raise ParameterError(f"parameter '{name}': expected an integer, got {value!r}")
+            raise ParameterError(f"parameter '{name}': expected an integer, got {short(value)}")
         return v
     if tp is str:
         return str(value)
@@ -137,7 +138,7 @@ def _check_range(name: str, value: Any, md: dict) -> None:
                 raise ParameterError(f"parameter '{name}' = {v} is out of range {bounds}")
     choices = md.get("choices")
     if choices and not isinstance(value, Schedule) and value not in choices:
-        raise ParameterError(f"parameter '{name}': {value!r} is not one of {', '.join(map(str, choices))}")
+        raise ParameterError(f"parameter '{name}': {short(value)} is not one of {', '.join(map(str, choices))}")
 
 
 def parse_params(cls: type, given: dict[str, Any], *, method: str = "") -> Any:

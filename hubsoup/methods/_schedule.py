@@ -30,6 +30,7 @@ import math
 from typing import Any
 
 from hubsoup.errors import ParameterError
+from hubsoup.untrusted import short
 
 
 CLI_HELP = """\
@@ -72,16 +73,16 @@ class Schedule:
             raw = [raw]
         if not isinstance(raw, (list, tuple)) or not raw:
             raise ParameterError(f"parameter '{name}': expected a number, a gradient list or filter entries, "
-                                 f"got {raw!r}")
+                                 f"got {short(raw)}")
         if all(not isinstance(e, dict) for e in raw):
             return cls(((None, _anchors(name, raw)),), integer)
         entries = []
         for e in raw:
             if not isinstance(e, dict) or "value" not in e or set(e) - {"filter", "value"}:
-                raise ParameterError(f"parameter '{name}': a filter entry is {{filter: NAME, value: V}}, got {e!r}")
+                raise ParameterError(f"parameter '{name}': a filter entry is {{filter: NAME, value: V}}, got {short(e)}")
             f = e.get("filter")
             if f is not None and not isinstance(f, str):
-                raise ParameterError(f"parameter '{name}': filter {f!r} is not a string")
+                raise ParameterError(f"parameter '{name}': filter {short(f)} is not a string")
             v = e["value"]
             if isinstance(v, str) and v.strip().startswith("["):
                 v = yaml_value(name, v)
@@ -125,13 +126,13 @@ def _anchors(name: str, values: Any) -> tuple[float, ...]:
     out = []
     for v in values:
         if isinstance(v, (bool, dict, list, tuple)):
-            raise ParameterError(f"parameter '{name}': gradient anchors must be numbers, got {v!r}")
+            raise ParameterError(f"parameter '{name}': gradient anchors must be numbers, got {short(v)}")
         try:
             x = float(v.strip() if isinstance(v, str) else v)
         except (TypeError, ValueError):
-            raise ParameterError(f"parameter '{name}': gradient anchor {v!r} is not a number") from None
+            raise ParameterError(f"parameter '{name}': gradient anchor {short(v)} is not a number") from None
         if not math.isfinite(x):
-            raise ParameterError(f"parameter '{name}': expected finite numbers, got {v!r}")
+            raise ParameterError(f"parameter '{name}': expected finite numbers, got {short(v)}")
         out.append(x)
     if not out:
         raise ParameterError(f"parameter '{name}': an empty gradient")
@@ -140,12 +141,9 @@ def _anchors(name: str, values: Any) -> tuple[float, ...]:
 
 def yaml_value(name: str, text: str) -> Any:
     """A YAML flow value (``[0, 1]``, ``{filter: mlp, value: 0.3}``) read safely."""
-    import yaml
+    from hubsoup.untrusted import load_yaml
 
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ParameterError(f"parameter '{name}': cannot read {text!r} ({str(e).splitlines()[0]})") from None
+    return load_yaml(text, f"parameter '{name}'", max_bytes=64 * 1024)
 
 
 def _parse_text(name: str, text: str) -> Any:

@@ -491,6 +491,34 @@ def _umask() -> int:
     return mask
 
 
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_renameat2 = None
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swap the folders ``a`` and ``b`` atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    system or the file system cannot (the caller then renames twice, and :func:`recover` covers a crash)."""
+    global _renameat2
+    if not sys.platform.startswith("linux"):
+        return False
+    if _renameat2 is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            _renameat2 = fn
+        except (OSError, AttributeError):  # an older libc: no renameat2
+            _renameat2 = False
+    if not _renameat2:
+        return False
+    at_fdcwd = -100
+    return _renameat2(at_fdcwd, os.fsencode(os.path.abspath(a)), at_fdcwd, os.fsencode(os.path.abspath(b)),
+                      _RENAME_EXCHANGE) == 0
+
+
 def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -530,7 +558,11 @@ class OutputFolder:
         """Rename the temporary folder (or ``source``, a folder inside it) to the target; release the lock."""
         src = source or self.path
         parent = os.path.dirname(self.target)
-        if os.path.lexists(self.target):
+        if os.path.isdir(self.target) and not os.path.islink(self.target) and exchange(src, self.target):
+            # one atomic step: the target is the new output at every moment, the old one is now at `src`
+            # (a crash before it is removed leaves a `.NAME.partial-*` folder, which the next run removes)
+            _remove(src)
+        elif os.path.lexists(self.target):
             suffix = os.path.basename(self.path).rsplit(".partial-", 1)[-1]
             old = os.path.join(parent, f".{os.path.basename(self.target)}.old-{suffix}")
             os.rename(self.target, old)

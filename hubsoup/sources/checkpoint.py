@@ -202,6 +202,10 @@ class Checkpoint:
     before any weight is downloaded; None from it (no safetensors to read so): the weights are fetched."""
     remote_files: Callable[[], list[str]] | None = None
     """With :attr:`remote_headers`: the weight files a merge would download (for ``resolve.download_size``)."""
+    weight_bytes: Callable[[], int] | None = None
+    """A Hub input: the bytes fetching its weights would charge to the run's ``max_download`` (0 without one)."""
+    visibility: dict[str, bool] | None = None
+    """A Hub input opened online: ``{"private": ..., "gated": ...}`` as the Hub said (for a public push's check)."""
     _files: dict[str, str] = field(default_factory=dict, repr=False)  # tensor -> file
     _infos: dict[str, TensorInfo] = field(default_factory=dict, repr=False)
     _handles: dict[str, Any] = field(default_factory=dict, repr=False)

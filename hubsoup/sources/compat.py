@@ -234,7 +234,10 @@ def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pi
 
 
 def _is_local(spec: Any) -> bool:
-    return isinstance(spec, str) and os.path.isdir(os.path.expanduser(spec))
+    from hubsoup.sources.access import hub_only
+
+    # a hub_only run never looks at the disk for a spec (open_input refuses any that is not a repo ID)
+    return not hub_only() and isinstance(spec, str) and os.path.isdir(os.path.expanduser(spec))
 
 
 def warn_duplicates(ckpts: Sequence[Checkpoint]) -> None:

@@ -8,8 +8,11 @@ when the engine opens them, after the inputs were checked against the base.
 
 from __future__ import annotations
 
+import fnmatch
+import logging
 import os
 import re
+import time
 
 from hubsoup.errors import InputError, MergeCancelled, PickleRefusedError
 from hubsoup.progress import Monitor, silent_tqdm
@@ -33,6 +36,7 @@ TOKENIZER_FILES = [
     "chat_template*",
     "preprocessor_config.json",
 ]
+log = logging.getLogger(__name__)
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
@@ -70,10 +74,14 @@ def open_input(spec: str, *, allow_pickle: bool = False, token: str | bool | Non
         >>> ckpt.ref.sha                                  # doctest: +SKIP
         '3f1c...'
     """
+    from hubsoup.sources import access
+
+    if access.hub_only():  # a server's run: the text alone decides, before anything on the disk is looked at
+        access.require_hub_id(spec, role)
     if not isinstance(spec, str) or not spec.strip():
         raise InputError(f"{role} {spec!r}: not a folder or a Hub repo ID")
     repo_id, revision = parse_spec(spec)
-    if hub_only:
+    if hub_only or access.hub_only():
         if (spec.startswith((".", "/", "~", "\\")) or repo_id.count("/") > 1 or not _REPO_ID.match(repo_id)
                 or ".." in repo_id or re.match(r"^[A-Za-z]:", spec)):
             raise InputError(f"{role} '{spec}' is not a Hub repo ID (org/name[@revision])")
@@ -174,7 +182,12 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
     from huggingface_hub import HfApi, constants, snapshot_download
 
     from hubsoup.hub import ensure_timeouts, hub_timeout
+    from hubsoup.sources import access
 
+    acc = access.current()  # this run's cache and download budget (kept by the closures below)
+    cache = {"cache_dir": acc.cache_dir} if acc.cache_dir else {}
+    who = f"{role} '{spec}'"
+    access.check_offline(who)
     mon = monitor or Monitor()
     # an app's run (progress or cancel given): this call's bars are silent, and each update checks cancel
     bars = {"tqdm_class": silent_tqdm(mon)} if mon.active else {}
@@ -190,28 +203,38 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         mon.enter("download", f"fetching {repo_id}")
 
     files: list[str] = []
+    sizes: dict[str, int | None] = {}
     try:
         if constants.HF_HUB_OFFLINE:
             # offline: whatever the cache holds for that revision, pinned to its snapshot sha
-            folder = snapshot_download(repo_id, revision=revision, token=token, local_files_only=True)
+            folder = snapshot_download(repo_id, revision=revision, token=token, local_files_only=True, **cache)
             sha = os.path.basename(folder.rstrip("/"))
         else:
             ensure_timeouts()
-            info = HfApi().model_info(repo_id, revision=revision, token=token, timeout=hub_timeout())
+            # asked with this run's token first, always: a cached snapshot is never a way around the Hub's answer
+            info = HfApi().model_info(repo_id, revision=revision, token=token, timeout=hub_timeout(),
+                                      files_metadata=acc.limited)
             sha = info.sha
             files = [s.rfilename for s in (info.siblings or [])]
+            sizes = {s.rfilename: getattr(s, "size", None) for s in (info.siblings or [])}
             patterns = METADATA_FILES + (TOKENIZER_FILES if with_tokenizer else [])
-            folder = snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars)
+            acc.charge(repo_id, sha, sizes, patterns, who)
+            folder = snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars, **cache)
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
+        from hubsoup.errors import HubsoupError
+
+        if isinstance(e, HubsoupError) and _cancelled(e) is None:
+            raise
         raise fail(e) from e
 
     kind = "lora" if os.path.isfile(os.path.join(folder, "adapter_config.json")) else "full"
     ref = InputRef(spec=spec, repo_id=repo_id, revision=revision, sha=sha, path=folder, kind=kind)
     ckpt = Checkpoint(ref=ref, folder=folder, allow_pickle=allow_pickle, role=role)
+    if not constants.HF_HUB_OFFLINE:  # what the Hub said of the repo: a public push of a merge of it must know
+        ckpt.visibility = {"private": bool(getattr(info, "private", False)),
+                           "gated": bool(getattr(info, "gated", False))}
 
-    def fetch_weights() -> None:
-        if constants.HF_HUB_OFFLINE:
-            return
+    def weight_patterns() -> list[str]:
         index = os.path.join(folder, SAFETENSORS_INDEX)
         top = [f for f in files if "/" not in f]
         if os.path.isfile(index):
@@ -239,10 +262,25 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
             raise CorruptCheckpointError(
                 f"{role} '{ckpt.label}': the repo holds no weights (no model.safetensors, "
                 f"{SAFETENSORS_INDEX} or pytorch_model.bin)")
+        return patterns
+
+    def weight_bytes() -> int:
+        """What fetching the weights would charge to the run's budget (0 without one)."""
+        if not acc.limited or constants.HF_HUB_OFFLINE:
+            return 0
+        pats = weight_patterns()
+        return sum(int(sizes.get(n) or 0) for n in sizes
+                   if any(fnmatch.fnmatch(n, p) for p in pats) and not acc._cached(repo_id, sha, n, "model"))
+
+    def fetch_weights() -> None:
+        if constants.HF_HUB_OFFLINE:
+            return
+        patterns = weight_patterns()
+        acc.charge(repo_id, sha, sizes, patterns, who)
         try:
             ensure_timeouts()
             mon.check("before downloading")
-            snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars)
+            snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars, **cache)
         except Exception as e:  # noqa: BLE001
             raise fail(e) from e
 
@@ -263,15 +301,15 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
             return None
         from huggingface_hub import try_to_load_from_cache
 
-        if all(isinstance(try_to_load_from_cache(repo_id, f, revision=sha), str) for f in names):
+        if all(isinstance(try_to_load_from_cache(repo_id, f, revision=sha, **cache), str) for f in names):
             return None  # every weight file is in the local cache at this commit: its headers are read there
         api = HfApi()
         out: dict[str, dict[str, TensorInfo]] = {}
         try:
             ensure_timeouts()
             for fname in names:  # two range requests at most per file: its header, never its data
-                meta = api.parse_safetensors_file_metadata(repo_id, fname, revision=sha, token=token,
-                                                           timeout=hub_timeout())
+                meta = with_backoff(lambda: api.parse_safetensors_file_metadata(
+                    repo_id, fname, revision=sha, token=token, timeout=hub_timeout()), mon)
                 out[fname] = {}
                 for name, t in meta.tensors.items():
                     dtype = ST_DTYPES.get(t.dtype)
@@ -290,10 +328,39 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         return out
 
     ckpt.fetch_weights = fetch_weights
+    ckpt.weight_bytes = weight_bytes
     if headers_only and not constants.HF_HUB_OFFLINE:
         ckpt.remote_headers = remote_headers
         ckpt.remote_files = safetensors_files
     return ckpt
+
+
+RETRY_STATUS = (408, 429, 500, 502, 503, 504)
+"""The answers huggingface_hub's own downloads retry (``http_backoff``): header reads retry them the same way."""
+_sleep = time.sleep
+
+
+def with_backoff(call, monitor: Monitor | None = None, *, tries: int = 6, first: float = 1.0, most: float = 8.0):
+    """``call()``, tried again after 1, 2, 4, 8, 8 s on a transient Hub answer (a 5xx, 408, 429) or a dropped
+    connection, as huggingface_hub retries its downloads; a timeout is not retried (every request already
+    waited ``HUBSOUP_HUB_TIMEOUT``). A cancel is checked before each new try."""
+    from hubsoup.hub import error_status, is_timeout
+
+    wait = first
+    for attempt in range(tries):
+        try:
+            return call()
+        except Exception as e:  # noqa: BLE001 - re-raised unless transient
+            status = error_status(e)
+            dropped = status is None and any(c.__name__ in ("ConnectError", "RemoteProtocolError", "ReadError")
+                                             for c in type(e).__mro__)
+            if attempt == tries - 1 or is_timeout(e) or not (status in RETRY_STATUS or dropped):
+                raise
+            log.debug("transient Hub answer (%s); trying again in %.0f s", status or type(e).__name__, wait)
+        if monitor is not None:
+            monitor.check("before trying the Hub again")
+        _sleep(wait)
+        wait = min(wait * 2, most)
 
 
 def download_size(ckpt: Checkpoint, token: str | bool | None = None) -> tuple[int, int] | None:
@@ -317,7 +384,9 @@ def download_size(ckpt: Checkpoint, token: str | bool | None = None) -> tuple[in
     from huggingface_hub import HfApi, try_to_load_from_cache
 
     from hubsoup.hub import ensure_timeouts
+    from hubsoup.sources.access import current
 
+    cache = {"cache_dir": current().cache_dir} if current().cache_dir else {}
     try:
         ensure_timeouts()
         infos = HfApi().get_paths_info(ref.repo_id, names, revision=ref.sha, token=token)
@@ -326,6 +395,6 @@ def download_size(ckpt: Checkpoint, token: str | bool | None = None) -> tuple[in
     sizes = {i.path: int(getattr(i, "size", 0) or 0) for i in infos}
     total = sum(sizes.values())
     cached = sum(size for name, size in sizes.items()
-                 if isinstance(hit := try_to_load_from_cache(ref.repo_id, name, revision=ref.sha), str)
+                 if isinstance(hit := try_to_load_from_cache(ref.repo_id, name, revision=ref.sha, **cache), str)
                  and os.path.isfile(hit))
     return total - cached, total

@@ -188,11 +188,10 @@ class EvolveConfig:
             where = f"evolve config '{source}'"
             if not os.path.isfile(source):
                 raise ParameterError(f"{where} not found")
-            try:
-                with open(source, encoding="utf-8") as f:
-                    source = yaml.safe_load(f)
-            except yaml.YAMLError as e:
-                raise ParameterError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+            from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
+
+            with open(source, encoding="utf-8") as f:
+                source = load_yaml(f.read(MAX_YAML_BYTES + 1), where)  # bounded: size, aliases
         if not isinstance(source, dict):
             raise ParameterError(f"{where}: expected a mapping (base, models, method, space, ...)")
         d = dict(source)

@@ -39,6 +39,7 @@ from hubsoup.errors import MethodError, ParameterError
 from hubsoup.methods import get_method
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
+from hubsoup.sources.access import check_specs, scoped
 
 
 def _frange(lo: float, hi: float, step: float) -> list[float]:
@@ -195,6 +196,7 @@ def normalized_score(results, references: Sequence[float] | None) -> float:
     return sum(vals) / len(vals)
 
 
+@scoped  # hub_only: the inputs' text alone decides, before anything local is looked at
 def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list], base: str | None = None,
            tasks: Sequence | None = None, score_fn: Callable[[str], float] | None = None,
            params: dict[str, Any] | None = None, normalize: bool = True, limit: int | None = None,
@@ -215,6 +217,7 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
         ...              tasks=[...], progress=lambda d, stage, msg: print(f"{d:.0%} {stage}"),
         ...              cancel=threading.Event())                                   # doctest: +SKIP
     """
+    check_specs(inputs=inputs, base=base, tasks=tasks or ())
     opts, merge_kwargs = MergeOptions.split(kwargs, options)
     if opts.progress is not None and not opts.quiet:  # the callback replaces every print
         opts = opts.replace(quiet=True)

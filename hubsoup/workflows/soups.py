@@ -39,6 +39,7 @@ from hubsoup.api import MergeResult, merge
 from hubsoup.errors import ParameterError
 from hubsoup.options import MergeOptions
 from hubsoup.output import check_output, lock_output
+from hubsoup.sources.access import check_specs, scoped
 
 
 def uniform_soup(inputs: Sequence[str], *, out: str, base: str | None = None, **kwargs: Any) -> MergeResult:
@@ -71,6 +72,7 @@ def _is_local_full(spec: str) -> bool:
         return False
 
 
+@scoped  # hub_only: the inputs' text alone decides, before anything local is looked at
 def greedy_soup(inputs: Sequence[str], score_fn: Callable[[str], float], *, out: str, base: str | None = None,
                 strict: bool = False, method: str = "linear", params: dict[str, Any] | None = None,
                 individual_scores: Mapping[str, float] | Sequence[float] | None = None,
@@ -93,6 +95,7 @@ def greedy_soup(inputs: Sequence[str], score_fn: Callable[[str], float], *, out:
         options: as :func:`hubsoup.merge` (or their names as keywords); ``quiet`` by default.
         kwargs: further :func:`hubsoup.merge` keyword arguments (``output_format``, ...).
     """
+    check_specs(inputs=inputs, base=base)
     opts, merge_kwargs = MergeOptions.split(kwargs, options or MergeOptions(quiet=True))
     inputs = list(inputs)
     if not inputs:

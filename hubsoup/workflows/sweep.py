@@ -30,6 +30,7 @@ from hubsoup.api import MergeResult, merge
 from hubsoup.errors import ParameterError
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
+from hubsoup.sources.access import check_specs, scoped
 from hubsoup.workflows.search import _frange
 
 INDEX_FILE = "sweep.json"
@@ -103,6 +104,7 @@ class SweepResult:
     points: list[SweepPoint] = field(default_factory=list)
 
 
+@scoped  # hub_only: the inputs' text alone decides, before anything local is looked at
 def sweep(inputs: Sequence[str], method: str, out_dir: str, grid: str | Sequence[float], *, param: str = "lambdas",
           base: str | None = None, params: dict[str, Any] | None = None, options: MergeOptions | None = None,
           **kwargs: Any) -> SweepResult:
@@ -118,6 +120,7 @@ def sweep(inputs: Sequence[str], method: str, out_dir: str, grid: str | Sequence
         kwargs: ``output_format``/``rank``/``energy`` as :func:`hubsoup.merge`; anything else is a
             method parameter.
     """
+    check_specs(inputs=inputs, base=base)
     opts, rest = MergeOptions.split(kwargs, options)
     merge_kwargs = {k: rest.pop(k) for k in _OUTPUT_KEYS if k in rest}
     fixed = {**(params or {}), **rest}

@@ -57,7 +57,8 @@ from hubsoup.plan import Plan
 from hubsoup.progress import Monitor
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources import Checkpoint, InputRef
-from hubsoup.sources.compat import open_base, open_models
+from hubsoup.sources.access import check_specs, scoped
+from hubsoup.sources.compat import _is_local, open_base, open_models
 from hubsoup.workflows.continual.state import (
     STATE_DIR,
     STATE_FILE,
@@ -104,7 +105,7 @@ def _monitor(opts: MergeOptions, models: Sequence[str], soup: str | None = None)
         opts = opts.replace(quiet=True)
     monitor = opts.monitor()
     monitor.check("before the merge")
-    local = all(os.path.isdir(os.path.expanduser(m)) for m in [*models, *([soup] if soup else [])])
+    local = all(_is_local(m) for m in [*models, *([soup] if soup else [])])
     monitor.plan({**({} if local else {"download": 1.0}), "merge": 2.0})
     return opts, monitor
 
@@ -251,6 +252,10 @@ def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, f
 
 def _lock_soup(soup: str) -> OutputLock | None:
     """The lock on a local soup (None for a Hub soup), taken before its state is read; recovers an interrupted add."""
+    from hubsoup.sources.access import hub_only
+
+    if hub_only():  # the soup is a Hub repo ID (check_specs): no folder of this machine is looked at
+        return None
     path = os.path.abspath(os.path.expanduser(soup))
     parent, name = os.path.split(path)
     try:
@@ -262,6 +267,7 @@ def _lock_soup(soup: str) -> OutputLock | None:
 
 # --- the public API ------------------------------------------------------------------------------
 
+@scoped
 def init(models: Sequence[str], *, base: str | None = None, out: str, params: dict[str, Any] | None = None,
          options: MergeOptions | None = None, **kwargs: Any):
     """Start a continual soup: merge ``models`` in order with OPCM and save the state beside the output.
@@ -283,6 +289,7 @@ def init(models: Sequence[str], *, base: str | None = None, out: str, params: di
     _, p = parse_method(METHOD, {**(params or {}), **extra})
     if not models:
         raise ParameterError("no input models given")
+    check_specs(inputs=models, base=base)
     check_output(out, opts.overwrite)
     opts, monitor = _monitor(opts, models)
     folder = OutputFolder(out, overwrite=opts.overwrite)  # locked for the whole run
@@ -293,6 +300,7 @@ def init(models: Sequence[str], *, base: str | None = None, out: str, params: di
         raise folder.fail(e)
 
 
+@scoped
 def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base: str | None = None,
         options: MergeOptions | None = None, **kwargs: Any):
     """Add ``models`` (in order) to a continual soup, reading only its state, the base and the new models.
@@ -318,10 +326,11 @@ def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base:
         models = [models]
     if not models:
         raise ParameterError("no models to add")
+    check_specs(inputs=models, base=base, soup=soup)
     opts, monitor = _monitor(opts, models, soup)
     # an add in place replaces the soup: lock it before its state is read, for the whole run (an add to
     # another --out only reads it, and the in-place replacement is an atomic rename)
-    local = os.path.isdir(os.path.expanduser(soup))
+    local = _is_local(soup)
     same = local and out is not None and (os.path.abspath(os.path.expanduser(out))
                                           == os.path.abspath(os.path.expanduser(soup)))
     soup_lock = _lock_soup(soup) if out is None or same else None
@@ -352,7 +361,7 @@ def _add(soup: str, models: Sequence[str], folder: OutputFolder, base: str | Non
     opts = opts.replace(dtype=opts.dtype if opts.dtype is not None else st.dtype,
                         ignore_extra=st.ignore_extra, shape_mismatch=st.shape_mismatch)
     base_ref = InputRef.from_dict(st.base)
-    from_hub = not os.path.isdir(os.path.expanduser(soup))
+    from_hub = not _is_local(soup)
     if base is None and from_hub and not base_ref.repo_id:
         # a state downloaded from the Hub must not choose a folder on this machine as the base
         raise ContinualStateError(f"soup '{soup}': its continual state names a local base, not a Hub repo; pass "
@@ -373,6 +382,7 @@ def _add(soup: str, models: Sequence[str], folder: OutputFolder, base: str | Non
     return _run(setup, prev, p, st.base, folder=folder, t0=t0)
 
 
+@scoped
 def export(soup: str, *, out: str, base: str | None = None, options: MergeOptions | None = None, **kwargs: Any):
     """Write the merged model θ_0 + S/λ of a soup's state to ``out`` (without the state).
 
@@ -382,6 +392,7 @@ def export(soup: str, *, out: str, base: str | None = None, options: MergeOption
     opts, extra = MergeOptions.split(kwargs, options)
     if extra:
         raise ParameterError(f"continual export: unknown option '{sorted(extra)[0]}'")
+    check_specs(base=base, soup=soup)
     check_output(out, opts.overwrite)
     soup_lock = _lock_soup(soup)  # an `add` must not replace the soup while it is read
     try:

@@ -195,20 +195,40 @@ class StateReader:
 
 def state_folder(soup: str, token: str | bool | None = None) -> tuple[str, str]:
     """(local folder of the soup's state, a label) for a soup given as a folder or Hub repo ID."""
-    expanded = os.path.expanduser(soup)
-    if os.path.isdir(expanded):
-        return os.path.join(expanded, STATE_DIR), soup
-    if os.path.exists(expanded):
-        raise InputError(f"soup '{soup}': is a file; give the merged model's folder or its Hub repo ID")
-    from huggingface_hub import snapshot_download
+    from hubsoup.sources import access
 
+    expanded = os.path.expanduser(soup)
+    if access.hub_only():  # a server's run: a Hub repo ID by its text alone, no folder of this machine
+        access.require_hub_id(soup, "soup")
+    elif os.path.isdir(expanded):
+        return os.path.join(expanded, STATE_DIR), soup
+    elif os.path.exists(expanded):
+        raise InputError(f"soup '{soup}': is a file; give the merged model's folder or its Hub repo ID")
+    from huggingface_hub import HfApi, constants, snapshot_download
+
+    from hubsoup.hub import ensure_timeouts, hub_timeout
     from hubsoup.sources.resolve import parse_spec
 
     repo_id, revision = parse_spec(soup)
+    acc = access.current()
+    access.check_offline(f"soup '{soup}'")
+    cache = {"cache_dir": acc.cache_dir} if acc.cache_dir else {}
+    patterns = [f"{STATE_DIR}/*"]
     try:
-        folder = snapshot_download(repo_id, revision=revision, token=token, allow_patterns=[f"{STATE_DIR}/*"])
+        if not constants.HF_HUB_OFFLINE:  # asked with this run's token (and sizes for its budget) first
+            ensure_timeouts()
+            info = HfApi().model_info(repo_id, revision=revision, token=token, timeout=hub_timeout(),
+                                      files_metadata=acc.limited)
+            revision = info.sha
+            acc.charge(repo_id, info.sha, {s.rfilename: getattr(s, "size", None) for s in info.siblings or []},
+                       patterns, f"soup '{soup}'")
+        folder = snapshot_download(repo_id, revision=revision, token=token, allow_patterns=patterns, **cache)
+    except InputError:
+        raise
     except Exception as e:  # noqa: BLE001 - one clear line
-        raise InputError(f"soup '{soup}': cannot fetch its continual state from the Hub ({type(e).__name__}: {e})") from e
+        from hubsoup.sources.resolve import hub_failure
+
+        raise hub_failure(e, f"soup '{soup}'", repo_id, revision, token) from e
     return os.path.join(folder, STATE_DIR), soup
 
 

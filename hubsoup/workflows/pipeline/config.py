@@ -161,7 +161,7 @@ def load_pipeline(source: str | os.PathLike | dict[str, Any]) -> Pipeline:
     Raises:
         hubsoup.errors.ParameterError: one line naming the file and the key at fault.
     """
-    import yaml
+    from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 
     where = "pipeline"
     root = os.getcwd()
@@ -170,11 +170,8 @@ def load_pipeline(source: str | os.PathLike | dict[str, Any]) -> Pipeline:
         where = f"pipeline '{path}'"
         if not os.path.isfile(path):
             raise ParameterError(f"{where}: no such file")
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = yaml.safe_load(f)
-        except yaml.YAMLError as e:
-            raise ParameterError(f"{where}: not valid YAML: {' '.join(str(e).split())}") from None
+        with open(path, encoding="utf-8") as f:
+            data = load_yaml(f.read(MAX_YAML_BYTES + 1), where)
         root = os.path.dirname(os.path.abspath(path))
     else:
         data = dict(source)

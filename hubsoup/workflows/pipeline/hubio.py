@@ -193,9 +193,10 @@ class Published:
 def published_recipes(api, namespace: str, policy: RetryConfig, token: Any = None) -> dict[str, Published]:
     """Recipe hash → the repo of ``namespace`` holding that merge, read from each hubsoup repo's
     ``hubsoup_recipe.yaml`` on the Hub (repos tagged ``hubsoup``; one without a readable recipe is ignored)."""
-    import yaml
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
+
+    from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 
     repos = with_retry(lambda: [(m.id, m.sha) for m in api.list_models(author=namespace, filter="hubsoup",
                                                                         full=True, token=token)],
@@ -206,7 +207,7 @@ def published_recipes(api, namespace: str, policy: RetryConfig, token: Any = Non
             path = with_retry(lambda: hf_hub_download(repo_id, RECIPE_FILE, revision=sha, token=token),
                               f"recipe of {repo_id}", policy)
             with open(path, encoding="utf-8") as f:
-                h = (yaml.safe_load(f) or {}).get("hash")
+                h = (load_yaml(f.read(MAX_YAML_BYTES + 1), f"recipe of {repo_id}") or {}).get("hash")
         except (EntryNotFoundError, RemoteEntryNotFoundError):
             continue
         except Exception as e:  # noqa: BLE001 - an unreadable repo is not ours to judge; said, not fatal

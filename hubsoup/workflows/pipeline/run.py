@@ -136,7 +136,7 @@ class PipelineReport:
 
 def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_run: bool = False,
                  token: str | bool | None = None, work_dir: str | None = None, stream: TextIO | None = None,
-                 on_event: Callable[[str, PlannedMerge], None] | None = None) -> PipelineReport:
+                 on_event: Callable[[str, PlannedMerge], None] | None = None, hub_only: bool = False) -> PipelineReport:
     """Run (or with ``dry_run`` only plan) a pipeline; see :mod:`hubsoup.workflows.pipeline.run`.
 
     Args:
@@ -148,6 +148,8 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
         stream: where progress lines go (default: stdout).
         on_event: called as ``on_event(kind, merge)`` with kind ``merged``, ``pushed``, ``failed``
             or ``skipped``, for apps and tests.
+        hub_only: every model and evaluation dataset must be a Hub ID (no local path is looked at;
+            :mod:`hubsoup.sources.access`), as for a server.
 
     Returns:
         :class:`PipelineReport` (``exit_code`` 0 when nothing failed, else 1).
@@ -163,6 +165,13 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
         >>> report = run_pipeline("pipeline.yml", token=os.environ["HF_TOKEN"])   # doctest: +SKIP
         >>> [m.url for m in report.by_status("published")]                         # doctest: +SKIP
     """
+    from hubsoup.sources.access import scope
+
+    with scope(hub_only=hub_only):
+        return _run_pipeline(source, dry_run, token, work_dir, stream, on_event)
+
+
+def _run_pipeline(source, dry_run, token, work_dir, stream, on_event) -> PipelineReport:
     from huggingface_hub import HfApi
 
     from hubsoup.hub import ensure_timeouts
@@ -206,10 +215,15 @@ class _Runner:
         if self.p.eval is None:
             return []
         from hubsoup.eval import TaskSpec
+        from hubsoup.sources.access import check_specs, hub_only
 
         tasks = []
         for t in self.p.eval.tasks:
             spec = TaskSpec.parse(t)
+            if hub_only():  # Hub datasets only, by their names: nothing relative to the pipeline file
+                check_specs(tasks=[spec])
+                tasks.append(spec)
+                continue
             local = os.path.join(self.p.root, os.path.expanduser(spec.data))
             if not os.path.isabs(os.path.expanduser(spec.data)) and os.path.exists(local):
                 spec.data = local  # relative to the pipeline file, wherever it is run from
@@ -636,7 +650,8 @@ class _Runner:
             result = MergeResult.from_folder(m.path)
             self._write_card(m, result)
             info = with_retry(lambda: result.push_to_hub(m.repo_id, private=self.p.push.private or None,
-                                                         token=self.token, commit_message=message),
+                                                         token=self.token, commit_message=message,
+                                                         allow_private_inputs=self.p.allow_private_inputs),
                               f"push of {m.repo_id}", self.retry)
         except HubsoupError as e:
             m.status, m.reason = FAILED, self._public(e)
@@ -702,11 +717,11 @@ class _Runner:
             return None  # created by a run killed before its commit: ours to fill
         if hubio.RECIPE_FILE in files:
             try:
-                import yaml
+                from hubsoup.untrusted import load_yaml
 
                 raw = with_retry(lambda: hubio.fetch_file(repo_id, hubio.RECIPE_FILE, "model", self.token),
                                  f"recipe of {repo_id}", self.retry)
-                there = (yaml.safe_load(raw or b"") or {}).get("hash")
+                there = (load_yaml(raw or b"", f"recipe of {repo_id}") or {}).get("hash")
             except Exception:  # noqa: BLE001 - unreadable: not ours
                 there = None
             if there == h:

@@ -1,0 +1,256 @@
+"""What one run may reach: Hub repo IDs only (``hub_only``), its own download cache, a download budget.
+
+A server that runs hubsoup for visitors (a Gradio Space, a bot) must not let a visitor's text name a
+file of the server: ``MergeOptions(hub_only=True)`` (``--hub-only``) makes every model spec, base,
+tokenizer source, continual soup, exemplar and evaluation dataset a Hub ID, refused as a plain
+string check **before** anything on the disk is looked at, with a message that says nothing about
+the host (the same whether or not such a path exists). ``cache_dir`` gives the run a Hub cache of
+its own (a snapshot another token filled is never opened), and ``max_download`` a budget in bytes,
+charged from the Hub's file sizes before each download.
+
+Every entry point (:func:`hubsoup.merge`, continual merging, ``run`` of a recipe or mergekit config,
+the pipeline) enters :func:`scope` with its options; :func:`hubsoup.sources.resolve.open_input`, the
+one place where a spec becomes a checkpoint, asks :func:`current` — so a spec that reaches it by any
+path (a mergekit slice, ``tokenizer_source``, a card naming its base) is held to the same rule.
+
+Example:
+    >>> from hubsoup.sources.access import is_hub_id, require_hub_id
+    >>> is_hub_id("org/model@v1"), is_hub_id("./model"), is_hub_id("/srv/cache/models--a--b")
+    (True, False, False)
+    >>> require_hub_id("../secret", "input")
+    Traceback (most recent call last):
+    ...
+    hubsoup.errors.InputError: input '../secret': only Hub repo IDs (org/name[@revision]) are accepted here, not local paths
+"""
+
+from __future__ import annotations
+
+import contextvars
+import fnmatch
+import re
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+from hubsoup.errors import InputError
+from hubsoup.untrusted import short
+
+_NAME = r"[A-Za-z0-9][\w.\-]*"
+_REPO = re.compile(rf"^{_NAME}(/{_NAME})?$")
+_REVISION = re.compile(r"^[\w.\-]+(/[\w.\-]+)*$")  # a branch, tag, sha or refs/pr/N
+_DATA_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet", ".txt", ".arrow")
+
+
+def is_hub_id(spec: Any) -> bool:
+    """Whether ``spec`` is a Hub repo ID (``name``, ``org/name``, optionally ``@revision``), by its text alone."""
+    if not isinstance(spec, str) or not spec or len(spec) > 200 or spec != spec.strip():
+        return False
+    repo_id, _, revision = spec.partition("@")
+    if "@" in spec and not revision:
+        return False
+    if ".." in spec or "\\" in spec or "\x00" in spec or spec.startswith(("~", ".", "/")):
+        return False
+    if not _REPO.match(repo_id) or repo_id.endswith((".", "-")):
+        return False
+    return not revision or bool(_REVISION.match(revision))
+
+
+def is_hub_dataset(spec: Any) -> bool:
+    """A Hub dataset ID (``org/name``, optionally ``:split`` or ``@revision``), never a file name or a path."""
+    if not isinstance(spec, str):
+        return False
+    name = spec.split(":", 1)[0]
+    return is_hub_id(name) and not name.lower().endswith(_DATA_SUFFIXES)
+
+
+def refusal(role: str, spec: Any, kind: str = "Hub repo IDs (org/name[@revision])") -> InputError:
+    """The one message a ``hub_only`` run gives for a spec that is not a Hub ID: it depends on the text alone."""
+    what = f"'{spec}'" if isinstance(spec, str) and len(spec) <= 100 and spec.isprintable() else short(spec)
+    return InputError(f"{role} {what}: only {kind} are accepted here, not local paths")
+
+
+def require_hub_id(spec: Any, role: str) -> str:
+    """``spec`` if it is a Hub repo ID; else :func:`refusal` (nothing on the disk is looked at)."""
+    if not is_hub_id(spec):
+        raise refusal(role, spec)
+    return spec
+
+
+def require_hub_dataset(spec: Any, role: str) -> str:
+    if not is_hub_dataset(spec):
+        raise refusal(role, spec, "Hub dataset IDs (org/name)")
+    return spec
+
+
+@dataclass
+class Access:
+    """The rules of one run (see the module's docstring). ``spent``: bytes charged to ``max_download`` so far."""
+
+    hub_only: bool = False
+    cache_dir: str | None = None
+    max_download: int | None = None
+    spent: int = 0
+    _charged: set = field(default_factory=set, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def limited(self) -> bool:
+        return self.max_download is not None
+
+    def charge(self, repo_id: str, sha: str, sizes: dict[str, int | None], patterns: Iterable[str] | None,
+               who: str, *, repo_type: str = "model") -> int:
+        """Charge the files of ``repo_id@sha`` that ``patterns`` select (all when None) to the budget, before
+        they are downloaded; files already charged or already in this run's cache cost nothing. Raises
+        :class:`InputError` (nothing downloaded) when the budget would be exceeded or the Hub gave no size."""
+        if not self.limited:
+            return 0
+        pats = list(patterns) if patterns is not None else None
+        names = [n for n in sizes if pats is None or any(fnmatch.fnmatch(n, p) for p in pats)]
+        new: dict[str, int] = {}
+        for name in names:
+            key = (repo_type, repo_id, sha, name)
+            if key in self._charged or self._cached(repo_id, sha, name, repo_type):
+                continue
+            size = sizes[name]
+            if size is None:
+                raise InputError(f"{who}: the Hub gave no size for '{name}', and this run may download at most "
+                                 f"{_fmt(self.max_download)}")
+            new[name] = int(size)
+        with self._lock:
+            total = self.spent + sum(new.values())
+            if total > self.max_download:
+                raise InputError(f"{who}: this run may download at most {_fmt(self.max_download)}, and its files "
+                                 f"would bring it to {_fmt(total)} (sizes from the Hub); nothing more was downloaded")
+            self.spent = total
+            self._charged.update((repo_type, repo_id, sha, n) for n in new)
+        return sum(new.values())
+
+    def check_total(self, planned: int, who: str = "the inputs") -> None:
+        """Refuse early when ``planned`` more bytes would exceed the budget (before any weight is downloaded)."""
+        if self.limited and self.spent + planned > self.max_download:
+            raise InputError(f"{who}: this run may download at most {_fmt(self.max_download)}, and the weights "
+                             f"would bring it to {_fmt(self.spent + planned)} (sizes from the Hub); nothing was "
+                             "downloaded")
+
+    def _cached(self, repo_id: str, sha: str, name: str, repo_type: str) -> bool:
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            hit = try_to_load_from_cache(repo_id, name, revision=sha, cache_dir=self.cache_dir, repo_type=repo_type)
+        except Exception:  # noqa: BLE001 - an odd name: not cached
+            return False
+        return isinstance(hit, str)
+
+
+def _fmt(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+_CURRENT: contextvars.ContextVar[Access | None] = contextvars.ContextVar("hubsoup_access", default=None)
+
+
+def current() -> Access:
+    """The rules of the run in progress in this thread (none: a run of the library's defaults)."""
+    return _CURRENT.get() or Access()
+
+
+def hub_only() -> bool:
+    return current().hub_only
+
+
+@contextmanager
+def scope(options: Any = None, **kw: Any) -> Iterator[Access]:
+    """Enter a run's rules (from :class:`~hubsoup.options.MergeOptions`' ``hub_only``, ``cache_dir`` and
+    ``max_download``, or keywords). A scope inside another (a recipe's run calling :func:`hubsoup.merge`)
+    keeps the outer one (its budget and cache); it can only make it stricter: ``hub_only`` added, a cache
+    where it had none, a smaller limit (a new budget then)."""
+    want_hub_only = bool(kw.get("hub_only", getattr(options, "hub_only", False)))
+    cache_dir = kw.get("cache_dir", getattr(options, "cache_dir", None))
+    limit = kw.get("max_download", getattr(options, "max_download_bytes", None))
+    outer = _CURRENT.get()
+    if outer is not None:
+        stricter = (want_hub_only and not outer.hub_only) or (cache_dir and not outer.cache_dir) or (
+            limit is not None and (outer.max_download is None or limit < outer.max_download - outer.spent))
+        if not stricter:
+            yield outer
+            return
+        want_hub_only = want_hub_only or outer.hub_only
+        cache_dir = outer.cache_dir or cache_dir
+        if outer.max_download is not None and (limit is None or outer.max_download - outer.spent < limit):
+            limit = outer.max_download - outer.spent
+    access = Access(hub_only=want_hub_only, cache_dir=cache_dir, max_download=limit)
+    token = _CURRENT.set(access)
+    try:
+        yield access
+    finally:
+        _CURRENT.reset(token)
+
+
+def scoped(fn):
+    """Run ``fn`` (a public entry point taking ``options=`` and options as keywords) inside :func:`scope` of
+    its options: every spec that reaches :func:`hubsoup.sources.resolve.open_input` during it follows them."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any):
+        from hubsoup.options import MergeOptions
+
+        names = MergeOptions.names()
+        opts, _ = MergeOptions.split({k: v for k, v in kwargs.items() if k in names}, kwargs.get("options"))
+        with scope(opts):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def check_specs(*, inputs: Iterable[Any] = (), base: Any = None, soup: Any = None, tasks: Iterable[Any] = (),
+                exemplars: Any = None, roles: tuple[str, str] = ("input", "base")) -> None:
+    """In a ``hub_only`` run, refuse (by their text alone) every spec a caller gave that is not a Hub ID:
+    models, the base, a continual soup, evaluation tasks' data (and a classifier head: a file), exemplars."""
+    if not hub_only():
+        return
+    for s in inputs:
+        require_hub_id(s, roles[0])
+    if isinstance(base, str) or (base is not None and not hasattr(base, "ref")):
+        require_hub_id(base, roles[1])
+    if soup is not None:
+        require_hub_id(soup, "soup")
+    for t in tasks or ():
+        if isinstance(t, str):
+            from hubsoup.eval import TaskSpec
+
+            data = t.split(":", 1)[1].split(",", 1)[0] if ":" in t else t
+            require_hub_dataset(data, "evaluation data")
+            t = TaskSpec.parse(t)
+        require_hub_dataset(getattr(t, "data", None), "evaluation data")
+        if getattr(t, "head", None):
+            raise refusal(f"task '{short(t.name)}' head", t.head, "Hub datasets")
+    if isinstance(exemplars, dict):
+        for task, spec in exemplars.items():
+            require_hub_dataset(spec, f"exemplars for task {short(task)}")
+    elif exemplars:
+        for item in ([exemplars] if isinstance(exemplars, str) else exemplars):
+            spec = item.split("=", 1)[1].strip() if isinstance(item, str) and "=" in item else item
+            require_hub_dataset(spec, "exemplars")
+
+
+def check_offline(who: str) -> None:
+    """A ``hub_only`` run offline reads only a cache of its own (``cache_dir``): a snapshot another user's token
+    filled must never be opened without the Hub checking this run's token."""
+    from huggingface_hub import constants
+
+    acc = current()
+    if acc.hub_only and constants.HF_HUB_OFFLINE and not acc.cache_dir:
+        raise InputError(f"{who}: a hub_only run offline (HF_HUB_OFFLINE=1) needs a cache of its own (cache_dir); "
+                         "the shared Hub cache is not opened without asking the Hub with this run's token")
+
+
+__all__ = ["Access", "current", "scope", "scoped", "check_specs", "hub_only", "is_hub_id", "is_hub_dataset",
+           "require_hub_id",
+           "require_hub_dataset", "refusal", "check_offline"]

@@ -1,0 +1,166 @@
+"""Untrusted text, bounded: YAML read with a size and node limit, values quoted short and escaped.
+
+Every YAML that may come from someone else (a mergekit config, a recipe, a pipeline file, a
+recipe downloaded from the Hub) is read with :func:`load_yaml`: text over
+:data:`MAX_YAML_BYTES` is refused before it is parsed, and the parse stops at
+:data:`MAX_YAML_NODES` nodes *counting every alias as the whole node it repeats*, so a
+"billion laughs" alias bomb of a few hundred bytes is refused in milliseconds with one line,
+instead of expanding into gigabytes. Error messages show an untrusted value through
+:func:`short`: at most :data:`SHORT` characters of its ``repr`` (control characters escaped),
+then ``...``.
+
+Example:
+    >>> from hubsoup.untrusted import load_yaml, short
+    >>> load_yaml("a: [1, 2]", "recipe")
+    {'a': [1, 2]}
+    >>> bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\\n" + "".join(
+    ...     f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\\n"
+    ...     for p, c in zip("abcdefgh", "bcdefghi"))
+    >>> load_yaml(bomb, "mergekit config")
+    Traceback (most recent call last):
+    ...
+    hubsoup.errors.ParameterError: mergekit config: too many YAML nodes (over 200000, aliases counted as what they repeat); refusing to expand it
+    >>> short("x" * 10**9), len(short("x" * 10**9))
+    ("'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...", 67)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from hubsoup.errors import ParameterError
+
+MAX_YAML_BYTES = 1 << 20
+"""The largest YAML text read (1 MiB: a config or recipe is a few KiB)."""
+MAX_YAML_NODES = 200_000
+"""The most nodes a YAML may stand for, each alias counted as the size of the node it repeats."""
+SHORT = 64
+"""Characters of an untrusted value an error message shows."""
+
+
+def short(value: Any, limit: int = SHORT) -> str:
+    """``repr(value)`` cut to ``limit`` characters (then ``...``): safe to put in a one-line message.
+
+    ``repr`` escapes newlines and control characters; a huge value is never formatted whole
+    (containers are summarised by their type and length first).
+
+    >>> short("a\\nb")
+    "'a\\\\nb'"
+    >>> short(list(range(10**6)))
+    'list of 1000000 items'
+    """
+    if isinstance(value, (list, tuple, dict, set)) and len(value) > 16:
+        return f"{type(value).__name__} of {len(value)} items"
+    if isinstance(value, (str, bytes)) and len(value) > 4 * limit:
+        value = value[: 4 * limit]  # repr of the prefix only: never the whole string
+        text = repr(value)
+        return text[:limit] + "..."
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class _Counting(yaml.SafeLoader):
+    """A safe loader that counts the nodes the document stands for, aliases as the size of their anchor's node."""
+
+    def __init__(self, stream: str, max_nodes: int):
+        super().__init__(stream)
+        self._max_nodes = max_nodes
+        self._sizes: dict[int, int] = {}
+
+    def compose_document(self):  # noqa: D102 - yaml's hook: the whole tree, then its size
+        node = super().compose_document()
+        self._weigh(node)
+        return node
+
+    def _weigh(self, node, depth: int = 0) -> int:
+        key = id(node)
+        if key in self._sizes:  # an alias (or a repeated anchor): it costs what it repeats, again
+            size = self._sizes[key]
+        else:
+            if depth > 500:
+                raise ParameterError("YAML nested too deeply")
+            size = 1
+            if isinstance(node, yaml.SequenceNode):
+                for child in node.value:
+                    size += self._weigh(child, depth + 1)
+                    self._check(size)
+            elif isinstance(node, yaml.MappingNode):
+                for k, v in node.value:
+                    size += self._weigh(k, depth + 1) + self._weigh(v, depth + 1)
+                    self._check(size)
+            self._sizes[key] = size
+        self._check(size)
+        return size
+
+    def _check(self, size: int) -> None:
+        if size > self._max_nodes:
+            raise _TooBig()
+
+
+class _TooBig(Exception):
+    pass
+
+
+def load_yaml(text: str | bytes, what: str, *, max_bytes: int = MAX_YAML_BYTES, max_nodes: int = MAX_YAML_NODES) -> Any:
+    """``yaml.safe_load(text)``, refusing (one line naming ``what``) text over ``max_bytes`` and documents that
+    stand for more than ``max_nodes`` nodes (an alias bomb); a syntax error is one line too.
+
+    >>> load_yaml("[1, 2", "recipe")
+    Traceback (most recent call last):
+    ...
+    hubsoup.errors.ParameterError: recipe: not valid YAML (while parsing a flow sequence)
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    if not isinstance(text, str):
+        raise ParameterError(f"{what}: expected YAML text, got {type(text).__name__}")
+    if len(text) > max_bytes:
+        raise ParameterError(f"{what}: {len(text)} characters of YAML, more than the {max_bytes} read")
+    loader = _Counting(text, max_nodes)
+    try:
+        return loader.get_single_data()
+    except _TooBig:
+        raise ParameterError(f"{what}: too many YAML nodes (over {max_nodes}, aliases counted as what they "
+                             "repeat); refusing to expand it") from None
+    except RecursionError:
+        raise ParameterError(f"{what}: YAML nested too deeply") from None
+    except yaml.YAMLError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ParameterError(f"{what}: not valid YAML ({first[:120]})") from None
+    finally:
+        loader.dispose()
+
+
+def load_yaml_all(text: str, what: str, *, max_bytes: int = MAX_YAML_BYTES,
+                  max_nodes: int = MAX_YAML_NODES) -> list[Any]:
+    r"""Every document of a YAML stream (``yaml.safe_load_all``), bounded as :func:`load_yaml`: the whole
+    text by ``max_bytes``, each document by ``max_nodes``.
+
+    >>> load_yaml_all("a: 1\n---\nb: 2\n", "config")
+    [{'a': 1}, {'b': 2}]
+    """
+    if not isinstance(text, str):
+        raise ParameterError(f"{what}: expected YAML text, got {type(text).__name__}")
+    if len(text) > max_bytes:
+        raise ParameterError(f"{what}: {len(text)} characters of YAML, more than the {max_bytes} read")
+    loader = _Counting(text, max_nodes)
+    try:
+        docs = []
+        while loader.check_data():
+            docs.append(loader.get_data())
+        return docs
+    except _TooBig:
+        raise ParameterError(f"{what}: too many YAML nodes (over {max_nodes}, aliases counted as what they "
+                             "repeat); refusing to expand it") from None
+    except RecursionError:
+        raise ParameterError(f"{what}: YAML nested too deeply") from None
+    except yaml.YAMLError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ParameterError(f"{what}: not valid YAML ({first[:120]})") from None
+    finally:
+        loader.dispose()
+
+
+__all__ = ["load_yaml", "load_yaml_all", "short", "MAX_YAML_BYTES", "MAX_YAML_NODES"]

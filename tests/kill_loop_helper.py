@@ -1,0 +1,83 @@
+"""Run the hubsoup CLI for tests/test_kill_loop.py, ready to be signalled at any moment (never imported by the library).
+
+    KILL_LOOP_READY=MARKER python tests/kill_loop_helper.py [hubsoup CLI arguments ...]
+
+Everything a merge imports is imported first; MARKER is created once the CLI caught SIGTERM: a signal the test
+sends after MARKER exists lands in the merge itself, not in Python's start-up. Pieces are made small and
+lanes many (4), so that even a tiny model is swept in lanes: a signal can land while the lane threads
+start (``engine/lanes.py``), while they sweep, or while the read-ahead thread starts or reads. SIGUSR1
+dumps every thread's stack (a hung run says where it hangs).
+
+``KILL_LOOP_AT=lanes|readahead`` and ``KILL_LOOP_SIGNAL=SIGINT|SIGTERM``: the run signals itself at that
+narrow moment instead (what random delays rarely hit): while the main thread waits for the lane threads to
+start (they are made slow to arrive), or between the read-ahead thread's creation and its start.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+import torch  # noqa: E402
+
+import hubsoup.api  # noqa: E402,F401 - imported before the marker: the signal lands in the merge
+import hubsoup.methods  # noqa: E402,F401
+from hubsoup import cli  # noqa: E402
+from hubsoup.cli import _catch_sigterm, main  # noqa: E402
+from hubsoup.engine import lowrank  # noqa: E402
+
+lowrank.PIECE_BYTES = 1 << 16  # a tiny tensor still has several pieces
+torch.set_num_threads(4)  # four lanes
+
+def _signal_at(where: str, sig: int) -> None:
+    from hubsoup.engine import lanes
+
+    if where == "lanes":  # the lane threads arrive late at the start barrier; the signal comes while main waits
+        slow = lanes._one_thread
+
+        def late() -> None:
+            time.sleep(0.3)
+            slow()
+
+        lanes._one_thread = late
+        real_wait = threading.Barrier.wait
+
+        def wait(self, timeout=None):
+            if threading.current_thread() is threading.main_thread():
+                threading.Timer(0.05, os.kill, (os.getpid(), sig)).start()
+            return real_wait(self, timeout)
+
+        threading.Barrier.wait = wait
+    elif where == "readahead":  # the thread object exists, its start has not happened
+        real_start = threading.Thread.start
+
+        def start(self):
+            if self.name == "hubsoup-readahead":
+                os.kill(os.getpid(), sig)
+                time.sleep(0.5)  # the handler runs here, in the main thread
+            return real_start(self)
+
+        threading.Thread.start = start
+
+
+def _ready_once_sigterm_is_caught():
+    """The CLI's SIGTERM handler, then the marker: a SIGTERM sent after it always finds the handler."""
+    restore = _catch_sigterm()
+    open(os.environ["KILL_LOOP_READY"], "w").close()
+    return restore
+
+
+if __name__ == "__main__":
+    cli._catch_sigterm = _ready_once_sigterm_is_caught
+    if os.environ.get("KILL_LOOP_AT"):
+        _signal_at(os.environ["KILL_LOOP_AT"], getattr(signal, os.environ.get("KILL_LOOP_SIGNAL", "SIGINT")))
+    rc = main(sys.argv[1:])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # finished: a late signal is not a failure of the merge
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(rc)

@@ -1,0 +1,169 @@
+"""The Space (examples/space/app.py) with two visitors in one process, its functions called directly.
+
+alice merges her private fine-tune; bob, in the same app process, can neither read, merge nor push it
+(by its repo ID, by the path its snapshot had, or by any folder of the server), every run's folder
+(output and its own Hub cache) is gone when it ends (success, error or cancel), and stopping the app
+(SIGTERM) removes its temporary folder. The browser test (tests/test_space.py) drives the same app.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hubsoup.errors import HubsoupError, InputError, MergeCancelled
+from hubsoup.testing import make_base, make_finetune
+
+pytestmark = pytest.mark.slow  # importing gradio takes seconds
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "examples" / "space" / "app.py"
+
+
+_APP: list = []
+
+
+@pytest.fixture
+def app(hub, monkeypatch):
+    """The app's module, imported once (Gradio's local sign-in mock asks the test Hub who the token is)."""
+    pytest.importorskip("gradio", reason="the Space needs gradio (the test extra)")
+    if not _APP:
+        spec = importlib.util.spec_from_file_location("space_app", APP)
+        module = importlib.util.module_from_spec(spec)
+        with monkeypatch.context() as mp:
+            mp.setenv("HF_TOKEN", hub.token("alice"))
+            spec.loader.exec_module(module)
+        _APP.append(module)
+    return _APP[0]
+
+
+@pytest.fixture
+def zoo(hub, tmp_path):
+    base = make_base("llama", str(tmp_path / "base"))
+    hub.seed("alice/base", base)
+    hub.seed("alice/private-ft", make_finetune(base, str(tmp_path / "ft-a"), seed=1, base_model="alice/base"),
+             private=True)
+    hub.seed("bob/ft", make_finetune(base, str(tmp_path / "ft-b"), seed=2, base_model="alice/base"))
+    return {"base": base}
+
+
+def runs_left(app) -> list[str]:
+    return os.listdir(app.RUNS_DIR)
+
+
+def run(app, hub, user: str, inputs: list[str], repo: str, *, base: str | None = "alice/base",
+        cancel: threading.Event | None = None) -> dict:
+    state = app.merge_and_push(inputs, "linear", base=base, params={}, token=hub.token(user), repo_id=f"{user}/{repo}",
+                               private=True, cancel=cancel or threading.Event())
+    assert runs_left(app) == [], "a run's folder (output or Hub cache) was left"
+    return state
+
+
+def test_a_second_session_cannot_read_merge_or_push_the_first_ones_private_input(app, hub, zoo, tmp_path):
+    from huggingface_hub import constants
+
+    spied: list[str] = []
+    real = app.hubsoup.merge
+
+    def spy(*a, **k):  # the cache folder of each run, to try its path as bob
+        spied.append(k["cache_dir"])
+        return real(*a, **k)
+
+    app.hubsoup.merge = spy
+    try:
+        ok = run(app, hub, "alice", ["alice/private-ft"], "soup")
+    finally:
+        app.hubsoup.merge = real
+    assert "error" not in ok, ok.get("error")
+    assert hub.exists("alice/soup") and ok["url"]
+    alice_cache = spied[0]
+    assert not os.path.exists(alice_cache)  # removed with the run
+    assert not os.path.exists(os.path.join(constants.HF_HUB_CACHE, "models--alice--private-ft"))
+
+    snapshot = os.path.join(alice_cache, "models--alice--private-ft", "snapshots", hub.head("alice/private-ft"))
+    attempts = {
+        "by its repo ID": (["alice/private-ft", "bob/ft"], "alice/base", "not found"),
+        "at its commit": ([f"alice/private-ft@{hub.head('alice/private-ft')}"], "alice/base", "not found"),
+        "by its snapshot's path": ([snapshot], "alice/base", "not local paths"),
+        "a server folder as input": ([str(ROOT)], "alice/base", "not local paths"),
+        "a server folder as base": (["bob/ft"], app.RUNS_DIR, "not local paths"),
+        "the server's home": (["bob/ft"], "~", "not local paths"),
+    }
+    for what, (inputs, base, words) in attempts.items():
+        state = run(app, hub, "bob", inputs, "stolen", base=base)
+        error = state.get("error")
+        assert isinstance(error, InputError) and words in str(error), (what, error)
+        assert "is a file" not in str(error) and "config.json" not in str(error), what  # nothing of the host
+        assert not hub.exists("bob/stolen"), what
+    # bob's own model merges and pushes: the refusals above were not a broken app
+    state = run(app, hub, "bob", ["bob/ft"], "own")
+    assert "error" not in state and hub.exists("bob/own")
+
+
+def test_every_run_ends_with_its_folder_removed(app, hub, zoo):
+    # an error before any download, an error after downloads (a push bob may not make), a cancel, a success
+    state = run(app, hub, "bob", ["bob/ft"], "x", base="./base")
+    assert isinstance(state["error"], InputError)
+    state = app.merge_and_push(["bob/ft"], "linear", base="alice/base", params={}, token=hub.token("bob"),
+                               repo_id="alice/not-bobs", private=True, cancel=threading.Event())
+    assert isinstance(state["error"], HubsoupError) and runs_left(app) == []
+    cancel = threading.Event()
+    cancel.set()
+    state = run(app, hub, "bob", ["bob/ft"], "cancelled", cancel=cancel)
+    assert isinstance(state["error"], MergeCancelled) and not hub.exists("bob/cancelled")
+    state = run(app, hub, "bob", ["bob/ft"], "done")
+    assert state.get("url") and hub.exists("bob/done")
+
+
+def test_the_download_limit_holds_for_a_visitor(app, hub, zoo, monkeypatch):
+    monkeypatch.setattr(app, "MAX_DOWNLOAD", "1kB")
+    state = run(app, hub, "bob", ["bob/ft"], "big")
+    assert isinstance(state["error"], InputError) and "may download at most" in str(state["error"])
+    assert not hub.exists("bob/big")
+
+
+def test_stopping_the_app_removes_its_temporary_folder(hub, tmp_path):
+    pytest.importorskip("gradio")
+    tmp = tmp_path / "app-tmp"
+    tmp.mkdir()
+    port = str(_free_port())
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN")}
+    env.update(HF_ENDPOINT=hub.endpoint, HF_TOKEN=hub.token("alice"), TMPDIR=str(tmp), GRADIO_SERVER_PORT=port,
+               GRADIO_SERVER_NAME="127.0.0.1", GRADIO_ANALYTICS_ENABLED="False", GRADIO_TEMP_DIR=str(tmp / "gradio"),
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, str(APP)], cwd=APP.parent, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # serving
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode(errors="replace")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).read()
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert [p for p in tmp.iterdir() if p.name.startswith("soup-space-runs-")]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = [p.name for p in tmp.iterdir() if p.name.startswith(("soup-space-runs-", "hubsoup"))]
+    assert left == [], (left, out.decode(errors="replace")[-2000:])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
