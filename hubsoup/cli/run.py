@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from hubsoup.recipe import run_recipe
-
 
 def run(args) -> int:
+    from hubsoup.recipe import run_recipe
+
     result = run_recipe(args.recipe, args.out, overwrite=args.overwrite, device=args.device, quiet=args.quiet)
     print(result)
     return 0
