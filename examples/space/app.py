@@ -256,8 +256,11 @@ def run_job(merge_fn: Callable[..., Any], name: str, private: bool, profile: gr.
     cancel = RUNNING[session] = threading.Event()
     state: dict[str, Any] = {"done": 0.0, "text": "starting"}
 
+    workdir = tempfile.mkdtemp(prefix="hubsoup-space-")
+
     def report(lo: float, hi: float):  # hubsoup's progress(done, stage, message), mapped onto [lo, hi]
         def callback(done: float, stage: str, message: str) -> None:
+            message = message.replace(os.path.join(workdir, "merge"), "the work folder")  # not this server's path
             state["done"], state["text"] = lo + (hi - lo) * done, f"{stage}: {message}"
         return callback
 
@@ -278,7 +281,7 @@ def run_job(merge_fn: Callable[..., Any], name: str, private: bool, profile: gr.
         finally:
             shutil.rmtree(workdir, ignore_errors=True)  # nothing of a user's merge stays on the Space's disk
 
-    worker = threading.Thread(target=job, args=(tempfile.mkdtemp(prefix="hubsoup-space-"),), daemon=True)
+    worker = threading.Thread(target=job, args=(workdir,), daemon=True)
     worker.start()
     shown_card = False
     yield status_line(0.0, "starting"), ""  # and clear the previous run's card
@@ -320,11 +323,11 @@ def describe(method: str) -> tuple[Any, ...]:
 with gr.Blocks(title="hubsoup: model soups from the Hub") as demo:
     gr.Markdown("# hubsoup: model soups from the Hub\nMerge fine-tunes of one base model, "
                 "streamed tensor by tensor; the merge and its model card are pushed to your namespace.")
-    with gr.Row():
-        gr.LoginButton()
-        cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel", scale=0)
+    gr.LoginButton()
     # the run's status and progress bar, at the top: visible whichever tab or field the visitor is at
-    status = gr.Markdown("Sign in, then merge.", elem_id="status", min_height=48)
+    with gr.Row(equal_height=True):
+        status = gr.Markdown("Sign in, then merge.", elem_id="status", min_height=48)
+        cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel", scale=0)
     with gr.Row():
         repo_box = gr.Textbox(label="Repo name", value="soup", info="pushed to YOUR-USERNAME/NAME", elem_id="repo")
         private_box = gr.Checkbox(label="Private repo", value=False, elem_id="private")
@@ -366,7 +369,8 @@ with gr.Blocks(title="hubsoup: model soups from the Hub") as demo:
     validate_btn.click(validate_config, yaml_box, yaml_check, show_progress="hidden")
     yaml_box.change(validate_config, yaml_box, yaml_check, show_progress="hidden")
     demo.load(validate_config, yaml_box, yaml_check)
-    cancel_btn.click(cancel_job, None, None, show_progress="hidden")
+    # at once, never queued behind the running merges (the queue holds them until one ends)
+    cancel_btn.click(cancel_job, None, None, show_progress="hidden", queue=False)
     demo.unload(cancel_job)  # closing the tab cancels its job
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ EXAMPLES: dict[str, str] = {
     "continual": """
   hubsoup continual init org/ft-a org/ft-b --base org/base --out ./soup
   hubsoup continual add ./soup org/ft-c --out ./soup-2
-  hubsoup continual show ./soup""",
+  hubsoup continual show ./soup
+  hubsoup continual export ./soup --out ./soup-checkpoint""",
     "pipeline": """
   hubsoup pipeline examples/pipelines/pipeline.yml --dry-run
   hubsoup pipeline pipeline.yml --token-env HF_TOKEN --work-dir ./work""",
