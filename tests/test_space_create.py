@@ -202,3 +202,126 @@ def test_app_zerogpu_tab_validation_and_visitor_messages(app_module):
     denied.__cause__ = cause
     msg = app.visitor_message(denied, "bob/soup")
     assert "You may not write to bob/soup" in msg and "hubsoup push" not in msg
+
+
+# ---- the Space as deployed: its requirements in a fresh venv, its app in a browser ------------------------------
+
+YAML_CONFIG = ["merge_method: ties", "base_model: alice/base",
+               "models: [{model: alice/ft-a, parameters: {weight: 1.0, density: 0.5}}, "
+               "{model: alice/ft-b, parameters: {weight: 1.0, density: 0.5}}]",
+               "dtype: float32"]
+
+
+@pytest.mark.slow
+def test_space_installs_in_a_fresh_venv_and_merges_a_mergekit_config_in_a_browser(hub, tmp_path, monkeypatch):
+    """``hubsoup space create`` to the test Hub; its files installed (see the module docstring for the one line
+    dropped) and its app run from a fresh venv; in Chromium: sign in, paste a mergekit config, see it validated,
+    merge and push, with the status and progress bar at the top."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    from test_space import (CHROME_ARGS, CHROMEDRIVER, CHROMIUM, PERCENT, build_zoo, css, free_port,
+                            require_browser, seen, status, wait_for, watch_status)
+
+    require_browser()
+    monkeypatch.setenv("HF_TOKEN", hub.token("alice"))
+    assert main(["space", "create", "alice/merger", "--template", "mergekit-gui"]) == 0
+    folder = tmp_path / "space"
+    folder.mkdir()
+    for name, data in hub.files("alice/merger", repo_type="space").items():
+        (folder / name).write_bytes(data)
+    req = (folder / "requirements.txt").read_text()
+    assert f"hubsoup @ {hub.endpoint}/spaces/alice/merger/resolve/main/" in req  # fetched from the test Hub
+    offline = [line for line in req.splitlines() if not line.startswith("--extra-index-url")]  # no pytorch index here
+    (folder / "requirements-here.txt").write_text("\n".join(offline) + "\n")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HUB_OFFLINE", "HF_TOKEN")}
+    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "-r", str(folder / "requirements-here.txt"),
+                           "-c", str(ROOT / "constraints.txt")], capture_output=True, text=True, env=env, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    where = subprocess.run([str(py), "-c", "import hubsoup, torch; print(hubsoup.__file__, torch.__version__)"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert str(venv) in where.stdout and "+cpu" in where.stdout, where.stdout + where.stderr  # the venv's own
+
+    zoo_started = time.monotonic()
+    build_zoo(hub, tmp_path / "zoo")
+    port = free_port()
+    log = open(tmp_path / "app.log", "wb")
+    app_env = {**env, "HF_ENDPOINT": hub.endpoint, "HF_TOKEN": hub.token("alice"), "HF_HOME": str(tmp_path / "hf"),
+               "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+               "GRADIO_ANALYTICS_ENABLED": "False", "GRADIO_TEMP_DIR": str(tmp_path / "gradio")}
+    app = subprocess.Popen([str(py), "app.py"], cwd=folder, env=app_env, stdout=log, stderr=subprocess.STDOUT)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    monkeypatch.setenv("SE_OFFLINE", "true")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in [*CHROME_ARGS, f"--user-data-dir={tmp_path / 'profile'}"]:
+        opts.add_argument(arg)
+    browser = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        deadline = time.monotonic() + 120
+        while True:
+            assert app.poll() is None, (tmp_path / "app.log").read_text()[-3000:]
+            try:
+                __import__("urllib.request").request.urlopen(url, timeout=2).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, (tmp_path / "app.log").read_text()[-3000:]
+                time.sleep(0.3)
+        browser.get(url)
+        login = wait_for(browser, lambda d: next(iter(b for b in d.find_elements(By.TAG_NAME, "button")
+                                                      if "Sign in" in b.text), None), 30, "the sign-in button")
+        login.click()
+        wait_for(browser, lambda d: d.execute_script(
+            "return [...document.querySelectorAll('button')].some(b => b.innerText.includes('Logout (alice)'))"),
+            30, "signed in as alice")
+        # the mergekit-gui template opens on the config tab; the example config is validated on load
+        wait_for(browser, lambda d: "Valid" in d.find_element(By.ID, "mergekit-check").text, 30, "validation")
+        editor = css(browser, "#mergekit-yaml .cm-content")
+        editor.click()
+        editor.send_keys(Keys.CONTROL, "a")
+        editor.send_keys(Keys.DELETE)
+        editor.send_keys("merge_method: tiez")
+        wait_for(browser, lambda d: "Not valid" in d.find_element(By.ID, "mergekit-check").text, 30, "a refusal")
+        editor.send_keys(Keys.CONTROL, "a")
+        editor.send_keys(Keys.DELETE)
+        for line in YAML_CONFIG:
+            editor.send_keys(line, Keys.ENTER)
+        wait_for(browser, lambda d: "`alice/ft-b`" in d.find_element(By.ID, "mergekit-check").text
+                 or "alice/ft-b" in d.find_element(By.ID, "mergekit-check").text, 30, "the config validated")
+        assert "Valid" in browser.find_element(By.ID, "mergekit-check").text
+        name = css(browser, "#repo textarea, #repo input")
+        name.send_keys(Keys.CONTROL, "a")
+        name.send_keys("soup-yaml", Keys.TAB)
+        # the status line sits above the tabs: seen wherever the visitor is
+        top = browser.execute_script("return [document.querySelector('#status').getBoundingClientRect().top, "
+                                     "document.querySelector('#tabs').getBoundingClientRect().top]")
+        assert top[0] < top[1], top
+        watch_status(browser)
+        css(browser, "#merge-yaml").click()
+        wait_for(browser, lambda d: d.execute_script(
+            "return !!document.querySelector('#status .progress-bar, #status .eta-bar, #status .progress-level')"),
+            60, "the progress bar drawn over the status line")
+        wait_for(browser, lambda d: "done" in status(d) or "Failed" in status(d), 120, "the merge and push")
+        final = status(browser)
+        assert final.startswith("100%") and "pushed to alice/soup-yaml" in final, final
+        percents = [int(m.group(1)) for text in seen(browser) if (m := PERCENT.search(text))]
+        assert percents == sorted(percents) and any(0 < p < 100 for p in percents), percents
+        assert not any("/tmp" in text or str(tmp_path) in text for text in seen(browser))  # no server path shown
+        card_text = browser.find_element(By.ID, "card").text
+        assert "soup-yaml" in card_text and str(tmp_path) not in card_text
+    finally:
+        browser.quit()
+        app.terminate()
+        app.wait(20)
+        log.close()
+    files = hub.files("alice/soup-yaml")
+    assert any(f.endswith(".safetensors") for f in files) and "mergekit" in files["hubsoup_recipe.yaml"].decode()
+    assert "\n# soup-yaml\n" in files["README.md"].decode()
+    assert hub.token("alice") not in (tmp_path / "app.log").read_text()
+    print(f"\nfresh-venv Space: app start to pushed merge {time.monotonic() - zoo_started:.1f} s")
