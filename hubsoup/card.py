@@ -271,7 +271,8 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         sections=result.sections,
         lora=lora,
         # a card to push names the base as published (never a path); a local card, where the base is
-        base_load_id=base_load_id(result.base) if repo_id or not result.base.path else os.path.abspath(result.base.path),
+        base_load_id=(base_load_id(result.base) if result.base.repo_id or repo_id or not result.base.path
+                      else os.path.abspath(result.base.path)),
         base_on_hub=bool(upstream),
         load=load,
         heads=heads,

@@ -134,6 +134,7 @@ def test_every_card_snippet_runs_locally_and_once_pushed(made, hub, tmp_path):
 
     local = [(f"local {k}", _blocks(open(os.path.join(r.path, "README.md")).read()) + PROBE, str(elsewhere))
              for k, r in outputs.items()]
+    assert 'from_pretrained("alice/base")' in local[-1][1]  # a Hub base by its ID, never its cache folder
     pushed, cards = [], {}
     for kind, r in outputs.items():
         repo = f"alice/{kind}-soup"
