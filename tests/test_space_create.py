@@ -325,3 +325,40 @@ def test_space_installs_in_a_fresh_venv_and_merges_a_mergekit_config_in_a_browse
     assert "\n# soup-yaml\n" in files["README.md"].decode()
     assert hub.token("alice") not in (tmp_path / "app.log").read_text()
     print(f"\nfresh-venv Space: app start to pushed merge {time.monotonic() - zoo_started:.1f} s")
+
+
+@pytest.mark.slow
+def test_app_one_visitors_run_never_shows_anothers(app_module):
+    """Two visitors' runs at once (one thread each, as Gradio runs them): each sees its own progress and error."""
+    import threading
+
+    app = app_module
+    both_running = threading.Barrier(2, timeout=30)
+
+    def visitor(user: str):
+        def merge_fn(out, *, progress, cancel, token, **kw):
+            progress(0.5, "merge", f"merging for {user}")
+            both_running.wait()  # the other visitor's run is at the same point
+            time.sleep(0.5)
+            raise hubsoup.HubsoupError(f"{user}'s own failure")
+
+        profile = types.SimpleNamespace(username=user)
+        oauth = types.SimpleNamespace(token=f"token-of-{user}")
+        request = types.SimpleNamespace(session_hash=f"session-{user}")
+        return app.run_job(merge_fn, "soup", False, profile, oauth, request, lambda *a, **k: None)
+
+    seen: dict[str, list[str]] = {}
+
+    def drive(user):
+        seen[user] = [s for s, _ in visitor(user)]
+
+    threads = [threading.Thread(target=drive, args=(u,)) for u in ("ann", "bob")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for me, other in (("ann", "bob"), ("bob", "ann")):
+        text = "\n".join(seen[me])
+        assert f"merging for {me}" in text and f"{me}'s own failure" in text, text
+        assert other not in text, text
+    assert not app.RUNNING  # both sessions released
