@@ -325,9 +325,10 @@ with gr.Blocks(title="hubsoup: model soups from the Hub") as demo:
                 "streamed tensor by tensor; the merge and its model card are pushed to your namespace.")
     gr.LoginButton()
     # the run's status and progress bar, at the top: visible whichever tab or field the visitor is at
-    with gr.Row(equal_height=True):
+    # Cancel first: its place never moves as the status text changes length under the cursor
+    with gr.Row(equal_height=False):
+        cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel", scale=0, min_width=100)
         status = gr.Markdown("Sign in, then merge.", elem_id="status", min_height=48)
-        cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel", scale=0)
     with gr.Row():
         repo_box = gr.Textbox(label="Repo name", value="soup", info="pushed to YOUR-USERNAME/NAME", elem_id="repo")
         private_box = gr.Checkbox(label="Private repo", value=False, elem_id="private")
