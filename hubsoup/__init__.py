@@ -18,12 +18,16 @@ Example:
 
 __version__ = "0.1.0"
 
-from hubsoup.errors import HubsoupError  # noqa: E402
-from hubsoup.options import MergeOptions  # noqa: E402
-from hubsoup.api import MergeResult, merge  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
-# name -> (module, attribute or None for the module itself); imported on first access
+from hubsoup.errors import HubsoupError  # noqa: E402
+
+# name -> (module, attribute or None for the module itself); imported on first access, so that
+# `hubsoup --help` and `--version` never import torch (seconds)
 _LAZY = {
+    "merge": ("hubsoup.api", "merge"),
+    "MergeResult": ("hubsoup.api", "MergeResult"),
+    "MergeOptions": ("hubsoup.options", "MergeOptions"),
     "continual": ("hubsoup.workflows.continual", None),
     "search": ("hubsoup.workflows.search", "search"),
     "sweep": ("hubsoup.workflows.sweep", "sweep"),
@@ -33,6 +37,11 @@ _LAZY = {
     "evolve": ("hubsoup.workflows.evolve", "evolve"),
     "list_methods": ("hubsoup.methods", "list_methods"),
 }
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
+    from hubsoup.api import MergeResult, merge
+    from hubsoup.options import MergeOptions
 
 
 def __getattr__(name: str):
@@ -45,4 +54,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hubsoup' has no attribute {name!r}")
 
 
-__all__ = ["merge", "MergeResult", "MergeOptions", "HubsoupError", "__version__", *_LAZY]
+__all__ = ["HubsoupError", "__version__", *_LAZY]

@@ -301,9 +301,12 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
             from hubsoup.output.checkpoint import copy_base_files
             from hubsoup.output.lora import LoraSink
 
+            from hubsoup.arch import peft_task_type
+
+            # the base's architecture says which AutoPeftModelFor* loads the output; else the adapters' own
             task_types = {s.config.get("task_type") for s in sources if s.kind == "lora"}
             sink = LoraSink(base_ckpt, base_ckpt.keys(), sink_options, folder.path, metadata,
-                            task_types.pop() if len(task_types) == 1 else None)
+                            peft_task_type(base_ckpt.config) or (task_types.pop() if len(task_types) == 1 else None))
             copy_base_files(base_ckpt, folder.path, tokenizer_only=True)
         else:
             from hubsoup.output.checkpoint import CheckpointSink

@@ -297,3 +297,28 @@ def auto_class(config: dict | None) -> AutoClass:
                         tag = "image-feature-extraction" if "image_size" in (config or {}) else None
                     return AutoClass(cls, tag, arch)
     return AutoClass("AutoModel", None, arch)
+
+
+# the transformers Auto class of a base -> peft's ``task_type`` for an adapter of it (peft's TaskType names);
+# ``AutoPeftModelFor<Task>.from_pretrained(adapter)`` needs it to know which class loads the base
+PEFT_TASK_TYPES = {"AutoModelForCausalLM": "CAUSAL_LM", "AutoModelForSequenceClassification": "SEQ_CLS",
+                   "AutoModelForTokenClassification": "TOKEN_CLS", "AutoModelForSeq2SeqLM": "SEQ_2_SEQ_LM",
+                   "AutoModelForQuestionAnswering": "QUESTION_ANS", "AutoModel": "FEATURE_EXTRACTION"}
+
+
+def peft_task_type(config: dict | None) -> str | None:
+    """peft's ``task_type`` for a LoRA adapter of a model with ``config`` (None: peft names no task for it).
+
+    Example:
+        >>> peft_task_type({"architectures": ["LlamaForCausalLM"]})
+        'CAUSAL_LM'
+        >>> peft_task_type({"architectures": ["BertForSequenceClassification"]})
+        'SEQ_CLS'
+        >>> peft_task_type({"architectures": ["BertModel"], "vocab_size": 30522})
+        'FEATURE_EXTRACTION'
+        >>> peft_task_type({"architectures": ["BertForMaskedLM"]}) is None
+        True
+    """
+    if not (config or {}).get("architectures"):
+        return None
+    return PEFT_TASK_TYPES.get(auto_class(config).name)

@@ -144,16 +144,26 @@ def _heads_view(evaluation: Sequence[Any]) -> list[dict[str, Any]]:
     return rows
 
 
+# where a default comes from (a parameter's ``source``): said of the default, never of the value given
 _ORIGINS = {"paper": "default: the paper's", "ours": "default: ours (the paper is silent)",
-            "mergekit": "default: mergekit's convention"}
+            "mergekit": "default (a parameter from mergekit)"}
 
 
 def _origin(row: dict[str, Any], value: Any) -> str:
-    """Where a hyperparameter's value comes from: given, or the default and its provenance."""
+    """Where a hyperparameter's value comes from: given (and what the default would have been), or the default
+    and its provenance.
+
+    Example:
+        >>> row = {"default": "paper", "source": "mergekit"}
+        >>> _origin(row, "paper"), _origin(row, "mergekit")
+        ('default (a parameter from mergekit)', 'given (default: `paper`)')
+    """
     if not row:
         return ""
     if value != row.get("default"):
-        return "given"
+        default = row.get("default")
+        shown = ", ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        return f"given (default: `{shown}`)".replace("|", "\\|")
     if row.get("source") == "measured":
         return "default: " + str(row.get("evidence") or "measured").replace("|", "\\|")
     return _ORIGINS.get(row.get("source", "paper"), "default")
@@ -210,7 +220,7 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         base.update(upstream=upstream, upstream_url=f"{constants.ENDPOINT}/{upstream}")
     inputs = [_ref_view(r) for r in result.inputs]
     hub_inputs = [i["repo_id"] for i in inputs if i["repo_id"]]
-    model_name = (repo_id or os.path.basename(result.path.rstrip("/"))).split("/")[-1]
+    model_name = card_title(repo_id or result.path)
     lora = _lora_view(result)
     load = _load_view(result, folder, bool(lora))
     heads = [h for h in _heads_view(getattr(result, "evaluation", None) or [])  # only heads the table names
@@ -218,11 +228,13 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
     lic = {"license": license} if license else inherited_license(result)
     if lic.get("note"):
         notes = [*notes, lic["note"]]
+    base_model = ([upstream] if upstream else None) if lora else (hub_inputs or ([upstream] if upstream else None))
     data = ModelCardData(
         # a LoRA output is an adapter *of the base* (the merge's inputs are listed in the card body)
         # inputs on the Hub: a merge of them; else, a base that is (a copy of) a Hub model: derived from it
-        base_model=([upstream] if upstream else None) if lora else (hub_inputs or ([upstream] if upstream else None)),
-        base_model_relation="adapter" if lora else ("merge" if hub_inputs else ("finetune" if upstream else None)),
+        base_model=base_model,
+        # a relation only with the models it relates to (the Hub reads it against base_model)
+        base_model_relation=("adapter" if lora else "merge") if base_model else None,
         library_name="peft" if lora else "transformers",
         pipeline_tag=load["pipeline_tag"],
         tags=["merge", "hubsoup", result.method, *(["lora", "peft"] if lora else [])],
@@ -253,17 +265,101 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         hubsoup_version=result.recipe.hubsoup_version,
         recipe_hash=result.recipe.hash,
         recipe_yaml=result.recipe.public_yaml(),
-        load_id=repo_id or result.path,
+        load_id=repo_id or os.path.abspath(result.path),  # a local card loads from anywhere
         notes=notes,
         search=result.search,
         sections=result.sections,
         restricted=getattr(result, "restricted", None) or [],
         lora=lora,
-        base_load_id=result.base.repo_id or result.base.public_name,  # a local base: its folder name, not its path
+        # a card to push names the base as published (never a path); a local card, where the base is
+        base_load_id=(base_load_id(result.base) if result.base.repo_id or repo_id or not result.base.path
+                      else os.path.abspath(result.base.path)),
+        base_on_hub=bool(upstream),
         load=load,
         heads=heads,
     )
     return card
+
+
+def card_title(where: str) -> str:
+    """The card's title (and ``model-index`` name): the name of the repo it is pushed to, or of the folder.
+
+    Example:
+        >>> card_title("alice/soup"), card_title("/tmp/work/merge/")
+        ('soup', 'merge')
+    """
+    return os.path.basename(os.path.normpath(where.rstrip("/\\"))) or where
+
+
+def base_load_id(ref) -> str:
+    """How a published card (and adapter) names the base to load: its repo ID, the Hub model a local copy
+    stands for (:func:`upstream_model`), or a local folder's name (its path is never published)."""
+    return upstream_model(ref) or ref.public_name
+
+
+def _recipe_base(folder: str):
+    """The base :class:`~hubsoup.sources.InputRef` of the hubsoup recipe in ``folder`` (None: no readable recipe)."""
+    from hubsoup.recipe import RECIPE_FILE, Recipe
+
+    try:
+        with open(os.path.join(folder, RECIPE_FILE), encoding="utf-8") as f:
+            return Recipe.from_yaml(f.read()).base
+    except Exception:  # noqa: BLE001 - any folder may be pushed: no recipe, no base to rename
+        return None
+
+
+def _local_forms(path: str) -> set[str]:
+    return {p for p in (path, os.path.abspath(path), os.path.realpath(path)) if p not in ("", ".", "/")}
+
+
+def retarget_text(text: str, folder: str, repo_id: str) -> str:
+    """A hubsoup card of ``folder`` as it is pushed to ``repo_id``: titled by the repo, its snippet loading the
+    repo, and a local base named as :func:`base_load_id` names it (the card never publishes a path).
+
+    Example:
+        >>> text = '---\\nlicense: mit\\n---\\n\\n# merge\\n\\nmodel = M.from_pretrained("/tmp/merge")\\n'
+        >>> print(retarget_text(text, "/tmp/merge", "alice/soup").split("---")[-1].strip())
+        # soup
+        <BLANKLINE>
+        model = M.from_pretrained("alice/soup")
+    """
+    new = text
+    for local in _local_forms(folder):
+        new = new.replace(f'from_pretrained("{local}")', f'from_pretrained("{repo_id}")')
+        new = new.replace(f'from_pretrained(base, "{local}")', f'from_pretrained(base, "{repo_id}")')
+    base = _recipe_base(folder)
+    if base is not None and not base.repo_id and base.path:
+        for local in _local_forms(base.path):
+            new = new.replace(f'from_pretrained("{local}")', f'from_pretrained("{base_load_id(base)}")')
+    old_title, title = card_title(os.path.abspath(folder)), card_title(repo_id)
+    if old_title != title:
+        head, sep, body = new.partition("\n---\n") if new.startswith("---\n") else ("", "", new)
+        body = re.sub(rf"^# {re.escape(old_title)}$", lambda m: f"# {title}", body, count=1, flags=re.M)
+        new = head + sep + body
+        if sep and "model-index" in head:
+            card = ModelCard(new)
+            if card.data.model_name == old_title:
+                card.data.model_name = title
+                new = str(card)
+    return new
+
+
+def public_adapter_config(text: str, folder: str) -> str:
+    """``adapter_config.json`` as published: a local base path becomes :func:`base_load_id` (what peft then loads)."""
+    import json
+
+    base = _recipe_base(folder)
+    try:
+        config = json.loads(text)
+    except ValueError:
+        return text
+    where = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if base is None or base.repo_id or not base.path or not isinstance(where, str):
+        return text
+    if where in _local_forms(base.path):
+        config["base_model_name_or_path"] = base_load_id(base)
+        return json.dumps(config, indent=2)
+    return text
 
 
 def _card_meta(ref) -> dict[str, Any] | None:

@@ -272,10 +272,9 @@ def retarget_card(folder: str, repo_id: str) -> bool:
         text = f.read()
     if "hubsoup" not in text:
         return False
-    new = text
-    for local in {os.path.abspath(folder), os.path.realpath(folder), folder}:
-        new = new.replace(f'from_pretrained("{local}")', f'from_pretrained("{repo_id}")')
-        new = new.replace(f'from_pretrained(base, "{local}")', f'from_pretrained(base, "{repo_id}")')
+    from hubsoup.card import retarget_text
+
+    new = retarget_text(text, folder, repo_id)  # the repo's title and ID; a local base by its public name
     if new == text:
         return False
     with open(path, "w", encoding="utf-8") as f:
@@ -445,6 +444,10 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
                 scan = raw
             else:
                 new = text
+                if name == "adapter_config.json":  # peft loads the base it names: the one a card names
+                    from hubsoup.card import public_adapter_config
+
+                    new = public_adapter_config(new, folder)
                 for path, public in replace:
                     if path in new:
                         new = new.replace(path, public)

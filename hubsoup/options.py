@@ -21,13 +21,26 @@ import difflib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import torch
+from typing import TYPE_CHECKING
 
 from hubsoup.errors import ParameterError
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+if TYPE_CHECKING:
+    import torch
+
+# dtype names -> torch's names; ``DTYPES`` (name -> torch.dtype) is made on first use: importing torch costs
+# seconds, which `hubsoup --help` must not pay
+DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+               "bfloat16": "bfloat16", "bf16": "bfloat16"}
 SHAPE_POLICIES = ("error", "base-slice")
+
+
+def __getattr__(name: str):
+    if name == "DTYPES":
+        import torch
+
+        return {k: getattr(torch, v) for k, v in DTYPE_NAMES.items()}
+    raise AttributeError(f"module 'hubsoup.options' has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -83,8 +96,8 @@ class MergeOptions:
     """Let a merge of private or gated Hub inputs be pushed to a public repo (its card then says so)."""
 
     def __post_init__(self):
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype is not None and self.dtype not in DTYPE_NAMES:
+            raise ParameterError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.shape_mismatch not in SHAPE_POLICIES:
             raise ParameterError(f"shape_mismatch must be one of {', '.join(SHAPE_POLICIES)}, "
                                  f"got {self.shape_mismatch!r}")
@@ -115,8 +128,10 @@ class MergeOptions:
         return Monitor(self.progress, self.cancel)
 
     @property
-    def out_dtype(self) -> torch.dtype | None:
-        return DTYPES[self.dtype] if self.dtype else None
+    def out_dtype(self) -> "torch.dtype | None":
+        import torch
+
+        return getattr(torch, DTYPE_NAMES[self.dtype]) if self.dtype else None
 
     @property
     def shard_bytes(self) -> int:

@@ -42,6 +42,7 @@ def test_demo_end_to_end(tmp_path, capsys):
     base_card = ModelCard.load(str(tmp_path / "demo" / "base" / "README.md"))
     assert base_card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
     assert card.data.base_model == ["sentence-transformers/all-MiniLM-L6-v2"]
+    assert card.data.base_model_relation == "merge"  # as the README promises (issue 32)
     assert "[sentence-transformers/all-MiniLM-L6-v2](" in card.text
     assert card.data.pipeline_tag == "feature-extraction" and "AutoModel.from_pretrained(" in card.text
     assert "trained by `hubsoup demo`" in card.text and str(tmp_path) not in card.text.split("## How to use")[0]

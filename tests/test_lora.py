@@ -214,7 +214,8 @@ def test_lora_output_rank_sum_reproduces_dense_merge(two_loras, tmp_path):
         torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, msg=lambda m: f"{k}: {m}")
     assert res.lora["aggregate_rel_error"] < 1e-5
     card = open(os.path.join(res.path, "README.md")).read()
-    assert "base_model_relation: adapter" in card and "library_name: peft" in card
+    # a local base that names no Hub model: no base_model, so no relation (issue 32)
+    assert "base_model_relation" not in card and "library_name: peft" in card
     assert "Relative Frobenius error" in card
     recipe = open(os.path.join(res.path, "hubsoup_recipe.yaml")).read()
     assert "format: lora" in recipe

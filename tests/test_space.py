@@ -189,17 +189,22 @@ def hubsoup_param(method: str) -> str:
     return next(m for m in hubsoup.list_methods() if m["name"] == method)["params"][0]["name"]
 
 
+# the status line's own text: the progress bar is drawn over #status too (its numbers are not the status)
+STATUS_TEXT = "#status [data-testid=\"markdown\"]"
+
+
 def status(driver) -> str:
-    return driver.execute_script("return document.querySelector('#status').innerText")
+    return driver.execute_script(f"return document.querySelector('{STATUS_TEXT}').innerText")
 
 
 def watch_status(driver) -> None:
     """Record every text the status line shows (a MutationObserver: no update missed by polling)."""
     driver.execute_script("""
         const el = document.querySelector('#status');
-        window.__seen = [el.innerText];
+        const text = () => (el.querySelector('[data-testid="markdown"]') || {innerText: ''}).innerText;
+        window.__seen = [text()];
         if (window.__observer) window.__observer.disconnect();
-        window.__observer = new MutationObserver(() => window.__seen.push(el.innerText));
+        window.__observer = new MutationObserver(() => window.__seen.push(text()));
         window.__observer.observe(el, {subtree: true, childList: true, characterData: true});""")
 
 

@@ -2,8 +2,12 @@
 
 The visitor signs in with the Hub; every read and the push use *their* OAuth token (never a
 token of the Space). They give the models by repo ID, pick a method, set its parameters
-(widgets generated from ``hubsoup.list_methods()``), watch the progress, may cancel, read the
+(widgets generated from ``hubsoup.list_methods()``) — or paste a mergekit YAML config (second tab,
+validated as they type) — watch the status and progress at the top, may cancel, read the
 generated model card and find the merge under ``{their username}/{repo name}``.
+
+``hubsoup space create USER/NAME`` deploys it (see ``hubsoup.space``): ``hubsoup_space.json`` beside
+this file then says which tab opens first and whether the merge runs in ``spaces.GPU`` (ZeroGPU).
 
 Run locally, against the Hub or any Hub-compatible endpoint::
 
@@ -23,23 +27,67 @@ cache) is removed when it ends, whether it succeeded, failed or was cancelled. S
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from typing import Any, Callable, Iterator
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+try:
+    import hubsoup
+except ImportError:  # a private Space made by `hubsoup space create`: its build cannot fetch the wheel beside us
+    import glob
+    import subprocess
+
+    wheels = sorted(glob.glob(os.path.join(HERE, "hubsoup-*.whl")))
+    if not wheels:
+        raise
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", wheels[-1]])
+    import hubsoup
+
 import gradio as gr
-from huggingface_hub import ModelCard, get_token
+from huggingface_hub import get_token
 
-import hubsoup
-from hubsoup.errors import HubsoupError, MergeCancelled
+from hubsoup.errors import HubsoupError, InputError, MergeCancelled, MethodError, PushError
 
+# what `hubsoup space create` chose (template, ZeroGPU); absent when run from a checkout
+try:
+    with open(os.path.join(HERE, "hubsoup_space.json"), encoding="utf-8") as f:
+        SETTINGS: dict[str, Any] = json.load(f)
+except (OSError, ValueError):
+    SETTINGS = {}
 METHODS: dict[str, dict[str, Any]] = {m["name"]: m for m in hubsoup.list_methods()}
 DEFAULT_METHOD = "ties" if "ties" in METHODS else next(iter(METHODS))
 ON_SPACE = os.environ.get("SYSTEM") == "spaces"  # how Gradio itself tells a Space from a local run
 MERGE_SHARE = 0.9  # share of the progress bar for the merge; the push gets the rest
+FIRST_TAB = "mergekit" if SETTINGS.get("template") == "mergekit-gui" else "form"
+EXAMPLE_CONFIG = """merge_method: ties
+base_model: org/base
+models:
+  - model: org/fine-tune-a
+    parameters: {weight: 1.0, density: 0.5}
+  - model: org/fine-tune-b
+    parameters: {weight: 1.0, density: 0.5}
+dtype: float32
+"""
+
+if SETTINGS.get("zerogpu"):  # ZeroGPU: a GPU is lent for the duration of each merge
+    import spaces
+
+    @spaces.GPU(duration=300)
+    def _on_gpu(merge_fn: Callable[..., Any], out: str, options: dict[str, Any]) -> Any:
+        return merge_fn(out, device="cuda", **options)
+
+    def run_merge(merge_fn: Callable[..., Any], out: str, options: dict[str, Any]) -> Any:
+        return _on_gpu(merge_fn, out, options)
+else:
+    def run_merge(merge_fn: Callable[..., Any], out: str, options: dict[str, Any]) -> Any:
+        return merge_fn(out, **options)
 
 MAX_DOWNLOAD = os.environ.get("HUBSOUP_SPACE_MAX_DOWNLOAD", "20GB")
 """What one run may download (the Hub's file sizes are checked before any download)."""
@@ -51,23 +99,24 @@ RUNS_DIR = tempfile.mkdtemp(prefix="soup-space-runs-")
 """Every run's folder (its output and its own Hub cache) lies here while it runs; removed when the app stops."""
 
 
-def merge_and_push(inputs: list[str], method: str, *, base: str | None, params: dict[str, Any], token: str,
-                   repo_id: str, private: bool, cancel: threading.Event,
-                   report: Callable[[float, float], Callable[[float, str, str], None]] | None = None,
-                   state: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One visitor's run: merge Hub models (``hub_only``, its own cache, a download limit) and push the result.
-
-    Whatever happens (done, error, cancel), the run's folder (output and downloads) is removed before it
-    returns. ``state`` gets ``card`` (as soon as the merge is done), then ``url``, or ``error``.
-    """
+def merge_then_push(merge_fn: Callable[..., Any], *, token: str, repo_id: str, private: bool,
+                    cancel: threading.Event,
+                    report: Callable[[float, float], Callable[[float, str, str], None]] | None = None,
+                    state: dict[str, Any] | None = None, workdir: str | None = None) -> dict[str, Any]:
+    """One visitor's run: ``merge_fn(out, **options)`` (Hub repos only, its own Hub cache, a download limit:
+    :func:`merge_options`), then the push. Whatever happens (done, error, cancel), the run's folder (output and
+    downloads) is removed before it returns. ``state`` gets ``card`` (the card as it will be on the Hub, as soon
+    as the merge is done), then ``url``, or ``error``."""
     state = {} if state is None else state
     report = report or (lambda lo, hi: None)
-    workdir = tempfile.mkdtemp(prefix="run-", dir=RUNS_DIR)
+    workdir = workdir or tempfile.mkdtemp(prefix="run-", dir=RUNS_DIR)
     try:
-        result = hubsoup.merge(inputs, method, base=base, out=os.path.join(workdir, "merge"),
-                               progress=report(0, MERGE_SHARE), cancel=cancel, token=token, hub_only=True,
-                               cache_dir=os.path.join(workdir, "hub-cache"), max_download=MAX_DOWNLOAD, **params)
-        card = ModelCard(result.card)  # shown as its metadata (YAML) and its text, rendered
+        result = run_merge(merge_fn, os.path.join(workdir, "merge"),
+                           merge_options(token, report(0, MERGE_SHARE), cancel, workdir))
+        # the card as it will be on the Hub: titled by the repo, loading the repo (never this server's path)
+        from hubsoup.card import render
+
+        card = render(result, repo_id=repo_id)
         state["card"] = f"```yaml\n{card.data.to_yaml()}\n```\n\n{card.text}"
         info = result.push_to_hub(repo_id, private=private, token=token,
                                   progress=report(MERGE_SHARE, 1.0), cancel=cancel)
@@ -77,6 +126,18 @@ def merge_and_push(inputs: list[str], method: str, *, base: str | None, params: 
     finally:
         shutil.rmtree(workdir, ignore_errors=True)  # nothing of a visitor's run stays on the Space's disk
     return state
+
+
+def merge_and_push(inputs: list[str], method: str, *, base: str | None, params: dict[str, Any], token: str,
+                   repo_id: str, private: bool, cancel: threading.Event,
+                   report: Callable[[float, float], Callable[[float, str, str], None]] | None = None,
+                   state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The form's run (:func:`merge_then_push` of ``hubsoup.merge``), callable without a browser."""
+    def merge_fn(out: str, **options: Any):
+        return hubsoup.merge(inputs, method, base=base, out=out, **params, **options)
+
+    return merge_then_push(merge_fn, token=token, repo_id=repo_id, private=private, cancel=cancel, report=report,
+                           state=state)
 
 
 def shutdown() -> None:
@@ -142,21 +203,128 @@ def status_line(done: float, text: str) -> str:
     return f"**{100 * done:.0f}%** · {text}"
 
 
-def run(values: dict, profile: gr.OAuthProfile | None, oauth: gr.OAuthToken | None, request: gr.Request,
-        progress: gr.Progress = gr.Progress()) -> Iterator[tuple[str, Any]]:
-    """Merge, then push to ``{user}/{name}``; yields (status, card) as the job advances."""
-    if profile is None or oauth is None:
-        raise gr.Error("Sign in with Hugging Face first: the merge is pushed to your namespace.")
+# advice meant for a command line (log in, set HF_TOKEN, `hubsoup push ...`): a Space visitor can do none of it
+_CLI_ADVICE = [re.compile(r"\s*\([^()]*(hf auth login|HF_TOKEN|token=)[^()]*\)"),
+               re.compile(r";?\s*(accept its terms on the Hub and )?log in \(hf auth login or HF_TOKEN\)"),
+               re.compile(r"\.?\s*The local output is intact; retry with: .*$", re.S)]
+
+
+def visitor_message(error: BaseException, repo_id: str) -> str:
+    """What went wrong, said as what a visitor of the Space can do about it (sign in, request access, check a
+    repo name) — never a command to run."""
+    from hubsoup.hub import error_status
+
+    text = str(error)
+    for pattern in _CLI_ADVICE:
+        text = pattern.sub("", text)
+    status = error_status(error)
+    if isinstance(error, PushError):
+        if status == 401:
+            return f"The Hub refused your sign-in while pushing to {repo_id}: sign out, sign in again, and merge again."
+        if status == 403:
+            return (f"You may not write to {repo_id}: check the repo name (it goes to your own namespace), or sign "
+                    "in with an account that can write there.")
+        return f"{text}. Nothing of yours was lost: merge again to retry the push."
+    if isinstance(error, InputError):
+        if "gated" in text:
+            return (f"{text}: open the model's page on the Hub and request access (accept its terms), then merge "
+                    "again, signed in with that account.")
+        if "not found" in text:
+            return (f"{text}. Check the repo name (org/name); if the model is private, sign in with an account "
+                    "that can read it.")
+        return text
+    if isinstance(error, MethodError):
+        return f"{text}. Check the method's parameters (or the config)."
+    if isinstance(error, HubsoupError):
+        return text
+    return f"{type(error).__name__}: {text}"
+
+
+def _inputs_from_form(values: dict) -> tuple[list[str], str | None]:
     inputs = [s.strip() for s in values[models_box].replace(",", "\n").splitlines() if s.strip()]
-    name = values[repo_box].strip()
-    if not name or "/" in name:
-        raise gr.Error(f"Give a repo name (no '/'): the merge goes to {profile.username}/NAME.")
+    if not inputs:
+        raise gr.Error("Give the models to merge: their repo names (org/name), one per line.")
+    return inputs, values[base_box].strip() or None
+
+
+def check_config(text: str) -> tuple[Any, str]:
+    """A pasted mergekit config, read without touching the Hub: (the merge, what the page shows)."""
+    from hubsoup.formats.mergekit import read_config
+    from hubsoup.recipe import looks_local
+
+    if not (text or "").strip():
+        return None, "Paste a mergekit YAML config (merge_method, base_model, models or slices, parameters)."
+    try:
+        m = read_config(text, resolve=False)
+    except HubsoupError as e:
+        return None, f"**Not valid:** {e}"
+    local = [r for r in [m.base, *m.inputs] if r and looks_local(r)]
+    if local:  # the Space's own disk is nobody's input
+        return None, f"**Not valid:** `{local[0]}` is not a Hub repo name (org/name): a Space merges Hub models only."
+    rows = "\n".join(f"- `{i}`" for i in m.inputs)
+    params = ", ".join(f"`{k}={v}`" for k, v in m.params.items()) or "its defaults"
+    return m, (f"**Valid**: mergekit `{m.merge_method}` → hubsoup `{m.method}` with {params}, "
+               f"base `{m.base or '(none)'}`, {len(m.inputs)} model(s):\n{rows}")
+
+
+def validate_config(text: str) -> str:
+    return check_config(text)[1]
+
+
+def run_form(values: dict, profile: gr.OAuthProfile | None, oauth: gr.OAuthToken | None, request: gr.Request,
+             progress: gr.Progress = gr.Progress()) -> Iterator[tuple[str, Any]]:
+    """The form tab: merge the listed models with the chosen method, push to ``{user}/{name}``."""
+    signed_in(profile, oauth)
+    inputs, base = _inputs_from_form(values)
     method = values[method_radio]
     try:  # only what differs from the defaults, so the recipe (and its hash) stays minimal
         params = {p["name"]: v for p, w in PARAM_WIDGETS[method]
                   if (v := parse_param(p, values[w])) is not None and v != p["default"]}
     except ValueError as e:
         raise gr.Error(f"{method}: {e}") from None
+
+    def merge_fn(out: str, **options: Any):
+        return hubsoup.merge(inputs, method, base=base, out=out, **params, **options)
+
+    yield from run_job(merge_fn, values[repo_box], values[private_box], profile, oauth, request, progress)
+
+
+def run_config(text: str, name: str, private: bool, profile: gr.OAuthProfile | None, oauth: gr.OAuthToken | None,
+               request: gr.Request, progress: gr.Progress = gr.Progress()) -> Iterator[tuple[str, Any]]:
+    """The mergekit tab: merge the pasted config as mergekit would, push to ``{user}/{name}``."""
+    signed_in(profile, oauth)
+    merge, shown = check_config(text)
+    if merge is None:
+        raise gr.Error(shown.replace("**", ""))
+    from hubsoup.formats.mergekit import run_config as run_mergekit
+
+    def merge_fn(out: str, **options: Any):
+        return run_mergekit(text, out, **options)
+
+    yield from run_job(merge_fn, name, private, profile, oauth, request, progress)
+
+
+def signed_in(profile, oauth) -> None:
+    if profile is None or oauth is None:
+        raise gr.Error("Sign in with Hugging Face first (the button at the top): the merge is pushed to your "
+                       "namespace, with your access to the models.")
+
+
+def merge_options(token: str, progress: Callable, cancel: threading.Event, workdir: str) -> dict[str, Any]:
+    """What every merge of this app is given, whichever tab started it: the visitor's token, Hub repos only
+    (``hub_only``: no path of this server is ever opened), a Hub cache of the run's own (removed with it) and a
+    download limit checked from the Hub's file sizes before anything is downloaded."""
+    return {"progress": progress, "cancel": cancel, "token": token, "hub_only": True,
+            "cache_dir": os.path.join(workdir, "hub-cache"), "max_download": MAX_DOWNLOAD}
+
+
+def run_job(merge_fn: Callable[..., Any], name: str, private: bool, profile: gr.OAuthProfile,
+            oauth: gr.OAuthToken, request: gr.Request, progress: gr.Progress) -> Iterator[tuple[str, Any]]:
+    """Merge (``merge_fn(out, **options)``), then push to ``{user}/{name}``; yields (status, card) as the job
+    advances. Everything shown comes from this call's own ``state``: one visitor never sees another's run."""
+    name = (name or "").strip()
+    if not name or "/" in name:
+        raise gr.Error(f"Give a repo name (no '/'): the merge goes to {profile.username}/NAME.")
     session = request.session_hash or ""
     if session in RUNNING:
         raise gr.Error("A merge is already running in this tab: cancel it or wait.")
@@ -165,15 +333,18 @@ def run(values: dict, profile: gr.OAuthProfile | None, oauth: gr.OAuthToken | No
     cancel = RUNNING[session] = threading.Event()
     state: dict[str, Any] = {"done": 0.0, "text": "starting"}
 
+    workdir = tempfile.mkdtemp(prefix="run-", dir=RUNS_DIR)
+
     def report(lo: float, hi: float):  # hubsoup's progress(done, stage, message), mapped onto [lo, hi]
         def callback(done: float, stage: str, message: str) -> None:
+            message = message.replace(os.path.join(workdir, "merge"), "the work folder")  # not this server's path
             state["done"], state["text"] = lo + (hi - lo) * done, f"{stage}: {message}"
         return callback
 
     def job() -> None:  # runs in its own thread; the cancel event stops hubsoup itself
         try:
-            merge_and_push(inputs, method, base=values[base_box].strip() or None, params=params, token=token,
-                           repo_id=repo_id, private=values[private_box], cancel=cancel, report=report, state=state)
+            merge_then_push(merge_fn, token=token, repo_id=repo_id, private=private, cancel=cancel, report=report,
+                            state=state, workdir=workdir)
         finally:
             WORKERS.discard(threading.current_thread())
 
@@ -198,8 +369,7 @@ def run(values: dict, profile: gr.OAuthProfile | None, oauth: gr.OAuthToken | No
     if isinstance(error, MergeCancelled):
         yield "**Cancelled** · nothing was written or pushed.", ""
     elif error is not None:
-        kind = "" if isinstance(error, HubsoupError) else f"{type(error).__name__}: "
-        yield f"**Failed** · {kind}{error}", state.get("card", "")
+        yield f"**Failed** · {visitor_message(error, repo_id)}", state.get("card", "")
     else:
         yield status_line(1.0, f"done: pushed to [{repo_id}]({state['url']})"), state["card"]
 
@@ -222,34 +392,54 @@ with gr.Blocks(title="hubsoup: model soups from the Hub") as demo:
     gr.Markdown("# hubsoup: model soups from the Hub\nMerge fine-tunes of one base model, "
                 "streamed tensor by tensor; the merge and its model card are pushed to your namespace.")
     gr.LoginButton()
-    with gr.Row():
-        models_box = gr.Textbox(label="Models to merge", info="repo IDs (org/name[@revision]), one per line",
-                                lines=3, elem_id="models")
-        base_box = gr.Textbox(label="Base model (optional)", info="default: the base_model the inputs' cards name",
-                              elem_id="base")
-    method_radio = gr.Radio(list(METHODS), value=DEFAULT_METHOD, label="Method", elem_id="method")
-    method_info = gr.Markdown(elem_id="method-info")
-    PARAM_WIDGETS: dict[str, list[tuple[dict[str, Any], gr.components.Component]]] = {}
-    groups = []
-    for name, m in METHODS.items():
-        with gr.Group(visible=name == DEFAULT_METHOD) as group:
-            PARAM_WIDGETS[name] = [(p, param_widget(name, p)) for p in m["params"]]
-        groups.append(group)
+    # the run's status and progress bar, at the top: visible whichever tab or field the visitor is at
+    # Cancel first: its place never moves as the status text changes length under the cursor
+    with gr.Row(equal_height=False):
+        cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel", scale=0, min_width=100)
+        status = gr.Markdown("Sign in, then merge.", elem_id="status", min_height=48)
     with gr.Row():
         repo_box = gr.Textbox(label="Repo name", value="soup", info="pushed to YOUR-USERNAME/NAME", elem_id="repo")
         private_box = gr.Checkbox(label="Private repo", value=False, elem_id="private")
-    with gr.Row():
-        merge_btn = gr.Button("Merge and push", variant="primary", elem_id="merge")
-        cancel_btn = gr.Button("Cancel", variant="stop", elem_id="cancel")
-    status = gr.Markdown("Sign in, then merge.", elem_id="status")
+    with gr.Tabs(selected=FIRST_TAB, elem_id="tabs"):
+        with gr.Tab("Form", id="form", elem_id="tab-form"):
+            merge_btn = gr.Button("Merge and push", variant="primary", elem_id="merge")
+            with gr.Row():
+                models_box = gr.Textbox(label="Models to merge", info="repo IDs (org/name[@revision]), one per line",
+                                        lines=3, elem_id="models")
+                base_box = gr.Textbox(label="Base model (optional)",
+                                      info="default: the base_model the inputs' cards name", elem_id="base")
+            method_radio = gr.Radio(list(METHODS), value=DEFAULT_METHOD, label="Method", elem_id="method")
+            method_info = gr.Markdown(elem_id="method-info")
+            PARAM_WIDGETS: dict[str, list[tuple[dict[str, Any], gr.components.Component]]] = {}
+            groups = []
+            with gr.Accordion("Parameters", open=True):
+                for name, m in METHODS.items():
+                    with gr.Group(visible=name == DEFAULT_METHOD) as group:
+                        PARAM_WIDGETS[name] = [(p, param_widget(name, p)) for p in m["params"]]
+                    groups.append(group)
+        with gr.Tab("mergekit YAML", id="mergekit", elem_id="tab-mergekit"):
+            gr.Markdown("Paste a [mergekit](https://github.com/arcee-ai/mergekit) config, as model cards carry it: "
+                        "hubsoup merges it with mergekit's semantics. Models are Hub repo names.")
+            with gr.Row():
+                validate_btn = gr.Button("Validate", elem_id="validate")
+                merge_yaml_btn = gr.Button("Merge config and push", variant="primary", elem_id="merge-yaml")
+            yaml_box = gr.Code(value=EXAMPLE_CONFIG, language="yaml", label="mergekit config", lines=14,
+                               elem_id="mergekit-yaml", interactive=True)
+            yaml_check = gr.Markdown(elem_id="mergekit-check")
     card_view = gr.Markdown(elem_id="card")
 
     demo.load(describe, method_radio, [method_info, *groups])
     method_radio.change(describe, method_radio, [method_info, *groups])
     widgets = {w for pairs in PARAM_WIDGETS.values() for _, w in pairs}
-    merge_btn.click(run, {models_box, base_box, method_radio, repo_box, private_box, *widgets}, [status, card_view],
-                    show_progress_on=[card_view], concurrency_limit=2)
-    cancel_btn.click(cancel_job, None, None, show_progress="hidden")
+    merge_btn.click(run_form, {models_box, base_box, method_radio, repo_box, private_box, *widgets},
+                    [status, card_view], show_progress_on=[status], concurrency_limit=2)
+    merge_yaml_btn.click(run_config, [yaml_box, repo_box, private_box], [status, card_view],
+                         show_progress_on=[status], concurrency_limit=2)
+    validate_btn.click(validate_config, yaml_box, yaml_check, show_progress="hidden")
+    yaml_box.change(validate_config, yaml_box, yaml_check, show_progress="hidden")
+    demo.load(validate_config, yaml_box, yaml_check)
+    # at once, never queued behind the running merges (the queue holds them until one ends)
+    cancel_btn.click(cancel_job, None, None, show_progress="hidden", queue=False)
     demo.unload(cancel_job)  # closing the tab cancels its job
 
 if __name__ == "__main__":

@@ -161,9 +161,17 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hubsoup", description="Model soups from the Hugging Face Hub.")
+    from hubsoup.cli.manners import HelpFormatter
+
+    p = argparse.ArgumentParser(prog="hubsoup", description="Model soups from the Hugging Face Hub.",
+                                formatter_class=HelpFormatter,
+                                epilog="examples:\n  hubsoup demo\n  hubsoup merge org/ft-a org/ft-b --method ties "
+                                       "--push my-org/soup\n  hubsoup COMMAND --help")
     p.add_argument("--version", action="version", version=f"hubsoup {__version__}")
-    p.add_argument("--verbose", "-v", action="store_true", help="show tracebacks and debug logs")
+    # also accepted after the command (hubsoup.cli.manners); these dests are merged in main()
+    p.add_argument("--verbose", "-v", action="store_true", dest="top_verbose", help="show tracebacks and debug logs")
+    p.add_argument("--quiet", "-q", action="store_true", dest="top_quiet",
+                   help="only errors: no progress bars, no warnings")
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("merge", help="merge fine-tunes of one base model",
@@ -215,10 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
     # further commands live beside this file, one module each with register(subparsers)
     from hubsoup.cli import continual, eval, pipeline, push, run, sweep
-    from hubsoup.cli import evolve, export_config
+    from hubsoup.cli import evolve, export_config, manners, space
 
-    for mod in (eval, push, run, sweep, continual, pipeline, export_config, evolve):
+    for mod in (eval, push, run, sweep, continual, pipeline, export_config, evolve, space, manners):
         mod.register(sub)
+    manners.polish(p)  # examples in every --help, -v/-q after the command too
     return p
 
 
@@ -247,7 +256,10 @@ def _catch_sigterm():
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s: %(message)s")
+    args.verbose = args.top_verbose or getattr(args, "verbose", False)
+    args.quiet = args.top_quiet or getattr(args, "quiet", False)
+    level = logging.DEBUG if args.verbose else (logging.ERROR if args.quiet else logging.WARNING)
+    logging.basicConfig(level=level, format="%(levelname)s: %(message)s")
     from hubsoup.hub import install_log_scrubber, scrub_secrets  # no Hub token in any log line or message
 
     install_log_scrubber()

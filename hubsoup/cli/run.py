@@ -10,8 +10,6 @@ import argparse
 import logging
 
 from hubsoup.errors import ParameterError
-from hubsoup.recipe import run_recipe
-
 log = logging.getLogger(__name__)
 
 # mergekit-yaml's flags with no meaning for hubsoup: name -> why (each accepted with a warning)
@@ -59,6 +57,8 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.num_threads)  # hubsoup's lanes follow torch's thread count
+    from hubsoup.recipe import run_recipe  # here, not at the top: `hubsoup --help` imports no torch
+
     device = args.device or ("cuda" if args.cuda else "cpu")
     source = args.recipe
     if args.hub_only:  # the operator's file, read here; the models it names must be Hub repo IDs

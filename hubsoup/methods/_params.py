@@ -147,8 +147,12 @@ def parse_params(cls: type, given: dict[str, Any], *, method: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(given) - set(fields))
     if unknown:
+        import difflib
+
         known = ", ".join(fields) or "none"
-        raise ParameterError(f"method '{method}' has no parameter '{unknown[0]}' (its parameters: {known})")
+        close = difflib.get_close_matches(unknown[0], list(fields), n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise ParameterError(f"method '{method}' has no parameter '{unknown[0]}' ({hint}its parameters: {known})")
     values = {}
     for name, value in given.items():
         v = _convert(name, hints[name], value)

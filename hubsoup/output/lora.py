@@ -92,6 +92,10 @@ class _ModuleRow:
                 "path": self.path}
 
 
+# peft's task types whose PeftModel wraps the task head as a module to save (peft's classifier_module_names)
+_TASK_HEADS = {"SEQ_CLS": ("classifier", "score"), "TOKEN_CLS": ("classifier", "score"), "QUESTION_ANS": ("qa_outputs",)}
+
+
 @dataclass
 class LoraSink:
     """The engine's LoRA-adapter output: collects the adapter's tensors as the merge streams by.
@@ -150,10 +154,20 @@ class LoraSink:
     # --- what gets a LoRA ----------------------------------------------------------------
     def lora_kind(self, entry: TensorEntry) -> str | None:
         """``linear``/``conv1d``/``embedding`` when ``entry`` is the weight of such a module."""
-        if len(entry.shape) != 2 or not entry.name.endswith(".weight"):
+        if len(entry.shape) != 2 or not entry.name.endswith(".weight") or self.head_module(entry.name):
             return None
         kind = module_kind(self.layout, entry.name[: -len(".weight")], entry.shape)
         return kind if kind in _LORA_KINDS else None
+
+    def head_module(self, name: str) -> str | None:
+        """The task head ``name`` belongs to, which peft's ``PeftModelFor<task_type>`` always wraps as a module to
+        save (``classifier``/``score``, ``qa_outputs``): the adapter holds it whole, so it gets no LoRA."""
+        heads = _TASK_HEADS.get(self.task_type or "", ())
+        parts = name.split(".")
+        for i, part in enumerate(parts[:-1]):
+            if part in heads:
+                return ".".join(parts[: i + 1])
+        return None
 
     def add_factors(self, entry: TensorEntry, p: torch.Tensor, q: torch.Tensor) -> None:
         """τ = p @ q (base orientation); SVD through QR, never the dense matrix."""
@@ -250,7 +264,15 @@ class LoraSink:
         modules_to_save: list[str] = []
         plain: list[str] = []
         by_module: dict[str, dict[str, torch.Tensor]] = {}
+        heads = {h for k in self.base_keys if (h := self.head_module(k))}
+        for head in sorted(heads):  # whole, changed or not: peft loads every tensor of the head it wraps
+            for name in (k for k in self.base_keys if k.startswith(head + ".")):
+                t = self.changed_full[name] if name in self.changed_full else self.base.tensor(name)
+                self._put(f"{PEFT_PREFIX}{name}", t, self._full_dtype(name))
+            modules_to_save.append(head)
         for name, t in self.changed_full.items():
+            if self.head_module(name):
+                continue
             module, _, param = name.rpartition(".")
             by_module.setdefault(module, {})[param] = t
         have = set(self.base_keys)
@@ -305,6 +327,9 @@ class LoraSink:
             "layers_to_transform": None,
             "layers_pattern": None,
         }
+        arch = (self.base.config.get("architectures") or [None])[0] if task_type is None else None
+        if isinstance(arch, str) and arch.isidentifier():  # no peft task: AutoPeftModel loads the base's own class
+            config["auto_mapping"] = {"base_model_class": arch, "parent_library": "transformers"}
         # our writer, not save_file: its header order is fixed, so the same merge gives the same bytes
         names = sorted(self.tensors)
         writer = ShardedWriter(folder, [(k, tuple(self.tensors[k].shape), self.tensors[k].dtype) for k in names],
