@@ -36,7 +36,11 @@ EXAMPLES: dict[str, str] = {
   hubsoup push ./soup my-org/soup --create-pr --commit-message "TIES, density 0.5\"""",
     "run": """
   hubsoup run ./soup/hubsoup_recipe.yaml --out ./soup-again      # the same merge, inputs pinned
-  hubsoup run mergekit.yml --out ./merged                        # a mergekit config""",
+  hubsoup run mergekit.yml ./merged                              # a mergekit config, as mergekit-yaml
+  hubsoup run stages.yml ./final --intermediate-dir ./stages      # mergekit-multi's staged configs""",
+    "evolve": """
+  hubsoup evolve examples/evolve.yml --out ./evolved              # CMA-ES over the config's space
+  hubsoup evolve search.yml --out ./evolved --executor ray        # trials spread over a Ray cluster""",
     "sweep": """
   hubsoup sweep ./ft-a ./ft-b --method task_arithmetic --grid 0:1:0.25 --sweep-param scale --out ./sweep""",
     "continual": """

@@ -85,10 +85,7 @@ def register(sub) -> None:
                                    "mergekit's semantics (model folders relative to the working folder, as mergekit "
                                    "resolves them). mergekit-yaml's arguments work too: "
                                    "'hubsoup run CONFIG OUT_PATH --cuda --out-shard-size 1B'.",
-                       epilog="examples:\n  hubsoup run merge.yml ./merged\n"
-                              "  hubsoup run ./soup --out ./soup-again          # repeat a merge from its folder\n"
-                              "  hubsoup run stages.yml ./final --intermediate-dir ./stages",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # examples: cli/manners.py
     p.add_argument("recipe", help="hubsoup_recipe.yaml, an output folder, or a mergekit config")
     p.add_argument("out_path", nargs="?", help="output folder (as mergekit-yaml's OUT_PATH)")
     p.add_argument("--out", "-o", help="output folder")
