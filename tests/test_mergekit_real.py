@@ -119,7 +119,18 @@ def base_tensors(root: str, base: str | None) -> dict[str, torch.Tensor]:
     return load_file(os.path.join(root, base.split("+")[0], "model.safetensors"))
 
 
-@pytest.mark.parametrize("name", ACCEPTED)
+# What still differs, each for its reason (README "mergekit configs"): mergekit computes these methods in the
+# config's half-precision dtype, step by step, where hubsoup computes them in float32 and rounds once (ties,
+# breadcrumbs, sce and model_stock already compute as mergekit does: compute_dtype). strict: fixing one fails here.
+HALF_PRECISION_LEFT = {
+    "kansensakura_zero_multi": "nuslerp stages in bfloat16: 2 ulp",
+    "retreatcost_multislerp_gradient40": "multislerp in bfloat16: 4 ulp",
+    "velvet_orchid_stage1_karcher": "karcher in bfloat16: 7 ulp",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=HALF_PRECISION_LEFT[n]))
+                                  if n in HALF_PRECISION_LEFT else n for n in ACCEPTED])
 def test_config_runs_as_mergekit_runs_it(name, root, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
