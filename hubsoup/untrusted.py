@@ -112,6 +112,27 @@ def load_yaml(text: str | bytes, what: str, *, max_bytes: int = MAX_YAML_BYTES, 
     ...
     hubsoup.errors.ParameterError: recipe: not valid YAML (while parsing a flow sequence)
     """
+    return _load(text, what, max_bytes, max_nodes, lambda loader: loader.get_single_data())
+
+
+def load_yaml_all(text: str | bytes, what: str, *, max_bytes: int = MAX_YAML_BYTES,
+                  max_nodes: int = MAX_YAML_NODES) -> list[Any]:
+    r"""Every document of a YAML stream (``yaml.safe_load_all``), bounded as :func:`load_yaml`: the whole
+    text by ``max_bytes``, each document by ``max_nodes``.
+
+    >>> load_yaml_all("a: 1\n---\nb: 2\n", "config")
+    [{'a': 1}, {'b': 2}]
+    """
+    def every(loader) -> list[Any]:
+        docs = []
+        while loader.check_data():
+            docs.append(loader.get_data())
+        return docs
+
+    return _load(text, what, max_bytes, max_nodes, every)
+
+
+def _load(text: str | bytes, what: str, max_bytes: int, max_nodes: int, read: Any) -> Any:
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
     if not isinstance(text, str):
@@ -120,37 +141,7 @@ def load_yaml(text: str | bytes, what: str, *, max_bytes: int = MAX_YAML_BYTES, 
         raise ParameterError(f"{what}: {len(text)} characters of YAML, more than the {max_bytes} read")
     loader = _Counting(text, max_nodes)
     try:
-        return loader.get_single_data()
-    except _TooBig:
-        raise ParameterError(f"{what}: too many YAML nodes (over {max_nodes}, aliases counted as what they "
-                             "repeat); refusing to expand it") from None
-    except RecursionError:
-        raise ParameterError(f"{what}: YAML nested too deeply") from None
-    except yaml.YAMLError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ParameterError(f"{what}: not valid YAML ({first[:120]})") from None
-    finally:
-        loader.dispose()
-
-
-def load_yaml_all(text: str, what: str, *, max_bytes: int = MAX_YAML_BYTES,
-                  max_nodes: int = MAX_YAML_NODES) -> list[Any]:
-    r"""Every document of a YAML stream (``yaml.safe_load_all``), bounded as :func:`load_yaml`: the whole
-    text by ``max_bytes``, each document by ``max_nodes``.
-
-    >>> load_yaml_all("a: 1\n---\nb: 2\n", "config")
-    [{'a': 1}, {'b': 2}]
-    """
-    if not isinstance(text, str):
-        raise ParameterError(f"{what}: expected YAML text, got {type(text).__name__}")
-    if len(text) > max_bytes:
-        raise ParameterError(f"{what}: {len(text)} characters of YAML, more than the {max_bytes} read")
-    loader = _Counting(text, max_nodes)
-    try:
-        docs = []
-        while loader.check_data():
-            docs.append(loader.get_data())
-        return docs
+        return read(loader)
     except _TooBig:
         raise ParameterError(f"{what}: too many YAML nodes (over {max_nodes}, aliases counted as what they "
                              "repeat); refusing to expand it") from None

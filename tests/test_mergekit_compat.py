@@ -572,6 +572,9 @@ def test_multi_stage_config_merges_each_stage_in_order(models, tmp_path, monkeyp
      "two stages are named 'a'"),
     ("merge_method: linear\nmodels: [{model: x/y}]\n---\nmerge_method: linear\nmodels: [{model: x/z}]\n",
      "more than one unnamed"),
+    ("merge_method: linear\nmodels: [{model: x/y}]\n---\na: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
+     "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n"
+     "f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\n", "too many YAML nodes"),  # an alias bomb in a later document
 ])
 def test_bad_stage_streams_are_refused(text, message):
     from hubsoup.errors import ParameterError
