@@ -220,16 +220,22 @@ def test_pipeline_hub_only_refuses_local_eval_data(zoo, tmp_path, probes):
 # ---- 3. Hub runs: the run's own cache, a budget, offline ---------------------------------------------
 
 
+def _tree(folder: str) -> set[tuple[str, int]]:
+    """Every file under ``folder`` with its size (what a run writing there would change)."""
+    return {(os.path.join(d, f), os.path.getsize(os.path.join(d, f)) if os.path.exists(os.path.join(d, f)) else -1)
+            for d, _, files in os.walk(folder) for f in files}
+
+
 def test_hub_only_merge_downloads_into_its_own_cache(seeded, zoo, tmp_path):
     from huggingface_hub import constants
 
     cache = tmp_path / "run-cache"
+    before = _tree(constants.HF_HUB_CACHE)  # earlier tests of the session may have filled it: what it holds now
     res = hubsoup.merge(["alice/ft-a", "alice/ft-b"], "linear", base="alice/base", out=str(tmp_path / "soup"),
                         hub_only=True, cache_dir=str(cache), quiet=True)
     assert {p.name for p in cache.iterdir() if p.name.startswith("models--")} == {
         "models--alice--base", "models--alice--ft-a", "models--alice--ft-b"}
-    shared = os.path.join(constants.HF_HUB_CACHE, "models--alice--ft-a")
-    assert not os.path.exists(shared), "a hub_only run with a cache_dir wrote to the shared Hub cache"
+    assert _tree(constants.HF_HUB_CACHE) == before, "a hub_only run with a cache_dir wrote to the shared Hub cache"
     want = hubsoup.merge([zoo["ft-a"], zoo["ft-b"]], "linear", base=zoo["base"], out=str(tmp_path / "want"),
                          quiet=True)
     got, ref = load_file(os.path.join(res.path, "model.safetensors")), load_file(os.path.join(want.path,

@@ -43,11 +43,11 @@ def lanes(request, monkeypatch):
     monkeypatch.setattr(module, "count", count)
     real, seen = module.run, set()
 
-    def run(fn, n):
+    def run(fn, n, stop=None):
         def lane(j):
             seen.add((n, j, threading.current_thread() is threading.main_thread()))
             return fn(j)
-        return real(lane, n)
+        return real(lane, n, stop=stop)
 
     monkeypatch.setattr(module, "run", run)
     yield request.param

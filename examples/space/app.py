@@ -263,8 +263,10 @@ def check_config(text: str) -> tuple[Any, str]:
         return None, f"**Not valid:** `{local[0]}` is not a Hub repo name (org/name): a Space merges Hub models only."
     rows = "\n".join(f"- `{i}`" for i in m.inputs)
     params = ", ".join(f"`{k}={v}`" for k, v in m.params.items()) or "its defaults"
+    ignored = ("\n\nIgnored, as mergekit ignores them (a typo?): " + ", ".join(f"`{k}`" for k in m.ignored)
+               if m.ignored else "")
     return m, (f"**Valid**: mergekit `{m.merge_method}` → hubsoup `{m.method}` with {params}, "
-               f"base `{m.base or '(none)'}`, {len(m.inputs)} model(s):\n{rows}")
+               f"base `{m.base or '(none)'}`, {len(m.inputs)} model(s):\n{rows}{ignored}")
 
 
 def validate_config(text: str) -> str:
