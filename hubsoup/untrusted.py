@@ -71,6 +71,7 @@ class _Counting(yaml.SafeLoader):
 
     def compose_document(self):  # noqa: D102 - yaml's hook: the whole tree, then its size
         node = super().compose_document()
+        self._sizes = {}  # nodes are known by id(): a finished document's may be reused by this one's
         self._weigh(node)
         return node
 
