@@ -28,7 +28,7 @@ name): masks equal mergekit's in distribution, not bit for bit.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 
@@ -209,6 +209,17 @@ def gta_combine_(stacked: torch.Tensor, weights: Sequence[float], *, consensus: 
 
 
 COMPUTE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+ComputeDtype = Literal["float32", "float16", "bfloat16", "inputs"]
+
+
+def compute_dtype_param(when: str = "") -> Any:
+    """The ``compute_dtype`` parameter of a method mergekit computes in its config's dtype (recorded only when set,
+    so adding it changed no earlier recipe's hash)."""
+    from hubsoup.methods._params import param
+
+    return param("float32", f"{when}the dtype every step is computed in, as mergekit computes in its config's dtype "
+                            "(inputs: the stored dtype); hubsoup's own merges compute in float32",
+                 source="mergekit", recorded_when_set=True)
 
 
 def compute_dtype(name: str, ctx) -> torch.dtype:

@@ -13,12 +13,12 @@ mergekit (normalize false, rescale false, gamma 0.01).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from hubsoup.methods import Method, param, register
-from hubsoup.methods._sparsify import apply_mask_, compute_dtype, gta_combine_, gta_in_dtype, outliers_mask, per_input
+from hubsoup.methods._sparsify import (ComputeDtype, apply_mask_, compute_dtype, compute_dtype_param, gta_combine_,
+                                      gta_in_dtype, outliers_mask, per_input)
 
 
 @dataclass
@@ -35,10 +35,7 @@ class BreadcrumbsParams:
                                              per_input=True, source="mergekit")
     normalize: bool = param(False, "divide by the sum of the (agreeing) weights", source="mergekit")
     rescale: bool = param(False, "rescale each masked task vector to its L1 norm", source="mergekit")
-    compute_dtype: Literal["float32", "float16", "bfloat16", "inputs"] = param(
-        "float32", "the dtype every step is computed in, as mergekit computes in its config's dtype (inputs: "
-                   "the stored dtype); hubsoup's own merges compute in float32", source="mergekit",
-        recorded_when_set=True)
+    compute_dtype: ComputeDtype = compute_dtype_param()
 
 
 @register

@@ -12,21 +12,17 @@ in magnitude the base is kept (t = 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from hubsoup.methods import Method, param, register
-from hubsoup.methods._sparsify import compute_dtype
+from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
 
 
 @dataclass
 class ModelStockParams:
     filter_wise: bool = param(False, "one t per row (last dimension) instead of per tensor", source="mergekit")
-    compute_dtype: Literal["float32", "float16", "bfloat16", "inputs"] = param(
-        "float32", "the dtype every step is computed in, as mergekit computes in its config's dtype (inputs: "
-                   "the stored dtype); hubsoup's own merges compute in float32", source="mergekit",
-        recorded_when_set=True)
+    compute_dtype: ComputeDtype = compute_dtype_param()
 
 
 @register

@@ -12,22 +12,18 @@ elected sign (sign of the sum, + at 0); the merged task vector is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from hubsoup.methods import Method, param, register
-from hubsoup.methods._sparsify import compute_dtype
+from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
 
 
 @dataclass
 class SceParams:
     select_topk: float = param(1.0, "fraction of entries with the highest variance across inputs kept",
                                range=(0.0, 1.0), source="mergekit")
-    compute_dtype: Literal["float32", "float16", "bfloat16", "inputs"] = param(
-        "float32", "the dtype every step is computed in, as mergekit computes in its config's dtype (inputs: "
-                   "the stored dtype); hubsoup's own merges compute in float32", source="mergekit",
-        recorded_when_set=True)
+    compute_dtype: ComputeDtype = compute_dtype_param()
 
 
 @register

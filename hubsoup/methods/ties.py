@@ -31,8 +31,8 @@ from hubsoup.methods import Method, StatsPass, param, register
 from hubsoup.methods._kernels import kth_largest_abs, ties_combine_, trim_
 from hubsoup.methods._schedule import Schedule
 from hubsoup.methods._select import KthLargestPass
-from hubsoup.methods._sparsify import (apply_mask_, compute_dtype, gta_combine_, gta_in_dtype, magnitude_mask,
-                                      per_input)
+from hubsoup.methods._sparsify import (ComputeDtype, apply_mask_, compute_dtype, compute_dtype_param, gta_combine_,
+                                      gta_in_dtype, magnitude_mask, per_input)
 
 
 @dataclass
@@ -53,10 +53,7 @@ class TiesParams:
                                                 source="mergekit")
     rescale: bool = param(False, "rescale each trimmed task vector to its L1 norm (mergekit's rescale; "
                                  "convention=mergekit)", source="mergekit")
-    compute_dtype: Literal["float32", "float16", "bfloat16", "inputs"] = param(
-        "float32", "convention=mergekit: the dtype every step is computed in, as mergekit computes in its "
-                   "config's dtype (inputs: the stored dtype); hubsoup's own merges compute in float32",
-        source="mergekit", recorded_when_set=True)
+    compute_dtype: ComputeDtype = compute_dtype_param('convention=mergekit: ')
 
     def validate(self):
         if self.scope == "model" and self.convention == "paper" and (isinstance(self.density, Schedule) or self.densities is not None):
