@@ -8,16 +8,20 @@ that vanishes), repeatedly map every direction to the tangent space at the mean
 and step along the geodesic (exp map), until the step is below ``tol`` or ``max_iter``
 steps. The result is the mean direction times Σ αᵢ‖θᵢ‖ (αᵢ = 1/N). Inputs with norm ≤ tol
 are left out of the direction (not of the norm). As mergekit's ``karcher``, with uniform
-weights; norms and angles in float64.
+weights; norms and angles in float64. With ``compute_dtype`` (set from a mergekit config's ``dtype``)
+the directions and every step on them are computed in that dtype and the norms in float32, as mergekit
+does (:func:`karcher_mean_in_dtype`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
 
 from hubsoup.methods import Method, param, register
+from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
 
 
 def karcher_mean(tensors: list[torch.Tensor], alphas: list[float], max_iter: int = 10,
@@ -60,11 +64,75 @@ def karcher_mean(tensors: list[torch.Tensor], alphas: list[float], max_iter: int
     return (scale * mean).reshape(tensors[0].shape).to(tensors[0].dtype)
 
 
+def karcher_mean_in_dtype(tensors: list[torch.Tensor], alphas: list[float], max_iter: int = 10,
+                          tol: float = 1e-5) -> torch.Tensor:
+    """:func:`karcher_mean` as mergekit computes it on half-precision tensors, step for step.
+
+    Norms (of the inputs, the mean, the tangent) are float32 scalars; the directions, dot products,
+    angles, tangents and every geodesic step stay in the tensors' dtype, each operation rounding
+    there (a float32 scalar times a half tensor gives a half tensor). Returns the tensors' dtype.
+
+    Example:
+        >>> x = [torch.tensor([1.0, 0.0, 0.5]).bfloat16(), torch.tensor([0.0, 1.0, 0.5]).bfloat16()]
+        >>> karcher_mean_in_dtype(x, [0.5, 0.5])
+        tensor([0.5586, 0.5586, 0.5586], dtype=torch.bfloat16)
+    """
+    if len(tensors) == 1:
+        return tensors[0].clone()
+    norms = [torch.linalg.vector_norm(t.to(torch.float32)) for t in tensors]  # float32 0-d tensors, kept as such
+    units = [torch.zeros_like(t) if float(nrm) == 0.0 else t / nrm for t, nrm in zip(tensors, norms)]
+    valid = [i for i, nrm in enumerate(norms) if float(nrm) > tol]
+    if not valid:
+        return torch.zeros_like(tensors[0])
+    total = sum(alphas[i] for i in valid)
+    a = [alphas[i] / total for i in valid]
+    units = [units[i] for i in valid]
+    mean = torch.zeros_like(units[0])
+    for ai, u in zip(a, units):
+        mean += ai * u
+    mn = torch.linalg.vector_norm(mean.to(torch.float32))
+    mean = units[0].clone() if float(mn) < tol else mean / mn
+    seen: dict[bytes, int] = {}
+    k = 0
+    while k < max_iter:
+        # in half precision the iteration often ends in a cycle instead of converging (max_iter: 1200 is seen in
+        # real configs): a step depends on the mean alone, so once a mean repeats, the rest of the cycle decides
+        # the final one, and steps are skipped by whole cycles
+        if seen is not None:
+            key = hashlib.blake2b(mean.contiguous().view(torch.int16).cpu().numpy(), digest_size=16).digest()
+            if key in seen:
+                period = k - seen[key]
+                k = max_iter - (max_iter - k) % period
+                seen = None
+                if k >= max_iter:
+                    break
+            else:
+                seen[key] = k
+        k += 1
+        tangent = torch.zeros_like(mean)
+        for ai, u in zip(a, units):
+            dot = torch.clamp(torch.dot(mean.flatten(), u.flatten()), -1.0, 1.0)
+            omega = torch.arccos(dot)
+            if float(omega) < tol:
+                continue
+            tangent += ai * (omega / torch.sin(omega)) * (u - dot * mean)
+        tn = torch.linalg.vector_norm(tangent.to(torch.float32))
+        if float(tn) < tol:
+            break
+        mean = torch.cos(tn) * mean + torch.sin(tn) * (tangent / tn)
+        un = torch.linalg.vector_norm(mean.to(torch.float32))
+        if float(un) > tol:
+            mean = mean / un
+    scale = sum(al * nrm for al, nrm in zip(alphas, norms))
+    return scale * mean
+
+
 @dataclass
 class KarcherParams:
     max_iter: int = param(10, "most fixed-point iterations", range=(1, None), source="mergekit")
     tol: float = param(1e-5, "convergence tolerance (tangent norm; angles and norms below it are zero)",
                        range=(0.0, None), source="mergekit")
+    compute_dtype: ComputeDtype = compute_dtype_param()
 
 
 @register
@@ -81,4 +149,9 @@ class Karcher(Method):
     def merge(self, base, deltas, params, ctx):
         n = len(deltas)
         experts = list(deltas.add_(base))
+        dtype = compute_dtype(params.compute_dtype, ctx)
+        if dtype != torch.float32:
+            experts = [x.to(dtype) for x in experts]  # θᵢ as stored (θ₀ + τᵢ in float32 is exact for them)
+            out = karcher_mean_in_dtype(experts, [1.0 / n] * n, params.max_iter, params.tol)
+            return out.to(torch.float32).sub_(base)
         return karcher_mean(experts, [1.0 / n] * n, params.max_iter, params.tol).sub_(base)

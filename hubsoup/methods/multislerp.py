@@ -7,7 +7,8 @@ mergekit's ``multislerp`` (C. Goddard): the flattened vectors vᵢ (task vectors
 averaged with the weights into g, mapped back with the exponential map
 ``m cos‖g‖ + g sin‖g‖/‖g‖`` (‖g‖ + eps), and scaled by the weighted mean of the norms ‖vᵢ‖.
 One input is returned as is. When ‖m‖ < eps (antipodal inputs balancing out) two inputs fall
-back to their weighted sum and more are an error.
+back to their weighted sum and more are an error. With ``compute_dtype`` (set from a mergekit config's
+``dtype``) every step is computed in that dtype, as mergekit does.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from hubsoup.errors import MethodError
 from hubsoup.methods import Method, param, register
+from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
 
 
 @dataclass
@@ -28,6 +30,7 @@ class MultiSlerpParams:
     eps: float = param(1e-8, "numerical floor of the norms", range=(0.0, None), source="mergekit")
     use_base: bool = param(True, "interpolate the task vectors around the base (mergekit with base_model) or "
                                  "the models' own weights (without)", source="mergekit")
+    compute_dtype: ComputeDtype = compute_dtype_param()
 
 
 @register
@@ -42,30 +45,49 @@ class MultiSlerp(Method):
         return params.use_base
 
     def merge(self, base, deltas, params, ctx):
-        n, shape = len(deltas), deltas.shape[1:]
+        weights = list(params.weights or [1.0] * len(deltas))
+        dtype = compute_dtype(params.compute_dtype, ctx)
+        if dtype != torch.float32:  # mergekit's arithmetic in its config's dtype: θᵢ, τᵢ and θ₀ + result rounded
+            base_h = base.to(dtype)
+            v = torch.stack([(base + d).to(dtype) for d in deltas])  # θᵢ as stored (θ₀ + τᵢ exact for them)
+            if len(v) == 1:  # the one model as it is (θ₀ + (θ₁ − θ₀) would round twice)
+                return v[0].to(torch.float32).sub_(base)
+            if params.use_base:
+                v -= base_h
+            out = multislerp(v, weights, params.normalize_weights, params.eps, ctx.name)
+            return (base_h + out if params.use_base else out).to(torch.float32).sub_(base)
         v = deltas if params.use_base else deltas.add_(base)
-        if n == 1:
-            out = v[0].clone()
-            return out if params.use_base else out.sub_(base)
-        flat = v.reshape(n, -1)
-        w = torch.tensor(list(params.weights or [1.0] * n), dtype=flat.dtype, device=flat.device)
-        if params.normalize_weights:
-            w = w / w.sum()
-        eps = params.eps
-        norms = torch.linalg.vector_norm(flat, dim=-1, keepdim=True)
-        units = flat / (norms + eps)
-        mean = (units * w.view(-1, 1)).sum(0)
-        mean_norm = torch.linalg.vector_norm(mean)
-        if mean_norm < eps:
-            if n == 2:
-                out = (flat[0] * w[0] + flat[1] * w[1]).reshape(shape)
-                return out if params.use_base else out.sub_(base)
-            raise MethodError(f"multislerp: tensor '{ctx.name}': the weighted inputs cancel out (antipodal "
-                              "vectors with balancing weights); use other weights")
-        mean = mean / mean_norm
-        tangent = units - (units * mean).sum(-1, keepdim=True) * mean
-        g = (tangent * w.view(-1, 1)).sum(0)
-        gn = torch.linalg.vector_norm(g) + eps
-        out = (mean * torch.cos(gn) + g * (torch.sin(gn) / gn)) * (norms.squeeze(-1) * w).sum()
-        out = out.reshape(shape)
+        out = multislerp(v, weights, params.normalize_weights, params.eps, ctx.name)
         return out if params.use_base else out.sub_(base)
+
+
+def multislerp(v: torch.Tensor, weights: list[float], normalize_weights: bool = True, eps: float = 1e-8,
+               name: str = "") -> torch.Tensor:
+    """The barycentre of the ``(N, *shape)`` stack ``v`` (see the module), computed in ``v``'s dtype.
+
+    Example:
+        >>> multislerp(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), [1.0, 1.0])
+        tensor([0.7071, 0.7071])
+    """
+    n, shape = len(v), v.shape[1:]
+    if n == 1:
+        return v[0].clone()
+    flat = v.reshape(n, -1)
+    w = torch.tensor(weights, dtype=flat.dtype, device=flat.device)
+    if normalize_weights:
+        w = w / w.sum()
+    norms = torch.linalg.vector_norm(flat, dim=-1, keepdim=True)
+    units = flat / (norms + eps)
+    mean = (units * w.view(-1, 1)).sum(0)
+    mean_norm = torch.linalg.vector_norm(mean)
+    if mean_norm < eps:
+        if n == 2:
+            return (flat[0] * w[0] + flat[1] * w[1]).reshape(shape)
+        raise MethodError(f"multislerp: tensor '{name}': the weighted inputs cancel out (antipodal "
+                          "vectors with balancing weights); use other weights")
+    mean = mean / mean_norm
+    tangent = units - (units * mean).sum(-1, keepdim=True) * mean
+    g = (tangent * w.view(-1, 1)).sum(0)
+    gn = torch.linalg.vector_norm(g) + eps
+    out = (mean * torch.cos(gn) + g * (torch.sin(gn) / gn)) * (norms.squeeze(-1) * w).sum()
+    return out.reshape(shape)

@@ -7,7 +7,8 @@ vectors τ₁, τ₂ and adds the result to the base; without, the models' weigh
 dimension) is interpolated on its own, or each column with ``nuslerp_row_wise`` (mergekit's
 name: the vectors run along dim 0). Vectors are normalised with their norms clamped at 1e-7;
 where 1 − cos² ≤ 1e-16 (colinear) it falls back to linear interpolation. The unnormalised
-endpoints are combined: ``(sin((1−t)Ω)·a + sin(tΩ)·b) / sin Ω``.
+endpoints are combined: ``(sin((1−t)Ω)·a + sin(tΩ)·b) / sin Ω``. With ``compute_dtype`` (set from a
+mergekit config's ``dtype``) every step is computed in that dtype, as mergekit does.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import torch
 
 from hubsoup.errors import ParameterError
 from hubsoup.methods import Method, param, register
+from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
 
 
 def nuslerp(t: float, a: torch.Tensor, b: torch.Tensor, *, flatten: bool = True, row_wise: bool = False,
             eps: float = 1e-8) -> torch.Tensor:
-    """SLERP of ``a`` and ``b`` over whole tensors (``flatten``), rows, or columns (``row_wise``).
+    """SLERP of ``a`` and ``b`` over whole tensors (``flatten``), rows, or columns (``row_wise``), in their dtype.
 
     Example:
         >>> nuslerp(0.5, torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]))
@@ -54,6 +56,7 @@ class NuSlerpParams:
                                    source="mergekit")
     use_base: bool = param(True, "interpolate the task vectors around the base (mergekit with base_model) or "
                                  "the models' own weights (without)", source="mergekit")
+    compute_dtype: ComputeDtype = compute_dtype_param()
 
     def validate(self):
         if self.weights is not None and len(self.weights) != 2:
@@ -77,6 +80,28 @@ class NuSlerp(Method):
         total = w[0] + w[1]
         t = 0.5 if abs(total) < 1e-6 else w[1] / total
         kw = dict(flatten=params.nuslerp_flatten, row_wise=params.nuslerp_row_wise)
+        dtype = compute_dtype(params.compute_dtype, ctx)
+        if dtype != torch.float32:
+            return nuslerp_in_dtype(t, base, deltas, dtype, use_base=params.use_base, **kw)
         if params.use_base:
             return nuslerp(t, deltas[0], deltas[1], **kw)
         return nuslerp(t, base + deltas[0], base + deltas[1], **kw) - base
+
+
+def nuslerp_in_dtype(t: float, base: torch.Tensor, deltas: torch.Tensor, dtype: torch.dtype, *, use_base: bool,
+                     flatten: bool, row_wise: bool) -> torch.Tensor:
+    """NuSLERP computed in ``dtype`` step for step, as mergekit computes it in its config's dtype: the models
+    θᵢ cast to ``dtype``, τᵢ = θᵢ − θ₀ and θ₀ + the interpolation rounded there too (with ``use_base``).
+    Returns the merged task vector in float32 (the low-precision result minus ``base``).
+
+    Example:
+        >>> base, deltas = torch.zeros(3), torch.tensor([[1.0, 0.001, 0.0], [0.0, 1.0, 0.3]])
+        >>> nuslerp_in_dtype(0.5, base, deltas, torch.bfloat16, use_base=True, flatten=True, row_wise=False)
+        tensor([0.7109, 0.7109, 0.2051])
+    """
+    a, b = ((base + d).to(dtype) for d in deltas)  # θᵢ as stored (θ₀ + τᵢ in float32 is exact for them)
+    if not use_base:
+        return nuslerp(t, a, b, flatten=flatten, row_wise=row_wise).to(torch.float32).sub_(base)
+    base_h = base.to(dtype)
+    out = base_h + nuslerp(t, a - base_h, b - base_h, flatten=flatten, row_wise=row_wise)
+    return out.to(torch.float32).sub_(base)
