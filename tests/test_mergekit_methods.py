@@ -36,22 +36,45 @@ def load_case(name):
     return t["base"], models, t["out"], json.loads(meta["hubsoup"]), json.loads(meta["with_base"])
 
 
-def hubsoup_output(base, models, spec, with_base, name="model.layers.0.mlp.weight"):
-    """hubsoup's merged weight: the base is mergekit's base, or (no base) the first model as layout reference."""
+HALF = [c for c in DETERMINISTIC if c.endswith(("_bf16", "_fp16"))]
+"""Inputs stored in half precision, which mergekit computes in (its config's dtype): hubsoup with compute_dtype."""
+
+
+def hubsoup_output(base, models, spec, with_base, name="model.layers.0.mlp.weight", **override):
+    """hubsoup's merged weight: the base is mergekit's base, or (no base) the first model as layout reference.
+
+    Half-precision inputs go through the engine's float32 task vectors and come back in their dtype."""
     ref = base if with_base else models[0]
-    taus = [m - ref for m in models]
-    return ref + merge_tensors(spec["method"], taus, ref, name=name, recipe_hash="abc", **spec["params"])
+    ref32 = ref.float()
+    taus = [m.float() - ref32 for m in models]
+    params = {**spec["params"], **override}
+    out = ref32 + merge_tensors(spec["method"], taus, ref32, name=name, recipe_hash="abc", **params)
+    return out.to(ref.dtype)
 
 
 def test_fixtures_are_present():
     assert len(DETERMINISTIC) >= 25, "run tests/tools/make_mergekit_method_fixtures.py with the mergekit venv"
+    assert {c.split("_")[0] for c in HALF} == {"nuslerp", "multislerp", "karcher"}
 
 
-@pytest.mark.parametrize("case", DETERMINISTIC)
+@pytest.mark.parametrize("case", [c for c in DETERMINISTIC if c not in HALF])
 def test_equals_mergekit_output(case):
     base, models, want, spec, with_base = load_case(case)
     got = hubsoup_output(base, models, spec, with_base)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("case", HALF)
+def test_half_precision_equals_mergekit_output_bit_for_bit(case):
+    """mergekit computes nuslerp, multislerp and karcher step by step in its config's bf16/fp16; so does hubsoup
+    with compute_dtype: the same bits. Computed in float32 and rounded once, the result is not mergekit's."""
+    base, models, want, spec, with_base = load_case(case)
+    assert want.dtype in (torch.bfloat16, torch.float16) and spec["params"]["compute_dtype"] != "float32"
+    got = hubsoup_output(base, models, spec, with_base)
+    assert got.dtype == want.dtype and torch.equal(got, want), (
+        f"{int((got != want).sum())} of {want.numel()} entries differ from mergekit's")
+    f32 = hubsoup_output(base, models, spec, with_base, compute_dtype="float32")
+    assert not torch.equal(f32, want)
 
 
 # --- random methods: mergekit's distribution -------------------------------------------------

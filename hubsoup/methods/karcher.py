@@ -75,7 +75,7 @@ def karcher_mean_in_dtype(tensors: list[torch.Tensor], alphas: list[float], max_
     Example:
         >>> x = [torch.tensor([1.0, 0.0, 0.5]).bfloat16(), torch.tensor([0.0, 1.0, 0.5]).bfloat16()]
         >>> karcher_mean_in_dtype(x, [0.5, 0.5])
-        tensor([0.5586, 0.5586, 0.5586], dtype=torch.bfloat16)
+        tensor([0.6445, 0.6445, 0.6445], dtype=torch.bfloat16)
     """
     if len(tensors) == 1:
         return tensors[0].clone()

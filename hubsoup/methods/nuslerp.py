@@ -97,7 +97,7 @@ def nuslerp_in_dtype(t: float, base: torch.Tensor, deltas: torch.Tensor, dtype: 
     Example:
         >>> base, deltas = torch.zeros(3), torch.tensor([[1.0, 0.001, 0.0], [0.0, 1.0, 0.3]])
         >>> nuslerp_in_dtype(0.5, base, deltas, torch.bfloat16, use_base=True, flatten=True, row_wise=False)
-        tensor([0.7109, 0.7109, 0.2051])
+        tensor([0.7070, 0.7070, 0.2129])
     """
     a, b = ((base + d).to(dtype) for d in deltas)  # θᵢ as stored (θ₀ + τᵢ in float32 is exact for them)
     if not use_base:

@@ -97,6 +97,30 @@ def main():
     case("passthrough", "passthrough", b, ms[:1], {"scale": [0.5]}, with_base=False,
          hubsoup={"method": "passthrough", "params": {"weight_scale": 0.5}})
 
+    # half precision: mergekit casts the inputs to its config's dtype and computes every step in it (hubsoup:
+    # compute_dtype); fine-tune-sized task vectors, so that rounding τ = θ − θ₀ there matters
+    bh, msh = models(6, 3, shape=(16, 12), spread=0.02)
+    for dt, tag in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+        hb, hms = bh.to(dt), [m.to(dt) for m in msh]
+        cd = {"compute_dtype": str(dt).split(".")[-1]}
+        for flat, row in ((True, False), (False, False), (False, True)):
+            kind = "flat" if flat else ("rowwise" if row else "rows")
+            p = {"weight": [0.4, 0.6], "nuslerp_flatten": flat, "nuslerp_row_wise": row}
+            hp = {"weights": [0.4, 0.6], "nuslerp_flatten": flat, "nuslerp_row_wise": row, **cd}
+            case(f"nuslerp_base_{kind}_{tag}", "nuslerp", hb, hms[:2], p, hubsoup={"method": "nuslerp", "params": hp})
+            case(f"nuslerp_nobase_{kind}_{tag}", "nuslerp", hb, hms[:2], p, with_base=False,
+                 hubsoup={"method": "nuslerp", "params": {**hp, "use_base": False}})
+        case(f"multislerp_base_{tag}", "multislerp", hb, hms, {"weight": w},
+             hubsoup={"method": "multislerp", "params": {"weights": w, **cd}})
+        case(f"multislerp_nobase_{tag}", "multislerp", hb, hms, {"weight": w}, with_base=False,
+             hubsoup={"method": "multislerp", "params": {"weights": w, "use_base": False, **cd}})
+        case(f"karcher_{tag}", "karcher", hb, hms, {}, with_base=False,
+             hubsoup={"method": "karcher", "params": cd})
+        # a real config's settings (tol 1e-10, 1200 steps) on inputs far apart: in half precision the iteration
+        # ends in a cycle (here of 60 steps in bf16, 24 in fp16) instead of converging
+        lb, lms = models(7, 3, shape=(32, 16), spread=0.3)
+        case(f"karcher_long_{tag}", "karcher", lb.to(dt), [m.to(dt) for m in lms], {"max_iter": 1200, "tol": 1e-10},
+             with_base=False, hubsoup={"method": "karcher", "params": {"max_iter": 1200, "tol": 1e-10, **cd}})
     # random methods: one large tensor each, for distribution statistics (kept fraction, L1 rescale)
     torch.manual_seed(0)
     bl, msl = models(5, 2, shape=(64, 64))
