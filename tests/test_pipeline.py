@@ -358,3 +358,17 @@ def test_pipeline_file_errors_name_the_key(tmp_path):
     p.write_text(yaml.safe_dump({**good, "merges": [{"method": "ties", "combine": {"with": "org/b"}}]}))
     m = load_pipeline(str(p)).merges[0]
     assert (m.combine, m.partner) == ("with", "org/b")
+
+
+def test_a_mergekit_config_given_as_pipeline_says_what_runs_it(tmp_path):
+    """The pipeline's merges are hubsoup methods (merges: [{method, params}]), not mergekit configs: a mergekit
+    config (one document, or a mergekit-multi stream of stages) is refused in one line naming `hubsoup run`."""
+    one = "merge_method: linear\nmodels: [{model: org/a}, {model: org/b}]\n"
+    for text, kind in ((one, "mergekit config, not a pipeline"),
+                       ("name: s1\n" + one + "---\nmerge_method: linear\nmodels: [{model: s1}, {model: org/c}]\n",
+                        "mergekit config (mergekit-multi stages), not a pipeline")):
+        p = tmp_path / "cfg.yml"
+        p.write_text(text)
+        with pytest.raises(ParameterError) as e:
+            load_pipeline(str(p))
+        assert kind in str(e.value) and f"hubsoup run {p} OUT_DIR" in str(e.value) and "\n" not in str(e.value)

@@ -171,7 +171,9 @@ def load_pipeline(source: str | os.PathLike | dict[str, Any]) -> Pipeline:
         if not os.path.isfile(path):
             raise ParameterError(f"{where}: no such file")
         with open(path, encoding="utf-8") as f:
-            data = load_yaml(f.read(MAX_YAML_BYTES + 1), where)
+            text = f.read(MAX_YAML_BYTES + 1)
+        _refuse_mergekit_config(text, where, path)
+        data = load_yaml(text, where)
         root = os.path.dirname(os.path.abspath(path))
     else:
         data = dict(source)
@@ -181,6 +183,23 @@ def load_pipeline(source: str | os.PathLike | dict[str, Any]) -> Pipeline:
     p.root = root
     _check(p, where)
     return p
+
+
+def _refuse_mergekit_config(text: str, where: str, path: str) -> None:
+    """A mergekit config (one document or a mergekit-multi stream) given as a pipeline: say what runs it."""
+    from hubsoup.formats.mergekit import is_mergekit_config
+    from hubsoup.formats.stages import is_multi_stage
+    from hubsoup.untrusted import load_yaml
+
+    multi = is_multi_stage(text)
+    if not multi:
+        try:
+            if not is_mergekit_config(load_yaml(text, where)):
+                return
+        except ParameterError:
+            return  # refused with its reason by the caller's own read
+    raise ParameterError(f"{where}: this is a mergekit config{' (mergekit-multi stages)' if multi else ''}, not a "
+                         f"pipeline (base, candidates, merges, push): run it with 'hubsoup run {path} OUT_DIR'")
 
 
 def _build(cls, data: Any, where: str, key: str):
