@@ -664,5 +664,6 @@ def test_a_default_module_is_the_plain_config():
                       "        parameters: {weight: 1}\n    parameters:\n      density:\n        - filter: mlp\n"
                       "          value: 0.3\nparameters:\n  density: 0.5\n", resolve=False)
     assert mod.params == plain.params and mod.inputs == plain.inputs and mod.base == plain.base
-    with pytest.raises(ParameterError, match="'modules' \\(text_decoder, vision_tower\\)"):
+    with pytest.raises(ParameterError, match="'modules' \\(text_decoder, vision_tower\\): per-module merges") as e:
         read_config("merge_method: linear\nmodules:\n  text_decoder: {}\n  vision_tower: {}\n", resolve=False)
+    assert "\n" not in str(e.value) and "'models:' at the top level" in str(e.value)

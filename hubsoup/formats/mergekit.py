@@ -380,15 +380,17 @@ def _hoist_default_module(data: dict, dropped: list[str]) -> dict:
     mergekit reads a module's ``slices`` or ``models`` as the top level's and its ``parameters``
     between a slice's and the top level's; with one module, ``default``, that is the config with those
     hoisted (each parameter's module entries before the top level's). Several modules (the vision and
-    text towers of a multimodal model) are refused.
+    text towers of a multimodal model, each with its own models, slices and parameters) are refused: not
+    implemented yet (mergekit 0.1.5 runs them).
     """
     mods = data.get("modules")
     if mods is None:
         return data
     if not isinstance(mods, dict) or set(mods) != {"default"}:
         names = ", ".join(map(str, mods)) if isinstance(mods, dict) else type(mods).__name__
-        raise ParameterError(f"mergekit config: 'modules' ({names[:80]}): only the single 'default' module of a "
-                             "text model is supported (multimodal per-module merges are not)")
+        raise ParameterError(f"mergekit config: 'modules' ({names[:80]}): per-module merges of a multimodal model "
+                             "are not supported yet (mergekit runs them); only a single 'default' module is, or "
+                             "'models:' at the top level, which merges every module alike")
     if data.get("models") is not None or data.get("slices") is not None:
         raise ParameterError("mergekit config: give exactly one of 'models', 'slices' and 'modules'")
     mod = _check_keys(mods["default"], {"slices", "models", "parameters"}, ["modules", "default"], dropped)
