@@ -441,6 +441,23 @@ def test_export_config_round_trip(models, tmp_path, monkeypatch, capsys):
     assert main(["export-config", mk.path]) == 0
     with open(os.path.join(FIX, "slerp_gradient_filters.yml"), encoding="utf-8") as f:
         assert capsys.readouterr().out == f.read()
+    # a merge computed in bfloat16 (compute_dtype, as mergekit computes a `dtype: bfloat16` config) exports that
+    # dtype, and the exported config recomputes it so; float32 compute exports `dtype: float32` + out_dtype
+    kw = dict(method="model_stock", base="tiny-llama/base", dtype="bfloat16", quiet=True)
+    h = hubsoup.merge(["tiny-llama/ft-a", "tiny-llama/ft-b"], out=str(tmp_path / "ms-bf16"),
+                      params={"compute_dtype": "bfloat16"}, **kw)
+    f = hubsoup.merge(["tiny-llama/ft-a", "tiny-llama/ft-b"], out=str(tmp_path / "ms-f32"), **kw)
+    assert main(["export-config", h.path, "-o", cfg]) == 0
+    with open(cfg, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    assert data["dtype"] == "bfloat16" and "out_dtype" not in data
+    a, b = load_dir(h.path), load_dir(hubsoup.run_recipe(cfg, str(tmp_path / "ms-again"), quiet=True).path)
+    assert all(torch.equal(a[k], b[k]) for k in a) and any(not torch.equal(a[k], v) for k, v in load_dir(f.path).items())
+    assert main(["export-config", f.path, "-o", cfg]) == 0
+    with open(cfg, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    assert (data["dtype"], data["out_dtype"]) == ("float32", "bfloat16")
+    capsys.readouterr()
     # no mergekit equivalent: one line naming the method
     s = hubsoup.merge(["tiny-llama/ft-a", "tiny-llama/ft-b"], method="sftm", base="tiny-llama/base",
                       out=str(tmp_path / "sftm"), quiet=True)

@@ -1209,9 +1209,10 @@ def export_config(recipe, out_dtype: str | None = None) -> str:
     A recipe made from a mergekit config gives that config back. Otherwise the method and
     parameters are mapped onto mergekit's (see :data:`METHODS`); a method or option with no
     mergekit equivalent raises :class:`~hubsoup.errors.ParameterError` naming it. hubsoup
-    computes in float32, and mergekit in its ``dtype``: the config says ``dtype: float32`` and
-    stores the output as hubsoup did with ``out_dtype`` (the recipe's dtype, else ``out_dtype``,
-    the output's stored dtype, when the caller knows it).
+    computes in float32, and mergekit in its ``dtype``: the config says ``dtype: float32`` (the
+    method's ``compute_dtype`` where the recipe sets one) and stores the output as hubsoup did with
+    ``out_dtype`` (the recipe's dtype, else ``out_dtype``, the output's stored dtype, when the caller
+    knows it).
     """
     if recipe.mergekit.get("config"):
         return recipe.mergekit["config"]
@@ -1341,10 +1342,12 @@ def export_config(recipe, out_dtype: str | None = None) -> str:
     out["models"] = models
     if cfg.get("parameters"):
         out["parameters"] = cfg["parameters"]
-    out["dtype"] = "float32"  # mergekit computes in `dtype`: hubsoup's float32 arithmetic
+    compute = p.get("compute_dtype") or "float32"  # mergekit computes in `dtype`: hubsoup's own arithmetic's
+    if compute != "inputs":  # (none: mergekit computes in the inputs' dtype, as compute_dtype=inputs does)
+        out["dtype"] = compute
     stored = recipe.dtype or out_dtype
     if stored:
         stored = _DTYPES.get(stored, stored)
-        if stored != "float32":
+        if stored != out.get("dtype"):  # mergekit stores in `dtype` (none: the inputs') unless out_dtype says
             out["out_dtype"] = stored
     return "# mergekit config written by hubsoup export-config (recipe " + recipe.hash[:12] + ")\n" + dump_config(out)
