@@ -22,6 +22,13 @@ from hubsoup.cli import main
 from hubsoup.errors import HubsoupError, InputError, ParameterError
 from hubsoup.testing import make_finetune, write_card_metadata
 
+@pytest.fixture(params=["file hashes", "no file hashes"])
+def hub(hub, request):
+    """Each test that uses the Hub runs on the test Hub and on a Hub that reports no file hashes (issue 31)."""
+    hub.file_hashes = request.param == "file hashes"
+    return hub
+
+
 MARK = "SECRETMARK"  # every local folder of these tests has it in its path: any probe of one is seen
 
 
