@@ -345,20 +345,11 @@ def _check_dir(out: str) -> None:
 
 
 def _pin_inputs(cfg: EvolveConfig, opts, point: dict[str, Any]) -> tuple[list[str], str | None, int]:
-    """The inputs and base pinned once on the driver (Hub IDs -> their commit SHAs), checked against each other,
-    and the memory a trial needs as the planner predicts it (headers only): the merge's peak working set plus
-    the merged model held in memory."""
-    from hubsoup.api import _open_inputs, parse_method, place_blocks
-    from hubsoup.options import DTYPES
-    from hubsoup.plan import Plan
+    """The inputs and base pinned once on the driver, and the memory a trial needs (:func:`trial.pin_inputs`)."""
+    from hubsoup.workflows.trial import pin_inputs
 
-    m, p = parse_method(cfg.method, point)
-    base_ckpt, sources = _open_inputs(cfg.models, cfg.base, m, p, opts, headers_only=True)
-    plan = Plan.of(base_ckpt, opts.device)
-    placement = place_blocks(plan, m, p, sources, opts)
-    held = sum(math.prod(e.shape) * (DTYPES[cfg.dtype] if cfg.dtype and e.mergeable else e.dtype).itemsize
-               for _, e in plan.entries())
-    return [s.ref.pinned_spec for s in sources], base_ckpt.ref.pinned_spec, max(placement.peak.values()) + held
+    inputs, base, memory, _, _ = pin_inputs(cfg.models, cfg.base, cfg.method, point, opts, cfg.dtype)
+    return inputs, base, memory
 
 
 def _storage(cfg: EvolveConfig, out: str):
