@@ -108,6 +108,10 @@ class EvolveError(HubsoupError):
     """An evolutionary search could not give a model (every trial failed), or its storage holds another study."""
 
 
+class StudyLockedError(EvolveError):
+    """Another driver runs the same study (same storage and study name): the message names the storage and it."""
+
+
 # --- RUN CONTROL ---------------------------------------------------------------------------------
 
 class MergeCancelled(HubsoupError):

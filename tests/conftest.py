@@ -31,4 +31,4 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-pytest_plugins = ["tiny_models", "hub_server"]
+pytest_plugins = ["tiny_models", "hub_server", "ray_cluster"]

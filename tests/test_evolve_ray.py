@@ -14,51 +14,9 @@ ray = pytest.importorskip("ray", reason="hubsoup[ray] is not installed")
 
 from hubsoup.workflows.evolve import SEARCH_FILE, evolve  # noqa: E402
 from hubsoup.workflows.executors import RayExecutor  # noqa: E402
+from ray_cluster import start_worker_node  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-# a loaded 2-core machine starts Ray's agents slowly; node deaths are noticed within seconds
-_ENV = {"RAY_agent_register_timeout_ms": "180000", "RAY_worker_register_timeout_seconds": "180",
-        "RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3",
-        "RAY_health_check_initial_delay_ms": "0"}
-
-
-def _start_node(cluster):
-    """A worker node of 1 CPU (a second try when the loaded machine made Ray's start-up time out)."""
-    try:
-        return cluster.add_node(num_cpus=1)
-    except Exception:  # noqa: BLE001
-        return cluster.add_node(num_cpus=1)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """A Ray cluster of two nodes on this machine: a head that runs no trial and one worker node of 1 CPU."""
-    from ray.cluster_utils import Cluster
-
-    old = {k: os.environ.get(k) for k in _ENV}
-    os.environ.update(_ENV)
-    c = None
-    for attempt in range(3):  # Ray gives a node 30 s to register: a loaded machine may need another try
-        try:
-            c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-            break
-        except Exception:  # noqa: BLE001
-            if attempt == 2:
-                raise
-    _start_node(c)
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
-    try:
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -77,7 +35,8 @@ def tiny(tmp_path_factory):
             "eval": {"tasks": [f"perplexity:{data}"]}}
 
 
-def test_ray_gives_the_local_study_even_when_a_worker_node_dies(cluster, tiny, tmp_path):
+def test_ray_gives_the_local_study_even_when_a_worker_node_dies(ray_cluster, tiny, tmp_path):
+    cluster = ray_cluster
     local, far = str(tmp_path / "local"), str(tmp_path / "ray")
     evolve(tiny, local, quiet=True)
     marks = tmp_path / "attempts"
@@ -109,7 +68,7 @@ def test_ray_gives_the_local_study_even_when_a_worker_node_dies(cluster, tiny, t
         time.sleep(0.1)
     [node] = list(cluster.worker_nodes)
     cluster.remove_node(node, allow_graceful=False)
-    _start_node(cluster)
+    start_worker_node(cluster)
     driver.join(timeout=300)
     assert "error" not in done, done.get("error")
     res = done["res"]

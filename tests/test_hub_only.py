@@ -22,6 +22,13 @@ from hubsoup.cli import main
 from hubsoup.errors import HubsoupError, InputError, ParameterError
 from hubsoup.testing import make_finetune, write_card_metadata
 
+@pytest.fixture(params=["file hashes", "no file hashes"])
+def hub(hub, request):
+    """Each test that uses the Hub runs on the test Hub and on a Hub that reports no file hashes (issue 31)."""
+    hub.file_hashes = request.param == "file hashes"
+    return hub
+
+
 MARK = "SECRETMARK"  # every local folder of these tests has it in its path: any probe of one is seen
 
 
@@ -308,6 +315,68 @@ def test_a_hub_card_naming_a_local_base_is_refused_in_hub_only(hub, zoo, tmp_pat
     with pytest.raises(HubsoupError, match="not a Hub repo ID"):
         hubsoup.merge(["alice/ft"], "linear", out=str(tmp_path / "s"), hub_only=True, cache_dir=str(tmp_path / "c"))
     assert [p for p in marked(probes) if p.startswith(zoo["base"])] == []
+
+
+# ---- 3b. evaluation data and exemplars: the Hub dataset of that name, never a folder or another token's cache --
+
+
+def test_hub_only_eval_data_never_reads_a_server_folder_or_a_packaged_builder(seeded, zoo, tmp_path, probes,
+                                                                             monkeypatch):
+    """``datasets.load_dataset("org/name")`` reads a folder ``org/name`` of the working folder before the Hub, and
+    ``csv``/``json`` read the working folder's files: a hub_only run asks the Hub only, or refuses the name."""
+    work = tmp_path / f"{MARK}-cwd"
+    (work / MARK / "data").mkdir(parents=True)
+    (work / MARK / "data" / "val.jsonl").write_text('{"text": "server secret"}\n')
+    (work / "val.csv").write_text("text,label\nserver secret,0\n")
+    (work / "val.json").write_text('{"text": "server secret"}\n')
+    monkeypatch.chdir(work)
+    out = str(tmp_path / "soup")
+    probes.clear()
+    with pytest.raises(HubsoupError) as e:
+        hubsoup.merge(["alice/ft-a"], "linear", base="alice/base", out=out, hub_only=True,
+                      cache_dir=str(tmp_path / "cache"), evaluate=[f"perplexity:{MARK}/data"])
+    assert "doesn't exist on the Hub" in str(e.value) or "not found" in str(e.value), e.value
+    for builder in ("perplexity:json", "classification:csv", "perplexity:text"):
+        with pytest.raises(InputError, match="only Hub dataset IDs"):
+            hubsoup.merge(["alice/ft-a"], "linear", base="alice/base", out=out, hub_only=True, evaluate=[builder])
+    with pytest.raises(InputError, match="only Hub dataset IDs"):
+        hubsoup.merge(["alice/ft-a"], "lot", base="alice/base", out=out, hub_only=True,
+                      exemplars={"1": "json"})
+    # datasets stats the name (``os.path.isdir``) before it sees the hf:// prefix, and ignores the answer: nothing
+    # in the folder, nor the working folder's data files, is ever listed or opened
+    touched = [p for p in marked(probes) if os.path.basename(p.rstrip("/")) in ("val.jsonl", "val.csv", "val.json")
+               or os.path.abspath(p) in (str(work), str(work / MARK / "data"), str(work / MARK)) and p != f"{MARK}/data"]
+    assert touched == [], touched
+    assert not os.path.exists(out)
+
+
+def test_hub_only_eval_data_follows_the_runs_token_not_the_datasets_cache(seeded, zoo, tmp_path):
+    """The server's login (alice) filled the shared datasets cache with her private dataset; bob's hub_only run,
+    with his own token, gets the Hub's answer to him (not found), not the cached copy."""
+    hub = seeded
+    api = hub.api("alice")
+    api.create_repo("alice/private-data", repo_type="dataset", private=True)
+    api.upload_file(path_or_fileobj=b'{"text": "alice private text"}\n' * 4, path_in_repo="train.jsonl",
+                    repo_id="alice/private-data", repo_type="dataset")
+    hub.login("alice")  # the server's own token
+    from hubsoup.eval import TaskSpec
+
+    spec = "perplexity:alice/private-data,split=train"
+    assert len(TaskSpec.parse(spec).load()) == 4  # loaded once by the server: now in the shared datasets cache
+    out = str(tmp_path / "bob")
+    for cache in (None, str(tmp_path / "bob-cache")):
+        with pytest.raises(HubsoupError, match="alice/private-data") as e:
+            hubsoup.merge(["alice/ft-a"], "linear", base="alice/base", out=out, hub_only=True, quiet=True,
+                          token=hub.token("bob"), cache_dir=cache, evaluate=[spec])
+        assert "exist" in str(e.value) or "not found" in str(e.value) or "access" in str(e.value), e.value
+    assert not os.path.exists(out)
+    # and alice's own hub_only run, with her token, reads it from the Hub into her run's cache
+    from hubsoup.sources.access import scope
+
+    mine = tmp_path / "alice-cache"
+    with scope(hub_only=True, token=hub.token("alice"), cache_dir=str(mine)):
+        assert TaskSpec.parse(spec).load()["text"][0] == "alice private text"
+    assert os.path.isdir(mine / "datasets")
 
 
 # ---- 4. untrusted YAML: bounded ----------------------------------------------------------------------

@@ -29,6 +29,13 @@ ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "examples" / "space" / "app.py"
 
 
+@pytest.fixture(params=["file hashes", "no file hashes"])
+def hub(hub, request):
+    """Each test that uses the Hub runs on the test Hub and on a Hub that reports no file hashes (issue 31)."""
+    hub.file_hashes = request.param == "file hashes"
+    return hub
+
+
 _APP: list = []
 
 

@@ -68,11 +68,13 @@ def cmd_merge(args) -> int:
             raise ParameterError("--search needs validation tasks to score each point: give --eval SPEC")
         grid = parse_grid(*args.search, method=args.method)
         print(f"searching {' x '.join(f'{k} ({len(v)})' for k, v in grid.items())} on validation data ...")
-        found = search(args.inputs, args.method, out=args.out, grid=grid,
+        found = search(args.inputs, args.method, out=args.out, grid=grid, executor=args.executor,
                        tasks=[TaskSpec.parse(t) for t in args.eval], limit=args.eval_limit, **options)
         print(f"best {found.best} ({found.selection}: {found.best_score:.4f})")
         result = found.result
     else:
+        if args.executor != "local":
+            raise ParameterError("--executor runs a --search's points: give --search KEY=GRID")
         result = merge(args.inputs, args.method, out=args.out, evaluate=args.eval, eval_limit=args.eval_limit,
                        **options)
     print(result)
@@ -194,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--search", action="append", metavar="KEY[=GRID]",
                    help="search a parameter on the --eval tasks (validation data): KEY=lo:hi:step, KEY=a,b,c, or "
                         "KEY alone for the paper's grid; one merge per grid point, the best is kept (repeatable)")
+    m.add_argument("--executor", default="local",
+                   help="where --search scores its points: local (default), ray (RAY_ADDRESS or a local cluster) "
+                        "or ray://HOST:PORT (each point a Ray task, merged in memory; the best written here)")
     m.add_argument("--push", metavar="ORG/NAME", help="upload the output to this Hub repo (created if needed) in one commit")
     m.add_argument("--private", action="store_true", help="with --push: create the repo private")
     m.add_argument("--create-pr", action="store_true", help="with --push: open a pull request instead of committing to main")

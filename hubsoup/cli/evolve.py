@@ -25,6 +25,9 @@ def register(sub) -> None:
                                    "gradients) with Optuna, scoring each candidate in memory on the config's eval "
                                    "tasks (hubsoup's or lm-eval's). The study lives in DIR (SQLite) unless the "
                                    "config names a database: run the same command again to resume a killed run. "
+                                   "One driver per study: a second driver on the same storage (any host) is "
+                                   "refused with the first one's host and pid; a killed driver's lease is taken "
+                                   "over (its pid gone on this host, or no heartbeat for 2 minutes). "
                                    "DIR gets the best model (weights, hubsoup_recipe.yaml, card), "
                                    "hubsoup_search.json and hubsoup_search.png. See examples/evolve.yml.")
     p.add_argument("config", help="the evolve config (YAML): base, models, method, space, optimizer, trials, "

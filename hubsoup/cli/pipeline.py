@@ -29,7 +29,7 @@ def cmd_pipeline(args) -> int:
 
     try:
         report = run_pipeline(args.pipeline, dry_run=args.dry_run, token=token, work_dir=args.work_dir,
-                              on_event=on_event, hub_only=args.hub_only)
+                              on_event=on_event, hub_only=args.hub_only, executor=args.executor)
     except KeyboardInterrupt as e:  # what was published stays published: say so, not "nothing was left"
         print(interrupted_message(type(e).__name__ == "_Terminated", done, pushing[0] if pushing else None),
               file=sys.stderr)
@@ -80,4 +80,8 @@ def register(sub) -> None:
     p.add_argument("--work-dir", metavar="DIR", help="overrides the pipeline's work_dir (merges and the leaderboard)")
     p.add_argument("--hub-only", action="store_true",
                    help="models and evaluation data are Hub IDs only: no local path is looked at (for servers)")
+    p.add_argument("--executor", default="local",
+                   help="where merges are evaluated: local (default), ray (RAY_ADDRESS or a local cluster) or "
+                        "ray://HOST:PORT (each merge a Ray task, merged in memory and scored there; only the merges "
+                        "to publish are written and pushed, from here)")
     p.set_defaults(func=cmd_pipeline)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 
-from hubsoup.errors import ParameterError
+from hubsoup.errors import InputError, ParameterError
 
 KINDS = ("classification", "perplexity", "lm-eval")
 _LOCAL_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -124,6 +124,8 @@ class TaskSpec:
         """The task's examples as a ``datasets.Dataset``."""
         import datasets
 
+        from hubsoup.sources.access import hub_only, load_hub_dataset
+
         try:
             if self.is_local:
                 path = os.path.expanduser(self.data)
@@ -135,9 +137,11 @@ class TaskSpec:
                 ds = datasets.load_dataset(fmt, data_files=path, split="train", **kw)
             elif self.data.startswith((".", "/", "~")) or os.path.splitext(self.data)[1].lower() in _LOCAL_FORMATS:
                 raise ParameterError(f"task '{self.name}': data file {self.data} not found")
+            elif hub_only():  # the Hub with this run's token and cache, never a folder of the host
+                ds = load_hub_dataset(self.data, "evaluation data", config=self.config, split=self.split)
             else:
                 ds = datasets.load_dataset(self.data, self.config, split=self.split)
-        except ParameterError:
+        except (ParameterError, InputError):  # ours (a hub_only refusal): already one clear line
             raise
         except Exception as e:  # noqa: BLE001 - one clear line for the user
             why = " ".join(str(e).split())

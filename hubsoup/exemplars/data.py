@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from hubsoup.errors import ExemplarError, MethodError
+from hubsoup.errors import ExemplarError, InputError, MethodError
 from hubsoup.methods import InputInfo
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,13 @@ def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0):
                 ds = datasets.load_dataset(path)
         else:
             name, _, split = spec.partition(":")
-            ds = datasets.load_dataset(name, split=split or "train")
-    except ExemplarError:
+            if hub_only():  # the Hub with this run's token and cache, never a folder of the host
+                from hubsoup.sources.access import load_hub_dataset
+
+                ds = load_hub_dataset(name, f"exemplars for task '{task}'", split=split or "train")
+            else:
+                ds = datasets.load_dataset(name, split=split or "train")
+    except InputError:  # ours (an ExemplarError, a hub_only refusal): already one clear line
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds; one clear line
         raise ExemplarError(f"{where}: cannot load ({type(e).__name__}: {e})") from e

@@ -91,6 +91,8 @@ class Access:
     cache_dir: str | None = None
     max_download: int | None = None
     spent: int = 0
+    token: str | bool | None = field(default=None, repr=False)
+    """The run's Hub token (None: ``HF_TOKEN`` or the stored login), for what opens Hub datasets. Never shown."""
     _charged: set = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -173,6 +175,7 @@ def scope(options: Any = None, **kw: Any) -> Iterator[Access]:
     want_hub_only = bool(kw.get("hub_only", getattr(options, "hub_only", False)))
     cache_dir = kw.get("cache_dir", getattr(options, "cache_dir", None))
     limit = kw.get("max_download", getattr(options, "max_download_bytes", None))
+    token = kw.get("token", getattr(options, "token", None))
     outer = _CURRENT.get()
     if outer is not None:
         stricter = (want_hub_only and not outer.hub_only) or (cache_dir and not outer.cache_dir) or (
@@ -184,7 +187,8 @@ def scope(options: Any = None, **kw: Any) -> Iterator[Access]:
         cache_dir = outer.cache_dir or cache_dir
         if outer.max_download is not None and (limit is None or outer.max_download - outer.spent < limit):
             limit = outer.max_download - outer.spent
-    access = Access(hub_only=want_hub_only, cache_dir=cache_dir, max_download=limit)
+    access = Access(hub_only=want_hub_only, cache_dir=cache_dir, max_download=limit,
+                    token=outer.token if outer is not None and token is None else token)
     token = _CURRENT.set(access)
     try:
         yield access
@@ -240,6 +244,40 @@ def check_specs(*, inputs: Iterable[Any] = (), base: Any = None, soup: Any = Non
             require_hub_dataset(spec, "exemplars")
 
 
+def load_hub_dataset(name: str, role: str, *, config: str | None = None, split: str | None = "train"):
+    """A Hub dataset for a ``hub_only`` run, by its ID alone (``org/name[@revision]``): never a folder of the host
+    that has the same name (``datasets.load_dataset`` looks for one first), never a packaged builder (``csv``,
+    ``json``: they read files of the working folder), never a copy another token left in the shared datasets
+    cache (the Hub is asked with this run's token; the data goes to this run's ``cache_dir``, or to a
+    temporary folder removed at once, the rows kept in memory).
+
+    >>> load_hub_dataset("csv", "evaluation data")
+    Traceback (most recent call last):
+    ...
+    hubsoup.errors.InputError: evaluation data 'csv': only Hub dataset IDs (org/name) are accepted here, not local paths
+    """
+    import os
+    import shutil
+    import tempfile
+
+    import datasets
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+    require_hub_dataset(name, role)
+    repo_id, _, revision = name.partition("@")
+    if repo_id in _PACKAGED_DATASETS_MODULES:
+        raise refusal(role, name, "Hub dataset IDs (org/name)")
+    acc = current()
+    own = os.path.join(acc.cache_dir, "datasets") if acc.cache_dir else None
+    cache = own or tempfile.mkdtemp(prefix="hubsoup-datasets-")
+    try:  # hf://datasets/: the Hub only (datasets skips its look for a local folder of that name)
+        return datasets.load_dataset(f"hf://datasets/{repo_id}", config, split=split, revision=revision or None,
+                                     cache_dir=cache, token=acc.token, keep_in_memory=own is None)
+    finally:
+        if own is None:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
 def check_offline(who: str) -> None:
     """A ``hub_only`` run offline reads only a cache of its own (``cache_dir``): a snapshot another user's token
     filled must never be opened without the Hub checking this run's token."""
@@ -253,4 +291,4 @@ def check_offline(who: str) -> None:
 
 __all__ = ["Access", "current", "scope", "scoped", "check_specs", "hub_only", "is_hub_id", "is_hub_dataset",
            "require_hub_id",
-           "require_hub_dataset", "refusal", "check_offline"]
+           "require_hub_dataset", "refusal", "check_offline", "load_hub_dataset"]

@@ -10,6 +10,8 @@ its storage (an SQLite file in ``DIR`` by default, any database URL for a cluste
   in whatever order they finish, and a resumed study proposes what an uninterrupted one would have.
 * **Resumable.** A killed run is run again with the same command: finished trials are read from the
   storage, the unfinished ones (asked, never told) are evaluated again, nothing else repeats.
+* **One driver per study.** A second driver on the same storage (any host) is refused at once, naming the
+  first one's host and pid; a killed driver's lease is taken over (:mod:`hubsoup.workflows.study_lease`).
 * **A failing trial** (a point the method refuses, NaN weights, out of memory) is recorded ``FAIL``
   with its reason; the study goes on.
 * **Cheap candidates.** A trial merges into memory and is scored there (:mod:`hubsoup.workflows.trial`);
@@ -343,20 +345,11 @@ def _check_dir(out: str) -> None:
 
 
 def _pin_inputs(cfg: EvolveConfig, opts, point: dict[str, Any]) -> tuple[list[str], str | None, int]:
-    """The inputs and base pinned once on the driver (Hub IDs -> their commit SHAs), checked against each other,
-    and the memory a trial needs as the planner predicts it (headers only): the merge's peak working set plus
-    the merged model held in memory."""
-    from hubsoup.api import _open_inputs, parse_method, place_blocks
-    from hubsoup.options import DTYPES
-    from hubsoup.plan import Plan
+    """The inputs and base pinned once on the driver, and the memory a trial needs (:func:`trial.pin_inputs`)."""
+    from hubsoup.workflows.trial import pin_inputs
 
-    m, p = parse_method(cfg.method, point)
-    base_ckpt, sources = _open_inputs(cfg.models, cfg.base, m, p, opts, headers_only=True)
-    plan = Plan.of(base_ckpt, opts.device)
-    placement = place_blocks(plan, m, p, sources, opts)
-    held = sum(math.prod(e.shape) * (DTYPES[cfg.dtype] if cfg.dtype and e.mergeable else e.dtype).itemsize
-               for _, e in plan.entries())
-    return [s.ref.pinned_spec for s in sources], base_ckpt.ref.pinned_spec, max(placement.peak.values()) + held
+    inputs, base, memory, _, _ = pin_inputs(cfg.models, cfg.base, cfg.method, point, opts, cfg.dtype)
+    return inputs, base, memory
 
 
 def _storage(cfg: EvolveConfig, out: str):
@@ -366,7 +359,13 @@ def _storage(cfg: EvolveConfig, out: str):
     try:
         return optuna.storages.RDBStorage(url)
     except Exception as e:  # noqa: BLE001 - one line naming the storage
-        raise EvolveError(f"cannot open the study storage {url.split('@')[-1]}: {e}") from e
+        raise EvolveError(f"cannot open the study storage {_public_url(url)}: {e}") from e
+
+
+def _public_url(url: str) -> str:
+    """A storage URL as messages show it: no user or password (``postgresql://u:p@db/x`` -> ``postgresql://db/x``)."""
+    scheme, sep, rest = url.partition("://")
+    return scheme + sep + rest.rpartition("@")[2] if sep else url.rpartition("@")[2]
 
 
 def _trial_row(t, n_inputs: int, names: dict[str, str], cfg: EvolveConfig) -> dict[str, Any]:
@@ -402,6 +401,9 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
     Raises:
         hubsoup.errors.ParameterError: a bad config key or value (named), a space key the method lacks.
         EvolveError: every trial failed (the first reason given); the storage holds a different study.
+        hubsoup.errors.StudyLockedError: another driver is running the same study (same storage and study
+            name, any host): refused at once, naming it (:mod:`hubsoup.workflows.study_lease`); a killed
+            driver's lease is taken over (its pid gone on this host, or no heartbeat for 2 minutes).
     """
     from hubsoup.eval import TaskSpec
     from hubsoup.options import MergeOptions
@@ -438,7 +440,7 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
     os.makedirs(out, exist_ok=True)
     lock = OutputLock(out, "evolve study")
     lock.acquire()
-    exe = None
+    exe = lease = None
     try:
         inputs, base, memory = _pin_inputs(cfg, opts, cfg.method_params(mid, names))
         if "memory" not in cfg.resources:  # Ray's memory request: the planner's prediction (+25 % for the eval)
@@ -449,6 +451,11 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = _storage(cfg, out)
         name = cfg.study_name or "hubsoup-evolve"
+        from hubsoup.workflows.study_lease import StudyLease
+
+        # one driver per study, also across hosts on a shared database (a killed driver's lease is taken over)
+        lease = StudyLease(storage.engine, name, _public_url(storage.url))
+        lease.acquire()
         study = optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True)
         ident = json.loads(json.dumps(cfg.identity(), default=str))
         held = study.user_attrs.get("hubsoup_config")
@@ -467,6 +474,7 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         t_study = time.perf_counter()
         while True:
             monitor.check("between generations (the study is saved; run again to resume)")
+            lease.check()
             trials = study.get_trials(deepcopy=False)
             open_ = [t for t in trials if not t.state.is_finished()]
             if open_:  # a killed run's generation: finish asking it, then evaluate what was never told
@@ -543,6 +551,8 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
     finally:
         if exe is not None:
             exe.close()
+        if lease is not None:
+            lease.release()
         lock.release()
 
 

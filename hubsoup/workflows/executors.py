@@ -158,17 +158,39 @@ class RayExecutor:
             self.ray.shutdown()
 
 
-def make_executor(spec: Any, cfg: Any = None):
-    """``"local"``, ``"ray"``, ``"ray://HOST:PORT"`` (or an executor object, returned as it is)."""
+def check_executor(spec: Any) -> Any:
+    """``spec`` if it names an executor (``None``/``"local"``, ``"ray"``, ``"ray://HOST:PORT"``, an object with
+    ``run``/``close``); else a :class:`ParameterError` naming it, before any work.
+
+    >>> check_executor("ray://head:10001"), check_executor(None)
+    ('ray://head:10001', None)
+    """
+    if spec is None or (not isinstance(spec, str) and callable(getattr(spec, "run", None))):
+        return spec
+    if isinstance(spec, str) and (spec in ("local", "ray") or spec.startswith("ray://")):
+        return spec
+    raise ParameterError(f"executor must be 'local', 'ray' or 'ray://HOST:PORT', got {spec!r}")
+
+
+def is_local(spec: Any) -> bool:
+    """Whether ``spec`` runs candidates in this process the workflow's own way (``None`` or ``"local"``)."""
+    return spec is None or spec == "local"
+
+
+def make_executor(spec: Any, cfg: Any = None, *, resources: dict[str, Any] | None = None):
+    """``"local"``, ``"ray"``, ``"ray://HOST:PORT"`` (or an executor object, returned as it is).
+
+    ``resources`` (or ``cfg.resources``): per candidate, ``cpus`` (default 1), ``gpus`` (default 0) and
+    ``memory`` (bytes) that each Ray task requests.
+    """
+    check_executor(spec)
     if not isinstance(spec, str):
         return spec
     if spec == "local":
         return LocalExecutor()
-    if spec == "ray" or spec.startswith("ray://"):
-        res = getattr(cfg, "resources", {}) or {}
-        return RayExecutor(None if spec == "ray" else spec, cpus=int(res.get("cpus") or 1),
-                           gpus=float(res.get("gpus") or 0), memory=res.get("memory"))
-    raise ParameterError(f"executor must be 'local', 'ray' or 'ray://HOST:PORT', got {spec!r}")
+    res = resources if resources is not None else (getattr(cfg, "resources", {}) or {})
+    return RayExecutor(None if spec == "ray" else spec, cpus=int(res.get("cpus") or 1),
+                       gpus=float(res.get("gpus") or 0), memory=res.get("memory"))
 
 
-__all__ = ["LocalExecutor", "RayExecutor", "make_executor"]
+__all__ = ["LocalExecutor", "RayExecutor", "make_executor", "check_executor", "is_local"]

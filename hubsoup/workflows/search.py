@@ -200,7 +200,8 @@ def normalized_score(results, references: Sequence[float] | None) -> float:
 def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list], base: str | None = None,
            tasks: Sequence | None = None, score_fn: Callable[[str], float] | None = None,
            params: dict[str, Any] | None = None, normalize: bool = True, limit: int | None = None,
-           options: MergeOptions | None = None, **kwargs: Any) -> SearchResult:
+           options: MergeOptions | None = None, executor: Any = None, resources: dict[str, Any] | None = None,
+           **kwargs: Any) -> SearchResult:
     """Merge once per grid point, score each on validation data, keep the best as ``out``.
 
     Give either ``tasks`` (:class:`hubsoup.eval.TaskSpec`, validation splits) or
@@ -212,18 +213,42 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
     whole search (each point's merge, then its scoring, stage ``eval``); a cancel stops the point
     being merged and leaves no output.
 
+    ``executor``: ``None``/``"local"`` (this process, the default), ``"ray"`` (``RAY_ADDRESS`` or a local
+    cluster), ``"ray://HOST:PORT"`` or an executor object (:mod:`hubsoup.workflows.executors`). With Ray,
+    the inputs are pinned to their commits here once, each point is a task (merged in memory and scored
+    on its node, requesting ``resources``: ``cpus`` (1), ``gpus`` (1 on a CUDA ``device``, else 0),
+    ``memory`` (the planner's prediction)), the scores come back here, and the best point alone is
+    merged here into ``out``: the same ``hubsoup_search.json`` scores, best point and output as a local
+    search. Ray's nodes read the Hub with their own login (the run's token is never sent to them); a
+    Ray search scores with ``tasks`` (not ``score_fn``) and writes a full checkpoint (no LoRA output).
+
     Example:
         >>> res = search(["a", "b"], "ties", base="base", out="soup", grid={"density": [0.1, 0.2]},
         ...              tasks=[...], progress=lambda d, stage, msg: print(f"{d:.0%} {stage}"),
         ...              cancel=threading.Event())                                   # doctest: +SKIP
     """
+    from hubsoup.workflows.executors import check_executor, is_local
+
     check_specs(inputs=inputs, base=base, tasks=tasks or ())
+    check_executor(executor)
     opts, merge_kwargs = MergeOptions.split(kwargs, options)
     if opts.progress is not None and not opts.quiet:  # the callback replaces every print
         opts = opts.replace(quiet=True)
     if (tasks is None) == (score_fn is None):
         raise ParameterError("search needs either evaluation tasks or a score function (not both)")
     tasks = list(tasks) if tasks is not None else None
+    if not is_local(executor):  # candidates are merged in memory on the cluster's nodes: full models, tasks
+        if score_fn is not None:
+            raise ParameterError(f"search with executor {executor!r}: score with tasks (score_fn reads a folder "
+                                 "on this machine)")
+        local_only = [k for k in ("output_format", "rank", "energy", "layout", "evaluate", "eval_limit")
+                      if merge_kwargs.get(k) not in (None, "full")]
+        if local_only:
+            raise ParameterError(f"search with executor {executor!r}: '{local_only[0]}' needs the local executor "
+                                 "(each point is merged in memory as a full model)")
+        params = {**(params or {}), **{k: v for k, v in merge_kwargs.items() if k not in (
+            "output_format", "rank", "energy", "layout", "evaluate", "eval_limit")}}
+        merge_kwargs = {}
     check_output(out, opts.overwrite)
     grid_points = points(grid)
     m = get_method(method)
@@ -234,6 +259,9 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
     # the lock on `out` for the whole search; the points are merged inside its temporary folder
     folder = OutputFolder(out, overwrite=opts.overwrite)
     try:
+        if not is_local(executor):
+            return _search_remote(folder, grid_points, inputs, method, base, tasks, params, normalize, limit, opts,
+                                  executor, resources)
         from hubsoup.engine.shared import shared_statistics
 
         # points that differ only in what the merge itself reads (λ) share the preparation (LOT's exemplar
@@ -258,13 +286,7 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
     references = None
     point_seconds: list[dict[str, Any]] = [{} for _ in grid_points]  # in grid order, as the scores
     seconds: dict[str, Any] = {"points": point_seconds}
-    selection = "score_fn"
-    normalized = False
-    if tasks is not None:
-        selection = "mean accuracy" if any(t.kind == "classification" for t in tasks) else "mean of -log(perplexity)"
-        if normalize and len(tasks) == len(inputs) and all(t.kind == "classification" for t in tasks):
-            normalized = True  # the references are scored after the first merge: it pins the inputs
-            selection = "mean normalized accuracy (accuracy / the matching fine-tune's accuracy)"
+    selection, normalized = _selection(inputs, tasks, normalize)  # the references: after the first merge pins
 
     scores: list[dict[str, Any]] = [{} for _ in grid_points]
     best_i, best_score, best_res = -1, float("-inf"), None
@@ -311,17 +333,110 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
         else:
             shutil.rmtree(point_dir, ignore_errors=True)
     best_dir = os.path.join(folder.path, f"point-{best_i:03d}")
-    best_res.path = folder.target
-    found = SearchResult(grid_points[best_i], best_score, scores, selection, best_res, seconds)
-    best_res.search = found.to_dict()
-    # the card and eval file of the chosen point also record the grid and every score; then it becomes `out`
     if best_res.evaluation:
         write_results(best_res.evaluation, os.path.join(best_dir, EVAL_FILE))
+    found = SearchResult(grid_points[best_i], best_score, scores, selection, best_res, seconds)
+    return _keep(folder, best_dir, found, monitor)
+
+
+def _selection(inputs: Sequence[str], tasks: list | None, normalize: bool) -> tuple[str, bool]:
+    """What the search maximises (its name) and whether it is normalized by the fine-tunes' own scores."""
+    if tasks is None:
+        return "score_fn", False
+    if normalize and len(tasks) == len(inputs) and all(t.kind == "classification" for t in tasks):
+        return "mean normalized accuracy (accuracy / the matching fine-tune's accuracy)", True
+    return ("mean accuracy" if any(t.kind == "classification" for t in tasks) else "mean of -log(perplexity)"), False
+
+
+def _keep(folder: OutputFolder, best_dir: str, found: SearchResult, monitor) -> SearchResult:
+    """The chosen point's card and ``hubsoup_search.json`` record the grid and every score; then it becomes ``out``."""
+    best_res = found.result
+    best_res.path = folder.target
+    best_res.search = found.to_dict()
     with open(os.path.join(best_dir, "hubsoup_search.json"), "w", encoding="utf-8") as f:
-        json.dump({**found.to_dict(), "seconds": seconds}, f, indent=2, default=str)
+        json.dump({**found.to_dict(), "seconds": found.seconds}, f, indent=2, default=str)
     best_res.write_card(best_dir)
     monitor.check("before the output was committed")
     folder.commit(best_dir)
     if monitor.reporting:
         monitor.finish(f"best {found.best} -> {folder.target}")
     return found
+
+
+def _search_remote(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Sequence[str], method: str,
+                   base: str | None, tasks: list, params: dict[str, Any] | None, normalize: bool,
+                   limit: int | None, opts: MergeOptions, executor: Any,
+                   resources: dict[str, Any] | None) -> SearchResult:
+    """Each point a task of ``executor`` (merged in memory and scored where it runs: :func:`run_trial`); the
+    scores come back here in grid order, and the best point alone is merged here into ``out``."""
+    import hubsoup
+    from hubsoup.errors import HubsoupError
+    from hubsoup.eval import TaskResult
+    from hubsoup.eval.run import EVAL_FILE
+    from hubsoup.workflows.executors import make_executor
+    from hubsoup.workflows.trial import pin_inputs
+
+    monitor = opts.monitor()
+    monitor.check("before the search")
+    n = len(grid_points)
+    # pinned once here: every node merges the same commits, and the one written here is the one scored
+    pinned, pinned_base, memory, base_ref, refs = pin_inputs(inputs, base, method, {**(params or {}),
+                                                                                  **grid_points[0]}, opts, opts.dtype)
+    selection, normalized = _selection(inputs, tasks, normalize)
+    seconds: dict[str, Any] = {"points": [{} for _ in grid_points]}
+    references = None
+    if normalized:
+        t0 = time.perf_counter()
+        if monitor.reporting:
+            monitor.child(0.0, 0.0)(0.0, "eval", "scoring the fine-tunes (references)")
+        references = reference_scores(inputs, refs, base_ref, tasks, limit)
+        seconds["references"] = round(time.perf_counter() - t0, 2)
+    wanted = {"cpus": 1, "gpus": 1 if str(opts.device).startswith("cuda") else 0, "memory": int(memory * 1.25),
+              **(resources or {})}
+    options = {k: getattr(opts, k) for k in ("device", "dtype", "allow_pickle", "ignore_extra", "shape_mismatch")}
+    order = merge_order(grid_points, method, params)  # equal preparations back to back: a worker shares them
+    payloads = [{"number": i, "inputs": pinned, "base": pinned_base, "method": method,
+                 "params": {**(params or {}), **grid_points[i]}, "tasks": list(tasks), "limit": limit,
+                 "results": True, "options": options} for i in order]
+    finished = [0]
+
+    def on_result(r: dict[str, Any]) -> None:
+        finished[0] += 1
+        if monitor.reporting:
+            monitor.child(0.0, 0.9)(finished[0] / n, "eval", f"point {finished[0]}/{n} scored")
+        if not opts.quiet:
+            print(f"  {grid_points[r['number']]} -> " + ("scored" if r["state"] == "complete"
+                                                         else f"failed ({r.get('reason', '')[:120]})"))
+
+    exe = make_executor(executor, resources=wanted)
+    try:
+        results = {r["number"]: r for r in exe.run(payloads, on_result=on_result, monitor=monitor)}
+    finally:
+        exe.close()
+    scores: list[dict[str, Any]] = [{} for _ in grid_points]
+    best_i, best_score, best_rows = -1, float("-inf"), None
+    for i in order:  # the local search's order: the same tie-breaking (the earlier grid point)
+        r, point = results[i], grid_points[i]
+        if r["state"] != "complete":  # as a local search, one point that cannot be merged or scored stops it
+            raise HubsoupError(f"search point {point}: {r.get('reason') or 'failed'}")
+        evals = [TaskResult.from_dict(row) for row in r["results"]]
+        score = normalized_score(evals, references)
+        scores[i] = {"params": point, "metrics": {row["task"]: row["metrics"] for row in r["results"]}, "score": score}
+        seconds["points"][i] = {"merge": round(r["seconds"].get("merge", 0.0), 2),
+                                "score": round(r["seconds"].get("eval", 0.0), 2)}
+        if score > best_score or (score == best_score and i < best_i):
+            best_i, best_score, best_rows = i, score, r["results"]
+    monitor.check()
+    if monitor.reporting:
+        monitor.child(0.9, 0.99)(0.0, "merge", f"writing the best point {grid_points[best_i]}")
+    best_dir = os.path.join(folder.path, f"point-{best_i:03d}")
+    t0 = time.perf_counter()
+    best_res = hubsoup.merge(pinned, method, base=pinned_base, out=best_dir,
+                             params={**(params or {}), **grid_points[best_i]},
+                             options=opts.replace(quiet=True, overwrite=False, progress=None))
+    seconds["write"] = round(time.perf_counter() - t0, 2)
+    best_res.evaluation = [TaskResult.from_dict(row) for row in best_rows]
+    with open(os.path.join(best_dir, EVAL_FILE), "w", encoding="utf-8") as f:
+        json.dump(best_rows, f, indent=2)  # the scored candidate's results, as write_results writes them
+    found = SearchResult(grid_points[best_i], best_score, scores, selection, best_res, seconds)
+    return _keep(folder, best_dir, found, monitor)

@@ -79,6 +79,28 @@ def merge_in_memory(inputs: Sequence[str], method: str, *, base: str | None, par
     return sink, base_ckpt, recipe
 
 
+def pin_inputs(models: Sequence[str], base: str | None, method: str, params: dict[str, Any], options: Any,
+               dtype: str | None = None):
+    """The inputs and base pinned once on the driver (Hub IDs -> ``org/name@SHA``), checked against each other
+    from their headers, and the memory one candidate needs as the planner predicts it: the merge's peak working
+    set plus the merged model held in memory (Ray's memory request).
+
+    Returns ``(inputs, base, memory, base_ref, input_refs)`` (the refs: :class:`~hubsoup.sources.InputRef`).
+    """
+    from hubsoup.api import _open_inputs, parse_method, place_blocks
+    from hubsoup.options import DTYPES
+    from hubsoup.plan import Plan
+
+    m, p = parse_method(method, dict(params))
+    base_ckpt, sources = _open_inputs(list(models), base, m, p, options, headers_only=True)
+    plan = Plan.of(base_ckpt, options.device)
+    placement = place_blocks(plan, m, p, sources, options)
+    held = sum(math.prod(e.shape) * (DTYPES[dtype] if dtype and e.mergeable else e.dtype).itemsize
+               for _, e in plan.entries())
+    return ([s.ref.pinned_spec for s in sources], base_ckpt.ref.pinned_spec, max(placement.peak.values()) + held,
+            base_ckpt.ref, [s.ref for s in sources])
+
+
 def selection_score(results: Sequence[Any], metric: str | None = None) -> float:
     """The number a search maximises: ``metric`` (``TASK/METRIC``, or ``METRIC`` with one task), else the mean
     over tasks of each task's score (accuracy; ``-log(perplexity)``; an lm-eval task's main metric).
@@ -115,10 +137,13 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     ``payload``: ``number``, ``inputs``, ``base``, ``method``, ``params``; ``tasks`` (spec strings or
     :class:`~hubsoup.eval.TaskSpec`), optional ``metric``, ``limit``, ``batch_size``, ``options`` (merge
     options by name: device, dtype, ...), ``scratch`` (a folder for temporary files), ``cancel``
-    (local runs only).
+    (local runs only), ``results`` (True: return each task's result and leave the scoring to the caller, a
+    grid search's normalized accuracy or a pipeline's selection: ``score`` is then None).
     Returns ``number``, ``state`` (``complete``/``fail``), ``score``, ``metrics`` ({task: {metric: value}}),
-    ``reason`` (a failed trial's), ``seconds`` (``merge``, ``build`` (the model from the merged tensors),
-    ``eval``, ``total``) and ``host``/``pid``.
+    ``results`` (with ``results``: :meth:`TaskResult.to_dict` rows, as ``eval_results.json`` holds them),
+    ``reason`` and ``error`` (a failed trial's: ``type``, ``message``, ``hubsoup``: whether it is a
+    :class:`~hubsoup.errors.HubsoupError`), ``seconds`` (``merge``, ``build`` (the model from the merged
+    tensors), ``eval``, ``total``) and ``host``/``pid``.
     """
     import socket
 
@@ -150,6 +175,12 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
                                  batch_size=int(payload.get("batch_size") or 32), device=opts.device, quiet=True)
         del model
         seconds["eval"] = time.perf_counter() - t1
+        if payload.get("results"):  # the caller scores them
+            out.update(state="complete", score=None, results=[r.to_dict() for r in results],
+                       metrics={r.task.name: dict(r.metrics) for r in results})
+            seconds["total"] = time.perf_counter() - t0
+            out["seconds"] = {k: round(v, 4) for k, v in seconds.items()}
+            return out
         score = selection_score(results, payload.get("metric"))
         if not math.isfinite(score):
             raise ParameterError(f"the score is {score} (the merged model's outputs are not finite)")
@@ -158,7 +189,11 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     except (KeyboardInterrupt, MergeCancelled):
         raise
     except Exception as e:  # noqa: BLE001 - a bad point or an OOM fails this trial, not the study
+        from hubsoup.errors import HubsoupError
+
         out.update(state="fail", score=None, metrics={}, reason=f"{type(e).__name__}: {' '.join(str(e).split())}")
+        if payload.get("results"):
+            out["error"] = {"type": type(e).__name__, "message": str(e), "hubsoup": isinstance(e, HubsoupError)}
     seconds["total"] = time.perf_counter() - t0
     out["seconds"] = {k: round(v, 4) for k, v in seconds.items()}
     return out

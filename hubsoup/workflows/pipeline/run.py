@@ -91,6 +91,9 @@ class PlannedMerge:
     path: str | None = None
     deferred: bool = False
     """Listed as not selected on the Hub's leaderboard: merged again only if now selected."""
+    results: list | None = field(default=None, repr=False)
+    """Scored by an executor's task (merged in memory there): its ``eval_results.json`` rows; written here
+    (:attr:`path`) only when it is to be pushed."""
 
     @property
     def label(self) -> str:
@@ -136,7 +139,8 @@ class PipelineReport:
 
 def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_run: bool = False,
                  token: str | bool | None = None, work_dir: str | None = None, stream: TextIO | None = None,
-                 on_event: Callable[[str, PlannedMerge], None] | None = None, hub_only: bool = False) -> PipelineReport:
+                 on_event: Callable[[str, PlannedMerge], None] | None = None, hub_only: bool = False,
+                 executor: Any = None, resources: dict[str, Any] | None = None) -> PipelineReport:
     """Run (or with ``dry_run`` only plan) a pipeline; see :mod:`hubsoup.workflows.pipeline.run`.
 
     Args:
@@ -150,6 +154,12 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
             or ``skipped``, for apps and tests.
         hub_only: every model and evaluation dataset must be a Hub ID (no local path is looked at;
             :mod:`hubsoup.sources.access`), as for a server.
+        executor: ``None``/``"local"`` (this process, the default), ``"ray"`` (``RAY_ADDRESS`` or a local
+            cluster), ``"ray://HOST:PORT"`` or an executor object (:mod:`hubsoup.workflows.executors`). With
+            Ray and ``eval`` tasks, every merge to make is a task (merged in memory and evaluated on its node,
+            requesting ``resources``: ``cpus``, ``gpus``, ``memory``, default the planner's prediction), the
+            scores come back here, and only the merges to publish are written (to ``work_dir``) and pushed,
+            from here: the same leaderboard as a local run. The nodes read the Hub with their own login.
 
     Returns:
         :class:`PipelineReport` (``exit_code`` 0 when nothing failed, else 1).
@@ -166,12 +176,14 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
         >>> [m.url for m in report.by_status("published")]                         # doctest: +SKIP
     """
     from hubsoup.sources.access import scope
+    from hubsoup.workflows.executors import check_executor
 
+    check_executor(executor)
     with scope(hub_only=hub_only):
-        return _run_pipeline(source, dry_run, token, work_dir, stream, on_event)
+        return _run_pipeline(source, dry_run, token, work_dir, stream, on_event, executor, resources)
 
 
-def _run_pipeline(source, dry_run, token, work_dir, stream, on_event) -> PipelineReport:
+def _run_pipeline(source, dry_run, token, work_dir, stream, on_event, executor=None, resources=None) -> PipelineReport:
     from huggingface_hub import HfApi
 
     from hubsoup.hub import ensure_timeouts
@@ -183,6 +195,7 @@ def _run_pipeline(source, dry_run, token, work_dir, stream, on_event) -> Pipelin
     ensure_timeouts()
     api = HfApi(token=token)
     runner = _Runner(p, api, token, work, out, emit)
+    runner.executor, runner.resources = executor, resources
     runner.check_data()
     if dry_run:
         report = runner.plan()
@@ -208,6 +221,10 @@ class _Runner:
         self.published: dict[str, Published] = {}
         self.repo_hash: dict[str, str] = {}
         self.previous: dict[str, dict] = {}
+        self.executor: Any = None
+        self.resources: dict[str, Any] | None = None
+        self.scored: dict[str, dict[str, Any]] = {}  # recipe hash -> an executor's result, not yet used
+        self._exe: Any = None
 
     # ---- planning --------------------------------------------------------------------------
 
@@ -421,10 +438,27 @@ class _Runner:
 
     # ---- execution ---------------------------------------------------------------------------
 
+    @property
+    def remote(self) -> bool:
+        """Merges are scored by an executor's tasks (Ray): with evaluation tasks only (else each is written anyway)."""
+        from hubsoup.workflows.executors import is_local
+
+        return not is_local(self.executor) and bool(self.tasks)
+
     def execute(self, report: PipelineReport) -> None:
+        try:
+            self._execute(report)
+        finally:
+            if self._exe is not None:  # an executor serves the whole run (its cluster connection, its workers)
+                self._exe.close()
+                self._exe = None
+
+    def _execute(self, report: PipelineReport) -> None:
         sel = self.p.select
         broken: dict[str, str] = {}
         queue = [m for m in report.merges if m.status == PLANNED and not m.deferred]
+        if self.remote:  # every merge to make at once, on the cluster; used below in the local run's order
+            self._score_remote([m for m in queue if self._cached(m) is None])
         extra_all: list[PlannedMerge] = []
         while queue:
             m = queue.pop(0)
@@ -507,8 +541,8 @@ class _Runner:
                                           f"scores of {pub.repo_id}", self.retry)
             if m.scores and m.score is None:
                 m.score = self._score(m.scores)
-        pool = [m for m in report.merges
-                if m.status in (PUBLISHED, NOT_SELECTED) or (m.status == PLANNED and (m.path or m.deferred))]
+        pool = [m for m in report.merges if m.status in (PUBLISHED, NOT_SELECTED)
+                or (m.status == PLANNED and (m.path or m.deferred or m.results is not None))]
         sign = 1 if self._goal() == "max" else -1
         ranked = sorted(pool, key=lambda m: (m.score is None, -sign * (m.score or 0.0), m.recipe_hash))
         top = {id(m) for m in (ranked[:sel.top_k] if sel.top_k is not None else ranked)}
@@ -530,23 +564,14 @@ class _Runner:
     def _merge(self, m: PlannedMerge) -> str | None:
         """Make (or find, verified, in the work folder) the merge and score it; on failure its status says
         why and the culprit is returned (when the error names one input)."""
-        from hubsoup.api import MergeResult, merge
+        from hubsoup.api import merge
 
         out = self._out(m)
         base_pinned = self._base.pinned
         try:
-            result = None
-            if os.path.isfile(os.path.join(out, hubio.RECIPE_FILE)):
-                problem = self._verify(m, out)
-                if problem is None:
-                    try:
-                        cached = MergeResult.from_folder(out)
-                        if cached.recipe.hash == m.recipe_hash:
-                            result = cached
-                    except HubsoupError:
-                        result = None
-                else:
-                    self._line(f"stale      {m.label}: the merge in the work folder {problem}; merging it again")
+            result = self._cached(m, report_stale=True)
+            if result is None and self.remote:
+                return self._merge_remote(m)
             if result is None:
                 _remove(self._manifest(m))  # a merge made again is trusted once its new manifest is written
                 result = with_retry(
@@ -575,6 +600,10 @@ class _Runner:
             m.scores = hubio.flatten_scores(_read_json(os.path.join(out, hubio.EVAL_FILE)) or [])
         except ValueError:
             m.scores = {}
+        return self._scored(m)
+
+    def _scored(self, m: PlannedMerge) -> None:
+        """``m.scores`` are in: a merge that cannot be scored fails, the others are ranked."""
         bad = hubio.non_finite(m.scores)
         if self.tasks and (bad or not m.scores):  # a merge that cannot be scored is never ranked
             m.status = FAILED
@@ -586,8 +615,97 @@ class _Runner:
         m.score = self._score(m.scores)
         self.emit("merged", m)
         shown = "  ".join(f"{k}={v:.4f}" for k, v in sorted(m.scores.items()))
-        verb = "merged    " if m.action == "merged" else "reused    "  # found in the work folder, verified
+        verb = {"merged": "merged    ", "scored": "scored    "}.get(m.action, "reused    ")  # reused: verified
         self._line(f"{verb} {m.label}" + (f"  {shown}" if shown else ""))
+        return None
+
+    def _cached(self, m: PlannedMerge, report_stale: bool = False):
+        """The merge in the work folder when it is exactly this one (recipe and manifest), else None."""
+        from hubsoup.api import MergeResult
+
+        out = self._out(m)
+        if not os.path.isfile(os.path.join(out, hubio.RECIPE_FILE)):
+            return None
+        problem = self._verify(m, out)
+        if problem is not None:
+            if report_stale:
+                self._line(f"stale      {m.label}: the merge in the work folder {problem}; merging it again")
+            return None
+        try:
+            cached = MergeResult.from_folder(out)
+        except HubsoupError:
+            return None
+        return cached if cached.recipe.hash == m.recipe_hash else None
+
+    # ---- an executor's tasks (Ray): merged in memory and scored there; written here only to be pushed -------
+
+    def _score_remote(self, merges: list[PlannedMerge]) -> None:
+        """Merge and score ``merges`` as the executor's tasks (:func:`hubsoup.workflows.trial.run_trial`); the
+        results wait in :attr:`scored` for the run's own order."""
+        if not merges:
+            return
+        from hubsoup.workflows.executors import make_executor
+
+        opts = self.opts
+        options = {k: getattr(opts, k) for k in ("device", "dtype", "allow_pickle", "ignore_extra", "shape_mismatch")}
+        payloads = [{"number": i, "inputs": [x.pinned for x in m.inputs], "base": self._base.pinned,
+                     "method": m.spec.method, "params": dict(m.spec.params), "tasks": list(self.tasks),
+                     "limit": self.p.eval.limit if self.p.eval else None, "results": True, "options": options}
+                    for i, m in enumerate(merges)]
+        wanted = {"cpus": 1, "gpus": 1 if str(opts.device).startswith("cuda") else 0, **(self.resources or {})}
+        if "memory" not in wanted and self._exe is None:  # the planner's prediction for the largest merge, +25 %
+            wanted["memory"] = int(max(self._memory(m) for m in merges) * 1.25)
+        if self._exe is None:
+            self._exe = make_executor(self.executor, resources=wanted)
+        for m, r in zip(merges, self._exe.run(payloads)):
+            self.scored[m.recipe_hash] = r
+
+    def _memory(self, m: PlannedMerge) -> int:
+        from hubsoup.workflows.trial import pin_inputs
+
+        try:
+            return pin_inputs([x.pinned for x in m.inputs], self._base.pinned, m.spec.method, dict(m.spec.params),
+                              self.opts, self.opts.dtype)[2]
+        except Exception:  # noqa: BLE001 - its task reports what is wrong; request nothing for it
+            return 0
+
+    def _merge_remote(self, m: PlannedMerge) -> str | None:
+        r = self.scored.pop(m.recipe_hash, None)
+        if r is None:  # planned after the batch (an `all` merge without a broken candidate, a deferred one)
+            self._score_remote([m])
+            r = self.scored.pop(m.recipe_hash)
+        if r["state"] != "complete":
+            err = r.get("error") or {}
+            raw = err.get("message") or r.get("reason") or "failed"
+            text = self._public(raw)  # as a local run reports it: HubsoupError text, else "Type: text"
+            m.status, m.reason = FAILED, text if err.get("hubsoup") else f"{err.get('type', 'Error')}: {text}"
+            culprits = [i.repo_id for i in m.inputs if i.repo_id in raw] if err.get("hubsoup") else []
+            self.emit("failed", m)
+            self._line(f"failed     {m.label}: {m.reason}")
+            return culprits[0] if len(culprits) == 1 else None
+        m.results, m.action = r["results"], "scored"
+        try:
+            m.scores = hubio.flatten_scores(r["results"])
+        except ValueError:
+            m.scores = {}
+        return self._scored(m)
+
+    def _write(self, m: PlannedMerge) -> str | None:
+        """Write a merge an executor scored into the work folder (here, once, to push it) with its evaluation."""
+        from hubsoup.api import merge
+
+        try:
+            _remove(self._manifest(m))
+            result = with_retry(
+                lambda: merge([i.pinned for i in m.inputs], m.spec.method, base=self._base.pinned, out=self._out(m),
+                              params=dict(m.spec.params), options=self.opts.replace(overwrite=True)),
+                f"merge {m.label}", self.retry)
+            with open(os.path.join(result.path, hubio.EVAL_FILE), "w", encoding="utf-8") as f:
+                json.dump(m.results, f, indent=2)  # what the task measured, as write_results writes it
+            self._write_manifest(m, result.path)
+        except Exception as e:  # noqa: BLE001 - this merge fails; the others go on
+            return self._public(e) if isinstance(e, HubsoupError) else f"{type(e).__name__}: {self._public(e)}"
+        m.path = result.path
         return None
 
     # ---- the work folder: a cache, verified before anything in it is published --------------------
@@ -635,6 +753,8 @@ class _Runner:
         if problem == "same":
             self._line(f"skipped    {m.label}: {m.url} already holds it (published by another run meanwhile)")
             return
+        if problem is None and m.path is None and m.results is not None:  # scored by an executor: written now
+            problem = self._write(m)
         if problem is None:
             problem = self._verify(m, m.path) if m.path else "no merge"
             if problem is not None:
@@ -782,7 +902,7 @@ class _Runner:
 
     # ---- helpers ----------------------------------------------------------------------------
 
-    def _public(self, e: BaseException) -> str:
+    def _public(self, e: "BaseException | str") -> str:
         """An error message fit for a published leaderboard: no token, no local path, one line."""
         from huggingface_hub import constants
 

@@ -1,0 +1,149 @@
+"""One executor abstraction for every search (evolve, ``merge --search``, pipelines): candidates merged in memory and
+scored where the executor runs them, inputs pinned once on the driver, the driver alone writing and pushing.
+
+These tests run the executor path in this process (:class:`LocalExecutor` given as an object: the same tasks a
+Ray cluster runs, :func:`hubsoup.workflows.trial.run_trial`) and check it gives what the local default gives:
+the same ``hubsoup_search.json`` scores and best point, the same leaderboard, the same pushed files.
+``tests/test_scale_ray.py`` runs the same on a real Ray cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from hubsoup.cli import main
+from hubsoup.errors import ParameterError
+from hubsoup.eval import TaskSpec
+from hubsoup.workflows.executors import LocalExecutor
+from hubsoup.workflows.search import search
+from test_pipeline import example, publish, run, soup_repos, zoo  # noqa: F401 - the pipeline tests' models
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("executors")
+    base = make_base("llama", str(root / "base"))
+    save_tiny_tokenizer(base)
+    fts = [make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.05) for i in (1, 2)]
+    data = root / "val.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(f"w{(i * 7 + j * 3) % 100}" for j in range(12))}) + "\n"
+                            for i in range(10)))
+    return base, fts, str(data)
+
+
+GRID = {"density": [0.2, 0.5, 0.8], "merge": ["mean", "sum"]}
+
+
+def read(folder, name):
+    with open(os.path.join(folder, name), "rb") as f:
+        return f.read()
+
+
+def search_table(folder):
+    data = json.loads(read(folder, "hubsoup_search.json"))
+    data.pop("seconds")  # where the time went differs; nothing else may
+    return data
+
+
+def assert_same_search(a, b):
+    assert search_table(a) == search_table(b)
+    for name in ("model.safetensors", "eval_results.json", "hubsoup_recipe.yaml", "config.json"):
+        assert read(a, name) == read(b, name), name
+    assert card(a) == card(b)
+
+
+def card(folder):
+    """The card with the output's own path and name (its title) written X."""
+    text, name = read(folder, "README.md").decode(), os.path.basename(folder)
+    return text.replace(folder, "X").replace(f"name: {name}\n", "name: X\n").replace(f"# {name}\n", "# X\n")
+
+
+def search_both(tiny, tmp_path, executor, **kw):
+    base, fts, data = tiny
+    tasks = [TaskSpec.parse(f"perplexity:{data}")]
+    a = search(fts, "ties", base=base, out=str(tmp_path / "local"), grid=GRID, tasks=tasks, quiet=True, **kw)
+    b = search(fts, "ties", base=base, out=str(tmp_path / "exec"), grid=GRID, tasks=tasks, quiet=True,
+               executor=executor, **kw)
+    return a, b
+
+
+@pytest.mark.slow
+def test_search_through_an_executor_gives_the_local_search(tiny, tmp_path):
+    a, b = search_both(tiny, tmp_path, LocalExecutor())
+    assert a.best == b.best and a.best_score == b.best_score and len(b.scores) == 6
+    assert_same_search(str(tmp_path / "local"), str(tmp_path / "exec"))
+    assert sorted(os.listdir(tmp_path)) == ["exec", "local"]  # no temporary folder or lock left
+
+
+def test_search_executor_errors_are_named_before_any_work(tiny, tmp_path):
+    base, fts, data = tiny
+    tasks = [TaskSpec.parse(f"perplexity:{data}")]
+    with pytest.raises(ParameterError, match="executor must be 'local', 'ray' or 'ray://HOST:PORT', got 'rya'"):
+        search(fts, "ties", base=base, out=str(tmp_path / "o"), grid=GRID, tasks=tasks, executor="rya")
+    with pytest.raises(ParameterError, match="score with tasks"):
+        search(fts, "ties", base=base, out=str(tmp_path / "o"), grid=GRID, score_fn=len, executor=LocalExecutor())
+    with pytest.raises(ParameterError, match="'output_format' needs the local executor"):
+        search(fts, "ties", base=base, out=str(tmp_path / "o"), grid=GRID, tasks=tasks, executor=LocalExecutor(),
+               output_format="lora", rank=4)
+    assert not os.path.exists(tmp_path / "o")
+    assert main(["merge", *fts, "--base", base, "--method", "ties", "--out", str(tmp_path / "o"),
+                 "--executor", "ray"]) == 2  # --executor runs a search's points
+    assert not os.path.exists(tmp_path / "o")
+
+
+# ---- pipelines ---------------------------------------------------------------------------------------
+
+
+def pipeline_round(hub, tmp_path, name, executor, **changes):
+    """Run the pipeline on an empty soup-org, return (leaderboard.json bytes, pushed files, work folder's merges),
+    then delete what it pushed (the next round starts from the same Hub)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    report, out, _ = run(example(folder, **changes), executor=executor)
+    board = (folder / "work" / "leaderboard" / "leaderboard.json").read_bytes()
+    pushed = {rid: hub.files(rid) for rid in soup_repos(hub)}
+    api = hub.api("alice")
+    for rid in pushed:
+        api.delete_repo(rid)
+    if hub.exists("soup-org/leaderboard", repo_type="dataset"):
+        api.delete_repo("soup-org/leaderboard", repo_type="dataset")
+    merges = sorted(n for n in os.listdir(folder / "work" / "merges") if not n.endswith(".json"))
+    return report.exit_code, board, pushed, merges, out
+
+
+def assert_same_pipeline(first, second):
+    (rc_a, board_a, pushed_a, _, out_a), (rc_b, board_b, pushed_b, _, out_b) = first, second
+    assert rc_a == rc_b
+    assert board_a == board_b, (out_a, out_b)  # the leaderboard, byte for byte
+    assert sorted(pushed_a) == sorted(pushed_b)
+    for rid in pushed_a:
+        assert pushed_a[rid] == pushed_b[rid], rid  # every pushed file, the card included
+
+
+@pytest.mark.slow
+def test_pipeline_through_an_executor_gives_the_local_leaderboard_and_pushes(hub, zoo, tmp_path):
+    publish(hub, zoo, "base", "ft-a", "ft-b", "ft-c")
+    hub.login("alice")
+    local = pipeline_round(hub, tmp_path, "local", None)
+    far = pipeline_round(hub, tmp_path, "exec", LocalExecutor())
+    assert_same_pipeline(local, far)
+    board = json.loads(far[1])
+    assert [r["status"] for r in board["merges"]].count("published") == 3
+    assert len(local[3]) == 4 and len(far[3]) == 3  # only the merges it published were written to the work folder
+
+
+@pytest.mark.slow
+def test_pipeline_failures_through_an_executor_are_the_local_ones(hub, zoo, tmp_path):
+    publish(hub, zoo, "base", "ft-a", "ft-b", "ft-broken")
+    hub.login("alice")
+    changes = dict(select=None, merges=[{"method": "ties", "params": {"density": 0.5}, "combine": "pairs"},
+                                        {"method": "linear", "combine": "all"}])
+    local = pipeline_round(hub, tmp_path, "local", None, **changes)
+    far = pipeline_round(hub, tmp_path, "exec", LocalExecutor(), **changes)
+    assert local[0] == 1 and "bob/ft-broken" in local[4]
+    assert_same_pipeline(local, far)
