@@ -671,7 +671,8 @@ def test_magnitude_ties_at_the_cut_off_fall_as_in_mergekit():
 
 def test_a_default_module_is_the_plain_config():
     """`modules: {default: ...}` (a text model's one module) reads as the same config without it; the module's
-    parameters come before the top level's; several modules (multimodal) are refused, naming them."""
+    parameters come before the top level's; several modules (multimodal), read as one merge, are refused naming
+    them (run_config merges them one by one: tests/test_mergekit_modules.py)."""
     from hubsoup.errors import ParameterError
     from hubsoup.formats.mergekit import read_config
 
@@ -681,6 +682,6 @@ def test_a_default_module_is_the_plain_config():
                       "        parameters: {weight: 1}\n    parameters:\n      density:\n        - filter: mlp\n"
                       "          value: 0.3\nparameters:\n  density: 0.5\n", resolve=False)
     assert mod.params == plain.params and mod.inputs == plain.inputs and mod.base == plain.base
-    with pytest.raises(ParameterError, match="'modules' \\(text_decoder, vision_tower\\): per-module merges") as e:
+    with pytest.raises(ParameterError, match="'modules' \\(text_decoder, vision_tower\\): a multimodal") as e:
         read_config("merge_method: linear\nmodules:\n  text_decoder: {}\n  vision_tower: {}\n", resolve=False)
-    assert "\n" not in str(e.value) and "'models:' at the top level" in str(e.value)
+    assert "\n" not in str(e.value) and "one by one" in str(e.value)
