@@ -72,6 +72,15 @@ def test_modules_config_gives_mergekits_output(root, name, monkeypatch):
     assert sorted(index) == sorted(ref) and all(os.path.isfile(os.path.join(out, v)) for v in index.values())
     with open(os.path.join(out, "README.md"), encoding="utf-8") as f:
         assert "modules:" in f.read()  # the card shows the whole config, every module
+    import yaml
+
+    with open(os.path.join(out, "hubsoup_recipe.yaml"), encoding="utf-8") as f:
+        recipe = yaml.safe_load(f)
+    modules = yaml.safe_load(_config(name))["modules"]
+    assert sorted(recipe["extra"]["options"]["modules"]) == sorted(modules)  # the hash covers every module's merge
+    named = {m["model"] for mod in modules.values() for m in mod.get("models") or []} | \
+        {s["model"] for mod in modules.values() for sl in mod.get("slices") or [] for s in sl["sources"]}
+    assert {os.path.basename(i["path"]) for i in recipe["inputs"]} == named - {"mm-base"}
 
 
 def test_a_failing_module_leaves_no_output(root, monkeypatch):

@@ -178,6 +178,7 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
     """
     from hubsoup.formats.mergekit import dump_config
     from hubsoup.output.folder import OutputFolder
+    from hubsoup.recipe import RECIPE_FILE
 
     mods, base = architecture_modules(data, token=token, allow_pickle=allow_pickle)
     dropped: list[str] = []
@@ -195,19 +196,37 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
     folder = OutputFolder(out, overwrite=overwrite)
     try:
         parts: list[tuple[str, str]] = []
-        result = None
+        results = []
         for name, cfg in configs.items():
             part = os.path.join(folder.path, f".module-{name}")
-            res = run_module(dump_config(cfg), mods[name], part)
-            result = result or res
+            results.append(run_module(dump_config(cfg), mods[name], part))
             parts.append((name, part))
         _assemble(folder.path, parts, configs, mods)
-        assert result is not None
+        result = _whole(results, list(configs))
         result.path = folder.target
+        with open(os.path.join(folder.path, RECIPE_FILE), "w", encoding="utf-8") as f:
+            f.write(result.recipe.to_yaml())
         result.write_card(folder.path)
         folder.commit()
     except BaseException as e:
         raise folder.fail(e)
+    return result
+
+
+def _whole(results: list, names: list[str]):
+    """The first module's result as the whole merge's: every module's inputs (once each) and restricted inputs;
+    its recipe's hash covering every module's (each module's recipe hash in its options)."""
+    result = results[0]
+    inputs: dict[str, Any] = {}
+    for res in results:
+        for ref in res.inputs:
+            inputs.setdefault(ref.spec, ref)
+    result.inputs = list(inputs.values())
+    result.recipe.inputs = list(inputs.values())
+    result.recipe.options = {**result.recipe.options,
+                             "modules": {n: res.recipe.hash for n, res in zip(names, results)}}
+    seen = {r["repo"]: r for res in results for r in res.restricted}
+    result.restricted = [seen[k] for k in sorted(seen)]
     return result
 
 
