@@ -71,7 +71,8 @@ def test_modules_config_gives_mergekits_output(root, name, monkeypatch):
         index = json.load(f)["weight_map"]
     assert sorted(index) == sorted(ref) and all(os.path.isfile(os.path.join(out, v)) for v in index.values())
     with open(os.path.join(out, "README.md"), encoding="utf-8") as f:
-        assert "modules:" in f.read()  # the card shows the whole config, every module
+        card = f.read()
+    assert "modules:" in card and "merged module by module" in card  # the card shows the whole config, every module
     import yaml
 
     with open(os.path.join(out, "hubsoup_recipe.yaml"), encoding="utf-8") as f:

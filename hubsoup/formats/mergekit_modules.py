@@ -225,6 +225,8 @@ def _whole(results: list, names: list[str]):
     result.recipe.inputs = list(inputs.values())
     result.recipe.options = {**result.recipe.options,
                              "modules": {n: res.recipe.hash for n, res in zip(names, results)}}
+    result.notes.append(f"**Modules:** merged module by module ({', '.join(f'`{n}`' for n in names)}), each as the "
+                        f"mergekit configuration below says; the hyperparameters above are module `{names[0]}`'s.")
     seen = {r["repo"]: r for res in results for r in res.restricted}
     result.restricted = [seen[k] for k in sorted(seen)]
     return result
