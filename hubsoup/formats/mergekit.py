@@ -26,6 +26,8 @@ hubsoup merge it means and :func:`run_config` runs it (``hubsoup run CONFIG.yml`
   a method reads only the parameters it declares) are dropped too, each named in one warning
   and on the card (:attr:`MergekitMerge.ignored`); numbers written as strings are numbers.
 * A stream of configs (mergekit-multi's stages) is run by :mod:`hubsoup.formats.stages`.
+* ``modules:`` of a multimodal model (each module its own models, slices and parameters) is run module
+  by module by :mod:`hubsoup.formats.mergekit_modules`; a lone ``default`` module reads as the plain config.
 
 Where hubsoup differs: a per-model ``filter`` matches the *output* tensor's name (mergekit: the
 input's, which differs only in the layer number within a slice); slices that merge must all take
