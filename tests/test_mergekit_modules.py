@@ -121,3 +121,23 @@ def test_tensors_of_no_module_are_dropped_as_mergekit_does(tmp_path, caplog):
         os.chdir(HERE)
     assert "image_newline" not in load_dir(str(tmp_path / "out"))
     assert "belong to no merged module" in caplog.text and "image_newline" in caplog.text
+
+
+def test_an_architecture_hubsoup_cannot_split_is_named(tmp_path, monkeypatch):
+    """T5 (mergekit splits it into encoder, decoder, shared) and a model mergekit does not split: one line each."""
+    from safetensors.torch import save_file
+
+    for name, arch in (("t5", "T5ForConditionalGeneration"), ("llama", "LlamaForCausalLM")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"architectures": [arch], "model_type": name}))
+        save_file({"shared.weight": torch.zeros(4, 2)}, str(folder / "model.safetensors"))
+    monkeypatch.chdir(tmp_path)
+    cfg = "merge_method: linear\nbase_model: {m}\nmodules:\n  encoder:\n    models: [{{model: {m}}}]\n" \
+          "  decoder:\n    models: [{{model: {m}}}]\nparameters: {{weight: 1.0}}\n"
+    with pytest.raises(ParameterError, match=r"T5ForConditionalGeneration, whose modules mergekit merges one by one "
+                                              r"and hubsoup does not yet; give 'models:'"):
+        run_config(cfg.format(m="t5"), str(tmp_path / "out"), quiet=True)
+    with pytest.raises(ParameterError, match=r"LlamaForCausalLM, which mergekit does not define by modules"):
+        run_config(cfg.format(m="llama"), str(tmp_path / "out"), quiet=True)
+    assert not (tmp_path / "out").exists()

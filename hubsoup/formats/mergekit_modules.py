@@ -97,11 +97,14 @@ ARCHITECTURES: dict[str, dict[str, Module]] = {
 }
 """mergekit 0.1.5's modular architectures (``kind: modular``) that hubsoup merges module by module."""
 
+_NOT_YET = ("T5ForConditionalGeneration", "WhisperForConditionalGeneration")
+"""mergekit's other modular architectures: an encoder-decoder's modules are not told apart by prefix here (yet)."""
+
 
 def several_modules(data: Any) -> bool:
     """Whether a parsed config merges a model module by module (``modules:`` other than a lone ``default``)."""
     mods = data.get("modules") if isinstance(data, dict) else None
-    return isinstance(mods, dict) and set(mods) != {"default"}
+    return isinstance(mods, dict) and bool(mods) and set(mods) != {"default"}
 
 
 def module_config(data: dict, name: str, dropped: list[str]) -> dict:
@@ -145,18 +148,23 @@ def architecture_modules(data: dict, token: Any = None, allow_pickle: bool = Fal
     from hubsoup.sources.resolve import open_input
 
     ref = data.get("base_model")
-    if ref is None:
-        first = next(iter(data["modules"].values()))
-        first = first if isinstance(first, dict) else {}
-        entry = (first.get("models") or [{}])[0] if first.get("models") else \
-            ((first.get("slices") or [{}])[0].get("sources") or [{}])[0]
-        ref = entry.get("model") if isinstance(entry, dict) else None
+    if ref is None:  # mergekit: the first model the config names gives the output's config
+        try:
+            first = next(iter(data["modules"].values()))
+            entry = first["models"][0] if first.get("models") else first["slices"][0]["sources"][0]
+            ref = entry.get("model")
+        except (AttributeError, KeyError, IndexError, TypeError):
+            ref = None
     ref = _model_ref(ref, ["base_model"])
     ckpt = open_input(ref.split("+")[0], allow_pickle=allow_pickle, token=token, headers_only=True)
     archs = ckpt.config.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and len(archs) == 1 else None
     mods = ARCHITECTURES.get(arch)  # type: ignore[arg-type]
     names = list(data["modules"])
+    if mods is None and arch in _NOT_YET:
+        raise ParameterError(f"mergekit config: 'modules' ({', '.join(map(str, names))[:80]}): '{ref}' is a {arch}, "
+                             "whose modules mergekit merges one by one and hubsoup does not yet; give 'models:' at "
+                             "the top level (every module merged alike)")
     if mods is None:
         raise ParameterError(f"mergekit config: 'modules' ({', '.join(map(str, names))[:80]}): '{ref}' is a "
                              f"{arch or 'model of no single architecture'}, which mergekit does not define by "
