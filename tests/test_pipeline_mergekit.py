@@ -110,3 +110,11 @@ def test_config_merge_errors_name_the_key(tmp_path):
     p.write_text(yaml.safe_dump({k: v for k, v in good.items() if k != "candidates"}))
     spec = load_pipeline(str(p)).merges[0]
     assert spec.method == "ties" and spec.text == TIES  # no candidates needed: the config names its models
+    # the YAML text itself (a server's pipeline, hub_only: no file is read)
+    from hubsoup.sources.access import scope
+
+    inline = {**good, "merges": [{"config": TIES}]}
+    with scope(hub_only=True):
+        assert load_pipeline(inline).merges[0].text == TIES.strip()
+        with pytest.raises(ParameterError, match="a hub_only run never reads"):
+            load_pipeline({**good, "merges": [{"config": "ties.yml"}]})

@@ -68,7 +68,7 @@ class MergeSpec:
     name: str | None = None
     """A label for this spec (the ``{spec}`` field of the name template; default: the method)."""
     config: str | None = None
-    """A mergekit config file (relative to the pipeline file; a mergekit-multi stream of stages too), run as
+    """A mergekit config file (relative to the pipeline file) or its YAML text (a mergekit-multi stream of stages too), run as
     ``hubsoup run`` runs it, instead of ``method``: the Hub models it names are this merge's inputs, checked
     for access and licenses as candidates are; ``params`` and ``combine`` do not apply. ``method`` then
     reads as its (final stage's) ``merge_method``."""
@@ -389,19 +389,24 @@ def _check_config_spec(p: Pipeline, m: MergeSpec, i: int, where: str) -> None:
                              "the name says which pinned config a published repo holds)")
     from hubsoup.sources.access import hub_only
 
-    if hub_only():
-        raise ParameterError(f"{where}: '{key}.config' names a file, which a hub_only run never reads")
-    path = os.path.join(p.root, os.path.expanduser(m.config))  # type: ignore[arg-type]
-    if not os.path.isfile(path):
-        raise ParameterError(f"{where}: '{key}.config' {m.config!r}: no such file")
-    with open(path, encoding="utf-8") as f:
-        text = f.read(MAX_YAML_BYTES + 1)
+    assert m.config is not None
+    if "\n" in m.config:  # the config's YAML text itself (what a server's pipeline gives)
+        text = m.config
+    elif hub_only():
+        raise ParameterError(f"{where}: '{key}.config' names a file, which a hub_only run never reads (give the "
+                             "config's YAML text)")
+    else:
+        path = os.path.join(p.root, os.path.expanduser(m.config))
+        if not os.path.isfile(path):
+            raise ParameterError(f"{where}: '{key}.config' {m.config!r}: no such file")
+        with open(path, encoding="utf-8") as f:
+            text = f.read(MAX_YAML_BYTES + 1)
     if is_multi_stage(text):
         docs = [s.data for s in read_stages(text)]
     else:
         data = load_yaml(text, f"{key}.config {m.config!r}")
         if not is_mergekit_config(data):
-            raise ParameterError(f"{where}: '{key}.config' {m.config!r} is not a mergekit config (no 'merge_method')")
+            raise ParameterError(f"{where}: '{key}.config' {m.config[:60]!r} is not a mergekit config (no 'merge_method')")
         docs = [data]
     m.text, m.method = text, str(docs[-1].get("merge_method"))
 
