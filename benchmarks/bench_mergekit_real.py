@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_merge.measure(cmd, run, env if tool == "hubsoup" else env_mk,
                                 os.path.join(work, "logs", f"{tool}-{name}.log"), cwd=root)
             res[tool] = {"rc": run.rc, "wall_s": run.wall_s, "maxrss_mb": run.maxrss_mb,
-                         "peak_anon_mb": run.peak_anon_mb, "others_cpu": run.others_cpu, "log": run.log}
+                         "peak_anon_mb": run.peak_anon_mb, "others_cpu": run.others_cpu,
+                         "log": os.path.basename(run.log)}  # the file's name: no local path in the results
             if run.rc != 0:
                 with open(os.path.join(REPO, run.log), encoding="utf-8", errors="replace") as f:
                     tail = [ln for ln in f.read().strip().splitlines() if ln.strip()]

@@ -97,6 +97,53 @@ def render_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+BENCH = os.path.join(os.path.dirname(TABLE), "mergekit_real_bench.json")
+
+
+def render_bench(path: str = BENCH) -> str:
+    """The speed section of ``mergekit_compat.md``: ``benchmarks/bench_mergekit_real.py``'s last run (its JSON),
+    hubsoup and mergekit side by side on the largest real configs (wall time, peak RSS); "" without the JSON."""
+    if not os.path.isfile(path):
+        return ""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    meta, machine = data["meta"], data["meta"].get("machine", {})
+    lines = ["", "## Speed and memory on the largest real configs", "",
+             f"From `benchmarks/results/{os.path.basename(path)}`, written by `python benchmarks/bench_mergekit_real.py "
+             f"--hidden {meta['hidden']} --vocab {meta['vocab']}`: each config on stand-ins of its architecture and "
+             f"depth at hidden {meta['hidden']}, each merge its own process, both tools in the same run on "
+             f"{machine.get('cpu', '?')} ({machine.get('cores', '?')} cores, shared: load {meta.get('load1', 0):.1f}; "
+             f"hubsoup at {machine.get('hubsoup_git_head', '?')}). Speed-up = mergekit wall ÷ hubsoup wall; "
+             "memory = mergekit peak RSS ÷ hubsoup's.", "",
+             "| config | method | models | layers | hubsoup wall (s) | mergekit wall (s) | speed-up | "
+             "hubsoup peak RSS (MB) | mergekit peak RSS (MB) | memory |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(run: dict, key: str) -> str:
+        return f"{run[key]:g}" if run.get("rc") == 0 else f"failed: {str(run.get('error', '?'))[:80]}"
+
+    for r in data["rows"]:
+        h, m = r["hubsoup"], r["mergekit"]
+        lines.append(f"| `{r['config']}` | {r['method']} | {r['models']} | {r['layers']} | {cell(h, 'wall_s')} | "
+                     f"{cell(m, 'wall_s')} | {r.get('speedup', '—')}× | {cell(h, 'maxrss_mb')} | "
+                     f"{cell(m, 'maxrss_mb')} | {r.get('memory_ratio', '—')}× |")
+    return "\n".join(lines) + "\n"
+
+
+def test_the_speed_section_is_the_benchmarks_and_holds_no_local_path(tmp_path):
+    """Every benchmarked config is a row with both tools' wall time and peak RSS; nothing local is committed."""
+    with open(BENCH, encoding="utf-8") as f:
+        raw = f.read()
+    assert "/tmp" not in raw and "/work/" not in raw and "/home/" not in raw
+    data = json.loads(raw)
+    text = render_bench()
+    for r in data["rows"]:
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"| `{r['config']}` |"))
+        assert f"{r['hubsoup']['wall_s']:g}" in row and f"{r['mergekit']['maxrss_mb']:g}" in row
+        assert f"{r['speedup']}×" in row
+    assert render_bench(str(tmp_path / "none.json")) == ""
+
+
 def load_dir(folder: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -671,7 +718,8 @@ def test_magnitude_ties_at_the_cut_off_fall_as_in_mergekit():
 
 def test_a_default_module_is_the_plain_config():
     """`modules: {default: ...}` (a text model's one module) reads as the same config without it; the module's
-    parameters come before the top level's; several modules (multimodal) are refused, naming them."""
+    parameters come before the top level's; several modules (multimodal), read as one merge, are refused naming
+    them (run_config merges them one by one: tests/test_mergekit_modules.py)."""
     from hubsoup.errors import ParameterError
     from hubsoup.formats.mergekit import read_config
 
@@ -681,6 +729,6 @@ def test_a_default_module_is_the_plain_config():
                       "        parameters: {weight: 1}\n    parameters:\n      density:\n        - filter: mlp\n"
                       "          value: 0.3\nparameters:\n  density: 0.5\n", resolve=False)
     assert mod.params == plain.params and mod.inputs == plain.inputs and mod.base == plain.base
-    with pytest.raises(ParameterError, match="'modules' \\(text_decoder, vision_tower\\): per-module merges") as e:
+    with pytest.raises(ParameterError, match="'modules' \\(text_decoder, vision_tower\\): a multimodal") as e:
         read_config("merge_method: linear\nmodules:\n  text_decoder: {}\n  vision_tower: {}\n", resolve=False)
-    assert "\n" not in str(e.value) and "'models:' at the top level" in str(e.value)
+    assert "\n" not in str(e.value) and "one by one" in str(e.value)

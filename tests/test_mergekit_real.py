@@ -21,7 +21,8 @@ A config mergekit refuses (recorded in the manifest) must be refused by hubsoup 
 line naming what is wrong, and no output left behind.
 
 ``HUBSOUP_WRITE_RESULTS=1 python -m pytest -q tests/test_mergekit_real.py`` writes one row per
-config into ``benchmarks/results/mergekit_compat.md`` (its "real configs" section).
+config into ``benchmarks/results/mergekit_compat.md`` (its "real configs" section), followed by the speed
+comparison with mergekit from ``benchmarks/results/mergekit_real_bench.json``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "tools"))
 from make_mergekit_real_fixtures import FIXTURES, build_models, tokenizer_summary  # noqa: E402
 from test_mergekit_compat import REAL_SECTION as SECTION  # noqa: E402
-from test_mergekit_compat import TABLE, Z_MAX, load_dir, tau_stats, ulp  # noqa: E402
+from test_mergekit_compat import TABLE, Z_MAX, load_dir, render_bench, tau_stats, ulp  # noqa: E402
 
 pytestmark = pytest.mark.slow  # ~140 stand-ins to build and 44 merges: minutes on a shared CPU
 
@@ -97,7 +98,7 @@ def render_table() -> str:
         lines.append(f"| `{name}` | {src} | {c['method']} | {', '.join(c['features']) or '—'} | "
                      f"{'runs' if c['accepted'] else 'refuses'} | {r['result']} | {r.get('diff', '—')} | "
                      f"{'yes' if r['ok'] else 'NO'} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + render_bench()  # the speed comparison (benchmarks/bench_mergekit_real.py)
 
 
 def one_line(e: BaseException) -> str:

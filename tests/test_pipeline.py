@@ -361,8 +361,8 @@ def test_pipeline_file_errors_name_the_key(tmp_path):
 
 
 def test_a_mergekit_config_given_as_pipeline_says_what_runs_it(tmp_path):
-    """The pipeline's merges are hubsoup methods (merges: [{method, params}]), not mergekit configs: a mergekit
-    config (one document, or a mergekit-multi stream of stages) is refused in one line naming `hubsoup run`."""
+    """A mergekit config (one document, or a mergekit-multi stream of stages) given as the pipeline file is refused
+    in one line naming `hubsoup run` and the pipeline's `merges: [{config: FILE}]` (tests/test_pipeline_mergekit.py)."""
     one = "merge_method: linear\nmodels: [{model: org/a}, {model: org/b}]\n"
     for text, kind in ((one, "mergekit config, not a pipeline"),
                        ("name: s1\n" + one + "---\nmerge_method: linear\nmodels: [{model: s1}, {model: org/c}]\n",
@@ -372,3 +372,4 @@ def test_a_mergekit_config_given_as_pipeline_says_what_runs_it(tmp_path):
         with pytest.raises(ParameterError) as e:
             load_pipeline(str(p))
         assert kind in str(e.value) and f"hubsoup run {p} OUT_DIR" in str(e.value) and "\n" not in str(e.value)
+        assert "merges as {config: FILE}" in str(e.value)  # what a pipeline takes instead

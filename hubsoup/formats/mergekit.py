@@ -26,6 +26,8 @@ hubsoup merge it means and :func:`run_config` runs it (``hubsoup run CONFIG.yml`
   a method reads only the parameters it declares) are dropped too, each named in one warning
   and on the card (:attr:`MergekitMerge.ignored`); numbers written as strings are numbers.
 * A stream of configs (mergekit-multi's stages) is run by :mod:`hubsoup.formats.stages`.
+* ``modules:`` of a multimodal model (each module its own models, slices and parameters) is run module
+  by module by :mod:`hubsoup.formats.mergekit_modules`; a lone ``default`` module reads as the plain config.
 
 Where hubsoup differs: a per-model ``filter`` matches the *output* tensor's name (mergekit: the
 input's, which differs only in the layer number within a slice); slices that merge must all take
@@ -62,6 +64,7 @@ import yaml
 
 from hubsoup.errors import ParameterError
 from hubsoup.formats import chat_template
+from hubsoup.formats.mergekit_modules import run_modules, several_modules
 from hubsoup.formats.mergekit_vocab import VocabLayout, VocabSpec, parse_vocab
 from hubsoup.sources.access import scoped
 from hubsoup.untrusted import load_yaml, short
@@ -207,6 +210,9 @@ class MergekitMerge:
     """The template ``chat_template`` names (None for ``auto``: chosen from the models when the merge is planned)."""
     ignored: list[str] = field(default_factory=list)
     """Keys and parameters mergekit would drop without a word (warned about, and listed on the card)."""
+    module: Any = None
+    """One module of a modular model (:class:`hubsoup.formats.mergekit_modules.Module`): the merge covers
+    its tensors only, its layers counted alone (None: the whole model)."""
 
     def merge_kwargs(self) -> dict[str, Any]:
         """The :func:`hubsoup.merge` arguments (inputs apart) of this merge."""
@@ -268,13 +274,16 @@ def _params_map(d: Any, where: list) -> dict[str, Any]:
     return d
 
 
-def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_pickle: bool = False) -> MergekitMerge:
+def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_pickle: bool = False,
+                module: Any = None) -> MergekitMerge:
     """The hubsoup merge a mergekit config means.
 
     Args:
         source: the config's YAML text, or a path to it (or to a folder holding ``mergekit_config.yml``).
         resolve: read the models' configs and tensor names (local folders, or the Hub) to check
             layer ranges; False reads the config alone.
+        module: the config is one module's of a ``modules:`` config
+            (:mod:`hubsoup.formats.mergekit_modules`): only that module's tensors are merged.
 
     Raises:
         hubsoup.errors.ParameterError: naming the key at fault (unknown, unsupported, or invalid).
@@ -362,6 +371,7 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
     merge.vocab = vocab
     merge.chat_template_text = chat_text
     merge.ignored = dropped
+    merge.module = module
     for key in dropped:  # mergekit drops them silently; the author meant something by each: say so
         log.warning("mergekit config: '%s' is ignored (mergekit ignores it too)", key)
     if resolve:
@@ -380,37 +390,19 @@ def _hoist_default_module(data: dict, dropped: list[str]) -> dict:
     mergekit reads a module's ``slices`` or ``models`` as the top level's and its ``parameters``
     between a slice's and the top level's; with one module, ``default``, that is the config with those
     hoisted (each parameter's module entries before the top level's). Several modules (the vision and
-    text towers of a multimodal model, each with its own models, slices and parameters) are refused: not
-    implemented yet (mergekit 0.1.5 runs them).
+    text towers of a multimodal model, each with its own models, slices and parameters) are merged one by one
+    by :func:`run_config` (:mod:`hubsoup.formats.mergekit_modules`); read alone, such a config is refused.
     """
     mods = data.get("modules")
     if mods is None:
         return data
     if not isinstance(mods, dict) or set(mods) != {"default"}:
         names = ", ".join(map(str, mods)) if isinstance(mods, dict) else type(mods).__name__
-        raise ParameterError(f"mergekit config: 'modules' ({names[:80]}): per-module merges of a multimodal model "
-                             "are not supported yet (mergekit runs them); only a single 'default' module is, or "
-                             "'models:' at the top level, which merges every module alike")
-    if data.get("models") is not None or data.get("slices") is not None:
-        raise ParameterError("mergekit config: give exactly one of 'models', 'slices' and 'modules'")
-    mod = _check_keys(mods["default"], {"slices", "models", "parameters"}, ["modules", "default"], dropped)
-    out = {k: v for k, v in data.items() if k != "modules"}
-    for k in ("slices", "models"):
-        if mod.get(k) is not None:
-            out[k] = mod[k]
-    top = _params_map(data.get("parameters"), ["parameters"])
-    for k, v in _params_map(mod.get("parameters"), ["modules", "default", "parameters"]).items():
-        if k in top:  # the module's entries first, then the top level's: mergekit's precedence
-            first = v if isinstance(v, list) and v and all(isinstance(e, dict) for e in v) else \
-                [v] if isinstance(v, dict) else [{"value": v}]
-            rest = top[k] if isinstance(top[k], list) and top[k] and all(isinstance(e, dict) for e in top[k]) else \
-                [top[k]] if isinstance(top[k], dict) else [{"value": top[k]}]
-            top[k] = first + rest
-        else:
-            top[k] = v
-    if top:
-        out["parameters"] = top
-    return out
+        raise ParameterError(f"mergekit config: 'modules' ({names[:80]}): a multimodal model's modules are "
+                             "merged one by one (run the config with run_config / hubsoup run)")
+    from hubsoup.formats.mergekit_modules import module_config
+
+    return module_config(data, "default", dropped)
 
 
 def _lora_input(ref: str, base_ref: str | None, where: str) -> str:
@@ -776,12 +768,12 @@ class MergekitLayout:
         for i, sl in enumerate(self.merge.slices):
             for j, s in enumerate(sl.sources):
                 ckpt = open_input(s.model.split("+")[0], allow_pickle=allow_pickle, token=token)
-                n = _depth(ckpt)
+                n = _depth(ckpt, self.merge.module)
                 if n is not None and s.layer_range[1] > n:
                     raise ParameterError(f"mergekit config: 'slices[{i}].sources[{j}].layer_range' = "
                                          f"{list(s.layer_range)} but '{s.model}' has {n} layers")
                 if naming is None:
-                    naming = _naming(ckpt)
+                    naming = _naming(ckpt, self.merge.module)
         return naming
 
     def plan(self, base, sources, opts):
@@ -790,9 +782,12 @@ class MergekitLayout:
 
         if self.merge.chat_template == "auto":
             self.merge.chat_template_text = self._auto_chat_template(base, opts)
-        self._num_layers = _layers(base.config)
+        module = self.merge.module
+        self._num_layers = _layers(base.config) if module is None else _depth(base, module)
         if self._trivial_slices():
-            return Plan.of(base, opts.device)
+            if module is None:
+                return Plan.of(base, opts.device)
+            return _module_plan(base, module, opts.device)
         return self._slice_plan(base, sources, opts)
 
     def _slice_plan(self, base, sources, opts):
@@ -803,8 +798,8 @@ class MergekitLayout:
 
         merge = self.merge
         ref_model = merge.inputs[0] if merge.merge_method == "passthrough" else (merge.base or merge.inputs[0])
-        keys = base.keys()
-        stack, suffixes, pre, post = _naming(base)
+        keys = [k for k in base.keys() if merge.module is None or merge.module.holds(k)]
+        stack, suffixes, pre, post = _naming(base, merge.module)
 
         # the checkpoints θ₀ may come from: the base (-1) or a donor (every other model named by a slice)
         origin: dict[str, int] = {ref_model: -1}
@@ -907,7 +902,8 @@ class MergekitLayout:
     def finish(self, folder: str) -> None:
         """The output's config (layer count, vocabulary size), tokenizer (``tokenizer_source``) and chat template."""
         cfg_path = os.path.join(folder, "config.json")
-        if self._num_layers is not None and self.merge.slices is not None and os.path.isfile(cfg_path):
+        if self._num_layers is not None and self.merge.slices is not None and self.merge.module is None \
+                and os.path.isfile(cfg_path):  # a module's layer count: set when the modules are assembled
             with open(cfg_path, encoding="utf-8") as f:
                 cfg = json.load(f)
             _set_layers(cfg, self._num_layers)
@@ -956,11 +952,12 @@ def _referenced(merge: MergekitMerge) -> list[str]:
     return list(dict.fromkeys(r for r in refs if isinstance(r, str)))
 
 
-def _naming(ckpt) -> tuple[str, list[str], list[str], list[str]]:
-    """``(stack, layer suffixes, names before the layers, names after)`` of a checkpoint with one stack of layers."""
+def _naming(ckpt, module: Any = None) -> tuple[str, list[str], list[str], list[str]]:
+    """``(stack, layer suffixes, names before the layers, names after)`` of a checkpoint (or of one of its
+    modules) with one stack of layers."""
     from hubsoup.plan import block_of
 
-    keys = ckpt.keys()
+    keys = [k for k in ckpt.keys() if module is None or module.holds(k)]
     stacks = {block_of(k)[0] for k in keys if block_of(k)}
     if len(stacks) != 1:
         raise ParameterError(f"mergekit config: slices need a model with one stack of layers; "
@@ -1047,15 +1044,35 @@ def _layers(config: dict) -> int | None:
     return None
 
 
-def _depth(ckpt) -> int | None:
-    """The model's layer count: its config's, or (a config without one) counted from its tensors' names."""
-    n = _layers(ckpt.config)
-    if n is not None:
+def _depth(ckpt, module: Any = None) -> int | None:
+    """The model's (or module's) layer count: its config's, or (a config without one) counted from its tensors' names."""
+    n = _layers(ckpt.config) if module is None else _config_value(ckpt.config, module.layers_key)
+    if isinstance(n, int) and not isinstance(n, bool):
         return n
     from hubsoup.plan import block_of
 
-    indices = [b[1] for k in ckpt.keys() if (b := block_of(k))]
+    indices = [b[1] for k in ckpt.keys() if (module is None or module.holds(k)) and (b := block_of(k))]
     return max(indices) + 1 if indices else None
+
+
+def _config_value(config: dict, key: str | None) -> Any:
+    """A dotted key's value in a config (``text_config.num_hidden_layers``), or None."""
+    node: Any = config
+    for part in (key or "").split(".") if key else []:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if key else None
+
+
+def _module_plan(base, module: Any, device: str):
+    """The plan of one module of ``base``: its tensors, laid out as in the base."""
+    from hubsoup.arch import tied_groups
+    from hubsoup.plan import build_plan
+
+    keys = [k for k in base.keys() if module.holds(k)]
+    infos = {k: base.info(k) for k in keys}
+    ties = [g for g in tied_groups(base.folder, base.keys(), {k: base.info(k) for k in base.keys()}, base.config)
+            if all(module.holds(n) for n in g)]
+    return build_plan(keys, infos, base.config, ties=ties, device=device)
 
 
 def _set_layers(config: dict, n: int) -> None:
@@ -1181,24 +1198,34 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, cop
         data = load_yaml(text, "mergekit config")
         # each part of a model+adapter reference pinned on its own
         text = dump_config(_map_models(data, lambda r: "+".join(pins.get(x, x) for x in r.split("+"))))
-    m = read_config(text, token=options.get("token"), allow_pickle=bool(options.get("allow_pickle")))
-    kwargs = m.merge_kwargs()
-    kwargs["layout"].copy_tokenizer = copy_tokenizer
-    if random_seed is not None:
-        from hubsoup.methods import get_method
+    token, allow_pickle = options.get("token"), bool(options.get("allow_pickle"))
+    shard_size, dtype = options.get("shard_size"), options.pop("dtype", None)
 
-        if "seed" in {f.name for f in dataclasses.fields(get_method(m.method).Params)}:
-            kwargs["params"]["seed"] = int(random_seed)
-    if out_shard_params is not None and options.get("shard_size") is None:
-        from hubsoup.options import DTYPES
+    def one(config: str, target: str, module: Any = None, **opts: Any):
+        m = read_config(config, token=token, allow_pickle=allow_pickle, module=module)
+        m.text = text  # the card and recipe carry the whole config (a module's merge included)
+        kwargs = m.merge_kwargs()
+        kwargs["layout"].copy_tokenizer = copy_tokenizer
+        if random_seed is not None:
+            from hubsoup.methods import get_method
 
-        size = DTYPES[options.get("dtype") or m.dtype or "float16"].itemsize
-        options["shard_size"] = int(out_shard_params) * size
-    if options.get("dtype") is None:
-        options.pop("dtype", None)
-    else:
-        kwargs.pop("dtype")
-    return hub_merge(m.inputs, out=out, **kwargs, **options)
+            if "seed" in {f.name for f in dataclasses.fields(get_method(m.method).Params)}:
+                kwargs["params"]["seed"] = int(random_seed)
+        if out_shard_params is not None and shard_size is None:
+            from hubsoup.options import DTYPES
+
+            opts["shard_size"] = int(out_shard_params) * DTYPES[dtype or m.dtype or "float16"].itemsize
+        if dtype is not None:
+            kwargs.pop("dtype")
+            opts["dtype"] = dtype
+        return hub_merge(m.inputs, out=target, **kwargs, **opts)
+
+    data = load_yaml(text, "mergekit config")
+    if several_modules(data):  # a multimodal model, module by module: one merge each, assembled into one output
+        return run_modules(text, data, out, lambda config, module, target: one(
+            config, target, module, **{**options, "overwrite": False}),
+            overwrite=bool(options.get("overwrite")), token=token, allow_pickle=allow_pickle)
+    return one(text, out, **options)
 
 
 # --- writing: a hubsoup recipe as a mergekit config -------------------------------------------------

@@ -59,13 +59,21 @@ class Candidates:
 
 @dataclass
 class MergeSpec:
-    method: str
+    method: str = ""
+    """A hubsoup method (give it, or ``config``)."""
     params: dict[str, Any] = field(default_factory=dict)
     combine: str = "all"
     """``all``, ``pairs``, ``each``, or ``with`` (then ``partner`` is set: ``combine: {with: org/model}``)."""
     partner: str | None = None
     name: str | None = None
     """A label for this spec (the ``{spec}`` field of the name template; default: the method)."""
+    config: str | None = None
+    """A mergekit config file (relative to the pipeline file) or its YAML text (a mergekit-multi stream of stages too), run as
+    ``hubsoup run`` runs it, instead of ``method``: the Hub models it names are this merge's inputs, checked
+    for access and licenses as candidates are; ``params`` and ``combine`` do not apply. ``method`` then
+    reads as its (final stage's) ``merge_method``."""
+    text: str = field(default="", repr=False)
+    """The config's text, read when the pipeline is loaded (not a YAML key)."""
 
 
 @dataclass
@@ -130,9 +138,10 @@ class RetryConfig:
 @dataclass
 class Pipeline:
     base: str
-    candidates: Candidates
     merges: list[MergeSpec]
     push: PushTarget
+    candidates: Candidates = field(default_factory=Candidates)
+    """Needed unless every merge is a ``config:`` merge (which names its own models)."""
     name: str = "hubsoup pipeline"
     eval: EvalConfig | None = None
     select: Select | None = None
@@ -199,7 +208,8 @@ def _refuse_mergekit_config(text: str, where: str, path: str) -> None:
         except ParameterError:
             return  # refused with its reason by the caller's own read
     raise ParameterError(f"{where}: this is a mergekit config{' (mergekit-multi stages)' if multi else ''}, not a "
-                         f"pipeline (base, candidates, merges, push): run it with 'hubsoup run {path} OUT_DIR'")
+                         f"pipeline (base, candidates, merges, push): run it with 'hubsoup run {path} OUT_DIR', "
+                         "or name it in a pipeline's merges as {config: FILE}")
 
 
 def _build(cls, data: Any, where: str, key: str):
@@ -209,7 +219,7 @@ def _build(cls, data: Any, where: str, key: str):
     if not isinstance(data, dict):
         raise ParameterError(f"{where}: '{key or '(top)'}' must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "root"}
+    known = {f.name: f for f in dataclasses.fields(cls) if f.name not in ("root", "text")}
     for k in data:
         if k not in known:
             full = f"{key}.{k}" if key else str(k)
@@ -291,9 +301,15 @@ def _check(p: Pipeline, where: str) -> None:
 
     if not p.merges:
         raise ParameterError(f"{where}: 'merges' is empty; give at least one {{method: ...}}")
-    if not p.candidates.models and p.candidates.query is None:
+    if not p.candidates.models and p.candidates.query is None and not all(m.config for m in p.merges):
         raise ParameterError(f"{where}: 'candidates' needs 'models' and/or 'query'")
     for i, m in enumerate(p.merges):
+        if m.config is not None:
+            _check_config_spec(p, m, i, where)
+            continue
+        if not m.method:
+            raise ParameterError(f"{where}: 'merges[{i}]' needs 'method' (a hubsoup method) or 'config' (a mergekit "
+                                 "config file)")
         if m.combine not in COMBINATIONS:
             raise ParameterError(f"{where}: 'merges[{i}].combine' must be one of all, pairs, each or "
                                  f"{{with: ORG/NAME}}, got {m.combine!r}")
@@ -356,6 +372,43 @@ def _check(p: Pipeline, where: str) -> None:
         raise ParameterError(f"{where}: 'leaderboard.repo_type' must be dataset or model, got {p.leaderboard.repo_type!r}")
     if p.retry.attempts < 1 or p.retry.base_wait < 0 or p.retry.max_wait < p.retry.base_wait:
         raise ParameterError(f"{where}: 'retry' needs attempts ≥ 1 and 0 ≤ base_wait ≤ max_wait")
+
+
+def _check_config_spec(p: Pipeline, m: MergeSpec, i: int, where: str) -> None:
+    """A ``config:`` merge: the file is read now (a mergekit config or mergekit-multi stream naming Hub models)."""
+    from hubsoup.formats.mergekit import is_mergekit_config
+    from hubsoup.formats.stages import is_multi_stage, read_stages
+    from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
+
+    key = f"merges[{i}]"
+    if m.method or m.params or m.combine != "all" or m.partner:
+        raise ParameterError(f"{where}: '{key}' runs a mergekit config: give 'config' alone (and 'name'), not "
+                             "'method', 'params' or 'combine'")
+    if not any(f in p.push.name for f in ("{hash8}", "{hash}")):
+        raise ParameterError(f"{where}: 'push.name' must contain {{hash8}} or {{hash}} with a 'config' merge ("
+                             "the name says which pinned config a published repo holds)")
+    from hubsoup.sources.access import hub_only
+
+    assert m.config is not None
+    if "\n" in m.config:  # the config's YAML text itself (what a server's pipeline gives)
+        text = m.config
+    elif hub_only():
+        raise ParameterError(f"{where}: '{key}.config' names a file, which a hub_only run never reads (give the "
+                             "config's YAML text)")
+    else:
+        path = os.path.join(p.root, os.path.expanduser(m.config))
+        if not os.path.isfile(path):
+            raise ParameterError(f"{where}: '{key}.config' {m.config!r}: no such file")
+        with open(path, encoding="utf-8") as f:
+            text = f.read(MAX_YAML_BYTES + 1)
+    if is_multi_stage(text):
+        docs = [s.data for s in read_stages(text)]
+    else:
+        data = load_yaml(text, f"{key}.config {m.config!r}")
+        if not is_mergekit_config(data):
+            raise ParameterError(f"{where}: '{key}.config' {m.config[:60]!r} is not a mergekit config (no 'merge_method')")
+        docs = [data]
+    m.text, m.method = text, str(docs[-1].get("merge_method"))
 
 
 def _check_spec(spec: str, where: str, key: str) -> None:

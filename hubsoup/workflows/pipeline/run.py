@@ -94,6 +94,11 @@ class PlannedMerge:
     results: list | None = field(default=None, repr=False)
     """Scored by an executor's task (merged in memory there): its ``eval_results.json`` rows; written here
     (:attr:`path`) only when it is to be pushed."""
+    work_key: str = ""
+    """A ``config:`` merge: its id (the pinned config, options, hubsoup version) names its work folder; its
+    recipe hash is known once merged."""
+    pins: dict[str, str] = field(default_factory=dict, repr=False)
+    """A ``config:`` merge: each model reference of the config → its pinned ``org/name@sha``."""
 
     @property
     def label(self) -> str:
@@ -283,6 +288,9 @@ class _Runner:
             self.previous = {r["recipe_hash"]: r for r in rows}
         merges: list[PlannedMerge] = []
         for i, spec in enumerate(p.merges):
+            if spec.config is not None:  # a mergekit config: its own models, pinned now
+                merges.append(self._plan_config(i, spec, base))
+                continue
             for combo in self._combinations(spec, good, candidates, i):
                 merges.append(self._plan_one(i, spec, base, combo))
         seen: set[str] = set()
@@ -393,6 +401,86 @@ class _Runner:
                                           f"{self.repo_hash[m.repo_id][:12]}); change push.name")
         return m
 
+    def _plan_config(self, i: int, spec: MergeSpec, base: RepoInfo) -> PlannedMerge:
+        """A ``config:`` merge: every Hub model the config names is an input (access and license checked as a
+        candidate's), pinned to its commit; published already when the target its id names holds a merge."""
+        from hubsoup import __version__
+        from hubsoup.formats.mergekit import _map_models
+        from hubsoup.formats.stages import is_multi_stage, read_stages
+        from hubsoup.sources.resolve import parse_spec
+        from hubsoup.untrusted import load_yaml
+
+        stages = read_stages(spec.text) if is_multi_stage(spec.text) else []
+        docs = [s.data for s in stages] if stages else [load_yaml(spec.text, "config")]
+        stage_names = {s.name for s in stages if s.name}
+        refs: list[str] = []
+
+        def collect(ref: str) -> str:
+            for part in ref.split("+"):
+                if part not in refs and parse_spec(part)[0] not in stage_names:
+                    refs.append(part)
+            return ref
+
+        for d in docs:
+            _map_models(d, collect)
+        inputs: list[RepoInfo] = []
+        problem = None
+        for ref in refs:
+            try:
+                from hubsoup.hub import check_repo_id
+
+                check_repo_id(parse_spec(ref)[0])
+                info = hubio.repo_info(self.api, ref, self.retry, self.token)
+            except HubsoupError as e:
+                problem = problem or f"{ref}: {self._public(e)}"
+                continue
+            hidden = self._restricted(info)
+            if hidden:
+                problem = problem or f"{info.repo_id}: {hidden}"
+            elif info.terms.error or any(forbids_derivatives(x) for x in info.terms.ids):
+                problem = problem or f"{info.repo_id}: license: " + combine([(info.repo_id, info.terms)]).reason
+            if all(x.repo_id != info.repo_id for x in inputs):
+                inputs.append(info)
+        pins = {ref: info.pinned for ref in refs for info in inputs if info.repo_id == parse_spec(ref)[0]}
+        pinned = [json.dumps(_map_models(d, lambda r: "+".join(pins.get(x, x) for x in r.split("+"))),
+                             sort_keys=True, default=str) for d in docs]
+        key = hashlib.sha256(json.dumps([pinned, self.opts.hashed, __version__], default=str).encode()).hexdigest()
+        decision = combine([(base.repo_id, base.terms), *((x.repo_id, x.terms) for x in inputs)],
+                           self.p.license.output)
+        m = PlannedMerge(i, spec, inputs, key, {"config": spec.config}, "", decision, work_key=key[:16], pins=pins)
+        if problem is not None:
+            m.status, m.reason = FAILED, problem
+            return m
+        m.repo_id = f"{self.p.push.namespace}/{self._name(spec, inputs, key, base)}"
+        if m.repo_id in self.repo_hash:  # the name holds the id: this pinned config is published there
+            pub = self.published[self.repo_hash[m.repo_id]]
+            m.recipe_hash = pub.recipe_hash
+            m.status, m.action, m.url = PUBLISHED, "skipped (already published)", pub.url
+        elif not decision.ok and decision.blocking:
+            m.status, m.reason = REFUSED, f"license: {decision.reason}"
+        elif not decision.ok and not self.p.license.allow_mix:
+            m.status, m.reason = REFUSED, f"license: {decision.reason} (set license.allow_mix or license.output)"
+        return m
+
+    def _run_config(self, m: PlannedMerge, out: str):
+        """Run a ``config:`` merge's mergekit config (pinned) into ``out``, then evaluate it as any merge."""
+        from hubsoup.formats import mergekit, stages
+
+        opts = {**self.p.options, "token": self.token, "quiet": True, "overwrite": True}
+        if stages.is_multi_stage(m.spec.text):  # every stage's Hub models pinned (its earlier stages are folders)
+            result = stages.run_stages(m.spec.text, out, pins=m.pins, **opts)
+        else:
+            result = mergekit.run_config(m.spec.text, out, pins=m.pins, **opts)
+        if self.tasks:
+            from hubsoup.eval import evaluate_model
+            from hubsoup.eval.run import EVAL_FILE, write_results
+
+            result.evaluation = evaluate_model(out, self.tasks, limit=self.p.eval.limit if self.p.eval else None,
+                                               device=self.opts.device, quiet=True)
+            write_results(result.evaluation, os.path.join(out, EVAL_FILE))
+            result.write_card(out)
+        return result
+
     def _predict(self, spec: MergeSpec, base: RepoInfo, inputs: list[RepoInfo]) -> tuple[str, dict]:
         """The recipe hash the merge will have (checked against the merge's own afterwards)."""
         from hubsoup import __version__
@@ -458,7 +546,7 @@ class _Runner:
         broken: dict[str, str] = {}
         queue = [m for m in report.merges if m.status == PLANNED and not m.deferred]
         if self.remote:  # every merge to make at once, on the cluster; used below in the local run's order
-            self._score_remote([m for m in queue if self._cached(m) is None])
+            self._score_remote([m for m in queue if not m.work_key and self._cached(m) is None])
         extra_all: list[PlannedMerge] = []
         while queue:
             m = queue.pop(0)
@@ -470,7 +558,7 @@ class _Runner:
                 culprit = self._merge(m)
                 if culprit is not None:
                     broken[culprit] = m.reason
-            if m.status == FAILED and m.spec.combine == "all":  # an `all` merge goes on without the broken candidates
+            if m.status == FAILED and m.spec.combine == "all" and m.spec.config is None:  # an `all` merge goes on without the broken candidates
                 rest = [i for i in m.inputs if i.repo_id not in broken]
                 if rest and len(rest) < len(m.inputs):
                     replacement = self._plan_one(m.spec_index, m.spec, report.base, rest)
@@ -570,11 +658,16 @@ class _Runner:
         base_pinned = self._base.pinned
         try:
             result = self._cached(m, report_stale=True)
-            if result is None and self.remote:
+            if result is None and self.remote and not m.work_key:
                 return self._merge_remote(m)
             if result is None:
                 _remove(self._manifest(m))  # a merge made again is trusted once its new manifest is written
-                result = with_retry(
+                if m.work_key:
+                    result = with_retry(lambda: self._run_config(m, out), f"merge {m.label}", self.retry)
+                    m.recipe_hash = result.recipe.hash  # known now: the manifest, leaderboard and push use it
+                else:
+                    result = None
+                result = result or with_retry(
                     lambda: merge([i.pinned for i in m.inputs], m.spec.method, base=base_pinned, out=out,
                                   params=dict(m.spec.params), options=self.opts.replace(overwrite=True),
                                   evaluate=self.tasks or None, eval_limit=self.p.eval.limit if self.p.eval else None),
@@ -635,6 +728,8 @@ class _Runner:
             cached = MergeResult.from_folder(out)
         except HubsoupError:
             return None
+        if m.work_key:  # a config merge: its manifest (checked) holds its recipe hash
+            m.recipe_hash = cached.recipe.hash
         return cached if cached.recipe.hash == m.recipe_hash else None
 
     # ---- an executor's tasks (Ray): merged in memory and scored there; written here only to be pushed -------
@@ -711,14 +806,14 @@ class _Runner:
     # ---- the work folder: a cache, verified before anything in it is published --------------------
 
     def _out(self, m: PlannedMerge) -> str:
-        return os.path.join(self.work, "merges", m.recipe_hash[:16])
+        return os.path.join(self.work, "merges", m.work_key or m.recipe_hash[:16])
 
     def _manifest(self, m: PlannedMerge) -> str:
-        return os.path.join(self.work, "merges", f"{m.recipe_hash[:16]}.manifest.json")
+        return os.path.join(self.work, "merges", f"{m.work_key or m.recipe_hash[:16]}.manifest.json")
 
     def _write_manifest(self, m: PlannedMerge, folder: str) -> None:
         """The recipe hash and every file's sha256 of a merge just made (the card is rendered again at push)."""
-        data = {"recipe_hash": m.recipe_hash, "files": _checksums(folder)}
+        data = {"recipe_hash": m.recipe_hash, "files": _checksums(folder), **({"work_key": m.work_key} if m.work_key else {})}
         path = self._manifest(m)
         tmp = f"{path}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -734,7 +829,8 @@ class _Runner:
             return "has no manifest (a run was stopped before it was written)"
         except (OSError, ValueError):
             return "has an unreadable manifest"
-        if not isinstance(want, dict) or want.get("recipe_hash") != m.recipe_hash or not isinstance(want.get("files"), dict):
+        if not isinstance(want, dict) or not isinstance(want.get("files"), dict) or (
+                want.get("work_key") != m.work_key if m.work_key else want.get("recipe_hash") != m.recipe_hash):
             return "has a manifest of another recipe"
         try:
             have = _checksums(folder)

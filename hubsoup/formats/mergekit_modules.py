@@ -1,0 +1,298 @@
+"""mergekit ``modules:`` configs: a multimodal model merged module by module, as mergekit 0.1.5 does.
+
+mergekit defines some architectures by modules (its ``_data/architectures/*.json`` of kind
+``modular``: a vision-language model's ``text_decoder``, ``vision_tower`` and
+``multi_modal_projector``), and a config may give each module its own ``models`` or ``slices``
+and ``parameters``::
+
+    merge_method: slerp
+    base_model: org/vlm-base
+    modules:
+      text_decoder:
+        slices: [...]                 # its own frankenmerge, gradients over its own layers
+        parameters: {t: [0, 1]}
+      vision_tower:
+        models: [{model: org/vlm-base}, {model: org/vlm-ft}]
+
+hubsoup runs each module as the single-module config it is (:func:`module_config`: the module's
+``models``/``slices``; its ``parameters`` between a slice's and the top level's, mergekit's
+precedence), restricted to that module's tensors (:class:`Module`), through the one engine
+(:func:`hubsoup.merge` with a :class:`~hubsoup.formats.mergekit.MergekitLayout`); the modules'
+outputs are then assembled into one folder (their shards renamed, one index; no tensor is read
+again) and committed at once. As mergekit: a module given as ``slices`` writes its layer count to
+its config key (``text_config.num_hidden_layers``); tensors of no module are not written (a
+warning names them); the base model (else the first model named) gives the config and tokenizer.
+
+Modules are told apart by tensor-name prefixes (:data:`ARCHITECTURES`, from mergekit's module
+definitions); mergekit lists each module's tensors one by one, so a checkpoint tensor under a
+module's prefix that mergekit's list lacks is merged here and not there.
+
+Example:
+    >>> from hubsoup.formats.mergekit_modules import ARCHITECTURES, module_config
+    >>> ARCHITECTURES["Mistral3ForConditionalGeneration"]["vision_tower"].holds("vision_tower.ln_pre.weight")
+    True
+    >>> cfg = module_config({"merge_method": "linear", "parameters": {"weight": 1.0},
+    ...                      "modules": {"text_decoder": {"models": [{"model": "a"}, {"model": "b"}]},
+    ...                                  "vision_tower": {"models": [{"model": "a"}],
+    ...                                                   "parameters": {"weight": 0.5}}}}, "vision_tower", [])
+    >>> cfg["models"], cfg["parameters"]
+    ([{'model': 'a'}], {'weight': [{'value': 0.5}, {'value': 1.0}]})
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from hubsoup.errors import ParameterError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Module:
+    """One module of a modular architecture: its tensors (by name prefix) and its layer count's config key."""
+
+    prefixes: tuple[str, ...]
+    excludes: tuple[str, ...] = ()
+    layers_key: str | None = None
+    """Dotted config key of the module's layer count (``text_config.num_hidden_layers``); None: no layers."""
+
+    def holds(self, name: str) -> bool:
+        """Whether tensor ``name`` belongs to this module."""
+        return name.startswith(self.prefixes) and not name.startswith(self.excludes)
+
+
+_QWEN_VL = {"vision_tower": Module(("visual.",), ("visual.merger.",), "vision_config.depth"),
+            "multi_modal_projector": Module(("visual.merger.",))}
+_QWEN3_VL = {"text_decoder": Module(("model.language_model.", "lm_head."), (), "text_config.num_hidden_layers"),
+             "vision_tower": Module(("model.visual.",), ("model.visual.merger.", "model.visual.deepstack_merger_list."),
+                                    "vision_config.depth"),
+             "multi_modal_projector": Module(("model.visual.merger.", "model.visual.deepstack_merger_list."))}
+
+ARCHITECTURES: dict[str, dict[str, Module]] = {
+    "Mistral3ForConditionalGeneration": {
+        "text_decoder": Module(("language_model.",), (), "text_config.num_hidden_layers"),
+        "multi_modal_projector": Module(("multi_modal_projector.",)),
+        "vision_tower": Module(("vision_tower.",), (), "vision_config.num_hidden_layers")},
+    "Gemma3ForConditionalGeneration": {
+        "text_decoder": Module(("language_model.",), (), "text_config.num_hidden_layers"),
+        "multi_modal_projector": Module(("multi_modal_projector.",)),
+        "vision_tower": Module(("vision_tower.vision_model.",), (), "vision_config.num_hidden_layers")},
+    "Llama4ForConditionalGeneration": {
+        "text_decoder": Module(("language_model.",), (), "text_config.num_hidden_layers"),
+        "multi_modal_projector": Module(("multi_modal_projector.",)),
+        "vision_model": Module(("vision_model.",), (), "vision_config.num_hidden_layers")},
+    "Qwen2VLForConditionalGeneration": {
+        "text_decoder": Module(("model.", "lm_head."), (), "num_hidden_layers"), **_QWEN_VL},
+    "Qwen2_5_VLForConditionalGeneration": {
+        "text_decoder": Module(("model.", "lm_head."), (), "text_config.num_hidden_layers"), **_QWEN_VL},
+    "Qwen3VLForConditionalGeneration": _QWEN3_VL,
+    "Qwen3VLMoeForConditionalGeneration": _QWEN3_VL,
+}
+"""mergekit 0.1.5's modular architectures (``kind: modular``) that hubsoup merges module by module."""
+
+_NOT_YET = ("T5ForConditionalGeneration", "WhisperForConditionalGeneration")
+"""mergekit's other modular architectures: an encoder-decoder's modules are not told apart by prefix here (yet)."""
+
+
+def several_modules(data: Any) -> bool:
+    """Whether a parsed config merges a model module by module (``modules:`` other than a lone ``default``)."""
+    mods = data.get("modules") if isinstance(data, dict) else None
+    return isinstance(mods, dict) and bool(mods) and set(mods) != {"default"}
+
+
+def module_config(data: dict, name: str, dropped: list[str]) -> dict:
+    """The single-module config of module ``name``: its ``models``/``slices`` at the top level, its
+    ``parameters`` before the top level's (each parameter's module entries first: mergekit's precedence)."""
+    from hubsoup.formats.mergekit import _check_keys, _params_map
+
+    mods = data.get("modules")
+    if data.get("models") is not None or data.get("slices") is not None:
+        raise ParameterError("mergekit config: give exactly one of 'models', 'slices' and 'modules'")
+    mod = _check_keys(mods[name], {"slices", "models", "parameters"}, ["modules", name], dropped)
+    if (mod.get("models") is None) == (mod.get("slices") is None):
+        raise ParameterError(f"mergekit config: module '{name}': give exactly one of 'models' and 'slices'")
+    out = {k: v for k, v in data.items() if k != "modules"}
+    for k in ("slices", "models"):
+        if mod.get(k) is not None:
+            out[k] = mod[k]
+    top = dict(_params_map(data.get("parameters"), ["parameters"]))
+    for k, v in _params_map(mod.get("parameters"), ["modules", name, "parameters"]).items():
+        if k in top:
+            top[k] = _as_entries(v) + _as_entries(top[k])
+        else:
+            top[k] = v
+    if top:
+        out["parameters"] = top
+    else:
+        out.pop("parameters", None)
+    return out
+
+
+def _as_entries(v: Any) -> list:
+    if isinstance(v, list) and v and all(isinstance(e, dict) for e in v):
+        return list(v)
+    return [v] if isinstance(v, dict) else [{"value": v}]
+
+
+def architecture_modules(data: dict, token: Any = None, allow_pickle: bool = False) -> tuple[dict[str, Module], Any]:
+    """The modules of the architecture the config merges (from its base model, else its first model's config)
+    and that model's opened checkpoint (headers only); refuses a module the architecture does not have."""
+    from hubsoup.formats.mergekit import _model_ref
+    from hubsoup.sources.resolve import open_input
+
+    ref = data.get("base_model")
+    if ref is None:  # mergekit: the first model the config names gives the output's config
+        try:
+            first = next(iter(data["modules"].values()))
+            entry = first["models"][0] if first.get("models") else first["slices"][0]["sources"][0]
+            ref = entry.get("model")
+        except (AttributeError, KeyError, IndexError, TypeError):
+            ref = None
+    ref = _model_ref(ref, ["base_model"])
+    ckpt = open_input(ref.split("+")[0], allow_pickle=allow_pickle, token=token, headers_only=True)
+    archs = ckpt.config.get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and len(archs) == 1 else None
+    mods = ARCHITECTURES.get(arch)  # type: ignore[arg-type]
+    names = list(data["modules"])
+    if mods is None and arch in _NOT_YET:
+        raise ParameterError(f"mergekit config: 'modules' ({', '.join(map(str, names))[:80]}): '{ref}' is a {arch}, "
+                             "whose modules mergekit merges one by one and hubsoup does not yet; give 'models:' at "
+                             "the top level (every module merged alike)")
+    if mods is None:
+        raise ParameterError(f"mergekit config: 'modules' ({', '.join(map(str, names))[:80]}): '{ref}' is a "
+                             f"{arch or 'model of no single architecture'}, which mergekit does not define by "
+                             f"modules (modular: {', '.join(sorted(ARCHITECTURES))})")
+    unknown = [n for n in names if n not in mods]
+    if unknown:
+        raise ParameterError(f"mergekit config: module '{str(unknown[0])[:80]}' is not one of {arch}'s modules "
+                             f"({', '.join(mods)})")
+    return mods, ckpt
+
+
+def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: bool = False,
+                token: Any = None, allow_pickle: bool = False):
+    """Merge every module of a ``modules:`` config and assemble one output; returns the first module's
+    :class:`hubsoup.MergeResult`, pointing at the assembled output.
+
+    ``run_module(text, module, out)`` merges one module's config (:func:`module_config`, as YAML)
+    restricted to ``module``'s tensors into the folder ``out``.
+    """
+    from hubsoup.formats.mergekit import dump_config
+    from hubsoup.output.folder import OutputFolder
+    from hubsoup.recipe import RECIPE_FILE
+
+    mods, base = architecture_modules(data, token=token, allow_pickle=allow_pickle)
+    dropped: list[str] = []
+    configs = {name: module_config(data, name, dropped) for name in data["modules"]}
+    for key in dropped:
+        log.warning("mergekit config: '%s' is ignored (mergekit ignores it too)", key)
+    if data.get("tokenizer_source") is not None or data.get("tokenizer") is not None:
+        raise ParameterError("mergekit config: a merged vocabulary (tokenizer_source / tokenizer) with several "
+                             "modules is not supported yet; merge the modules with the base's tokenizer")
+    used = [mods[n] for n in configs]
+    outside = [k for k in base.keys() if not any(m.holds(k) for m in used)]
+    if outside:  # mergekit plans only the modules' tensors: the rest is not in its output either
+        log.warning("mergekit config: %d tensor(s) of '%s' belong to no merged module and are not written, as "
+                    "with mergekit (e.g. %s)", len(outside), base.label, ", ".join(outside[:3]))
+    folder = OutputFolder(out, overwrite=overwrite)
+    try:
+        parts: list[tuple[str, str]] = []
+        results = []
+        for name, cfg in configs.items():
+            part = os.path.join(folder.path, f".module-{name}")
+            results.append(run_module(dump_config(cfg), mods[name], part))
+            parts.append((name, part))
+        _assemble(folder.path, parts, configs, mods)
+        result = _whole(results, list(configs))
+        result.path = folder.target
+        with open(os.path.join(folder.path, RECIPE_FILE), "w", encoding="utf-8") as f:
+            f.write(result.recipe.to_yaml())
+        result.write_card(folder.path)
+        folder.commit()
+    except BaseException as e:
+        raise folder.fail(e)
+    return result
+
+
+def _whole(results: list, names: list[str]):
+    """The first module's result as the whole merge's: every module's inputs (once each) and restricted inputs;
+    its recipe's hash covering every module's (each module's recipe hash in its options)."""
+    result = results[0]
+    inputs: dict[str, Any] = {}
+    for res in results:
+        for ref in res.inputs:
+            inputs.setdefault(ref.spec, ref)
+    result.inputs = list(inputs.values())
+    result.recipe.inputs = list(inputs.values())
+    result.recipe.options = {**result.recipe.options,
+                             "modules": {n: res.recipe.hash for n, res in zip(names, results)}}
+    result.notes.append(f"**Modules:** merged module by module ({', '.join(f'`{n}`' for n in names)}), each as the "
+                        f"mergekit configuration below says; the hyperparameters above are module `{names[0]}`'s.")
+    seen = {r["repo"]: r for res in results for r in res.restricted}
+    result.restricted = [seen[k] for k in sorted(seen)]
+    return result
+
+
+def _weight_files(folder: str) -> list[tuple[str, list[str], int]]:
+    """``(file, tensor names, bytes of tensor data)`` of every safetensors file of an output folder (headers only)."""
+    out = []
+    for fn in sorted(os.listdir(folder)):
+        if fn.endswith(".safetensors"):
+            with open(os.path.join(folder, fn), "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                header = json.loads(f.read(n))
+            names = [k for k in header if k != "__metadata__"]
+            out.append((fn, names, os.path.getsize(os.path.join(folder, fn)) - 8 - n))
+    return out
+
+
+def _assemble(folder: str, parts: list[tuple[str, str]], configs: dict[str, dict], mods: dict[str, Module]) -> None:
+    """The modules' outputs (``parts``: name, folder) as one checkpoint in ``folder``: shards renamed and
+    indexed, the first module's other files (config, tokenizer, recipe), each sliced module's layer count."""
+    files = [(part, fn, names, size) for _, part in parts for fn, names, size in _weight_files(part)]
+    total = len(files)
+    weight_map: dict[str, str] = {}
+    for i, (part, fn, names, _) in enumerate(files):
+        new = "model.safetensors" if total == 1 else f"model-{i + 1:05d}-of-{total:05d}.safetensors"
+        os.replace(os.path.join(part, fn), os.path.join(folder, new))
+        weight_map.update((k, new) for k in names)
+    first = parts[0][1]
+    for fn in os.listdir(first):  # config, tokenizer, recipe: every module's are the base's
+        src = os.path.join(first, fn)
+        if os.path.isfile(src) and not fn.endswith(".safetensors") and fn != "model.safetensors.index.json":
+            os.replace(src, os.path.join(folder, fn))
+    if total > 1:
+        with open(os.path.join(folder, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+            json.dump({"metadata": {"total_size": sum(s for *_, s in files)},
+                       "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+    cfg_path = os.path.join(folder, "config.json")
+    with open(cfg_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    for name, mc in configs.items():  # mergekit: a module given as slices gets their total depth, at its key
+        if mc.get("slices") is None:
+            continue
+        n = sum(s["sources"][0]["layer_range"][1] - s["sources"][0]["layer_range"][0] for s in mc["slices"])
+        key = mods[name].layers_key
+        if key is None:
+            if n:
+                log.warning("mergekit config: module '%s' has no config key for its layer count (%d)", name, n)
+            continue
+        node = cfg
+        parts_k = key.split(".")
+        for p in parts_k[:-1]:
+            node = node.get(p) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            log.warning("mergekit config: cannot set '%s' = %d in the output's config.json", key, n)
+            continue
+        node[parts_k[-1]] = n
+    with open(cfg_path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f, indent=2)
+    for _, part in parts:
+        shutil.rmtree(part, ignore_errors=True)
