@@ -1,0 +1,248 @@
+"""The host feed: stored bytes to a merge device, merged bytes back, pinned and overlapped.
+
+When a block is merged on an accelerator, the host does as little as it can: it maps the
+weight files (:mod:`hubsoup.sources.checkpoint`) and copies each tensor's **stored bytes**
+(bf16/fp16 as stored, never converted) once, into a reused page-locked staging buffer; the
+device copies them over with ``non_blocking`` on a copy stream of its own, and converts them to
+float32 there. Every check (NaN/inf in an input, an output that overflows its dtype) is a flag
+computed on the device and read back later, a tensor behind (:meth:`Feed.settle`), so the host
+never waits for the device's arithmetic: while the device merges tensor *i*, the host is already
+copying tensor *i + 1*'s bytes into the other staging buffer (double buffering). The output comes
+back the same way: the merged tensor, cast to its output dtype on the device, is copied into a
+pinned buffer on a second copy stream, and the writer takes it from there once the copy is done
+(:class:`Pending`).
+
+On the CPU there is no feed (:func:`for_device` returns None): the engine reads and converts as
+it always has, so CPU outputs are what they were, byte for byte. On a device other than CUDA
+(``mps``, ``meta``) the stored tensor is handed with a plain ``.to(device)``: still the stored
+dtype, no staging. Tests instrument a feed with ``transfer`` (what moves a staged tensor to the
+device) to prove the host hands only stored bytes (``tests/test_hostfeed.py``).
+
+Example:
+    >>> f = Feed("meta")
+    >>> t = f.load(torch.ones(4, dtype=torch.bfloat16))   # the stored bf16 bytes, handed as they are
+    >>> t.dtype, t.device.type, f.handed_bytes
+    (torch.bfloat16, 'meta', 8)
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+Transfer = Callable[[torch.Tensor], torch.Tensor]
+
+
+def for_device(device: str | torch.device) -> "Feed | None":
+    """The feed for merging on ``device``; None on the CPU (the engine reads there directly)."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return None
+    return Feed(dev)
+
+
+class _Pool:
+    """Page-locked buffers kept for the process: pinning is slow (tens of ms per 100 MB) and a merge
+    streams several passes, each with a feed of its own."""
+
+    def __init__(self) -> None:
+        self._free: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int, pin: bool) -> torch.Tensor:
+        with self._lock:
+            fits = [b for b in self._free if b.numel() >= nbytes and b.is_pinned() == pin]
+            if fits:
+                best = min(fits, key=lambda b: b.numel())
+                self._free.remove(best)
+                return best
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+
+    def give(self, buf: torch.Tensor) -> None:
+        with self._lock:
+            self._free.append(buf)
+            # at most 4 kept per kind: the largest ones (a later, larger model frees the small ones)
+            for pin in (True, False):
+                mine = sorted((b for b in self._free if b.is_pinned() == pin), key=lambda b: -b.numel())
+                for b in mine[4:]:
+                    self._free.remove(b)
+
+
+POOL = _Pool()
+
+
+@dataclass
+class _Slot:
+    """One staging buffer and the device event after which it may be written again."""
+
+    buf: torch.Tensor | None = None
+    done: object = None  # torch.cuda.Event of the last copy that read (H2D) or wrote (D2H) it
+
+
+@dataclass
+class Pending:
+    """A tensor on its way back to the host; :meth:`result` waits for it (and settles its checks)."""
+
+    host: torch.Tensor
+    ready: Callable[[], None]
+    _done: bool = field(default=False, repr=False)
+
+    def result(self) -> torch.Tensor:
+        if not self._done:
+            self.ready()
+            self._done = True
+        return self.host
+
+
+class Feed:
+    """Hands stored tensors to one device and takes merged ones back (see the module doc).
+
+    ``transfer``: what moves a staged (host, stored-dtype) tensor to the device; the default is the
+    non-blocking copy on CUDA's copy stream, or ``.to(device)`` elsewhere. Tests pass an instrumented one.
+    ``pin``: stage in page-locked memory (default: when CUDA is available and the device is CUDA).
+    """
+
+    def __init__(self, device: str | torch.device, *, transfer: Transfer | None = None, pin: bool | None = None,
+                 slots: int = 2):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.pin = (self.cuda and torch.cuda.is_available()) if pin is None else pin
+        self._transfer = transfer
+        self.stage = self.cuda or transfer is not None  # host staging buffers (pinned on CUDA)
+        self._in = [_Slot() for _ in range(slots)]
+        self._out = [_Slot() for _ in range(slots)]
+        self._next_in = self._next_out = 0
+        self._checks: list[tuple[int, torch.Tensor, Callable[[int], BaseException]]] = []
+        self._lock = threading.Lock()
+        self.seq = 0
+        """The tensor being fed (the engine calls :meth:`next_tensor` per tensor); checks are grouped by it."""
+        self.handed_bytes = 0
+        """Bytes handed to the device (stored bytes only: never a float32 copy of a narrower tensor)."""
+        self.returned_bytes = 0
+        if self.cuda:
+            self.h2d = torch.cuda.Stream(self.device)
+            self.d2h = torch.cuda.Stream(self.device)
+
+    # --- in ------------------------------------------------------------------------------
+    def next_tensor(self) -> int:
+        """Start the next tensor's group of checks; returns its number."""
+        self.seq += 1
+        return self.seq
+
+    def _slot(self, ring: list[_Slot], i: int, nbytes: int) -> _Slot:
+        slot = ring[i]
+        if slot.done is not None:
+            slot.done.synchronize()  # its last copy is over (double buffering: usually long ago)
+            slot.done = None
+        if slot.buf is None or slot.buf.numel() < nbytes:
+            if slot.buf is not None:
+                POOL.give(slot.buf)
+            slot.buf = POOL.take(nbytes, self.pin)
+        return slot
+
+    def load(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (host, its stored dtype; it may be a view of a mapped file) on the device, same dtype and shape.
+
+        On CUDA the copy is asynchronous: the result is ready on the current stream (it waits for the
+        copy stream); the host has only copied ``t``'s bytes into a staging buffer.
+        """
+        if t.device == self.device and self._transfer is None:
+            return t
+        nbytes = t.numel() * t.element_size()
+        self.handed_bytes += nbytes
+        if not self.stage:  # mps, meta: no pinned memory to stage in
+            return t.to(self.device)
+        slot = self._slot(self._in, self._next_in, nbytes)
+        self._next_in = (self._next_in + 1) % len(self._in)
+        staged = slot.buf[:nbytes].view(t.dtype).view(t.shape)
+        staged.copy_(t)  # the host's one touch: stored bytes, page cache → staging
+        if self._transfer is not None:
+            return self._transfer(staged)
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.h2d):
+            dest = torch.empty(t.shape, dtype=t.dtype, device=self.device)  # from the copy stream's pool
+            dest.copy_(staged, non_blocking=True)
+            slot.done = torch.cuda.Event()
+            slot.done.record(self.h2d)
+        compute.wait_stream(self.h2d)
+        dest.record_stream(compute)  # freed once the compute stream is done with it, not before
+        return dest
+
+    def check(self, bad: torch.Tensor, error: Callable[[int], BaseException]) -> None:
+        """Raise ``error(n)`` at the next :meth:`settle` of this tensor if the device scalar ``bad`` (a count) is
+        not 0; nothing is read back now. On ``meta`` nothing can be read back: the check is dropped."""
+        if self.device.type == "meta":
+            return
+        with self._lock:
+            self._checks.append((self.seq, bad, error))
+
+    def settle(self, upto: int | None = None) -> None:
+        """Read back the checks of tensors up to number ``upto`` (all when None) and raise the first failing
+        one, in the order they were made (the CPU's order)."""
+        with self._lock:
+            due = [c for c in self._checks if upto is None or c[0] <= upto]
+            self._checks = [c for c in self._checks if not (upto is None or c[0] <= upto)]
+        if not due:
+            return
+        counts = torch.stack([c[1].reshape(()).to(torch.int64) for c in due]).cpu().tolist()  # one read-back
+        for (_, _, error), n in zip(due, counts):
+            if n:
+                raise error(int(n))
+
+    # --- back -----------------------------------------------------------------------------
+    def back(self, t: torch.Tensor, *, check: Callable[[], None] | None = None) -> Pending:
+        """``t`` (on the device, in its output dtype) copied back into a pinned host buffer; the returned
+        :class:`Pending`'s ``result()`` waits for the copy, settles this tensor's checks and then runs ``check``.
+        The buffer is reused two calls later: consume each result (hand it to the writer, which finishes
+        with it before it takes the next) before asking for the one after the next."""
+        seq = self.seq
+        nbytes = t.numel() * t.element_size()
+        self.returned_bytes += nbytes
+
+        def ready() -> None:
+            if event is not None:
+                event.synchronize()
+            self.settle(seq)
+            if check is not None:
+                check()
+
+        event = None
+        if t.device.type == "meta":  # a test's stand-in device: nothing to copy
+            return Pending(t, ready)
+        if not self.stage:  # mps: a plain copy back
+            return Pending(t.to("cpu"), ready)
+        slot = self._slot(self._out, self._next_out, nbytes)
+        self._next_out = (self._next_out + 1) % len(self._out)
+        host = slot.buf[:nbytes].view(t.dtype).view(t.shape)
+        if not self.cuda:  # an instrumented feed on the CPU
+            host.copy_(t)
+            return Pending(host, ready)
+        compute = torch.cuda.current_stream(self.device)
+        self.d2h.wait_stream(compute)  # t is computed
+        with torch.cuda.stream(self.d2h):
+            host.copy_(t, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.d2h)
+        t.record_stream(self.d2h)
+        slot.done = event
+        return Pending(host, ready)
+
+    def close(self) -> None:
+        """Wait for every copy and give the staging buffers back to the pool (kept for the next feed)."""
+        for slot in (*self._in, *self._out):
+            if slot.done is not None:
+                slot.done.synchronize()
+                slot.done = None
+            if slot.buf is not None:
+                POOL.give(slot.buf)
+                slot.buf = None
+
+
+def nonfinite_count(t: torch.Tensor) -> torch.Tensor:
+    """How many NaN/inf values ``t`` holds, as a device scalar (no read-back)."""
+    return (~torch.isfinite(t)).sum()
