@@ -143,7 +143,8 @@ class TensorWork:
                 return NonFiniteTensorError(f"base '{label}': tensor '{name}' has NaN/inf values")
 
             if self.feed is not None:  # the stored bytes to the device, converted and checked there
-                t = self.feed.load(self.raw_base()).to(torch.float32)
+                ckpt = self._base_checkpoint()
+                t = self.feed.load(self.raw_base(), _one(ckpt.byte_ranges([name]))).to(torch.float32)
                 self.feed.check(host_feed.nonfinite_count(t), error)
             else:
                 t = self.raw_base().to(self.device, torch.float32)
@@ -161,7 +162,8 @@ class TensorWork:
         if self.feed is not None:  # a full fine-tune's stored bytes to the device: τ = θ − θ₀ there
             stored = src.weights(name, tuple(self.entry.shape))
             if stored is not None:
-                out.copy_(self.feed.load(stored))
+                ranges = getattr(src, "byte_ranges", None)
+                out.copy_(self.feed.load(stored, _one(ranges(name)) if ranges is not None else None))
                 label, where = src.label, getattr(src, "stored_name", lambda n: n)(name)
                 self.feed.check(host_feed.nonfinite_count(out), lambda bad: nonfinite_input(label, where, bad))
                 return out.sub_(self.base())
@@ -275,6 +277,11 @@ class TensorWork:
         (a :class:`Weights` outcome, computed in cache-sized pieces where the method allows).
         """
         return decide(self, lowrank_ok=lowrank_ok, weights_dtype=weights_dtype)
+
+
+def _one(ranges: list[tuple[str, int, int]]) -> tuple[str, int, int] | None:
+    """A tensor's one byte range on disk (None when it has none: a pickle file)."""
+    return ranges[0] if len(ranges) == 1 else None
 
 
 class Sink(Protocol):
