@@ -72,7 +72,8 @@ def make_models(work: str, layers: int, *, device: str = "cuda", hidden: int = 2
 
     cfg = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                       num_attention_heads=hidden // 64, num_key_value_heads=kv // 64, vocab_size=vocab,
-                      tie_word_embeddings=False, torch_dtype="bfloat16")
+                      tie_word_embeddings=False, torch_dtype="bfloat16",
+                      architectures=["LlamaForCausalLM"])  # mergekit picks its architecture from this list
     shapes = llama_shapes(layers, hidden, inter, kv, vocab)
     g = torch.Generator(device=device).manual_seed(0)
     base = {k: (torch.randn(s, generator=g, device=device) * 0.02).to(torch.bfloat16) for k, s in shapes.items()}
@@ -237,19 +238,28 @@ def run_gpu(args) -> dict:
     deadline = t_start + args.budget
     layers = args.layers or (8 if args.quick else 16)
     t0 = time.perf_counter()
-    base, fts, n_params = make_models(args.work, layers)
-    torch.cuda.synchronize()
+    cuda = args.device == "cuda"
+    if cuda:
+        base, fts, n_params = make_models(args.work, layers)
+        torch.cuda.synchronize()
+    else:  # a dry run of the whole comparison on the CPU (small shapes): commands, configs, results
+        base, fts, n_params = make_models(args.work, layers, device="cpu", hidden=256, inter=704, kv=64, vocab=1000)
     made_s = time.perf_counter() - t0
     size = os.path.getsize(os.path.join(base, "model.safetensors"))
     paths = weight_files([base, *fts])
     plain_read(paths)  # warm the page cache
     read_bytes, read_s = plain_read(paths)
     start_s, rc, _, err = timed([sys.executable, "-c", "import torch, hubsoup.api; torch.zeros(1, device='cuda')"
-                                 "; torch.cuda.synchronize()"], 120)
+                                 "; torch.cuda.synchronize()" if cuda else "import torch, hubsoup.api"], 120)
     print(f"models: {n_params / 1e9:.2f}B params, {size / 1e9:.2f} GB each, made in {made_s:.1f} s; page cache read "
           f"{read_bytes / read_s / 1e9:.1f} GB/s; interpreter + imports + CUDA start {start_s:.1f} s", flush=True)
     mk_py = args.mergekit_python
-    rows = []
+    rows: list[dict] = []
+    ratios: dict[str, float] = {}
+    res = {"device": torch.cuda.get_device_name(0) if cuda else "cpu (dry run)", "torch": torch.__version__, "python": platform.python_version(),
+           "params": n_params, "layers": layers, "model_gb": size / 1e9, "made_s": made_s,
+           "page_cache_gb_s": read_bytes / read_s / 1e9, "startup_s": start_s, "rows": rows, "ratios": ratios,
+           "mergekit_python": mk_py, "mergekit": mergekit_version(mk_py)}
     for label, hub_args, mk_body, inputs in PLAN:
         if args.methods and label not in args.methods:
             continue
@@ -267,12 +277,13 @@ def run_gpu(args) -> dict:
             out = os.path.join(args.work, f"out-{label}-{tool}")
             if tool == "hubsoup":
                 cmd = [sys.executable, "-m", "hubsoup", "merge", *ins, *(["--base", base] if inputs == "3" else []),
-                       *hub_args, "--device", "cuda", "--out", out, "--overwrite"]
+                       *hub_args, "--device", args.device, "--out", out, "--overwrite"]
             else:
                 cfg = os.path.join(args.work, f"{label}.yml")
                 with open(cfg, "w") as f:
                     f.write(mergekit_config(body, base, fts, inputs))
-                cmd = [mk_py, "-m", "mergekit.scripts.run_yaml", cfg, out, "--cuda", "--no-copy-tokenizer"]
+                cmd = [mk_py, "-m", "mergekit.scripts.run_yaml", cfg, out, *(["--cuda"] if cuda else []),
+                       "--no-copy-tokenizer"]
             wall, rc, stdout, stderr = timed(cmd, min(left, args.run_timeout))
             row.update(wall_s=wall, ok=rc == 0, rc=rc, input_gb_per_s=read / 1e9 / wall,
                        stderr=(stderr or "")[-600:] if rc else "")
@@ -280,28 +291,56 @@ def run_gpu(args) -> dict:
             if m:
                 row["merge_s"] = float(m.group(1))
                 row["merge_gb_per_s"] = read / 1e9 / row["merge_s"]
+            if tool == "mergekit" and rc == 0:
+                row["agreement"] = agreement(os.path.join(args.work, f"out-{label}-hubsoup"), out)
             rows.append(row)
+            _ratios(rows, ratios)
+            res["total_s"] = time.perf_counter() - t_start
+            write_gpu_results(args, res)  # after every run: a run cut short still leaves its results
             print(f"{label:<16} {tool:<9} {wall:7.1f} s  {read / 1e9 / wall:6.2f} GB/s input"
                   + (f"  (merge {row['merge_s']:.1f} s, {row['merge_gb_per_s']:.2f} GB/s)" if m else "")
                   + f"  rc={rc}" + (f"\n{stderr[-600:]}" if rc else ""), flush=True)
-    ratios = {}
+    res["total_s"] = time.perf_counter() - t_start
+    write_gpu_results(args, res)
+    return res
+
+
+def _ratios(rows: list[dict], ratios: dict[str, float]) -> None:
     for label, *_ in PLAN:
         h = next((r for r in rows if r["method"] == label and r["tool"] == "hubsoup" and r.get("ok")), None)
         k = next((r for r in rows if r["method"] == label and r["tool"] == "mergekit" and r.get("ok")), None)
         if h and k:
             ratios[label] = h["wall_s"] / k["wall_s"]
-    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(),
-           "params": n_params, "layers": layers, "model_gb": size / 1e9, "made_s": made_s,
-           "page_cache_gb_s": read_bytes / read_s / 1e9, "startup_s": start_s, "rows": rows, "ratios": ratios,
-           "mergekit_python": mk_py, "total_s": time.perf_counter() - t_start}
+
+
+def agreement(a: str, b: str, names=("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                                      "model.layers.1.mlp.down_proj.weight")) -> dict | None:
+    """Relative L2 difference of a few tensors of two outputs (same method, hubsoup and mergekit)."""
     try:
-        import mergekit  # noqa: F401  (only its version, for the record)
-        from importlib.metadata import version
-        res["mergekit"] = version("mergekit")
-    except Exception:
-        res["mergekit"] = None
-    write_gpu_results(args, res)
-    return res
+        from safetensors import safe_open
+
+        def tensor(folder, name):
+            for f in sorted(os.listdir(folder)):
+                if f.endswith(".safetensors"):
+                    with safe_open(os.path.join(folder, f), "pt") as h:
+                        if name in h.keys():
+                            return h.get_tensor(name).double()
+            return None
+
+        out = {}
+        for n in names:
+            x, y = tensor(a, n), tensor(b, n)
+            if x is not None and y is not None:
+                out[n] = float((x - y).norm() / y.norm().clamp_min(1e-30))
+        return out
+    except Exception as e:  # a report, never a reason to lose the timings
+        return {"error": str(e)[:200]}
+
+
+def mergekit_version(python: str) -> str | None:
+    r = subprocess.run([python, "-c", "from importlib.metadata import version; print(version('mergekit'))"],
+                       env=child_env(), capture_output=True, text=True)
+    return r.stdout.strip() or None if r.returncode == 0 else None
 
 
 def write_gpu_results(args, res: dict) -> None:
@@ -311,7 +350,7 @@ def write_gpu_results(args, res: dict) -> None:
     lines = ["# Merge throughput on a GPU, hubsoup vs mergekit", "",
              f"{res['device']}, torch {res['torch']}, mergekit {res.get('mergekit') or '?'}. A "
              f"{res['params'] / 1e9:.2f}B-parameter Llama-shaped bf16 model ({res['layers']} layers, "
-             f"{res['model_gb']:.2f} GB), base + 3 fine-tunes (two fine-tunes for slerp), made on the GPU; each "
+             f"{res['model_gb']:.2f} GB), base + 3 fine-tunes (two fine-tunes for slerp), random weights; each "
              "merge its own process, inputs warm in the page cache (read at "
              f"{res['page_cache_gb_s']:.1f} GB/s by a plain read). hubsoup: `hubsoup merge --device cuda`; mergekit: "
              "`python -m mergekit.scripts.run_yaml CFG OUT --cuda` (dtype float32, out_dtype bfloat16). Interpreter, "
@@ -329,7 +368,13 @@ def write_gpu_results(args, res: dict) -> None:
         lines.append(f"| {r['method']} | {r['tool']} | {r['wall_s']:.1f} | {r['input_gb']:.1f} | "
                      f"{r['input_gb_per_s']:.2f} | {r.get('merge_gb_per_s', float('nan')):.2f} | "
                      f"{'' if ratio is None else f'{ratio:.2f}×'} | {target} |" + ("" if r["ok"] else " (failed)"))
-    lines += ["", f"Whole run {res['total_s']:.0f} s. Reproduce: `python benchmarks/bench_gpu.py"
+    agree = [(r["method"], r["agreement"]) for r in res["rows"] if r.get("agreement")]
+    if agree:
+        lines += ["", "Agreement (relative L2 difference hubsoup vs mergekit on three tensors; DARE's masks and TIES' "
+                  "ties differ by design): " + "; ".join(f"{m}: " + ", ".join(f"{v:.1e}" if isinstance(v, float) else
+                                                                               str(v) for v in d.values())
+                                                        for m, d in agree) + "."]
+    lines += ["", f"Whole run {res.get('total_s', 0):.0f} s. Reproduce: `python benchmarks/bench_gpu.py"
               f"{' --quick' if args.quick else ''}` on a machine with a GPU and mergekit importable."]
     with open(os.path.join(args.out, "gpu_bench.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -347,6 +392,7 @@ def main() -> None:
     ap.add_argument("--mergekit-python", default=sys.executable,
                     help="the interpreter that imports mergekit (default: this one, e.g. mergekit on PYTHONPATH)")
     ap.add_argument("--no-mergekit", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run of the GPU comparison at tiny sizes")
     ap.add_argument("--cpu-feed", action="store_true", help="measure the host feed on this machine (no GPU needed)")
     ap.add_argument("--hidden", type=int, default=2048, help="--cpu-feed: hidden size")
     ap.add_argument("--vocab", type=int, default=32000, help="--cpu-feed: vocabulary")
@@ -359,7 +405,7 @@ def main() -> None:
         return
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_gpu.py: no CUDA device here; --cpu-feed measures the host side without one")
     run_gpu(args)
 
