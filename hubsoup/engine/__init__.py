@@ -143,8 +143,7 @@ class TensorWork:
                 return NonFiniteTensorError(f"base '{label}': tensor '{name}' has NaN/inf values")
 
             if self.feed is not None:  # the stored bytes to the device, converted and checked there
-                ckpt = self._base_checkpoint()
-                t = self.feed.load(self.raw_base(), _one(ckpt.byte_ranges([name]))).to(torch.float32)
+                t = self.feed.load(self.raw_base(), _stored_range(self._base_checkpoint(), name)).to(torch.float32)
                 self.feed.check(host_feed.nonfinite_count(t), error)
             else:
                 t = self.raw_base().to(self.device, torch.float32)
@@ -152,6 +151,12 @@ class TensorWork:
                     raise error()
             self._base = t
         return self._base
+
+    def settle(self) -> None:
+        """Raise now if a load so far failed its check (on a device the checks are read back a tensor
+        later, see :mod:`hubsoup.engine.hostfeed`; on the CPU they were made at once: nothing to do)."""
+        if self.feed is not None:
+            self.feed.settle()
 
     def delta_into(self, i: int, out: torch.Tensor) -> torch.Tensor:
         """Input ``i``'s task vector into ``out`` (float32, the base's shape, on the block's device)."""
@@ -162,9 +167,9 @@ class TensorWork:
         if self.feed is not None:  # a full fine-tune's stored bytes to the device: τ = θ − θ₀ there
             stored = src.weights(name, tuple(self.entry.shape))
             if stored is not None:
-                ranges = getattr(src, "byte_ranges", None)
-                out.copy_(self.feed.load(stored, _one(ranges(name)) if ranges is not None else None))
-                label, where = src.label, getattr(src, "stored_name", lambda n: n)(name)
+                where = getattr(src, "stored_name", lambda n: n)(name)
+                out.copy_(self.feed.load(stored, _stored_range(getattr(src, "ckpt", None), where)))
+                label = src.label
                 self.feed.check(host_feed.nonfinite_count(out), lambda bad: nonfinite_input(label, where, bad))
                 return out.sub_(self.base())
         src.delta_into(out, name, self.base())
@@ -279,8 +284,13 @@ class TensorWork:
         return decide(self, lowrank_ok=lowrank_ok, weights_dtype=weights_dtype)
 
 
-def _one(ranges: list[tuple[str, int, int]]) -> tuple[str, int, int] | None:
-    """A tensor's one byte range on disk (None when it has none: a pickle file)."""
+def _stored_range(ckpt: Any, name: str) -> tuple[str, int, int] | None:
+    """Where tensor ``name``'s bytes lie in its file, when what :meth:`Checkpoint.tensor` returns is exactly
+    those bytes: a plain checkpoint's safetensors tensor (a re-mapped vocabulary or a model+adapter makes
+    its tensors: None, and the feed copies what they make; a pickle file has no range)."""
+    if type(ckpt) is not Checkpoint:
+        return None
+    ranges = ckpt.byte_ranges([name])
     return ranges[0] if len(ranges) == 1 else None
 
 

@@ -45,34 +45,9 @@ def for_device(device: str | torch.device) -> "Feed | None":
     return Feed(dev)
 
 
-class _Pool:
-    """Page-locked buffers kept for the process: pinning is slow (tens of ms per 100 MB) and a merge
-    streams several passes, each with a feed of its own."""
-
-    def __init__(self) -> None:
-        self._free: list[torch.Tensor] = []
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int, pin: bool) -> torch.Tensor:
-        with self._lock:
-            fits = [b for b in self._free if b.numel() >= nbytes and b.is_pinned() == pin]
-            if fits:
-                best = min(fits, key=lambda b: b.numel())
-                self._free.remove(best)
-                return best
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-
-    def give(self, buf: torch.Tensor) -> None:
-        with self._lock:
-            self._free.append(buf)
-            # at most 4 kept per kind: the largest ones (a later, larger model frees the small ones)
-            for pin in (True, False):
-                mine = sorted((b for b in self._free if b.is_pinned() == pin), key=lambda b: -b.numel())
-                for b in mine[4:]:
-                    self._free.remove(b)
-
-
-POOL = _Pool()
+MIN_STAGE = 64 << 20
+"""Bytes a staging buffer has at least: grown for a larger tensor, never per tensor (pinning is slow; torch
+also keeps freed page-locked blocks for reuse, and never reuses one before the copies that read it are done)."""
 
 READ_PIECE = 16 << 20
 """Bytes per parallel read of a large tensor (page cache → staging)."""
@@ -98,6 +73,18 @@ class _Slot:
 
     buf: torch.Tensor | None = None
     done: object = None  # torch.cuda.Event of the last copy that read (H2D) or wrote (D2H) it
+
+
+@dataclass
+class _Flag:
+    """A check's count on its way to the host: ``host`` (page-locked) is valid once ``copied`` is done."""
+
+    host: torch.Tensor
+    copied: object
+
+    def value(self) -> int:
+        self.copied.synchronize()
+        return int(self.host)
 
 
 @dataclass
@@ -148,6 +135,7 @@ class Feed:
         if self.cuda:
             self.h2d = torch.cuda.Stream(self.device)
             self.d2h = torch.cuda.Stream(self.device)
+            self.flags = torch.cuda.Stream(self.device)
 
     # --- in ------------------------------------------------------------------------------
     def next_tensor(self) -> int:
@@ -161,9 +149,8 @@ class Feed:
             slot.done.synchronize()  # its last copy is over (double buffering: usually long ago)
             slot.done = None
         if slot.buf is None or slot.buf.numel() < nbytes:
-            if slot.buf is not None:
-                POOL.give(slot.buf)
-            slot.buf = POOL.take(nbytes, self.pin)
+            # dropped, not reused by us: a host view of it (a pending output, the writer) keeps it alive
+            slot.buf = torch.empty(max(nbytes, MIN_STAGE), dtype=torch.uint8, pin_memory=self.pin)
         return slot
 
     def load(self, t: torch.Tensor, where: tuple[str, int, int] | None = None) -> torch.Tensor:
@@ -230,6 +217,17 @@ class Feed:
         not 0; nothing is read back now. On ``meta`` nothing can be read back: the check is dropped."""
         if self.device.type == "meta":
             return
+        if self.cuda:  # copied back on a side stream, behind this check only (not behind the merge after it)
+            computed = torch.cuda.Event()
+            computed.record(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.flags):
+                self.flags.wait_event(computed)
+                host = torch.empty((), dtype=bad.dtype, pin_memory=self.pin)
+                host.copy_(bad, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record(self.flags)
+            bad.record_stream(self.flags)
+            bad = _Flag(host, copied)
         with self._lock:
             self._checks.append((self.seq, bad, error))
 
@@ -241,10 +239,10 @@ class Feed:
             self._checks = [c for c in self._checks if not (upto is None or c[0] <= upto)]
         if not due:
             return
-        counts = torch.stack([c[1].reshape(()).to(torch.int64) for c in due]).cpu().tolist()  # one read-back
-        for (_, _, error), n in zip(due, counts):
+        for _, bad, error in due:
+            n = bad.value() if isinstance(bad, _Flag) else int(bad)
             if n:
-                raise error(int(n))
+                raise error(n)
 
     # --- back -----------------------------------------------------------------------------
     def back(self, t: torch.Tensor, *, check: Callable[[], None] | None = None) -> Pending:
@@ -285,7 +283,7 @@ class Feed:
         return Pending(host, ready)
 
     def close(self) -> None:
-        """Wait for every copy and give the staging buffers back to the pool (kept for the next feed)."""
+        """Wait for every copy and drop the staging buffers."""
         import os
 
         for fd in self._fds.values():
@@ -295,9 +293,7 @@ class Feed:
             if slot.done is not None:
                 slot.done.synchronize()
                 slot.done = None
-            if slot.buf is not None:
-                POOL.give(slot.buf)
-                slot.buf = None
+            slot.buf = None  # freed once no pending output or write holds a view of it
 
 
 def nonfinite_count(t: torch.Tensor) -> torch.Tensor:
