@@ -21,7 +21,8 @@ FAMILIES = [  # (method, params): element-wise, statistics passes, random, SVD, 
     ("task_arithmetic", {"scale": 0.5}),
     ("ties", {"density": 0.3}),
     ("ties", {"density": 0.3, "scope": "tensor"}),
-    ("dare", {"p": 0.5, "then": "ties"}),
+    ("dare", {"p": 0.5, "then": "ties"}),                       # paper: peft's CPU stream, copied over
+    ("dare", {"p": 0.5, "then": "ties", "convention": "mergekit"}),  # counter masks drawn on the device
     ("consensus", {}),
     ("sftm", {}),                     # float32 SVDs on the device, float64 on the CPU: still within 1e-5
     ("opcm", {}),
@@ -204,3 +205,28 @@ def test_blocks_on_two_gpus_merge_as_on_one(bf16_zoo, tmp_path):
                         device_map={"model.layers.0": 1, "": 0})
     assert {b.worker for b in two.plan.blocks} == {"cuda:0", "cuda:1"}
     assert files(two.path) == files(one.path)
+
+
+def test_dare_masks_are_the_same_on_cuda_as_on_the_cpu():
+    """DARE's mergekit-convention masks are drawn on the device by the counter-based generator: the CPU's
+    masks, bit for bit, past 2³¹ and 2³² entries too (hubsoup.methods._sparsify.counter_mask)."""
+    from hubsoup.methods._sparsify import counter_bits, counter_mask
+
+    seed = 0x5DEECE66D_1234567
+    for start in (0, 2**31 - 70_000, 2**32 - 70_000):
+        cpu = counter_bits(seed, start, 140_000)
+        gpu = counter_bits(seed, start, 140_000, device="cuda")
+        assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu)
+    n = 3_000_000
+    assert torch.equal(counter_mask(n, 0.1, seed, 4096, device="cuda").cpu(), counter_mask(n, 0.1, seed, 4096))
+
+
+def test_dare_mergekit_convention_on_cuda_gives_the_cpus_bytes(zoo, tmp_path):
+    root, base, fts = zoo
+    params = {"p": 0.7, "then": "ties", "convention": "mergekit"}
+    cpu = hubsoup.merge(fts, "dare", base=base, out=str(tmp_path / "cpu"), params=params, quiet=True)
+    gpu = hubsoup.merge(fts, "dare", base=base, out=str(tmp_path / "gpu"), params=params, quiet=True, device="cuda")
+    a, b, theta0 = weights(gpu.path), weights(cpu.path), weights(base)
+    for k in b:  # the same entries dropped: every zero of τ where the CPU has one
+        assert torch.equal(a[k] == theta0[k], b[k] == theta0[k]), k
+    assert_close_rel(a, b)
