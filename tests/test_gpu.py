@@ -230,3 +230,14 @@ def test_dare_mergekit_convention_on_cuda_gives_the_cpus_bytes(zoo, tmp_path):
     for k in b:  # the same entries dropped: every zero of τ where the CPU has one
         assert torch.equal(a[k] == theta0[k], b[k] == theta0[k]), k
     assert_close_rel(a, b)
+
+
+def test_ties_device_select_is_the_cpus_on_cuda():
+    """TIES on a GPU ranks each row with a radix select that never reads back: the CPU's threshold, exactly."""
+    from hubsoup.methods._kernels import kth_largest_abs, kth_largest_abs_t
+
+    x = torch.randn(3_000_000, generator=torch.Generator().manual_seed(0))
+    x[::7] = 0.0
+    x[1::11] = 0.25
+    for k in (1, 1000, 600_000, 2_999_999):
+        assert float(kth_largest_abs_t(x.cuda(), k)) == kth_largest_abs(x, k), k

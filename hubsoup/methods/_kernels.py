@@ -134,6 +134,44 @@ def walk_from_top(hist: torch.Tensor, k: int) -> tuple[int, int]:
     return hist.numel() - 1 - pos, k - before
 
 
+def _count_into(hist: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``hist[keys] += weights`` (1 each without), exact int64 counts, no read-back (``bincount`` reads its
+    input's maximum back to size its output: a device sync)."""
+    ones = weights if weights is not None else torch.ones((), dtype=torch.int64, device=keys.device).expand(keys.shape)
+    return hist.index_add_(0, keys, ones)
+
+
+def _walk_from_top_t(hist: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`walk_from_top` with the answer left on the histogram's device (0-d int64 tensors)."""
+    from_top = torch.flip(hist, [0]).cumsum(0)
+    pos = torch.searchsorted(from_top, k.reshape(1)).reshape(())
+    before = torch.where(pos > 0, from_top[(pos - 1).clamp(min=0)], torch.zeros_like(k))
+    return hist.numel() - 1 - pos, k - before
+
+
+def kth_largest_abs_t(x: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`kth_largest_abs` (k ≥ 1) as a float32 0-d tensor on ``x``'s device, never read back: the same
+    exact radix select, its histograms counted with ``index_add_`` and walked on the device. An
+    accelerator's TIES ranks its rows with it (no host round-trip per row).
+
+    Example:
+        >>> x = torch.tensor([0.5, -3.0, 2.0, 2.0, -0.1])
+        >>> [float(kth_largest_abs_t(x, k)) for k in (1, 2, 3, 4)] == [kth_largest_abs(x, k) for k in (1, 2, 3, 4)]
+        True
+    """
+    k = min(max(k, 1), x.numel())
+    bits = x.detach().reshape(-1).abs().float().contiguous().view(torch.int32)  # |x|: the sign bit is 0
+    high = (bits >> 16).long()
+    dev = x.device
+    kt = torch.tensor(k, dtype=torch.int64, device=dev)
+    b, rank = _walk_from_top_t(_count_into(torch.zeros(1 << 15, dtype=torch.int64, device=dev), high), kt)
+    # the low halves of the entries in bin b, each counted 1 (the others 0: no one bin takes every entry)
+    low_hist = _count_into(torch.zeros(1 << 16, dtype=torch.int64, device=dev), (bits & 0xFFFF).long(),
+                           (high == b).long())
+    low, _ = _walk_from_top_t(low_hist, rank)
+    return ((b << 16) | low).to(torch.int32).view(torch.float32)
+
+
 def trim_(stacked: torch.Tensor, thresholds: Sequence[float]) -> torch.Tensor:
     """In place: row i keeps the entries with |x| ≥ thresholds[i], the rest become 0 (TIES' trim step).
 
@@ -173,11 +211,14 @@ def elect_sign(stacked: torch.Tensor, majority: float | None = None) -> torch.Te
     """
     sign = stacked.sum(dim=0).sign_()
     if majority is None:
+        if sign.device.type != "cpu":  # on an accelerator the majority stays there (+1 on a tie, as below)
+            total = sign.sum()
+            return _fill_ties_(sign, torch.where(total >= 0, 1.0, -1.0).to(sign.dtype))
         majority = 1.0 if float(sign.sum()) >= 0 else -1.0
     return _fill_ties_(sign, majority)
 
 
-def _fill_ties_(sign: torch.Tensor, majority: float) -> torch.Tensor:
+def _fill_ties_(sign: torch.Tensor, majority: "float | torch.Tensor") -> torch.Tensor:
     """In place: the zeros of a tensor of signs (-1, 0, 1) take ``majority`` (±1): sign(sign + majority/2)
     keeps ±1 and turns 0 into the majority, in two cheap passes (not a mask fill)."""
     return sign.add_(0.5 * majority).sign_()

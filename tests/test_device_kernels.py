@@ -1,0 +1,58 @@
+"""The methods' device paths, run on the CPU: the same results as the CPU's own paths, exactly.
+
+On an accelerator TIES selects its thresholds and elects signs without reading a value back
+(``kth_largest_abs_t``, ``_trim_on_device_``, a tensor majority); SLERP reads its block sums back once
+per tensor. These functions are plain tensor code: on CPU tensors they must give the CPU paths' values.
+(tests/test_gpu.py runs them on CUDA.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hubsoup.methods._kernels import _fill_ties_, elect_sign, kth_largest_abs, kth_largest_abs_t, trim_
+from hubsoup.methods.ties import _trim_on_device_
+
+
+def tricky(n: int, seed: int) -> torch.Tensor:
+    """Random values with exact zeros and many equal magnitudes (ties at a threshold)."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed))
+    x[::7] = 0.0
+    x[1::11] = 0.25
+    x[2::13] = -0.25
+    return x
+
+
+@pytest.mark.parametrize("n", [5, 1000, 70_000, 300_000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_device_radix_select_is_the_cpus(n, dtype):
+    x = tricky(n, n).to(dtype)
+    for k in sorted({1, 2, max(1, n // 10), n // 2, n - 1, n}):
+        t = kth_largest_abs_t(x, k)
+        assert t.dtype == torch.float32 and t.dim() == 0
+        assert float(t) == kth_largest_abs(x, k), (n, k)
+
+
+@pytest.mark.parametrize("densities", [[0.2, 0.2, 0.2], [0.05, 0.5, 1.0], [0.0, 0.3, 0.9]])
+def test_device_trim_is_the_cpus(densities):
+    stack = torch.stack([tricky(50_000, s) for s in (1, 2, 3)])
+    want = stack.clone()
+    thresholds = []
+    for d, density in zip(want, densities):
+        k = max(1, int(density * d.numel())) if density > 0 else 0
+        thresholds.append(0.0 if density >= 1.0 else kth_largest_abs(d, k))
+    trim_(want, thresholds)
+    got = stack.clone()
+    _trim_on_device_(got, densities)
+    assert torch.equal(got, want)
+
+
+def test_a_tensor_majority_fills_ties_as_a_float_one():
+    sign = torch.tensor([1.0, 0.0, -1.0, 0.0])
+    for m in (1.0, -1.0):
+        assert torch.equal(_fill_ties_(sign.clone(), torch.tensor(m)), _fill_ties_(sign.clone(), m))
+    stack = torch.tensor([[1.0, -1.0, 0.0, 2.0], [-1.0, 1.0, -3.0, 0.0]])  # sums 0, 0, -3, 2: majority +1
+    assert elect_sign(stack).tolist() == [1.0, 1.0, -1.0, 1.0]
+    stack = torch.tensor([[1.0, -1.0, -2.0, 0.0], [-1.0, 1.0, -3.0, 0.0]])  # sums 0, 0, -5, 0: majority -1
+    assert elect_sign(stack).tolist() == [-1.0, -1.0, -1.0, -1.0]
