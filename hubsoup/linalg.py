@@ -70,6 +70,8 @@ def block_sums(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = 
     x = x.reshape(-1)
     y = None if y is None else y.reshape(-1)
     out: list[float] = []
+    on_device = x.device.type != "cpu"
+    parts: list[torch.Tensor] = []  # an accelerator's block sums, read back once at the end
     chunk = max(DOT_BLOCK, chunk // DOT_BLOCK * DOT_BLOCK)
     for a in range(0, x.numel(), chunk):
         c = x[a:a + chunk].double()
@@ -78,9 +80,16 @@ def block_sums(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = 
         if y is not None:
             c.mul_(y[a:a + chunk].double())  # float32 products are exact in float64
         full = c.numel() // DOT_BLOCK * DOT_BLOCK
+        if on_device:
+            parts.append(c[:full].view(-1, DOT_BLOCK).sum(1))
+            if full < c.numel():
+                parts.append(c[full:].sum().reshape(1))
+            continue
         out += c[:full].view(-1, DOT_BLOCK).sum(1).tolist()
         if full < c.numel():
             out.append(float(c[full:].sum()))
+    if parts:
+        out = torch.cat(parts).tolist()
     return out
 
 
