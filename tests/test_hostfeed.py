@@ -223,3 +223,14 @@ def test_staging_buffers_are_reused_double_buffered():
     assert back[2].result().tolist() == [2.0] * 4 and back[1].result().tolist() == [1.0] * 4
     f.close()
     assert all(s.buf is None for s in (*f._in, *f._out))
+
+
+def test_a_float16_overflow_is_named_through_the_feed(zoo, tmp_path, monkeypatch):
+    """The output's check is deferred to when it is written (the device's flag read back then): same message."""
+    root, base, fts = zoo
+    big = make_finetune(base, str(tmp_path / "big"), seed=3, scale=1e5)
+    monkeypatch.setattr(hostfeed, "for_device", lambda d: hostfeed.Feed(d, transfer=lambda t: t.clone()))
+    with pytest.raises(NonFiniteTensorError, match=r"overflows float16 \(max 65504\); use --dtype float32 or bfloat16"):
+        hubsoup.merge([big], "task_arithmetic", base=base, out=str(tmp_path / "o"), quiet=True, dtype="float16",
+                      params={"scale": 1.0})
+    assert not (tmp_path / "o").exists()

@@ -94,7 +94,7 @@ class TensorWork:
     def __init__(self, job: Job, block: Block, entry: TensorEntry, feed: host_feed.Feed | None = None):
         self.job, self.block, self.entry = job, block, entry
         self.feed = feed
-        """The host feed to the block's device (:mod:`hubsoup.engine.feed`); None on the CPU."""
+        """The host feed to the block's device (:mod:`hubsoup.engine.hostfeed`); None on the CPU."""
         self._base: torch.Tensor | None = None
         self._factors: list | None | bool = False  # False: not asked yet
 
