@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hubsoup.methods._kernels import _fill_ties_, elect_sign, kth_largest_abs, kth_largest_abs_t, trim_
+from hubsoup.methods._kernels import (_fill_ties_, elect_sign, high_half_counts, high_half_histogram, kth_largest_abs,
+                                     kth_largest_abs_t, trim_)
 from hubsoup.methods.ties import _trim_on_device_
 
 
@@ -56,3 +57,9 @@ def test_a_tensor_majority_fills_ties_as_a_float_one():
     assert elect_sign(stack).tolist() == [1.0, 1.0, -1.0, 1.0]
     stack = torch.tensor([[1.0, -1.0, -2.0, 0.0], [-1.0, 1.0, -3.0, 0.0]])  # sums 0, 0, -5, 0: majority -1
     assert elect_sign(stack).tolist() == [-1.0, -1.0, -1.0, -1.0]
+
+
+def test_device_histogram_is_bincounts():
+    """TIES scope=model's statistics pass counts the high halves on the device with index_add_."""
+    for x in (tricky(100_000, 4), tricky(3000, 5).to(torch.bfloat16)):
+        assert torch.equal(high_half_counts(x), high_half_histogram(x))

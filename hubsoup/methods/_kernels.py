@@ -104,10 +104,18 @@ _LITTLE = sys.byteorder == "little"
 
 def high_half_histogram(x: torch.Tensor) -> torch.Tensor:
     """Counts of the high 16 bits of |x| (sign dropped: 2¹⁵ bins), over every entry of float32 ``x``."""
+    if x.device.type != "cpu":  # bincount reads its input's maximum back (a sync): counted in place instead
+        return high_half_counts(x)
     if _LITTLE and x.dtype == torch.float32 and x.is_contiguous():
         return torch.bincount(x.reshape(-1).abs().view(torch.int16)[1::2], minlength=1 << 15)
     return torch.bincount(x.detach().abs().float().contiguous().view(torch.int32).flatten() >> 16,
                           minlength=1 << 15)
+
+
+def high_half_counts(x: torch.Tensor) -> torch.Tensor:
+    """:func:`high_half_histogram` counted with ``index_add_`` on ``x``'s device: no read-back (the device path)."""
+    bits = x.detach().reshape(-1).abs().float().contiguous().view(torch.int32)
+    return _count_into(torch.zeros(1 << 15, dtype=torch.int64, device=x.device), (bits >> 16).long())
 
 
 def low_half_values(x: torch.Tensor, high: int) -> torch.Tensor:
