@@ -54,4 +54,5 @@ if [ "$BENCH_S" -gt 60 ]; then
 else
   echo "== no time left for the benchmark ($BENCH_S s)"
 fi
-echo "== done in $((SECONDS - START)) s"
+echo "== done in $((SECONDS - START)) s; in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+sleep 1  # tee writes the last lines before the folder is collected
