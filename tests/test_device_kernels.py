@@ -27,7 +27,10 @@ def tricky(n: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("n", [5, 1000, 70_000, 300_000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_device_radix_select_is_the_cpus(n, dtype):
+@pytest.mark.parametrize("chunk", [None, 4096])
+def test_device_radix_select_is_the_cpus(n, dtype, chunk, monkeypatch):
+    if chunk is not None:  # keyed a chunk at a time: the same counts
+        monkeypatch.setattr("hubsoup.methods._kernels.SELECT_CHUNK", chunk)
     x = tricky(n, n).to(dtype)
     for k in sorted({1, 2, max(1, n // 10), n // 2, n - 1, n}):
         t = kth_largest_abs_t(x, k)
@@ -59,7 +62,8 @@ def test_a_tensor_majority_fills_ties_as_a_float_one():
     assert elect_sign(stack).tolist() == [-1.0, -1.0, -1.0, -1.0]
 
 
-def test_device_histogram_is_bincounts():
+def test_device_histogram_is_bincounts(monkeypatch):
     """TIES scope=model's statistics pass counts the high halves on the device with index_add_."""
+    monkeypatch.setattr("hubsoup.methods._kernels.SELECT_CHUNK", 1 << 14)
     for x in (tricky(100_000, 4), tricky(3000, 5).to(torch.bfloat16)):
         assert torch.equal(high_half_counts(x), high_half_histogram(x))

@@ -114,8 +114,11 @@ def high_half_histogram(x: torch.Tensor) -> torch.Tensor:
 
 def high_half_counts(x: torch.Tensor) -> torch.Tensor:
     """:func:`high_half_histogram` counted with ``index_add_`` on ``x``'s device: no read-back (the device path)."""
-    bits = x.detach().reshape(-1).abs().float().contiguous().view(torch.int32)
-    return _count_into(torch.zeros(1 << 15, dtype=torch.int64, device=x.device), (bits >> 16).long())
+    hist = torch.zeros(1 << 15, dtype=torch.int64, device=x.device)
+    flat = x.detach().reshape(-1)
+    for a in range(0, flat.numel(), SELECT_CHUNK):
+        _count_into(hist, flat[a:a + SELECT_CHUNK].abs().float().contiguous().view(torch.int32) >> 16)
+    return hist
 
 
 def low_half_values(x: torch.Tensor, high: int) -> torch.Tensor:
@@ -143,10 +146,14 @@ def walk_from_top(hist: torch.Tensor, k: int) -> tuple[int, int]:
 
 
 def _count_into(hist: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """``hist[keys] += weights`` (1 each without), exact int64 counts, no read-back (``bincount`` reads its
+    """``hist[keys] += weights`` (1 each without), exact integer counts, no read-back (``bincount`` reads its
     input's maximum back to size its output: a device sync)."""
-    ones = weights if weights is not None else torch.ones((), dtype=torch.int64, device=keys.device).expand(keys.shape)
+    ones = weights if weights is not None else torch.ones((), dtype=hist.dtype, device=keys.device).expand(keys.shape)
     return hist.index_add_(0, keys, ones)
+
+
+SELECT_CHUNK = 1 << 24
+"""Entries the device's radix select keys at once (its int32 temporaries: ~13 bytes an entry)."""
 
 
 def _walk_from_top_t(hist: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,8 +166,8 @@ def _walk_from_top_t(hist: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor,
 
 def kth_largest_abs_t(x: torch.Tensor, k: int) -> torch.Tensor:
     """:func:`kth_largest_abs` (k ≥ 1) as a float32 0-d tensor on ``x``'s device, never read back: the same
-    exact radix select, its histograms counted with ``index_add_`` and walked on the device. An
-    accelerator's TIES ranks its rows with it (no host round-trip per row).
+    exact radix select, its histograms counted with ``index_add_`` (int32 keys, a chunk at a time) and walked
+    on the device. An accelerator's TIES ranks its rows with it (no host round-trip per row).
 
     Example:
         >>> x = torch.tensor([0.5, -3.0, 2.0, 2.0, -0.1])
@@ -168,15 +175,21 @@ def kth_largest_abs_t(x: torch.Tensor, k: int) -> torch.Tensor:
         True
     """
     k = min(max(k, 1), x.numel())
-    bits = x.detach().reshape(-1).abs().float().contiguous().view(torch.int32)  # |x|: the sign bit is 0
-    high = (bits >> 16).long()
-    dev = x.device
-    kt = torch.tensor(k, dtype=torch.int64, device=dev)
-    b, rank = _walk_from_top_t(_count_into(torch.zeros(1 << 15, dtype=torch.int64, device=dev), high), kt)
+    flat, dev = x.detach().reshape(-1), x.device
+
+    def chunks():
+        for a in range(0, flat.numel(), SELECT_CHUNK):  # |x|'s bits: the sign bit is 0
+            yield flat[a:a + SELECT_CHUNK].abs().float().contiguous().view(torch.int32)
+
+    high_hist = torch.zeros(1 << 15, dtype=torch.int32, device=dev)  # < 2³¹ entries: int32 counts are exact
+    for bits in chunks():
+        _count_into(high_hist, bits >> 16)
+    b, rank = _walk_from_top_t(high_hist.long(), torch.tensor(k, dtype=torch.int64, device=dev))
     # the low halves of the entries in bin b, each counted 1 (the others 0: no one bin takes every entry)
-    low_hist = _count_into(torch.zeros(1 << 16, dtype=torch.int64, device=dev), (bits & 0xFFFF).long(),
-                           (high == b).long())
-    low, _ = _walk_from_top_t(low_hist, rank)
+    low_hist = torch.zeros(1 << 16, dtype=torch.int32, device=dev)
+    for bits in chunks():
+        _count_into(low_hist, bits & 0xFFFF, ((bits >> 16) == b).int())
+    low, _ = _walk_from_top_t(low_hist.long(), rank)
     return ((b << 16) | low).to(torch.int32).view(torch.float32)
 
 
