@@ -234,3 +234,61 @@ def test_a_float16_overflow_is_named_through_the_feed(zoo, tmp_path, monkeypatch
         hubsoup.merge([big], "task_arithmetic", base=base, out=str(tmp_path / "o"), quiet=True, dtype="float16",
                       params={"scale": 1.0})
     assert not (tmp_path / "o").exists()
+
+
+class _FakeStream:
+    def __init__(self, *a, **k):
+        self.waited = []
+
+    def wait_stream(self, other):
+        self.waited.append(other)
+
+    def wait_event(self, event):
+        self.waited.append(event)
+
+
+class _FakeEvent:
+    made = 0
+
+    def __init__(self, *a, **k):
+        _FakeEvent.made += 1
+        self.recorded = None
+
+    def record(self, stream=None):
+        self.recorded = stream
+
+    def synchronize(self):
+        assert self.recorded is not None, "an event waited on before it was recorded"
+
+
+def test_the_cuda_branch_runs_with_stand_in_streams(zoo, tmp_path, monkeypatch):
+    """The feed's CUDA code (copy streams, events, record_stream, flags read back on a side stream) run on the
+    CPU with stand-ins for CUDA's streams and events: the merge gives the CPU's bytes. (Its real timing and
+    pinned copies are tests/test_gpu.py's.)"""
+    import contextlib
+
+    root, base, fts = zoo
+    plain = hubsoup.merge(fts, "ties", base=base, out=str(tmp_path / "plain"), params={"density": 0.3}, quiet=True)
+    current, recorded = _FakeStream(), []
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: recorded.append(s))
+    feeds = []
+
+    def make(device):
+        f = hostfeed.Feed(device, pin=False)
+        f.cuda = f.stage = True  # the CUDA branch, on CPU tensors
+        f.h2d, f.d2h, f.flags = _FakeStream(), _FakeStream(), _FakeStream()
+        feeds.append(f)
+        return f
+
+    monkeypatch.setattr(hostfeed, "for_device", make)
+    _FakeEvent.made = 0
+    fed = hubsoup.merge(fts, "ties", base=base, out=str(tmp_path / "fed"), params={"density": 0.3}, quiet=True)
+    assert files(fed.path) == files(plain.path)
+    assert all(f.handed_bytes for f in feeds) and feeds[-1].returned_bytes  # statistics passes, then the output
+    assert _FakeEvent.made and recorded
+    assert any(w is f.h2d for f in feeds for w in current.waited)  # the compute stream waited for the copies
+    assert any(f.d2h.waited for f in feeds) and any(f.flags.waited for f in feeds)  # outputs and flags went back

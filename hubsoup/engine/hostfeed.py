@@ -161,8 +161,6 @@ class Feed:
         which is faster than copying through the file's mapping (no page faults). On CUDA the copy to the
         device is asynchronous: the result is ready on the current stream (it waits for the copy stream).
         """
-        if t.device == self.device and self._transfer is None:
-            return t
         nbytes = t.numel() * t.element_size()
         self.handed_bytes += nbytes
         if not self.stage:  # mps, meta: no pinned memory to stage in
