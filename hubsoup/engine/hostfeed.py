@@ -267,7 +267,7 @@ class Feed:
         slot = self._slot(self._out, self._next_out, nbytes)
         self._next_out = (self._next_out + 1) % len(self._out)
         host = slot.buf[:nbytes].view(t.dtype).view(t.shape)
-        if not self.cuda or not t.is_cuda:  # an instrumented feed on the CPU; a result a method left on the host
+        if not self.cuda or t.device.type != self.device.type:  # an instrumented feed; a result left on the host
             host.copy_(t)
             return Pending(host, ready)
         compute = torch.cuda.current_stream(self.device)
