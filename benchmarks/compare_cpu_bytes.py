@@ -19,7 +19,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = [("task_arithmetic", {"scale": 0.5}), ("ties", {"density": 0.3}), ("ties", {"density": 0.3, "scope": "tensor"}),
            ("dare", {"p": 0.5, "then": "ties"}), ("dare", {"p": 0.5}), ("della", {}), ("consensus", {}), ("sftm", {}),
-           ("opcm", {}), ("slerp", {}), ("lines", {"base_method": "ties"}), ("breadcrumbs", {}), ("model_stock", {})]
+           ("opcm", {}), ("slerp", {}), ("lines", {"base_method": "ties"}), ("breadcrumbs", {}), ("model_stock", {}),
+           ("dare", {"p": 0.5, "convention": "mergekit"})]  # the last differs on purpose: counter-based masks
 
 CHILD = r"""
 import hashlib, json, os, sys, torch
@@ -63,11 +64,14 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/hubsoup-cmp")
     ap.add_argument("--fed", action="store_true")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--methods", nargs="*", help="only these methods")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     bad = 0
     for dtype in args.dtypes.split(","):
         for method, params in METHODS:
+            if args.methods and method not in args.methods:
+                continue
             a = digest(args.other, args.work, method, params, dtype, False)
             b = digest(ROOT, args.work, method, params, dtype, False)
             row = f"{dtype:<9} {method:<16} {json.dumps(params):<40} other={a[:12]} this={b[:12]}"
