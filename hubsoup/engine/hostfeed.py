@@ -1,8 +1,9 @@
 """The host feed: stored bytes to a merge device, merged bytes back, pinned and overlapped.
 
-When a block is merged on an accelerator, the host does as little as it can: it maps the
-weight files (:mod:`hubsoup.sources.checkpoint`) and copies each tensor's **stored bytes**
-(bf16/fp16 as stored, never converted) once, into a reused page-locked staging buffer; the
+When a block is merged on an accelerator, the host does as little as it can: it reads each
+tensor's **stored bytes** (bf16/fp16 as stored, never converted) once, straight from the page
+cache into a reused page-locked staging buffer (``preadv`` at the tensor's offset in its
+safetensors file, in parallel pieces; through the file's mapping where no offset is known); the
 device copies them over with ``non_blocking`` on a copy stream of its own, and converts them to
 float32 there. Every check (NaN/inf in an input, an output that overflows its dtype) is a flag
 computed on the device and read back later, a tensor behind (:meth:`Feed.settle`), so the host
@@ -54,17 +55,20 @@ READ_PIECE = 16 << 20
 READERS = 4
 """Threads reading a large tensor's pieces at once: one core copies ~3-6 GB/s out of the page cache."""
 _POOL_LOCK = threading.Lock()
-_READERS = None
+_READERS: dict[int, object] = {}
 
 
 def _readers():
-    global _READERS
+    """The reader threads, kept for the process (a forked child makes its own: its parent's do not exist there)."""
+    import os
+
     with _POOL_LOCK:
-        if _READERS is None:
+        pool = _READERS.get(os.getpid())
+        if pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            _READERS = ThreadPoolExecutor(READERS, thread_name_prefix="hubsoup-feed")
-        return _READERS
+            pool = _READERS[os.getpid()] = ThreadPoolExecutor(READERS, thread_name_prefix="hubsoup-feed")
+        return pool
 
 
 @dataclass
