@@ -143,7 +143,7 @@ def files(folder):
 
 
 @pytest.mark.parametrize("method,params", [("ties", {"density": 0.3}), ("dare", {"p": 0.5, "then": "ties"}),
-                                           ("sftm", {})])
+                                           pytest.param("sftm", {}, marks=pytest.mark.slow)])
 def test_a_merge_through_the_feed_gives_the_cpus_bytes(zoo, tmp_path, monkeypatch, method, params):
     root, base, fts = zoo
     plain = hubsoup.merge(fts, method, base=base, out=str(tmp_path / "plain"), params=params, quiet=True)
