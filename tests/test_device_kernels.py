@@ -67,3 +67,12 @@ def test_device_histogram_is_bincounts(monkeypatch):
     monkeypatch.setattr("hubsoup.methods._kernels.SELECT_CHUNK", 1 << 14)
     for x in (tricky(100_000, 4), tricky(3000, 5).to(torch.bfloat16)):
         assert torch.equal(high_half_counts(x), high_half_histogram(x))
+
+
+def test_block_sums_read_back_once_are_the_same():
+    """Off the CPU, block_sums reads every block's sum back once (not per chunk): the same list."""
+    from hubsoup.linalg import block_sums
+
+    x, y = tricky(3 * 4096 * 5 + 123, 1), tricky(3 * 4096 * 5 + 123, 2)
+    for kw in ({}, {"y": y}, {"absolute": True}):
+        assert block_sums(x, chunk=3 * 4096, once=True, **kw) == block_sums(x, chunk=3 * 4096, once=False, **kw)
