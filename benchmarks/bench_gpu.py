@@ -220,10 +220,11 @@ def mergekit_config(body: str, base: str, fts: list[str], inputs: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def timed(cmd: list[str], timeout: float) -> tuple[float, int, str, str]:
+def timed(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[float, int, str, str]:
     t = time.perf_counter()
     try:
-        r = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=max(1.0, timeout), cwd=ROOT)
+        r = subprocess.run(cmd, env={**child_env(), **(env or {})}, capture_output=True, text=True,
+                           timeout=max(1.0, timeout), cwd=ROOT)
         return time.perf_counter() - t, r.returncode, r.stdout, r.stderr
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -284,7 +285,13 @@ def run_gpu(args) -> dict:
                     f.write(mergekit_config(body, base, fts, inputs))
                 cmd = [mk_py, "-m", "mergekit.scripts.run_yaml", cfg, out, *(["--cuda"] if cuda else []),
                        "--no-copy-tokenizer"]
-            wall, rc, stdout, stderr = timed(cmd, min(left, args.run_timeout))
+            feed_log = os.path.join(args.work, f"feed-{label}.jsonl")
+            if os.path.exists(feed_log):
+                os.remove(feed_log)
+            wall, rc, stdout, stderr = timed(cmd, min(left, args.run_timeout),
+                                             {"HUBSOUP_FEED_LOG": feed_log} if tool == "hubsoup" else None)
+            if tool == "hubsoup":
+                row["feed"] = feed_summary(feed_log)
             row.update(wall_s=wall, ok=rc == 0, rc=rc, input_gb_per_s=read / 1e9 / wall,
                        stderr=(stderr or "")[-600:] if rc else "")
             m = re.search(r"in ([0-9.]+)s ->", stdout + stderr) if tool == "hubsoup" else None
@@ -303,6 +310,23 @@ def run_gpu(args) -> dict:
     res["total_s"] = time.perf_counter() - t_start
     write_gpu_results(args, res)
     return res
+
+
+def feed_summary(path: str) -> dict | None:
+    """The host feed's counts of one hubsoup run (every pass's feed, summed): bytes handed to the device, the
+    host's own staging time, and the rate that makes (the host side's ceiling)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+    except OSError:
+        return None
+    if not recs:
+        return None
+    handed = sum(r["handed_bytes"] for r in recs)
+    host = sum(r["host_seconds"] for r in recs)
+    return {"passes": len(recs), "handed_gb": handed / 1e9, "host_s": host,
+            "host_gb_per_s": handed / 1e9 / host if host else None,
+            "pass_s": sum(r["open_seconds"] for r in recs)}
 
 
 def _ratios(rows: list[dict], ratios: dict[str, float]) -> None:
@@ -356,8 +380,8 @@ def write_gpu_results(args, res: dict) -> None:
              "`python -m mergekit.scripts.run_yaml CFG OUT --cuda` (dtype float32, out_dtype bfloat16). Interpreter, "
              f"imports and CUDA start cost {res['startup_s']:.1f} s of every process; *merge GB/s* leaves them out "
              "(hubsoup's own merge time).", "",
-             "| method | tool | wall (s) | input GB | input GB/s | merge GB/s | hubsoup / mergekit wall | target |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| method | tool | wall (s) | input GB | input GB/s | merge GB/s | hubsoup / mergekit wall | target | "
+             "host feed |", "|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if r.get("skipped"):
             lines.append(f"| {r['method']} | {r['tool']} | skipped ({r['skipped']}) | | | | | |")
@@ -365,9 +389,16 @@ def write_gpu_results(args, res: dict) -> None:
         ratio = res["ratios"].get(r["method"]) if r["tool"] == "hubsoup" else None
         target = (f"≥ {TARGET_GBS[r['method']]} GB/s" + (", ≤ 0.3×" if r["method"] != "sftm" else "")
                   if r["tool"] == "hubsoup" else "")
+        fd = r.get("feed")
+        feed = (f"{fd['handed_gb']:.1f} GB in {fd['host_s']:.1f} s host time ({fd['passes']} pass(es), "
+                f"{fd['pass_s']:.1f} s streaming)" if fd else "")
         lines.append(f"| {r['method']} | {r['tool']} | {r['wall_s']:.1f} | {r['input_gb']:.1f} | "
                      f"{r['input_gb_per_s']:.2f} | {r.get('merge_gb_per_s', float('nan')):.2f} | "
-                     f"{'' if ratio is None else f'{ratio:.2f}×'} | {target} |" + ("" if r["ok"] else " (failed)"))
+                     f"{'' if ratio is None else f'{ratio:.2f}×'} | {target} | {feed} |" + ("" if r["ok"] else " (failed)"))
+    lines += ["", "*host feed*: what hubsoup's host side did (`HUBSOUP_FEED_LOG`): stored bytes handed to the GPU, "
+              "the host's own time staging them (reading into pinned memory, waiting for a free buffer), and the "
+              "time its passes streamed; host time well below the streaming time means the host was not the "
+              "bottleneck."]
     agree = [(r["method"], r["agreement"]) for r in res["rows"] if r.get("agreement")]
     if agree:
         lines += ["", "Agreement (relative L2 difference hubsoup vs mergekit on three tensors; DARE's masks and TIES' "

@@ -294,3 +294,16 @@ def test_the_cuda_branch_runs_with_stand_in_streams(zoo, tmp_path, monkeypatch):
     assert _FakeEvent.made and recorded
     assert any(w is f.h2d for f in feeds for w in current.waited)  # the compute stream waited for the copies
     assert any(f.d2h.waited for f in feeds) and any(f.flags.waited for f in feeds)  # outputs and flags went back
+
+
+def test_feed_log_records_each_feed(zoo, tmp_path, monkeypatch):
+    """HUBSOUP_FEED_LOG: one JSON line per feed with its counts (bench_gpu.py's host-side figures)."""
+    import json
+
+    root, base, fts = zoo
+    log = tmp_path / "feed.jsonl"
+    monkeypatch.setenv("HUBSOUP_FEED_LOG", str(log))
+    monkeypatch.setattr(hostfeed, "for_device", lambda d: hostfeed.Feed(d, transfer=lambda t: t.clone()))
+    hubsoup.merge(fts, "task_arithmetic", base=base, out=str(tmp_path / "o"), quiet=True)
+    (rec,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert rec["handed_bytes"] > 0 and rec["returned_bytes"] > 0 and rec["open_seconds"] >= rec["host_seconds"] >= 0

@@ -134,6 +134,7 @@ class Feed:
         self.handed_bytes = 0
         """Bytes handed to the device (stored bytes only: never a float32 copy of a narrower tensor)."""
         self.returned_bytes = 0
+        self._t_open = time.perf_counter()
         self.host_seconds = 0.0
         """Time the host spent staging (waiting for a free buffer, reading): the feed's own cost."""
         if self.cuda:
@@ -285,9 +286,15 @@ class Feed:
         return Pending(host, ready)
 
     def close(self) -> None:
-        """Wait for every copy and drop the staging buffers."""
+        """Wait for every copy and drop the staging buffers. With ``HUBSOUP_FEED_LOG`` set, one JSON line of
+        this feed's counts is appended to that file (``benchmarks/bench_gpu.py`` reads them)."""
         import os
 
+        log_path = os.environ.get(LOG_ENV)
+        if log_path and self.handed_bytes:
+            _log(log_path, {"device": str(self.device), "handed_bytes": self.handed_bytes,
+                            "returned_bytes": self.returned_bytes, "host_seconds": round(self.host_seconds, 4),
+                            "open_seconds": round(time.perf_counter() - self._t_open, 4)})
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
@@ -296,6 +303,20 @@ class Feed:
                 slot.done.synchronize()
                 slot.done = None
             slot.buf = None  # freed once no pending output or write holds a view of it
+
+
+LOG_ENV = "HUBSOUP_FEED_LOG"
+
+
+def _log(path: str, record: dict) -> None:
+    """Append ``record`` as a JSON line (a measurement aid: a failure to write is ignored)."""
+    import json
+
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError:
+        pass
 
 
 def nonfinite_count(t: torch.Tensor) -> torch.Tensor:
