@@ -52,14 +52,15 @@ DOT_BLOCK = 4096
 
 
 def block_sums(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = False,
-               chunk: int = 1 << 20) -> list[float]:
+               chunk: int = 1 << 20, once: bool | None = None) -> list[float]:
     """Σ x (Σ x·y with ``y``; Σ |x| with ``absolute``) of each block of :data:`DOT_BLOCK` consecutive
     entries (the last may be shorter), in float64.
 
     A block's sum does not depend on torch's thread count (it is one row of a row-wise reduction), nor on
     where a piece of the flattened tensors starts, if at a multiple of the block: the exactly rounded
     sum of the blocks' sums (``math.fsum``) is then the same over the whole tensor or over its pieces,
-    in any order. Converted ``chunk`` entries at a time (no float64 copy of the tensor).
+    in any order. Converted ``chunk`` entries at a time (no float64 copy of the tensor). ``once``: read the
+    sums back once at the end instead of per chunk (default: off the CPU, where each read-back is a sync).
 
     Example:
         >>> import math
@@ -70,6 +71,8 @@ def block_sums(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = 
     x = x.reshape(-1)
     y = None if y is None else y.reshape(-1)
     out: list[float] = []
+    on_device = x.device.type != "cpu" if once is None else once
+    parts: list[torch.Tensor] = []  # an accelerator's block sums, read back once at the end
     chunk = max(DOT_BLOCK, chunk // DOT_BLOCK * DOT_BLOCK)
     for a in range(0, x.numel(), chunk):
         c = x[a:a + chunk].double()
@@ -78,9 +81,16 @@ def block_sums(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = 
         if y is not None:
             c.mul_(y[a:a + chunk].double())  # float32 products are exact in float64
         full = c.numel() // DOT_BLOCK * DOT_BLOCK
+        if on_device:
+            parts.append(c[:full].view(-1, DOT_BLOCK).sum(1))
+            if full < c.numel():
+                parts.append(c[full:].sum().reshape(1))
+            continue
         out += c[:full].view(-1, DOT_BLOCK).sum(1).tolist()
         if full < c.numel():
             out.append(float(c[full:].sum()))
+    if parts:
+        out = torch.cat(parts).tolist()
     return out
 
 

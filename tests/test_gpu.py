@@ -21,9 +21,10 @@ FAMILIES = [  # (method, params): element-wise, statistics passes, random, SVD, 
     ("task_arithmetic", {"scale": 0.5}),
     ("ties", {"density": 0.3}),
     ("ties", {"density": 0.3, "scope": "tensor"}),
-    ("dare", {"p": 0.5, "then": "ties"}),
+    ("dare", {"p": 0.5, "then": "ties"}),                       # paper: peft's CPU stream, copied over
+    ("dare", {"p": 0.5, "then": "ties", "convention": "mergekit"}),  # counter masks drawn on the device
     ("consensus", {}),
-    ("sftm", {}),
+    ("sftm", {}),                     # float32 SVDs on the device, float64 on the CPU: still within 1e-5
     ("opcm", {}),
     ("lines", {"base_method": "ties"}),
     ("lwptv", {"base_method": "task_arithmetic"}),
@@ -88,3 +89,155 @@ def test_continual_add_on_cuda_matches_cpu(zoo, tmp_path):
         continual.init(fts[:2], base=base, out=str(tmp_path / dev), quiet=True, device=dev)
         continual.add(str(tmp_path / dev), [fts[2]], quiet=True, device=dev)
     assert_close_rel(weights(str(tmp_path / "cuda")), weights(str(tmp_path / "cpu")))
+
+
+# --- the host feed (hubsoup.engine.hostfeed) on CUDA ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bf16_zoo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu-bf16")
+    base = make_base("llama", str(root / "base"), dtype=torch.bfloat16)
+    return root, base, [make_finetune(base, str(root / f"ft{i}"), seed=i) for i in (1, 2, 3)]
+
+
+def files(folder):
+    import os
+
+    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))
+            if f.endswith(".safetensors")}
+
+
+@pytest.mark.parametrize("method,params", [("task_arithmetic", {}), ("ties", {"density": 0.3}),
+                                           ("dare", {"p": 0.5, "then": "ties", "convention": "mergekit"}),
+                                           ("slerp", {}), ("sftm", {})])
+def test_feed_gives_the_bytes_of_the_plain_device_path(bf16_zoo, tmp_path, monkeypatch, method, params):
+    """Through the feed (pinned staging, copy streams, checks read back later, output back through pinned
+    buffers) a CUDA merge writes the same bytes as the device path without it (convert on the host, copy,
+    check at once), and what it handed was the stored bf16, once per input and tensor."""
+    from hubsoup.engine import hostfeed
+
+    root, base, fts = bf16_zoo
+    inputs = fts[:2] if method == "slerp" else fts
+    feeds = []
+    real = hostfeed.for_device
+
+    def spy(device):
+        f = real(device)
+        if f is not None:
+            feeds.append(f)
+        return f
+
+    monkeypatch.setattr(hostfeed, "for_device", spy)
+    fed = hubsoup.merge(inputs, method, base=base, out=str(tmp_path / "fed"), params=params, quiet=True, device="cuda")
+    assert feeds and all(f.pin and f.cuda for f in feeds)
+    assert sum(f.returned_bytes for f in feeds) > 0
+    monkeypatch.setattr(hostfeed, "for_device", lambda device: None)  # the device path as it was
+    plain = hubsoup.merge(inputs, method, base=base, out=str(tmp_path / "plain"), params=params, quiet=True,
+                          device="cuda")
+    assert files(fed.path) == files(plain.path)
+    cpu = hubsoup.merge(inputs, method, base=base, out=str(tmp_path / "cpu"), params=params, quiet=True)
+    # bf16 outputs: SFTM's float32 SVDs (FLOAT32_SVD_TOL of the merged matrix) flip a few roundings
+    assert_close_rel(weights(fed.path), weights(cpu.path), tol=1e-3 if method == "sftm" else 1e-5)
+
+
+def test_feed_hands_only_stored_bytes_on_cuda(bf16_zoo, monkeypatch):
+    """Every tensor handed to the GPU is the stored bf16 (half the float32 bytes), read into pinned memory."""
+    from hubsoup.engine import Job, hostfeed, stream
+    from hubsoup.plan import Plan
+    from hubsoup.sources.compat import open_models
+
+    root, base, fts = bf16_zoo
+    seen = []
+    real_load = hostfeed.Feed.load
+
+    def load(self, t, where=None):
+        seen.append((t.dtype, where is not None))
+        out = real_load(self, t, where)
+        assert out.device.type == "cuda" and out.dtype == t.dtype
+        return out
+
+    monkeypatch.setattr(hostfeed.Feed, "load", load)
+    base_ckpt, sources = open_models(fts, base=base)
+    job = Job(Plan.of(base_ckpt, "cuda"), base_ckpt, sources, quiet=True)
+    n = 0
+    for work in stream(job, mergeable_only=True):
+        d = work.deltas()
+        assert d.device.type == "cuda" and d.dtype == torch.float32
+        n += 1
+    assert seen and {d for d, _ in seen} == {torch.bfloat16} and all(w for _, w in seen)  # read by preadv
+    assert len(seen) == 4 * n
+
+
+def test_a_nan_input_is_named_on_cuda(bf16_zoo, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from hubsoup.errors import NonFiniteTensorError
+
+    root, base, fts = bf16_zoo
+    bad = tmp_path / "bad"
+    make_finetune(base, str(bad), seed=9)
+    sd = load_file(str(bad / "model.safetensors"))
+    name = "model.layers.1.mlp.up_proj.weight"
+    sd[name][0, :3] = float("nan")
+    save_file(sd, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(NonFiniteTensorError, match=rf"tensor '{name}' has 3 NaN/inf values"):
+        hubsoup.merge([fts[0], str(bad)], "task_arithmetic", base=base, out=str(tmp_path / "o"), quiet=True,
+                      device="cuda")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_float16_overflow_is_named_on_cuda(zoo, tmp_path):
+    from hubsoup.errors import NonFiniteTensorError
+
+    root, base, fts = zoo
+    big = make_finetune(base, str(tmp_path / "big"), seed=3, scale=1e5)
+    with pytest.raises(NonFiniteTensorError, match="overflows float16"):
+        hubsoup.merge([big], "task_arithmetic", base=base, out=str(tmp_path / "o"), quiet=True, device="cuda",
+                      dtype="float16", params={"scale": 1.0})
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_blocks_on_two_gpus_merge_as_on_one(bf16_zoo, tmp_path):
+    root, base, fts = bf16_zoo
+    one = hubsoup.merge(fts, "ties", base=base, out=str(tmp_path / "one"), quiet=True, device="cuda:0")
+    two = hubsoup.merge(fts, "ties", base=base, out=str(tmp_path / "two"), quiet=True,
+                        device_map={"model.layers.0": 1, "": 0})
+    assert {b.worker for b in two.plan.blocks} == {"cuda:0", "cuda:1"}
+    assert files(two.path) == files(one.path)
+
+
+def test_dare_masks_are_the_same_on_cuda_as_on_the_cpu():
+    """DARE's mergekit-convention masks are drawn on the device by the counter-based generator: the CPU's
+    masks, bit for bit, past 2³¹ and 2³² entries too (hubsoup.methods._sparsify.counter_mask)."""
+    from hubsoup.methods._sparsify import counter_bits, counter_mask
+
+    seed = 0x5DEECE66D_1234567
+    for start in (0, 2**31 - 70_000, 2**32 - 70_000):
+        cpu = counter_bits(seed, start, 140_000)
+        gpu = counter_bits(seed, start, 140_000, device="cuda")
+        assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu)
+    n = 3_000_000
+    assert torch.equal(counter_mask(n, 0.1, seed, 4096, device="cuda").cpu(), counter_mask(n, 0.1, seed, 4096))
+
+
+def test_dare_mergekit_convention_on_cuda_gives_the_cpus_bytes(zoo, tmp_path):
+    root, base, fts = zoo
+    params = {"p": 0.7, "then": "ties", "convention": "mergekit"}
+    cpu = hubsoup.merge(fts, "dare", base=base, out=str(tmp_path / "cpu"), params=params, quiet=True)
+    gpu = hubsoup.merge(fts, "dare", base=base, out=str(tmp_path / "gpu"), params=params, quiet=True, device="cuda")
+    a, b, theta0 = weights(gpu.path), weights(cpu.path), weights(base)
+    for k in b:  # the same entries dropped: every zero of τ where the CPU has one
+        assert torch.equal(a[k] == theta0[k], b[k] == theta0[k]), k
+    assert_close_rel(a, b)
+
+
+def test_ties_device_select_is_the_cpus_on_cuda():
+    """TIES on a GPU ranks each row with a radix select that never reads back: the CPU's threshold, exactly."""
+    from hubsoup.methods._kernels import kth_largest_abs, kth_largest_abs_t
+
+    x = torch.randn(3_000_000, generator=torch.Generator().manual_seed(0))
+    x[::7] = 0.0
+    x[1::11] = 0.25
+    for k in (1, 1000, 600_000, 2_999_999):
+        assert float(kth_largest_abs_t(x.cuda(), k)) == kth_largest_abs(x, k), k

@@ -308,3 +308,35 @@ def test_schedule_from_the_command_line_equals_the_api(tmp_path):
     got, want = state(str(tmp_path / "cli")), state(api.path)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     assert hubsoup.MergeResult.from_folder(str(tmp_path / "cli")).recipe.hash == api.recipe.hash
+
+
+def _lowbias32(x: int) -> int:  # the reference, in Python integers
+    m = 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & m
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & m
+    return x ^ (x >> 16)
+
+
+def test_counter_masks_are_one_stream_whole_in_pieces_and_by_reference():
+    """DARE's mergekit-convention masks (hubsoup.methods._sparsify.counter_mask): entry j's draw depends on
+    the seed and j only (so a GPU draws the same mask: tests/test_gpu.py), uniform, independent across seeds."""
+    from hubsoup.methods._sparsify import COUNTER_CHUNK, counter_bits, counter_mask
+
+    seed = 0x5DEECE66D_1234567 & ((1 << 63) - 1)
+    k1, k2 = seed & 0xFFFFFFFF, seed >> 32
+    for j in (0, 1, 2, 4095, 2**31 - 1, 2**31, 2**32 - 1, 2**32 + 5):  # past 32 bits: the index wraps
+        want = _lowbias32(_lowbias32((j & 0xFFFFFFFF) ^ k1) ^ k2) >> 8
+        assert int(counter_bits(seed, j, 1)[0]) == want, j
+    n = COUNTER_CHUNK + 12345
+    whole = counter_mask(n, 0.3, seed)
+    parts = torch.cat([counter_mask(5000, 0.3, seed), counter_mask(n - 5000, 0.3, seed, offset=5000)])
+    assert torch.equal(whole, parts)
+    assert abs(float(whole.float().mean()) - 0.3) < 0.003
+    other = counter_mask(n, 0.3, seed + 1)  # another input or tensor: independent
+    assert abs(float((whole & other).float().mean()) - 0.09) < 0.002
+    top = counter_bits(seed, 0, 1 << 20) >> 16  # the top 8 of the 24 bits: flat
+    counts = torch.bincount(top, minlength=256).double()
+    assert float(((counts - counts.mean()) ** 2 / counts.mean()).sum()) < 330  # chi², 255 dof: p ≈ 0.001
+    assert not counter_mask(n, 0.0, seed).any() and counter_mask(n, 1.0, seed).all()

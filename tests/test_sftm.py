@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 from method_helpers import state
 
@@ -278,3 +279,23 @@ def test_sftm_on_lora_inputs_uses_factors_and_matches_dense(model_dir, tmp_path,
     got, want = state(trimmed.path), state(dense_trimmed.path)
     for k in want:  # trimmed rank-ρ products have tiny trailing singular values: float32 noise is amplified
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=5e-4, msg=k)
+
+
+@pytest.mark.parametrize("shape,n,eta", [((192, 64), 3, 0.2), ((64, 160), 4, 0.3), ((96, 96), 2, 1.0)])
+def test_float32_svds_of_the_device_path_are_within_tolerance_of_float64(shape, n, eta):
+    """An accelerator's SFTM takes one batched float32 SVD per tensor (the Gram system still in float64);
+    the merged matrix stays within FLOAT32_SVD_TOL (relative Frobenius) of the CPU's float64 SVDs."""
+    from hubsoup.methods.sftm import FLOAT32_SVD_TOL, singular_features_batched
+
+    g = torch.Generator().manual_seed(sum(shape) + n)
+    mats = torch.randn(n, *shape, generator=g) * 0.02  # float32 task vectors, as the engine gives them
+    mats[1] += 0.5 * mats[0]  # correlated tasks: an off-diagonal Gram, a real solve
+    for row in mats:
+        trim_topk_(row, eta)
+    want, _ = superpose([singular_features(M) for M in mats], out_dtype=torch.float32)
+    got, _ = superpose(singular_features_batched(mats), out_dtype=torch.float32)
+    err = float((got.double() - want.double()).norm() / want.double().norm())
+    assert err <= FLOAT32_SVD_TOL, err
+    # and against the exact float64 merge of the same matrices (the float64 path's own error, for scale)
+    exact = sftm_matrices(mats.double())
+    assert float((got.double() - exact).norm() / exact.norm()) <= FLOAT32_SVD_TOL

@@ -30,6 +30,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from hubsoup.engine import hostfeed as host_feed
 from hubsoup.engine import lanes, prefetch
 from hubsoup.engine import shared as shared_statistics
 from hubsoup.engine.lowrank import Copy, Dense, LowRank, Outcome, Unchanged, Weights, decide
@@ -39,7 +40,7 @@ from hubsoup.methods._schedule import layer_position
 from hubsoup.plan import Block, Plan, TensorEntry
 from hubsoup.progress import Monitor, shared_segment
 from hubsoup.sources.checkpoint import Checkpoint
-from hubsoup.sources.taskvector import TaskVector, all_finite
+from hubsoup.sources.taskvector import TaskVector, all_finite, nonfinite_input
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,10 @@ class Job:
 class TensorWork:
     """One tensor of the plan on its way through the engine; loads lazily, at most once."""
 
-    def __init__(self, job: Job, block: Block, entry: TensorEntry):
+    def __init__(self, job: Job, block: Block, entry: TensorEntry, feed: host_feed.Feed | None = None):
         self.job, self.block, self.entry = job, block, entry
+        self.feed = feed
+        """The host feed to the block's device (:mod:`hubsoup.engine.hostfeed`); None on the CPU."""
         self._base: torch.Tensor | None = None
         self._factors: list | None | bool = False  # False: not asked yet
 
@@ -133,20 +136,43 @@ class TensorWork:
     def base(self) -> torch.Tensor:
         """The base tensor in float32 on the block's device, checked for NaN/inf. Never modify it."""
         if self._base is None:
-            t = self.raw_base().to(self.device, torch.float32)
-            if not all_finite(t):
-                src = self.entry.source
-                raise NonFiniteTensorError(f"base '{self._base_checkpoint().label}': tensor "
-                                           f"'{self.name if src is None else src.base}' has NaN/inf values")
+            src = self.entry.source
+            name, label = self.name if src is None else src.base, self._base_checkpoint().label
+
+            def error(_: int = 0) -> NonFiniteTensorError:
+                return NonFiniteTensorError(f"base '{label}': tensor '{name}' has NaN/inf values")
+
+            if self.feed is not None:  # the stored bytes to the device, converted and checked there
+                t = self.feed.load(self.raw_base(), _stored_range(self._base_checkpoint(), name)).to(torch.float32)
+                self.feed.check(host_feed.nonfinite_count(t), error)
+            else:
+                t = self.raw_base().to(self.device, torch.float32)
+                if not all_finite(t):
+                    raise error()
             self._base = t
         return self._base
+
+    def settle(self) -> None:
+        """Raise now if a load so far failed its check (on a device the checks are read back a tensor
+        later, see :mod:`hubsoup.engine.hostfeed`; on the CPU they were made at once: nothing to do)."""
+        if self.feed is not None:
+            self.feed.settle()
 
     def delta_into(self, i: int, out: torch.Tensor) -> torch.Tensor:
         """Input ``i``'s task vector into ``out`` (float32, the base's shape, on the block's device)."""
         name = self._input_name(i)
         if name is None:
             return out.zero_()
-        self.job.inputs[i].delta_into(out, name, self.base())
+        src = self.job.inputs[i]
+        if self.feed is not None:  # a full fine-tune's stored bytes to the device: τ = θ − θ₀ there
+            stored = src.weights(name, tuple(self.entry.shape))
+            if stored is not None:
+                where = getattr(src, "stored_name", lambda n: n)(name)
+                out.copy_(self.feed.load(stored, _stored_range(getattr(src, "ckpt", None), where)))
+                label = src.label
+                self.feed.check(host_feed.nonfinite_count(out), lambda bad: nonfinite_input(label, where, bad))
+                return out.sub_(self.base())
+        src.delta_into(out, name, self.base())
         return out
 
     def deltas(self) -> torch.Tensor:
@@ -184,7 +210,7 @@ class TensorWork:
         ``sweep.starts``: every piece's offset. Each call has buffers of its own."""
         from hubsoup.engine.lowrank import piece_size
 
-        if torch.device(self.device).type != "cpu":
+        if self.feed is not None or torch.device(self.device).type != "cpu":  # a device's merge is whole-tensor
             return None
         raws = self.input_weights()
         if raws is None:
@@ -258,6 +284,16 @@ class TensorWork:
         return decide(self, lowrank_ok=lowrank_ok, weights_dtype=weights_dtype)
 
 
+def _stored_range(ckpt: Any, name: str) -> tuple[str, int, int] | None:
+    """Where tensor ``name``'s bytes lie in its file, when what :meth:`Checkpoint.tensor` returns is exactly
+    those bytes: a plain checkpoint's safetensors tensor (a re-mapped vocabulary or a model+adapter makes
+    its tensors: None, and the feed copies what they make; a pickle file has no range)."""
+    if type(ckpt) is not Checkpoint:
+        return None
+    ranges = ckpt.byte_ranges([name])
+    return ranges[0] if len(ranges) == 1 else None
+
+
 class Sink(Protocol):
     """Where :func:`run` puts each tensor's outcome (see :mod:`hubsoup.output`)."""
 
@@ -286,24 +322,45 @@ def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str 
     mon = job.monitor
     mon.segment(len(blocks), desc)  # this pass is the next segment of the caller's stage
     ahead = prefetch.ReadAhead() if prefetch.enabled(job.prefetch) else None
+    feeds: dict[str, host_feed.Feed | None] = {}  # one per device the blocks are on; none for the CPU
     with tqdm(total=total, desc=desc, unit=unit, disable=job.quiet or not desc, leave=False) as bar, \
-            (ahead or contextlib.nullcontext()):  # closes (stops and joins) the read-ahead however the loop ends
+            (ahead or contextlib.nullcontext()), _closing(feeds):  # however the loop ends
         for i, block in enumerate(blocks):
             if ahead is not None and i + 1 < len(blocks):  # block i + 1 comes in while block i is computed
                 _read_ahead(ahead, job, blocks[i + 1], mergeable_only)
+            if block.device not in feeds:
+                feeds[block.device] = host_feed.for_device(block.device)
+            fd = feeds[block.device]
             try:
                 for entry in block.tensors:
                     if mergeable_only and not entry.mergeable:
                         continue
                     mon.check()  # cancel: before every tensor
-                    yield TensorWork(job, block, entry)
+                    if fd is None:
+                        yield TensorWork(job, block, entry)
+                    else:
+                        seq = fd.next_tensor()
+                        yield TensorWork(job, block, entry, fd)
+                        fd.settle(seq - 1)  # the previous tensor's checks: the device has long done them
                     if per_tensor:
                         bar.update()
+                if fd is not None:
+                    fd.settle()  # a block's checks, before it counts as done
             finally:
-                job.release()
+                job.release()  # the device holds copies, never views of the mapped files
             if not per_tensor:
                 bar.update()
             mon.step(f"{desc or 'pass'}: block {i + 1}/{len(blocks)}")
+
+
+@contextlib.contextmanager
+def _closing(feeds: dict[str, host_feed.Feed | None]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for fd in feeds.values():
+            if fd is not None:
+                fd.close()
 
 
 def _read_ahead(ahead: prefetch.ReadAhead, job: Job, block: Block, mergeable_only: bool) -> None:

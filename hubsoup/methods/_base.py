@@ -43,10 +43,15 @@ class TensorContext:
 
     def generator(self, salt: str = "", device: str | torch.device = "cpu") -> torch.Generator:
         """A random generator seeded from the recipe and the tensor name: reruns repeat exactly."""
-        digest = hashlib.sha256(f"{self.recipe_hash}|{self.name}|{salt}".encode()).digest()
         g = torch.Generator(device=device)
-        g.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+        g.manual_seed(self.seed(salt))
         return g
+
+    def seed(self, salt: str = "") -> int:
+        """A 63-bit seed from the recipe, the tensor name and ``salt`` (what :meth:`generator` is seeded with;
+        the key of :func:`hubsoup.methods._sparsify.counter_uniform`'s device-independent draws)."""
+        digest = hashlib.sha256(f"{self.recipe_hash}|{self.name}|{salt}".encode()).digest()
+        return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 class StatsPass:

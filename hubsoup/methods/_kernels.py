@@ -104,10 +104,21 @@ _LITTLE = sys.byteorder == "little"
 
 def high_half_histogram(x: torch.Tensor) -> torch.Tensor:
     """Counts of the high 16 bits of |x| (sign dropped: 2¹⁵ bins), over every entry of float32 ``x``."""
+    if x.device.type != "cpu":  # bincount reads its input's maximum back (a sync): counted in place instead
+        return high_half_counts(x)
     if _LITTLE and x.dtype == torch.float32 and x.is_contiguous():
         return torch.bincount(x.reshape(-1).abs().view(torch.int16)[1::2], minlength=1 << 15)
     return torch.bincount(x.detach().abs().float().contiguous().view(torch.int32).flatten() >> 16,
                           minlength=1 << 15)
+
+
+def high_half_counts(x: torch.Tensor) -> torch.Tensor:
+    """:func:`high_half_histogram` counted with ``index_add_`` on ``x``'s device: no read-back (the device path)."""
+    hist = torch.zeros(1 << 15, dtype=torch.int64, device=x.device)
+    flat = x.detach().reshape(-1)
+    for a in range(0, flat.numel(), SELECT_CHUNK):
+        _count_into(hist, flat[a:a + SELECT_CHUNK].abs().float().contiguous().view(torch.int32) >> 16)
+    return hist
 
 
 def low_half_values(x: torch.Tensor, high: int) -> torch.Tensor:
@@ -132,6 +143,54 @@ def walk_from_top(hist: torch.Tensor, k: int) -> tuple[int, int]:
     pos = int(torch.searchsorted(from_top, torch.tensor(k, dtype=from_top.dtype, device=from_top.device)))
     before = int(from_top[pos - 1]) if pos > 0 else 0
     return hist.numel() - 1 - pos, k - before
+
+
+def _count_into(hist: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``hist[keys] += weights`` (1 each without), exact integer counts, no read-back (``bincount`` reads its
+    input's maximum back to size its output: a device sync)."""
+    ones = weights if weights is not None else torch.ones((), dtype=hist.dtype, device=keys.device).expand(keys.shape)
+    return hist.index_add_(0, keys, ones)
+
+
+SELECT_CHUNK = 1 << 24
+"""Entries the device's radix select keys at once (its int32 temporaries: ~13 bytes an entry)."""
+
+
+def _walk_from_top_t(hist: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`walk_from_top` with the answer left on the histogram's device (0-d int64 tensors)."""
+    from_top = torch.flip(hist, [0]).cumsum(0)
+    pos = torch.searchsorted(from_top, k.reshape(1)).reshape(())
+    before = torch.where(pos > 0, from_top[(pos - 1).clamp(min=0)], torch.zeros_like(k))
+    return hist.numel() - 1 - pos, k - before
+
+
+def kth_largest_abs_t(x: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`kth_largest_abs` (k ≥ 1) as a float32 0-d tensor on ``x``'s device, never read back: the same
+    exact radix select, its histograms counted with ``index_add_`` (int32 keys, a chunk at a time) and walked
+    on the device. An accelerator's TIES ranks its rows with it (no host round-trip per row).
+
+    Example:
+        >>> x = torch.tensor([0.5, -3.0, 2.0, 2.0, -0.1])
+        >>> [float(kth_largest_abs_t(x, k)) for k in (1, 2, 3, 4)] == [kth_largest_abs(x, k) for k in (1, 2, 3, 4)]
+        True
+    """
+    k = min(max(k, 1), x.numel())
+    flat, dev = x.detach().reshape(-1), x.device
+
+    def chunks():
+        for a in range(0, flat.numel(), SELECT_CHUNK):  # |x|'s bits: the sign bit is 0
+            yield flat[a:a + SELECT_CHUNK].abs().float().contiguous().view(torch.int32)
+
+    high_hist = torch.zeros(1 << 15, dtype=torch.int32, device=dev)  # < 2³¹ entries: int32 counts are exact
+    for bits in chunks():
+        _count_into(high_hist, bits >> 16)
+    b, rank = _walk_from_top_t(high_hist.long(), torch.tensor(k, dtype=torch.int64, device=dev))
+    # the low halves of the entries in bin b, each counted 1 (the others 0: no one bin takes every entry)
+    low_hist = torch.zeros(1 << 16, dtype=torch.int32, device=dev)
+    for bits in chunks():
+        _count_into(low_hist, bits & 0xFFFF, ((bits >> 16) == b).int())
+    low, _ = _walk_from_top_t(low_hist.long(), rank)
+    return ((b << 16) | low).to(torch.int32).view(torch.float32)
 
 
 def trim_(stacked: torch.Tensor, thresholds: Sequence[float]) -> torch.Tensor:
@@ -173,11 +232,14 @@ def elect_sign(stacked: torch.Tensor, majority: float | None = None) -> torch.Te
     """
     sign = stacked.sum(dim=0).sign_()
     if majority is None:
+        if sign.device.type != "cpu":  # on an accelerator the majority stays there (+1 on a tie, as below)
+            total = sign.sum()
+            return _fill_ties_(sign, torch.where(total >= 0, 1.0, -1.0).to(sign.dtype))
         majority = 1.0 if float(sign.sum()) >= 0 else -1.0
     return _fill_ties_(sign, majority)
 
 
-def _fill_ties_(sign: torch.Tensor, majority: float) -> torch.Tensor:
+def _fill_ties_(sign: torch.Tensor, majority: "float | torch.Tensor") -> torch.Tensor:
     """In place: the zeros of a tensor of signs (-1, 0, 1) take ``majority`` (±1): sign(sign + majority/2)
     keeps ±1 and turns 0 into the majority, in two cheap passes (not a mask fill)."""
     return sign.add_(0.5 * majority).sign_()

@@ -41,8 +41,8 @@ class KthLargestPass:
 
 def _accumulate(hists: list, i: int, counts: torch.Tensor | None) -> None:
     """``hists[i] += counts``, the first counts (ours to keep) standing for the histogram."""
-    if counts is not None:
-        hists[i] = counts if hists[i] is None else hists[i].add_(counts)
+    if counts is not None:  # (blocks on several devices: counted where the first was)
+        hists[i] = counts if hists[i] is None else hists[i].add_(counts.to(hists[i].device))
 
 
 class _HighPass(StatsPass):
@@ -58,7 +58,7 @@ class _HighPass(StatsPass):
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
         self.total += base.numel()
         for i, d in enumerate(deltas):
-            _accumulate(self.hist, i, high_half_histogram(d).cpu())
+            _accumulate(self.hist, i, high_half_histogram(d))  # on an accelerator: counted there, read once
 
     def fork(self) -> "_HighPass":
         return _HighPass(self.sel)

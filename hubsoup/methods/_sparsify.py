@@ -11,7 +11,8 @@ mergekit):
   density keeps at least one entry), exactly k entries however magnitudes tie.
 * :func:`outliers_mask` (Model Breadcrumbs): drop the ``int(gamma · n)`` largest magnitudes
   and the smallest, keeping ``int(density · n)`` (fewer outliers dropped when both do not fit).
-* :func:`bernoulli_mask` (DARE): keep each entry with probability ``density``.
+* :func:`counter_mask` (DARE, mergekit's convention): keep each entry with probability ``density``,
+  drawn by :func:`counter_uniform` — the same masks on every device.
 * :func:`della_mask` (DELLA's MagPrune): keep probabilities rising linearly with the
   magnitude rank along dim 1 (the whole vector for 1-D tensors), from density − ε
   (smallest) to density + ε (largest).
@@ -21,8 +22,17 @@ mergekit):
   deltas, ties at 0 counted positive), sum, division by the summed (agreeing) weights when
   ``normalize``, λ.
 
-Randomness comes from the caller's generator (seeded from the recipe hash and the tensor
-name): masks equal mergekit's in distribution, not bit for bit.
+Randomness comes from the caller's seed (the recipe hash and the tensor name): masks equal
+mergekit's in distribution, not bit for bit.
+
+**The same masks on every device.** torch's CPU and CUDA generators give different streams, and
+drawing a mask on the CPU to merge on a GPU costs more than the merge. :func:`counter_uniform` is a
+counter-based generator instead: entry j's draw is a hash of (seed, j) — two rounds of the
+``lowbias32`` integer mixer (C. Wellons' hash-prospector) keyed by the seed's two halves, in int64
+tensor ops masked to 32 bits, which wrap the same way on every device — keeping its top 24 bits. The
+draws of a piece depend only on the entries' indices, so a tensor merged whole, in pieces, on the CPU or
+on a GPU gets one mask. (Before this, DARE's mergekit convention drew each block of 2¹⁶ entries from a
+CPU ``torch.Generator``: its CPU outputs changed with this draw, in distribution the same.)
 """
 
 from __future__ import annotations
@@ -86,7 +96,59 @@ def outliers_mask(x: torch.Tensor, density: float, gamma: float) -> torch.Tensor
 
 
 MASK_BLOCK = 1 << 16
-"""Entries drawn from one generator by :func:`bernoulli_mask`."""
+"""Entries drawn from one generator by :func:`bernoulli_mask`; pieces of a tensor whose masks are drawn start
+at a multiple of it."""
+
+_M32 = 0xFFFFFFFF
+COUNTER_CHUNK = 1 << 20
+"""Entries hashed at once by :func:`counter_uniform` (bounds its int64 temporaries: 8 MiB)."""
+
+
+def _lowbias32_(x: torch.Tensor) -> torch.Tensor:
+    """In place on int64 values in [0, 2³²): C. Wellons' ``lowbias32`` mixer (a bijection of 32-bit words)."""
+    x ^= x >> 16
+    x.mul_(0x7FEB352D).bitwise_and_(_M32)  # products < 2⁶⁴: wrapped alike everywhere, low 32 bits exact
+    x ^= x >> 15
+    x.mul_(0x846CA68B).bitwise_and_(_M32)
+    x ^= x >> 16
+    return x
+
+
+def counter_bits(seed: int, start: int, count: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    """24 random bits (int64 in [0, 2²⁴)) for entries ``start`` … ``start + count − 1`` of the stream ``seed``:
+    the same values on any device, whatever the chunking.
+
+    Example:
+        >>> a = counter_bits(7, 0, 6)
+        >>> torch.equal(a[2:], counter_bits(7, 2, 4)), bool((a >= 0).all() and (a < 2 ** 24).all())
+        (True, True)
+    """
+    k1, k2 = seed & _M32, (seed >> 32) & _M32
+    x = torch.arange(start, start + count, dtype=torch.int64, device=device).bitwise_and_(_M32)
+    x ^= k1
+    _lowbias32_(x)
+    x ^= k2
+    return _lowbias32_(x) >> 8
+
+
+def counter_mask(numel: int, density: float, seed: int, offset: int = 0,
+                 device: str | torch.device = "cpu") -> torch.Tensor:
+    """Keep each of ``numel`` entries (those from ``offset`` of the flattened tensor) with probability
+    ``density``: a flat boolean mask on ``device``, the same on every device (see the module doc).
+
+    Entry j is kept when its 24 bits are below ``round(density · 2²⁴)``: an integer comparison, exact.
+
+    Example:
+        >>> m = counter_mask(100_000, 0.3, seed=1)
+        >>> round(float(m.float().mean()), 2), torch.equal(m[4096:], counter_mask(100_000 - 4096, 0.3, 1, 4096))
+        (0.3, True)
+    """
+    threshold = int(round(density * (1 << 24)))
+    out = torch.empty(numel, dtype=torch.bool, device=device)
+    for a in range(0, numel, COUNTER_CHUNK):
+        k = min(COUNTER_CHUNK, numel - a)
+        torch.lt(counter_bits(seed, offset + a, k, device), threshold, out=out[a:a + k])
+    return out
 
 
 def bernoulli_mask(numel: int, density: float, generator_for: Callable[[int], torch.Generator],

@@ -15,10 +15,15 @@ Two conventions (``convention``):
 Masks are seeded from the recipe hash, the tensor name and the input: reruns repeat exactly;
 against mergekit they agree in distribution (kept fraction, rescale), not bit for bit. The paper
 convention draws each mask as peft does (one ``torch.bernoulli`` over the tensor: the same masks as
-peft's ``dare_linear`` / ``dare_ties`` for the same seed), so it merges whole tensors. The mergekit
-convention draws each block of 2¹⁶ entries from a generator of its own, so a tensor is merged in
-pieces (in lanes): one pass sums each task vector's L1 norm before and after the drop (for
-``rescale``), then every piece drops, rescales and combines.
+peft's ``dare_linear`` / ``dare_ties`` for the same seed), so it merges whole tensors; on an
+accelerator that mask is still drawn on the CPU (peft's stream exists only there) and copied over.
+The mergekit convention draws its masks with a counter-based generator
+(:func:`~hubsoup.methods._sparsify.counter_mask`): entry j's draw depends only on the seed and j, so
+the masks are the same on the CPU and on a GPU (drawn there, at the device's speed), and a tensor is
+merged in pieces (in lanes): one pass sums each task vector's L1 norm before and after the drop (for
+``rescale``), then every piece drops, rescales and combines. (Until this draw, the mergekit
+convention drew each block of 2¹⁶ entries from a CPU generator: outputs of earlier versions differ,
+in distribution the same.)
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from hubsoup.errors import ParameterError
 from hubsoup.linalg import block_sums
 from hubsoup.methods import Method, StatsPass, TensorContext, param, register
 from hubsoup.methods._kernels import task_arithmetic, ties_combine_
-from hubsoup.methods._sparsify import MASK_BLOCK, bernoulli_mask, gta_combine_, l1_norm, per_input, rescale_to_norm_
+from hubsoup.methods._sparsify import MASK_BLOCK, counter_mask, gta_combine_, l1_norm, per_input, rescale_to_norm_
 
 
 def dare_drop_(delta: torch.Tensor, p: float, generator: torch.Generator, rescale: bool = True) -> torch.Tensor:
@@ -134,9 +139,10 @@ def _densities(params, n: int) -> list[float]:
 
 
 def _mask(row: torch.Tensor, density: float, params, ctx: TensorContext, i: int) -> torch.Tensor:
-    """Input i's mask (mergekit convention) over the entries ``row`` holds, from ``ctx.offset``."""
-    mask = bernoulli_mask(row.numel(), density, lambda j: ctx.generator(f"dare:{params.seed}:{i}:{j}"), ctx.offset)
-    return mask.to(row.device).view(row.shape)
+    """Input i's mask (mergekit convention) over the entries ``row`` holds, from ``ctx.offset``: drawn on
+    ``row``'s device by the counter-based generator, the same masks on every device."""
+    return counter_mask(row.numel(), density, ctx.seed(f"dare:{params.seed}:{i}"), ctx.offset,
+                        row.device).view(row.shape)
 
 
 _NORMS = "dare.l1"

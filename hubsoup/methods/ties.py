@@ -28,7 +28,7 @@ import torch
 
 from hubsoup.errors import ParameterError
 from hubsoup.methods import Method, StatsPass, param, register
-from hubsoup.methods._kernels import kth_largest_abs, ties_combine_, trim_
+from hubsoup.methods._kernels import kth_largest_abs, kth_largest_abs_t, ties_combine_, trim_
 from hubsoup.methods._schedule import Schedule
 from hubsoup.methods._select import KthLargestPass
 from hubsoup.methods._sparsify import (ComputeDtype, apply_mask_, compute_dtype, compute_dtype_param, gta_combine_,
@@ -127,11 +127,27 @@ class Ties(Method):
                 apply_mask_(row, magnitude_mask(row, density), params.rescale)
             return gta_combine_(deltas, params.weights or [1.0] * len(deltas), consensus=True,
                                 normalize=params.merge == "mean", scale=params.scale)
-        trim_(deltas, self.thresholds(deltas, params, ctx))
+        if deltas.device.type != "cpu" and params.scope == "tensor" and _TENSOR_THRESHOLD not in ctx.stats:
+            _trim_on_device_(deltas, per_input(params.density, params.densities, len(deltas)))
+        else:
+            trim_(deltas, self.thresholds(deltas, params, ctx))
         tally = ctx.stats.get(_TALLY)  # merged in pieces: the majority sign is being learned
         out = ties_combine_(deltas, params.weights, params.merge, ctx.stats.get(_MAJORITY),
                             observe=tally.observe if tally is not None else None)
         return out if params.scale == 1.0 else out.mul_(params.scale)  # λ = 1 (the default): x·1 is x
+
+
+def _trim_on_device_(deltas: torch.Tensor, densities: list[float]) -> None:
+    """:func:`trim_` with each row's threshold (:meth:`Ties.thresholds`, scope=tensor) selected and applied on
+    the rows' device: no value read back. Keeps |x| ≥ t exactly as ``trim_``'s ``hardshrink`` does."""
+    for d, density in zip(deltas, densities):
+        if density >= 1.0:
+            continue
+        if density <= 0:
+            d.zero_()
+            continue
+        t = kth_largest_abs_t(d, max(1, int(density * d.numel())))
+        d.masked_fill_(d.abs() < t, 0.0)
 
 
 _TENSOR_THRESHOLD = "ties.tensor_threshold"

@@ -78,6 +78,17 @@ def check_output_tensor(name: str, out: torch.Tensor, merged: torch.Tensor) -> N
         "the merge overflowed float32 or divided by zero); nothing was written")
 
 
+def _deferred_check(name: str, out: torch.Tensor, merged: torch.Tensor, bad: torch.Tensor):
+    """:func:`check_output_tensor` for a device's output, from a flag computed on the device: read when the
+    output is written (the tensors are kept until then, for the message)."""
+
+    def check() -> None:
+        if bool(bad):
+            check_output_tensor(name, out, merged)
+
+    return check
+
+
 def set_config_dtype(path: str, dtype: str) -> None:
     with open(path, encoding="utf-8") as f:
         cfg = json.load(f)
@@ -103,6 +114,7 @@ class CheckpointSink:
         entries = [(name, e.shape, self.out_dtype if (self.out_dtype and e.mergeable) else e.dtype)
                    for name, e in plan.output_entries()]
         self.writer = ShardedWriter(folder, entries, shard_size, metadata=metadata)
+        self._pending: tuple[tuple[str, ...], object] | None = None  # names, Pending: a device's output on its way
         copied = copy_base_files(base, folder)
         if dtype is not None and "config.json" in copied:
             set_config_dtype(os.path.join(folder, "config.json"), dtype)
@@ -127,12 +139,31 @@ class CheckpointSink:
             else:
                 merged = outcome.tau.add_(work.base())
             out = merged.to(self.out_dtype or entry.dtype)
+            if work.feed is not None:
+                # back through the feed's pinned buffers; written (and checked) when the next tensor comes
+                self._flush()
+                lo, hi = torch.aminmax(out) if out.numel() else (out.new_zeros(()), out.new_zeros(()))
+                bad = ~(torch.isfinite(lo) & torch.isfinite(hi))
+                pending = work.feed.back(out, check=_deferred_check(entry.name, out, merged, bad))
+                self._pending = ((entry.name, *entry.aliases), pending)
+                return
             check_output_tensor(entry.name, out, merged)  # after the cast: an overflow to inf is caught too
+        self._flush()
         for name in (entry.name, *entry.aliases):
             self.writer.write(name, out)
 
+    def _flush(self) -> None:
+        """Write the device output still on its way (its copy done, its checks settled)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            host = pending[1].result()
+            for name in pending[0]:
+                self.writer.write(name, host)
+
     def close(self) -> None:
+        self._flush()
         self.writer.close()
 
     def abort(self) -> None:
+        self._pending = None
         self.writer.abort()

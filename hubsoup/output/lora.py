@@ -129,6 +129,7 @@ class LoraSink:
         return None  # an adapter holds τ, never θ
 
     def put(self, work: TensorWork, outcome: Outcome) -> None:
+        work.settle()  # on a device: a NaN input is named before the output's own checks
         if isinstance(outcome, (Copy, Unchanged)):
             return  # integer buffers stay the base's; untouched tensors have τ = 0
         if isinstance(outcome, LowRank):

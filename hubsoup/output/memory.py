@@ -38,6 +38,7 @@ class MemorySink:
         return self.out_dtype or entry.dtype
 
     def put(self, work: TensorWork, outcome: Outcome) -> None:
+        work.settle()  # on a device: a NaN input is named before the output's own check
         entry = work.entry
         if isinstance(outcome, Copy):
             out = work.raw_base().clone()  # the base's file is unmapped after the block

@@ -116,12 +116,19 @@ class FullDelta:
             out.copy_(base)
             out[common] = t[common].to(out.device, out.dtype)
         if not all_finite(out):
-            bad = int((~torch.isfinite(out)).sum())
-            raise NonFiniteTensorError(
-                f"input '{self.label}': tensor '{src}' has {bad} NaN/inf values; the fine-tune is broken "
-                "(diverged training or a bad conversion) and cannot be merged"
-            )
+            raise nonfinite_input(self.label, src, int((~torch.isfinite(out)).sum()))
         out.sub_(base)
+
+    def stored_name(self, name: str) -> str:
+        """This input's own name of base tensor ``name``."""
+        return self.name_map.get(name, name)
+
+
+def nonfinite_input(label: str, name: str, bad: int) -> NonFiniteTensorError:
+    """The error for input ``label``'s tensor ``name`` holding ``bad`` NaN/inf values."""
+    return NonFiniteTensorError(
+        f"input '{label}': tensor '{name}' has {bad} NaN/inf values; the fine-tune is broken "
+        "(diverged training or a bad conversion) and cannot be merged")
 
 
 def shape_message(label: str, name: str, shape: tuple, base_shape: tuple) -> str:

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The one script a lent GPU runs, from the repository root: the `gpu` tests, then bench_gpu.py against
+# mergekit. Everything is logged to $OUT/log ($OUT: the device tool's output folder; else /tmp/gpu-out);
+# the benchmark writes $OUT/gpu_bench.md and .json (copy them to benchmarks/results/ afterwards).
+# Each step has a timeout; the whole stays under 9 minutes.
+#
+#   bash benchmarks/gpu_session.sh            # TESTS_S, BENCH_S, TOTAL_S override the step budgets
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/gpu-out}"
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log") 2>&1
+START=$SECONDS
+TOTAL_S="${TOTAL_S:-530}"
+left() { echo $(( TOTAL_S - (SECONDS - START) )); }
+
+echo "== $(date -u) gpu_session.sh in $PWD, git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  echo "== installing the carried wheels: $(ls .whl | tr '\n' ' ')"
+  timeout 150 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || echo "!! wheel install failed (rc=$?)"
+  export PYTHONPATH="/tmp/site:$PWD"
+else
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+echo "PYTHONPATH=$PYTHONPATH"
+timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+timeout 60 python3 - <<'PY' || echo "!! version check failed"
+import importlib, sys, torch
+print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda,
+      "| available", torch.cuda.is_available(), "| devices", torch.cuda.device_count())
+for m in ("transformers", "huggingface_hub", "safetensors", "accelerate", "peft", "mergekit", "pydantic"):
+    try:
+        mod = importlib.import_module(m)
+        print(f"{m} {getattr(mod, '__version__', '?')} ({mod.__file__})")
+    except Exception as e:
+        print(f"{m}: NOT importable ({type(e).__name__}: {e})")
+import hubsoup
+print("hubsoup", hubsoup.__file__)
+PY
+
+TESTS_S="${TESTS_S:-200}"
+echo "== $(date -u +%T) pytest -m gpu (timeout ${TESTS_S}s)"
+timeout "$TESTS_S" python3 -m pytest -m gpu -q -x -p no:cacheprovider -o addopts="" tests/test_gpu.py
+echo "== pytest rc=$? after $((SECONDS - START)) s"
+
+BENCH_S="${BENCH_S:-$(( $(left) - 15 ))}"
+if [ "$BENCH_S" -gt 60 ]; then
+  echo "== $(date -u +%T) bench_gpu.py --quick (timeout ${BENCH_S}s)"
+  timeout "$BENCH_S" python3 benchmarks/bench_gpu.py --quick --budget $(( BENCH_S - 20 )) --run-timeout 150 \
+    --work /tmp/hubsoup-gpu-bench --out "$OUT"
+  echo "== bench rc=$? after $((SECONDS - START)) s"
+  [ -f "$OUT/gpu_bench.md" ] && cat "$OUT/gpu_bench.md"
+else
+  echo "== no time left for the benchmark ($BENCH_S s)"
+fi
+echo "== done in $((SECONDS - START)) s; in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+sleep 1  # tee writes the last lines before the folder is collected

@@ -1,0 +1,78 @@
+"""The methods' device paths, run on the CPU: the same results as the CPU's own paths, exactly.
+
+On an accelerator TIES selects its thresholds and elects signs without reading a value back
+(``kth_largest_abs_t``, ``_trim_on_device_``, a tensor majority); SLERP reads its block sums back once
+per tensor. These functions are plain tensor code: on CPU tensors they must give the CPU paths' values.
+(tests/test_gpu.py runs them on CUDA.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hubsoup.methods._kernels import (_fill_ties_, elect_sign, high_half_counts, high_half_histogram, kth_largest_abs,
+                                     kth_largest_abs_t, trim_)
+from hubsoup.methods.ties import _trim_on_device_
+
+
+def tricky(n: int, seed: int) -> torch.Tensor:
+    """Random values with exact zeros and many equal magnitudes (ties at a threshold)."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed))
+    x[::7] = 0.0
+    x[1::11] = 0.25
+    x[2::13] = -0.25
+    return x
+
+
+@pytest.mark.parametrize("n", [5, 1000, 70_000, 300_000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [None, 4096])
+def test_device_radix_select_is_the_cpus(n, dtype, chunk, monkeypatch):
+    if chunk is not None:  # keyed a chunk at a time: the same counts
+        monkeypatch.setattr("hubsoup.methods._kernels.SELECT_CHUNK", chunk)
+    x = tricky(n, n).to(dtype)
+    for k in sorted({1, 2, max(1, n // 10), n // 2, n - 1, n}):
+        t = kth_largest_abs_t(x, k)
+        assert t.dtype == torch.float32 and t.dim() == 0
+        assert float(t) == kth_largest_abs(x, k), (n, k)
+
+
+@pytest.mark.parametrize("densities", [[0.2, 0.2, 0.2], [0.05, 0.5, 1.0], [0.0, 0.3, 0.9]])
+def test_device_trim_is_the_cpus(densities):
+    stack = torch.stack([tricky(50_000, s) for s in (1, 2, 3)])
+    want = stack.clone()
+    thresholds = []
+    for d, density in zip(want, densities):
+        k = max(1, int(density * d.numel())) if density > 0 else 0
+        thresholds.append(0.0 if density >= 1.0 else kth_largest_abs(d, k))
+    trim_(want, thresholds)
+    got = stack.clone()
+    _trim_on_device_(got, densities)
+    assert torch.equal(got, want)
+
+
+def test_a_tensor_majority_fills_ties_as_a_float_one():
+    sign = torch.tensor([1.0, 0.0, -1.0, 0.0])
+    for m in (1.0, -1.0):
+        assert torch.equal(_fill_ties_(sign.clone(), torch.tensor(m)), _fill_ties_(sign.clone(), m))
+    stack = torch.tensor([[1.0, -1.0, 0.0, 2.0], [-1.0, 1.0, -3.0, 0.0]])  # sums 0, 0, -3, 2: majority +1
+    assert elect_sign(stack).tolist() == [1.0, 1.0, -1.0, 1.0]
+    stack = torch.tensor([[1.0, -1.0, -2.0, 0.0], [-1.0, 1.0, -3.0, 0.0]])  # sums 0, 0, -5, 0: majority -1
+    assert elect_sign(stack).tolist() == [-1.0, -1.0, -1.0, -1.0]
+
+
+def test_device_histogram_is_bincounts(monkeypatch):
+    """TIES scope=model's statistics pass counts the high halves on the device with index_add_."""
+    monkeypatch.setattr("hubsoup.methods._kernels.SELECT_CHUNK", 1 << 14)
+    for x in (tricky(100_000, 4), tricky(3000, 5).to(torch.bfloat16)):
+        assert torch.equal(high_half_counts(x), high_half_histogram(x))
+
+
+def test_block_sums_read_back_once_are_the_same():
+    """Off the CPU, block_sums reads every block's sum back once (not per chunk): the same list."""
+    from hubsoup.linalg import block_sums
+
+    x, y = tricky(3 * 4096 * 5 + 123, 1), tricky(3 * 4096 * 5 + 123, 2)
+    for kw in ({}, {"y": y}, {"absolute": True}):
+        assert block_sums(x, chunk=3 * 4096, once=True, **kw) == block_sums(x, chunk=3 * 4096, once=False, **kw)

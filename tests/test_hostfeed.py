@@ -1,0 +1,309 @@
+"""The host feed (hubsoup.engine.hostfeed) exercised without a GPU.
+
+* On a device other than the CPU (here ``meta``, with an instrumented transfer), the host hands only
+  the stored bytes: every tensor handed is in its stored dtype (bf16), and no operation on the host
+  touches a float32 tensor (a dispatch mode records every aten op that runs on the CPU).
+* Through an instrumented feed on the CPU (the device path's order: staging buffers, checks deferred,
+  output back through staging), a merge gives the CPU's bytes; a NaN in an input is still named.
+* The checks are deferred but raised in the CPU's order and with its messages.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import hubsoup
+from hubsoup.engine import Job, hostfeed, run, stream
+from hubsoup.errors import NonFiniteTensorError
+from hubsoup.methods import get_method, parse_params
+from hubsoup.plan import Plan
+from hubsoup.sources.compat import open_models
+from hubsoup.testing import make_base, make_finetune
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("feed")
+    base = make_base("llama", str(root / "base"), dtype=torch.bfloat16)
+    fts = [make_finetune(base, str(root / f"ft{i}"), seed=i) for i in (1, 2, 3)]
+    return root, base, fts
+
+
+class HostOps(TorchDispatchMode):
+    """Every aten op run on the CPU, with the dtypes of the CPU tensors it reads and makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple[str, set]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        dtypes = set()
+        for t in (*_flat(args), *_flat(kwargs or {}), *_flat(out)):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.numel() > 1:
+                dtypes.add(t.dtype)
+        if dtypes:
+            self.ops.append((str(func), dtypes))
+        return out
+
+
+def _flat(x):
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _flat(y)
+    else:
+        yield x
+
+
+class Recorder:
+    """A sink that keeps what it is given (on ``meta``: shapes and dtypes only)."""
+
+    def __init__(self):
+        self.got = {}
+
+    def accepts_lowrank(self, entry):
+        return False
+
+    def weights_dtype(self, entry):
+        return entry.dtype
+
+    def put(self, work, outcome):
+        from hubsoup.engine import Copy, Dense, Unchanged
+
+        if isinstance(outcome, Copy):
+            return
+        merged = work.base() if isinstance(outcome, Unchanged) else outcome.tau.add_(work.base())
+        out = merged.to(work.entry.dtype)
+        self.got[work.name] = work.feed.back(out).result() if work.feed is not None else out
+
+
+def meta_job(base, fts, method, params):
+    base_ckpt, sources = open_models(fts, base=base)
+    m = get_method(method)
+    return Job(Plan.of(base_ckpt, "meta"), base_ckpt, sources, m, parse_params(m.Params, params, method=method),
+               quiet=True, prefetch=False)
+
+
+@pytest.mark.parametrize("method,params", [("task_arithmetic", {}), ("linear", {})])
+def test_on_another_device_the_host_hands_only_stored_bytes(zoo, monkeypatch, method, params):
+    root, base, fts = zoo
+    handed = []
+
+    def transfer(staged):  # the staged host tensor, as the device would receive it
+        handed.append((staged.dtype, staged.numel()))
+        return staged.to("meta")
+
+    feeds = []
+
+    def make(device):
+        if torch.device(device).type == "cpu":
+            return None
+        feeds.append(hostfeed.Feed(device, transfer=transfer))
+        return feeds[-1]
+
+    monkeypatch.setattr(hostfeed, "for_device", make)
+    inputs = fts[:2] if method == "slerp" else fts
+    job = meta_job(base, inputs, method, params)
+    sink = Recorder()
+    with HostOps() as ops:
+        run(job, sink)
+    merged = [e for _, e in job.plan.entries() if e.mergeable]
+    assert len(sink.got) == len(merged) and all(t.device.type == "meta" for t in sink.got.values())
+    assert all(t.dtype == torch.bfloat16 for t in sink.got.values())  # the output in the inputs' dtype
+    # every tensor handed was the stored bf16, once per input and the base
+    assert handed and {d for d, _ in handed} == {torch.bfloat16}
+    stored = sum(e.numel for e in merged) * (len(inputs) + 1)
+    assert sum(n for _, n in handed) == stored
+    assert sum(f.handed_bytes for f in feeds) == 2 * stored
+    # on the host: the file's raw bytes (uint8) and bf16 views of them, never a float32 tensor
+    touched = {d for _, ds in ops.ops for d in ds}
+    assert torch.bfloat16 in touched and touched <= {torch.bfloat16, torch.uint8}, \
+        [op for op in ops.ops if op[1] - {torch.bfloat16, torch.uint8}][:5]
+    # the bytes were read from the files straight into the staging buffers: no copy through the mapping
+    assert not [op for op, ds in ops.ops if op == "aten.copy_.default"]
+
+
+def test_the_cpu_path_has_no_feed(zoo, monkeypatch):
+    root, base, fts = zoo
+    base_ckpt, sources = open_models(fts, base=base)
+    job = Job(Plan.of(base_ckpt, "cpu"), base_ckpt, sources, quiet=True)
+    assert all(w.feed is None for w in stream(job))
+    assert hostfeed.for_device("cpu") is None and hostfeed.for_device("meta") is not None
+
+
+def files(folder):
+    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))
+            if f.endswith(".safetensors")}
+
+
+@pytest.mark.parametrize("method,params", [("ties", {"density": 0.3}), ("dare", {"p": 0.5, "then": "ties"}),
+                                           pytest.param("sftm", {}, marks=pytest.mark.slow)])
+def test_a_merge_through_the_feed_gives_the_cpus_bytes(zoo, tmp_path, monkeypatch, method, params):
+    root, base, fts = zoo
+    plain = hubsoup.merge(fts, method, base=base, out=str(tmp_path / "plain"), params=params, quiet=True)
+    feeds = []
+
+    def make(device):  # an instrumented feed on the CPU: staging, deferred checks, output back through staging
+        feeds.append(hostfeed.Feed(device, transfer=lambda t: t.clone()))
+        return feeds[-1]
+
+    monkeypatch.setattr(hostfeed, "for_device", make)
+    fed = hubsoup.merge(fts, method, base=base, out=str(tmp_path / "fed"), params=params, quiet=True)
+    assert feeds and sum(f.handed_bytes for f in feeds) > 0 and sum(f.returned_bytes for f in feeds) > 0
+    assert files(fed.path) == files(plain.path)
+
+
+def test_a_nan_in_an_input_is_named_through_the_feed(zoo, tmp_path, monkeypatch):
+    root, base, fts = zoo
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "bad"
+    make_finetune(base, str(bad), seed=9)
+    sd = load_file(str(bad / "model.safetensors"))
+    name = "model.layers.1.mlp.up_proj.weight"
+    sd[name][0, :3] = float("nan")
+    save_file(sd, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    monkeypatch.setattr(hostfeed, "for_device", lambda d: hostfeed.Feed(d, transfer=lambda t: t.clone()))
+    with pytest.raises(NonFiniteTensorError, match=rf"input '.*bad': tensor '{name}' has 3 NaN/inf values"):
+        hubsoup.merge([fts[0], str(bad)], "task_arithmetic", base=base, out=str(tmp_path / "o"), quiet=True)
+    assert not (tmp_path / "o").exists()
+
+
+def test_checks_are_deferred_and_raised_in_order():
+    f = hostfeed.Feed("cpu", transfer=lambda t: t.clone())
+    s1 = f.next_tensor()
+    f.check(torch.tensor(0), lambda n: AssertionError("never"))
+    f.check(torch.tensor(2), lambda n: ValueError(f"first {n}"))
+    f.next_tensor()
+    f.check(torch.tensor(5), lambda n: KeyError("second"))
+    f.settle(s1 - 1)  # nothing due yet
+    with pytest.raises(ValueError, match="first 2"):
+        f.settle(s1)
+    with pytest.raises(KeyError):
+        f.settle()
+    f.settle()  # settled checks are gone
+
+
+def test_without_a_byte_range_the_mapping_is_copied(zoo, monkeypatch):
+    """A tensor with no byte range (a pickle file) or a short read is staged through its mapping: same bytes."""
+    root, base, fts = zoo
+
+    path = os.path.join(base, "model.safetensors")
+    f = hostfeed.Feed("cpu", transfer=lambda t: t.clone())
+    from safetensors import safe_open
+
+    name = "model.layers.0.mlp.up_proj.weight"
+    with safe_open(path, "pt") as h:
+        t = h.get_tensor(name)
+    import json
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        a, b = json.loads(fh.read(n))[name]["data_offsets"]
+    assert torch.equal(f.load(t, (path, 8 + n + a, b - a)), t)
+    monkeypatch.setattr(hostfeed, "READ_PIECE", 1000)  # read in parallel pieces: the same bytes
+    assert (b - a) > 3000 and torch.equal(f.load(t, (path, 8 + n + a, b - a)), t)
+    assert torch.equal(f.load(t), t)
+    size = os.path.getsize(path)
+    assert torch.equal(f.load(t, (path, size - (b - a) // 2, b - a)), t)  # past the end: short, then mapped
+    f.close()
+
+
+def test_staging_buffers_are_reused_double_buffered():
+    f = hostfeed.Feed("cpu", transfer=lambda t: t.clone())
+    bufs = []
+    for n in (10, 1000, 10, 500):
+        f.load(torch.ones(n, dtype=torch.bfloat16))
+        bufs.append(f._in[(f._next_in - 1) % 2].buf)
+    assert bufs[0] is not bufs[1] and bufs[1] is bufs[3]  # two buffers, alternating; grown only when needed
+    back = [f.back(torch.full((4,), float(i))) for i in range(3)]
+    assert back[2].result().tolist() == [2.0] * 4 and back[1].result().tolist() == [1.0] * 4
+    f.close()
+    assert all(s.buf is None for s in (*f._in, *f._out))
+
+
+def test_a_float16_overflow_is_named_through_the_feed(zoo, tmp_path, monkeypatch):
+    """The output's check is deferred to when it is written (the device's flag read back then): same message."""
+    root, base, fts = zoo
+    big = make_finetune(base, str(tmp_path / "big"), seed=3, scale=1e5)
+    monkeypatch.setattr(hostfeed, "for_device", lambda d: hostfeed.Feed(d, transfer=lambda t: t.clone()))
+    with pytest.raises(NonFiniteTensorError, match=r"overflows float16 \(max 65504\); use --dtype float32 or bfloat16"):
+        hubsoup.merge([big], "task_arithmetic", base=base, out=str(tmp_path / "o"), quiet=True, dtype="float16",
+                      params={"scale": 1.0})
+    assert not (tmp_path / "o").exists()
+
+
+class _FakeStream:
+    def __init__(self, *a, **k):
+        self.waited = []
+
+    def wait_stream(self, other):
+        self.waited.append(other)
+
+    def wait_event(self, event):
+        self.waited.append(event)
+
+
+class _FakeEvent:
+    made = 0
+
+    def __init__(self, *a, **k):
+        _FakeEvent.made += 1
+        self.recorded = None
+
+    def record(self, stream=None):
+        self.recorded = stream
+
+    def synchronize(self):
+        assert self.recorded is not None, "an event waited on before it was recorded"
+
+
+def test_the_cuda_branch_runs_with_stand_in_streams(zoo, tmp_path, monkeypatch):
+    """The feed's CUDA code (copy streams, events, record_stream, flags read back on a side stream) run on the
+    CPU with stand-ins for CUDA's streams and events: the merge gives the CPU's bytes. (Its real timing and
+    pinned copies are tests/test_gpu.py's.)"""
+    import contextlib
+
+    root, base, fts = zoo
+    plain = hubsoup.merge(fts, "ties", base=base, out=str(tmp_path / "plain"), params={"density": 0.3}, quiet=True)
+    current, recorded = _FakeStream(), []
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: recorded.append(s))
+    feeds = []
+
+    def make(device):
+        f = hostfeed.Feed(device, pin=False)
+        f.cuda = f.stage = True  # the CUDA branch, on CPU tensors
+        f.h2d, f.d2h, f.flags = _FakeStream(), _FakeStream(), _FakeStream()
+        feeds.append(f)
+        return f
+
+    monkeypatch.setattr(hostfeed, "for_device", make)
+    _FakeEvent.made = 0
+    fed = hubsoup.merge(fts, "ties", base=base, out=str(tmp_path / "fed"), params={"density": 0.3}, quiet=True)
+    assert files(fed.path) == files(plain.path)
+    assert all(f.handed_bytes for f in feeds) and feeds[-1].returned_bytes  # statistics passes, then the output
+    assert _FakeEvent.made and recorded
+    assert any(w is f.h2d for f in feeds for w in current.waited)  # the compute stream waited for the copies
+    assert any(f.d2h.waited for f in feeds) and any(f.flags.waited for f in feeds)  # outputs and flags went back
+
+
+def test_feed_log_records_each_feed(zoo, tmp_path, monkeypatch):
+    """HUBSOUP_FEED_LOG: one JSON line per feed with its counts (bench_gpu.py's host-side figures)."""
+    import json
+
+    root, base, fts = zoo
+    log = tmp_path / "feed.jsonl"
+    monkeypatch.setenv("HUBSOUP_FEED_LOG", str(log))
+    monkeypatch.setattr(hostfeed, "for_device", lambda d: hostfeed.Feed(d, transfer=lambda t: t.clone()))
+    hubsoup.merge(fts, "task_arithmetic", base=base, out=str(tmp_path / "o"), quiet=True)
+    (rec,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert rec["handed_bytes"] > 0 and rec["returned_bytes"] > 0 and rec["open_seconds"] >= rec["host_seconds"] >= 0
