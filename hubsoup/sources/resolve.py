@@ -15,6 +15,7 @@ import re
 import time
 
 from hubsoup.errors import InputError, MergeCancelled, PickleRefusedError
+from hubsoup.hubclient import ensure_timeouts, error_status, hub_timeout, is_timeout, scrub_secrets, server_detail
 from hubsoup.progress import Monitor, silent_tqdm
 from hubsoup.sources.checkpoint import ST_DTYPES, Checkpoint, InputRef, SAFETENSORS_INDEX, TensorInfo
 
@@ -129,8 +130,6 @@ def hub_failure(e: BaseException, who: str, repo_id: str, revision: str | None =
         RevisionNotFoundError,
     )
 
-    from hubsoup.hub import error_status, hub_timeout, is_timeout, scrub_secrets, server_detail
-
     def find(kind):
         seen, cur = set(), e
         while cur is not None and id(cur) not in seen:
@@ -181,7 +180,6 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
          monitor: Monitor | None = None, headers_only: bool = False) -> Checkpoint:
     from huggingface_hub import HfApi, constants, snapshot_download
 
-    from hubsoup.hub import ensure_timeouts, hub_timeout
     from hubsoup.sources import access
 
     acc = access.current()  # this run's cache and download budget (kept by the closures below)
@@ -344,8 +342,6 @@ def with_backoff(call, monitor: Monitor | None = None, *, tries: int = 6, first:
     """``call()``, tried again after 1, 2, 4, 8, 8 s on a transient Hub answer (a 5xx, 408, 429) or a dropped
     connection, as huggingface_hub retries its downloads; a timeout is not retried (every request already
     waited ``HUBSOUP_HUB_TIMEOUT``). A cancel is checked before each new try."""
-    from hubsoup.hub import error_status, is_timeout
-
     wait = first
     for attempt in range(tries):
         try:
@@ -383,7 +379,6 @@ def download_size(ckpt: Checkpoint, token: str | bool | None = None) -> tuple[in
         return None
     from huggingface_hub import HfApi, try_to_load_from_cache
 
-    from hubsoup.hub import ensure_timeouts
     from hubsoup.sources.access import current
 
     cache = {"cache_dir": current().cache_dir} if current().cache_dir else {}
