@@ -166,7 +166,8 @@ class MergeResult:
             self.card_text = None  # the card on disk now names repo_id: read it from there
         allow = self.allow_private_inputs if allow_private_inputs is None else allow_private_inputs
         info = push_folder(self.path, repo_id, private=private, create_pr=create_pr,
-                           commit_message=commit_message, token=token, monitor=monitor, allow_private_inputs=allow)
+                           commit_message=commit_message, token=token, monitor=monitor, allow_private_inputs=allow,
+                           card_writer=note_restricted_inputs)
         if monitor.reporting:
             monitor.finish(f"pushed to {repo_id}")
         return info
@@ -177,6 +178,15 @@ class MergeResult:
             what = f" as a LoRA adapter (relative truncation error {self.lora['aggregate_rel_error']:.2e})"
         return (f"merged {len(self.inputs)} model(s) with {self.method} onto {self.base.label}{what} "
                 f"in {self.seconds:.2f}s -> {self.path}")
+
+
+def note_restricted_inputs(folder: str, repo_id: str, restricted: list[dict[str, str]]) -> None:
+    """The push's card hook (``hubsoup.hub.push_folder(card_writer=...)``): the card of the merge in ``folder``
+    says which inputs were not public, as the Hub says now (rendered again when it does not)."""
+    result = MergeResult.from_folder(folder)
+    if result.restricted != restricted:
+        result.restricted = restricted
+        result.write_card(folder, repo_id=repo_id)
 
 
 @scoped  # hub_only, cache_dir, max_download hold for every spec opened during the merge
@@ -214,7 +224,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
             :class:`hubsoup.errors.MergeCancelled` and leaves no output, no temporary folder, no lock.
         layout: how the output is laid out from the inputs when not as the base is: a
             :class:`hubsoup.formats.mergekit.MergekitLayout` (a mergekit config's slices, output
-            config, tokenizer; see :func:`hubsoup.formats.mergekit.run_config`).
+            config, tokenizer; see :func:`hubsoup.workflows.rerun.run_config`).
         **kwargs: an option's name (``overwrite=True``, ``dtype="bf16"``, ...) sets that option;
             anything else is a method parameter (``density=0.2``; LOT's ``exemplars={...}``).
 

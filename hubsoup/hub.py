@@ -32,9 +32,10 @@ import os
 import shlex
 import threading
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Callable
 
 from hubsoup.errors import MergeCancelled, PushError
+from hubsoup.public import _map_models, resign_state_json
 # the Hub client rules live in hubsoup.hubclient (sources and the pipeline use them too); re-exported here
 from hubsoup.hubclient import (  # noqa: F401
     DEFAULT_TIMEOUT, TIMEOUT_ENV, SecretFilter, check_repo_id, ensure_timeouts, error_status, hub_timeout,
@@ -262,8 +263,6 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
                     if path in new:
                         new = new.replace(path, public)
                 if new != text and name.endswith(STATE_JSON):  # a checksummed state: sign the public form again
-                    from hubsoup.workflows.continual.state import resign_state_json
-
                     new = resign_state_json(new)
                 scan = new.encode("utf-8")
                 content = scan if new != text else local
@@ -299,7 +298,6 @@ def restricted_inputs(folder: str, token: str | bool | None = None) -> list[dict
     repos = {r.repo_id for r in (recipe.base, *recipe.inputs) if r.repo_id}
     config = recipe.mergekit.get("config") if isinstance(recipe.mergekit, dict) else None
     if isinstance(config, str):
-        from hubsoup.formats.mergekit import _map_models
         from hubsoup.sources.access import is_hub_id
         from hubsoup.sources.resolve import parse_spec
         from hubsoup.untrusted import load_yaml
@@ -341,7 +339,8 @@ def _goes_public(api, repo_id: str, private: bool | None) -> bool:
 
 def push_folder(folder: str, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
                 commit_message: str | None = None, token: str | bool | None = None,
-                commit_description: str | None = None, monitor: Any = None, allow_private_inputs: bool = False):
+                commit_description: str | None = None, monitor: Any = None, allow_private_inputs: bool = False,
+                card_writer: Callable[[str, str, list[dict[str, str]]], None] | None = None):
     """Create ``repo_id`` if needed and upload ``folder`` to it in one commit.
 
     Args:
@@ -353,7 +352,10 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
         token: default: the usual huggingface_hub sources (``HF_TOKEN``, ``hf auth login``).
         allow_private_inputs: push a merge of private or gated inputs (see :func:`restricted_inputs`) to a
             public repo anyway; without it such a push is refused before anything is sent. The card then
-            says so (rendered again when it does not).
+            says so (rendered again by ``card_writer`` when it does not).
+        card_writer: ``card_writer(folder, repo_id, restricted)`` renders the card again so that it names the
+            private or gated inputs (:func:`hubsoup.api.note_restricted_inputs`, which ``push_to_hub`` and
+            ``hubsoup push`` pass; the push module renders no card itself).
         monitor: a :class:`hubsoup.progress.Monitor` (an app's ``progress``/``cancel``): stage ``push``,
             one report per file, nothing printed; cancelled before the repo is created, between files or
             before the commit, it raises :class:`MergeCancelled` with no commit made (and deletes the repo
@@ -378,7 +380,7 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
     retry = retry_command(folder, repo_id, private=private, create_pr=create_pr, commit_message=commit_message)
     retarget_card(folder, repo_id)  # the local card too: the folder stays what is on the Hub (but the recipe's paths)
     api = HfApi(token=token)
-    _check_private_inputs(api, folder, repo_id, private, token, allow_private_inputs, retry)
+    _check_private_inputs(api, folder, repo_id, private, token, allow_private_inputs, retry, card_writer)
     try:
         plan = upload_plan(folder, repo_id)
     except PushError as e:
@@ -415,7 +417,7 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
 
 
 def _check_private_inputs(api, folder: str, repo_id: str, private: bool | None, token: Any, allow: bool,
-                          retry: str) -> None:
+                          retry: str, card_writer: Callable[[str, str, list[dict[str, str]]], None] | None) -> None:
     """Refuse (before anything is sent) a public push of a merge whose inputs are not public, unless allowed;
     allowed, make sure the card says so."""
     if private:
@@ -437,12 +439,8 @@ def _check_private_inputs(api, folder: str, repo_id: str, private: bool | None, 
         raise PushError(f"push of '{folder}' to {repo_id} refused: {repo_id} is public and the merge contains "
                         f"{what}: its weights would be published. Push to a private repo (--private), or pass "
                         "--allow-private-inputs (allow_private_inputs=True) to publish it anyway")
-    from hubsoup.api import MergeResult
-
-    result = MergeResult.from_folder(folder)
-    if result.restricted != restricted:  # the card says which inputs were not public, as the Hub says now
-        result.restricted = restricted
-        result.write_card(folder, repo_id=repo_id)
+    if card_writer is not None:
+        card_writer(folder, repo_id, restricted)
 
 
 def _push_monitored(api, repo_id: str, plan: list[tuple[str, str | bytes]], monitor: Any, message: str,

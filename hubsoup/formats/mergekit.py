@@ -1,7 +1,7 @@
 """mergekit YAML configs, read with mergekit's semantics (and written back from hubsoup recipes).
 
 Thousands of model cards carry a mergekit config. :func:`read_config` turns one into the
-hubsoup merge it means and :func:`run_config` runs it (``hubsoup run CONFIG.yml`` and
+hubsoup merge it means and :func:`hubsoup.workflows.rerun.run_config` runs it (``hubsoup run CONFIG.yml`` and
 :func:`hubsoup.run_recipe` detect such a file by its ``merge_method`` key):
 
 * ``merge_method`` picks the hubsoup method *with mergekit's convention* (:data:`METHODS`:
@@ -58,12 +58,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import yaml
 
 from hubsoup.errors import ParameterError
 from hubsoup.formats import chat_template
 from hubsoup.formats.mergekit_vocab import VocabLayout, VocabSpec, parse_vocab
-from hubsoup.sources.access import scoped
+# a config's model references and public text: in hubsoup.public (the recipe and the push need them too)
+from hubsoup.public import _map_models, dump_config, public_config_text  # noqa: F401
 from hubsoup.untrusted import load_yaml, short
 
 log = logging.getLogger(__name__)
@@ -1064,73 +1064,6 @@ def _set_layers(config: dict, n: int) -> None:
     config["num_hidden_layers"] = n
 
 
-def public_config_text(text: str) -> str:
-    """The config with every local model folder named by its public form (name and content digest)."""
-    from hubsoup.recipe import public_value
-
-    try:
-        data = load_yaml(text, "mergekit config")
-    except ParameterError:
-        return text
-    pub = _map_models(data, lambda ref: public_value(ref) if isinstance(ref, str) else ref)
-    if pub == data:
-        return text
-    return dump_config(pub)
-
-
-class _Dumper(yaml.SafeDumper):
-    """mergekit's layout: lists of numbers (layer ranges, gradients) in flow style."""
-
-
-_Dumper.add_representer(list, lambda d, v: d.represent_sequence(
-    "tag:yaml.org,2002:seq", v, flow_style=all(isinstance(e, (int, float)) for e in v)))
-
-
-def dump_config(data: dict) -> str:
-    """A config as YAML, in the layout mergekit itself writes."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
-
-
-def _map_models(data: Any, fn: Callable[[str], str]) -> Any:
-    """``data`` (a parsed config) with ``fn`` applied to every model reference."""
-    if not isinstance(data, dict):
-        return data
-    out = dict(data)
-    if isinstance(out.get("modules"), dict):  # each module is a config of its own shape
-        out["modules"] = {k: _map_models(v, fn) for k, v in out["modules"].items()}
-    for key in ("base_model", "tokenizer_source"):
-        if isinstance(out.get(key), str) and out[key] not in ("base", "union"):
-            out[key] = fn(out[key])
-    if isinstance(out.get("tokenizer"), dict):  # the tokenizer section's source and tokens' models
-        out["tokenizer"] = _map_tokenizer_models(out["tokenizer"], fn)
-    if isinstance(out.get("models"), list):
-        out["models"] = [{**m, "model": fn(m["model"])} if isinstance(m, dict) and "model" in m else m
-                         for m in out["models"]]
-    if isinstance(out.get("slices"), list):
-        out["slices"] = [{**s, "sources": [{**x, "model": fn(x["model"])} if isinstance(x, dict) and "model" in x
-                                           else x for x in s.get("sources") or []]} if isinstance(s, dict) else s
-                         for s in out["slices"]]
-    return out
-
-
-def _map_tokenizer_models(section: dict, fn: Callable[[str], str]) -> dict:
-    out = dict(section)
-    if isinstance(out.get("source"), str) and out["source"] not in ("base", "union"):
-        out["source"] = fn(out["source"])
-    if isinstance(out.get("tokens"), dict):
-        tokens = {}
-        for tok, setting in out["tokens"].items():
-            if isinstance(setting, dict):
-                src = setting.get("source")
-                if isinstance(src, str):
-                    setting = {**setting, "source": fn(src)}
-                elif isinstance(src, dict) and isinstance(src.get("model"), str):
-                    setting = {**setting, "source": {**src, "model": fn(src["model"])}}
-            tokens[tok] = setting
-        out["tokens"] = tokens
-    return out
-
-
 # --- running ----------------------------------------------------------------------------------------
 
 def check_hub_only(data: Any) -> None:
@@ -1147,56 +1080,6 @@ def check_hub_only(data: Any) -> None:
         return ref
 
     _map_models(data, check)
-
-
-@scoped
-def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, copy_tokenizer: bool = True,
-               random_seed: int | None = None, out_shard_params: int | None = None, **options: Any):
-    """Run a mergekit config with hubsoup; returns the :class:`hubsoup.MergeResult`.
-
-    ``source``: the YAML text or a file (with ``hub_only``: always the text, never a path);
-    ``pins``: model reference → pinned spec (``org/name@sha``),
-    used when repeating a merge from its recipe; ``options``: :class:`hubsoup.MergeOptions` fields
-    (``overwrite``, ``device``, ``quiet``, ...; ``dtype`` overrides the config's).
-    mergekit-yaml's options: ``copy_tokenizer`` (False: the output holds no tokenizer files),
-    ``random_seed`` (the ``seed`` of a random method: DARE, DELLA), ``out_shard_params`` (parameters
-    per output shard, as ``--out-shard-size``; in bytes of the config's dtype, float16's when it names none).
-
-    Example:
-        >>> res = run_config("mk.yml", "./merged", overwrite=True)     # doctest: +SKIP
-    """
-    from hubsoup.api import merge as hub_merge
-    from hubsoup.sources.access import hub_only
-
-    if hub_only():  # a server's run: the config is text; nothing is read from (or probed on) the disk
-        if not isinstance(source, str):
-            raise ParameterError("mergekit config: with hub_only, give the config's YAML text")
-        text = source if "\n" in source else source + "\n"
-        check_hub_only(load_yaml(text, "mergekit config"))
-    else:
-        text = source if "\n" in source else load_text(source)
-    if pins:
-        data = load_yaml(text, "mergekit config")
-        # each part of a model+adapter reference pinned on its own
-        text = dump_config(_map_models(data, lambda r: "+".join(pins.get(x, x) for x in r.split("+"))))
-    m = read_config(text, token=options.get("token"), allow_pickle=bool(options.get("allow_pickle")))
-    kwargs = m.merge_kwargs()
-    kwargs["layout"].copy_tokenizer = copy_tokenizer
-    if random_seed is not None:
-        from hubsoup.methods import get_method
-
-        if "seed" in {f.name for f in dataclasses.fields(get_method(m.method).Params)}:
-            kwargs["params"]["seed"] = int(random_seed)
-    if out_shard_params is not None and options.get("shard_size") is None:
-        from hubsoup.options import DTYPES
-
-        size = DTYPES[options.get("dtype") or m.dtype or "float16"].itemsize
-        options["shard_size"] = int(out_shard_params) * size
-    if options.get("dtype") is None:
-        options.pop("dtype", None)
-    else:
-        kwargs.pop("dtype")
-    return hub_merge(m.inputs, out=out, **kwargs, **options)
 
 
 # --- writing: a hubsoup recipe as a mergekit config -------------------------------------------------

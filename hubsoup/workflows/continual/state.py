@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from hubsoup.errors import ContinualStateError, InputError
+from hubsoup.public import _json_digest, resign_state_json  # noqa: F401 - the push re-signs with it too
 from hubsoup.sources import InputRef
 from hubsoup.sources.taskvector import all_finite
 
@@ -87,18 +88,6 @@ class ContinualState:
             raise ContinualStateError(f"continual state {where}: count {count}, {len(state.models)} models and "
                                       f"{len(state.task_norms)} norms disagree; the state is corrupt")
         return state
-
-
-def resign_state_json(text: str) -> str:
-    """``state.json`` text whose fields were rewritten (local paths made public at push time), checksummed again."""
-    d = json.loads(text)
-    d.pop("checksum", None)
-    d["checksum"] = _json_digest(d)
-    return json.dumps(d, indent=2)
-
-
-def _json_digest(d: dict) -> str:
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
 # --- reading a state --------------------------------------------------------------------------
