@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -18,10 +19,26 @@ from hubsoup.output import OutputFolder, check_output
 from hubsoup.plan import Plan
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources import InputRef
-from hubsoup.sources.access import check_specs, current, scoped
+from hubsoup.sources.access import check_specs, current, scope
 from hubsoup.sources.compat import check_out_is_no_input, open_models
 
 log = logging.getLogger(__name__)
+
+
+def scoped(fn):
+    """Run ``fn`` (a public entry point taking ``options=`` and options as keywords) inside :func:`scope` of
+    its options: every spec that reaches :func:`hubsoup.sources.resolve.open_input` during it follows them.
+    (Here, beside the entry points, not in :mod:`hubsoup.sources.access`: it reads :class:`MergeOptions`.)"""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any):
+        names = MergeOptions.names()
+        opts, _ = MergeOptions.split({k: v for k, v in kwargs.items() if k in names}, kwargs.get("options"))
+        with scope(opts):
+            return fn(*args, **kwargs)
+
+    return run
+
 
 CARD_EXTRAS_FILE = "hubsoup_card.json"
 """Card content added after the merge (notes, sections, search), kept so a re-render keeps it."""

@@ -21,6 +21,7 @@ from typing import Any, Callable, ClassVar, Hashable, Sequence
 import torch
 
 from hubsoup.errors import MethodError
+from hubsoup.methods._kept import KeptTensors
 from hubsoup.plan import BlockInfo
 
 
@@ -145,8 +146,6 @@ class PrepareContext:
         """A store for per-tensor intermediates the statistics pass computes and the merge needs again
         (``put(name, tensor)``, ``get(name, device)``, ``close()``; on disk in :attr:`scratch`): return it
         from :meth:`Method.prepare` in the statistics; :meth:`Method.finish` closes it."""
-        from hubsoup.engine.kept import KeptTensors
-
         return KeptTensors(self.scratch, label)
 
 
@@ -289,8 +288,6 @@ class Method:
         """Release what :meth:`prepare` holds (scratch files), after the merge or on failure. By default the
         stores of :meth:`PrepareContext.keep_tensors` are closed and left out of the statistics; a method
         that overrides this and keeps tensors calls it too."""
-        from hubsoup.engine.kept import KeptTensors
-
         for k in [k for k, v in stats.items() if isinstance(v, KeptTensors)]:
             stats.pop(k).close()
 

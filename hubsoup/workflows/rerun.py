@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any
 
-from hubsoup.api import merge
+from hubsoup.api import merge, scoped
 from hubsoup.errors import ParameterError
 from hubsoup.formats import mergekit, stages
 from hubsoup.formats.mergekit import check_hub_only, load_text, read_config
@@ -25,7 +25,7 @@ from hubsoup.methods import get_method
 from hubsoup.options import DTYPES
 from hubsoup.public import _map_models, dump_config, public_config_text
 from hubsoup.recipe import RECIPE_FILE, Recipe
-from hubsoup.sources.access import check_specs, hub_only, scoped
+from hubsoup.sources.access import check_specs, hub_only
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml, short
 
 

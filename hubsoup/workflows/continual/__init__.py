@@ -45,6 +45,7 @@ from typing import Any, Sequence
 import torch
 
 from hubsoup import __version__
+from hubsoup.api import scoped
 from hubsoup.engine import Copy, Dense, Job, stream
 from hubsoup.errors import ContinualStateError, InputError, ParameterError
 from hubsoup.methods import get_method
@@ -57,7 +58,7 @@ from hubsoup.plan import Plan
 from hubsoup.progress import Monitor
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources import Checkpoint, InputRef
-from hubsoup.sources.access import check_specs, scoped
+from hubsoup.sources.access import check_specs
 from hubsoup.sources.compat import _is_local, open_base, open_models
 from hubsoup.workflows.continual.state import (
     STATE_DIR,
