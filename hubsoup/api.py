@@ -10,14 +10,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from hubsoup import __version__
 from hubsoup.engine import Job, run
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.methods import Method, get_method
 from hubsoup.options import DTYPES, MergeOptions
 from hubsoup.output import OutputFolder, check_output
 from hubsoup.plan import Plan
-from hubsoup.recipe import RECIPE_FILE, Recipe
+from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import InputRef
 from hubsoup.sources.access import check_specs, current, scope
 from hubsoup.sources.compat import check_out_is_no_input, open_models
@@ -315,11 +314,9 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):  # the fit check passed: download
             if ckpt is not None:
                 ckpt.fetch()
-        recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref,
-                        inputs=[s.ref for s in sources], dtype=opts.dtype, hubsoup_version=__version__,
-                        options={**opts.hashed, **(layout.hashed if layout is not None else {})},
-                        mergekit=layout.recipe_extra() if layout is not None else {},
-                        output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
+        recipe = recipe_for(method, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources], dtype=opts.dtype,
+                            options=opts, layout=layout,
+                            output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
         metadata = recipe.metadata()  # the public recipe: no local path in what may be pushed
         job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=opts.quiet, monitor=monitor,
                   donors=layout.donors if layout is not None else (), prefetch=opts.prefetch,

@@ -12,11 +12,13 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
+from hubsoup import __version__
 from hubsoup.errors import ParameterError
+from hubsoup.options import MergeOptions
 # the publishing rules live in hubsoup.public; re-exported here for their old importers
 from hubsoup.public import looks_local, public_config_text, public_file_ref, public_value  # noqa: F401
 from hubsoup.sources.checkpoint import InputRef
@@ -188,6 +190,31 @@ def _collect_paths(value: Any, out: dict[str, str]) -> None:
 def public_recipe_yaml(text: str) -> str:
     """The publishable form (:meth:`Recipe.public_yaml`) of a local ``hubsoup_recipe.yaml``'s text."""
     return Recipe.from_yaml(text).public_yaml()
+
+
+def recipe_for(method: str, params: dict[str, Any], base: InputRef, inputs: Sequence[InputRef], *,
+               dtype: str | None, options: MergeOptions | None = None, layout: Any = None,
+               output: dict[str, Any] | None = None, continual: dict[str, Any] | None = None) -> Recipe:
+    """The recipe of a merge: the one place that decides what its hash covers (:func:`hubsoup.merge`, the
+    pipeline's prediction of a merge's name, continual merging's outputs all build it here).
+
+    ``params``: the method's described parameters (:meth:`hubsoup.methods.Method.describe_params`);
+    ``options``: the merge's options, of which those that change the result are hashed
+    (:attr:`MergeOptions.hashed`; None for a continual soup, whose state holds them); ``layout``: a mergekit
+    config's layout (its hashed options and its config text, outside the hash); ``output``: how the result is
+    stored (a LoRA adapter's format, rank, energy; outside the hash); ``continual``: a continual soup's count and λ.
+
+    Example:
+        >>> r = recipe_for("linear", {"weights": None}, InputRef("org/base", "org/base", sha="1" * 40),
+        ...                [InputRef("org/a", "org/a", sha="2" * 40)], dtype=None)
+        >>> len(r.hash), r.identity()["inputs"]
+        (64, [{'repo_id': 'org/a', 'sha': '2222222222222222222222222222222222222222', 'kind': 'full'}])
+    """
+    hashed = {**(options.hashed if options is not None else {}), **(layout.hashed if layout is not None else {})}
+    return Recipe(method=method, params=params, base=base, inputs=list(inputs), dtype=dtype,
+                  hubsoup_version=__version__, options=hashed,
+                  mergekit=layout.recipe_extra() if layout is not None else {},
+                  output=output or {}, continual=continual or {})
 
 
 def _ref(r: InputRef | dict) -> InputRef:

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
+import math
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any, Callable, ClassVar, Hashable, Sequence
 
 import torch
@@ -23,6 +26,8 @@ import torch
 from hubsoup.errors import MethodError
 from hubsoup.methods._kept import KeptTensors
 from hubsoup.plan import BlockInfo
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -176,6 +181,16 @@ class Method:
     scale_param: ClassVar[str | None] = None
     """The parameter that scales the whole merged task vector (λ), if any: a modifier that applies
     its own scale (LiNeS) sets it to 1 unless the user gives it."""
+    elementwise: ClassVar[bool] = False
+    """True: :meth:`merge` works entry by entry and needs no per-tensor statistics, so the engine may merge
+    full fine-tunes in cache-sized pieces (:meth:`tensor_passes` is then ``[]``). A linear method is
+    element-wise already (:meth:`linear_coefficients`); one with per-tensor statistics declares them in
+    :meth:`tensor_passes` instead."""
+    workspace_copies: ClassVar[float | None] = None
+    """Float32 copies of one tensor that :meth:`merge` allocates beyond the stack of task vectors: the
+    default :meth:`workspace_bytes` the planner (``hubsoup plan``, the fit check) counts. None (undeclared):
+    0 for this package's methods (in-place math, or their own :meth:`workspace_bytes`), one copy of the
+    whole stack (as many as there are inputs) for a method defined elsewhere: a guess that errs high."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -183,6 +198,8 @@ class Method:
         # about a merge it replaced: drop the claim, so the low-rank path never disagrees with merge().
         if "merge" in vars(cls) and "linear_coefficients" not in vars(cls):
             cls.linear_coefficients = Method.linear_coefficients
+        if "merge" in vars(cls) and "elementwise" not in vars(cls):  # the same for element-wise
+            cls.elementwise = False
 
     def parse(self, given: dict[str, Any]) -> Any:
         """Build this method's parameters from user values (CLI strings or Python objects).
@@ -262,7 +279,11 @@ class Method:
         Pieces are swept by several threads at once (:mod:`hubsoup.engine.lanes`): :meth:`merge`
         may run on two pieces concurrently, so it must not change shared state (``ctx.stats``
         included); a pass is fed from several threads only through its :meth:`StatsPass.fork`.
+
+        Default: ``[]`` for an :attr:`elementwise` or linear method, else None.
         """
+        if self.elementwise:
+            return []
         return [] if self.linear_coefficients(params, n_inputs) is not None else None
 
     def piece_multiple(self, params: Any) -> int:
@@ -304,8 +325,11 @@ class Method:
         """Memory the method needs for one tensor beyond the stack of task vectors (SVDs, Grams), for the planner.
 
         ``name``: the tensor's (a method treating roles differently, e.g. SFTM's matrices, can tell);
-        "" when unknown (answer for the worst case)."""
-        return 0
+        "" when unknown (answer for the worst case). Default: :attr:`workspace_copies` float32 copies of the tensor."""
+        copies = self.workspace_copies
+        if copies is None:
+            copies = 0 if type(self).__module__.startswith("hubsoup.") else n_inputs
+        return int(copies * math.prod(shape) * 4)
 
     def card_notes(self, described: dict[str, Any], stats: dict[str, Any], n_inputs: int) -> list[str]:
         """Markdown paragraphs for the model card (``described``: :meth:`describe_params`'s output)."""
@@ -332,8 +356,36 @@ def register(cls: type[Method]) -> type[Method]:
     return cls
 
 
+ENTRY_POINT_GROUP = "hubsoup.methods"
+"""Installed packages declare their methods under this entry-point group (``name = "module:Class"`` or
+``name = "module"``): loading the entry point registers them (``@register``, or the class it names)."""
+
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Register the methods of installed packages (entry-point group ``hubsoup.methods``), once per process.
+
+    A plug-in that fails to load, or takes a name already registered, is left out with a warning naming its
+    entry point: the built-in methods always stay usable.
+    """
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if isinstance(obj, type) and issubclass(obj, Method):
+                register(obj)
+        except Exception as e:  # noqa: BLE001 - someone else's package: say which and go on
+            log.warning("method plug-in %r (%s, entry point group %s) not loaded: %s: %s", ep.name, ep.value,
+                        ENTRY_POINT_GROUP, type(e).__name__, e)
+
+
 def get_method(name: str) -> Method:
-    """The registered method called ``name``."""
+    """The registered method called ``name`` (built in, or from an installed package: :func:`load_plugins`)."""
+    load_plugins()
     try:
         return _REGISTRY[name]()
     except KeyError:
@@ -347,4 +399,6 @@ def get_method(name: str) -> Method:
 
 
 def available() -> dict[str, type[Method]]:
+    """Every registered method by name, the installed packages' included."""
+    load_plugins()
     return dict(sorted(_REGISTRY.items()))

@@ -378,9 +378,8 @@ class _Runner:
 
     def _predict(self, spec: MergeSpec, base: RepoInfo, inputs: list[RepoInfo]) -> tuple[str, dict]:
         """The recipe hash the merge will have (checked against the merge's own afterwards)."""
-        from hubsoup import __version__
         from hubsoup.api import parse_method
-        from hubsoup.recipe import Recipe
+        from hubsoup.recipe import recipe_for
         from hubsoup.sources import InputRef
 
         m, params = parse_method(spec.method, dict(spec.params))
@@ -390,8 +389,8 @@ class _Runner:
             return InputRef(spec=r.pinned, repo_id=r.repo_id, revision=r.sha, sha=r.sha, kind=r.kind)
 
         described = m.describe_params(params)
-        recipe = Recipe(method=spec.method, params=described, base=ref(base), inputs=[ref(i) for i in inputs],
-                        dtype=self.opts.dtype, hubsoup_version=__version__, options=self.opts.hashed)
+        recipe = recipe_for(spec.method, described, ref(base), [ref(i) for i in inputs], dtype=self.opts.dtype,
+                            options=self.opts)
         return recipe.hash, json.loads(json.dumps(described, default=str))
 
     def _name(self, spec: MergeSpec, inputs: list[RepoInfo], h: str, base: RepoInfo) -> str:
