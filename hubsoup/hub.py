@@ -38,7 +38,7 @@ from hubsoup.errors import MergeCancelled, PushError
 from hubsoup.public import _map_models, resign_state_json
 # the Hub client rules live in hubsoup.hubclient (sources and the pipeline use them too); re-exported here
 from hubsoup.hubclient import (  # noqa: F401
-    DEFAULT_TIMEOUT, TIMEOUT_ENV, SecretFilter, check_repo_id, ensure_timeouts, error_status, hub_timeout,
+    DEFAULT_TIMEOUT, TIMEOUT_ENV, SecretFilter, Token, check_repo_id, ensure_timeouts, error_status, hub_timeout,
     install_log_scrubber, is_timeout, scrub_secrets, server_detail,
 )
 
@@ -108,7 +108,7 @@ def retarget_card(folder: str, repo_id: str) -> bool:
     return True
 
 
-def _scrub(text: str, token: Any) -> str:
+def _scrub(text: str, token: Token) -> str:
     """Remove any token from a message (a server may echo it back in an error body)."""
     return scrub_secrets(text, token)
 
@@ -116,7 +116,7 @@ def _scrub(text: str, token: Any) -> str:
 _server_detail = server_detail
 
 
-def _explain(e: Exception, repo_id: str, token: Any) -> str:
+def _explain(e: Exception, repo_id: str, token: Token) -> str:
     """What went wrong, in words a user can act on."""
     from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
@@ -280,7 +280,7 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
     return plan
 
 
-def restricted_inputs(folder: str, token: str | bool | None = None) -> list[dict[str, str]]:
+def restricted_inputs(folder: str, token: Token = None) -> list[dict[str, str]]:
     """The Hub repos a merge folder's recipe names (base, inputs, a mergekit config's models) that are not public,
     asked of the Hub now with ``token``: ``{"repo": ..., "why": "private" | "gated" | "not readable ..."}``."""
     from huggingface_hub import HfApi
@@ -338,7 +338,7 @@ def _goes_public(api, repo_id: str, private: bool | None) -> bool:
 
 
 def push_folder(folder: str, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
-                commit_message: str | None = None, token: str | bool | None = None,
+                commit_message: str | None = None, token: Token = None,
                 commit_description: str | None = None, monitor: Any = None, allow_private_inputs: bool = False,
                 card_writer: Callable[[str, str, list[dict[str, str]]], None] | None = None):
     """Create ``repo_id`` if needed and upload ``folder`` to it in one commit.
@@ -416,7 +416,7 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
     return info
 
 
-def _check_private_inputs(api, folder: str, repo_id: str, private: bool | None, token: Any, allow: bool,
+def _check_private_inputs(api, folder: str, repo_id: str, private: bool | None, token: Token, allow: bool,
                           retry: str, card_writer: Callable[[str, str, list[dict[str, str]]], None] | None) -> None:
     """Refuse (before anything is sent) a public push of a merge whose inputs are not public, unless allowed;
     allowed, make sure the card says so."""

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, Union
 
 from hubsoup.errors import PushError
+
+Token = Union[str, bool, None]
+"""A Hub token, as huggingface_hub takes it: the token itself, False (send none), or None (the usual sources:
+``HF_TOKEN``, ``hf auth login``). The one type of every ``token=`` in hubsoup; never printed, logged or stored."""
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")
 
@@ -129,7 +133,7 @@ def _stored() -> str | None:
     return _stored_token[1]
 
 
-def _tokens_in_use(token: Any = None) -> set[str]:
+def _tokens_in_use(token: Token = None) -> set[str]:
     toks = {token} if isinstance(token, str) and token else set()
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         if os.environ.get(name):
@@ -140,7 +144,7 @@ def _tokens_in_use(token: Any = None) -> set[str]:
     return {t for t in toks if len(t) >= 4}
 
 
-def scrub_secrets(text: Any, token: Any = None) -> str:
+def scrub_secrets(text: Any, token: Token = None) -> str:
     """``text`` without any Hub token: the tokens in use (``token``, ``HF_TOKEN``, the stored login),
     anything shaped like one (``hf_`` + 20 or more characters) and ``Authorization`` header values."""
     text = str(text)

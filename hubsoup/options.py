@@ -22,11 +22,13 @@ import json
 import os
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Container, Iterable
 
 from typing import TYPE_CHECKING
 
 from hubsoup.errors import ParameterError, PlacementError
+from hubsoup.hubclient import Token
+from hubsoup.progress import Cancel, Monitor, Progress
 
 if TYPE_CHECKING:
     import torch
@@ -38,7 +40,7 @@ DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float16": "float16", "f
 SHAPE_POLICIES = ("error", "base-slice")
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "DTYPES":
         import torch
 
@@ -49,7 +51,7 @@ def __getattr__(name: str):
 STRATEGIES = ("auto", "balanced", "sequential")
 
 
-def parse_max_memory(spec: str | dict | None) -> dict[int | str, int] | None:
+def parse_max_memory(spec: str | dict[Any, Any] | None) -> dict[int | str, int] | None:
     """``"0=70GiB,1=70GiB,cpu=64GiB"`` (or a dict) → ``{0: bytes, 1: bytes, "cpu": bytes}``, accelerate's units."""
     if spec is None or spec == "":
         return None
@@ -75,7 +77,7 @@ def parse_max_memory(spec: str | dict | None) -> dict[int | str, int] | None:
     return out
 
 
-def parse_device_map(spec: str | dict | None) -> str | dict[str, Any] | None:
+def parse_device_map(spec: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
     """A strategy name, or an explicit map from a dict, a JSON string or a JSON file."""
     if spec is None or spec == "":
         return None
@@ -137,10 +139,10 @@ class MergeOptions:
 
     device: str = "cpu"
     """Where tensors are merged (``cpu``, ``cuda:0``, ...) when there is no ``device_map``."""
-    device_map: str | dict | None = None
+    device_map: str | dict[str, Any] | None = None
     """``auto``, ``balanced``, ``sequential`` (accelerate's placement by each block's working set),
     or an explicit map ``{"model.layers.0": 0, "": "cpu"}`` (a dict, JSON string or JSON file)."""
-    max_memory: str | dict | None = None
+    max_memory: str | dict[Any, Any] | None = None
     """Per device memory for the placement: ``"0=70GiB,1=70GiB,cpu=64GiB"`` or a dict (accelerate's units)."""
     dtype: str | None = None
     """Output dtype (``float32``, ``float16``, ``bfloat16``; default: the base's)."""
@@ -154,17 +156,17 @@ class MergeOptions:
     """Leave out input tensors the base lacks (e.g. task heads) instead of refusing the input."""
     shape_mismatch: str = "error"
     """``error``, or ``base-slice``: merge the rows the base has (a resized vocabulary)."""
-    token: str | bool | None = field(default=None, repr=False, compare=False)
+    token: Token = field(default=None, repr=False, compare=False)
     """Hub token (default: ``HF_TOKEN`` or the stored login). Never printed, never stored."""
     quiet: bool = False
     """No progress bars."""
     prefetch: bool | None = field(default=None, compare=False)
     """Read the next block's bytes while the current one is merged (None: ``HUBSOUP_PREFETCH``, default on).
     Not hashed: it never changes the result."""
-    progress: Any = field(default=None, repr=False, compare=False)
+    progress: Progress | None = field(default=None, repr=False, compare=False)
     """``progress(done, stage, message)`` for apps (see :mod:`hubsoup.progress`); given, nothing is printed.
     Not hashed: it never changes the result."""
-    cancel: Any = field(default=None, repr=False, compare=False)
+    cancel: Cancel | None = field(default=None, repr=False, compare=False)
     """A ``threading.Event`` or a callable returning True to stop the run (:class:`~hubsoup.errors.MergeCancelled`).
     Not hashed."""
     hub_only: bool = field(default=False, compare=False)
@@ -179,7 +181,7 @@ class MergeOptions:
     allow_private_inputs: bool = field(default=False, compare=False)
     """Let a merge of private or gated Hub inputs be pushed to a public repo (its card then says so)."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPE_NAMES:
             raise ParameterError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.shape_mismatch not in SHAPE_POLICIES:
@@ -201,10 +203,8 @@ class MergeOptions:
         """No progress bars and no prints: ``quiet``, or a ``progress`` callback takes their place."""
         return self.quiet or self.progress is not None
 
-    def monitor(self):
+    def monitor(self) -> Monitor:
         """A new :class:`hubsoup.progress.Monitor` for one run with these options' ``progress`` and ``cancel``."""
-        from hubsoup.progress import Monitor
-
         return Monitor(self.progress, self.cancel)
 
     @property
@@ -254,7 +254,7 @@ class MergeOptions:
         return opts, rest
 
     @classmethod
-    def check_not_misspelt(cls, keys, declared) -> None:
+    def check_not_misspelt(cls, keys: Iterable[str], declared: Container[str]) -> None:
         """Refuse a key that no method declares and that looks like an option name (``overwite``)."""
         for k in keys:
             if k in declared:

@@ -7,6 +7,11 @@ runs never, so it cannot close a cycle, but it is an edge like any other for the
 The graph is at the granularity of architecture review 2: a top-level module (``api``, ``recipe``) or a top-level
 package (``sources``, ``engine``) is one node; ``hubsoup/__init__.py`` (the lazily importing facade) and
 ``__main__.py`` are left out. ``python tests/test_layers.py`` prints the numbers and the offending edges.
+
+Measured with this test at main 2026-11-26 (before issue 33's moves): 23 nodes, 119 edges; one cycle of 13 nodes
+(api card engine eval exemplars formats hub methods options output recipe sources workflows; 16 modules at
+module granularity); 11 edges up the order below; 10 levels without them; 260 imports at module top, 251 inside
+functions. After: no cycle, 1 edge up (type-only), 9 levels, 25 nodes (hubclient, public), 303 at top, 213 inside.
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ from hubsoup.errors import ParameterError
 from hubsoup.formats import chat_template
 from hubsoup.formats.mergekit_vocab import VocabLayout, VocabSpec, parse_vocab
 # a config's model references and public text: in hubsoup.public (the recipe and the push need them too)
+from hubsoup.hubclient import Token
 from hubsoup.public import _map_models, dump_config, public_config_text  # noqa: F401
 from hubsoup.untrusted import load_yaml, short
 
@@ -268,7 +269,7 @@ def _params_map(d: Any, where: list) -> dict[str, Any]:
     return d
 
 
-def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_pickle: bool = False) -> MergekitMerge:
+def read_config(source: str, *, resolve: bool = True, token: Token = None, allow_pickle: bool = False) -> MergekitMerge:
     """The hubsoup merge a mergekit config means.
 
     Args:
@@ -760,7 +761,7 @@ class MergekitLayout:
         return (len(sl) == 1 and len(sl[0].sources) > 1 and n is not None
                 and all(s.layer_range == (0, n) for s in sl[0].sources))
 
-    def check_sources(self, token: Any = None, allow_pickle: bool = False) -> tuple | None:
+    def check_sources(self, token: Token = None, allow_pickle: bool = False) -> tuple | None:
         """Read the sliced models' configs (layer ranges within each model's depth); returns their naming.
 
         The naming: ``(stack, layer suffixes, names before the layers, names after)`` of the

@@ -147,7 +147,7 @@ class PrepareContext:
     method's :meth:`Method.stats_key` leaves out get what this preparation returns, so per-tensor work those
     parameters do not change is worth keeping (:meth:`keep_tensors`)."""
 
-    def keep_tensors(self, label: str):
+    def keep_tensors(self, label: str) -> KeptTensors:
         """A store for per-tensor intermediates the statistics pass computes and the merge needs again
         (``put(name, tensor)``, ``get(name, device)``, ``close()``; on disk in :attr:`scratch`): return it
         from :meth:`Method.prepare` in the statistics; :meth:`Method.finish` closes it."""
@@ -176,7 +176,7 @@ class Method:
     zero_preserving: ClassVar[bool] = True
     """All-zero task vectors merge to zero, so a tensor no input changes is the base's (the engine then
     skips it, e.g. the tensors a LoRA does not adapt). Set False if the method can move such a tensor."""
-    search_grid: ClassVar[dict[str, list]] = {}
+    search_grid: ClassVar[dict[str, list[Any]]] = {}
     """The paper's grid per parameter, used by ``--search KEY`` when no values are given."""
     scale_param: ClassVar[str | None] = None
     """The parameter that scales the whole merged task vector (λ), if any: a modifier that applies
@@ -192,12 +192,12 @@ class Method:
     0 for this package's methods (in-place math, or their own :meth:`workspace_bytes`), one copy of the
     whole stack (as many as there are inputs) for a method defined elsewhere: a guess that errs high."""
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # A subclass that overrides merge() but not linear_coefficients() inherits a claim of linearity
         # about a merge it replaced: drop the claim, so the low-rank path never disagrees with merge().
         if "merge" in vars(cls) and "linear_coefficients" not in vars(cls):
-            cls.linear_coefficients = Method.linear_coefficients
+            cls.linear_coefficients = Method.linear_coefficients  # type: ignore[method-assign]
         if "merge" in vars(cls) and "elementwise" not in vars(cls):  # the same for element-wise
             cls.elementwise = False
 

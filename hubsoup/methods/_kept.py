@@ -32,7 +32,7 @@ class KeptTensors:
 
     def _path(self, name: str) -> str:
         # a file name from a digest: tensor names are the checkpoint's (untrusted) and may be long
-        return os.path.join(self.folder, hashlib.sha256(name.encode()).hexdigest()[:32] + ".safetensors")
+        return os.path.join(str(self.folder), hashlib.sha256(name.encode()).hexdigest()[:32] + ".safetensors")
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         from safetensors.torch import save_file
@@ -53,7 +53,7 @@ class KeptTensors:
             if self.folder is None or name not in self._names:
                 return None
         with safe_open(self._path(name), framework="pt", device="cpu") as h:
-            t = h.get_tensor("t")
+            t: torch.Tensor = h.get_tensor("t")
         return t.to(device) if str(device) != "cpu" else t.clone()  # the clone unmaps the file
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ import re
 import time
 
 from hubsoup.errors import InputError, MergeCancelled, PickleRefusedError
-from hubsoup.hubclient import ensure_timeouts, error_status, hub_timeout, is_timeout, scrub_secrets, server_detail
+from hubsoup.hubclient import Token, ensure_timeouts, error_status, hub_timeout, is_timeout, scrub_secrets, server_detail
 from hubsoup.progress import Monitor, silent_tqdm
 from hubsoup.sources.checkpoint import ST_DTYPES, Checkpoint, InputRef, SAFETENSORS_INDEX, TensorInfo
 
@@ -56,7 +56,7 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 
-def open_input(spec: str, *, allow_pickle: bool = False, token: str | bool | None = None,
+def open_input(spec: str, *, allow_pickle: bool = False, token: Token = None,
                with_tokenizer: bool = False, hub_only: bool = False, role: str = "input",
                monitor: Monitor | None = None, headers_only: bool = False) -> Checkpoint:
     """Open an input given as a local folder or a Hub repo ID (``org/name[@revision]``).
@@ -119,7 +119,7 @@ def _pickle_refused(label: str, role: str = "input") -> PickleRefusedError:
 
 
 def hub_failure(e: BaseException, who: str, repo_id: str, revision: str | None = None,
-                token: str | bool | None = None) -> InputError:
+                token: Token = None) -> InputError:
     """One line saying why reading ``repo_id`` from the Hub failed (``who``: ``input 'spec'``, ``base 'spec'``)."""
     from huggingface_hub import constants
     from huggingface_hub.errors import (
@@ -359,7 +359,7 @@ def with_backoff(call, monitor: Monitor | None = None, *, tries: int = 6, first:
         wait = min(wait * 2, most)
 
 
-def download_size(ckpt: Checkpoint, token: str | bool | None = None) -> tuple[int, int] | None:
+def download_size(ckpt: Checkpoint, token: Token = None) -> tuple[int, int] | None:
     """``(bytes to download, bytes of all its weight files)`` for a Hub input opened with ``headers_only``.
 
     The sizes are the Hub's file metadata (``HfApi.get_paths_info``) of exactly the files a merge would

@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from hubsoup.errors import ContinualStateError, InputError
+from hubsoup.hubclient import Token
 from hubsoup.public import _json_digest, resign_state_json  # noqa: F401 - the push re-signs with it too
 from hubsoup.sources import InputRef
 from hubsoup.sources.taskvector import all_finite
@@ -182,7 +183,7 @@ class StateReader:
             self._handles[fname] = None
 
 
-def state_folder(soup: str, token: str | bool | None = None) -> tuple[str, str]:
+def state_folder(soup: str, token: Token = None) -> tuple[str, str]:
     """(local folder of the soup's state, a label) for a soup given as a folder or Hub repo ID."""
     from hubsoup.sources import access
 
@@ -221,7 +222,7 @@ def state_folder(soup: str, token: str | bool | None = None) -> tuple[str, str]:
     return os.path.join(folder, STATE_DIR), soup
 
 
-def load_state(soup: str, token: str | bool | None = None) -> ContinualState:
+def load_state(soup: str, token: Token = None) -> ContinualState:
     """The verified state of a soup (folder or Hub repo ID)."""
     folder, label = state_folder(soup, token)
     return StateReader(folder, label).state

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
 from hubsoup.errors import HubsoupError, ParameterError
+from hubsoup.hubclient import Token
 from hubsoup.workflows.pipeline import hubio
 from hubsoup.workflows.pipeline.config import MergeSpec, Pipeline, load_pipeline
 from hubsoup.workflows.pipeline.hubio import Published, RepoInfo, with_retry
@@ -135,7 +136,7 @@ class PipelineReport:
 
 
 def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_run: bool = False,
-                 token: str | bool | None = None, work_dir: str | None = None, stream: TextIO | None = None,
+                 token: Token = None, work_dir: str | None = None, stream: TextIO | None = None,
                  on_event: Callable[[str, PlannedMerge], None] | None = None, hub_only: bool = False) -> PipelineReport:
     """Run (or with ``dry_run`` only plan) a pipeline; see :mod:`hubsoup.workflows.pipeline.run`.
 
