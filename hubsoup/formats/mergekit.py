@@ -1085,11 +1085,173 @@ def check_hub_only(data: Any) -> None:
 
 # --- writing: a hubsoup recipe as a mergekit config -------------------------------------------------
 
+@dataclass
+class _Export:
+    """One recipe on its way to a mergekit config: what each method's entry of :data:`EXPORTS` fills in."""
+
+    method: str
+    p: dict[str, Any]
+    base: str | None
+    inputs: list[str]
+    cfg: dict[str, Any] = field(default_factory=dict)
+    per: dict[str, list[Any]] = field(default_factory=dict)
+    """Per-model parameters, one value per input."""
+
+    @property
+    def n(self) -> int:
+        return len(self.inputs)
+
+    def weights(self, default: float = 1.0) -> list[Any]:
+        w = self.p.get("weights")
+        return list(w) if w is not None else [default] * self.n
+
+    def per_input(self, name: str, hub_tuple: str, hub_scalar: str | None) -> None:
+        v = self.p.get(hub_tuple)
+        if v is None and hub_scalar is not None:
+            v = [self.p[hub_scalar]] * self.n
+        if v is not None:
+            self.per[name] = list(v)
+
+    def fail(self, why: str) -> None:
+        raise ParameterError(f"method '{self.method}'{why} has no mergekit equivalent; export-config cannot write it")
+
+
+def _export_linear(x: _Export) -> None:
+    p, cfg, per = x.p, x.cfg, x.per
+    if p.get("normalize", True):
+        cfg.update(merge_method="linear", parameters={"normalize": True})
+        per["weight"] = x.weights()
+        x.base = None
+    elif p.get("combine") == "models":
+        cfg.update(merge_method="linear", parameters={"normalize": False})
+        per["weight"] = x.weights()
+        x.base = None
+    else:
+        cfg.update(merge_method="task_arithmetic")
+        per["weight"] = x.weights()
+
+
+def _export_task_arithmetic(x: _Export) -> None:
+    p = x.p
+    x.cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(p),
+                                                             "normalize": bool(p.get("normalize"))})
+    x.per["weight"] = x.weights()
+
+
+def _export_wise_ft(x: _Export) -> None:  # (1 − γ)θ₀ + γθ₁ = θ₀ + γτ: task arithmetic with weight γ
+    x.cfg.update(merge_method="task_arithmetic", parameters={"lambda": 1.0, "normalize": False})
+    x.per["weight"] = [x.p.get("gamma", 0.5)]
+
+
+def _export_soup(x: _Export) -> None:
+    x.cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(x.p), "normalize": True})
+    x.per["weight"] = [1.0] * x.n
+
+
+def _export_ties(x: _Export) -> None:
+    p = x.p
+    if p.get("convention") != "mergekit" or p.get("scope") != "tensor":
+        x.fail(" with convention=paper or scope=model (hubsoup's TIES; mergekit elects signs on weighted "
+               "deltas, per tensor: use convention=mergekit scope=tensor)")
+    x.cfg.update(merge_method="ties", parameters={"normalize": p.get("merge") == "mean",
+                                                  "lambda": _scale_of(p), "rescale": bool(p.get("rescale"))})
+    if p.get("merge") not in ("mean", "sum"):
+        x.fail(f" with merge={p.get('merge')}")
+    x.per["weight"] = x.weights()
+    x.per_input("density", "densities", "density")
+
+
+def _export_dare(x: _Export) -> None:
+    p, cfg, per = x.p, x.cfg, x.per
+    if p.get("convention") != "mergekit":
+        x.fail(" with convention=paper (mergekit's DARE rescales to keep each tensor's L1 norm: use "
+               "convention=mergekit)")
+    then = p.get("then")
+    if then not in ("ties", "sum"):
+        x.fail(f" with then={then}")
+    cfg["merge_method"] = "dare_ties" if then == "ties" else "dare_linear"
+    params = {"lambda": _scale_of(p), "rescale": bool(p.get("rescale", True))}
+    params["normalize"] = p.get("merge") == "mean" if then == "ties" else bool(p.get("normalize"))
+    cfg["parameters"] = params
+    per["weight"] = x.weights()
+    if p.get("densities") is not None:
+        per["density"] = list(p["densities"])
+    else:
+        per["density"] = [round(1.0 - float(p.get("p", 0.9)), 12)] * x.n
+
+
+def _export_sparsified(x: _Export) -> None:  # breadcrumbs, breadcrumbs_ties, della, della_linear: mergekit's names
+    p, method = x.p, x.method
+    x.cfg.update(merge_method=method, parameters={"lambda": _scale_of(p), "normalize": bool(p.get("normalize")),
+                                                  "rescale": bool(p.get("rescale"))})
+    x.per["weight"] = x.weights()
+    x.per_input("density", "densities", "density")
+    if method.startswith("breadcrumbs"):
+        x.per_input("gamma", "gammas", "gamma")
+    else:
+        x.per_input("epsilon", "epsilons", "epsilon")
+
+
+def _export_named(*keys: str, use_base: bool = True) -> Callable[[_Export], None]:
+    """A method mergekit has under the same name, whose ``keys`` are passed as they are."""
+    def export(x: _Export) -> None:
+        x.cfg.update(merge_method=x.method, parameters={k: x.p[k] for k in keys if k in x.p})
+        if not use_base:
+            x.base = None
+    return export
+
+
+def _export_interpolation(*keys: str) -> Callable[[_Export], None]:  # nuslerp, multislerp: weights, maybe a base
+    def export(x: _Export) -> None:
+        x.cfg.update(merge_method=x.method, parameters={k: x.p[k] for k in keys if k in x.p})
+        x.per["weight"] = x.weights()
+        if not x.p.get("use_base", True):
+            x.base = None
+    return export
+
+
+def _export_slerp(x: _Export) -> None:
+    x.cfg.update(merge_method="slerp", parameters={"t": x.p.get("t", 0.5)})
+    if x.n == 2:  # hubsoup interpolates input 0 → input 1: mergekit's base_model is the t = 0 end
+        x.base = x.inputs[0]
+        x.inputs = x.inputs[1:]
+
+
+def _export_passthrough(x: _Export) -> None:
+    x.cfg.update(merge_method="passthrough")
+    if x.p.get("weight_scale", 1.0) != 1.0:
+        x.per["scale"] = [x.p["weight_scale"]]
+    x.base = None
+
+
+EXPORTS: dict[str, Callable[[_Export], None]] = {
+    "linear": _export_linear,
+    "task_arithmetic": _export_task_arithmetic,
+    "wise_ft": _export_wise_ft,
+    "soup": _export_soup,
+    "ties": _export_ties,
+    "dare": _export_dare,
+    "breadcrumbs": _export_sparsified,
+    "breadcrumbs_ties": _export_sparsified,
+    "della": _export_sparsified,
+    "della_linear": _export_sparsified,
+    "model_stock": _export_named("filter_wise"),
+    "sce": _export_named("select_topk"),
+    "karcher": _export_named("max_iter", "tol", use_base=False),
+    "nuslerp": _export_interpolation("nuslerp_flatten", "nuslerp_row_wise"),
+    "multislerp": _export_interpolation("normalize_weights", "eps"),
+    "slerp": _export_slerp,
+    "passthrough": _export_passthrough,
+}
+"""How each hubsoup method is written as a mergekit config (``hubsoup export-config``): one entry per method
+mergekit has, instead of a chain of conditions on method names; a method not here has no mergekit equivalent."""
+
+
 def export_config(recipe, out_dtype: str | None = None) -> str:
     """The mergekit config equivalent of a hubsoup :class:`~hubsoup.recipe.Recipe`.
 
     A recipe made from a mergekit config gives that config back. Otherwise the method and
-    parameters are mapped onto mergekit's (see :data:`METHODS`); a method or option with no
+    parameters are mapped onto mergekit's (see :data:`EXPORTS`); a method or option with no
     mergekit equivalent raises :class:`~hubsoup.errors.ParameterError` naming it. hubsoup
     computes in float32, and mergekit in its ``dtype``: the config says ``dtype: float32`` and
     stores the output as hubsoup did with ``out_dtype`` (the recipe's dtype, else ``out_dtype``,
@@ -1099,115 +1261,14 @@ def export_config(recipe, out_dtype: str | None = None) -> str:
         return recipe.mergekit["config"]
     if recipe.options.get("shape_mismatch") not in (None, "error"):
         raise ParameterError("recipe option 'shape_mismatch' has no mergekit equivalent")
-    p = dict(recipe.params)
-    base = recipe.base.pinned_spec
-    inputs = [i.pinned_spec for i in recipe.inputs]
-    n = len(inputs)
     method = recipe.method
-    cfg: dict[str, Any] = {}
-    per: dict[str, list] = {}
-
-    def none_of(*names: str, why: str = "") -> None:
-        for k in names:
-            if p.get(k) not in (None, False):
-                raise ParameterError(f"method '{method}': parameter '{k}' has no mergekit equivalent{why}")
-
-    def weights(default: float = 1.0) -> list:
-        w = p.get("weights")
-        return list(w) if w is not None else [default] * n
-
-    def per_input(name: str, hub_tuple: str, hub_scalar: str | None) -> None:
-        v = p.get(hub_tuple)
-        if v is None and hub_scalar is not None:
-            v = [p[hub_scalar]] * n
-        if v is not None:
-            per[name] = list(v)
-
-    def fail(why: str) -> None:
-        raise ParameterError(f"method '{method}'{why} has no mergekit equivalent; export-config cannot write it")
-
-    if method == "linear":
-        if p.get("normalize", True):
-            cfg.update(merge_method="linear", parameters={"normalize": True})
-            per["weight"] = weights()
-            base = None
-        elif p.get("combine") == "models":
-            cfg.update(merge_method="linear", parameters={"normalize": False})
-            per["weight"] = weights()
-            base = None
-        else:
-            cfg.update(merge_method="task_arithmetic")
-            per["weight"] = weights()
-    elif method == "task_arithmetic":
-        cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(p),
-                                                               "normalize": bool(p.get("normalize"))})
-        per["weight"] = weights()
-    elif method == "wise_ft":  # (1 − γ)θ₀ + γθ₁ = θ₀ + γτ: task arithmetic with weight γ
-        cfg.update(merge_method="task_arithmetic", parameters={"lambda": 1.0, "normalize": False})
-        per["weight"] = [p.get("gamma", 0.5)]
-    elif method == "soup":
-        cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(p), "normalize": True})
-        per["weight"] = [1.0] * n
-    elif method == "ties":
-        if p.get("convention") != "mergekit" or p.get("scope") != "tensor":
-            fail(" with convention=paper or scope=model (hubsoup's TIES; mergekit elects signs on weighted "
-                 "deltas, per tensor: use convention=mergekit scope=tensor)")
-        cfg.update(merge_method="ties", parameters={"normalize": p.get("merge") == "mean",
-                                                    "lambda": _scale_of(p), "rescale": bool(p.get("rescale"))})
-        if p.get("merge") not in ("mean", "sum"):
-            fail(f" with merge={p.get('merge')}")
-        per["weight"] = weights()
-        per_input("density", "densities", "density")
-    elif method == "dare":
-        if p.get("convention") != "mergekit":
-            fail(" with convention=paper (mergekit's DARE rescales to keep each tensor's L1 norm: use "
-                 "convention=mergekit)")
-        then = p.get("then")
-        if then not in ("ties", "sum"):
-            fail(f" with then={then}")
-        cfg["merge_method"] = "dare_ties" if then == "ties" else "dare_linear"
-        params = {"lambda": _scale_of(p), "rescale": bool(p.get("rescale", True))}
-        params["normalize"] = p.get("merge") == "mean" if then == "ties" else bool(p.get("normalize"))
-        cfg["parameters"] = params
-        per["weight"] = weights()
-        if p.get("densities") is not None:
-            per["density"] = list(p["densities"])
-        else:
-            per["density"] = [round(1.0 - float(p.get("p", 0.9)), 12)] * n
-    elif method in ("breadcrumbs", "breadcrumbs_ties", "della", "della_linear"):
-        cfg.update(merge_method=method, parameters={"lambda": _scale_of(p),
-                                                    "normalize": bool(p.get("normalize")),
-                                                    "rescale": bool(p.get("rescale"))})
-        per["weight"] = weights()
-        per_input("density", "densities", "density")
-        if method.startswith("breadcrumbs"):
-            per_input("gamma", "gammas", "gamma")
-        else:
-            per_input("epsilon", "epsilons", "epsilon")
-    elif method in ("model_stock", "sce", "karcher"):
-        keys = {"model_stock": ["filter_wise"], "sce": ["select_topk"], "karcher": ["max_iter", "tol"]}[method]
-        cfg.update(merge_method=method, parameters={k: p[k] for k in keys if k in p})
-        if method == "karcher":
-            base = None
-    elif method in ("nuslerp", "multislerp"):
-        keys = {"nuslerp": ["nuslerp_flatten", "nuslerp_row_wise"], "multislerp": ["normalize_weights", "eps"]}[method]
-        cfg.update(merge_method=method, parameters={k: p[k] for k in keys if k in p})
-        per["weight"] = weights()
-        if not p.get("use_base", True):
-            base = None
-    elif method == "slerp":
-        cfg.update(merge_method="slerp", parameters={"t": p.get("t", 0.5)})
-        if n == 2:  # hubsoup interpolates input 0 → input 1: mergekit's base_model is the t = 0 end
-            base = inputs[0]
-            inputs = inputs[1:]
-    elif method == "passthrough":
-        cfg.update(merge_method="passthrough")
-        if p.get("weight_scale", 1.0) != 1.0:
-            per["scale"] = [p["weight_scale"]]
-        base = None
-    else:
+    export = EXPORTS.get(method)
+    if export is None:
         raise ParameterError(f"method '{method}' has no mergekit equivalent; export-config writes only methods "
                              f"mergekit has ({', '.join(sorted(METHODS))})")
+    x = _Export(method, dict(recipe.params), recipe.base.pinned_spec, [i.pinned_spec for i in recipe.inputs])
+    export(x)
+    cfg, per, base, inputs = x.cfg, x.per, x.base, x.inputs
     if not cfg.get("parameters"):
         cfg.pop("parameters", None)
     models = []
