@@ -34,6 +34,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable
 
+from hubsoup.card import retarget_text
 from hubsoup.errors import MergeCancelled, PushError
 from hubsoup.public import _map_models, resign_state_json
 # the Hub client rules live in hubsoup.hubclient (sources and the pipeline use them too); re-exported here
@@ -41,6 +42,10 @@ from hubsoup.hubclient import (  # noqa: F401
     DEFAULT_TIMEOUT, TIMEOUT_ENV, SecretFilter, Token, check_repo_id, ensure_timeouts, error_status, hub_timeout,
     install_log_scrubber, is_timeout, scrub_secrets, server_detail,
 )
+from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref, public_recipe_yaml
+from hubsoup.sources.access import is_hub_id
+from hubsoup.sources.resolve import parse_spec
+from hubsoup.untrusted import load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +103,6 @@ def retarget_card(folder: str, repo_id: str) -> bool:
         text = f.read()
     if "hubsoup" not in text:
         return False
-    from hubsoup.card import retarget_text
 
     new = retarget_text(text, folder, repo_id)  # the repo's title and ID; a local base by its public name
     if new == text:
@@ -157,8 +161,6 @@ def _local_paths(folder: str, repo_id: str) -> dict[str, str]:
     """Local paths the folder's files may hold, each mapped to what is published instead."""
     import json
 
-    from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref
-
     paths: dict[str, str] = {}
     recipe_path = os.path.join(folder, RECIPE_FILE)
     if os.path.isfile(recipe_path):
@@ -214,8 +216,6 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
     would still carry a local path (safetensors headers included) — nothing is uploaded then.
     """
     from huggingface_hub.utils import filter_repo_objects
-
-    from hubsoup.recipe import RECIPE_FILE, public_recipe_yaml
 
     root = os.path.realpath(folder)
     rel = []
@@ -285,8 +285,6 @@ def restricted_inputs(folder: str, token: Token = None) -> list[dict[str, str]]:
     asked of the Hub now with ``token``: ``{"repo": ..., "why": "private" | "gated" | "not readable ..."}``."""
     from huggingface_hub import HfApi
 
-    from hubsoup.recipe import RECIPE_FILE, Recipe
-
     path = os.path.join(folder, RECIPE_FILE)
     if not os.path.isfile(path):
         return []
@@ -298,10 +296,6 @@ def restricted_inputs(folder: str, token: Token = None) -> list[dict[str, str]]:
     repos = {r.repo_id for r in (recipe.base, *recipe.inputs) if r.repo_id}
     config = recipe.mergekit.get("config") if isinstance(recipe.mergekit, dict) else None
     if isinstance(config, str):
-        from hubsoup.sources.access import is_hub_id
-        from hubsoup.sources.resolve import parse_spec
-        from hubsoup.untrusted import load_yaml
-
         named: list[str] = []
         try:
             _map_models(load_yaml(config, "mergekit config"), lambda r: named.extend(str(r).split("+")) or r)

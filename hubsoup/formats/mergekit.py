@@ -58,13 +58,20 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-
+from hubsoup.arch import before_blocks, tied_groups
 from hubsoup.errors import ParameterError
 from hubsoup.formats import chat_template
 from hubsoup.formats.mergekit_vocab import VocabLayout, VocabSpec, parse_vocab
-# a config's model references and public text: in hubsoup.public (the recipe and the push need them too)
 from hubsoup.hubclient import Token
+from hubsoup.methods import available, get_method
+from hubsoup.output.checkpoint import _COPY_FROM_BASE
+from hubsoup.plan import Plan, TensorSource, block_of, layout_plan
+# a config's model references and public text: in hubsoup.public (the recipe and the push need them too)
 from hubsoup.public import _map_models, dump_config, public_config_text  # noqa: F401
+from hubsoup.sources.access import hub_only, require_hub_id
+from hubsoup.sources.adapted import open_adapted
+from hubsoup.sources.compat import open_models
+from hubsoup.sources.resolve import open_input
 from hubsoup.untrusted import load_yaml, short
 
 log = logging.getLogger(__name__)
@@ -354,8 +361,6 @@ def read_config(source: str, *, resolve: bool = True, token: Token = None, allow
 
     merge = _build(text, mk_name, base_ref, top, models, slices, dtype, dropped)
     if mk_name in METHODS:  # mergekit computes in its `dtype` (else the inputs' own): rounding included
-        from hubsoup.methods import get_method
-
         compute = _DTYPES[data["dtype"]] if data.get("dtype") is not None else "inputs"
         if compute != "float32" and "compute_dtype" in {f.name for f in dataclasses.fields(get_method(merge.method).Params)}:
             merge.params["compute_dtype"] = compute
@@ -488,7 +493,6 @@ def _build(text: str, mk_name: str, base_ref: str | None, top: dict, models: lis
 
 def _build_native(text, name, base_ref, top, models, slices, dtype) -> MergekitMerge:
     """A hubsoup method from a mergekit-shaped config: its own parameters, ``weight`` per model if it has ``weights``."""
-    from hubsoup.methods import available
 
     methods = available()
     if name not in methods:
@@ -723,7 +727,6 @@ class MergekitLayout:
 
     def open_inputs(self, inputs, base, opts, monitor=None):
         """The base and the inputs' task vectors, every model seen through the merged vocabulary (re-mapped rows)."""
-        from hubsoup.sources.compat import open_models
 
         views = self._vocab.open(opts, monitor)
         specs = [views.get(i, i) for i in inputs]  # a LoRA (base+adapter) input: the adapter, as is
@@ -769,7 +772,6 @@ class MergekitLayout:
         """
         if self.merge.slices is None:
             return None
-        from hubsoup.sources.resolve import open_input
 
         naming = None
         for i, sl in enumerate(self.merge.slices):
@@ -785,7 +787,6 @@ class MergekitLayout:
 
     def plan(self, base, sources, opts):
         """The plan of the output (the base's own for ``models``), with every donor checkpoint opened."""
-        from hubsoup.plan import Plan
 
         if self.merge.chat_template == "auto":
             self.merge.chat_template_text = self._auto_chat_template(base, opts)
@@ -795,11 +796,6 @@ class MergekitLayout:
         return self._slice_plan(base, sources, opts)
 
     def _slice_plan(self, base, sources, opts):
-        from hubsoup.arch import tied_groups
-        from hubsoup.plan import TensorSource, layout_plan
-        from hubsoup.sources.adapted import open_adapted
-        from hubsoup.sources.resolve import open_input
-
         merge = self.merge
         ref_model = merge.inputs[0] if merge.merge_method == "passthrough" else (merge.base or merge.inputs[0])
         keys = base.keys()
@@ -883,7 +879,6 @@ class MergekitLayout:
 
     def _auto_chat_template(self, base, opts) -> str | None:
         """``chat_template: auto``: the template most of the config's models carry (config order breaks ties)."""
-        from hubsoup.sources.resolve import open_input
 
         refs = [r.split("+")[0] for r in _referenced(self.merge)]
         folders = []
@@ -937,7 +932,6 @@ class MergekitLayout:
 
 def _remove_tokenizer_files(folder: str) -> None:
     """Remove the tokenizer files copied from the base into an output folder (its config stays)."""
-    from hubsoup.output.checkpoint import _COPY_FROM_BASE
 
     for fname in _COPY_FROM_BASE:
         if fname not in ("config.json", "generation_config.json", "preprocessor_config.json"):
@@ -957,7 +951,6 @@ def _referenced(merge: MergekitMerge) -> list[str]:
 
 def _naming(ckpt) -> tuple[str, list[str], list[str], list[str]]:
     """``(stack, layer suffixes, names before the layers, names after)`` of a checkpoint with one stack of layers."""
-    from hubsoup.plan import block_of
 
     keys = ckpt.keys()
     stacks = {block_of(k)[0] for k in keys if block_of(k)}
@@ -1034,8 +1027,6 @@ def _guard_params(merge: MergekitMerge, spec: MkMethod, stack: str, suffixes: li
 
 
 def _before(name: str) -> bool:
-    from hubsoup.arch import before_blocks
-
     return before_blocks(name)
 
 
@@ -1051,7 +1042,6 @@ def _depth(ckpt) -> int | None:
     n = _layers(ckpt.config)
     if n is not None:
         return n
-    from hubsoup.plan import block_of
 
     indices = [b[1] for k in ckpt.keys() if (b := block_of(k))]
     return max(indices) + 1 if indices else None
@@ -1069,7 +1059,6 @@ def _set_layers(config: dict, n: int) -> None:
 
 def check_hub_only(data: Any) -> None:
     """In a ``hub_only`` run, refuse a parsed config naming any model (a LoRA's too) that is not a Hub repo ID."""
-    from hubsoup.sources.access import hub_only, require_hub_id
 
     if not hub_only():
         return
