@@ -8,10 +8,11 @@ The graph is at the granularity of architecture review 2: a top-level module (``
 package (``sources``, ``engine``) is one node; ``hubsoup/__init__.py`` (the lazily importing facade) and
 ``__main__.py`` are left out. ``python tests/test_layers.py`` prints the numbers and the offending edges.
 
-Measured with this test at main 2026-11-26 (before issue 33's moves): 23 nodes, 119 edges; one cycle of 13 nodes
-(api card engine eval exemplars formats hub methods options output recipe sources workflows; 16 modules at
-module granularity); 11 edges up the order below; 10 levels without them; 260 imports at module top, 251 inside
-functions. After: no cycle, 1 edge up (type-only), 9 levels, 25 nodes (hubclient, public), 303 at top, 213 inside.
+Measured with this test (its final layer order) on main abbe807, before issue 33's moves: 23 nodes, 120 edges; one
+cycle of 13 nodes (api card engine eval exemplars formats hub methods options output recipe sources workflows; 16
+modules at module granularity); 12 edges up the order below; 12 levels without them; 264 imports at module top, 272
+inside functions. After: no cycle, 1 edge up (type-only), 9 levels, 25 nodes (+ hubclient, public), 122 edges,
+320 imports at top, 183 inside functions.
 """
 
 from __future__ import annotations
