@@ -1257,7 +1257,7 @@ def export_config(recipe, out_dtype: str | None = None) -> str:
                              f"mergekit has ({', '.join(sorted(METHODS))})")
     x = _Export(method, dict(recipe.params), recipe.base.pinned_spec, [i.pinned_spec for i in recipe.inputs])
     export(x)
-    cfg, per, base, inputs = x.cfg, x.per, x.base, x.inputs
+    p, cfg, per, base, inputs = x.p, x.cfg, x.per, x.base, x.inputs  # p: main's tail reads compute_dtype from it
     if not cfg.get("parameters"):
         cfg.pop("parameters", None)
     models = []
