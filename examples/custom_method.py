@@ -43,6 +43,7 @@ class Median(Method):
     min_inputs = 1
     scale_param = "scale"  # LiNeS (`--method lines --param base_method=median`) replaces it by its depth factor
     search_grid = {"scale": [0.5, 0.75, 1.0, 1.25]}
+    elementwise = True  # entry by entry: full fine-tunes may be merged in cache-sized pieces
 
     def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: MedianParams, ctx) -> torch.Tensor:
         # torch.median picks the lower middle for an even N; the mean of the two middles is symmetric

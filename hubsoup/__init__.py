@@ -33,7 +33,7 @@ _LAZY = {
     "sweep": ("hubsoup.workflows.sweep", "sweep"),
     "greedy_soup": ("hubsoup.workflows.soups", "greedy_soup"),
     "uniform_soup": ("hubsoup.workflows.soups", "uniform_soup"),
-    "run_recipe": ("hubsoup.recipe", "run_recipe"),
+    "run_recipe": ("hubsoup.workflows.rerun", "run_recipe"),
     "evolve": ("hubsoup.workflows.evolve", "evolve"),
     "list_methods": ("hubsoup.methods", "list_methods"),
 }

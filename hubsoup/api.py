@@ -2,26 +2,53 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, ParamSpec, Sequence, TypeVar, cast
 
-from hubsoup import __version__
+from hubsoup.arch import peft_task_type
 from hubsoup.engine import Job, run
+from hubsoup.engine.lowrank import piece_size
+from hubsoup.engine.placement import Placement, place
 from hubsoup.errors import HubsoupError, ParameterError
+from hubsoup.hubclient import Token
 from hubsoup.methods import Method, get_method
+from hubsoup.methods._schedule import layer_position, resolve_params
 from hubsoup.options import DTYPES, MergeOptions
 from hubsoup.output import OutputFolder, check_output
-from hubsoup.plan import Plan
-from hubsoup.recipe import RECIPE_FILE, Recipe
+from hubsoup.output.checkpoint import CheckpointSink, copy_base_files
+from hubsoup.output.lora import LoraOptions, LoraSink
+from hubsoup.plan import Block, Plan, TensorEntry
+from hubsoup.progress import Cancel, Progress
+from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import InputRef
-from hubsoup.sources.access import check_specs, current, scoped
+from hubsoup.sources.access import check_specs, current, scope
 from hubsoup.sources.compat import check_out_is_no_input, open_models
 
 log = logging.getLogger(__name__)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def scoped(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``fn`` (a public entry point taking ``options=`` and options as keywords) inside :func:`scope` of
+    its options: every spec that reaches :func:`hubsoup.sources.resolve.open_input` during it follows them.
+    (Here, beside the entry points, not in :mod:`hubsoup.sources.access`: it reads :class:`MergeOptions`.)"""
+
+    @functools.wraps(fn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        names = MergeOptions.names()
+        opts, _ = MergeOptions.split({k: v for k, v in kwargs.items() if k in names},
+                                     cast("MergeOptions | None", kwargs.get("options")))
+        with scope(opts):
+            return fn(*args, **kwargs)
+
+    return run
+
 
 CARD_EXTRAS_FILE = "hubsoup_card.json"
 """Card content added after the merge (notes, sections, search), kept so a re-render keeps it."""
@@ -45,7 +72,7 @@ class MergeResult:
     """``full`` (a checkpoint) or ``lora`` (a PEFT adapter of the base)."""
     lora: dict[str, Any] | None = field(default=None, repr=False)
     """LoRA output only: ranks and truncation errors (``hubsoup_lora_report.json``)."""
-    evaluation: list = field(default_factory=list, repr=False)
+    evaluation: list[Any] = field(default_factory=list, repr=False)
     """:class:`hubsoup.eval.TaskResult` of each ``evaluate`` task (also in ``eval_results.json``)."""
     notes: list[str] = field(default_factory=list, repr=False)
     """Markdown paragraphs for the card's "Merge notes", after the method's own (e.g. a greedy soup's)."""
@@ -118,10 +145,10 @@ class MergeResult:
             return f.read()
 
     def push_to_hub(self, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
-                    commit_message: str | None = None, token: str | bool | None = None,
+                    commit_message: str | None = None, token: Token = None,
                     eval_results: Sequence[Any] | None = None, card_template: str | None = None,
-                    license: str | None = None, progress: Any = None, cancel: Any = None,
-                    allow_private_inputs: bool | None = None):
+                    license: str | None = None, progress: Progress | None = None, cancel: Cancel | None = None,
+                    allow_private_inputs: bool | None = None) -> Any:
         """Upload the output folder to the Hub in one commit (the repo is created if needed).
 
         The folder's model card is updated first, in place, so that the folder stays identical
@@ -166,7 +193,8 @@ class MergeResult:
             self.card_text = None  # the card on disk now names repo_id: read it from there
         allow = self.allow_private_inputs if allow_private_inputs is None else allow_private_inputs
         info = push_folder(self.path, repo_id, private=private, create_pr=create_pr,
-                           commit_message=commit_message, token=token, monitor=monitor, allow_private_inputs=allow)
+                           commit_message=commit_message, token=token, monitor=monitor, allow_private_inputs=allow,
+                           card_writer=note_restricted_inputs)
         if monitor.reporting:
             monitor.finish(f"pushed to {repo_id}")
         return info
@@ -179,12 +207,21 @@ class MergeResult:
                 f"in {self.seconds:.2f}s -> {self.path}")
 
 
+def note_restricted_inputs(folder: str, repo_id: str, restricted: list[dict[str, str]]) -> None:
+    """The push's card hook (``hubsoup.hub.push_folder(card_writer=...)``): the card of the merge in ``folder``
+    says which inputs were not public, as the Hub says now (rendered again when it does not)."""
+    result = MergeResult.from_folder(folder)
+    if result.restricted != restricted:
+        result.restricted = restricted
+        result.write_card(folder, repo_id=repo_id)
+
+
 @scoped  # hub_only, cache_dir, max_download hold for every spec opened during the merge
 def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: str,
-          params: dict[str, Any] | None = None, options: MergeOptions | None = None,
+          params: Mapping[str, Any] | None = None, options: MergeOptions | None = None,
           output_format: str = "full", rank: int | None = None, energy: float | None = None,
-          evaluate: Sequence[Any] | None = None, eval_limit: int | None = None, progress: Any = None,
-          cancel: Any = None, layout: Any = None, **kwargs: Any) -> MergeResult:
+          evaluate: Sequence[Any] | None = None, eval_limit: int | None = None, progress: Progress | None = None,
+          cancel: Cancel | None = None, layout: Any = None, **kwargs: Any) -> MergeResult:
     """Merge fine-tunes of one base model and write a standard checkpoint folder.
 
     Args:
@@ -214,7 +251,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
             :class:`hubsoup.errors.MergeCancelled` and leaves no output, no temporary folder, no lock.
         layout: how the output is laid out from the inputs when not as the base is: a
             :class:`hubsoup.formats.mergekit.MergekitLayout` (a mergekit config's slices, output
-            config, tokenizer; see :func:`hubsoup.formats.mergekit.run_config`).
+            config, tokenizer; see :func:`hubsoup.workflows.rerun.run_config`).
         **kwargs: an option's name (``overwrite=True``, ``dtype="bf16"``, ...) sets that option;
             anything else is a method parameter (``density=0.2``; LOT's ``exemplars={...}``).
 
@@ -267,7 +304,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
 
     # the lock on `out` (a second run fails at once, naming this one) and the temporary folder, before any work
     folder = OutputFolder(out, overwrite=opts.overwrite)
-    sink = None
+    sink: LoraSink | CheckpointSink | None = None
     try:
         monitor.plan(_stage_weights(m, p, inputs, base, tasks))
         # Hub models' tensors from their safetensors headers: the fit check below runs before any weight moves
@@ -288,29 +325,20 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):  # the fit check passed: download
             if ckpt is not None:
                 ckpt.fetch()
-        recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref,
-                        inputs=[s.ref for s in sources], dtype=opts.dtype, hubsoup_version=__version__,
-                        options={**opts.hashed, **(layout.hashed if layout is not None else {})},
-                        mergekit=layout.recipe_extra() if layout is not None else {},
-                        output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
+        recipe = recipe_for(method, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources], dtype=opts.dtype,
+                            options=opts, layout=layout,
+                            output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
         metadata = recipe.metadata()  # the public recipe: no local path in what may be pushed
         job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=opts.quiet, monitor=monitor,
                   donors=layout.donors if layout is not None else (), prefetch=opts.prefetch,
                   device_map=opts.device_map, max_memory=opts.max_memory, scratch=folder.path)
         if sink_options is not None:
-            from hubsoup.output.checkpoint import copy_base_files
-            from hubsoup.output.lora import LoraSink
-
-            from hubsoup.arch import peft_task_type
-
             # the base's architecture says which AutoPeftModelFor* loads the output; else the adapters' own
             task_types = {s.config.get("task_type") for s in sources if s.kind == "lora"}
             sink = LoraSink(base_ckpt, base_ckpt.keys(), sink_options, folder.path, metadata,
                             peft_task_type(base_ckpt.config) or (task_types.pop() if len(task_types) == 1 else None))
             copy_base_files(base_ckpt, folder.path, tokenizer_only=True)
         else:
-            from hubsoup.output.checkpoint import CheckpointSink
-
             sink = CheckpointSink(folder.path, plan, base_ckpt, dtype=opts.dtype, shard_size=opts.shard_bytes,
                                   metadata=metadata)
         try:
@@ -338,7 +366,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
             monitor.stage("eval", f"evaluating {len(tasks)} task(s)")
             monitor.segment(len(tasks))
 
-            def before_task(i: int, task) -> None:  # one report and one cancel check per task
+            def before_task(i: int, task: Any) -> None:  # one report and one cancel check per task
                 if i:
                     monitor.step(f"evaluated {i}/{len(tasks)} task(s)")
                 monitor.check()
@@ -371,7 +399,7 @@ def _restricted(ckpts: Sequence[Any]) -> list[dict[str, str]]:
     return [{"repo": k, "why": v} for k, v in sorted(out.items())]
 
 
-def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, tasks: list) -> dict[str, float]:
+def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, tasks: list[Any]) -> dict[str, float]:
     """The stages a merge will go through, weighted by their rough cost (for ``progress``'s ``done``)."""
     from hubsoup.sources.compat import _is_local
 
@@ -387,7 +415,8 @@ def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, t
     return weights
 
 
-def _open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opts: MergeOptions, **kw: Any):
+def _open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opts: MergeOptions,
+                 **kw: Any) -> tuple[Any, list[Any]]:
     """The base and the inputs' task vectors; a method that needs no base (``Method.needs_base``) and
     whose inputs' cards name none takes the first input as the layout reference (its task vector is 0)."""
     from hubsoup.errors import BaseNotNamedError
@@ -403,19 +432,16 @@ def _open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opt
         return open_models(inputs, base=inputs[0], **kw)
 
 
-def place_blocks(plan: Plan, method: Method, params: Any, sources: Sequence, opts: MergeOptions, *,
-                 lora_output: bool = False):
+def place_blocks(plan: Plan, method: Method, params: Any, sources: Sequence[Any], opts: MergeOptions, *,
+                 lora_output: bool = False) -> Placement:
     """Every block's device from ``opts`` (device, device_map, max_memory); refuses a block that fits nowhere.
 
     ``sources``: the inputs' task vectors (their number, and whether all are full checkpoints: a method
     with :meth:`~hubsoup.methods.Method.tensor_passes` then merges in pieces on the CPU).
     """
     n_inputs, full_inputs = len(sources), all(s.kind == "full" for s in sources)
-    from hubsoup.engine.lowrank import piece_size
-    from hubsoup.engine.placement import place
-    from hubsoup.methods._schedule import layer_position, resolve_params
 
-    def pieces(block) -> tuple[int, int] | None:
+    def pieces(block: Block) -> tuple[int, int] | None:
         """If the engine merges this block's tensors in pieces (its Weights path): the output's bytes per
         entry and the method's workspace for one piece."""
         if lora_output or not full_inputs:
@@ -431,11 +457,11 @@ def place_blocks(plan: Plan, method: Method, params: Any, sources: Sequence, opt
         return (max((DTYPES[opts.dtype] if opts.dtype else e.dtype).itemsize for e in merged),
                 max(method.workspace_bytes(piece, n_inputs, p, name=e.name) for e, p in zip(merged, resolved)))
 
-    def workspace(block) -> int:
+    def workspace(block: Block) -> int:
         # the most any one tensor needs (not the largest's: a method's workspace depends on the tensor's role)
         return max((_workspace(e) for e in block.tensors if e.mergeable), default=0)
 
-    def _workspace(e) -> int:
+    def _workspace(e: TensorEntry) -> int:
         extra = method.workspace_bytes(e.shape, n_inputs, params, name=e.name)
         if lora_output and len(e.shape) == 2:  # the SVD through the Gram of the smaller side, float64
             extra += 2 * min(e.shape) ** 2 * 8
@@ -468,10 +494,9 @@ def _declared(m: Method, given: dict[str, Any]) -> set[str]:
     return names
 
 
-def _lora_options(output_format: str, rank: int | None, energy: float | None, opts: MergeOptions):
+def _lora_options(output_format: str, rank: int | None, energy: float | None,
+                  opts: MergeOptions) -> LoraOptions | None:
     if output_format == "lora":
-        from hubsoup.output.lora import LoraOptions
-
         lora = LoraOptions(rank, energy, opts.out_dtype)
         lora.validate()
         return lora
@@ -482,7 +507,7 @@ def _lora_options(output_format: str, rank: int | None, energy: float | None, op
     return None
 
 
-def _tasks(evaluate: Sequence[Any] | None) -> list:
+def _tasks(evaluate: Sequence[Any] | None) -> list[Any]:
     if not evaluate:
         return []
     from hubsoup.eval import TaskSpec
@@ -497,7 +522,7 @@ def _read_json(path: str) -> Any:
         return json.load(f)
 
 
-def _jsonable(stats: dict) -> dict:
+def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in stats.items():
         try:

@@ -15,8 +15,12 @@ from typing import Any, Sequence
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from hubsoup.arch import auto_class
+from hubsoup.errors import ParameterError
+from hubsoup.eval import to_eval_results
 from hubsoup.methods import get_method
 from hubsoup.methods import describe
+from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref, public_value
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # installed wheels carry the templates inside the package; a source checkout has them at the top
@@ -51,7 +55,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 def upstream_model(ref) -> str | None:
     """The Hub model a base stands for: its repo ID, or, for a local folder, the one Hub ID its own card
     names as ``base_model`` (a local copy of a Hub model, e.g. the demo's all-MiniLM-L6-v2); else None."""
-    from hubsoup.recipe import looks_local
 
     if ref.repo_id:
         return ref.repo_id
@@ -68,8 +71,6 @@ def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[Eval
     if not eval_results:
         return eval_results
     import dataclasses
-
-    from hubsoup.recipe import looks_local, public_file_ref
 
     out = []
     for r in eval_results:
@@ -107,7 +108,6 @@ def _load_view(result, folder: str | None, lora: bool) -> dict[str, Any]:
     """How the "how to use" snippet loads the output: the Auto class of the architecture its
     ``config.json`` names (the base's, for a LoRA adapter), the card's ``pipeline_tag``, and
     whether there is a tokenizer to load."""
-    from hubsoup.arch import auto_class
 
     here = [d for d in (folder, result.path) if d]
     base_dir = result.base.path if result.base.path and os.path.isdir(result.base.path) else None
@@ -129,7 +129,6 @@ def _heads_view(evaluation: Sequence[Any]) -> list[dict[str, Any]]:
 
     A head's free-form ``source`` metadata is shown only when it names no local file.
     """
-    from hubsoup.recipe import looks_local
 
     rows = []
     for r in evaluation or []:
@@ -208,8 +207,6 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
     """
     method = get_method(result.method)
     if eval_results is None and getattr(result, "evaluation", None):
-        from hubsoup.eval import to_eval_results
-
         eval_results = to_eval_results(result.evaluation)
     eval_results = _public_eval_results(eval_results)
     base = _ref_view(result.base)
@@ -244,14 +241,11 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         model_name=model_name if eval_results else None,
         eval_results=list(eval_results) if eval_results else None,
     )
-    from hubsoup.recipe import public_value
 
     params = _param_rows(method, public_value(result.params))  # a parameter naming a local file: its name + hash
     method_notes = method.card_notes(result.params, result.stats, len(result.inputs))
     notes = [*method_notes, *result.notes, *notes]
     if template is not None and not os.path.isfile(template):
-        from hubsoup.errors import ParameterError
-
         raise ParameterError(f"card template '{template}' not found; give the path of a Jinja markdown file")
     card = ModelCard.from_template(
         data,
@@ -299,7 +293,6 @@ def base_load_id(ref) -> str:
 
 def _recipe_base(folder: str):
     """The base :class:`~hubsoup.sources.InputRef` of the hubsoup recipe in ``folder`` (None: no readable recipe)."""
-    from hubsoup.recipe import RECIPE_FILE, Recipe
 
     try:
         with open(os.path.join(folder, RECIPE_FILE), encoding="utf-8") as f:

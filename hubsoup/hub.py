@@ -29,203 +29,34 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shlex
 import threading
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Callable
 
+from hubsoup.card import retarget_text
 from hubsoup.errors import MergeCancelled, PushError
+from hubsoup.public import _map_models, resign_state_json
+# the Hub client rules live in hubsoup.hubclient (sources and the pipeline use them too); re-exported here
+from hubsoup.hubclient import (  # noqa: F401
+    DEFAULT_TIMEOUT, TIMEOUT_ENV, SecretFilter, Token, check_repo_id, ensure_timeouts, error_status, hub_timeout,
+    install_log_scrubber, is_timeout, scrub_secrets, server_detail,
+)
+from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref, public_recipe_yaml
+from hubsoup.sources.access import is_hub_id
+from hubsoup.sources.resolve import parse_spec
+from hubsoup.untrusted import load_yaml
 
 log = logging.getLogger(__name__)
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[A-Za-z0-9][\w.\-]*$")
 # never uploaded: VCS folders, huggingface_hub's local metadata, our own temp files
 IGNORE_PATTERNS = [".git/*", "*/.git/*", ".cache/*", "*.tmp", "*.partial", ".DS_Store",
                    "hubsoup_study.db*"]  # an evolve study's local store (it names local paths): never uploaded
 
-TIMEOUT_ENV = "HUBSOUP_HUB_TIMEOUT"
-DEFAULT_TIMEOUT = 60.0
-"""Seconds any one Hub request may wait (connect, each read or write) before it fails."""
 
 # text files whose local paths are replaced by public names in what is uploaded
 _TEXT_SUFFIXES = (".md", ".json", ".yaml", ".yml", ".txt", ".jinja", ".csv", ".tsv")
 _MAX_TEXT = 32 * 1024 * 1024
-
-
-# --- timeouts ------------------------------------------------------------------------------------
-
-def hub_timeout() -> float:
-    """The per-request timeout in seconds (``HUBSOUP_HUB_TIMEOUT``, default 60)."""
-    try:
-        value = float(os.environ.get(TIMEOUT_ENV, "") or DEFAULT_TIMEOUT)
-    except ValueError:
-        return DEFAULT_TIMEOUT
-    return value if value > 0 else DEFAULT_TIMEOUT
-
-
-def _timeout_hook(request) -> None:
-    """Give a request that would wait forever (no timeout set, by the client or the call) hubsoup's timeout."""
-    current = request.extensions.get("timeout") or {}
-    if all(v is None for v in current.values()):
-        t = hub_timeout()
-        request.extensions["timeout"] = {"connect": t, "read": t, "write": t, "pool": t}
-
-
-def _add_timeout_hook(client) -> None:
-    if getattr(client, "_hubsoup_timeouts", False):
-        return
-    hooks = dict(client.event_hooks)
-    hooks["request"] = [*hooks.get("request", []), _timeout_hook]
-    client.event_hooks = hooks
-    client._hubsoup_timeouts = True
-
-
-def ensure_timeouts() -> None:
-    """Make every request huggingface_hub sends time out.
-
-    huggingface_hub's shared HTTP client waits forever by default (its downloads pass their own
-    timeouts; uploads, commits and most API calls do not). A request hook gives every request
-    that has no timeout ``HUBSOUP_HUB_TIMEOUT`` seconds for each connect, read and write; timeouts
-    the caller or the user's own client set are kept. Installed on the current shared client and,
-    through the client factory, on any client created later in the process.
-    """
-    from huggingface_hub.utils import _http, get_session
-
-    factory = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None)
-    if factory is not None and not getattr(factory, "_hubsoup", False):
-        def with_timeouts(inner=factory):
-            client = inner()
-            _add_timeout_hook(client)
-            return client
-
-        with_timeouts._hubsoup = True  # type: ignore[attr-defined]
-        _http._GLOBAL_CLIENT_FACTORY = with_timeouts  # the current client stays open (no request is cut)
-    _add_timeout_hook(get_session())
-
-
-def is_timeout(e: BaseException | None) -> bool:
-    """Whether ``e`` (or an exception it was raised from) is a timeout."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, TimeoutError) or any(c.__name__ in ("TimeoutException", "Timeout", "ReadTimeout",
-                                                             "WriteTimeout", "ConnectTimeout", "PoolTimeout")
-                                              for c in type(e).__mro__):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def error_status(e: BaseException | None) -> int | None:
-    """The HTTP status of ``e``'s response (or of an exception it was raised from), if any."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        resp = getattr(e, "response", None)
-        status = getattr(resp, "status_code", None) if resp is not None else None
-        if isinstance(status, int):
-            return status
-        e = e.__cause__ or e.__context__
-    return None
-
-
-# --- secrets -------------------------------------------------------------------------------------
-
-_TOKEN_SHAPE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
-_AUTH_HEADER = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token)\s+)?[^\s\"',}]+")
-
-
-_stored_token: tuple[float, str | None] = (0.0, None)
-
-
-def _stored() -> str | None:
-    """huggingface_hub's token (env or ``hf auth login``), read at most once a second (log records ask often)."""
-    global _stored_token
-    import time
-
-    now = time.monotonic()
-    if now - _stored_token[0] > 1.0:
-        _stored_token = (now, _stored_token[1])  # a log record made while reading it must not read it again
-        try:
-            from huggingface_hub import get_token
-
-            _stored_token = (now, get_token())
-        except Exception:  # noqa: BLE001 - no token store: nothing to hide
-            _stored_token = (now, None)
-    return _stored_token[1]
-
-
-def _tokens_in_use(token: Any = None) -> set[str]:
-    toks = {token} if isinstance(token, str) and token else set()
-    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
-        if os.environ.get(name):
-            toks.add(os.environ[name])
-    tok = _stored()
-    if tok:
-        toks.add(tok)
-    return {t for t in toks if len(t) >= 4}
-
-
-def scrub_secrets(text: Any, token: Any = None) -> str:
-    """``text`` without any Hub token: the tokens in use (``token``, ``HF_TOKEN``, the stored login),
-    anything shaped like one (``hf_`` + 20 or more characters) and ``Authorization`` header values."""
-    text = str(text)
-    for tok in sorted(_tokens_in_use(token), key=len, reverse=True):
-        text = text.replace(tok, "***")
-    text = _TOKEN_SHAPE.sub("hf_***", text)
-    return _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "") + "***", text)
-
-
-class SecretFilter:
-    """A logging filter that removes tokens from every record (message, arguments, exception text)."""
-
-    def filter(self, record) -> bool:
-        try:
-            msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a broken record is logging's problem, not ours
-            return True
-        clean = scrub_secrets(msg)
-        if clean != msg:
-            record.msg, record.args = clean, None
-        if record.exc_info and record.exc_info[1] is not None:
-            import logging
-
-            text = logging.Formatter().formatException(record.exc_info)
-            if scrub_secrets(text) != text:
-                record.exc_text, record.exc_info = scrub_secrets(text), None
-        return True
-
-
-def install_log_scrubber() -> None:
-    """No Hub token in any log record: :class:`SecretFilter` on every handler of the root logger and of
-    the HTTP libraries' loggers, and a log record factory that scrubs each record as it is made (so
-    loggers and handlers configured later are covered too). Installed once per process."""
-    import logging
-
-    for name in (None, "huggingface_hub", "httpx", "httpx2", "httpcore", "transformers", "urllib3"):
-        for handler in logging.getLogger(name).handlers:
-            if not any(isinstance(f, SecretFilter) for f in handler.filters):
-                handler.addFilter(SecretFilter())
-    factory = logging.getLogRecordFactory()
-    if getattr(factory, "_hubsoup", False):
-        return
-    scrub = SecretFilter()
-
-    def scrubbed_record(*args, **kwargs):
-        record = factory(*args, **kwargs)
-        scrub.filter(record)
-        return record
-
-    scrubbed_record._hubsoup = True  # type: ignore[attr-defined]
-    logging.setLogRecordFactory(scrubbed_record)
-
-
-def check_repo_id(repo_id: str) -> str:
-    """Refuse a target that is not ``namespace/name`` (before any merge or upload starts)."""
-    if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".", "-")):
-        raise PushError(f"push target '{repo_id}' is not a Hub repo ID; use NAMESPACE/NAME, e.g. my-org/my-soup")
-    return repo_id
 
 
 def retry_command(folder: str, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
@@ -272,7 +103,6 @@ def retarget_card(folder: str, repo_id: str) -> bool:
         text = f.read()
     if "hubsoup" not in text:
         return False
-    from hubsoup.card import retarget_text
 
     new = retarget_text(text, folder, repo_id)  # the repo's title and ID; a local base by its public name
     if new == text:
@@ -282,30 +112,15 @@ def retarget_card(folder: str, repo_id: str) -> bool:
     return True
 
 
-def _scrub(text: str, token: Any) -> str:
+def _scrub(text: str, token: Token) -> str:
     """Remove any token from a message (a server may echo it back in an error body)."""
     return scrub_secrets(text, token)
-
-
-def server_detail(e: BaseException) -> str:
-    """`` (the server's message)`` of an HTTP error, first line only and at most 200 characters."""
-    resp = getattr(e, "response", None)
-    msg = getattr(e, "server_message", None)
-    if not msg and resp is not None:
-        try:
-            msg = resp.headers.get("X-Error-Message")
-        except Exception:  # noqa: BLE001
-            msg = None
-    if not msg or not str(msg).strip():
-        return ""
-    line = str(msg).strip().splitlines()[0]
-    return f" ({line[:200]}{'...' if len(line) > 200 else ''})"
 
 
 _server_detail = server_detail
 
 
-def _explain(e: Exception, repo_id: str, token: Any) -> str:
+def _explain(e: Exception, repo_id: str, token: Token) -> str:
     """What went wrong, in words a user can act on."""
     from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
@@ -345,8 +160,6 @@ def _explain(e: Exception, repo_id: str, token: Any) -> str:
 def _local_paths(folder: str, repo_id: str) -> dict[str, str]:
     """Local paths the folder's files may hold, each mapped to what is published instead."""
     import json
-
-    from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref
 
     paths: dict[str, str] = {}
     recipe_path = os.path.join(folder, RECIPE_FILE)
@@ -404,8 +217,6 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
     """
     from huggingface_hub.utils import filter_repo_objects
 
-    from hubsoup.recipe import RECIPE_FILE, public_recipe_yaml
-
     root = os.path.realpath(folder)
     rel = []
     for dirpath, dirs, names in os.walk(folder):
@@ -452,8 +263,6 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
                     if path in new:
                         new = new.replace(path, public)
                 if new != text and name.endswith(STATE_JSON):  # a checksummed state: sign the public form again
-                    from hubsoup.workflows.continual.state import resign_state_json
-
                     new = resign_state_json(new)
                 scan = new.encode("utf-8")
                 content = scan if new != text else local
@@ -471,12 +280,10 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
     return plan
 
 
-def restricted_inputs(folder: str, token: str | bool | None = None) -> list[dict[str, str]]:
+def restricted_inputs(folder: str, token: Token = None) -> list[dict[str, str]]:
     """The Hub repos a merge folder's recipe names (base, inputs, a mergekit config's models) that are not public,
     asked of the Hub now with ``token``: ``{"repo": ..., "why": "private" | "gated" | "not readable ..."}``."""
     from huggingface_hub import HfApi
-
-    from hubsoup.recipe import RECIPE_FILE, Recipe
 
     path = os.path.join(folder, RECIPE_FILE)
     if not os.path.isfile(path):
@@ -489,11 +296,6 @@ def restricted_inputs(folder: str, token: str | bool | None = None) -> list[dict
     repos = {r.repo_id for r in (recipe.base, *recipe.inputs) if r.repo_id}
     config = recipe.mergekit.get("config") if isinstance(recipe.mergekit, dict) else None
     if isinstance(config, str):
-        from hubsoup.formats.mergekit import _map_models
-        from hubsoup.sources.access import is_hub_id
-        from hubsoup.sources.resolve import parse_spec
-        from hubsoup.untrusted import load_yaml
-
         named: list[str] = []
         try:
             _map_models(load_yaml(config, "mergekit config"), lambda r: named.extend(str(r).split("+")) or r)
@@ -530,8 +332,9 @@ def _goes_public(api, repo_id: str, private: bool | None) -> bool:
 
 
 def push_folder(folder: str, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
-                commit_message: str | None = None, token: str | bool | None = None,
-                commit_description: str | None = None, monitor: Any = None, allow_private_inputs: bool = False):
+                commit_message: str | None = None, token: Token = None,
+                commit_description: str | None = None, monitor: Any = None, allow_private_inputs: bool = False,
+                card_writer: Callable[[str, str, list[dict[str, str]]], None] | None = None):
     """Create ``repo_id`` if needed and upload ``folder`` to it in one commit.
 
     Args:
@@ -543,7 +346,10 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
         token: default: the usual huggingface_hub sources (``HF_TOKEN``, ``hf auth login``).
         allow_private_inputs: push a merge of private or gated inputs (see :func:`restricted_inputs`) to a
             public repo anyway; without it such a push is refused before anything is sent. The card then
-            says so (rendered again when it does not).
+            says so (rendered again by ``card_writer`` when it does not).
+        card_writer: ``card_writer(folder, repo_id, restricted)`` renders the card again so that it names the
+            private or gated inputs (:func:`hubsoup.api.note_restricted_inputs`, which ``push_to_hub`` and
+            ``hubsoup push`` pass; the push module renders no card itself).
         monitor: a :class:`hubsoup.progress.Monitor` (an app's ``progress``/``cancel``): stage ``push``,
             one report per file, nothing printed; cancelled before the repo is created, between files or
             before the commit, it raises :class:`MergeCancelled` with no commit made (and deletes the repo
@@ -568,7 +374,7 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
     retry = retry_command(folder, repo_id, private=private, create_pr=create_pr, commit_message=commit_message)
     retarget_card(folder, repo_id)  # the local card too: the folder stays what is on the Hub (but the recipe's paths)
     api = HfApi(token=token)
-    _check_private_inputs(api, folder, repo_id, private, token, allow_private_inputs, retry)
+    _check_private_inputs(api, folder, repo_id, private, token, allow_private_inputs, retry, card_writer)
     try:
         plan = upload_plan(folder, repo_id)
     except PushError as e:
@@ -604,8 +410,8 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
     return info
 
 
-def _check_private_inputs(api, folder: str, repo_id: str, private: bool | None, token: Any, allow: bool,
-                          retry: str) -> None:
+def _check_private_inputs(api, folder: str, repo_id: str, private: bool | None, token: Token, allow: bool,
+                          retry: str, card_writer: Callable[[str, str, list[dict[str, str]]], None] | None) -> None:
     """Refuse (before anything is sent) a public push of a merge whose inputs are not public, unless allowed;
     allowed, make sure the card says so."""
     if private:
@@ -627,12 +433,8 @@ def _check_private_inputs(api, folder: str, repo_id: str, private: bool | None, 
         raise PushError(f"push of '{folder}' to {repo_id} refused: {repo_id} is public and the merge contains "
                         f"{what}: its weights would be published. Push to a private repo (--private), or pass "
                         "--allow-private-inputs (allow_private_inputs=True) to publish it anyway")
-    from hubsoup.api import MergeResult
-
-    result = MergeResult.from_folder(folder)
-    if result.restricted != restricted:  # the card says which inputs were not public, as the Hub says now
-        result.restricted = restricted
-        result.write_card(folder, repo_id=repo_id)
+    if card_writer is not None:
+        card_writer(folder, repo_id, restricted)
 
 
 def _push_monitored(api, repo_id: str, plan: list[tuple[str, str | bytes]], monitor: Any, message: str,

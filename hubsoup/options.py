@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
+import os
+import re
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Container, Iterable
 
 from typing import TYPE_CHECKING
 
-from hubsoup.errors import ParameterError
+from hubsoup.errors import ParameterError, PlacementError
+from hubsoup.hubclient import Token
+from hubsoup.progress import Cancel, Monitor, Progress
 
 if TYPE_CHECKING:
     import torch
@@ -35,12 +40,93 @@ DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float16": "float16", "f
 SHAPE_POLICIES = ("error", "base-slice")
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "DTYPES":
         import torch
 
         return {k: getattr(torch, v) for k, v in DTYPE_NAMES.items()}
     raise AttributeError(f"module 'hubsoup.options' has no attribute {name!r}")
+
+
+STRATEGIES = ("auto", "balanced", "sequential")
+
+
+def parse_max_memory(spec: str | dict[Any, Any] | None) -> dict[int | str, int] | None:
+    """``"0=70GiB,1=70GiB,cpu=64GiB"`` (or a dict) → ``{0: bytes, 1: bytes, "cpu": bytes}``, accelerate's units."""
+    if spec is None or spec == "":
+        return None
+    from accelerate.utils import convert_file_size_to_int
+
+    items = spec.items() if isinstance(spec, dict) else (p.split("=", 1) for p in str(spec).split(",") if p.strip())
+    out: dict[int | str, int] = {}
+    for item in items:
+        if len(item) != 2:
+            raise PlacementError(f"max_memory: expected DEVICE=SIZE entries (0=70GiB,cpu=64GiB), got {spec!r}")
+        k, v = item
+        k = str(k).strip()
+        key: int | str = int(k) if k.isdigit() else k
+        if isinstance(key, str) and key not in ("cpu", "mps") and not key.startswith(("cuda", "cpu:")):
+            raise PlacementError(f"max_memory: unknown device {k!r} (use a GPU index, 'cpu' or 'cpu:N')")
+        try:
+            size = convert_file_size_to_int(v.strip() if isinstance(v, str) else v)
+        except (ValueError, TypeError) as e:
+            raise PlacementError(f"max_memory: cannot read the size {v!r} of device {k!r} ({e})") from None
+        if size <= 0:
+            raise PlacementError(f"max_memory: the size of device {k!r} must be positive, got {v!r}")
+        out[key] = size
+    return out
+
+
+def parse_device_map(spec: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """A strategy name, or an explicit map from a dict, a JSON string or a JSON file."""
+    if spec is None or spec == "":
+        return None
+    if isinstance(spec, dict):
+        return dict(spec)
+    s = str(spec).strip()
+    if s in STRATEGIES:
+        return s
+    if s.startswith("{"):
+        try:
+            m = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise PlacementError(f"device_map: not valid JSON ({e})") from None
+    elif os.path.isfile(s):
+        try:
+            with open(s, encoding="utf-8") as f:
+                m = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise PlacementError(f"device_map: cannot read {s} ({e})") from None
+    else:
+        raise PlacementError(f"device_map: {s!r} is not one of {', '.join(STRATEGIES)}, a JSON map or a JSON file")
+    if not isinstance(m, dict) or not all(isinstance(k, str) for k in m):
+        raise PlacementError("device_map: a map is a JSON object from module names to devices")
+    return m
+
+
+_SIZE_UNITS = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
+               "TB": 10**12, "B": 1, "": 1}
+_SIZE = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*([KMGT]I?B|B)?$")
+
+
+def parse_size(size: str | int) -> int:
+    """``"5GB"`` → 5·10⁹ bytes (``GiB`` → 2³⁰), as transformers' ``max_shard_size``; a plain number is bytes.
+
+    Raises :class:`~hubsoup.errors.ParameterError` for anything else (``"5XB"``, ``"nan"``) and for a
+    size that is not positive.
+    """
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise ParameterError(f"{size!r} is not a size (give bytes or e.g. 5GB, 500MB, 2GiB)")
+    if isinstance(size, int):
+        n = size
+    else:
+        m = _SIZE.match(size.strip().upper())
+        if not m:
+            raise ParameterError(f"{size!r} is not a size (give bytes or e.g. 5GB, 500MB, 2GiB)")
+        n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2) or ""])
+    if n <= 0:
+        raise ParameterError(f"{size!r} is not a positive size (give bytes or e.g. 5GB, 500MB, 2GiB)")
+    return n
 
 
 @dataclass(frozen=True)
@@ -53,10 +139,10 @@ class MergeOptions:
 
     device: str = "cpu"
     """Where tensors are merged (``cpu``, ``cuda:0``, ...) when there is no ``device_map``."""
-    device_map: str | dict | None = None
+    device_map: str | dict[str, Any] | None = None
     """``auto``, ``balanced``, ``sequential`` (accelerate's placement by each block's working set),
     or an explicit map ``{"model.layers.0": 0, "": "cpu"}`` (a dict, JSON string or JSON file)."""
-    max_memory: str | dict | None = None
+    max_memory: str | dict[Any, Any] | None = None
     """Per device memory for the placement: ``"0=70GiB,1=70GiB,cpu=64GiB"`` or a dict (accelerate's units)."""
     dtype: str | None = None
     """Output dtype (``float32``, ``float16``, ``bfloat16``; default: the base's)."""
@@ -70,17 +156,17 @@ class MergeOptions:
     """Leave out input tensors the base lacks (e.g. task heads) instead of refusing the input."""
     shape_mismatch: str = "error"
     """``error``, or ``base-slice``: merge the rows the base has (a resized vocabulary)."""
-    token: str | bool | None = field(default=None, repr=False, compare=False)
+    token: Token = field(default=None, repr=False, compare=False)
     """Hub token (default: ``HF_TOKEN`` or the stored login). Never printed, never stored."""
     quiet: bool = False
     """No progress bars."""
     prefetch: bool | None = field(default=None, compare=False)
     """Read the next block's bytes while the current one is merged (None: ``HUBSOUP_PREFETCH``, default on).
     Not hashed: it never changes the result."""
-    progress: Any = field(default=None, repr=False, compare=False)
+    progress: Progress | None = field(default=None, repr=False, compare=False)
     """``progress(done, stage, message)`` for apps (see :mod:`hubsoup.progress`); given, nothing is printed.
     Not hashed: it never changes the result."""
-    cancel: Any = field(default=None, repr=False, compare=False)
+    cancel: Cancel | None = field(default=None, repr=False, compare=False)
     """A ``threading.Event`` or a callable returning True to stop the run (:class:`~hubsoup.errors.MergeCancelled`).
     Not hashed."""
     hub_only: bool = field(default=False, compare=False)
@@ -95,7 +181,7 @@ class MergeOptions:
     allow_private_inputs: bool = field(default=False, compare=False)
     """Let a merge of private or gated Hub inputs be pushed to a public repo (its card then says so)."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPE_NAMES:
             raise ParameterError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.shape_mismatch not in SHAPE_POLICIES:
@@ -104,15 +190,11 @@ class MergeOptions:
         self.shard_bytes  # noqa: B018 - parse now: a bad size fails before any work
         self.max_download_bytes  # noqa: B018
         if self.hub_only and isinstance(self.device_map, str) and not self.device_map.strip().startswith("{"):
-            from hubsoup.engine.placement import STRATEGIES
-
             if self.device_map.strip() not in STRATEGIES:  # a JSON file: a path, never looked at in hub_only
                 raise ParameterError(f"device_map: with hub_only, one of {', '.join(STRATEGIES)} or a JSON map "
                                      "(not a file)")
         if self.progress is not None or self.cancel is not None:
             self.monitor()  # refuses a progress that is not callable, a cancel that is neither Event nor callable
-        from hubsoup.engine.placement import parse_device_map, parse_max_memory
-
         parse_device_map(self.device_map)
         parse_max_memory(self.max_memory)
 
@@ -121,10 +203,8 @@ class MergeOptions:
         """No progress bars and no prints: ``quiet``, or a ``progress`` callback takes their place."""
         return self.quiet or self.progress is not None
 
-    def monitor(self):
+    def monitor(self) -> Monitor:
         """A new :class:`hubsoup.progress.Monitor` for one run with these options' ``progress`` and ``cancel``."""
-        from hubsoup.progress import Monitor
-
         return Monitor(self.progress, self.cancel)
 
     @property
@@ -135,8 +215,6 @@ class MergeOptions:
 
     @property
     def shard_bytes(self) -> int:
-        from hubsoup.output.folder import parse_size
-
         try:
             return parse_size(self.shard_size)
         except ParameterError as e:
@@ -146,8 +224,6 @@ class MergeOptions:
     def max_download_bytes(self) -> int | None:
         if self.max_download is None:
             return None
-        from hubsoup.output.folder import parse_size
-
         try:
             return parse_size(self.max_download)
         except ParameterError as e:
@@ -178,7 +254,7 @@ class MergeOptions:
         return opts, rest
 
     @classmethod
-    def check_not_misspelt(cls, keys, declared) -> None:
+    def check_not_misspelt(cls, keys: Iterable[str], declared: Container[str]) -> None:
         """Refuse a key that no method declares and that looks like an option name (``overwite``)."""
         for k in keys:
             if k in declared:

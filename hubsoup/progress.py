@@ -33,17 +33,27 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import Callable, Union
+from typing import Callable, Protocol, Union
 
 from hubsoup.errors import MergeCancelled
 
 STAGES = ("download", "statistics", "merge", "eval", "push")
 """The stages a run may report, in the order they happen."""
 
-Progress = Callable[[float, str, str], None]
-"""``progress(done, stage, message)``."""
-Cancel = Union[threading.Event, Callable[[], bool]]
-"""A :class:`threading.Event` (set: cancel) or a zero-argument callable (True: cancel)."""
+class Progress(Protocol):
+    """``progress(done, stage, message)``: ``done`` in [0, 1], never decreasing; ``stage`` one of :data:`STAGES`."""
+
+    def __call__(self, done: float, stage: str, message: str, /) -> object: ...
+
+
+class CancelEvent(Protocol):
+    """An event whose ``is_set()`` says cancel (:class:`threading.Event`, ``multiprocessing.Event``, ...)."""
+
+    def is_set(self) -> bool: ...
+
+
+Cancel = Union[CancelEvent, Callable[[], bool]]
+"""A :class:`CancelEvent` (set: cancel) or a zero-argument callable (True: cancel)."""
 
 
 def _cancel_check(cancel: Cancel | None) -> Callable[[], bool] | None:
@@ -253,4 +263,4 @@ def shared_segment(monitor: Monitor) -> Monitor:
     return _SegmentView(monitor)  # type: ignore[return-value]
 
 
-__all__ = ["Monitor", "STAGES", "Progress", "Cancel", "silent_tqdm", "shared_segment"]
+__all__ = ["Monitor", "STAGES", "Progress", "Cancel", "CancelEvent", "silent_tqdm", "shared_segment"]

@@ -7,21 +7,22 @@ hash seeds every random choice (e.g. DARE's masks), so a rerun repeats exactly.
 
 from __future__ import annotations
 
-import dataclasses
 
 import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
+from hubsoup import __version__
 from hubsoup.errors import ParameterError
-from hubsoup.sources.access import scoped
+from hubsoup.options import MergeOptions
+# the publishing rules live in hubsoup.public; re-exported here for their old importers
+from hubsoup.public import looks_local, public_config_text, public_file_ref, public_value  # noqa: F401
 from hubsoup.sources.checkpoint import InputRef
-from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml, short
+from hubsoup.untrusted import load_yaml, short
 
 RECIPE_FILE = "hubsoup_recipe.yaml"
 
@@ -99,8 +100,6 @@ class Recipe:
         d["params"] = public_value(self.params)
         d["extra"] = public_value(d["extra"])
         if self.mergekit.get("config"):  # its model references: local folders by name and digest
-            from hubsoup.formats.mergekit import public_config_text
-
             d["extra"]["mergekit"] = {**d["extra"]["mergekit"], "config": public_config_text(self.mergekit["config"])}
         return d
 
@@ -172,56 +171,6 @@ class Recipe:
         return cls(**d, **{k: extra.get(k) or {} for k in ("options", "output", "continual", "mergekit")})
 
 
-def looks_local(value: Any) -> bool:
-    """Whether a string names a file or folder of this machine (not a Hub ID or a plain value)."""
-    if not isinstance(value, str) or not value or "\n" in value:
-        return False
-    if value.startswith(("/", "~", "./", "../", "\\")) or re.match(r"^[A-Za-z]:[\\/]", value):
-        return True
-    return ("/" in value or os.sep in value) and os.path.exists(value)
-
-
-def public_file_ref(path: str) -> str:
-    """A local file or folder named without its path: ``name@sha256:<12 hex>`` of its content.
-
-    A file is hashed whole; a folder by its files' relative names, sizes and first 64 KiB. A path
-    that no longer exists keeps only its name (its path is never hashed: that could be guessed).
-    """
-    p = os.path.expanduser(path)
-    name = os.path.basename(os.path.normpath(p)) or "local"
-    h = hashlib.sha256()
-    if os.path.isfile(p):
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    elif os.path.isdir(p):
-        for root, dirs, files in os.walk(p):
-            dirs.sort()
-            for fn in sorted(files):
-                fp = os.path.join(root, fn)
-                h.update(f"{os.path.relpath(fp, p)}\0{os.path.getsize(fp)}\0".encode())
-                with open(fp, "rb") as f:
-                    h.update(f.read(64 * 1024))
-    else:
-        return f"{name}@local"
-    return f"{name}@sha256:{h.hexdigest()[:12]}"
-
-
-def public_value(value: Any) -> Any:
-    """``value`` with every string that names a local file replaced by :func:`public_file_ref` (also ``KEY=PATH``)."""
-    if isinstance(value, dict):
-        return {k: public_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [public_value(v) for v in value]
-    if isinstance(value, str):
-        if looks_local(value):
-            return public_file_ref(value)
-        key, sep, rest = value.partition("=")
-        if sep and looks_local(rest):
-            return f"{key}={public_file_ref(rest)}"
-    return value
-
-
 def _collect_paths(value: Any, out: dict[str, str]) -> None:
     if isinstance(value, dict):
         for v in value.values():
@@ -243,6 +192,31 @@ def public_recipe_yaml(text: str) -> str:
     return Recipe.from_yaml(text).public_yaml()
 
 
+def recipe_for(method: str, params: dict[str, Any], base: InputRef, inputs: Sequence[InputRef], *,
+               dtype: str | None, options: MergeOptions | None = None, layout: Any = None,
+               output: dict[str, Any] | None = None, continual: dict[str, Any] | None = None) -> Recipe:
+    """The recipe of a merge: the one place that decides what its hash covers (:func:`hubsoup.merge`, the
+    pipeline's prediction of a merge's name, continual merging's outputs all build it here).
+
+    ``params``: the method's described parameters (:meth:`hubsoup.methods.Method.describe_params`);
+    ``options``: the merge's options, of which those that change the result are hashed
+    (:attr:`MergeOptions.hashed`; None for a continual soup, whose state holds them); ``layout``: a mergekit
+    config's layout (its hashed options and its config text, outside the hash); ``output``: how the result is
+    stored (a LoRA adapter's format, rank, energy; outside the hash); ``continual``: a continual soup's count and λ.
+
+    Example:
+        >>> r = recipe_for("linear", {"weights": None}, InputRef("org/base", "org/base", sha="1" * 40),
+        ...                [InputRef("org/a", "org/a", sha="2" * 40)], dtype=None)
+        >>> len(r.hash), r.identity()["inputs"]
+        (64, [{'repo_id': 'org/a', 'sha': '2222222222222222222222222222222222222222', 'kind': 'full'}])
+    """
+    hashed = {**(options.hashed if options is not None else {}), **(layout.hashed if layout is not None else {})}
+    return Recipe(method=method, params=params, base=base, inputs=list(inputs), dtype=dtype,
+                  hubsoup_version=__version__, options=hashed,
+                  mergekit=layout.recipe_extra() if layout is not None else {},
+                  output=output or {}, continual=continual or {})
+
+
 def _ref(r: InputRef | dict) -> InputRef:
     if isinstance(r, InputRef):
         return r
@@ -251,93 +225,3 @@ def _ref(r: InputRef | dict) -> InputRef:
     return InputRef.from_dict(r)
 
 
-def recipe_merge_args(recipe) -> tuple[list[str], dict[str, Any]]:
-    """The ``hubsoup.merge`` arguments that repeat ``recipe`` exactly (Hub inputs pinned to their SHAs)."""
-    kwargs: dict[str, Any] = {"method": recipe.method, "base": recipe.base.pinned_spec,
-                              "params": dict(recipe.params), "dtype": recipe.dtype}
-    for k, v in recipe.options.items():  # only the options that change the result are in a recipe
-        if k not in ("shape_mismatch", "ignore_extra"):
-            raise ParameterError(f"recipe: option '{k}' cannot come from a recipe")
-        if k == "ignore_extra" and not isinstance(v, bool):
-            raise ParameterError(f"recipe: option 'ignore_extra' must be true or false, got {short(v)}")
-        kwargs[k] = v
-    if recipe.output.get("format") not in (None, "full", "lora"):
-        raise ParameterError(f"recipe: output format must be full or lora, got {short(recipe.output['format'])}")
-    if recipe.output.get("format") == "lora":
-        kwargs.update(output_format="lora", rank=recipe.output.get("rank"), energy=recipe.output.get("energy"))
-    return [i.pinned_spec for i in recipe.inputs], kwargs
-
-
-@scoped
-def run_recipe(path: str, out: str, **overrides: Any):
-    """Merge again from a recipe file (or an output folder holding one); returns the MergeResult.
-
-    ``path`` may also be a mergekit YAML config (a file with ``merge_method``, or a folder holding
-    ``mergekit_config.yml``): it is merged with mergekit's semantics
-    (:func:`hubsoup.formats.mergekit.run_config`; model folders relative to the working folder), or a
-    stream of them (mergekit-multi's stages, :func:`hubsoup.formats.stages.run_stages`).
-    With ``hub_only=True``, ``path`` is the recipe's (or config's) YAML *text*, never a path, and every
-    model it names must be a Hub repo ID. mergekit-yaml's options (``copy_tokenizer``, ``random_seed``,
-    ``out_shard_params``, ``intermediate_dir``) apply to mergekit configs only.
-    """
-    from hubsoup.formats import mergekit, stages
-    from hubsoup.sources.access import check_specs, hub_only
-
-    mk = {k: overrides.pop(k) for k in ("copy_tokenizer", "random_seed", "out_shard_params", "intermediate_dir")
-          if k in overrides}
-    mk = {k: v for k, v in mk.items() if v is not None and not (k == "copy_tokenizer" and v is True)}
-    if hub_only():  # a server's run: the text itself; nothing on the disk is read or probed
-        if not isinstance(path, str):
-            raise ParameterError("recipe: with hub_only, give the recipe's YAML text")
-        text, where = path, "recipe"
-    else:
-        if os.path.isdir(path):
-            if not os.path.isfile(os.path.join(path, RECIPE_FILE)) and os.path.isfile(os.path.join(path, mergekit.CONFIG_FILE)):
-                path = os.path.join(path, mergekit.CONFIG_FILE)
-            else:
-                path = os.path.join(path, RECIPE_FILE)
-        if not os.path.isfile(path):
-            raise ParameterError(f"recipe '{path}' not found")
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read(MAX_YAML_BYTES + 1)
-        except OSError as e:
-            raise ParameterError(f"recipe '{path}' cannot be read: {type(e).__name__}") from e
-        where = f"recipe '{path}'"
-    if stages.is_multi_stage(text):  # mergekit-multi's stream of configs
-        return stages.run_stages(text, out, **mk, **overrides)
-    mk.pop("intermediate_dir", None)
-    data = load_yaml(text, where)
-    if mergekit.is_mergekit_config(data):
-        return mergekit.run_config(text, out, **mk, **overrides)
-    try:
-        recipe = Recipe.from_yaml(text)
-    except ParameterError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a malformed file gets one clear line
-        raise ParameterError(f"{where} cannot be read: {short(str(e))}") from e
-    if hub_only():
-        check_specs(inputs=[r.pinned_spec for r in recipe.inputs], base=recipe.base.pinned_spec)
-    if mk and not recipe.mergekit.get("config"):
-        raise ParameterError(f"{', '.join(sorted(mk))}: mergekit-yaml's options apply to mergekit configs; "
-                             f"{where} is a hubsoup recipe")
-    return _rerun(recipe, out, overrides, mk)
-
-
-def _rerun(recipe: "Recipe", out: str, overrides: dict[str, Any], mk: dict[str, Any] | None = None):
-    from hubsoup.api import merge
-    from hubsoup.formats import mergekit
-
-    if recipe.mergekit.get("config"):  # repeat the mergekit config, its Hub models pinned to the recorded SHAs
-        refs = [*(recipe.base, *recipe.inputs), *(r.adapter for r in (recipe.base, *recipe.inputs) if r.adapter)]
-        pins = {r.spec: dataclasses.replace(r, adapter=None).pinned_spec for r in refs if r.spec and r.repo_id}
-        result = mergekit.run_config(recipe.mergekit["config"], out, pins=pins, **(mk or {}), **overrides)
-    else:
-        inputs, kwargs = recipe_merge_args(recipe)
-        result = merge(inputs, out=out, **{**kwargs, **overrides})
-    if result.recipe.hash != recipe.hash:
-        import logging
-
-        logging.getLogger(__name__).warning("recipe hash changed (%s -> %s): an input or parameter differs",
-                                            recipe.hash[:12], result.recipe.hash[:12])
-    return result

@@ -32,6 +32,7 @@ from typing import Any
 
 from hubsoup import __version__
 from hubsoup.errors import ParameterError, PushError
+from hubsoup.hubclient import Token
 
 HARDWARE_CPU = ("cpu-basic", "cpu-upgrade")
 HARDWARE_ZERO = ("zero-a10g",)
@@ -233,7 +234,7 @@ def write_space(folder: str, repo_id: str, **kwargs: Any) -> str:
 
 
 def create_space(repo_id: str, *, hardware: str = "cpu-basic", template: str = "gradio", private: bool = False,
-                 token: str | bool | None = None, exist_ok: bool = False):
+                 token: Token = None, exist_ok: bool = False):
     """Create the Space repo (``space_sdk="gradio"``) and upload its files in one commit.
 
     Returns:

@@ -68,7 +68,7 @@ def test_run_recipe_repeats_the_merge_bit_exactly(llama, tmp_path, capsys):
 
 def test_run_recipe_of_a_modifier_chain(llama, tmp_path):
     import hubsoup
-    from hubsoup.recipe import run_recipe
+    from hubsoup.workflows.rerun import run_recipe
 
     base, fts = llama
     res = hubsoup.merge(fts, method="lwptv", base=base, out=str(tmp_path / "a"), quiet=True,
@@ -80,7 +80,7 @@ def test_run_recipe_of_a_modifier_chain(llama, tmp_path):
 
 def test_run_recipe_keeps_merge_options(model_dir, tmp_path):
     import hubsoup
-    from hubsoup.recipe import run_recipe
+    from hubsoup.workflows.rerun import run_recipe
 
     base = model_dir("bert")
     from safetensors.torch import load_file, save_file

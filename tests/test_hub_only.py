@@ -135,8 +135,8 @@ def test_a_repo_id_shaped_folder_in_the_working_folder_is_never_looked_at(seeded
 
 def test_every_entry_point_refuses_local_paths(zoo, tmp_path, probes):
     from hubsoup import continual
-    from hubsoup.formats.mergekit import run_config
-    from hubsoup.recipe import Recipe, run_recipe
+    from hubsoup.recipe import Recipe
+    from hubsoup.workflows.rerun import run_config, run_recipe
     from hubsoup.sources import InputRef
 
     local, out = zoo["ft-a"], str(tmp_path / "out")

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 import hubsoup
 from hubsoup.errors import ParameterError
-from hubsoup.formats.mergekit import run_config
+from hubsoup.workflows.rerun import run_config
 from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
 
 

@@ -24,7 +24,7 @@ from make_mergekit_modules_fixtures import FIXTURES, build_models, config_names 
 from test_mergekit_compat import load_dir, ulp  # noqa: E402
 
 from hubsoup.errors import HubsoupError, ParameterError  # noqa: E402
-from hubsoup.formats.mergekit import run_config  # noqa: E402
+from hubsoup.workflows.rerun import run_config  # noqa: E402
 
 with open(os.path.join(FIXTURES, "manifest.json"), encoding="utf-8") as _f:
     MANIFEST = json.load(_f)

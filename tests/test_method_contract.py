@@ -158,3 +158,115 @@ def test_merge_tensors_runs_the_statistics_passes():
     with pytest.raises(KeyError):
         merge_tensors("ties", taus, stats={}, density=0.2)
     assert all(torch.equal(t, c) for t, c in zip(taus, copies))  # the inputs are never modified
+
+
+# --- the method contract (issue 33): elementwise, workspace, provenance ----------------------------
+
+def test_an_elementwise_method_says_so_in_one_word():
+    @dataclasses.dataclass
+    class P:
+        scale: float = param(1.0, "a scale")
+
+    class SignMax(Method):  # not registered
+        name, summary, Params = "sign_max_test", "test", P
+        elementwise = True
+
+        def merge(self, base, deltas, params, ctx):
+            return deltas.sign().mean(dim=0) * deltas.abs().amax(dim=0)
+
+    class NotSaid(SignMax):  # overrides merge without saying: the claim does not carry over
+        def merge(self, base, deltas, params, ctx):
+            return deltas.sum(dim=0)
+
+    assert SignMax().tensor_passes(P(), 2) == []
+    assert NotSaid().tensor_passes(P(), 2) is None
+    assert get_method("karcher").tensor_passes(get_method("karcher").parse({}), 2) is None
+    assert get_method("task_arithmetic").tensor_passes(get_method("task_arithmetic").parse({}), 2) == []
+
+
+def test_workspace_default_is_honest_for_a_method_defined_elsewhere():
+    @dataclasses.dataclass
+    class P:
+        scale: float = param(1.0, "a scale")
+
+    class Mine(Method):  # defined in this test module: one float32 copy of the stack unless declared
+        name, summary, Params = "mine_test", "test", P
+
+    class Declared(Mine):
+        workspace_copies = 2
+
+    assert Mine().workspace_bytes((10, 4), 3, P()) == 3 * 40 * 4
+    assert Declared().workspace_bytes((10, 4), 3, P()) == 2 * 40 * 4
+    assert get_method("task_arithmetic").workspace_bytes((10, 4), 3, None) == 0  # in place, as before
+
+
+def test_param_provenance_defaults_to_ours_outside_the_package():
+    from hubsoup.methods import describe
+
+    @dataclasses.dataclass
+    class P:
+        k: float = param(1.0, "mine")
+        m: float = param(1.0, "from a paper", source="paper")
+
+    assert [r["source"] for r in describe(P)] == ["ours", "paper"]
+    ties = {r["name"]: r["source"] for r in describe(available()["ties"].Params)}
+    assert ties["density"] == "paper"  # the package's methods: their papers', as declared before
+
+
+# --- every registered method, whole, in pieces, on a device map: the same bytes ----------------
+
+MAP = {"model.embed_tokens": "cpu:1", "model.layers.0": "cpu:2", "model.layers.1": "cpu:1", "": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    from hubsoup.testing import make_base, make_finetune
+    from test_lot import add_char_tokenizer, write_exemplars
+
+    root = tmp_path_factory.mktemp("contract")
+    base = add_char_tokenizer(make_base("llama", str(root / "base"), dtype=torch.bfloat16))
+    fts = [make_finetune(base, str(root / f"ft{i}"), seed=i) for i in (1, 2, 3)]
+    ex = [write_exemplars(root / f"ex{i}.jsonl", seed=i) for i in (1, 2, 3)]
+    return base, fts, ex
+
+
+def _files(folder):
+    import os
+
+    out = {}
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".safetensors"):
+            with open(os.path.join(folder, f), "rb") as fh:
+                out[f] = fh.read()
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_merges_the_same_whole_in_pieces_and_on_a_device_map(zoo, tmp_path, monkeypatch, name):
+    """A method (built in, or a user's: every registered one) merges to the same bytes whole (the dense path),
+    in ragged pieces of 1000 entries swept by the engine's lanes, and on a device map over CPU workers."""
+    import hubsoup
+    from hubsoup.engine import TensorWork, lowrank
+    from hubsoup.output.checkpoint import CheckpointSink
+
+    base, fts, ex = zoo
+    cls = available()[name]
+    n = max(cls.min_inputs, min(3, cls.max_inputs or 3))
+    params = {"exemplars": {str(i + 1): ex[i] for i in range(n)}, "n_exemplars": 8, "batch_size": 8} \
+        if name == "lot" else {}
+
+    def run(out, **kw):
+        return _files(hubsoup.merge(fts[:n], name, base=base, out=str(tmp_path / out), params=params, quiet=True,
+                                    **kw).path)
+
+    with monkeypatch.context() as m:
+        m.setattr(lowrank, "PIECE_BYTES", 4 * 4 * 1000)
+        m.setattr(lowrank, "MIN_PIECE", 1000)
+        pieces = run("pieces")
+    mapped = run("mapped", device_map=MAP)
+    monkeypatch.setattr(CheckpointSink, "weights_dtype", lambda self, entry: None)
+    monkeypatch.setattr(TensorWork, "pieces", lambda self: None)
+    whole = run("whole")
+    assert pieces == whole, f"{name}: in pieces differs from whole"
+    assert mapped == whole, f"{name}: on a device map differs from whole"

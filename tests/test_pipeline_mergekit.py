@@ -32,7 +32,7 @@ def _pipeline(tmp_path, merges, **kw) -> str:
 def test_a_mergekit_config_merge_is_evaluated_published_and_not_made_twice(hub, zoo, tmp_path):  # noqa: F811
     import torch
 
-    from hubsoup.formats.mergekit import run_config
+    from hubsoup.workflows.rerun import run_config
     from test_mergekit_compat import load_dir
 
     publish(hub, zoo, "base", "ft-a", "ft-b")

@@ -326,7 +326,7 @@ def test_nothing_local_is_pushed(hub, model_dir, tmp_path, capsys, monkeypatch, 
     assert hub.head("alice/soup") == head
     # and the local recipe still repeats the merge
     if fmt == "full":
-        again = hubsoup.recipe.run_recipe(str(out), str(work / "again"), quiet=True)
+        again = hubsoup.run_recipe(str(out), str(work / "again"), quiet=True)
         assert again.recipe.hash == local["hash"]
 
 

@@ -298,7 +298,7 @@ def run_config(text: str, name: str, private: bool, profile: gr.OAuthProfile | N
     merge, shown = check_config(text)
     if merge is None:
         raise gr.Error(shown.replace("**", ""))
-    from hubsoup.formats.mergekit import run_config as run_mergekit
+    from hubsoup.workflows.rerun import run_config as run_mergekit
 
     def merge_fn(out: str, **options: Any):
         return run_mergekit(text, out, **options)

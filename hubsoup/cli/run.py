@@ -57,7 +57,7 @@ def run(args) -> int:
         import torch
 
         torch.set_num_threads(args.num_threads)  # hubsoup's lanes follow torch's thread count
-    from hubsoup.recipe import run_recipe  # here, not at the top: `hubsoup --help` imports no torch
+    from hubsoup.workflows.rerun import run_recipe  # here, not at the top: `hubsoup --help` imports no torch
 
     device = args.device or ("cuda" if args.cuda else "cpu")
     source = args.recipe

@@ -19,70 +19,15 @@ Example:
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from hubsoup.errors import PlacementError
+# parsed where the option is (hubsoup.options); re-exported for the engine's callers
+from hubsoup.options import STRATEGIES, parse_device_map, parse_max_memory  # noqa: F401
 from hubsoup.plan import Block, Plan
-
-STRATEGIES = ("auto", "balanced", "sequential")
-
-
-def parse_max_memory(spec: str | dict | None) -> dict[int | str, int] | None:
-    """``"0=70GiB,1=70GiB,cpu=64GiB"`` (or a dict) → ``{0: bytes, 1: bytes, "cpu": bytes}``, accelerate's units."""
-    if spec is None or spec == "":
-        return None
-    from accelerate.utils import convert_file_size_to_int
-
-    items = spec.items() if isinstance(spec, dict) else (p.split("=", 1) for p in str(spec).split(",") if p.strip())
-    out: dict[int | str, int] = {}
-    for item in items:
-        if len(item) != 2:
-            raise PlacementError(f"max_memory: expected DEVICE=SIZE entries (0=70GiB,cpu=64GiB), got {spec!r}")
-        k, v = item
-        k = str(k).strip()
-        key: int | str = int(k) if k.isdigit() else k
-        if isinstance(key, str) and key not in ("cpu", "mps") and not key.startswith(("cuda", "cpu:")):
-            raise PlacementError(f"max_memory: unknown device {k!r} (use a GPU index, 'cpu' or 'cpu:N')")
-        try:
-            size = convert_file_size_to_int(v.strip() if isinstance(v, str) else v)
-        except (ValueError, TypeError) as e:
-            raise PlacementError(f"max_memory: cannot read the size {v!r} of device {k!r} ({e})") from None
-        if size <= 0:
-            raise PlacementError(f"max_memory: the size of device {k!r} must be positive, got {v!r}")
-        out[key] = size
-    return out
-
-
-def parse_device_map(spec: str | dict | None) -> str | dict[str, Any] | None:
-    """A strategy name, or an explicit map from a dict, a JSON string or a JSON file."""
-    if spec is None or spec == "":
-        return None
-    if isinstance(spec, dict):
-        return dict(spec)
-    s = str(spec).strip()
-    if s in STRATEGIES:
-        return s
-    if s.startswith("{"):
-        try:
-            m = json.loads(s)
-        except json.JSONDecodeError as e:
-            raise PlacementError(f"device_map: not valid JSON ({e})") from None
-    elif os.path.isfile(s):
-        try:
-            with open(s, encoding="utf-8") as f:
-                m = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise PlacementError(f"device_map: cannot read {s} ({e})") from None
-    else:
-        raise PlacementError(f"device_map: {s!r} is not one of {', '.join(STRATEGIES)}, a JSON map or a JSON file")
-    if not isinstance(m, dict) or not all(isinstance(k, str) for k in m):
-        raise PlacementError("device_map: a map is a JSON object from module names to devices")
-    return m
 
 
 def torch_device(d: int | str) -> str:

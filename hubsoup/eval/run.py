@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.eval.heads import head_labels, load_head, mean_pool
 from hubsoup.eval.tasks import TaskSpec
+from hubsoup.public import public_file_ref
 
 EVAL_FILE = "eval_results.json"
 _METRICS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics")
@@ -207,8 +208,6 @@ def _classify(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool)
     # per-example outcomes, for paired confidence intervals (not written to eval_results.json)
     details: dict[str, Any] = {"correct": [int(p == r) for p, r in zip(preds, refs)]}
     if task.head:  # the scores are this head's on the model's features: the card must say so
-        from hubsoup.recipe import public_file_ref
-
         details["head"] = {"file": public_file_ref(task.head), "pooling": pooling,
                            **({"source": meta["source"]} if meta.get("source") else {})}
     return TaskResult(task, {"accuracy": acc["accuracy"], "macro_f1": f1["macro_f1"]}, len(refs), details)

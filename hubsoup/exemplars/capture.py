@@ -10,7 +10,7 @@ import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,9 @@ from safetensors.torch import save_file
 from hubsoup.arch import model_class
 from hubsoup.errors import HubsoupError
 from hubsoup.exemplars.data import load_exemplar_rows, make_batches
-from hubsoup.methods import PrepareContext
+
+if TYPE_CHECKING:  # the method kit's types only: methods (LOT) import exemplars, not the reverse
+    from hubsoup.methods import PrepareContext
 
 log = logging.getLogger(__name__)
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from hubsoup.errors import ExemplarError, InputError, MethodError
-from hubsoup.methods import InputInfo
+
+if TYPE_CHECKING:  # the method kit's types only: methods (LOT) import exemplars, not the reverse
+    from hubsoup.methods import InputInfo
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hubsoup.errors import HubsoupError, PlacementError
+from hubsoup.options import parse_device_map, parse_max_memory
 
 
 def meta_model(base_folder: str):
@@ -64,8 +65,6 @@ def expert_device_map(model, device_map: Any, max_memory: Any) -> dict[str, int 
         get_max_memory,
         infer_auto_device_map,
     )
-
-    from hubsoup.engine.placement import parse_device_map, parse_max_memory
 
     dm = parse_device_map(device_map)
     mm = parse_max_memory(max_memory)

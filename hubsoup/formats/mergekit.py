@@ -1,7 +1,7 @@
 """mergekit YAML configs, read with mergekit's semantics (and written back from hubsoup recipes).
 
 Thousands of model cards carry a mergekit config. :func:`read_config` turns one into the
-hubsoup merge it means and :func:`run_config` runs it (``hubsoup run CONFIG.yml`` and
+hubsoup merge it means and :func:`hubsoup.workflows.rerun.run_config` runs it (``hubsoup run CONFIG.yml`` and
 :func:`hubsoup.run_recipe` detect such a file by its ``merge_method`` key):
 
 * ``merge_method`` picks the hubsoup method *with mergekit's convention* (:data:`METHODS`:
@@ -60,13 +60,20 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import yaml
-
+from hubsoup.arch import before_blocks, tied_groups
 from hubsoup.errors import ParameterError
 from hubsoup.formats import chat_template
-from hubsoup.formats.mergekit_modules import run_modules, several_modules
 from hubsoup.formats.mergekit_vocab import VocabLayout, VocabSpec, parse_vocab
-from hubsoup.sources.access import scoped
+from hubsoup.hubclient import Token
+from hubsoup.methods import available, get_method
+from hubsoup.output.checkpoint import _COPY_FROM_BASE
+from hubsoup.plan import Plan, TensorSource, block_of, layout_plan
+# a config's model references and public text: in hubsoup.public (the recipe and the push need them too)
+from hubsoup.public import _map_models, dump_config, public_config_text  # noqa: F401
+from hubsoup.sources.access import hub_only, require_hub_id
+from hubsoup.sources.adapted import open_adapted
+from hubsoup.sources.compat import open_models
+from hubsoup.sources.resolve import open_input
 from hubsoup.untrusted import load_yaml, short
 
 log = logging.getLogger(__name__)
@@ -274,7 +281,7 @@ def _params_map(d: Any, where: list) -> dict[str, Any]:
     return d
 
 
-def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_pickle: bool = False,
+def read_config(source: str, *, resolve: bool = True, token: Token = None, allow_pickle: bool = False,
                 module: Any = None) -> MergekitMerge:
     """The hubsoup merge a mergekit config means.
 
@@ -362,8 +369,6 @@ def read_config(source: str, *, resolve: bool = True, token: Any = None, allow_p
 
     merge = _build(text, mk_name, base_ref, top, models, slices, dtype, dropped)
     if mk_name in METHODS:  # mergekit computes in its `dtype` (else the inputs' own): rounding included
-        from hubsoup.methods import get_method
-
         compute = _DTYPES[data["dtype"]] if data.get("dtype") is not None else "inputs"
         if compute != "float32" and "compute_dtype" in {f.name for f in dataclasses.fields(get_method(merge.method).Params)}:
             merge.params["compute_dtype"] = compute
@@ -481,7 +486,6 @@ def _build(text: str, mk_name: str, base_ref: str | None, top: dict, models: lis
 
 def _build_native(text, name, base_ref, top, models, slices, dtype) -> MergekitMerge:
     """A hubsoup method from a mergekit-shaped config: its own parameters, ``weight`` per model if it has ``weights``."""
-    from hubsoup.methods import available
 
     methods = available()
     if name not in methods:
@@ -716,7 +720,6 @@ class MergekitLayout:
 
     def open_inputs(self, inputs, base, opts, monitor=None):
         """The base and the inputs' task vectors, every model seen through the merged vocabulary (re-mapped rows)."""
-        from hubsoup.sources.compat import open_models
 
         views = self._vocab.open(opts, monitor)
         specs = [views.get(i, i) for i in inputs]  # a LoRA (base+adapter) input: the adapter, as is
@@ -754,7 +757,7 @@ class MergekitLayout:
         return (len(sl) == 1 and len(sl[0].sources) > 1 and n is not None
                 and all(s.layer_range == (0, n) for s in sl[0].sources))
 
-    def check_sources(self, token: Any = None, allow_pickle: bool = False) -> tuple | None:
+    def check_sources(self, token: Token = None, allow_pickle: bool = False) -> tuple | None:
         """Read the sliced models' configs (layer ranges within each model's depth); returns their naming.
 
         The naming: ``(stack, layer suffixes, names before the layers, names after)`` of the
@@ -762,7 +765,6 @@ class MergekitLayout:
         """
         if self.merge.slices is None:
             return None
-        from hubsoup.sources.resolve import open_input
 
         naming = None
         for i, sl in enumerate(self.merge.slices):
@@ -778,7 +780,6 @@ class MergekitLayout:
 
     def plan(self, base, sources, opts):
         """The plan of the output (the base's own for ``models``), with every donor checkpoint opened."""
-        from hubsoup.plan import Plan
 
         if self.merge.chat_template == "auto":
             self.merge.chat_template_text = self._auto_chat_template(base, opts)
@@ -791,11 +792,6 @@ class MergekitLayout:
         return self._slice_plan(base, sources, opts)
 
     def _slice_plan(self, base, sources, opts):
-        from hubsoup.arch import tied_groups
-        from hubsoup.plan import TensorSource, layout_plan
-        from hubsoup.sources.adapted import open_adapted
-        from hubsoup.sources.resolve import open_input
-
         merge = self.merge
         ref_model = merge.inputs[0] if merge.merge_method == "passthrough" else (merge.base or merge.inputs[0])
         keys = [k for k in base.keys() if merge.module is None or merge.module.holds(k)]
@@ -879,7 +875,6 @@ class MergekitLayout:
 
     def _auto_chat_template(self, base, opts) -> str | None:
         """``chat_template: auto``: the template most of the config's models carry (config order breaks ties)."""
-        from hubsoup.sources.resolve import open_input
 
         refs = [r.split("+")[0] for r in _referenced(self.merge)]
         folders = []
@@ -934,7 +929,6 @@ class MergekitLayout:
 
 def _remove_tokenizer_files(folder: str) -> None:
     """Remove the tokenizer files copied from the base into an output folder (its config stays)."""
-    from hubsoup.output.checkpoint import _COPY_FROM_BASE
 
     for fname in _COPY_FROM_BASE:
         if fname not in ("config.json", "generation_config.json", "preprocessor_config.json"):
@@ -955,7 +949,6 @@ def _referenced(merge: MergekitMerge) -> list[str]:
 def _naming(ckpt, module: Any = None) -> tuple[str, list[str], list[str], list[str]]:
     """``(stack, layer suffixes, names before the layers, names after)`` of a checkpoint (or of one of its
     modules) with one stack of layers."""
-    from hubsoup.plan import block_of
 
     keys = [k for k in ckpt.keys() if module is None or module.holds(k)]
     stacks = {block_of(k)[0] for k in keys if block_of(k)}
@@ -1032,8 +1025,6 @@ def _guard_params(merge: MergekitMerge, spec: MkMethod, stack: str, suffixes: li
 
 
 def _before(name: str) -> bool:
-    from hubsoup.arch import before_blocks
-
     return before_blocks(name)
 
 
@@ -1049,7 +1040,6 @@ def _depth(ckpt, module: Any = None) -> int | None:
     n = _layers(ckpt.config) if module is None else _config_value(ckpt.config, module.layers_key)
     if isinstance(n, int) and not isinstance(n, bool):
         return n
-    from hubsoup.plan import block_of
 
     indices = [b[1] for k in ckpt.keys() if (module is None or module.holds(k)) and (b := block_of(k))]
     return max(indices) + 1 if indices else None
@@ -1083,78 +1073,10 @@ def _set_layers(config: dict, n: int) -> None:
     config["num_hidden_layers"] = n
 
 
-def public_config_text(text: str) -> str:
-    """The config with every local model folder named by its public form (name and content digest)."""
-    from hubsoup.recipe import public_value
-
-    try:
-        data = load_yaml(text, "mergekit config")
-    except ParameterError:
-        return text
-    pub = _map_models(data, lambda ref: public_value(ref) if isinstance(ref, str) else ref)
-    if pub == data:
-        return text
-    return dump_config(pub)
-
-
-class _Dumper(yaml.SafeDumper):
-    """mergekit's layout: lists of numbers (layer ranges, gradients) in flow style."""
-
-
-_Dumper.add_representer(list, lambda d, v: d.represent_sequence(
-    "tag:yaml.org,2002:seq", v, flow_style=all(isinstance(e, (int, float)) for e in v)))
-
-
-def dump_config(data: dict) -> str:
-    """A config as YAML, in the layout mergekit itself writes."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
-
-
-def _map_models(data: Any, fn: Callable[[str], str]) -> Any:
-    """``data`` (a parsed config) with ``fn`` applied to every model reference."""
-    if not isinstance(data, dict):
-        return data
-    out = dict(data)
-    if isinstance(out.get("modules"), dict):  # each module is a config of its own shape
-        out["modules"] = {k: _map_models(v, fn) for k, v in out["modules"].items()}
-    for key in ("base_model", "tokenizer_source"):
-        if isinstance(out.get(key), str) and out[key] not in ("base", "union"):
-            out[key] = fn(out[key])
-    if isinstance(out.get("tokenizer"), dict):  # the tokenizer section's source and tokens' models
-        out["tokenizer"] = _map_tokenizer_models(out["tokenizer"], fn)
-    if isinstance(out.get("models"), list):
-        out["models"] = [{**m, "model": fn(m["model"])} if isinstance(m, dict) and "model" in m else m
-                         for m in out["models"]]
-    if isinstance(out.get("slices"), list):
-        out["slices"] = [{**s, "sources": [{**x, "model": fn(x["model"])} if isinstance(x, dict) and "model" in x
-                                           else x for x in s.get("sources") or []]} if isinstance(s, dict) else s
-                         for s in out["slices"]]
-    return out
-
-
-def _map_tokenizer_models(section: dict, fn: Callable[[str], str]) -> dict:
-    out = dict(section)
-    if isinstance(out.get("source"), str) and out["source"] not in ("base", "union"):
-        out["source"] = fn(out["source"])
-    if isinstance(out.get("tokens"), dict):
-        tokens = {}
-        for tok, setting in out["tokens"].items():
-            if isinstance(setting, dict):
-                src = setting.get("source")
-                if isinstance(src, str):
-                    setting = {**setting, "source": fn(src)}
-                elif isinstance(src, dict) and isinstance(src.get("model"), str):
-                    setting = {**setting, "source": {**src, "model": fn(src["model"])}}
-            tokens[tok] = setting
-        out["tokens"] = tokens
-    return out
-
-
 # --- running ----------------------------------------------------------------------------------------
 
 def check_hub_only(data: Any) -> None:
     """In a ``hub_only`` run, refuse a parsed config naming any model (a LoRA's too) that is not a Hub repo ID."""
-    from hubsoup.sources.access import hub_only, require_hub_id
 
     if not hub_only():
         return
@@ -1168,73 +1090,175 @@ def check_hub_only(data: Any) -> None:
     _map_models(data, check)
 
 
-@scoped
-def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, copy_tokenizer: bool = True,
-               random_seed: int | None = None, out_shard_params: int | None = None, **options: Any):
-    """Run a mergekit config with hubsoup; returns the :class:`hubsoup.MergeResult`.
-
-    ``source``: the YAML text or a file (with ``hub_only``: always the text, never a path);
-    ``pins``: model reference → pinned spec (``org/name@sha``),
-    used when repeating a merge from its recipe; ``options``: :class:`hubsoup.MergeOptions` fields
-    (``overwrite``, ``device``, ``quiet``, ...; ``dtype`` overrides the config's).
-    mergekit-yaml's options: ``copy_tokenizer`` (False: the output holds no tokenizer files),
-    ``random_seed`` (the ``seed`` of a random method: DARE, DELLA), ``out_shard_params`` (parameters
-    per output shard, as ``--out-shard-size``; in bytes of the config's dtype, float16's when it names none).
-
-    Example:
-        >>> res = run_config("mk.yml", "./merged", overwrite=True)     # doctest: +SKIP
-    """
-    from hubsoup.api import merge as hub_merge
-    from hubsoup.sources.access import hub_only
-
-    if hub_only():  # a server's run: the config is text; nothing is read from (or probed on) the disk
-        if not isinstance(source, str):
-            raise ParameterError("mergekit config: with hub_only, give the config's YAML text")
-        text = source if "\n" in source else source + "\n"
-        check_hub_only(load_yaml(text, "mergekit config"))
-    else:
-        text = source if "\n" in source else load_text(source)
-    if pins:
-        data = load_yaml(text, "mergekit config")
-        # each part of a model+adapter reference pinned on its own
-        text = dump_config(_map_models(data, lambda r: "+".join(pins.get(x, x) for x in r.split("+"))))
-    token, allow_pickle = options.get("token"), bool(options.get("allow_pickle"))
-    shard_size, dtype = options.get("shard_size"), options.pop("dtype", None)
-
-    def one(config: str, target: str, module: Any = None, **opts: Any):
-        m = read_config(config, token=token, allow_pickle=allow_pickle, module=module)
-        m.text = text  # the card and recipe carry the whole config (a module's merge included)
-        kwargs = m.merge_kwargs()
-        kwargs["layout"].copy_tokenizer = copy_tokenizer
-        if random_seed is not None:
-            from hubsoup.methods import get_method
-
-            if "seed" in {f.name for f in dataclasses.fields(get_method(m.method).Params)}:
-                kwargs["params"]["seed"] = int(random_seed)
-        if out_shard_params is not None and shard_size is None:
-            from hubsoup.options import DTYPES
-
-            opts["shard_size"] = int(out_shard_params) * DTYPES[dtype or m.dtype or "float16"].itemsize
-        if dtype is not None:
-            kwargs.pop("dtype")
-            opts["dtype"] = dtype
-        return hub_merge(m.inputs, out=target, **kwargs, **opts)
-
-    data = load_yaml(text, "mergekit config")
-    if several_modules(data):  # a multimodal model, module by module: one merge each, assembled into one output
-        return run_modules(text, data, out, lambda config, module, target: one(
-            config, target, module, **{**options, "overwrite": False}),
-            overwrite=bool(options.get("overwrite")), token=token, allow_pickle=allow_pickle)
-    return one(text, out, **options)
-
-
 # --- writing: a hubsoup recipe as a mergekit config -------------------------------------------------
+
+@dataclass
+class _Export:
+    """One recipe on its way to a mergekit config: what each method's entry of :data:`EXPORTS` fills in."""
+
+    method: str
+    p: dict[str, Any]
+    base: str | None
+    inputs: list[str]
+    cfg: dict[str, Any] = field(default_factory=dict)
+    per: dict[str, list[Any]] = field(default_factory=dict)
+    """Per-model parameters, one value per input."""
+
+    @property
+    def n(self) -> int:
+        return len(self.inputs)
+
+    def weights(self, default: float = 1.0) -> list[Any]:
+        w = self.p.get("weights")
+        return list(w) if w is not None else [default] * self.n
+
+    def per_input(self, name: str, hub_tuple: str, hub_scalar: str | None) -> None:
+        v = self.p.get(hub_tuple)
+        if v is None and hub_scalar is not None:
+            v = [self.p[hub_scalar]] * self.n
+        if v is not None:
+            self.per[name] = list(v)
+
+    def fail(self, why: str) -> None:
+        raise ParameterError(f"method '{self.method}'{why} has no mergekit equivalent; export-config cannot write it")
+
+
+def _export_linear(x: _Export) -> None:
+    p, cfg, per = x.p, x.cfg, x.per
+    if p.get("normalize", True):
+        cfg.update(merge_method="linear", parameters={"normalize": True})
+        per["weight"] = x.weights()
+        x.base = None
+    elif p.get("combine") == "models":
+        cfg.update(merge_method="linear", parameters={"normalize": False})
+        per["weight"] = x.weights()
+        x.base = None
+    else:
+        cfg.update(merge_method="task_arithmetic")
+        per["weight"] = x.weights()
+
+
+def _export_task_arithmetic(x: _Export) -> None:
+    p = x.p
+    x.cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(p),
+                                                             "normalize": bool(p.get("normalize"))})
+    x.per["weight"] = x.weights()
+
+
+def _export_wise_ft(x: _Export) -> None:  # (1 − γ)θ₀ + γθ₁ = θ₀ + γτ: task arithmetic with weight γ
+    x.cfg.update(merge_method="task_arithmetic", parameters={"lambda": 1.0, "normalize": False})
+    x.per["weight"] = [x.p.get("gamma", 0.5)]
+
+
+def _export_soup(x: _Export) -> None:
+    x.cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(x.p), "normalize": True})
+    x.per["weight"] = [1.0] * x.n
+
+
+def _export_ties(x: _Export) -> None:
+    p = x.p
+    if p.get("convention") != "mergekit" or p.get("scope") != "tensor":
+        x.fail(" with convention=paper or scope=model (hubsoup's TIES; mergekit elects signs on weighted "
+               "deltas, per tensor: use convention=mergekit scope=tensor)")
+    x.cfg.update(merge_method="ties", parameters={"normalize": p.get("merge") == "mean",
+                                                  "lambda": _scale_of(p), "rescale": bool(p.get("rescale"))})
+    if p.get("merge") not in ("mean", "sum"):
+        x.fail(f" with merge={p.get('merge')}")
+    x.per["weight"] = x.weights()
+    x.per_input("density", "densities", "density")
+
+
+def _export_dare(x: _Export) -> None:
+    p, cfg, per = x.p, x.cfg, x.per
+    if p.get("convention") != "mergekit":
+        x.fail(" with convention=paper (mergekit's DARE rescales to keep each tensor's L1 norm: use "
+               "convention=mergekit)")
+    then = p.get("then")
+    if then not in ("ties", "sum"):
+        x.fail(f" with then={then}")
+    cfg["merge_method"] = "dare_ties" if then == "ties" else "dare_linear"
+    params = {"lambda": _scale_of(p), "rescale": bool(p.get("rescale", True))}
+    params["normalize"] = p.get("merge") == "mean" if then == "ties" else bool(p.get("normalize"))
+    cfg["parameters"] = params
+    per["weight"] = x.weights()
+    if p.get("densities") is not None:
+        per["density"] = list(p["densities"])
+    else:
+        per["density"] = [round(1.0 - float(p.get("p", 0.9)), 12)] * x.n
+
+
+def _export_sparsified(x: _Export) -> None:  # breadcrumbs, breadcrumbs_ties, della, della_linear: mergekit's names
+    p, method = x.p, x.method
+    x.cfg.update(merge_method=method, parameters={"lambda": _scale_of(p), "normalize": bool(p.get("normalize")),
+                                                  "rescale": bool(p.get("rescale"))})
+    x.per["weight"] = x.weights()
+    x.per_input("density", "densities", "density")
+    if method.startswith("breadcrumbs"):
+        x.per_input("gamma", "gammas", "gamma")
+    else:
+        x.per_input("epsilon", "epsilons", "epsilon")
+
+
+def _export_named(*keys: str, use_base: bool = True) -> Callable[[_Export], None]:
+    """A method mergekit has under the same name, whose ``keys`` are passed as they are."""
+    def export(x: _Export) -> None:
+        x.cfg.update(merge_method=x.method, parameters={k: x.p[k] for k in keys if k in x.p})
+        if not use_base:
+            x.base = None
+    return export
+
+
+def _export_interpolation(*keys: str) -> Callable[[_Export], None]:  # nuslerp, multislerp: weights, maybe a base
+    def export(x: _Export) -> None:
+        x.cfg.update(merge_method=x.method, parameters={k: x.p[k] for k in keys if k in x.p})
+        x.per["weight"] = x.weights()
+        if not x.p.get("use_base", True):
+            x.base = None
+    return export
+
+
+def _export_slerp(x: _Export) -> None:
+    x.cfg.update(merge_method="slerp", parameters={"t": x.p.get("t", 0.5)})
+    if x.n == 2:  # hubsoup interpolates input 0 → input 1: mergekit's base_model is the t = 0 end
+        x.base = x.inputs[0]
+        x.inputs = x.inputs[1:]
+
+
+def _export_passthrough(x: _Export) -> None:
+    x.cfg.update(merge_method="passthrough")
+    if x.p.get("weight_scale", 1.0) != 1.0:
+        x.per["scale"] = [x.p["weight_scale"]]
+    x.base = None
+
+
+EXPORTS: dict[str, Callable[[_Export], None]] = {
+    "linear": _export_linear,
+    "task_arithmetic": _export_task_arithmetic,
+    "wise_ft": _export_wise_ft,
+    "soup": _export_soup,
+    "ties": _export_ties,
+    "dare": _export_dare,
+    "breadcrumbs": _export_sparsified,
+    "breadcrumbs_ties": _export_sparsified,
+    "della": _export_sparsified,
+    "della_linear": _export_sparsified,
+    "model_stock": _export_named("filter_wise"),
+    "sce": _export_named("select_topk"),
+    "karcher": _export_named("max_iter", "tol", use_base=False),
+    "nuslerp": _export_interpolation("nuslerp_flatten", "nuslerp_row_wise"),
+    "multislerp": _export_interpolation("normalize_weights", "eps"),
+    "slerp": _export_slerp,
+    "passthrough": _export_passthrough,
+}
+"""How each hubsoup method is written as a mergekit config (``hubsoup export-config``): one entry per method
+mergekit has, instead of a chain of conditions on method names; a method not here has no mergekit equivalent."""
+
 
 def export_config(recipe, out_dtype: str | None = None) -> str:
     """The mergekit config equivalent of a hubsoup :class:`~hubsoup.recipe.Recipe`.
 
     A recipe made from a mergekit config gives that config back. Otherwise the method and
-    parameters are mapped onto mergekit's (see :data:`METHODS`); a method or option with no
+    parameters are mapped onto mergekit's (see :data:`EXPORTS`); a method or option with no
     mergekit equivalent raises :class:`~hubsoup.errors.ParameterError` naming it. hubsoup
     computes in float32, and mergekit in its ``dtype``: the config says ``dtype: float32`` (the
     method's ``compute_dtype`` where the recipe sets one) and stores the output as hubsoup did with
@@ -1245,115 +1269,14 @@ def export_config(recipe, out_dtype: str | None = None) -> str:
         return recipe.mergekit["config"]
     if recipe.options.get("shape_mismatch") not in (None, "error"):
         raise ParameterError("recipe option 'shape_mismatch' has no mergekit equivalent")
-    p = dict(recipe.params)
-    base = recipe.base.pinned_spec
-    inputs = [i.pinned_spec for i in recipe.inputs]
-    n = len(inputs)
     method = recipe.method
-    cfg: dict[str, Any] = {}
-    per: dict[str, list] = {}
-
-    def none_of(*names: str, why: str = "") -> None:
-        for k in names:
-            if p.get(k) not in (None, False):
-                raise ParameterError(f"method '{method}': parameter '{k}' has no mergekit equivalent{why}")
-
-    def weights(default: float = 1.0) -> list:
-        w = p.get("weights")
-        return list(w) if w is not None else [default] * n
-
-    def per_input(name: str, hub_tuple: str, hub_scalar: str | None) -> None:
-        v = p.get(hub_tuple)
-        if v is None and hub_scalar is not None:
-            v = [p[hub_scalar]] * n
-        if v is not None:
-            per[name] = list(v)
-
-    def fail(why: str) -> None:
-        raise ParameterError(f"method '{method}'{why} has no mergekit equivalent; export-config cannot write it")
-
-    if method == "linear":
-        if p.get("normalize", True):
-            cfg.update(merge_method="linear", parameters={"normalize": True})
-            per["weight"] = weights()
-            base = None
-        elif p.get("combine") == "models":
-            cfg.update(merge_method="linear", parameters={"normalize": False})
-            per["weight"] = weights()
-            base = None
-        else:
-            cfg.update(merge_method="task_arithmetic")
-            per["weight"] = weights()
-    elif method == "task_arithmetic":
-        cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(p),
-                                                               "normalize": bool(p.get("normalize"))})
-        per["weight"] = weights()
-    elif method == "wise_ft":  # (1 − γ)θ₀ + γθ₁ = θ₀ + γτ: task arithmetic with weight γ
-        cfg.update(merge_method="task_arithmetic", parameters={"lambda": 1.0, "normalize": False})
-        per["weight"] = [p.get("gamma", 0.5)]
-    elif method == "soup":
-        cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(p), "normalize": True})
-        per["weight"] = [1.0] * n
-    elif method == "ties":
-        if p.get("convention") != "mergekit" or p.get("scope") != "tensor":
-            fail(" with convention=paper or scope=model (hubsoup's TIES; mergekit elects signs on weighted "
-                 "deltas, per tensor: use convention=mergekit scope=tensor)")
-        cfg.update(merge_method="ties", parameters={"normalize": p.get("merge") == "mean",
-                                                    "lambda": _scale_of(p), "rescale": bool(p.get("rescale"))})
-        if p.get("merge") not in ("mean", "sum"):
-            fail(f" with merge={p.get('merge')}")
-        per["weight"] = weights()
-        per_input("density", "densities", "density")
-    elif method == "dare":
-        if p.get("convention") != "mergekit":
-            fail(" with convention=paper (mergekit's DARE rescales to keep each tensor's L1 norm: use "
-                 "convention=mergekit)")
-        then = p.get("then")
-        if then not in ("ties", "sum"):
-            fail(f" with then={then}")
-        cfg["merge_method"] = "dare_ties" if then == "ties" else "dare_linear"
-        params = {"lambda": _scale_of(p), "rescale": bool(p.get("rescale", True))}
-        params["normalize"] = p.get("merge") == "mean" if then == "ties" else bool(p.get("normalize"))
-        cfg["parameters"] = params
-        per["weight"] = weights()
-        if p.get("densities") is not None:
-            per["density"] = list(p["densities"])
-        else:
-            per["density"] = [round(1.0 - float(p.get("p", 0.9)), 12)] * n
-    elif method in ("breadcrumbs", "breadcrumbs_ties", "della", "della_linear"):
-        cfg.update(merge_method=method, parameters={"lambda": _scale_of(p),
-                                                    "normalize": bool(p.get("normalize")),
-                                                    "rescale": bool(p.get("rescale"))})
-        per["weight"] = weights()
-        per_input("density", "densities", "density")
-        if method.startswith("breadcrumbs"):
-            per_input("gamma", "gammas", "gamma")
-        else:
-            per_input("epsilon", "epsilons", "epsilon")
-    elif method in ("model_stock", "sce", "karcher"):
-        keys = {"model_stock": ["filter_wise"], "sce": ["select_topk"], "karcher": ["max_iter", "tol"]}[method]
-        cfg.update(merge_method=method, parameters={k: p[k] for k in keys if k in p})
-        if method == "karcher":
-            base = None
-    elif method in ("nuslerp", "multislerp"):
-        keys = {"nuslerp": ["nuslerp_flatten", "nuslerp_row_wise"], "multislerp": ["normalize_weights", "eps"]}[method]
-        cfg.update(merge_method=method, parameters={k: p[k] for k in keys if k in p})
-        per["weight"] = weights()
-        if not p.get("use_base", True):
-            base = None
-    elif method == "slerp":
-        cfg.update(merge_method="slerp", parameters={"t": p.get("t", 0.5)})
-        if n == 2:  # hubsoup interpolates input 0 → input 1: mergekit's base_model is the t = 0 end
-            base = inputs[0]
-            inputs = inputs[1:]
-    elif method == "passthrough":
-        cfg.update(merge_method="passthrough")
-        if p.get("weight_scale", 1.0) != 1.0:
-            per["scale"] = [p["weight_scale"]]
-        base = None
-    else:
+    export = EXPORTS.get(method)
+    if export is None:
         raise ParameterError(f"method '{method}' has no mergekit equivalent; export-config writes only methods "
                              f"mergekit has ({', '.join(sorted(METHODS))})")
+    x = _Export(method, dict(recipe.params), recipe.base.pinned_spec, [i.pinned_spec for i in recipe.inputs])
+    export(x)
+    p, cfg, per, base, inputs = x.p, x.cfg, x.per, x.base, x.inputs  # p: main's tail reads compute_dtype from it
     if not cfg.get("parameters"):
         cfg.pop("parameters", None)
     models = []

@@ -27,12 +27,11 @@ Example:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from hubsoup.errors import ParameterError
-from hubsoup.formats.mergekit import _map_models, dump_config, is_mergekit_config, public_config_text
+from hubsoup.formats.mergekit import _map_models, is_mergekit_config
 from hubsoup.untrusted import load_yaml_all
 
 
@@ -106,43 +105,3 @@ def read_stages(text: str) -> list[Stage]:
     return order
 
 
-def run_stages(text: str, out: str, *, intermediate_dir: str | None = None, **options: Any):
-    """Merge every stage of a multi-stage config; returns the final stage's :class:`hubsoup.MergeResult`.
-
-    ``intermediate_dir``: where named stages are written (default: ``.NAME.stages`` beside ``out``);
-    ``options``: as for :func:`hubsoup.formats.mergekit.run_config` (each stage is run with them,
-    an intermediate stage always replacing an earlier run's).
-    """
-    from hubsoup.formats.mergekit import run_config
-
-    stages = read_stages(text)
-    out_abs = os.path.abspath(out)
-    inter = os.path.abspath(intermediate_dir or os.path.join(os.path.dirname(out_abs),
-                                                             f".{os.path.basename(out_abs)}.stages"))
-    paths = {s.name: os.path.join(inter, s.name) for s in stages if s.name is not None}
-    final = stages[-1]
-    if final.name is not None:
-        paths[final.name] = out_abs
-
-    def patch(ref: str) -> str:
-        head, sep, lora = ref.partition("+")
-        name, at, rev = head.partition("@")
-        return paths[name] + sep + lora if name in paths else ref
-
-    done: list[tuple[Stage, Any, str]] = []
-    result = None
-    for st in stages:
-        config = dump_config(_map_models(st.data, patch))
-        target = out_abs if st is final else paths[st.name]
-        opts = dict(options) if st is final else {**options, "overwrite": True}
-        result = run_config(config, target, **opts)
-        done.append((st, result, config))
-    assert result is not None
-    body = ["This model was merged in stages from one multi-stage mergekit config (mergekit-multi), each stage "
-            "by hubsoup with mergekit's semantics:\n"]
-    for st, res, config in done:
-        body.append(f"**{st.name or 'final merge'}** (recipe `{res.recipe.hash[:12]}`):\n\n```yaml\n"
-                    + public_config_text(config).rstrip() + "\n```\n")
-    result.sections.append({"title": "Merge stages", "body": "\n".join(body)})
-    result.write_card(result.path)
-    return result

@@ -15,13 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
+import math
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any, Callable, ClassVar, Hashable, Sequence
 
 import torch
 
 from hubsoup.errors import MethodError
+from hubsoup.methods._kept import KeptTensors
 from hubsoup.plan import BlockInfo
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -146,12 +152,10 @@ class PrepareContext:
     method's :meth:`Method.stats_key` leaves out get what this preparation returns, so per-tensor work those
     parameters do not change is worth keeping (:meth:`keep_tensors`)."""
 
-    def keep_tensors(self, label: str):
+    def keep_tensors(self, label: str) -> KeptTensors:
         """A store for per-tensor intermediates the statistics pass computes and the merge needs again
         (``put(name, tensor)``, ``get(name, device)``, ``close()``; on disk in :attr:`scratch`): return it
         from :meth:`Method.prepare` in the statistics; :meth:`Method.finish` closes it."""
-        from hubsoup.engine.kept import KeptTensors
-
         return KeptTensors(self.scratch, label)
 
 
@@ -177,18 +181,30 @@ class Method:
     zero_preserving: ClassVar[bool] = True
     """All-zero task vectors merge to zero, so a tensor no input changes is the base's (the engine then
     skips it, e.g. the tensors a LoRA does not adapt). Set False if the method can move such a tensor."""
-    search_grid: ClassVar[dict[str, list]] = {}
+    search_grid: ClassVar[dict[str, list[Any]]] = {}
     """The paper's grid per parameter, used by ``--search KEY`` when no values are given."""
     scale_param: ClassVar[str | None] = None
     """The parameter that scales the whole merged task vector (λ), if any: a modifier that applies
     its own scale (LiNeS) sets it to 1 unless the user gives it."""
+    elementwise: ClassVar[bool] = False
+    """True: :meth:`merge` works entry by entry and needs no per-tensor statistics, so the engine may merge
+    full fine-tunes in cache-sized pieces (:meth:`tensor_passes` is then ``[]``). A linear method is
+    element-wise already (:meth:`linear_coefficients`); one with per-tensor statistics declares them in
+    :meth:`tensor_passes` instead."""
+    workspace_copies: ClassVar[float | None] = None
+    """Float32 copies of one tensor that :meth:`merge` allocates beyond the stack of task vectors: the
+    default :meth:`workspace_bytes` the planner (``hubsoup plan``, the fit check) counts. None (undeclared):
+    0 for this package's methods (in-place math, or their own :meth:`workspace_bytes`), one copy of the
+    whole stack (as many as there are inputs) for a method defined elsewhere: a guess that errs high."""
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # A subclass that overrides merge() but not linear_coefficients() inherits a claim of linearity
         # about a merge it replaced: drop the claim, so the low-rank path never disagrees with merge().
         if "merge" in vars(cls) and "linear_coefficients" not in vars(cls):
-            cls.linear_coefficients = Method.linear_coefficients
+            cls.linear_coefficients = Method.linear_coefficients  # type: ignore[method-assign]
+        if "merge" in vars(cls) and "elementwise" not in vars(cls):  # the same for element-wise
+            cls.elementwise = False
 
     def parse(self, given: dict[str, Any]) -> Any:
         """Build this method's parameters from user values (CLI strings or Python objects).
@@ -268,7 +284,11 @@ class Method:
         Pieces are swept by several threads at once (:mod:`hubsoup.engine.lanes`): :meth:`merge`
         may run on two pieces concurrently, so it must not change shared state (``ctx.stats``
         included); a pass is fed from several threads only through its :meth:`StatsPass.fork`.
+
+        Default: ``[]`` for an :attr:`elementwise` or linear method, else None.
         """
+        if self.elementwise:
+            return []
         return [] if self.linear_coefficients(params, n_inputs) is not None else None
 
     def piece_multiple(self, params: Any) -> int:
@@ -294,8 +314,6 @@ class Method:
         """Release what :meth:`prepare` holds (scratch files), after the merge or on failure. By default the
         stores of :meth:`PrepareContext.keep_tensors` are closed and left out of the statistics; a method
         that overrides this and keeps tensors calls it too."""
-        from hubsoup.engine.kept import KeptTensors
-
         for k in [k for k, v in stats.items() if isinstance(v, KeptTensors)]:
             stats.pop(k).close()
 
@@ -312,8 +330,11 @@ class Method:
         """Memory the method needs for one tensor beyond the stack of task vectors (SVDs, Grams), for the planner.
 
         ``name``: the tensor's (a method treating roles differently, e.g. SFTM's matrices, can tell);
-        "" when unknown (answer for the worst case)."""
-        return 0
+        "" when unknown (answer for the worst case). Default: :attr:`workspace_copies` float32 copies of the tensor."""
+        copies = self.workspace_copies
+        if copies is None:
+            copies = 0 if type(self).__module__.startswith("hubsoup.") else n_inputs
+        return int(copies * math.prod(shape) * 4)
 
     def card_notes(self, described: dict[str, Any], stats: dict[str, Any], n_inputs: int) -> list[str]:
         """Markdown paragraphs for the model card (``described``: :meth:`describe_params`'s output)."""
@@ -340,8 +361,36 @@ def register(cls: type[Method]) -> type[Method]:
     return cls
 
 
+ENTRY_POINT_GROUP = "hubsoup.methods"
+"""Installed packages declare their methods under this entry-point group (``name = "module:Class"`` or
+``name = "module"``): loading the entry point registers them (``@register``, or the class it names)."""
+
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Register the methods of installed packages (entry-point group ``hubsoup.methods``), once per process.
+
+    A plug-in that fails to load, or takes a name already registered, is left out with a warning naming its
+    entry point: the built-in methods always stay usable.
+    """
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if isinstance(obj, type) and issubclass(obj, Method):
+                register(obj)
+        except Exception as e:  # noqa: BLE001 - someone else's package: say which and go on
+            log.warning("method plug-in %r (%s, entry point group %s) not loaded: %s: %s", ep.name, ep.value,
+                        ENTRY_POINT_GROUP, type(e).__name__, e)
+
+
 def get_method(name: str) -> Method:
-    """The registered method called ``name``."""
+    """The registered method called ``name`` (built in, or from an installed package: :func:`load_plugins`)."""
+    load_plugins()
     try:
         return _REGISTRY[name]()
     except KeyError:
@@ -355,4 +404,6 @@ def get_method(name: str) -> Method:
 
 
 def available() -> dict[str, type[Method]]:
+    """Every registered method by name, the installed packages' included."""
+    load_plugins()
     return dict(sorted(_REGISTRY.items()))

@@ -32,20 +32,22 @@ SOURCES = ("paper", "ours", "mergekit", "measured")
 
 
 def param(default: Any, help: str, *, range: tuple | None = None, choices: tuple | None = None,
-          source: str = "paper", per_input: bool = False, evidence: str | None = None,
+          source: str | None = None, per_input: bool = False, evidence: str | None = None,
           recorded_when_set: bool = False) -> Any:
     """A method parameter with its default, one-line help, allowed range and provenance.
 
     ``source``: where the default comes from: ``paper``, ``ours`` (a choice where the paper is
     silent), ``mergekit`` (that tool's convention) or ``measured`` (chosen on hubsoup's quality
-    benchmarks; ``evidence`` says which, default :data:`MEASURED`).
+    benchmarks; ``evidence`` says which, default :data:`MEASURED`). Not given: ``paper`` for the methods
+    of this package (each implements its paper), ``ours`` for a method defined anywhere else (a user's
+    parameter is not a paper's).
     ``per_input``: a tuple with one value per input model (checked against the number of inputs).
     ``recorded_when_set``: left out of recipes (and so of their hash) at its default, so that adding
     it changes no earlier recipe.
     """
-    if source not in SOURCES:
+    if source is not None and source not in SOURCES:
         raise ValueError(f"param source must be one of {', '.join(SOURCES)}, got {short(source)}")
-    md = {"help": help, "range": range, "choices": choices, "source": source}
+    md = {"help": help, "range": range, "choices": choices, "source": source}  # None: see default_source
     if source == "measured":
         md["evidence"] = evidence or MEASURED
     if per_input:
@@ -226,6 +228,11 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
+def default_source(cls: type) -> str:
+    """The provenance of a parameter declared without one: ``paper`` in this package's methods, else ``ours``."""
+    return "paper" if cls.__module__.startswith("hubsoup.") else "ours"
+
+
 def describe(cls: type) -> list[dict[str, Any]]:
     """Each parameter of ``cls`` as plain (JSON-serialisable) data, for ``hubsoup methods``, cards and apps.
 
@@ -254,6 +261,6 @@ def describe(cls: type) -> list[dict[str, Any]]:
             kind, choices = "choice", list(md["choices"])
         rows.append({"name": f.name, "type": kind, "nullable": nullable or default is None,
                      "default": _plain(default), "range": _plain(md.get("range")), "choices": _plain(choices),
-                     "help": md.get("help", ""), "source": md.get("source", "paper"),
+                     "help": md.get("help", ""), "source": md.get("source") or default_source(cls),
                      "evidence": md.get("evidence")})
     return rows

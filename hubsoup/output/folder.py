@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass
 
 from hubsoup.errors import DiskFullError, HubsoupError, OutputExistsError, OutputLockedError, OutputNotWritableError
+from hubsoup.options import parse_size  # noqa: F401 - parsed where the option is; re-exported
 
 try:
     import fcntl
@@ -60,33 +61,6 @@ log = logging.getLogger(__name__)
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
-
-
-_SIZE_UNITS = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9,
-               "TB": 10**12, "B": 1, "": 1}
-_SIZE = re.compile(r"^([-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*([KMGT]I?B|B)?$")
-
-
-def parse_size(size: str | int) -> int:
-    """``"5GB"`` → 5·10⁹ bytes (``GiB`` → 2³⁰), as transformers' ``max_shard_size``; a plain number is bytes.
-
-    Raises :class:`~hubsoup.errors.ParameterError` for anything else (``"5XB"``, ``"nan"``) and for a
-    size that is not positive.
-    """
-    from hubsoup.errors import ParameterError
-
-    if isinstance(size, bool) or not isinstance(size, (int, str)):
-        raise ParameterError(f"{size!r} is not a size (give bytes or e.g. 5GB, 500MB, 2GiB)")
-    if isinstance(size, int):
-        n = size
-    else:
-        m = _SIZE.match(size.strip().upper())
-        if not m:
-            raise ParameterError(f"{size!r} is not a size (give bytes or e.g. 5GB, 500MB, 2GiB)")
-        n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2) or ""])
-    if n <= 0:
-        raise ParameterError(f"{size!r} is not a positive size (give bytes or e.g. 5GB, 500MB, 2GiB)")
-    return n
 
 
 def check_output(target: str, overwrite: bool) -> None:

@@ -196,27 +196,11 @@ def scope(options: Any = None, **kw: Any) -> Iterator[Access]:
         _CURRENT.reset(token)
 
 
-def scoped(fn):
-    """Run ``fn`` (a public entry point taking ``options=`` and options as keywords) inside :func:`scope` of
-    its options: every spec that reaches :func:`hubsoup.sources.resolve.open_input` during it follows them."""
-    import functools
-
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any):
-        from hubsoup.options import MergeOptions
-
-        names = MergeOptions.names()
-        opts, _ = MergeOptions.split({k: v for k, v in kwargs.items() if k in names}, kwargs.get("options"))
-        with scope(opts):
-            return fn(*args, **kwargs)
-
-    return run
-
-
 def check_specs(*, inputs: Iterable[Any] = (), base: Any = None, soup: Any = None, tasks: Iterable[Any] = (),
                 exemplars: Any = None, roles: tuple[str, str] = ("input", "base")) -> None:
     """In a ``hub_only`` run, refuse (by their text alone) every spec a caller gave that is not a Hub ID:
-    models, the base, a continual soup, evaluation tasks' data (and a classifier head: a file), exemplars."""
+    models, the base, a continual soup, evaluation tasks' data (and a classifier head: a file), exemplars.
+    ``tasks`` are :class:`hubsoup.eval.TaskSpec` (every caller parses them first)."""
     if not hub_only():
         return
     for s in inputs:
@@ -225,13 +209,7 @@ def check_specs(*, inputs: Iterable[Any] = (), base: Any = None, soup: Any = Non
         require_hub_id(base, roles[1])
     if soup is not None:
         require_hub_id(soup, "soup")
-    for t in tasks or ():
-        if isinstance(t, str):
-            from hubsoup.eval import TaskSpec
-
-            data = t.split(":", 1)[1].split(",", 1)[0] if ":" in t else t
-            require_hub_dataset(data, "evaluation data")
-            t = TaskSpec.parse(t)
+    for t in tasks or ():  # parsed task specs (hubsoup.eval.TaskSpec: sources sit below eval)
         require_hub_dataset(getattr(t, "data", None), "evaluation data")
         if getattr(t, "head", None):
             raise refusal(f"task '{short(t.name)}' head", t.head, "Hub datasets")
@@ -289,6 +267,6 @@ def check_offline(who: str) -> None:
                          "the shared Hub cache is not opened without asking the Hub with this run's token")
 
 
-__all__ = ["Access", "current", "scope", "scoped", "check_specs", "hub_only", "is_hub_id", "is_hub_dataset",
+__all__ = ["Access", "current", "scope", "check_specs", "hub_only", "is_hub_id", "is_hub_dataset",
            "require_hub_id",
            "require_hub_dataset", "refusal", "check_offline", "load_hub_dataset"]

@@ -13,6 +13,7 @@ import os
 from typing import Any, Sequence
 
 from hubsoup.errors import BaseModelError, BaseNotNamedError, IncompatibleInputError, ParameterError
+from hubsoup.hubclient import Token
 from hubsoup.sources.checkpoint import Checkpoint
 from hubsoup.sources.taskvector import FullDelta, shape_message
 
@@ -193,7 +194,7 @@ def check_dtype(label: str, name: str, dtype, base_dtype) -> None:
 
 
 def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pickle: bool = False, ignore_extra: bool = False,
-                shape_mismatch: str = "error", token: str | bool | None = None, monitor: Any = None,
+                shape_mismatch: str = "error", token: Token = None, monitor: Any = None,
                 headers_only: bool = False) -> tuple[Checkpoint, list[Any]]:
     """Open the base and the inputs, check every input against the base, and return their task vectors.
 
@@ -252,7 +253,7 @@ def warn_duplicates(ckpts: Sequence[Checkpoint]) -> None:
             seen[key] = c.label
 
 
-def open_base(spec: str, *, allow_pickle: bool = False, token: str | bool | None = None,
+def open_base(spec: str, *, allow_pickle: bool = False, token: Token = None,
               hub_only: bool = False, monitor: Any = None, headers_only: bool = False) -> Checkpoint:
     """The base model (with its tokenizer files); an adapter is refused.
 

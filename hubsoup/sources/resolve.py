@@ -15,6 +15,7 @@ import re
 import time
 
 from hubsoup.errors import InputError, MergeCancelled, PickleRefusedError
+from hubsoup.hubclient import Token, ensure_timeouts, error_status, hub_timeout, is_timeout, scrub_secrets, server_detail
 from hubsoup.progress import Monitor, silent_tqdm
 from hubsoup.sources.checkpoint import ST_DTYPES, Checkpoint, InputRef, SAFETENSORS_INDEX, TensorInfo
 
@@ -55,7 +56,7 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 
-def open_input(spec: str, *, allow_pickle: bool = False, token: str | bool | None = None,
+def open_input(spec: str, *, allow_pickle: bool = False, token: Token = None,
                with_tokenizer: bool = False, hub_only: bool = False, role: str = "input",
                monitor: Monitor | None = None, headers_only: bool = False) -> Checkpoint:
     """Open an input given as a local folder or a Hub repo ID (``org/name[@revision]``).
@@ -118,7 +119,7 @@ def _pickle_refused(label: str, role: str = "input") -> PickleRefusedError:
 
 
 def hub_failure(e: BaseException, who: str, repo_id: str, revision: str | None = None,
-                token: str | bool | None = None) -> InputError:
+                token: Token = None) -> InputError:
     """One line saying why reading ``repo_id`` from the Hub failed (``who``: ``input 'spec'``, ``base 'spec'``)."""
     from huggingface_hub import constants
     from huggingface_hub.errors import (
@@ -128,8 +129,6 @@ def hub_failure(e: BaseException, who: str, repo_id: str, revision: str | None =
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
-
-    from hubsoup.hub import error_status, hub_timeout, is_timeout, scrub_secrets, server_detail
 
     def find(kind):
         seen, cur = set(), e
@@ -181,7 +180,6 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
          monitor: Monitor | None = None, headers_only: bool = False) -> Checkpoint:
     from huggingface_hub import HfApi, constants, snapshot_download
 
-    from hubsoup.hub import ensure_timeouts, hub_timeout
     from hubsoup.sources import access
 
     acc = access.current()  # this run's cache and download budget (kept by the closures below)
@@ -344,8 +342,6 @@ def with_backoff(call, monitor: Monitor | None = None, *, tries: int = 6, first:
     """``call()``, tried again after 1, 2, 4, 8, 8 s on a transient Hub answer (a 5xx, 408, 429) or a dropped
     connection, as huggingface_hub retries its downloads; a timeout is not retried (every request already
     waited ``HUBSOUP_HUB_TIMEOUT``). A cancel is checked before each new try."""
-    from hubsoup.hub import error_status, is_timeout
-
     wait = first
     for attempt in range(tries):
         try:
@@ -363,7 +359,7 @@ def with_backoff(call, monitor: Monitor | None = None, *, tries: int = 6, first:
         wait = min(wait * 2, most)
 
 
-def download_size(ckpt: Checkpoint, token: str | bool | None = None) -> tuple[int, int] | None:
+def download_size(ckpt: Checkpoint, token: Token = None) -> tuple[int, int] | None:
     """``(bytes to download, bytes of all its weight files)`` for a Hub input opened with ``headers_only``.
 
     The sizes are the Hub's file metadata (``HfApi.get_paths_info``) of exactly the files a merge would
@@ -383,7 +379,6 @@ def download_size(ckpt: Checkpoint, token: str | bool | None = None) -> tuple[in
         return None
     from huggingface_hub import HfApi, try_to_load_from_cache
 
-    from hubsoup.hub import ensure_timeouts
     from hubsoup.sources.access import current
 
     cache = {"cache_dir": current().cache_dir} if current().cache_dir else {}

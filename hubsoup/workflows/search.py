@@ -35,11 +35,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from hubsoup.api import scoped
 from hubsoup.errors import MethodError, ParameterError
 from hubsoup.methods import get_method
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
-from hubsoup.sources.access import check_specs, scoped
+from hubsoup.sources.access import check_specs
 
 
 def _frange(lo: float, hi: float, step: float) -> list[float]:

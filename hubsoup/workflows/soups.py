@@ -35,11 +35,11 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from hubsoup.api import MergeResult, merge
+from hubsoup.api import MergeResult, merge, scoped
 from hubsoup.errors import ParameterError
 from hubsoup.options import MergeOptions
 from hubsoup.output import check_output, lock_output
-from hubsoup.sources.access import check_specs, scoped
+from hubsoup.sources.access import check_specs
 
 
 def uniform_soup(inputs: Sequence[str], *, out: str, base: str | None = None, **kwargs: Any) -> MergeResult:

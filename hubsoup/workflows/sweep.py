@@ -26,11 +26,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from hubsoup.api import MergeResult, merge
+from hubsoup.api import MergeResult, merge, scoped
 from hubsoup.errors import ParameterError
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
-from hubsoup.sources.access import check_specs, scoped
+from hubsoup.sources.access import check_specs
 from hubsoup.workflows.search import _frange
 
 INDEX_FILE = "sweep.json"

@@ -45,6 +45,7 @@ from typing import Any, Sequence
 import torch
 
 from hubsoup import __version__
+from hubsoup.api import scoped
 from hubsoup.engine import Copy, Dense, Job, stream
 from hubsoup.errors import ContinualStateError, InputError, ParameterError
 from hubsoup.methods import get_method
@@ -55,9 +56,9 @@ from hubsoup.output.folder import OutputLock, lock_output
 from hubsoup.output.checkpoint import CheckpointSink
 from hubsoup.plan import Plan
 from hubsoup.progress import Monitor
-from hubsoup.recipe import RECIPE_FILE, Recipe
+from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import Checkpoint, InputRef
-from hubsoup.sources.access import check_specs, scoped
+from hubsoup.sources.access import check_specs
 from hubsoup.sources.compat import _is_local, open_base, open_models
 from hubsoup.workflows.continual.state import (
     STATE_DIR,
@@ -238,8 +239,8 @@ def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, f
                            shape_mismatch=opts.shape_mismatch, ignore_extra=opts.ignore_extra,
                            hubsoup_version=__version__)
     _write_state(sdir, state)
-    recipe = Recipe(method=METHOD, params=state.params, base=state_base, inputs=state.models, dtype=setup.dtype,
-                    hubsoup_version=__version__, continual={"count": state.count, "lambda": lam})
+    recipe = recipe_for(METHOD, state.params, state_base, state.models, dtype=setup.dtype,
+                        continual={"count": state.count, "lambda": lam})
     _materialize(setup, StateReader(sdir, verify=False), lam, folder.path, recipe)
     result = _result(setup, folder, state, recipe, t0)
     setup.monitor.check("before the output was committed")
@@ -418,8 +419,8 @@ def _export(soup: str, folder: OutputFolder, base: str | None, opts: MergeOption
             raise ContinualStateError(f"base '{base_ckpt.label}': tensor '{e.name}' differs from the base the "
                                       "continual state was made with")
     base_ckpt.release()
-    recipe = Recipe(method=METHOD, params=st.params, base=st.base, inputs=st.models, dtype=opts.dtype,
-                    hubsoup_version=__version__, continual={"count": st.count, "lambda": st.lam})
+    recipe = recipe_for(METHOD, st.params, st.base, st.models, dtype=opts.dtype,
+                        continual={"count": st.count, "lambda": st.lam})
     _materialize(setup, reader, st.lam, folder.path, recipe)
     result = _result(setup, folder, st, recipe, t0)
     folder.commit()

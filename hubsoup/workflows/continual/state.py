@@ -17,6 +17,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from hubsoup.errors import ContinualStateError, InputError
+from hubsoup.hubclient import Token
+from hubsoup.public import _json_digest, resign_state_json  # noqa: F401 - the push re-signs with it too
 from hubsoup.sources import InputRef
 from hubsoup.sources.taskvector import all_finite
 
@@ -87,18 +89,6 @@ class ContinualState:
             raise ContinualStateError(f"continual state {where}: count {count}, {len(state.models)} models and "
                                       f"{len(state.task_norms)} norms disagree; the state is corrupt")
         return state
-
-
-def resign_state_json(text: str) -> str:
-    """``state.json`` text whose fields were rewritten (local paths made public at push time), checksummed again."""
-    d = json.loads(text)
-    d.pop("checksum", None)
-    d["checksum"] = _json_digest(d)
-    return json.dumps(d, indent=2)
-
-
-def _json_digest(d: dict) -> str:
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
 
 # --- reading a state --------------------------------------------------------------------------
@@ -193,7 +183,7 @@ class StateReader:
             self._handles[fname] = None
 
 
-def state_folder(soup: str, token: str | bool | None = None) -> tuple[str, str]:
+def state_folder(soup: str, token: Token = None) -> tuple[str, str]:
     """(local folder of the soup's state, a label) for a soup given as a folder or Hub repo ID."""
     from hubsoup.sources import access
 
@@ -232,7 +222,7 @@ def state_folder(soup: str, token: str | bool | None = None) -> tuple[str, str]:
     return os.path.join(folder, STATE_DIR), soup
 
 
-def load_state(soup: str, token: str | bool | None = None) -> ContinualState:
+def load_state(soup: str, token: Token = None) -> ContinualState:
     """The verified state of a soup (folder or Hub repo ID)."""
     folder, label = state_folder(soup, token)
     return StateReader(folder, label).state

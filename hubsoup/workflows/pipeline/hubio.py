@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from hubsoup.hubclient import Token
 from hubsoup.workflows.pipeline.config import Query, RetryConfig
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ def _weight_files(siblings) -> dict[str, int]:
     return {n: s for n, s in top.items() if n.endswith(".safetensors")}
 
 
-def repo_info(api, spec: str, policy: RetryConfig, token: Any = None, role: str = "candidate") -> RepoInfo:
+def repo_info(api, spec: str, policy: RetryConfig, token: Token = None, role: str = "candidate") -> RepoInfo:
     """Resolve ``org/name[@rev]`` to its commit, kind, license and weight sizes (``model_info(files_metadata=True)``)."""
     from hubsoup.hub import ensure_timeouts, hub_timeout
     from hubsoup.sources.resolve import hub_failure, parse_spec
@@ -168,7 +169,7 @@ def repo_info(api, spec: str, policy: RetryConfig, token: Any = None, role: str 
                     _weight_files(siblings), bool(info.private), info.gated or False, terms)
 
 
-def query_candidates(api, q: Query, base_repo: str, policy: RetryConfig, token: Any = None) -> list[str]:
+def query_candidates(api, q: Query, base_repo: str, policy: RetryConfig, token: Token = None) -> list[str]:
     """Repo IDs of the Hub query's models (fine-tunes of ``q.base_model``, default the pipeline's base)."""
     filters = [f"base_model:{q.base_model or base_repo}", *q.tags]
     kwargs: dict[str, Any] = {"filter": filters, "limit": q.limit, "token": token}
@@ -190,7 +191,7 @@ class Published:
     scores: dict[str, float] = field(default_factory=dict)
 
 
-def published_recipes(api, namespace: str, policy: RetryConfig, token: Any = None) -> dict[str, Published]:
+def published_recipes(api, namespace: str, policy: RetryConfig, token: Token = None) -> dict[str, Published]:
     """Recipe hash → the repo of ``namespace`` holding that merge, read from each hubsoup repo's
     ``hubsoup_recipe.yaml`` on the Hub (repos tagged ``hubsoup``; one without a readable recipe is ignored)."""
     from huggingface_hub import constants, hf_hub_download
@@ -218,7 +219,7 @@ def published_recipes(api, namespace: str, policy: RetryConfig, token: Any = Non
     return out
 
 
-def published_scores(pub: Published, policy: RetryConfig, token: Any = None) -> dict[str, float]:
+def published_scores(pub: Published, policy: RetryConfig, token: Token = None) -> dict[str, float]:
     """The eval scores a published merge carries (its ``eval_results.json``), ``{"task/metric": value}``."""
     import json
 
@@ -265,7 +266,7 @@ def non_finite(scores: dict[str, float]) -> list[str]:
 _STATUSES = ("published", "not selected", "refused", "failed", "planned")
 
 
-def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig, token: Any = None) -> list[dict]:
+def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig, token: Token = None) -> list[dict]:
     """The rows of the leaderboard last published to ``repo_id`` (empty when there is none yet).
 
     Raises:
@@ -333,7 +334,7 @@ def check_row(r: Any, where: str) -> dict:
             "inputs": inputs, "params": params}
 
 
-def fetch_file(repo_id: str, filename: str, repo_type: str = "model", token: Any = None) -> bytes | None:
+def fetch_file(repo_id: str, filename: str, repo_type: str = "model", token: Token = None) -> bytes | None:
     """The bytes of ``filename`` on ``repo_id``'s main branch now (None when the file is not there).
 
     A plain GET of the file, compared by content: it works on any Hub, including one that
@@ -356,7 +357,7 @@ def fetch_file(repo_id: str, filename: str, repo_type: str = "model", token: Any
 
 
 def push_files(api, repo_id: str, files: dict[str, bytes], message: str, policy: RetryConfig, *,
-               repo_type: str = "dataset", private: bool | None = None, token: Any = None) -> str | None:
+               repo_type: str = "dataset", private: bool | None = None, token: Token = None) -> str | None:
     """Upload ``files`` to ``repo_id`` in one commit; returns the commit URL, or None when nothing changed.
 
     What the repo holds now is fetched and compared byte for byte first (:func:`fetch_file`): an

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
 from hubsoup.errors import HubsoupError, ParameterError
+from hubsoup.hubclient import Token
 from hubsoup.workflows.pipeline import hubio
 from hubsoup.workflows.pipeline.config import MergeSpec, Pipeline, load_pipeline
 from hubsoup.workflows.pipeline.hubio import Published, RepoInfo, with_retry
@@ -143,7 +144,7 @@ class PipelineReport:
 
 
 def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_run: bool = False,
-                 token: str | bool | None = None, work_dir: str | None = None, stream: TextIO | None = None,
+                 token: Token = None, work_dir: str | None = None, stream: TextIO | None = None,
                  on_event: Callable[[str, PlannedMerge], None] | None = None, hub_only: bool = False,
                  executor: Any = None, resources: dict[str, Any] | None = None) -> PipelineReport:
     """Run (or with ``dry_run`` only plan) a pipeline; see :mod:`hubsoup.workflows.pipeline.run`.
@@ -464,13 +465,14 @@ class _Runner:
 
     def _run_config(self, m: PlannedMerge, out: str):
         """Run a ``config:`` merge's mergekit config (pinned) into ``out``, then evaluate it as any merge."""
-        from hubsoup.formats import mergekit, stages
+        from hubsoup.formats import stages
+        from hubsoup.workflows.rerun import run_config, run_stages
 
         opts = {**self.p.options, "token": self.token, "quiet": True, "overwrite": True}
         if stages.is_multi_stage(m.spec.text):  # every stage's Hub models pinned (its earlier stages are folders)
-            result = stages.run_stages(m.spec.text, out, pins=m.pins, **opts)
+            result = run_stages(m.spec.text, out, pins=m.pins, **opts)
         else:
-            result = mergekit.run_config(m.spec.text, out, pins=m.pins, **opts)
+            result = run_config(m.spec.text, out, pins=m.pins, **opts)
         if self.tasks:
             from hubsoup.eval import evaluate_model
             from hubsoup.eval.run import EVAL_FILE, write_results
@@ -483,9 +485,8 @@ class _Runner:
 
     def _predict(self, spec: MergeSpec, base: RepoInfo, inputs: list[RepoInfo]) -> tuple[str, dict]:
         """The recipe hash the merge will have (checked against the merge's own afterwards)."""
-        from hubsoup import __version__
         from hubsoup.api import parse_method
-        from hubsoup.recipe import Recipe
+        from hubsoup.recipe import recipe_for
         from hubsoup.sources import InputRef
 
         m, params = parse_method(spec.method, dict(spec.params))
@@ -495,8 +496,8 @@ class _Runner:
             return InputRef(spec=r.pinned, repo_id=r.repo_id, revision=r.sha, sha=r.sha, kind=r.kind)
 
         described = m.describe_params(params)
-        recipe = Recipe(method=spec.method, params=described, base=ref(base), inputs=[ref(i) for i in inputs],
-                        dtype=self.opts.dtype, hubsoup_version=__version__, options=self.opts.hashed)
+        recipe = recipe_for(spec.method, described, ref(base), [ref(i) for i in inputs], dtype=self.opts.dtype,
+                            options=self.opts)
         return recipe.hash, json.loads(json.dumps(described, default=str))
 
     def _name(self, spec: MergeSpec, inputs: list[RepoInfo], h: str, base: RepoInfo) -> str:

@@ -1,0 +1,151 @@
+"""What may be published: the rules that name a local file or folder without its path.
+
+A leaf (it imports only :mod:`hubsoup.untrusted`): the recipe, the card, evaluation details, the push and
+a mergekit config's public text all follow these rules, so none of them imports another for them.
+
+Example:
+    >>> looks_local("org/model"), looks_local("./my-finetune")
+    (False, True)
+    >>> public_value({"scale": 0.5, "ref": "org/model"})
+    {'scale': 0.5, 'ref': 'org/model'}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from typing import Any, Callable
+
+import yaml
+
+from hubsoup.errors import ParameterError
+from hubsoup.untrusted import load_yaml
+
+
+def looks_local(value: Any) -> bool:
+    """Whether a string names a file or folder of this machine (not a Hub ID or a plain value)."""
+    if not isinstance(value, str) or not value or "\n" in value:
+        return False
+    if value.startswith(("/", "~", "./", "../", "\\")) or re.match(r"^[A-Za-z]:[\\/]", value):
+        return True
+    return ("/" in value or os.sep in value) and os.path.exists(value)
+
+
+def public_file_ref(path: str) -> str:
+    """A local file or folder named without its path: ``name@sha256:<12 hex>`` of its content.
+
+    A file is hashed whole; a folder by its files' relative names, sizes and first 64 KiB. A path
+    that no longer exists keeps only its name (its path is never hashed: that could be guessed).
+    """
+    p = os.path.expanduser(path)
+    name = os.path.basename(os.path.normpath(p)) or "local"
+    h = hashlib.sha256()
+    if os.path.isfile(p):
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    elif os.path.isdir(p):
+        for root, dirs, files in os.walk(p):
+            dirs.sort()
+            for fn in sorted(files):
+                fp = os.path.join(root, fn)
+                h.update(f"{os.path.relpath(fp, p)}\0{os.path.getsize(fp)}\0".encode())
+                with open(fp, "rb") as f:
+                    h.update(f.read(64 * 1024))
+    else:
+        return f"{name}@local"
+    return f"{name}@sha256:{h.hexdigest()[:12]}"
+
+
+def public_value(value: Any) -> Any:
+    """``value`` with every string that names a local file replaced by :func:`public_file_ref` (also ``KEY=PATH``)."""
+    if isinstance(value, dict):
+        return {k: public_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [public_value(v) for v in value]
+    if isinstance(value, str):
+        if looks_local(value):
+            return public_file_ref(value)
+        key, sep, rest = value.partition("=")
+        if sep and looks_local(rest):
+            return f"{key}={public_file_ref(rest)}"
+    return value
+
+
+def public_config_text(text: str) -> str:
+    """The config with every local model folder named by its public form (name and content digest)."""
+    try:
+        data = load_yaml(text, "mergekit config")
+    except ParameterError:
+        return text
+    pub = _map_models(data, lambda ref: public_value(ref) if isinstance(ref, str) else ref)
+    if pub == data:
+        return text
+    return dump_config(pub)
+
+
+class _Dumper(yaml.SafeDumper):
+    """mergekit's layout: lists of numbers (layer ranges, gradients) in flow style."""
+
+
+_Dumper.add_representer(list, lambda d, v: d.represent_sequence(
+    "tag:yaml.org,2002:seq", v, flow_style=all(isinstance(e, (int, float)) for e in v)))
+
+
+def dump_config(data: dict) -> str:
+    """A config as YAML, in the layout mergekit itself writes."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+
+
+def _map_models(data: Any, fn: Callable[[str], str]) -> Any:
+    """``data`` (a parsed config) with ``fn`` applied to every model reference."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    if isinstance(out.get("modules"), dict):  # each module is a config of its own shape
+        out["modules"] = {k: _map_models(v, fn) for k, v in out["modules"].items()}
+    for key in ("base_model", "tokenizer_source"):
+        if isinstance(out.get(key), str) and out[key] not in ("base", "union"):
+            out[key] = fn(out[key])
+    if isinstance(out.get("tokenizer"), dict):  # the tokenizer section's source and tokens' models
+        out["tokenizer"] = _map_tokenizer_models(out["tokenizer"], fn)
+    if isinstance(out.get("models"), list):
+        out["models"] = [{**m, "model": fn(m["model"])} if isinstance(m, dict) and "model" in m else m
+                         for m in out["models"]]
+    if isinstance(out.get("slices"), list):
+        out["slices"] = [{**s, "sources": [{**x, "model": fn(x["model"])} if isinstance(x, dict) and "model" in x
+                                           else x for x in s.get("sources") or []]} if isinstance(s, dict) else s
+                         for s in out["slices"]]
+    return out
+
+
+def _map_tokenizer_models(section: dict, fn: Callable[[str], str]) -> dict:
+    out = dict(section)
+    if isinstance(out.get("source"), str) and out["source"] not in ("base", "union"):
+        out["source"] = fn(out["source"])
+    if isinstance(out.get("tokens"), dict):
+        tokens = {}
+        for tok, setting in out["tokens"].items():
+            if isinstance(setting, dict):
+                src = setting.get("source")
+                if isinstance(src, str):
+                    setting = {**setting, "source": fn(src)}
+                elif isinstance(src, dict) and isinstance(src.get("model"), str):
+                    setting = {**setting, "source": {**src, "model": fn(src["model"])}}
+            tokens[tok] = setting
+        out["tokens"] = tokens
+    return out
+
+
+def resign_state_json(text: str) -> str:
+    """``state.json`` text whose fields were rewritten (local paths made public at push time), checksummed again."""
+    d = json.loads(text)
+    d.pop("checksum", None)
+    d["checksum"] = _json_digest(d)
+    return json.dumps(d, indent=2)
+
+
+def _json_digest(d: dict) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()

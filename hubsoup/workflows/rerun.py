@@ -1,0 +1,207 @@
+"""Merging again from what a merge left: a hubsoup recipe, a mergekit config, or mergekit-multi's stages.
+
+A workflow above :func:`hubsoup.merge` (``hubsoup run`` and :func:`hubsoup.run_recipe`): the recipe
+(:mod:`hubsoup.recipe`) and the mergekit reader (:mod:`hubsoup.formats.mergekit`) are data and parsing only,
+so neither imports the merge it describes.
+
+Example:
+    >>> from hubsoup.workflows.rerun import run_recipe
+    >>> again = run_recipe("./soup", "./soup-again")     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+from hubsoup.api import merge, scoped
+from hubsoup.errors import ParameterError
+from hubsoup.formats import mergekit, stages
+from hubsoup.formats.mergekit import check_hub_only, load_text, read_config
+from hubsoup.formats.mergekit_modules import run_modules, several_modules
+from hubsoup.formats.stages import Stage, read_stages
+from hubsoup.methods import get_method
+from hubsoup.options import DTYPES
+from hubsoup.public import _map_models, dump_config, public_config_text
+from hubsoup.recipe import RECIPE_FILE, Recipe
+from hubsoup.sources.access import check_specs, hub_only
+from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml, short
+
+
+def recipe_merge_args(recipe) -> tuple[list[str], dict[str, Any]]:
+    """The ``hubsoup.merge`` arguments that repeat ``recipe`` exactly (Hub inputs pinned to their SHAs)."""
+    kwargs: dict[str, Any] = {"method": recipe.method, "base": recipe.base.pinned_spec,
+                              "params": dict(recipe.params), "dtype": recipe.dtype}
+    for k, v in recipe.options.items():  # only the options that change the result are in a recipe
+        if k not in ("shape_mismatch", "ignore_extra"):
+            raise ParameterError(f"recipe: option '{k}' cannot come from a recipe")
+        if k == "ignore_extra" and not isinstance(v, bool):
+            raise ParameterError(f"recipe: option 'ignore_extra' must be true or false, got {short(v)}")
+        kwargs[k] = v
+    if recipe.output.get("format") not in (None, "full", "lora"):
+        raise ParameterError(f"recipe: output format must be full or lora, got {short(recipe.output['format'])}")
+    if recipe.output.get("format") == "lora":
+        kwargs.update(output_format="lora", rank=recipe.output.get("rank"), energy=recipe.output.get("energy"))
+    return [i.pinned_spec for i in recipe.inputs], kwargs
+
+
+@scoped
+def run_recipe(path: str, out: str, **overrides: Any):
+    """Merge again from a recipe file (or an output folder holding one); returns the MergeResult.
+
+    ``path`` may also be a mergekit YAML config (a file with ``merge_method``, or a folder holding
+    ``mergekit_config.yml``): it is merged with mergekit's semantics
+    (:func:`run_config`; model folders relative to the working folder), or a
+    stream of them (mergekit-multi's stages, :func:`run_stages`).
+    With ``hub_only=True``, ``path`` is the recipe's (or config's) YAML *text*, never a path, and every
+    model it names must be a Hub repo ID. mergekit-yaml's options (``copy_tokenizer``, ``random_seed``,
+    ``out_shard_params``, ``intermediate_dir``) apply to mergekit configs only.
+    """
+    mk = {k: overrides.pop(k) for k in ("copy_tokenizer", "random_seed", "out_shard_params", "intermediate_dir")
+          if k in overrides}
+    mk = {k: v for k, v in mk.items() if v is not None and not (k == "copy_tokenizer" and v is True)}
+    if hub_only():  # a server's run: the text itself; nothing on the disk is read or probed
+        if not isinstance(path, str):
+            raise ParameterError("recipe: with hub_only, give the recipe's YAML text")
+        text, where = path, "recipe"
+    else:
+        if os.path.isdir(path):
+            if not os.path.isfile(os.path.join(path, RECIPE_FILE)) and os.path.isfile(os.path.join(path, mergekit.CONFIG_FILE)):
+                path = os.path.join(path, mergekit.CONFIG_FILE)
+            else:
+                path = os.path.join(path, RECIPE_FILE)
+        if not os.path.isfile(path):
+            raise ParameterError(f"recipe '{path}' not found")
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read(MAX_YAML_BYTES + 1)
+        except OSError as e:
+            raise ParameterError(f"recipe '{path}' cannot be read: {type(e).__name__}") from e
+        where = f"recipe '{path}'"
+    if stages.is_multi_stage(text):  # mergekit-multi's stream of configs
+        return run_stages(text, out, **mk, **overrides)
+    mk.pop("intermediate_dir", None)
+    data = load_yaml(text, where)
+    if mergekit.is_mergekit_config(data):
+        return run_config(text, out, **mk, **overrides)
+    try:
+        recipe = Recipe.from_yaml(text)
+    except ParameterError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a malformed file gets one clear line
+        raise ParameterError(f"{where} cannot be read: {short(str(e))}") from e
+    if hub_only():
+        check_specs(inputs=[r.pinned_spec for r in recipe.inputs], base=recipe.base.pinned_spec)
+    if mk and not recipe.mergekit.get("config"):
+        raise ParameterError(f"{', '.join(sorted(mk))}: mergekit-yaml's options apply to mergekit configs; "
+                             f"{where} is a hubsoup recipe")
+    return _rerun(recipe, out, overrides, mk)
+
+
+def _rerun(recipe: "Recipe", out: str, overrides: dict[str, Any], mk: dict[str, Any] | None = None):
+    if recipe.mergekit.get("config"):  # repeat the mergekit config, its Hub models pinned to the recorded SHAs
+        refs = [*(recipe.base, *recipe.inputs), *(r.adapter for r in (recipe.base, *recipe.inputs) if r.adapter)]
+        pins = {r.spec: dataclasses.replace(r, adapter=None).pinned_spec for r in refs if r.spec and r.repo_id}
+        result = run_config(recipe.mergekit["config"], out, pins=pins, **(mk or {}), **overrides)
+    else:
+        inputs, kwargs = recipe_merge_args(recipe)
+        result = merge(inputs, out=out, **{**kwargs, **overrides})
+    if result.recipe.hash != recipe.hash:
+        logging.getLogger(__name__).warning("recipe hash changed (%s -> %s): an input or parameter differs",
+                                            recipe.hash[:12], result.recipe.hash[:12])
+    return result
+
+
+@scoped
+def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, copy_tokenizer: bool = True,
+               random_seed: int | None = None, out_shard_params: int | None = None, **options: Any):
+    """Run a mergekit config with hubsoup; returns the :class:`hubsoup.MergeResult`.
+
+    ``source``: the YAML text or a file (with ``hub_only``: always the text, never a path);
+    ``pins``: model reference → pinned spec (``org/name@sha``),
+    used when repeating a merge from its recipe; ``options``: :class:`hubsoup.MergeOptions` fields
+    (``overwrite``, ``device``, ``quiet``, ...; ``dtype`` overrides the config's).
+    mergekit-yaml's options: ``copy_tokenizer`` (False: the output holds no tokenizer files),
+    ``random_seed`` (the ``seed`` of a random method: DARE, DELLA), ``out_shard_params`` (parameters
+    per output shard, as ``--out-shard-size``; in bytes of the config's dtype, float16's when it names none).
+
+    Example:
+        >>> res = run_config("mk.yml", "./merged", overwrite=True)     # doctest: +SKIP
+    """
+    if hub_only():  # a server's run: the config is text; nothing is read from (or probed on) the disk
+        if not isinstance(source, str):
+            raise ParameterError("mergekit config: with hub_only, give the config's YAML text")
+        text = source if "\n" in source else source + "\n"
+        check_hub_only(load_yaml(text, "mergekit config"))
+    else:
+        text = source if "\n" in source else load_text(source)
+    if pins:
+        data = load_yaml(text, "mergekit config")
+        # each part of a model+adapter reference pinned on its own
+        text = dump_config(_map_models(data, lambda r: "+".join(pins.get(x, x) for x in r.split("+"))))
+    token, allow_pickle = options.get("token"), bool(options.get("allow_pickle"))
+    shard_size, dtype = options.get("shard_size"), options.pop("dtype", None)
+
+    def one(config: str, target: str, module: Any = None, **opts: Any):
+        m = read_config(config, token=token, allow_pickle=allow_pickle, module=module)
+        m.text = text  # the card and recipe carry the whole config (a module's merge included)
+        kwargs = m.merge_kwargs()
+        kwargs["layout"].copy_tokenizer = copy_tokenizer
+        if random_seed is not None:
+            if "seed" in {f.name for f in dataclasses.fields(get_method(m.method).Params)}:
+                kwargs["params"]["seed"] = int(random_seed)
+        if out_shard_params is not None and shard_size is None:
+            opts["shard_size"] = int(out_shard_params) * DTYPES[dtype or m.dtype or "float16"].itemsize
+        if dtype is not None:
+            kwargs.pop("dtype")
+            opts["dtype"] = dtype
+        return merge(m.inputs, out=target, **kwargs, **opts)
+
+    data = load_yaml(text, "mergekit config")
+    if several_modules(data):  # a multimodal model, module by module: one merge each, assembled into one output
+        return run_modules(text, data, out, lambda config, module, target: one(
+            config, target, module, **{**options, "overwrite": False}),
+            overwrite=bool(options.get("overwrite")), token=token, allow_pickle=allow_pickle)
+    return one(text, out, **options)
+
+
+def run_stages(text: str, out: str, *, intermediate_dir: str | None = None, **options: Any):
+    """Merge every stage of a multi-stage config; returns the final stage's :class:`hubsoup.MergeResult`.
+
+    ``intermediate_dir``: where named stages are written (default: ``.NAME.stages`` beside ``out``);
+    ``options``: as for :func:`run_config` (each stage is run with them,
+    an intermediate stage always replacing an earlier run's).
+    """
+    stages = read_stages(text)
+    out_abs = os.path.abspath(out)
+    inter = os.path.abspath(intermediate_dir or os.path.join(os.path.dirname(out_abs),
+                                                             f".{os.path.basename(out_abs)}.stages"))
+    paths = {s.name: os.path.join(inter, s.name) for s in stages if s.name is not None}
+    final = stages[-1]
+    if final.name is not None:
+        paths[final.name] = out_abs
+
+    def patch(ref: str) -> str:
+        head, sep, lora = ref.partition("+")
+        name, at, rev = head.partition("@")
+        return paths[name] + sep + lora if name in paths else ref
+
+    done: list[tuple[Stage, Any, str]] = []
+    result = None
+    for st in stages:
+        config = dump_config(_map_models(st.data, patch))
+        target = out_abs if st is final else paths[st.name]
+        opts = dict(options) if st is final else {**options, "overwrite": True}
+        result = run_config(config, target, **opts)
+        done.append((st, result, config))
+    assert result is not None
+    body = ["This model was merged in stages from one multi-stage mergekit config (mergekit-multi), each stage "
+            "by hubsoup with mergekit's semantics:\n"]
+    for st, res, config in done:
+        body.append(f"**{st.name or 'final merge'}** (recipe `{res.recipe.hash[:12]}`):\n\n```yaml\n"
+                    + public_config_text(config).rstrip() + "\n```\n")
+    result.sections.append({"title": "Merge stages", "body": "\n".join(body)})
+    result.write_card(result.path)
+    return result

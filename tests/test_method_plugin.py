@@ -1,0 +1,72 @@
+"""A method kept in a package of its own is found by the CLI through the ``hubsoup.methods`` entry-point group
+(issue 33): examples/method_plugin is pip-installed into a temporary folder and ``hubsoup merge --method
+sign_max`` merges with it, bit for bit as the method's own math says."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hubsoup.testing import make_base, make_finetune
+from method_helpers import state
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN = os.path.join(ROOT, "examples", "method_plugin")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    target = tmp_path_factory.mktemp("site")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                           "--no-index", "--target", str(target), PLUGIN], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert any(p.endswith(".dist-info") for p in os.listdir(target))
+    return str(target)
+
+
+def _env(site: str) -> dict[str, str]:
+    # the installed plug-in first, then this hubsoup (the worktree's, as the test process imports it)
+    import hubsoup
+
+    here = os.path.dirname(os.path.dirname(hubsoup.__file__))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([site, here])}
+
+
+@pytest.mark.slow
+def test_the_cli_finds_an_installed_method_package(installed, tmp_path):
+    base = make_base("llama", str(tmp_path / "base"))
+    fts = [make_finetune(base, str(tmp_path / f"ft{i}"), seed=i) for i in (1, 2)]
+    env = _env(installed)
+    listed = subprocess.run([sys.executable, "-m", "hubsoup", "methods"], capture_output=True, text=True, env=env,
+                            timeout=120)
+    assert listed.returncode == 0 and "sign_max" in listed.stdout, listed.stderr[-2000:]
+    out = tmp_path / "merged"
+    proc = subprocess.run([sys.executable, "-m", "hubsoup", "merge", *fts, "--base", base, "--method", "sign_max",
+                           "--param", "scale=0.5", "--out", str(out), "-q"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    merged, b = state(str(out)), state(base)
+    a1, a2 = state(fts[0]), state(fts[1])
+    for k in ("model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.q_proj.weight"):
+        taus = torch.stack([a1[k].float() - b[k].float(), a2[k].float() - b[k].float()])
+        want = (b[k].float() + taus.sign().mean(dim=0) * taus.abs().amax(dim=0) * 0.5).to(b[k].dtype)
+        assert torch.equal(merged[k], want), k
+    without = subprocess.run([sys.executable, "-m", "hubsoup", "methods"], capture_output=True, text=True,
+                             env=_env(str(tmp_path / "empty")), timeout=120)
+    assert "sign_max" not in without.stdout  # found through the installed package, nowhere else
+
+
+def test_a_broken_plugin_leaves_the_built_in_methods_usable(tmp_path, monkeypatch, caplog):
+    from importlib.metadata import EntryPoint
+
+    from hubsoup.methods import _base
+
+    ep = EntryPoint(name="broken", value="no_such_module_hubsoup:Nothing", group=_base.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(_base, "entry_points", lambda group: [ep] if group == _base.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(_base, "_plugins_loaded", False)
+    assert _base.get_method("ties").name == "ties"
+    assert "broken" in caplog.text and "not loaded" in caplog.text
