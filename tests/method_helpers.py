@@ -54,3 +54,19 @@ def state(folder):
         if f.endswith(".safetensors"):
             out.update(load_file(os.path.join(folder, f)))
     return out
+
+
+def tiny_lm_zoo(root) -> tuple[str, list[str], str]:
+    """``(base, [ft1, ft2], val.jsonl)``: a tiny Llama with a tokenizer, two small fine-tunes and a perplexity
+    validation file, the inputs of the search, evolve and executor tests."""
+    import json
+
+    from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
+
+    base = make_base("llama", str(root / "base"))
+    save_tiny_tokenizer(base)
+    fts = [make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.05) for i in (1, 2)]
+    data = root / "val.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(f"w{(i * 7 + j * 3) % 100}" for j in range(12))}) + "\n"
+                            for i in range(10)))
+    return base, fts, str(data)

@@ -7,6 +7,7 @@ import os
 import threading
 
 import pytest
+from method_helpers import tiny_lm_zoo  # tests/ is on sys.path
 import yaml
 
 optuna = pytest.importorskip("optuna", reason="hubsoup[evolve] is not installed")  # noqa: F841
@@ -19,15 +20,7 @@ from hubsoup.workflows.executors import LocalExecutor  # noqa: E402
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny Llama base with a tokenizer, two fine-tunes and a perplexity validation file."""
-    from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
-
-    root = tmp_path_factory.mktemp("evolve")
-    base = make_base("llama", str(root / "base"))
-    save_tiny_tokenizer(base)
-    fts = [make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.05) for i in (1, 2)]
-    data = root / "val.jsonl"
-    data.write_text("".join(json.dumps({"text": " ".join(f"w{(i * 7 + j * 3) % 100}" for j in range(12))}) + "\n"
-                            for i in range(10)))
+    base, fts, data = tiny_lm_zoo(tmp_path_factory.mktemp("evolve"))
     return base, fts, str(data)
 
 

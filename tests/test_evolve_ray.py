@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from method_helpers import tiny_lm_zoo  # tests/ is on sys.path
 
 pytest.importorskip("optuna", reason="hubsoup[evolve] is not installed")
 ray = pytest.importorskip("ray", reason="hubsoup[ray] is not installed")
@@ -20,15 +21,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
-
-    root = tmp_path_factory.mktemp("evolve_ray")
-    base = make_base("llama", str(root / "base"))
-    save_tiny_tokenizer(base)
-    fts = [make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.05) for i in (1, 2)]
-    data = root / "val.jsonl"
-    data.write_text("".join(json.dumps({"text": " ".join(f"w{(i * 7 + j * 3) % 100}" for j in range(12))}) + "\n"
-                            for i in range(10)))
+    base, fts, data = tiny_lm_zoo(tmp_path_factory.mktemp("evolve_ray"))
     return {"base": base, "models": fts, "method": "ties",
             "space": {"density": [0.1, 0.9], "weight": {"range": [0.0, 1.0], "per": "input", "layer_groups": 2}},
             "optimizer": "cmaes", "trials": 4, "population": 2, "seed": 0,

@@ -13,6 +13,7 @@ import json
 import os
 
 import pytest
+from method_helpers import tiny_lm_zoo  # tests/ is on sys.path
 
 from hubsoup.cli import main
 from hubsoup.errors import ParameterError
@@ -24,15 +25,7 @@ from test_pipeline import example, publish, run, soup_repos, zoo  # noqa: F401 -
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
-
-    root = tmp_path_factory.mktemp("executors")
-    base = make_base("llama", str(root / "base"))
-    save_tiny_tokenizer(base)
-    fts = [make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.05) for i in (1, 2)]
-    data = root / "val.jsonl"
-    data.write_text("".join(json.dumps({"text": " ".join(f"w{(i * 7 + j * 3) % 100}" for j in range(12))}) + "\n"
-                            for i in range(10)))
+    base, fts, data = tiny_lm_zoo(tmp_path_factory.mktemp("executors"))
     return base, fts, str(data)
 
 
