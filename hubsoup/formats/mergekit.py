@@ -974,7 +974,9 @@ def _naming(ckpt, module: Any = None) -> tuple[str, list[str], list[str], list[s
     stack = stacks.pop()
     suffixes = [k[len(f"{stack}.0."):] for k in keys if block_of(k) == (stack, 0)]
     others = [k for k in keys if not block_of(k)]
-    return stack, suffixes, [k for k in others if _before(k)], [k for k in others if not _before(k)]
+    before = module.before if module is not None else ()
+    pre = [k for k in others if _before(k) or k.startswith(before)]
+    return stack, suffixes, pre, [k for k in others if k not in pre]
 
 
 def _guard_params(merge: MergekitMerge, spec: MkMethod, stack: str, suffixes: list[str], pre: list[str],

@@ -62,6 +62,9 @@ class Module:
     excludes: tuple[str, ...] = ()
     layers_key: str | None = None
     """Dotted config key of the module's layer count (``text_config.num_hidden_layers``); None: no layers."""
+    before: tuple[str, ...] = ()
+    """Prefixes of tensors before the layers (mergekit's ``pre_weights``, taken from the first slice) that
+    their names do not tell (Whisper's ``conv1``)."""
 
     def holds(self, name: str) -> bool:
         """Whether tensor ``name`` belongs to this module."""
@@ -101,7 +104,8 @@ ARCHITECTURES: dict[str, dict[str, Module]] = {
         "shared": Module(("shared.", "lm_head."))},
     "WhisperForConditionalGeneration": {
         "decoder": Module(("model.decoder.",), (), "decoder_layers"),
-        "encoder": Module(("model.encoder.",), (), "encoder_layers")},
+        "encoder": Module(("model.encoder.",), (), "encoder_layers",
+                          ("model.encoder.conv1.", "model.encoder.conv2.", "model.encoder.embed_positions."))},
 }
 """mergekit 0.1.5's modular architectures (``kind: modular``) that hubsoup merges module by module."""
 
