@@ -186,9 +186,10 @@ def architecture_modules(data: dict, token: Any = None, allow_pickle: bool = Fal
         raise ParameterError(f"mergekit config: module '{str(unknown[0])[:80]}' is not one of {arch}'s modules "
                              f"({', '.join(mods)})")
     for n in names:
-        if (arch, n) in _MERGEKIT_FAILS:
-            raise ParameterError(f"mergekit config: module '{n}' of {arch}: {_MERGEKIT_FAILS[arch, n]}; give "
-                                 "'models:' at the top level (every module merged alike) or leave it out")
+        why = _MERGEKIT_FAILS.get((str(arch), str(n)))
+        if why:
+            raise ParameterError(f"mergekit config: module '{n}' of {arch}: {why}; give 'models:' at the top "
+                                 "level (every module merged alike) or leave it out")
     return mods, ckpt
 
 
