@@ -2,7 +2,7 @@
 
 mergekit defines some architectures by modules (its ``_data/architectures/*.json`` of kind
 ``modular``: a vision-language model's ``text_decoder``, ``vision_tower`` and
-``multi_modal_projector``), and a config may give each module its own ``models`` or ``slices``
+``multi_modal_projector``; an encoder-decoder's ``encoder`` and ``decoder``, T5's ``shared``), and a config may give each module its own ``models`` or ``slices``
 and ``parameters``::
 
     merge_method: slerp
