@@ -2,8 +2,8 @@
 
 mergekit defines some architectures by modules (its ``_data/architectures/*.json`` of kind
 ``modular``: a vision-language model's ``text_decoder``, ``vision_tower`` and
-``multi_modal_projector``; an encoder-decoder's ``encoder`` and ``decoder``, T5's ``shared``), and a config may give each module its own ``models`` or ``slices``
-and ``parameters``::
+``multi_modal_projector``; an encoder-decoder's ``encoder`` and ``decoder``, T5's ``shared``), and a
+config may give each module its own ``models`` or ``slices`` and ``parameters``::
 
     merge_method: slerp
     base_model: org/vlm-base
