@@ -154,6 +154,9 @@ def tied_groups(folder: str, keys: list[str], infos: dict | None = None, config:
     if layout is None:
         return []
     present = set(keys)
+    if config is not None and config.get("tie_word_embeddings") is False:
+        # the config says the head is its own (T5 v1.1: transformers ties it anyway, mergekit merges it apart)
+        present = {n for n in present if n.rsplit(".", 1)[0].split(".")[-1] not in HEAD_MODULES}
     out = []
     for group in layout.ties:
         names = [n for n in group if n in present]

@@ -1,9 +1,10 @@
 """mergekit ``modules:`` configs (a vision-language model merged module by module) against mergekit 0.1.5's output.
 
 ``tests/fixtures/mergekit_modules/`` holds the configs and what mergekit made of each on tiny
-Mistral3 stand-ins (``tests/tools/make_mergekit_modules_fixtures.py`` builds both): each module with
-its own models, slices and parameters, gradients over the module's own layers, the sliced text
-decoder's layer count written to ``text_config.num_hidden_layers``. hubsoup must give the same
+Mistral3, T5 and Whisper stand-ins (``tests/tools/make_mergekit_modules_fixtures.py`` builds both):
+each module with its own models, slices and parameters, gradients over the module's own layers, a
+sliced module's layer count written to its key (``text_config.num_hidden_layers``; T5's encoder:
+``num_layers``; Whisper's: ``encoder_layers``), T5's ``shared`` module (embeddings and head). hubsoup must give the same
 tensors (names, dtypes, values bit for bit or within 1e-5 relative / 1 ulp) and the same config
 layer counts and dtype, and leave nothing behind when a module fails.
 """
@@ -17,10 +18,11 @@ import sys
 
 import pytest
 import torch
+import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "tools"))
-from make_mergekit_modules_fixtures import FIXTURES, build_models, config_names  # noqa: E402
+from make_mergekit_modules_fixtures import FIXTURES, build_models, config_names, layers  # noqa: E402
 from test_mergekit_compat import load_dir, ulp  # noqa: E402
 
 from hubsoup.errors import HubsoupError, ParameterError  # noqa: E402
@@ -62,26 +64,28 @@ def test_modules_config_gives_mergekits_output(root, name, monkeypatch):
     with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
     want = MANIFEST["configs"][name]
-    assert cfg["text_config"]["num_hidden_layers"] == want["text_layers"]
-    assert cfg["vision_config"]["num_hidden_layers"] == want["vision_layers"]
+    assert {k: layers(cfg, k) for k in want["layers"]} == want["layers"]
     assert (cfg.get("dtype") or cfg.get("torch_dtype")) == want["config"]["dtype"]
     assert cfg["architectures"] == want["config"]["architectures"]
     assert not [f for f in os.listdir(out) if f.startswith(".")], "a module's folder was left in the output"
-    with open(os.path.join(out, "model.safetensors.index.json"), encoding="utf-8") as f:
-        index = json.load(f)["weight_map"]
-    assert sorted(index) == sorted(ref) and all(os.path.isfile(os.path.join(out, v)) for v in index.values())
+    if len(yaml.safe_load(_config(name))["modules"]) > 1:  # one module: one file, no index
+        with open(os.path.join(out, "model.safetensors.index.json"), encoding="utf-8") as f:
+            index = json.load(f)["weight_map"]
+        assert sorted(index) == sorted(ref) and all(os.path.isfile(os.path.join(out, v)) for v in index.values())
+    else:
+        assert [f for f in os.listdir(out) if f.startswith("model")] == ["model.safetensors"]
     with open(os.path.join(out, "README.md"), encoding="utf-8") as f:
         card = f.read()
     assert "modules:" in card and "merged module by module" in card  # the card shows the whole config, every module
-    import yaml
 
     with open(os.path.join(out, "hubsoup_recipe.yaml"), encoding="utf-8") as f:
         recipe = yaml.safe_load(f)
-    modules = yaml.safe_load(_config(name))["modules"]
+    data = yaml.safe_load(_config(name))
+    modules = data["modules"]
     assert sorted(recipe["extra"]["options"]["modules"]) == sorted(modules)  # the hash covers every module's merge
     named = {m["model"] for mod in modules.values() for m in mod.get("models") or []} | \
         {s["model"] for mod in modules.values() for sl in mod.get("slices") or [] for s in sl["sources"]}
-    assert {os.path.basename(i["path"]) for i in recipe["inputs"]} == named - {"mm-base"}
+    assert {os.path.basename(i["path"]) for i in recipe["inputs"]} == named - {data["base_model"]}
 
 
 def test_a_failing_module_leaves_no_output(root, monkeypatch):
@@ -123,21 +127,36 @@ def test_tensors_of_no_module_are_dropped_as_mergekit_does(tmp_path, caplog):
     assert "belong to no merged module" in caplog.text and "image_newline" in caplog.text
 
 
-def test_an_architecture_hubsoup_cannot_split_is_named(tmp_path, monkeypatch):
-    """T5 (mergekit splits it into encoder, decoder, shared) and a model mergekit does not split: one line each."""
+def test_modules_mergekit_cannot_merge_are_refused_before_anything_is_read(root, monkeypatch):
+    """Whisper's decoder (mergekit 0.1.5 asks for 'model.decoderembed_tokens.weight' and stops) and a model
+    mergekit does not split: one line each, no output."""
     from safetensors.torch import save_file
 
-    for name, arch in (("t5", "T5ForConditionalGeneration"), ("llama", "LlamaForCausalLM")):
-        folder = tmp_path / name
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps({"architectures": [arch], "model_type": name}))
-        save_file({"shared.weight": torch.zeros(4, 2)}, str(folder / "model.safetensors"))
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(root)
     cfg = "merge_method: linear\nbase_model: {m}\nmodules:\n  encoder:\n    models: [{{model: {m}}}]\n" \
           "  decoder:\n    models: [{{model: {m}}}]\nparameters: {{weight: 1.0}}\n"
-    with pytest.raises(ParameterError, match=r"T5ForConditionalGeneration, whose modules mergekit merges one by one "
-                                              r"and hubsoup does not yet; give 'models:'"):
-        run_config(cfg.format(m="t5"), str(tmp_path / "out"), quiet=True)
+    with pytest.raises(ParameterError, match=r"module 'decoder' of WhisperForConditionalGeneration: mergekit 0.1.5 "
+                                              r"cannot merge it: .*'model.decoder' lacks the dot"):
+        run_config(cfg.format(m="wh-base"), os.path.join(root, "out-wh-dec"), quiet=True)
+    folder = os.path.join(root, "llama")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, f)
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 2)}, os.path.join(folder, "model.safetensors"))
     with pytest.raises(ParameterError, match=r"LlamaForCausalLM, which mergekit does not define by modules"):
-        run_config(cfg.format(m="llama"), str(tmp_path / "out"), quiet=True)
-    assert not (tmp_path / "out").exists()
+        run_config(cfg.format(m="llama"), os.path.join(root, "out-llama"), quiet=True)
+    assert not os.path.exists(os.path.join(root, "out-wh-dec")) and not os.path.exists(os.path.join(root, "out-llama"))
+
+
+def test_t5_modules_split_as_mergekit_defines_them():
+    """T5's modules: encoder and decoder blocks by prefix, ``shared`` = the embeddings and the head (mergekit's t5.json)."""
+    from hubsoup.formats.mergekit_modules import ARCHITECTURES
+
+    t5 = ARCHITECTURES["T5ForConditionalGeneration"]
+    owner = {n: [m for m, mod in t5.items() if mod.holds(n)] for n in
+             ("shared.weight", "lm_head.weight", "encoder.block.0.layer.0.SelfAttention.q.weight",
+              "encoder.final_layer_norm.weight", "decoder.embed_tokens.weight", "decoder.block.1.layer.2.layer_norm.weight")}
+    assert owner == {"shared.weight": ["shared"], "lm_head.weight": ["shared"],
+                     "encoder.block.0.layer.0.SelfAttention.q.weight": ["encoder"],
+                     "encoder.final_layer_norm.weight": ["encoder"], "decoder.embed_tokens.weight": ["decoder"],
+                     "decoder.block.1.layer.2.layer_norm.weight": ["decoder"]}

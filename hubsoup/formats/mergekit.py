@@ -853,6 +853,12 @@ class MergekitLayout:
                 infos[out_name] = base.info(src_name(r))
             out[out_name] = ts
 
+        # a layer tensor some of the base's own layers lack (T5's relative_attention_bias, layer 0's only) is
+        # optional, as in mergekit's definitions: written only where a source of the slice has it at its layer
+        from hubsoup.plan import block_of
+
+        depth = {b[1] for k in keys if (b := block_of(k)) and b[0] == stack}
+        optional = {suf for suf in suffixes if any(f"{stack}.{i}.{suf}" not in have[id(base)] for i in depth)}
         k_out = 0
         for k in pre:
             add(k, merge.slices[0], None, None)
@@ -862,6 +868,9 @@ class MergekitLayout:
             for j in range(n):
                 t = j / (n - 1) if n > 1 else 1.0
                 for suf in suffixes:
+                    if suf in optional and not any(f"{stack}.{s.layer_range[0] + j}.{suf}" in have[id(ckpt_of(s.model))]
+                                                   for s in sl.sources):
+                        continue
                     add(suf, sl, j, t)
                 k_out += 1
         for k in post:
@@ -958,7 +967,9 @@ def _naming(ckpt, module: Any = None) -> tuple[str, list[str], list[str], list[s
     stack = stacks.pop()
     suffixes = [k[len(f"{stack}.0."):] for k in keys if block_of(k) == (stack, 0)]
     others = [k for k in keys if not block_of(k)]
-    return stack, suffixes, [k for k in others if _before(k)], [k for k in others if not _before(k)]
+    before = module.before if module is not None else ()
+    pre = [k for k in others if _before(k) or k.startswith(before)]
+    return stack, suffixes, pre, [k for k in others if k not in pre]
 
 
 def _guard_params(merge: MergekitMerge, spec: MkMethod, stack: str, suffixes: list[str], pre: list[str],

@@ -2,8 +2,8 @@
 
 mergekit defines some architectures by modules (its ``_data/architectures/*.json`` of kind
 ``modular``: a vision-language model's ``text_decoder``, ``vision_tower`` and
-``multi_modal_projector``), and a config may give each module its own ``models`` or ``slices``
-and ``parameters``::
+``multi_modal_projector``; an encoder-decoder's ``encoder`` and ``decoder``, T5's ``shared``), and a
+config may give each module its own ``models`` or ``slices`` and ``parameters``::
 
     merge_method: slerp
     base_model: org/vlm-base
@@ -24,7 +24,7 @@ its config key (``text_config.num_hidden_layers``); tensors of no module are not
 warning names them); the base model (else the first model named) gives the config and tokenizer.
 
 Modules are told apart by tensor-name prefixes (:data:`ARCHITECTURES`, from mergekit's module
-definitions); mergekit lists each module's tensors one by one, so a checkpoint tensor under a
+definitions: T5's ``shared`` module is ``shared.weight`` and ``lm_head.weight``); mergekit lists each module's tensors one by one, so a checkpoint tensor under a
 module's prefix that mergekit's list lacks is merged here and not there.
 
 Example:
@@ -62,6 +62,9 @@ class Module:
     excludes: tuple[str, ...] = ()
     layers_key: str | None = None
     """Dotted config key of the module's layer count (``text_config.num_hidden_layers``); None: no layers."""
+    before: tuple[str, ...] = ()
+    """Prefixes of tensors before the layers (mergekit's ``pre_weights``, taken from the first slice) that
+    their names do not tell (Whisper's ``conv1``)."""
 
     def holds(self, name: str) -> bool:
         """Whether tensor ``name`` belongs to this module."""
@@ -94,11 +97,24 @@ ARCHITECTURES: dict[str, dict[str, Module]] = {
         "text_decoder": Module(("model.", "lm_head."), (), "text_config.num_hidden_layers"), **_QWEN_VL},
     "Qwen3VLForConditionalGeneration": _QWEN3_VL,
     "Qwen3VLMoeForConditionalGeneration": _QWEN3_VL,
+    # mergekit's encoder key is num_hidden_layers, which T5Config maps to num_layers (the key config.json holds)
+    "T5ForConditionalGeneration": {
+        "decoder": Module(("decoder.",), (), "num_decoder_layers"),
+        "encoder": Module(("encoder.",), (), "num_layers"),
+        "shared": Module(("shared.", "lm_head."))},
+    "WhisperForConditionalGeneration": {
+        "decoder": Module(("model.decoder.",), (), "decoder_layers"),
+        "encoder": Module(("model.encoder.",), (), "encoder_layers",
+                          ("model.encoder.conv1.", "model.encoder.conv2.", "model.encoder.embed_positions."))},
 }
 """mergekit 0.1.5's modular architectures (``kind: modular``) that hubsoup merges module by module."""
 
-_NOT_YET = ("T5ForConditionalGeneration", "WhisperForConditionalGeneration")
-"""mergekit's other modular architectures: an encoder-decoder's modules are not told apart by prefix here (yet)."""
+_MERGEKIT_FAILS = {
+    ("WhisperForConditionalGeneration", "decoder"):
+        "mergekit 0.1.5 cannot merge it: its definition's weight prefix 'model.decoder' lacks the dot, so it asks "
+        "every model for 'model.decoderembed_tokens.weight' and stops",
+}
+"""Modules that mergekit 0.1.5 defines but fails on for every checkpoint: refused here before anything is read."""
 
 
 def several_modules(data: Any) -> bool:
@@ -161,10 +177,6 @@ def architecture_modules(data: dict, token: Any = None, allow_pickle: bool = Fal
     arch = archs[0] if isinstance(archs, list) and len(archs) == 1 else None
     mods = ARCHITECTURES.get(arch)  # type: ignore[arg-type]
     names = list(data["modules"])
-    if mods is None and arch in _NOT_YET:
-        raise ParameterError(f"mergekit config: 'modules' ({', '.join(map(str, names))[:80]}): '{ref}' is a {arch}, "
-                             "whose modules mergekit merges one by one and hubsoup does not yet; give 'models:' at "
-                             "the top level (every module merged alike)")
     if mods is None:
         raise ParameterError(f"mergekit config: 'modules' ({', '.join(map(str, names))[:80]}): '{ref}' is a "
                              f"{arch or 'model of no single architecture'}, which mergekit does not define by "
@@ -173,6 +185,11 @@ def architecture_modules(data: dict, token: Any = None, allow_pickle: bool = Fal
     if unknown:
         raise ParameterError(f"mergekit config: module '{str(unknown[0])[:80]}' is not one of {arch}'s modules "
                              f"({', '.join(mods)})")
+    for n in names:
+        why = _MERGEKIT_FAILS.get((str(arch), str(n)))
+        if why:
+            raise ParameterError(f"mergekit config: module '{n}' of {arch}: {why}; give 'models:' at the top "
+                                 "level (every module merged alike) or leave it out")
     return mods, ckpt
 
 
