@@ -32,3 +32,17 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 sys.path.insert(0, os.path.dirname(__file__))
 
 pytest_plugins = ["tiny_models", "hub_server", "ray_cluster"]
+
+
+def pytest_configure(config):
+    # pytest-xdist's loadfile hands out the files with the most tests first; the order below is by time instead
+    if getattr(config.option, "dist", "no") == "loadfile":
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Under pytest-xdist (README: ``-n auto --dist loadfile``), files holding slow tests are handed out first: a
+    long file started last would leave the other worker idle at the end. A plain run keeps the usual order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each part is kept

@@ -11,6 +11,16 @@ dumps every thread's stack (a hung run says where it hangs).
 ``KILL_LOOP_AT=lanes|readahead`` and ``KILL_LOOP_SIGNAL=SIGINT|SIGTERM``: the run signals itself at that
 narrow moment instead (what random delays rarely hit): while the main thread waits for the lane threads to
 start (they are made slow to arrive), or between the read-ahead thread's creation and its start.
+
+    python tests/kill_loop_helper.py --serve
+
+A fork server for the loop (the imports above cost seconds of CPU, a merge a fraction of one: fifty fresh
+interpreters were most of the loop's time): it imports once, then for each JSON line on stdin
+(``{"args": [...], "cwd": ..., "env": {...}, "out": FILE, "err": FILE}``) forks a child that takes those
+arguments, folder, environment and output files and goes on exactly as a fresh ``python kill_loop_helper.py
+ARGS`` goes on after its imports: to the same ``__main__`` code and the interpreter's own exit. The server
+answers ``{"pid": PID}`` per line, and ``{"exit": PID, "rc": RC}`` when that child ends (a negative RC: killed
+by that signal). It never runs a merge itself nor starts a thread, so each child starts from a clean state.
 """
 
 from __future__ import annotations
@@ -73,7 +83,53 @@ def _ready_once_sigterm_is_caught():
     return restore
 
 
+def _serve() -> list[str]:
+    """The fork server's loop (see the module docstring); returns, in a child, that child's arguments."""
+    import json
+    import select
+
+    children: set[int] = set()
+    pending = b""
+
+    def say(msg: dict) -> None:
+        os.write(1, (json.dumps(msg) + "\n").encode())
+
+    while True:
+        ready, _, _ = select.select([0], [], [], 0.02)
+        while children:  # reap whatever ended
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            children.discard(pid)
+            say({"exit": pid, "rc": os.waitstatus_to_exitcode(status)})
+        if not ready:
+            continue
+        chunk = os.read(0, 1 << 16)
+        if not chunk:  # the test is done
+            for pid in children:
+                os.waitpid(pid, 0)
+            sys.exit(0)
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            job = json.loads(line)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:  # the child: its own folder, environment, standard streams, then the merge
+                os.chdir(job["cwd"])
+                os.environ.update(job["env"])
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                for fd, path in ((1, job["out"]), (2, job["err"])):
+                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+                return job["args"]
+            children.add(pid)
+            say({"pid": pid})
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        sys.argv[1:] = _serve()
     cli._catch_sigterm = _ready_once_sigterm_is_caught
     if os.environ.get("KILL_LOOP_AT"):
         _signal_at(os.environ["KILL_LOOP_AT"], getattr(signal, os.environ.get("KILL_LOOP_SIGNAL", "SIGINT")))

@@ -6,15 +6,22 @@ whole merge, or (one run in five each) signalling itself while its lane threads 
 thread starts, the narrow moments where runs hung or failed before. None may hang (a hung run's thread stacks are shown), each exits 130 / 143 with one line
 (or 0 when it finished first, its output complete), and nothing is left beside the output: no partial
 folder, no lock.
+
+Each merge is a child forked by the helper's fork server (``kill_loop_helper.py --serve``) once its imports are
+done, its own process from there on (its folder, environment, output files, signals and exit code): fifty fresh
+interpreters importing torch were most of the loop's time.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -36,45 +43,107 @@ def models(tmp_path_factory):
     return base, [make_finetune(base, str(root / f"ft-{i}"), seed=i) for i in (1, 2)]
 
 
-def start(models, folder: str, method: str, **extra: str) -> tuple[subprocess.Popen, str]:
+class Run:
+    """One merge: a child of the fork server (``kill_loop_helper.py --serve``), signalled and waited by pid."""
+
+    def __init__(self, server: "Server", pid: int, err: str):
+        self.server, self.pid, self.err = server, pid, err
+
+    def poll(self) -> int | None:
+        with self.server.ended:
+            return self.server.exits.get(self.pid)
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # as Popen.send_signal: never a pid that may be reused
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout: float) -> int | None:
+        with self.server.ended:
+            self.server.ended.wait_for(lambda: self.pid in self.server.exits, timeout)
+            return self.server.exits.get(self.pid)
+
+    def stderr(self) -> str:
+        with open(self.err) as f:
+            return f.read()
+
+
+class Server:
+    """The helper imports once and forks each merge: fifty fresh interpreters' imports were most of the time."""
+
+    def __init__(self):
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": REPO + (os.pathsep + path if path else "")}
+        self.proc = subprocess.Popen([sys.executable, HELPER, "--serve"], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.exits: dict[int, int] = {}
+        self.ended = threading.Condition()
+        self.pids: queue.Queue[int] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            if "pid" in msg:
+                self.pids.put(msg["pid"])
+            else:
+                with self.ended:
+                    self.exits[msg["exit"]] = msg["rc"]
+                    self.ended.notify_all()
+
+    def start(self, args: list[str], cwd: str, env: dict[str, str]) -> Run:
+        out, err = cwd + ".out", cwd + ".err"  # beside the folder: it must hold nothing but the output
+        self.proc.stdin.write(json.dumps({"args": args, "cwd": cwd, "env": env, "out": out, "err": err}) + "\n")
+        self.proc.stdin.flush()
+        try:
+            return Run(self, self.pids.get(timeout=180), err)
+        except queue.Empty:
+            pytest.fail(f"the fork server never answered (exit code {self.proc.poll()})")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server()
+    yield s
+    s.close()
+
+
+def start(server: Server, models, folder: str, method: str, **extra: str) -> tuple[Run, str]:
     base, fts = models
     os.makedirs(folder)
     ready = os.path.join(folder, "..", os.path.basename(folder) + ".ready")
-    path = os.environ.get("PYTHONPATH")
-    env = {**os.environ, "PYTHONPATH": REPO + (os.pathsep + path if path else ""), "KILL_LOOP_READY": ready,
-           **extra}
     args = ["merge", *fts, "--base", base, "--method", method, "--out", os.path.join(folder, "out"), "-q"]
     if method == "ties":
         args += ["-p", "density=0.5"]
-    proc = subprocess.Popen([sys.executable, HELPER, *args], cwd=folder, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    return proc, ready
+    return server.start(args, folder, {"KILL_LOOP_READY": ready, **extra}), ready
 
 
-def wait_ready(proc: subprocess.Popen, ready: str) -> None:
+def wait_ready(proc: Run, ready: str) -> None:
     deadline = time.monotonic() + 180
     while not os.path.exists(ready):
-        assert proc.poll() is None, proc.communicate()
+        assert proc.poll() is None, proc.stderr()
         assert time.monotonic() < deadline, "the helper never got ready"
         time.sleep(0.01)
 
 
-def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGUSR1)  # the stacks of every thread: where it hangs
+def finish(proc: Run, timeout: float = 60) -> tuple[int, str]:
+    rc = proc.wait(timeout)
+    if rc is None:
+        os.kill(proc.pid, signal.SIGUSR1)  # the stacks of every thread: where it hangs
         time.sleep(1)
-        proc.kill()
-        _, err = proc.communicate()
-        pytest.fail(f"a signalled merge hung:\n{err[-6000:]}")
-    return proc.returncode, err
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        pytest.fail(f"a signalled merge hung:\n{proc.stderr()[-6000:]}")
+    return rc, proc.stderr()
 
 
-def test_merges_signalled_at_random_moments_exit_promptly_and_leave_nothing(models, tmp_path):
+def test_merges_signalled_at_random_moments_exit_promptly_and_leave_nothing(server, models, tmp_path):
     rng = random.Random(int(os.environ.get("HUBSOUP_KILL_LOOP_SEED", "31")))
     # how long a merge takes here (after the imports): the signals are drawn over it
-    proc, ready = start(models, str(tmp_path / "timing"), "ties")
+    proc, ready = start(server, models, str(tmp_path / "timing"), "ties")
     wait_ready(proc, ready)
     t0 = time.monotonic()
     rc, err = finish(proc)
@@ -89,7 +158,7 @@ def test_merges_signalled_at_random_moments_exit_promptly_and_leave_nothing(mode
             delay = rng.uniform(0, took * 1.1)
             # one run in five signals itself while its lanes start, one in five as its read-ahead starts
             at = {0: "lanes", 1: "readahead"}.get(i % 5, "")
-            proc, ready = start(models, folder, "ties" if at else rng.choice(["ties", "linear", "task_arithmetic"]),
+            proc, ready = start(server, models, folder, "ties" if at else rng.choice(["ties", "linear", "task_arithmetic"]),
                                 KILL_LOOP_AT=at, KILL_LOOP_SIGNAL=sig.name)
             batch.append((proc, ready, folder, sig, None if at else delay, at))
         for proc, ready, folder, sig, delay, at in batch:

@@ -2,10 +2,15 @@
 
 The slow test builds the Space's folder, installs its ``requirements.txt`` into a fresh venv and drives the app
 from there in headless Chromium. Here there is no pytorch index (only PyPI, and pip's find-links holding torch's
-CPU wheel), so that test drops the ``--extra-index-url https://download.pytorch.org/whl/cpu`` line and installs
-``torch==<version>+cpu`` from what pip finds, under ``/work/main/constraints.txt``-style pins of the versions this
-venv has (``-c``); everything else comes from PyPI, and hubsoup itself from the wheel the Space's requirements name
-(its URL on the test Hub).
+CPU wheel), so that test drops the ``--extra-index-url https://download.pytorch.org/whl/cpu`` line. The fresh venv
+is not filled from the index (several minutes of downloads and unpacking, the same files this test environment
+was installed from): it gets exactly the distributions that the Space's requirements pull in, walked from
+their metadata (``Requires-Dist`` with markers and extras, hubsoup's own from the wheel the Space ships) and
+linked from this environment, where each must be installed at a version the requirement allows; nothing else.
+Then pip installs the requirements into it with no index (``-c /work/main/constraints.txt``-style pins): it finds
+every pin satisfied, installs hubsoup from the wheel the Space's requirements name (its URL on the test Hub), and
+``pip check`` finds nothing missing. A dependency the wheel or the requirements forgot is missing from the venv,
+and the app fails to start there.
 """
 
 from __future__ import annotations
@@ -214,6 +219,57 @@ YAML_CONFIG = ["merge_method: ties", "base_model: alice/base",
                "dtype: float32"]
 
 
+def _link_requirements(lines: list[str], wheel: Path, site: Path) -> set[str]:
+    """Link into ``site`` the distributions that ``lines`` (requirement lines; ``hubsoup @ URL`` stands for
+    ``wheel``) pull in, from this environment: each must be installed here at a version its requirement allows.
+    Returns their canonical names (hubsoup not among them: pip installs it from its URL)."""
+    import email
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    def wanted(req: Requirement, extras: frozenset) -> bool:
+        return req.marker is None or any(req.marker.evaluate({"extra": e}) for e in extras | {""})
+
+    with zipfile.ZipFile(wheel) as z:
+        meta = email.message_from_bytes(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))))
+    todo = [(Requirement(r), frozenset()) for r in meta.get_all("Requires-Dist") or []]
+    for line in lines:
+        line = line.split("#")[0].strip()
+        if line and not line.startswith("-"):
+            req = Requirement(line)
+            if canonicalize_name(req.name) != "hubsoup":
+                todo.append((req, frozenset()))
+    extras_seen: dict[str, frozenset] = {}
+    dists: dict[str, metadata.Distribution] = {}
+    while todo:
+        req, parent_extras = todo.pop()
+        if not wanted(req, parent_extras):
+            continue
+        name = canonicalize_name(req.name)
+        assert name != "hubsoup", f"hubsoup's wheel requires itself: {req}"
+        try:
+            dist = dists.get(name) or metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            pytest.fail(f"the Space needs {req}, which this environment does not have")
+        assert req.specifier.contains(dist.version, prereleases=True), f"{req} but {dist.version} is installed"
+        new = frozenset(req.extras) - extras_seen.get(name, frozenset())
+        if name in dists and not new:
+            continue
+        dists[name] = dist
+        extras_seen[name] = extras_seen.get(name, frozenset()) | new
+        # its requirements without an extra (again, harmless) and those of the extras asked for the first time
+        todo += [(Requirement(sub), new) for sub in dist.requires or []]
+    for name, dist in dists.items():
+        assert dist.files, f"{name} {dist.version}: no RECORD, its files are unknown"
+        for top in {f.parts[0] for f in dist.files if f.parts[0] != ".."}:
+            target = site / top
+            if not target.exists():
+                target.symlink_to(Path(dist.locate_file(top)))
+    return set(dists)
+
+
 @pytest.mark.slow
 def test_space_installs_in_a_fresh_venv_and_merges_a_mergekit_config_in_a_browser(hub, tmp_path, monkeypatch):
     """``hubsoup space create`` to the test Hub; its files installed (see the module docstring for the one line
@@ -237,12 +293,24 @@ def test_space_installs_in_a_fresh_venv_and_merges_a_mergekit_config_in_a_browse
     offline = [line for line in req.splitlines() if not line.startswith("--extra-index-url")]  # no pytorch index here
     (folder / "requirements-here.txt").write_text("\n".join(offline) + "\n")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_HUB_OFFLINE", "HF_TOKEN")}
-    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "-r", str(folder / "requirements-here.txt"),
-                           "-c", str(ROOT / "constraints.txt")], capture_output=True, text=True, env=env, timeout=1500)
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, env=env, check=True).stdout.strip())
+    wheel_file = next(folder.glob("hubsoup-*.whl"))
+    linked = _link_requirements(offline, wheel_file, site)
+    assert {"torch", "gradio", "transformers", "safetensors", "huggingface-hub"} <= linked, linked
+    assert "hubsoup" not in linked and "pytest" not in linked and "selenium" not in linked  # only what it needs
+    # pip (this environment's, run for the venv's interpreter): no index, every requirement must be satisfied
+    pip = [sys.executable, "-m", "pip", "--python", str(py)]
+    proc = subprocess.run([*pip, "install", "-q", "--no-index", "-r", str(folder / "requirements-here.txt"),
+                           "-c", str(ROOT / "constraints.txt")], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = subprocess.run([*pip, "check"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    print(f"\nfresh venv of {len(linked)} distributions and the Space's hubsoup: {time.monotonic() - started:.1f} s")
     where = subprocess.run([str(py), "-c", "import hubsoup, torch; print(hubsoup.__file__, torch.__version__)"],
                            capture_output=True, text=True, env=env, cwd=tmp_path)
     assert str(venv) in where.stdout and "+cpu" in where.stdout, where.stdout + where.stderr  # the venv's own
