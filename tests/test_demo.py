@@ -16,13 +16,18 @@ def _need_demo_packages():
 
 
 @pytest.mark.slow
-def test_demo_end_to_end(tmp_path, capsys):
+def test_demo_end_to_end(tmp_path, capsys, monkeypatch):
     from huggingface_hub import ModelCard
     from huggingface_hub.repocard_data import model_index_to_eval_results
 
+    import hubsoup.demo as demo
     from hubsoup.cli import main
 
     _need_demo_packages()
+    # The same code path at a third of the fine-tuning and test sizes: the suite's largest cost otherwise (the
+    # full-size demo is the README's first command, which CI runs as written).
+    monkeypatch.setattr(demo, "FT_STEPS", 16)
+    monkeypatch.setattr(demo, "N_TEST", 16)
     assert main(["demo", "--out", str(tmp_path / "demo"), "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "merged (TIES)" in printed and "fine-tune sentiment" in printed
