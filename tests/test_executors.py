@@ -89,6 +89,19 @@ def test_search_executor_errors_are_named_before_any_work(tiny, tmp_path):
     assert not os.path.exists(tmp_path / "o")
 
 
+def test_a_trial_keeps_the_drivers_hub_only_rule_in_a_worker_process(tiny):
+    """A worker process has no scope of its own: the driver's ``hub_only`` travels in the payload, and a trial
+    naming a local folder then fails as the driver would fail it, before the folder is opened."""
+    from hubsoup.workflows.trial import run_trial
+
+    base, fts, data = tiny
+    payload = {"number": 0, "inputs": fts, "base": base, "method": "ties", "params": {},
+               "tasks": [f"perplexity:{data}"]}
+    assert run_trial(payload)["state"] == "complete"  # the same trial without the rule merges
+    r = run_trial({**payload, "hub_only": True})
+    assert r["state"] == "fail" and "only Hub repo IDs" in r["reason"], r["reason"]
+
+
 # ---- pipelines ---------------------------------------------------------------------------------------
 
 

@@ -128,7 +128,11 @@ class RayExecutor:
             monitor: Any = None) -> list[dict[str, Any]]:
         ray = self.ray
         t0 = time.perf_counter()
-        index = {self._task.remote(dict(p)): i for i, p in enumerate(payloads)}
+        from hubsoup.sources.access import hub_only
+
+        strict = hub_only()  # the driver's rule travels with each task (a worker has no scope of its own)
+        index = {self._task.remote({**p, "hub_only": bool(p.get("hub_only")) or strict}): i
+                 for i, p in enumerate(payloads)}
         results: list[dict[str, Any] | None] = [None] * len(payloads)
         pending = list(index)
         try:

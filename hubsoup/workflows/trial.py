@@ -134,6 +134,10 @@ def selection_score(results: Sequence[Any], metric: str | None = None) -> float:
 def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     """Merge and score one candidate; never raises for the candidate's own failure (see the module doc).
 
+    ``payload["hub_only"]``: the driver's ``hub_only`` rule, which an executor's worker process does not
+    inherit (a scope lives in the driver's thread): the worker enters it again, so a server's run stays Hub-only
+    on every node, whatever the payload names.
+
     ``payload``: ``number``, ``inputs``, ``base``, ``method``, ``params``; ``tasks`` (spec strings or
     :class:`~hubsoup.eval.TaskSpec`), optional ``metric``, ``limit``, ``batch_size``, ``options`` (merge
     options by name: device, dtype, ...), ``scratch`` (a folder for temporary files), ``cancel``
@@ -145,6 +149,13 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     :class:`~hubsoup.errors.HubsoupError`), ``seconds`` (``merge``, ``build`` (the model from the merged
     tensors), ``eval``, ``total``) and ``host``/``pid``.
     """
+    from hubsoup.sources.access import scope
+
+    with scope(hub_only=bool(payload.get("hub_only"))):  # a scope only ever gets stricter: a no-op where it was
+        return _run_trial(payload)
+
+
+def _run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     import socket
 
     import torch
