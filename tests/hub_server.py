@@ -304,6 +304,7 @@ class HubServer:
             self.repos: dict[tuple[str, str], Repo] = {}
             self.blobs: dict[str, bytes] = {}
             self._failures: list[_Failure] = []
+            self._delays: list[list] = []  # [remaining, method, path regex, seconds]: see delay_next
             #: every request: dicts with method, path, query, status, user
             self.requests: list[dict] = []
             #: requests that matched no route (answered 404 without X-Error-Code)
@@ -378,6 +379,23 @@ class HubServer:
                 message=message or f"Injected failure ({status})", code=code, when=when, drop=drop,
                 headers=dict(headers or {}), hang=hang,
             ))
+
+    def delay_next(self, n: int, seconds: float, *, method: str | None = None, path: str | None = None) -> None:
+        """Hold the next ``n`` requests matching ``method`` / ``path`` (a regex searched in the path) for
+        ``seconds`` (at most ``MAX_HANG``; ``reset()``/``stop()`` end it early), then answer them normally: a slow
+        Hub, for tests that must act while a client waits on it (e.g. cancel a run in its download)."""
+        if not (0 < seconds <= MAX_HANG):
+            raise ValueError(f"seconds must be in (0, {MAX_HANG}]")
+        with self._lock:
+            self._delays.append([n, method.upper() if method else None, re.compile(path) if path else None, seconds])
+
+    def _take_delay(self, method: str, path: str) -> float:
+        with self._lock:
+            for d in self._delays:
+                if d[0] > 0 and (d[1] is None or d[1] == method) and (d[2] is None or d[2].search(path)):
+                    d[0] -= 1
+                    return d[3]
+        return 0.0
 
     def fail_commits(self, n: int = 1, status: int = 500, **kw) -> None:
         """Shorthand: fail the next ``n`` ``POST .../commit/...`` requests."""
@@ -1145,6 +1163,9 @@ class _Handler(BaseHTTPRequestHandler):
                 bad_token = True
         req = _Req(method, path, query, self.headers, body, user, can_write)
 
+        delay = hub._take_delay(method, path)
+        if delay:
+            hub._wake.wait(delay)  # outside the lock: the rest of the Hub answers meanwhile
         failure = hub._take_failure(method, path, "before")
         if failure is not None:
             resp = None

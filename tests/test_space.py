@@ -274,6 +274,9 @@ def test_space_merges_cancels_and_pushes_in_a_browser(hub, app, browser, tmp_pat
     pick_method(browser, "sftm")
     set_text(browser, "repo", "soup-cancelled")
     watch_status(browser)
+    # a slow Hub holds the run's first weights download for a few seconds: the cancel click lands while the run
+    # waits, however loaded the machine (a busy browser's click could otherwise arrive after the push)
+    hub.delay_next(1, 6, method="GET", path=r"/resolve/.*\.safetensors$")
     css(browser, "#merge").click()
     wait_for(browser, lambda d: "done" not in (s := status(d)) and (m := PERCENT.search(s)) and int(m.group(1)) > 0,
              60, "the second run to start")
