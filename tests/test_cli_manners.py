@@ -128,3 +128,27 @@ def test_wheel_ships_py_typed_cards_and_space_app(tmp_path):
     wheel = next(tmp_path.glob("hubsoup-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"hubsoup/py.typed", "hubsoup/cards/merge.md", "hubsoup/cards/space.md", "hubsoup/space_app/app.py"} <= names
+
+
+def test_an_interrupt_after_the_output_is_committed_says_it_is_complete(monkeypatch, capsys):
+    """A Ctrl-C that lands after the output's commit (while the command prints or pushes) must not claim that
+    nothing was left: the output is complete, and the line says where; before any commit it says nothing was."""
+    import argparse
+    import types
+
+    import hubsoup.cli as cli
+    from hubsoup.output import folder
+
+    def run(commit: bool):
+        def func(args):
+            if commit:
+                folder.COMMITTED.append("/somewhere/out")
+            raise KeyboardInterrupt
+        ns = argparse.Namespace(func=func, top_verbose=False, top_quiet=False, verbose=False, quiet=False)
+        monkeypatch.setattr(cli, "build_parser", lambda: types.SimpleNamespace(parse_args=lambda argv: ns))
+        return cli.main([]), capsys.readouterr().err
+
+    rc, err = run(commit=False)
+    assert rc == 130 and err.strip() == "interrupted; no output was left behind"
+    rc, err = run(commit=True)
+    assert rc == 130 and err.strip() == "interrupted; the output written before it is complete: /somewhere/out"

@@ -180,8 +180,12 @@ def test_merges_signalled_at_random_moments_exit_promptly_and_leave_nothing(serv
             else:
                 assert rc == want, (rc, sig, delay or at, err)
                 lines = [ln for ln in err.splitlines() if ln.strip()]
-                assert len(lines) == 1 and "no output was left behind" in lines[0] and "Traceback" not in err, err
-                assert left == [], (left, sig, delay or at)
+                assert len(lines) == 1 and "Traceback" not in err, err
+                if "no output was left behind" in lines[0]:
+                    assert left == [], (left, sig, delay or at)
+                else:  # the signal came after the output's commit (one atomic rename): complete, and said so
+                    assert "the output written before it is complete" in lines[0], err
+                    assert left == ["out"] and os.path.isfile(os.path.join(folder, "out", "model.safetensors")), left
             outcomes[rc] = outcomes.get(rc, 0) + 1
     print(f"\n{RUNS} merges signalled over {took:.2f} s: exit codes {outcomes}")
     assert sum(n for rc, n in outcomes.items() if rc) >= RUNS // 2, outcomes  # most were really interrupted

@@ -269,6 +269,17 @@ def main(argv: list[str] | None = None) -> int:
 
     install_log_scrubber()
     restore_sigterm = _catch_sigterm()
+    # outputs committed before this command (main() may run several times in one process); read lazily: the
+    # output module imports torch, which a command such as `hubsoup methods` need not
+    folder_mod = sys.modules.get("hubsoup.output.folder")
+    committed = len(folder_mod.COMMITTED) if folder_mod is not None else 0
+
+    def left_behind() -> str:  # what an interrupted command says of its output
+        from hubsoup.output.folder import COMMITTED
+
+        done = COMMITTED[committed:]
+        return f"the output written before it is complete: {done[-1]}" if done else "no output was left behind"
+
     try:
         return args.func(args)
     except HubsoupError as e:
@@ -277,10 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {scrub_secrets(e)}", file=sys.stderr)
         return 2
     except _Terminated:
-        print("terminated (SIGTERM); no output was left behind", file=sys.stderr)
+        print(f"terminated (SIGTERM); {left_behind()}", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
-        print("interrupted; no output was left behind", file=sys.stderr)
+        print(f"interrupted; {left_behind()}", file=sys.stderr)
         return 130
     finally:
         restore_sigterm()

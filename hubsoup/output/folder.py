@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from hubsoup.errors import DiskFullError, HubsoupError, OutputExistsError, OutputLockedError, OutputNotWritableError
@@ -506,6 +507,28 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+COMMITTED: list[str] = []
+"""Outputs committed by this process, in order: a signal that arrives after a commit (while a command prints
+or pushes) must not be reported as having left nothing behind (the CLI reads this)."""
+
+
+@contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM held (delivered at the end) in the main thread; elsewhere nothing to hold."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class OutputFolder:
     """A temporary folder beside ``target`` that becomes ``target`` on :meth:`commit`.
 
@@ -530,6 +553,12 @@ class OutputFolder:
 
     def commit(self, source: str | None = None) -> str:
         """Rename the temporary folder (or ``source``, a folder inside it) to the target; release the lock."""
+        with _signals_held():  # the rename and its record are one step: a Ctrl-C lands before or after both
+            target = self._commit(source)
+            COMMITTED.append(target)
+        return target
+
+    def _commit(self, source: str | None = None) -> str:
         src = source or self.path
         parent = os.path.dirname(self.target)
         if os.path.isdir(self.target) and not os.path.islink(self.target) and exchange(src, self.target):
