@@ -209,15 +209,11 @@ def run_cpu_feed(args) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 def mergekit_config(body: str, base: str, fts: list[str], inputs: str) -> str:
-    head, _, mp = body.partition("model_params: ")
-    models = fts if inputs == "3" else fts[:2]
-    lines = [head.rstrip("\n"), f"base_model: {base if inputs == '3' else fts[0]}", "dtype: float32",
-             "out_dtype: bfloat16", "models:"]
-    for m in models:
-        lines.append(f"  - model: {m}")
-        if mp:
-            lines.append(f"    parameters: {mp.strip()}")
-    return "\n".join(lines) + "\n"
+    """The same config bench_merge's 1B profile writes (float32 compute, bf16 out)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_merge import mergekit_config_1b  # stdlib imports only: fine on a bare GPU box
+
+    return mergekit_config_1b(body, base, fts, inputs)
 
 
 def timed(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[float, int, str, str]:
