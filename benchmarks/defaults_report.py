@@ -79,6 +79,11 @@ def render(loaded: dict[str, dict]) -> str:
                 if tuned and tuned.get("chosen"):
                     chosen.setdefault(row.label, []).append(f"{title.split(' (')[0]} {setting}: "
                                                             f"{_params(tuned, keys)}")
+            width = widest_interval(s)
+            if width is not None:
+                lines += ["", f"Widest 95 % interval of a defaults row: ±{width:.3f} (half-width; the benchmark "
+                              f"must tell ±{P.MAX_HALF_WIDTH} apart: "
+                              f"{'yes' if width <= P.MAX_HALF_WIDTH else 'NO'})"]
             lines.append("")
         failures = P.guard(res) + P.stale_defaults(res)
         lines += ["**Guard:** " + ("passes: every method at its defaults recovers ≥ 0.8 of its tuned share and "
@@ -91,6 +96,13 @@ def render(loaded: dict[str, dict]) -> str:
     for label, where in chosen.items():
         lines.append(f"| {label} | {'; '.join(where)} |")
     return "\n".join(lines) + "\n"
+
+
+def widest_interval(setting: dict) -> float | None:
+    """The largest half-width of the gain's 95 % interval over the setting's defaults rows (None: none run)."""
+    widths = [(g["hi"] - g["lo"]) / 2 for v in setting["rows"].values()
+              for g in [((v.get("defaults") or {}).get("summary") or {}).get("gain")] if g]
+    return max(widths) if widths else None
 
 
 def claims_table(loaded: dict[str, dict]) -> list[str]:

@@ -268,7 +268,7 @@ def run_setting(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> 
                 setting.setdefault("not_run", []).append(f"{row.label} / {variant}")
                 log(f"[{name}] {row.label} / {variant}: not run (past --budget-min)")
                 continue
-            grid = thin(grid, ctx["grid_points"]) if grid else grid
+            grid = thin(grid, ctx["grid_points"]) if grid and not row.whole_grid else grid
             slug = f"{name}-" + "".join(c if c.isalnum() else "_" for c in row.label) + "-" + variant.replace(" ", "_")
             out = os.path.join(merge_dir, slug)
             extra = extra_lot if row.exemplars else []

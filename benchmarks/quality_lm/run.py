@@ -200,7 +200,7 @@ def run_kind(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> Non
                     entry[variant] = {"params": params,
                                       "status": "not run (--no-all-variants: defaults only)"}
                 continue
-            if grid:
+            if grid and not row.whole_grid:
                 grid = {k: thin(v, ctx["grid_points"]) for k, v in grid.items()}
             slug = f"{kind}-" + "".join(c if c.isalnum() else "_" for c in row.label) + "-" + variant.replace(" ", "_")
             out = os.path.join(merge_dir, slug)

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Where task arithmetic's default λ comes from (issue 35): the inputs' statistics and the validation curves.
+
+Task arithmetic's best λ differs between the benchmarks' settings (4 full encoder fine-tunes want 1.0,
+8 want 0.3, 4 LM domains 0.3), so no single value can be its default. This script puts, side by side
+for every setting of the two quality benchmarks:
+
+- what hubsoup can see before merging: the number of inputs N, LoRA or full, the task vectors'
+  norms relative to the base's, their mean pairwise cosine and the norm ratio ‖Σ τ_i‖ / mean ‖τ_i‖,
+  computed from the cached fine-tunes (``benchmarks/.work/quality*/finetunes``) over the tensors
+  some input changes (a LoRA's ΔW = (α/r)·B·A), in float64;
+- the validation score of every λ of task arithmetic's whole grid (``--search scale=...`` in the
+  benchmarks' tuned runs, ``grid_scores`` in ``quality.json`` / ``quality_lm.json``);
+- what each candidate rule picks and the share of the validation gain over the base it keeps
+  (its λ snapped to the nearest grid point: only grid points were scored).
+
+The rule shipped in ``hubsoup/methods/_autoscale.py`` was chosen from this table (validation
+splits only; the test splits are read by the guard afterwards). Run::
+
+    python -m benchmarks.ta_scale_rule        # writes benchmarks/results/ta_scale_rule.{md,json}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+
+def _tensors(folder: str) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            out.update(load_file(os.path.join(folder, name)))
+    return out
+
+
+def _deltas(base: dict, folder: str) -> dict:
+    """name -> float64 task vector of one fine-tune (full: the difference; LoRA: (α/r)·B·A per module)."""
+    import torch
+
+    if os.path.isfile(os.path.join(folder, "adapter_config.json")):
+        with open(os.path.join(folder, "adapter_config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        r, alpha = cfg["r"], cfg.get("lora_alpha", cfg["r"])
+        scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+        ad = _tensors(folder)
+        out = {}
+        for k, a in ad.items():
+            if ".lora_A." not in k:
+                continue
+            b = ad[k.replace(".lora_A.", ".lora_B.")]
+            mod = k.split(".lora_A.")[0]
+            for prefix in ("base_model.model.", "base_model."):
+                if mod.startswith(prefix):
+                    mod = mod[len(prefix):]
+                    break
+            name = next((n for n in (f"{mod}.weight", f"model.{mod}.weight") if n in base), None)
+            if name is None:
+                raise SystemExit(f"{folder}: adapter module {mod} matches no base tensor")
+            out[name] = scale * (b.double() @ a.double())
+        return out
+    ft = _tensors(folder)
+    return {k: ft[k].double() - v.double() for k, v in base.items()
+            if k in ft and v.is_floating_point() and not torch.equal(ft[k], v)}
+
+
+def input_stats(base_dir: str, folders: list[str]) -> dict:
+    """Statistics of the task vectors of ``folders`` over ``base_dir`` (see the module docstring)."""
+    import torch
+
+    base = {k: v for k, v in _tensors(base_dir).items() if v.is_floating_point()}
+    deltas = [_deltas(base, f) for f in folders]
+    names = sorted(set().union(*deltas))
+    n = len(folders)
+    gram = torch.zeros(n, n, dtype=torch.float64)
+    base_sq = 0.0
+    for name in names:
+        ref = base[name].double()
+        stack = torch.stack([d[name].reshape(-1) if name in d else torch.zeros(ref.numel(), dtype=torch.float64)
+                             for d in deltas])
+        gram += stack @ stack.T
+        base_sq += float(ref.pow(2).sum())
+    norms = gram.diag().sqrt()
+    cos = [float(gram[i, j] / (norms[i] * norms[j])) for i in range(n) for j in range(i + 1, n)]
+    return {"n": n, "tensors": len(names), "base_norm": math.sqrt(base_sq),
+            "rel_norms": [float(x) / math.sqrt(base_sq) for x in norms],
+            "mean_cos": sum(cos) / len(cos) if cos else 0.0,
+            "sum_norm_ratio": math.sqrt(float(gram.sum())) / float(norms.mean()),
+            "rel_sum_norm": math.sqrt(float(gram.sum())) / math.sqrt(base_sq)}
+
+
+def settings() -> list[dict]:
+    """The benchmarks' settings with their inputs' folders and the results file that has their curves."""
+    from benchmarks.quality import data as qdata
+    from benchmarks.quality_lm import data as lmdata
+
+    out = []
+    q = os.path.join(REPO, "benchmarks", ".work", "quality")
+    for kind in ("full", "lora"):
+        for n in (4, 8):
+            out.append({"benchmark": "encoder", "setting": f"{kind}-{n}", "kind": kind,
+                        "base": os.path.join(q, "base"),
+                        "inputs": [os.path.join(q, "finetunes", kind, t) for t in qdata.IN_DOMAIN[:n]],
+                        "results": os.path.join(RESULTS, "quality.json")})
+    lm = os.path.join(REPO, "benchmarks", ".work", "quality_lm")
+    for kind in ("lora", "full"):
+        out.append({"benchmark": "decoder-lm", "setting": kind, "kind": kind, "base": os.path.join(lm, "base"),
+                    "inputs": [os.path.join(lm, "finetunes", kind, d) for d in lmdata.IN_DOMAIN],
+                    "results": os.path.join(RESULTS, "quality_lm.json")})
+    return out
+
+
+def curve(results: str, setting: str) -> dict[float, float] | None:
+    """λ -> validation score of task arithmetic's tuned search in ``setting``, or None (not run)."""
+    if not os.path.isfile(results):
+        return None
+    with open(results, encoding="utf-8") as f:
+        run = json.load(f).get("settings", {}).get(setting, {}).get("rows", {}).get("task arithmetic", {})
+    grid = (run.get("tuned") or {}).get("grid_scores")
+    return {float(g["params"]["scale"]): g["score"] for g in grid} if grid else None
+
+
+# Candidate rules, each a function of the statistics (what hubsoup sees before merging) -> λ.
+RULES = {
+    "0.3 (the old fixed default)": lambda s: 0.3,
+    "1/sqrt(N)": lambda s: 1 / math.sqrt(s["n"]),
+    "norm-preserving: mean‖τ‖/‖Στ‖": lambda s: 1 / s["sum_norm_ratio"],
+    "2·mean‖τ‖/‖Στ‖, ≤ 1": lambda s: min(1.0, 2 / s["sum_norm_ratio"]),
+}
+
+
+def main() -> None:
+    rows = []
+    for st in settings():
+        if not all(os.path.isdir(p) for p in [st["base"], *st["inputs"]]):
+            print(f"{st['benchmark']} {st['setting']}: fine-tunes not cached, skipped")
+            continue
+        stats = input_stats(st["base"], st["inputs"])
+        rows.append({**{k: st[k] for k in ("benchmark", "setting", "kind")}, "stats": stats,
+                     "curve": curve(st["results"], st["setting"])})
+        print(st["benchmark"], st["setting"], json.dumps(stats), rows[-1]["curve"])
+    lines = ["# Task arithmetic's λ: the inputs' statistics and the validation curves", "",
+             "Generated by `python -m benchmarks.ta_scale_rule` (see its docstring).", "",
+             "| benchmark | setting | N | mean ‖τ‖/‖θ₀‖ | ‖Στ‖/‖θ₀‖ | mean cos | ‖Στ‖/mean‖τ‖ | validation score by λ | best λ |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s, c = r["stats"], r["curve"]
+        best = max(c, key=c.get) if c else None
+        lines.append(f"| {r['benchmark']} | {r['setting']} | {s['n']} | {sum(s['rel_norms']) / s['n']:.4f} | "
+                     f"{s['rel_sum_norm']:.4f} | {s['mean_cos']:.3f} | {s['sum_norm_ratio']:.2f} | "
+                     + (", ".join(f"{k:g}: {v:.4f}" for k, v in sorted(c.items())) if c else "not run")
+                     + f" | {best if best is not None else '—'} |")
+    lines += ["", "Each rule's λ per setting, and the share of the best validation gain over the worst grid point "
+                  "it keeps (λ snapped to the nearest grid point):", "",
+              "| rule | " + " | ".join(f"{r['benchmark']} {r['setting']}" for r in rows) + " | worst |",
+              "|---|" + "---|" * (len(rows) + 1)]
+    for name, rule in RULES.items():
+        cells, worst = [], 1.0
+        for r in rows:
+            lam = rule(r["stats"])
+            c = r["curve"]
+            if not c:
+                cells.append(f"{lam:.2f}")
+                continue
+            near = min(c, key=lambda g: abs(math.log(g) - math.log(lam)))
+            lo, hi = min(c.values()), max(c.values())
+            keep = 1.0 if hi == lo else (c[near] - lo) / (hi - lo)
+            worst = min(worst, keep)
+            cells.append(f"{lam:.2f} → {near:g}: {keep:.2f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {worst:.2f} |")
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "ta_scale_rule.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(RESULTS, "ta_scale_rule.json"), "w", encoding="utf-8") as f:
+        json.dump(rows, f, indent=1)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
