@@ -14,10 +14,11 @@ for every setting of the two quality benchmarks:
 - what each candidate rule picks and the share of the validation gain over the base it keeps
   (its λ snapped to the nearest grid point: only grid points were scored).
 
-The rule shipped in ``hubsoup/methods/_autoscale.py`` was chosen from this table (validation
-splits only; the test splits are read by the guard afterwards). Run::
+Task arithmetic's default stays 0.3 until a rule is chosen from this table (validation splits only;
+the guard reads the test splits afterwards) and both benchmarks are re-run with it. Run::
 
     python -m benchmarks.ta_scale_rule        # writes benchmarks/results/ta_scale_rule.{md,json}
+    python -m benchmarks.ta_scale_rule --encoder-results X.json --lm-results Y.json   # other runs' curves
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def input_stats(base_dir: str, folders: list[str]) -> dict:
             "rel_sum_norm": math.sqrt(float(gram.sum())) / math.sqrt(base_sq)}
 
 
-def settings() -> list[dict]:
+def settings(encoder_results: str, lm_results: str) -> list[dict]:
     """The benchmarks' settings with their inputs' folders and the results file that has their curves."""
     from benchmarks.quality import data as qdata
     from benchmarks.quality_lm import data as lmdata
@@ -111,12 +112,12 @@ def settings() -> list[dict]:
             out.append({"benchmark": "encoder", "setting": f"{kind}-{n}", "kind": kind,
                         "base": os.path.join(q, "base"),
                         "inputs": [os.path.join(q, "finetunes", kind, t) for t in qdata.IN_DOMAIN[:n]],
-                        "results": os.path.join(RESULTS, "quality.json")})
+                        "results": encoder_results})
     lm = os.path.join(REPO, "benchmarks", ".work", "quality_lm")
     for kind in ("lora", "full"):
         out.append({"benchmark": "decoder-lm", "setting": kind, "kind": kind, "base": os.path.join(lm, "base"),
                     "inputs": [os.path.join(lm, "finetunes", kind, d) for d in lmdata.IN_DOMAIN],
-                    "results": os.path.join(RESULTS, "quality_lm.json")})
+                    "results": lm_results})
     return out
 
 
@@ -140,8 +141,15 @@ RULES = {
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--encoder-results", default=os.path.join(RESULTS, "quality.json"))
+    ap.add_argument("--lm-results", default=os.path.join(RESULTS, "quality_lm.json"))
+    ap.add_argument("--out", default=os.path.join(RESULTS, "ta_scale_rule"), help="results path without extension")
+    args = ap.parse_args()
     rows = []
-    for st in settings():
+    for st in settings(args.encoder_results, args.lm_results):
         if not all(os.path.isdir(p) for p in [st["base"], *st["inputs"]]):
             print(f"{st['benchmark']} {st['setting']}: fine-tunes not cached, skipped")
             continue
@@ -178,10 +186,10 @@ def main() -> None:
             worst = min(worst, keep)
             cells.append(f"{lam:.2f} → {near:g}: {keep:.2f}")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {worst:.2f} |")
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "ta_scale_rule.md"), "w", encoding="utf-8") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + ".md", "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
-    with open(os.path.join(RESULTS, "ta_scale_rule.json"), "w", encoding="utf-8") as f:
+    with open(args.out + ".json", "w", encoding="utf-8") as f:
         json.dump(rows, f, indent=1)
     print("\n".join(lines))
 
