@@ -100,7 +100,7 @@ def input_stats(base_dir: str, folders: list[str]) -> dict:
             "rel_sum_norm": math.sqrt(float(gram.sum())) / math.sqrt(base_sq)}
 
 
-def settings(encoder_results: str, lm_results: str) -> list[dict]:
+def settings(encoder_results: list[str], lm_results: list[str]) -> list[dict]:
     """The benchmarks' settings with their inputs' folders and the results file that has their curves."""
     from benchmarks.quality import data as qdata
     from benchmarks.quality_lm import data as lmdata
@@ -121,14 +121,18 @@ def settings(encoder_results: str, lm_results: str) -> list[dict]:
     return out
 
 
-def curve(results: str, setting: str) -> dict[float, float] | None:
-    """λ -> validation score of task arithmetic's tuned search in ``setting``, or None (not run)."""
-    if not os.path.isfile(results):
-        return None
-    with open(results, encoding="utf-8") as f:
-        run = json.load(f).get("settings", {}).get(setting, {}).get("rows", {}).get("task arithmetic", {})
-    grid = (run.get("tuned") or {}).get("grid_scores")
-    return {float(g["params"]["scale"]): g["score"] for g in grid} if grid else None
+def curve(results: list[str], setting: str) -> dict[float, float] | None:
+    """λ -> validation score of task arithmetic's tuned search in ``setting`` (from the first of the ``results``
+    files that has it), or None (not run)."""
+    for path in results:
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            run = json.load(f).get("settings", {}).get(setting, {}).get("rows", {}).get("task arithmetic", {})
+        grid = (run.get("tuned") or {}).get("grid_scores")
+        if grid:
+            return {float(g["params"]["scale"]): g["score"] for g in grid}
+    return None
 
 
 # Candidate rules, each a function of the statistics (what hubsoup sees before merging) -> λ.
@@ -144,13 +148,15 @@ def main() -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--encoder-results", default=os.path.join(RESULTS, "quality.json"))
-    ap.add_argument("--lm-results", default=os.path.join(RESULTS, "quality_lm.json"))
+    ap.add_argument("--encoder-results", action="append", help="results files with the encoder's curves "
+                    "(repeatable; default: results/quality.json)")
+    ap.add_argument("--lm-results", action="append", help="the same for the LM (default: results/quality_lm.json)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "ta_scale_rule"), help="results path without extension")
     args = ap.parse_args()
     rows = []
-    for st in settings(args.encoder_results, args.lm_results):
-        if not all(os.path.isdir(p) for p in [st["base"], *st["inputs"]]):
+    for st in settings(args.encoder_results or [os.path.join(RESULTS, "quality.json")],
+                       args.lm_results or [os.path.join(RESULTS, "quality_lm.json")]):
+        if not all(os.path.isfile(os.path.join(p, "train_stats.json")) for p in st["inputs"]):  # a finished one
             print(f"{st['benchmark']} {st['setting']}: fine-tunes not cached, skipped")
             continue
         stats = input_stats(st["base"], st["inputs"])

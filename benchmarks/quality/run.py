@@ -392,8 +392,11 @@ def main(argv=None) -> int:
     tasks, base_dir, head_stats, ft_stats = finetune.prepare(tuple(kinds), log=log)
     timings["prepare"] = time.perf_counter() - t_phase
     cached_fts = all(st.get("cached") for k in ft_stats for st in ft_stats[k].values())
+    # the splits' contents too: the Debian tasks follow the package lists apt fetched, which change with the
+    # mirror (security and point releases), so results measured on other lists are never merged with these
     fingerprint = debian.fingerprint(data.DATA_VERSION, args.limit, args.val_per_class,
-                                     {t: st.get("l2") for t, st in head_stats.items()})
+                                     {t: st.get("l2") for t, st in head_stats.items()},
+                                     {t: debian.fingerprint(task.splits) for t, task in sorted(tasks.items())})
     ft_fingerprints = {k: debian.fingerprint({t: st["fingerprint"] for t, st in v.items()}) for k, v in ft_stats.items()}
 
     # the results of earlier runs with the same data and fine-tunes: a partial run adds to them
