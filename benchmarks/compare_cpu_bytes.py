@@ -20,6 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = [("task_arithmetic", {"scale": 0.5}), ("ties", {"density": 0.3}), ("ties", {"density": 0.3, "scope": "tensor"}),
            ("dare", {"p": 0.5, "then": "ties"}), ("dare", {"p": 0.5}), ("della", {}), ("consensus", {}), ("sftm", {}),
            ("opcm", {}), ("slerp", {}), ("lines", {"base_method": "ties"}), ("breadcrumbs", {}), ("model_stock", {}),
+           ("ties", {"density": 0.3, "convention": "mergekit"}),
+           ("ties", {"density": 0.3, "convention": "mergekit", "compute_dtype": "bfloat16"}),
            ("dare", {"p": 0.5, "convention": "mergekit"})]  # the last differs on purpose: counter-based masks
 
 CHILD = r"""

@@ -1,8 +1,8 @@
 """Options shared by every entry point that writes a model: one declaration, typed and validated.
 
 :class:`MergeOptions` is taken by :func:`hubsoup.merge`, the continual workflow, search,
-sweeps and soups, and built by the CLI from one declaration of its flags
-(``hubsoup.cli.options``). Method parameters are *not* options: they belong to the
+sweeps and soups; a field made with :func:`flag` declares its command-line flag too (help, metavar, choices),
+which ``hubsoup.cli.options`` generates, and the values a flag gives (strings) are parsed here. Method parameters are *not* options: they belong to the
 method (``hubsoup methods NAME``).
 
 Example:
@@ -129,6 +129,21 @@ def parse_size(size: str | int) -> int:
     return n
 
 
+def flag(default: Any, help: str, *, metavar: str | None = None, also: tuple[str, ...] = (),
+         choices: Iterable[str] | None = None, inputs: bool = False, compare: bool = True) -> Any:
+    """A :class:`MergeOptions` field that is also a command-line flag (``--name-with-dashes``): its ``help``,
+    ``metavar``, other spellings (``also``: ``-q``) and ``choices`` are what ``hubsoup.cli.options`` builds the
+    flag from; a bool is a switch. ``inputs``: a rule about the inputs, which a continual state fixes (its
+    commands that read one leave the flag out); ``compare``: as :func:`dataclasses.field`'s. A field made with plain
+    ``field()`` has no flag."""
+    meta: dict[str, Any] = {"help": help, "also": also, "inputs": inputs}
+    if metavar is not None:
+        meta["metavar"] = metavar
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    return field(default=default, compare=compare, metadata=meta)
+
+
 @dataclass(frozen=True)
 class MergeOptions:
     """How a merge reads its inputs and writes its output (not *what* it computes, but see below).
@@ -137,28 +152,33 @@ class MergeOptions:
     the recipe's hash; the others do not change the result.
     """
 
-    device: str = "cpu"
+    device: str = flag("cpu", "device to merge on (cpu, cuda:0, ...) without --device-map")
     """Where tensors are merged (``cpu``, ``cuda:0``, ...) when there is no ``device_map``."""
-    device_map: str | dict[str, Any] | None = None
+    device_map: str | dict[str, Any] | None = flag(
+        None, "auto, balanced, sequential (accelerate's placement by each block's working set), a JSON map "
+              "{\"model.layers.0\": 0, \"\": \"cpu\"} or a JSON file; blocks on different devices are merged "
+              "concurrently", metavar="MAP")
     """``auto``, ``balanced``, ``sequential`` (accelerate's placement by each block's working set),
     or an explicit map ``{"model.layers.0": 0, "": "cpu"}`` (a dict, JSON string or JSON file)."""
-    max_memory: str | dict[Any, Any] | None = None
+    max_memory: str | dict[Any, Any] | None = flag(
+        None, "memory per device for the placement: 0=70GiB,1=70GiB,cpu=64GiB", metavar="SPEC")
     """Per device memory for the placement: ``"0=70GiB,1=70GiB,cpu=64GiB"`` or a dict (accelerate's units)."""
-    dtype: str | None = None
+    dtype: str | None = flag(None, "output dtype (default: the base's): float32, float16, bfloat16")
     """Output dtype (``float32``, ``float16``, ``bfloat16``; default: the base's)."""
-    shard_size: str | int = "5GB"
+    shard_size: str | int = flag("5GB", "maximum shard size (default 5GB)")
     """Largest safetensors shard (``"5GB"``, ``"500MB"``, ``"2GiB"`` or bytes)."""
-    overwrite: bool = False
+    overwrite: bool = flag(False, "replace an existing output folder")
     """Replace an existing output (kept until the new one is complete)."""
-    allow_pickle: bool = False
+    allow_pickle: bool = flag(False, "accept pickle .bin checkpoints (can run code!)")
     """Accept ``pytorch_model.bin`` / ``adapter_model.bin`` inputs (pickle can run code)."""
-    ignore_extra: bool = False
+    ignore_extra: bool = flag(False, "leave out input tensors the base lacks", inputs=True)
     """Leave out input tensors the base lacks (e.g. task heads) instead of refusing the input."""
-    shape_mismatch: str = "error"
+    shape_mismatch: str = flag("error", "a tensor whose shape differs from the base's: fail, or merge the base's rows",
+                               choices=SHAPE_POLICIES, inputs=True)
     """``error``, or ``base-slice``: merge the rows the base has (a resized vocabulary)."""
     token: Token = field(default=None, repr=False, compare=False)
     """Hub token (default: ``HF_TOKEN`` or the stored login). Never printed, never stored."""
-    quiet: bool = False
+    quiet: bool = flag(False, "no progress bars", also=("-q",))
     """No progress bars."""
     prefetch: bool | None = field(default=None, compare=False)
     """Read the next block's bytes while the current one is merged (None: ``HUBSOUP_PREFETCH``, default on).
@@ -169,16 +189,21 @@ class MergeOptions:
     cancel: Cancel | None = field(default=None, repr=False, compare=False)
     """A ``threading.Event`` or a callable returning True to stop the run (:class:`~hubsoup.errors.MergeCancelled`).
     Not hashed."""
-    hub_only: bool = field(default=False, compare=False)
+    hub_only: bool = flag(
+        False, "accept Hub repo IDs only (models, base, tokenizer source, data): refuse every local path (for "
+               "servers; see SECURITY.md)", compare=False)
     """Accept Hub repo IDs only: every model, base, tokenizer source, soup, exemplar and eval dataset named by
     the caller (or a config) must be one; a local path is refused by its text, before the disk is looked at
     (for servers: SECURITY.md; :mod:`hubsoup.sources.access`)."""
     cache_dir: str | None = field(default=None, repr=False, compare=False)
     """The run's own Hub cache (default: huggingface_hub's); a server gives each run its own and removes it after."""
-    max_download: str | int | None = field(default=None, compare=False)
+    max_download: str | int | None = flag(
+        None, "download at most SIZE in this run (e.g. 20GB), checked from the Hub's file sizes before "
+              "downloading", metavar="SIZE", compare=False)
     """At most this much downloaded by the run (``"20GB"`` or bytes), checked from the Hub's file sizes before
     each download."""
-    allow_private_inputs: bool = field(default=False, compare=False)
+    allow_private_inputs: bool = flag(
+        False, "allow pushing a merge of private or gated inputs to a public repo (the card says so)", compare=False)
     """Let a merge of private or gated Hub inputs be pushed to a public repo (its card then says so)."""
 
     def __post_init__(self) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -123,7 +124,7 @@ class Block:
 class Plan:
     blocks: list[Block]
 
-    def entries(self):
+    def entries(self) -> Iterator[tuple[Block, TensorEntry]]:
         """(block, entry) pairs in forward order."""
         for block in self.blocks:
             for entry in block.tensors:

@@ -195,3 +195,29 @@ def test_slerp_blockwise_float64_reductions_match_the_formula():
     assert got.dtype == torch.float32 and got.shape == a.shape
     torch.testing.assert_close(got.double().flatten(), want, rtol=1e-6, atol=1e-6)
     assert torch.equal(slerp(a, a.clone(), 0.3), torch.lerp(a, a, 0.3))  # parallel: the linear fallback
+
+
+def test_one_topk_trim_with_named_tie_rules():
+    """The one top-k trim (TIES, mergekit's magnitude pruning, SFTM): the tie rule decides which of the entries
+    tying at the k-th largest magnitude stay; the in-place form keeps exactly the mask's entries."""
+    from hubsoup.methods._kernels import keep_topk_, topk_mask
+
+    x = torch.tensor([0.5, -2.0, 0.5, 3.0, -0.5, 0.5, 0.25, 0.5] * 8)  # k = 20 cuts through 40 tied 0.5s
+    k = 20
+    keep_all = topk_mask(x, k, ties="keep_ties")
+    assert int(keep_all.sum()) == 8 + 8 + 40  # 3s, 2s and every tied 0.5
+    first = topk_mask(x, k, ties="first_index")
+    assert int(first.sum()) == k
+    tied = torch.nonzero((x.abs() == 0.5) & first).flatten()
+    assert torch.equal(tied, torch.nonzero(x.abs() == 0.5).flatten()[:4])  # 16 above the cut, then the 4 first ties
+    sort = topk_mask(x, k, ties="mergekit_sort")
+    want = torch.zeros(x.numel(), dtype=torch.bool)
+    want[torch.argsort(x.abs(), descending=True)[:k]] = True
+    assert torch.equal(sort, want)
+    for rule in ("keep_ties", "first_index", "mergekit_sort"):
+        mask = topk_mask(x, k, ties=rule)
+        assert torch.equal(keep_topk_(x.clone(), k, ties=rule), x.masked_fill(~mask, 0.0)), rule
+        assert topk_mask(x, 0, ties=rule).sum() == 0 and bool(topk_mask(x, x.numel(), ties=rule).all())
+    assert torch.equal(topk_mask(x, ties="keep_ties", threshold=0.5), keep_all)
+    with pytest.raises(ValueError, match="keep_ties"):
+        topk_mask(x, ties="first_index", threshold=0.5)

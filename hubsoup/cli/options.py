@@ -1,38 +1,32 @@
-"""The command-line flags of :class:`hubsoup.options.MergeOptions`, declared once for every command."""
+"""The command-line flags of :class:`hubsoup.options.MergeOptions`, generated from its fields for every command."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
+from typing import Any
 
 from hubsoup.errors import ParameterError
-from hubsoup.options import SHAPE_POLICIES, MergeOptions
+from hubsoup.options import MergeOptions
 
 
 def add_merge_options(p: argparse.ArgumentParser, *, inputs: bool = True) -> None:
-    """The options' flags. ``inputs=False`` leaves out the ones fixed elsewhere (a continual state's)."""
+    """The options' flags, one per :class:`MergeOptions` field made with :func:`hubsoup.options.flag` (its name,
+    default, help, metavar, choices; a bool is a switch), in the fields' order. ``inputs=False`` leaves out the
+    rules about the inputs, which a continual state fixes."""
     g = p.add_argument_group("merge options")
-    g.add_argument("--device", default="cpu", help="device to merge on (cpu, cuda:0, ...) without --device-map")
-    g.add_argument("--device-map", metavar="MAP",
-                   help="auto, balanced, sequential (accelerate's placement by each block's working set), a JSON "
-                        "map {\"model.layers.0\": 0, \"\": \"cpu\"} or a JSON file; blocks on different devices "
-                        "are merged concurrently")
-    g.add_argument("--max-memory", metavar="SPEC", help="memory per device for the placement: 0=70GiB,1=70GiB,cpu=64GiB")
-    g.add_argument("--dtype", help="output dtype (default: the base's): float32, float16, bfloat16")
-    g.add_argument("--shard-size", default="5GB", help="maximum shard size (default 5GB)")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    g.add_argument("--allow-pickle", action="store_true", help="accept pickle .bin checkpoints (can run code!)")
-    if inputs:
-        g.add_argument("--ignore-extra", action="store_true", help="leave out input tensors the base lacks")
-        g.add_argument("--shape-mismatch", default="error", choices=list(SHAPE_POLICIES),
-                       help="a tensor whose shape differs from the base's: fail, or merge the base's rows")
-    g.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
-    g.add_argument("--hub-only", action="store_true",
-                   help="accept Hub repo IDs only (models, base, tokenizer source, data): refuse every local path "
-                        "(for servers; see SECURITY.md)")
-    g.add_argument("--max-download", metavar="SIZE", help="download at most SIZE in this run (e.g. 20GB), checked "
-                                                          "from the Hub's file sizes before downloading")
-    g.add_argument("--allow-private-inputs", action="store_true",
-                   help="allow pushing a merge of private or gated inputs to a public repo (the card says so)")
+    for f in fields(MergeOptions):
+        meta = f.metadata
+        if "help" not in meta or (meta["inputs"] and not inputs):
+            continue
+        names = ("--" + f.name.replace("_", "-"), *meta["also"])
+        if f.type == "bool":
+            g.add_argument(*names, action="store_true", help=meta["help"])
+            continue
+        kw: dict[str, Any] = {k: meta[k] for k in ("metavar",) if k in meta}
+        if "choices" in meta:
+            kw["choices"] = list(meta["choices"])
+        g.add_argument(*names, default=f.default, help=meta["help"], **kw)
 
 
 def merge_options(args: argparse.Namespace) -> MergeOptions:

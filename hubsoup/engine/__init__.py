@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Collection, Hashable, Iterator, Protocol, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -35,7 +35,7 @@ from hubsoup.engine import lanes, prefetch
 from hubsoup.engine import shared as shared_statistics
 from hubsoup.engine.lowrank import Copy, Dense, LowRank, Outcome, Unchanged, Weights, decide
 from hubsoup.errors import NonFiniteTensorError
-from hubsoup.methods import InputInfo, Method, PrepareContext, TensorContext
+from hubsoup.methods import InputInfo, Method, PrepareContext, StatsPass, TensorContext
 from hubsoup.methods._schedule import layer_position
 from hubsoup.plan import Block, Plan, TensorEntry
 from hubsoup.progress import Monitor, shared_segment
@@ -79,6 +79,12 @@ class Job:
     """Threads sweeping a tensor's pieces (:mod:`hubsoup.engine.lanes`); None: torch's intra-op threads.
     Never changes a result."""
 
+    def need_method(self) -> Method:
+        """The method merging: a job without one is streamed (:func:`stream`), never merged."""
+        if self.method is None:
+            raise ValueError("this job has no method: it can be streamed, not merged")
+        return self.method
+
     def release(self) -> None:
         """Unmap every weight file (see :meth:`Checkpoint.release`)."""
         self.base.release()
@@ -86,6 +92,38 @@ class Job:
             src.release()
         for ckpt in self.donors:
             ckpt.release()
+
+
+Piece = tuple[int, int, torch.Tensor, torch.Tensor]
+"""``(start, k, base, stack)``: the float32 base piece θ₀[start:start + k] of the flattened tensor and the
+``(N, k)`` stack of τᵢ over it."""
+
+
+class PieceSweep:
+    """A tensor swept in pieces: calling it iterates the :data:`Piece` s, recomputed from the stored bytes on every
+    call (buffers reused: consume each before the next; each call has buffers of its own).
+
+    ``only``: the pieces starting at these offsets (a collection, swept in order; or a
+    :class:`~hubsoup.engine.lanes.Shared` queue that concurrent sweeps take pieces from), no others.
+    ``starts``: every piece's offset.
+    """
+
+    def __init__(self, flat_base: torch.Tensor, flats: list[torch.Tensor], step: int) -> None:
+        self.flat_base, self.flats, self.step = flat_base, flats, step
+        self.starts = range(0, flat_base.numel(), step)
+
+    def __call__(self, only: lanes.Shared | Collection[int] | None = None) -> Iterator[Piece]:
+        flat_base, flats, step = self.flat_base, self.flats, self.step
+        numel, n = flat_base.numel(), len(flats)
+        b, stack = torch.empty(step), torch.empty((n, step))
+        for start in self.starts if only is None else only if isinstance(only, lanes.Shared) else sorted(only):
+            k = min(step, numel - start)
+            if k != b.numel():  # the last piece: contiguous buffers of its own size
+                b, stack = torch.empty(k), torch.empty((n, k))
+            b.copy_(flat_base[start:start + k])
+            for i, r in enumerate(flats):  # τᵢ = θᵢ − θ₀ in float32, as delta_into (a mixed-dtype sub is slower)
+                stack[i].copy_(r[start:start + k]).sub_(b)
+            yield start, k, b, stack
 
 
 class TensorWork:
@@ -96,7 +134,8 @@ class TensorWork:
         self.feed = feed
         """The host feed to the block's device (:mod:`hubsoup.engine.hostfeed`); None on the CPU."""
         self._base: torch.Tensor | None = None
-        self._factors: list | None | bool = False  # False: not asked yet
+        self._factors: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
+        self._factors_loaded = False
 
     @property
     def name(self) -> str:
@@ -199,15 +238,9 @@ class TensorWork:
             out.append(t)
         return out
 
-    def pieces(self, multiple: int = 1):
+    def pieces(self, multiple: int = 1) -> PieceSweep | None:
         """A sweep over this tensor in pieces (their starts multiples of ``multiple`` entries), or None if an
-        input does not hold it whole (or the block is not on the CPU): a callable returning an iterator of
-        ``(start, k, base, stack)``, the float32 ``base`` piece θ₀[start:start + k] of the flattened
-        tensor and the ``(N, k)`` stack of τᵢ over it,
-        recomputed from the stored bytes on every call (buffers reused: consume each before the next);
-        ``only``: the pieces starting at these offsets (a set, swept in order; or a
-        :class:`~hubsoup.engine.lanes.Shared` queue that concurrent sweeps take pieces from), no others.
-        ``sweep.starts``: every piece's offset. Each call has buffers of its own."""
+        input does not hold it whole (or the block is not on the CPU): see :class:`PieceSweep`."""
         from hubsoup.engine.lowrank import piece_size
 
         if self.feed is not None or torch.device(self.device).type != "cpu":  # a device's merge is whole-tensor
@@ -216,24 +249,8 @@ class TensorWork:
         if raws is None:
             return None
         flat_base, flats = self.raw_base().reshape(-1), [r.reshape(-1) for r in raws]
-        numel, n = flat_base.numel(), len(raws)
-        step = -(-piece_size(n) // multiple) * multiple
-
-        starts = range(0, numel, step)
-
-        def sweep(only=None):
-            b, stack = torch.empty(step), torch.empty((n, step))
-            for start in starts if only is None else only if isinstance(only, lanes.Shared) else sorted(only):
-                k = min(step, numel - start)
-                if k != b.numel():  # the last piece: contiguous buffers of its own size
-                    b, stack = torch.empty(k), torch.empty((n, k))
-                b.copy_(flat_base[start:start + k])
-                for i, r in enumerate(flats):  # τᵢ = θᵢ − θ₀ in float32, as delta_into (a mixed-dtype sub is slower)
-                    stack[i].copy_(r[start:start + k]).sub_(b)
-                yield start, k, b, stack
-
-        sweep.starts = starts  # not read inside sweep: a function referring to itself lives until a GC
-        return sweep
+        step = -(-piece_size(len(raws)) // multiple) * multiple
+        return PieceSweep(flat_base, flats, step)
 
     def byte_ranges(self) -> list[tuple[str, int, int]]:
         """Where this tensor's bytes lie on disk, the base's and every input's (the read-ahead's hint)."""
@@ -252,8 +269,8 @@ class TensorWork:
 
     def input_factors(self) -> list[tuple[torch.Tensor, torch.Tensor] | None] | None:
         """Per input, ``(P, Q)`` with τᵢ = P Q on the block's device (None: τᵢ = 0); None if one is not low-rank."""
-        if self._factors is False:
-            self._factors = self._load_factors()
+        if not self._factors_loaded:
+            self._factors, self._factors_loaded = self._load_factors(), True
         return self._factors
 
     def _load_factors(self) -> list[tuple[torch.Tensor, torch.Tensor] | None] | None:
@@ -389,8 +406,9 @@ def gather_stats(job: Job) -> dict[str, Any]:
     if shared is not None:  # what it keeps may serve later merges: kept where their folders are not
         pctx.shared = True
         pctx.scratch = shared.scratch or pctx.scratch
-    stats.update(job.method.prepare(job.params, pctx))  # e.g. exemplar features (LOT)
-    passes = job.method.passes(job.params, len(job.inputs))
+    method = job.need_method()
+    stats.update(method.prepare(job.params, pctx))  # e.g. exemplar features (LOT)
+    passes = method.passes(job.params, len(job.inputs))
     if passes:
         job.monitor.stage("statistics", f"{len(passes)} statistics pass(es)", parts=len(passes))
     for i, p in enumerate(passes):
@@ -406,12 +424,12 @@ def gather_stats(job: Job) -> dict[str, Any]:
             p.join(f)
         p.finish(stats)
     if shared is not None:
-        shared.put(key, job.method, job.params, stats)
+        shared.put(key, method, job.params, stats)
         job.shared_stats = True
     return stats
 
 
-def feed(forks: list, ctx: TensorContext, sweep) -> None:
+def feed(forks: list[StatsPass], ctx: TensorContext, sweep: PieceSweep) -> None:
     """Every piece of ``sweep`` to a statistics pass: lane j's pieces to ``forks[j]`` (one lane per fork)."""
     n = max(1, min(len(forks), len(sweep.starts)))  # the forks were made for the lanes wanted
     queue = lanes.Shared(sweep.starts) if n > 1 else None
@@ -423,9 +441,10 @@ def feed(forks: list, ctx: TensorContext, sweep) -> None:
     lanes.run(lane, n, stop=queue.stop if queue is not None else None)
 
 
-def _stats_key(job: Job) -> tuple:
+def _stats_key(job: Job) -> tuple[Hashable, ...]:
     """What :func:`gather_stats` depends on: the method's own key, the inputs, the base and the placement."""
-    return (job.method.name, job.method.stats_key(job.params), str(job.base.ref), tuple(str(s.ref) for s in job.inputs),
+    method = job.need_method()
+    return (method.name, method.stats_key(job.params), str(job.base.ref), tuple(str(s.ref) for s in job.inputs),
             tuple((b.name, str(b.device)) for b in job.plan.blocks), repr(job.device_map), repr(job.max_memory))
 
 
@@ -433,7 +452,7 @@ def prepare_context(job: Job) -> PrepareContext:
     """What :meth:`Method.prepare` may use: the base's folder, the inputs' names, the experts streamed."""
     names = {n: e.name for _, e in job.plan.entries() if e.mergeable for n in (e.name, *e.aliases)}
 
-    def load_expert(i: int, assign) -> None:
+    def load_expert(i: int, assign: Callable[[str, torch.Tensor], None]) -> None:
         label = job.inputs[i].label
         if job.monitor.stage_name != "statistics":  # preparation streams the experts: part of the statistics
             job.monitor.stage("statistics", "loading the experts", parts=len(job.inputs))
@@ -461,7 +480,7 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
     workers: dict[str, list[Block]] = {}
     for b in job.plan.blocks:
         workers.setdefault(b.worker or b.device, []).append(b)
-    desc = f"merging ({job.method.name})"
+    desc = f"merging ({job.need_method().name})"
     job.monitor.stage("merge", desc)
     if len(workers) <= 1:
         for work in stream(job, desc=desc):

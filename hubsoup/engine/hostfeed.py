@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -55,18 +56,16 @@ READ_PIECE = 16 << 20
 READERS = 4
 """Threads reading a large tensor's pieces at once: one core copies ~3-6 GB/s out of the page cache."""
 _POOL_LOCK = threading.Lock()
-_READERS: dict[int, object] = {}
+_READERS: dict[int, ThreadPoolExecutor] = {}
 
 
-def _readers():
+def _readers() -> ThreadPoolExecutor:
     """The reader threads, kept for the process (a forked child makes its own: its parent's do not exist there)."""
     import os
 
     with _POOL_LOCK:
         pool = _READERS.get(os.getpid())
         if pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             pool = _READERS[os.getpid()] = ThreadPoolExecutor(READERS, thread_name_prefix="hubsoup-feed")
         return pool
 
@@ -76,7 +75,7 @@ class _Slot:
     """One staging buffer and the device event after which it may be written again."""
 
     buf: torch.Tensor | None = None
-    done: object = None  # torch.cuda.Event of the last copy that read (H2D) or wrote (D2H) it
+    done: torch.cuda.Event | None = None  # the last copy that read (H2D) or wrote (D2H) it
 
 
 @dataclass
@@ -84,7 +83,7 @@ class _Flag:
     """A check's count on its way to the host: ``host`` (page-locked) is valid once ``copied`` is done."""
 
     host: torch.Tensor
-    copied: object
+    copied: torch.cuda.Event
 
     def value(self) -> int:
         self.copied.synchronize()
@@ -127,7 +126,7 @@ class Feed:
         self._out = [_Slot() for _ in range(slots)]
         self._next_in = self._next_out = 0
         self._fds: dict[str, int] = {}
-        self._checks: list[tuple[int, torch.Tensor, Callable[[int], BaseException]]] = []
+        self._checks: list[tuple[int, torch.Tensor | _Flag, Callable[[int], BaseException]]] = []
         self._lock = threading.Lock()
         self.seq = 0
         """The tensor being fed (the engine calls :meth:`next_tensor` per tensor); checks are grouped by it."""
@@ -148,7 +147,8 @@ class Feed:
         self.seq += 1
         return self.seq
 
-    def _slot(self, ring: list[_Slot], i: int, nbytes: int) -> _Slot:
+    def _slot(self, ring: list[_Slot], i: int, nbytes: int) -> tuple[_Slot, torch.Tensor]:
+        """Slot ``i`` of ``ring`` once free, and its buffer of at least ``nbytes``."""
         slot = ring[i]
         if slot.done is not None:
             slot.done.synchronize()  # its last copy is over (double buffering: usually long ago)
@@ -156,7 +156,7 @@ class Feed:
         if slot.buf is None or slot.buf.numel() < nbytes:
             # dropped, not reused by us: a host view of it (a pending output, the writer) keeps it alive
             slot.buf = torch.empty(max(nbytes, MIN_STAGE), dtype=torch.uint8, pin_memory=self.pin)
-        return slot
+        return slot, slot.buf
 
     def load(self, t: torch.Tensor, where: tuple[str, int, int] | None = None) -> torch.Tensor:
         """``t`` (host, its stored dtype; it may be a view of a mapped file) on the device, same dtype and shape.
@@ -171,9 +171,9 @@ class Feed:
         if not self.stage:  # mps, meta: no pinned memory to stage in
             return t.to(self.device)
         t0 = time.perf_counter()
-        slot = self._slot(self._in, self._next_in, nbytes)
+        slot, buf = self._slot(self._in, self._next_in, nbytes)
         self._next_in = (self._next_in + 1) % len(self._in)
-        staged = slot.buf[:nbytes]
+        staged = buf[:nbytes]
         if where is None or where[2] != nbytes or not self._read(where, staged):
             staged.view(t.dtype).view(t.shape).copy_(t)  # through the mapping
         staged = staged.view(t.dtype).view(t.shape)  # the host's one touch: stored bytes → staging
@@ -199,7 +199,7 @@ class Feed:
         fd = self._fds.get(path)
         if fd is None:
             fd = self._fds[path] = os.open(path, os.O_RDONLY)
-        view = memoryview(into.numpy()).cast("B")
+        view = into.numpy().data.cast("B")
         pieces = [(a, min(READ_PIECE, n - a)) for a in range(0, n, READ_PIECE)]
 
         def read(piece: tuple[int, int]) -> bool:
@@ -230,7 +230,9 @@ class Feed:
                 copied = torch.cuda.Event()
                 copied.record(self.flags)
             bad.record_stream(self.flags)
-            bad = _Flag(host, copied)
+            with self._lock:
+                self._checks.append((self.seq, _Flag(host, copied), error))
+            return
         with self._lock:
             self._checks.append((self.seq, bad, error))
 
@@ -264,14 +266,14 @@ class Feed:
             if check is not None:
                 check()
 
-        event = None
+        event: torch.cuda.Event | None = None
         if t.device.type == "meta":  # a test's stand-in device: nothing to copy
             return Pending(t, ready)
         if not self.stage:  # mps: a plain copy back
             return Pending(t.to("cpu"), ready)
-        slot = self._slot(self._out, self._next_out, nbytes)
+        slot, buf = self._slot(self._out, self._next_out, nbytes)
         self._next_out = (self._next_out + 1) % len(self._out)
-        host = slot.buf[:nbytes].view(t.dtype).view(t.shape)
+        host = buf[:nbytes].view(t.dtype).view(t.shape)
         if not self.cuda or t.device.type != self.device.type:  # an instrumented feed; a result left on the host
             host.copy_(t)
             return Pending(host, ready)
@@ -308,7 +310,7 @@ class Feed:
 LOG_ENV = "HUBSOUP_FEED_LOG"
 
 
-def _log(path: str, record: dict) -> None:
+def _log(path: str, record: dict[str, object]) -> None:
     """Append ``record`` as a JSON line (a measurement aid: a failure to write is ignored)."""
     import json
 

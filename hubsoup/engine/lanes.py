@@ -17,9 +17,12 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future
 from typing import Callable, Sequence, TypeVar
 
 import torch
+
+from hubsoup.methods import StatsPass
 
 T = TypeVar("T")
 
@@ -55,7 +58,7 @@ class Shared:
             self._taken = len(self.starts)
 
 
-def forked(p, n: int) -> list:
+def forked(p: StatsPass, n: int) -> list[StatsPass]:
     """``[p, p.fork(), ...]``: one accumulator per lane, or ``[p]`` if ``p`` is fed from one thread only."""
     out = [p]
     for _ in range(n - 1):
@@ -77,7 +80,7 @@ def run(fn: Callable[[int], T], n: int, stop: Callable[[], None] | None = None) 
         return [fn(0)]
     # the calling thread keeps its own torch threads: merges running side by side in an app's threads
     # never see each other's settings
-    futures: list = []
+    futures: list[Future[T]] = []
     try:
         pool = _pool(n)
         for j in range(n):

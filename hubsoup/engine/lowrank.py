@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections import ChainMap
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Callable, Collection, Union
 
 import torch
 
@@ -45,6 +45,8 @@ from hubsoup.methods._schedule import resolve_params
 
 if TYPE_CHECKING:
     from hubsoup.engine import TensorWork
+    from hubsoup.engine.lanes import Shared
+    from hubsoup.methods import StatsPass, TensorContext
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Weights:
 
 
 Outcome = Union[Copy, Unchanged, LowRank, Dense, Weights]
+Extremes = tuple[torch.Tensor, torch.Tensor]  # a merged piece's (min, max)
 
 # float32 bytes a piece spans over its N + 1 buffers: in L3, and large enough that both threads share each op
 PIECE_BYTES = 4 << 20
@@ -89,9 +92,9 @@ MIN_PIECE = 1 << 14  # entries; below it torch's per-call cost outweighs the cac
 def decide(work: "TensorWork", *, lowrank_ok: bool = True, weights_dtype: torch.dtype | None = None) -> Outcome:
     """The cheapest way to the merged task vector of ``work``'s tensor (see the module docs)."""
     job, entry = work.job, work.entry
-    method = job.method
     if not entry.mergeable:
         return Copy()
+    method = job.need_method()
     # per-layer schedules and name filters resolved for this tensor: the method sees plain numbers
     params = resolve_params(job.params, entry.name, work.position)  # t: its block's, or its slice's
     if method.preserves_zero(params) and work.untouched():
@@ -119,7 +122,7 @@ def piece_size(n_inputs: int) -> int:
     return max(MIN_PIECE, PIECE_BYTES // (4 * (n_inputs + 1)) // 4096 * 4096)
 
 
-def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Tensor | None:
+def merge_in_pieces(work: "TensorWork", params: Any, dtype: torch.dtype) -> torch.Tensor | None:
     """θ₀ + method.merge(θ₀, τ) over pieces of the flattened tensor, cast to ``dtype``; None when the
     method needs the whole tensor (no :meth:`~hubsoup.methods.Method.tensor_passes`), an input does
     not hold it whole, the block is not on the CPU, or the result is not finite (the dense path says why).
@@ -127,7 +130,7 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
     Each of the method's tensor passes sweeps the pieces first (τ recomputed from the stored bytes
     every sweep: cheaper than holding the float32 stack), then the merge sweep writes the output.
     """
-    method, n = work.job.method, len(work.job.inputs)
+    method, n = work.job.need_method(), len(work.job.inputs)
     passes = method.tensor_passes(params, n)
     if passes is None:
         return None
@@ -159,20 +162,23 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
     numel = work.entry.numel
     out = torch.empty(numel, dtype=dtype)
 
-    def merging(queue, contexts, forks):
-        def lane(j: int) -> tuple[dict[int, tuple], set[int]]:
+    def merging(queue: "Shared | Collection[int] | None", contexts: list["TensorContext"],
+                forks: list[list["StatsPass"]]) -> Callable[[int], tuple[dict[int, Extremes], set[int]]]:
+        def lane(j: int) -> tuple[dict[int, Extremes], set[int]]:
             mine = [f[j] for f in forks]
-            extremes, again = {}, set()  # again: pieces merged with a provisional statistic that may turn out wrong
+            extremes: dict[int, Extremes] = {}
+            again: set[int] = set()  # pieces merged with a provisional statistic that may turn out wrong
             for start, k, b, stack in pieces(only=queue):
                 merged = method.merge(b, stack, params, replace(contexts[j], offset=start)).add_(b)
-                extremes[start] = torch.aminmax(merged)  # while the piece is in cache
+                lo, hi = torch.aminmax(merged)  # while the piece is in cache
+                extremes[start] = (lo, hi)
                 out[start:start + k] = merged
                 if any([p.piece_done() for p in mine]):  # a list: every pass hears of every piece
                     again.add(start)
             return extremes, again
         return lane
 
-    extremes: dict[int, tuple] = {}
+    extremes: dict[int, Extremes] = {}
     again: set[int] = set()
     for e, a in lanes.run(merging(queue, contexts, forks), n_lanes, stop=queue.stop if queue is not None else None):
         extremes.update(e)
@@ -185,10 +191,11 @@ def merge_in_pieces(work: "TensorWork", params, dtype: torch.dtype) -> torch.Ten
         # merged again with the learned statistics, in lanes too (on bf16 weights ties are common: a tensor
         # whose majority is -1 may merge most of its pieces twice)
         n_again = lanes.count(work.job.lanes, len(again))
-        queue = lanes.Shared(sorted(again)) if n_again > 1 else again
+        shared_again = lanes.Shared(sorted(again)) if n_again > 1 else None
         contexts = [replace(ctx, stats=ChainMap({}, ctx.stats)) for _ in range(n_again)]
-        stop = queue.stop if isinstance(queue, lanes.Shared) else None
-        for e, _ in lanes.run(merging(queue, contexts, []), n_again, stop=stop):
+        stop = shared_again.stop if shared_again is not None else None
+        for e, _ in lanes.run(merging(shared_again if shared_again is not None else again, contexts, []), n_again,
+                              stop=stop):
             extremes.update(e)
     # NaN/inf in an input or the result propagates to the extremes (NaN fails the test); a value beyond
     # the output dtype's range might round to inf: the dense path decides (and names the overflow)

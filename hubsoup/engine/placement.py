@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -92,12 +92,13 @@ def mapped_bytes(block: Block, n_inputs: int, *, pieces: bool = False) -> int:
     stored = sum(e.numel * e.dtype.itemsize for e in block.tensors)
     largest = max(merge, key=lambda e: e.numel, default=None)
     dense = largest is not None and largest.dtype == torch.float32 and not pieces  # pieces make no copy
-    in_place = largest.numel * 4 if dense else 0
+    in_place = largest.numel * 4 if largest is not None and dense else 0
     return (n_inputs + 1) * stored - in_place
 
 
-def place(plan: Plan, n_inputs: int, *, device: str = "cpu", device_map: str | dict | None = None,
-          max_memory: str | dict | None = None, workspace=None, pieces=None) -> Placement:
+def place(plan: Plan, n_inputs: int, *, device: str = "cpu", device_map: str | dict[str, Any] | None = None,
+          max_memory: str | dict[Any, Any] | None = None, workspace: Callable[[Block], int] | None = None,
+          pieces: Callable[[Block], tuple[int, int] | None] | None = None) -> Placement:
     """Set every block's device (and worker) and predict each device's peak; refuse a block that fits nowhere.
 
     ``workspace(block) -> bytes`` is what the method and the sink need beyond the stack;
@@ -107,6 +108,7 @@ def place(plan: Plan, n_inputs: int, *, device: str = "cpu", device_map: str | d
     dm = parse_device_map(device_map)
     mm = parse_max_memory(max_memory)
     sizes = {b.name: working_set(b, n_inputs, workspace(b) if workspace else 0) for b in plan.blocks}
+    assign: dict[str, int | str]
     if dm is None:
         assign = {b.name: device for b in plan.blocks}
     elif isinstance(dm, dict):
@@ -134,7 +136,8 @@ def place(plan: Plan, n_inputs: int, *, device: str = "cpu", device_map: str | d
 
 
 def _explicit(dm: dict[str, Any], block: Block) -> int | str:
-    best, best_len = None, -1
+    best: int | str | None = None
+    best_len = -1
     for name in (e.name for e in block.tensors):
         for prefix, dev in dm.items():
             if (prefix == "" or name == prefix or name.startswith(prefix + ".")) and len(prefix) > best_len:
@@ -145,7 +148,7 @@ def _explicit(dm: dict[str, Any], block: Block) -> int | str:
     return best
 
 
-def _infer(plan: Plan, sizes: dict[str, int], strategy: str, mm: dict | None) -> dict[str, int | str]:
+def _infer(plan: Plan, sizes: dict[str, int], strategy: str, mm: dict[int | str, int] | None) -> dict[str, int | str]:
     """accelerate's placement over a stand-in module: one child per block, its size the block's working set."""
     from accelerate.utils import get_balanced_memory, get_max_memory, infer_auto_device_map
 
@@ -162,8 +165,8 @@ def _infer(plan: Plan, sizes: dict[str, int], strategy: str, mm: dict | None) ->
         budget = get_balanced_memory(stand_in, max_memory=budget, dtype=torch.float32)
     dm = infer_auto_device_map(stand_in, max_memory=budget, dtype=torch.float32, clean_result=False)
     out: dict[str, int | str] = {}
-    for child, block in names.items():
-        dev = dm.get(child, dm.get("", None))
+    for key, block in names.items():
+        dev = dm.get(key, dm.get("", None))
         if dev is None or dev == "disk":
             where = ", ".join(f"{k}={v / 2**20:.0f}MiB" for k, v in budget.items())
             raise PlacementError(f"block '{block}' needs {sizes[block] / 2**20:.1f} MiB to merge and fits on no "

@@ -27,6 +27,7 @@ import logging
 import os
 import queue
 import threading
+from types import TracebackType
 from typing import Iterable
 
 log = logging.getLogger(__name__)
@@ -46,13 +47,14 @@ def enabled(setting: bool | None = None) -> bool:
 
 def coalesce(ranges: Iterable[Range]) -> list[Range]:
     """Ranges sorted by file and offset, overlapping or adjacent ones joined (sequential reads)."""
-    out: list[list] = []
+    out: list[Range] = []
     for path, off, n in sorted(r for r in ranges if r[2] > 0):
         if out and out[-1][0] == path and off <= out[-1][1] + out[-1][2]:
-            out[-1][2] = max(out[-1][2], off + n - out[-1][1])
+            last = out[-1]
+            out[-1] = (path, last[1], max(last[2], off + n - last[1]))
         else:
-            out.append([path, off, n])
-    return [tuple(r) for r in out]
+            out.append((path, off, n))
+    return out
 
 
 class ReadAhead:
@@ -60,7 +62,7 @@ class ReadAhead:
 
     def __init__(self, *, chunk: int = CHUNK):
         self.chunk = chunk
-        self._q: queue.Queue = queue.Queue(maxsize=1)
+        self._q: queue.Queue[list[Range] | None] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -99,7 +101,8 @@ class ReadAhead:
     def __enter__(self) -> "ReadAhead":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self.close()
 
     def _run(self) -> None:

@@ -19,7 +19,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable, ClassVar, Hashable, Sequence
+from typing import Any, Callable, ClassVar, Hashable, MutableMapping, Sequence
 
 import torch
 
@@ -38,7 +38,7 @@ class TensorContext:
     block: BlockInfo | None
     """The transformer block holding the tensor (None: embeddings, final norm, head)."""
     n_inputs: int
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: MutableMapping[str, Any] = field(default_factory=dict)
     """Results of the method's statistics passes."""
     recipe_hash: str = ""
     offset: int = 0
@@ -75,7 +75,7 @@ class StatsPass:
         """See one tensor: ``deltas`` is the (N, *shape) stack; read it, never modify it."""
         raise NotImplementedError
 
-    def finish(self, stats: dict[str, Any]) -> None:
+    def finish(self, stats: MutableMapping[str, Any]) -> None:
         raise NotImplementedError
 
     def fork(self) -> "StatsPass | None":
@@ -98,14 +98,14 @@ class StatsPass:
     after each piece, calls :meth:`finish`, and merges again the pieces that used the provisional value
     when :meth:`confirmed` is False."""
 
-    def begin(self, stats: dict[str, Any]) -> None:
+    def begin(self, stats: MutableMapping[str, Any]) -> None:
         raise NotImplementedError
 
     def piece_done(self) -> bool:
         """Whether the piece just merged depends on the provisional value."""
         raise NotImplementedError
 
-    def confirmed(self, stats: dict[str, Any]) -> bool:
+    def confirmed(self, stats: MutableMapping[str, Any]) -> bool:
         """After :meth:`finish`: whether the provisional value was the final one."""
         raise NotImplementedError
 

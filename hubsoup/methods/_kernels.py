@@ -13,7 +13,7 @@ keeps peak memory near N + 2 tensors) and returns it or a tensor built from it.
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 
@@ -193,8 +193,114 @@ def kth_largest_abs_t(x: torch.Tensor, k: int) -> torch.Tensor:
     return ((b << 16) | low).to(torch.int32).view(torch.float32)
 
 
+TieRule = Literal["keep_ties", "first_index", "mergekit_sort"]
+"""Which entries a top-k trim keeps when magnitudes tie at the k-th largest (:func:`topk_mask`, :func:`keep_topk_`):
+
+* ``"keep_ties"``: every entry with |x| ≥ the k-th largest magnitude: k or more (the TIES paper's trim). The one
+  rule a piece of a tensor can apply alone, given the whole tensor's (or model's) threshold.
+* ``"first_index"``: exactly k; of the entries tying at the cut-off, the lowest flat indices (SFTM: an exact
+  count, reruns identical).
+* ``"mergekit_sort"``: exactly k; of the tied entries, those ``torch.argsort(|x|, descending=True)`` puts first:
+  the sort mergekit's magnitude pruning calls, so ties fall as in its output.
+"""
+
+
+def topk_mask(x: torch.Tensor, k: int | None = None, *, ties: TieRule,
+              threshold: "float | torch.Tensor | None" = None) -> torch.Tensor:
+    """Boolean mask (``x``'s shape) of the ``k`` largest magnitudes of ``x``, ties at the cut-off by ``ties``.
+
+    The one top-k trim: TIES' trim, mergekit's magnitude pruning and SFTM's trim are this with their tie rule.
+
+    Args:
+        x: any tensor (only read).
+        k: how many to keep; ≤ 0 keeps none, ≥ ``x.numel()`` all.
+        ties: the :data:`TieRule`.
+        threshold: ``"keep_ties"`` only, instead of ``k``: the k-th largest magnitude already known (a model-wide
+            or a whole tensor's, for a piece); keeps |x| ≥ threshold.
+
+    Example:
+        >>> x = torch.tensor([3.0, -1.0, 1.0, 0.5, 1.0])
+        >>> [topk_mask(x, 2, ties=t).tolist() for t in ("keep_ties", "first_index")]
+        [[True, True, True, False, True], [True, True, False, False, False]]
+    """
+    if threshold is not None or ties == "keep_ties":
+        if ties != "keep_ties":
+            raise ValueError(f"a threshold keeps every tie: ties='keep_ties', not {ties!r}")
+        if threshold is None:
+            if _k(k) <= 0 or _k(k) >= x.numel():
+                return torch.full_like(x, _k(k) > 0, dtype=torch.bool)
+            threshold = _kth_largest_abs_on(x, _k(k))
+        return x.abs() >= threshold
+    n, k = x.numel(), _k(k)
+    if k >= n or k <= 0:
+        return torch.full_like(x, k > 0, dtype=torch.bool)
+    if ties == "first_index":
+        t = kth_largest_abs(x, k)
+        mag = x.reshape(-1).abs()
+        keep = mag > t
+        need = k - int(keep.sum())
+        if need > 0:
+            keep[torch.nonzero(mag == t).flatten()[:need]] = True
+        return keep.reshape(x.shape)
+    if ties == "mergekit_sort":
+        a = x.abs().flatten().float()
+        top = torch.topk(a, k, sorted=False)
+        mask = torch.zeros(n, dtype=torch.bool, device=x.device)
+        if int((a >= top.values.min()).sum()) == k:  # no tie at the cut-off: the top k, whoever picks them
+            mask[top.indices] = True
+        else:  # equal magnitudes at the cut-off: keep those mergekit keeps, by calling the sort it calls
+            mask[torch.argsort(a, descending=True)[:k]] = True
+        return mask.reshape(x.shape)
+    raise ValueError(f"unknown tie rule {ties!r} (one of keep_ties, first_index, mergekit_sort)")
+
+
+def keep_topk_(x: torch.Tensor, k: int | None = None, *, ties: TieRule,
+               threshold: "float | torch.Tensor | None" = None) -> torch.Tensor:
+    """In place: :func:`topk_mask`'s entries of ``x`` kept, the rest 0. Returns ``x``.
+
+    ``"keep_ties"`` on a float32 CPU tensor is one fused ``hardshrink`` (no mask); on an accelerator its k-th
+    largest is selected on the device (:func:`kth_largest_abs_t`): no value read back.
+
+    Example:
+        >>> keep_topk_(torch.tensor([3.0, -1.0, 1.0, 0.5]), 2, ties="keep_ties").tolist()
+        [3.0, -1.0, 1.0, 0.0]
+    """
+    if ties == "keep_ties" and threshold is None:
+        if _k(k) >= x.numel():
+            return x
+        if _k(k) <= 0 and x.device.type != "cpu":
+            return x.zero_()
+        threshold = _kth_largest_abs_on(x, _k(k))
+    if (ties == "keep_ties" and not isinstance(threshold, torch.Tensor) and x.dtype == torch.float32
+            and x.device.type == "cpu"):
+        # hardshrink zeroes |x| <= lambd in one fused pass (no |x| and mask temporaries, ~4x faster);
+        # at lambd = the float32 just below t that is exactly |x| < t
+        t = torch.tensor(threshold, dtype=torch.float32)
+        below = torch.nextafter(t, torch.zeros((), dtype=torch.float32))
+        return torch.hardshrink(x, float(below), out=x)
+    if ties == "keep_ties":
+        return x.masked_fill_(x.abs() < threshold, 0.0)
+    if _k(k) <= 0:
+        return x.zero_()
+    if _k(k) >= x.numel():
+        return x
+    return x.masked_fill_(~topk_mask(x, k, ties=ties), 0.0)
+
+
+def _k(k: int | None) -> int:
+    if k is None:
+        raise ValueError("a top-k trim needs k (or, keeping ties, a threshold)")
+    return k
+
+
+def _kth_largest_abs_on(x: torch.Tensor, k: int) -> "float | torch.Tensor":
+    """The k-th largest |x|: a float on the CPU (+inf for k ≤ 0: keeps nothing), a 0-d tensor on an accelerator."""
+    return kth_largest_abs(x, k) if x.device.type == "cpu" else kth_largest_abs_t(x, k)
+
+
 def trim_(stacked: torch.Tensor, thresholds: Sequence[float]) -> torch.Tensor:
-    """In place: row i keeps the entries with |x| ≥ thresholds[i], the rest become 0 (TIES' trim step).
+    """In place: row i keeps the entries with |x| ≥ thresholds[i], the rest become 0 (TIES' trim step:
+    :func:`keep_topk_` with ``"keep_ties"`` and each row's threshold).
 
     Args:
         stacked: the ``(N, *shape)`` stack; overwritten.
@@ -204,15 +310,8 @@ def trim_(stacked: torch.Tensor, thresholds: Sequence[float]) -> torch.Tensor:
         ``stacked``.
     """
     for row, t in zip(stacked, thresholds):
-        if t <= 0:
-            continue
-        if row.dtype == torch.float32:
-            # hardshrink zeroes |x| <= lambd in one fused pass (no |x| and mask temporaries, ~4x faster);
-            # at lambd = the float32 just below t that is exactly |x| < t
-            below = torch.nextafter(torch.tensor(t, dtype=torch.float32), torch.zeros((), dtype=torch.float32))
-            torch.hardshrink(row, float(below), out=row)
-        else:
-            row.masked_fill_(row.abs() < t, 0.0)
+        if t > 0:
+            keep_topk_(row, ties="keep_ties", threshold=t)
     return stacked
 
 

@@ -10,7 +10,7 @@ Memory: one small histogram per task.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, MutableMapping, Sequence
 
 import torch
 
@@ -68,7 +68,7 @@ class _HighPass(StatsPass):
         for i, theirs in enumerate(other.hist):
             _accumulate(self.hist, i, theirs)
 
-    def finish(self, stats: dict) -> None:
+    def finish(self, stats: MutableMapping[str, Any]) -> None:
         sel = self.sel
         state = []
         for h, fraction in zip(self.hist, sel.fractions):
@@ -140,7 +140,7 @@ class _LowPass(StatsPass):
         h = self.hist[i]
         return _walk_from_top(torch.zeros(_LOW, dtype=torch.int64) if h is None else h, rank)[0]
 
-    def finish(self, stats: dict) -> None:
+    def finish(self, stats: MutableMapping[str, Any]) -> None:
         high = stats.pop(self.sel.key + ".high")
         out = []
         for i in range(self.sel.n):

@@ -8,7 +8,8 @@ pieces as pure functions, written from the definitions below (no code is shared 
 mergekit):
 
 * :func:`magnitude_mask`: the top ``k = max(1, int(density · n))`` magnitudes (a positive
-  density keeps at least one entry), exactly k entries however magnitudes tie.
+  density keeps at least one entry), exactly k entries however magnitudes tie (:func:`~._kernels.topk_mask`,
+  tie rule ``"mergekit_sort"``).
 * :func:`outliers_mask` (Model Breadcrumbs): drop the ``int(gamma · n)`` largest magnitudes
   and the smallest, keeping ``int(density · n)`` (fewer outliers dropped when both do not fit).
 * :func:`counter_mask` (DARE, mergekit's convention): keep each entry with probability ``density``,
@@ -43,6 +44,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 
 from hubsoup.linalg import block_sums
+from hubsoup.methods._kernels import topk_mask
 
 
 def magnitude_mask(x: torch.Tensor, density: float) -> torch.Tensor | None:
@@ -56,19 +58,7 @@ def magnitude_mask(x: torch.Tensor, density: float) -> torch.Tensor | None:
     """
     if density >= 1:
         return None
-    n = x.numel()
-    mask = torch.zeros(n, dtype=torch.bool, device=x.device)
-    if density <= 0 or n == 0:
-        return mask.reshape(x.shape)
-    k = max(1, int(density * n))
-    a = x.abs().flatten().float()
-    top = torch.topk(a, k, sorted=False)
-    cut = top.values.min()
-    if int((a >= cut).sum()) == k:  # no tie at the cut-off: the top k are the top k, whoever picks them
-        mask[top.indices] = True
-    else:  # equal magnitudes at the cut-off: keep those mergekit keeps, by calling the sort it calls
-        mask[torch.argsort(a, descending=True)[:k]] = True
-    return mask.reshape(x.shape)
+    return topk_mask(x, max(1, int(density * x.numel())) if density > 0 else 0, ties="mergekit_sort")
 
 
 def outliers_mask(x: torch.Tensor, density: float, gamma: float) -> torch.Tensor | None:

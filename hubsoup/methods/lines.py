@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, MutableMapping
 
 import torch
 
@@ -106,7 +106,7 @@ class _HeuristicPass(StatsPass):
         merged = self.method.inner_merge(base, deltas.clone(), self.params, ctx)  # merge may overwrite its input
         self.mtl += _norm(merged, self.kind)
 
-    def finish(self, stats: dict[str, Any]) -> None:
+    def finish(self, stats: MutableMapping[str, Any]) -> None:
         s, m = (self.sum, self.mtl) if self.kind == "l1" else (math.sqrt(self.sum), math.sqrt(self.mtl))
         if m == 0:
             raise MethodError("lines: the inner method's merged task vector is zero everywhere; the α heuristic "

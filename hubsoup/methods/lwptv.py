@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, MutableMapping
 
 import torch
 
@@ -107,7 +107,7 @@ class _SaliencyPass(StatsPass):
         u["tensors"].append(ctx.name)
         u["nonzero"] = u["nonzero"] or bool(deltas.any())
 
-    def finish(self, stats: dict[str, Any]) -> None:
+    def finish(self, stats: MutableMapping[str, Any]) -> None:
         ranked = [name for name, u in self.units.items() if u["nonzero"] or self.own.zero_layers == "count"]
         scores = [[self.units[name]["abs"][k] / max(self.units[name]["numel"], 1) for name in ranked]
                   for k in range(self.n)]
@@ -142,7 +142,7 @@ class _MaskedPass(StatsPass):
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
         self.inner.update(ctx, base, masked(deltas, ctx, self.own, copy=True))
 
-    def finish(self, stats: dict[str, Any]) -> None:
+    def finish(self, stats: MutableMapping[str, Any]) -> None:
         self.inner.finish(stats)
 
     def fork(self) -> "_MaskedPass | None":
@@ -152,13 +152,13 @@ class _MaskedPass(StatsPass):
     def join(self, other: "_MaskedPass") -> None:
         self.inner.join(other.inner)
 
-    def begin(self, stats: dict[str, Any]) -> None:
+    def begin(self, stats: MutableMapping[str, Any]) -> None:
         self.inner.begin(stats)
 
     def piece_done(self) -> bool:
         return self.inner.piece_done()
 
-    def confirmed(self, stats: dict[str, Any]) -> bool:
+    def confirmed(self, stats: MutableMapping[str, Any]) -> bool:
         return self.inner.confirmed(stats)
 
 

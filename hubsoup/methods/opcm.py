@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, MutableMapping, Sequence
 
 import torch
 
@@ -152,7 +152,7 @@ class _NormPass(StatsPass):
         if kept is not None and _projected(ctx.name, S):  # the rest costs a sum: recomputed in the merge
             kept.put(ctx.name, S)
 
-    def finish(self, stats: dict) -> None:
+    def finish(self, stats: MutableMapping[str, Any]) -> None:
         norms = [math.sqrt(v) for v in self.sq_tau]
         s_norm = math.sqrt(self.sq_S)
         stats["opcm.task_norms"] = norms

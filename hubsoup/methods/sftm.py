@@ -42,7 +42,7 @@ import torch
 
 from hubsoup.arch import tensor_role
 from hubsoup.methods import Method, param, register
-from hubsoup.methods._kernels import kth_largest_abs
+from hubsoup.methods._kernels import keep_topk_
 
 log = logging.getLogger(__name__)
 
@@ -59,22 +59,9 @@ def trim_topk_(x: torch.Tensor, fraction: float) -> torch.Tensor:
     """In place: keep exactly ⌈fraction·numel⌉ largest |x|, zero the rest.
 
     Ties at the threshold are broken by flat index (lowest first), so the count is
-    exact and reruns are identical.
+    exact and reruns are identical (:func:`~._kernels.keep_topk_`, tie rule ``"first_index"``).
     """
-    n = x.numel()
-    k = keep_count(fraction, n)
-    if k >= n:
-        return x
-    if k <= 0:
-        return x.zero_()
-    t = kth_largest_abs(x, k)
-    flat = x.view(-1)
-    mag = flat.abs()
-    keep = mag > t
-    need = k - int(keep.sum())
-    if need > 0:
-        keep[torch.nonzero(mag == t).flatten()[:need]] = True
-    return flat.masked_fill_(~keep, 0.0).view_as(x)
+    return keep_topk_(x, keep_count(fraction, x.numel()), ties="first_index")
 
 
 @dataclass

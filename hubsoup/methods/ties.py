@@ -28,7 +28,7 @@ import torch
 
 from hubsoup.errors import ParameterError
 from hubsoup.methods import Method, StatsPass, param, register
-from hubsoup.methods._kernels import kth_largest_abs, kth_largest_abs_t, ties_combine_, trim_
+from hubsoup.methods._kernels import keep_topk_, kth_largest_abs, kth_largest_abs_t, ties_combine_, trim_
 from hubsoup.methods._schedule import Schedule
 from hubsoup.methods._select import KthLargestPass
 from hubsoup.methods._sparsify import (ComputeDtype, apply_mask_, compute_dtype, compute_dtype_param, gta_combine_,
@@ -139,15 +139,14 @@ class Ties(Method):
 
 def _trim_on_device_(deltas: torch.Tensor, densities: list[float]) -> None:
     """:func:`trim_` with each row's threshold (:meth:`Ties.thresholds`, scope=tensor) selected and applied on
-    the rows' device: no value read back. Keeps |x| ≥ t exactly as ``trim_``'s ``hardshrink`` does."""
+    the rows' device (:func:`keep_topk_`): no value read back. Keeps |x| ≥ t exactly as ``trim_`` does."""
     for d, density in zip(deltas, densities):
         if density >= 1.0:
             continue
         if density <= 0:
             d.zero_()
             continue
-        t = kth_largest_abs_t(d, max(1, int(density * d.numel())))
-        d.masked_fill_(d.abs() < t, 0.0)
+        keep_topk_(d, ties="keep_ties", threshold=kth_largest_abs_t(d, max(1, int(density * d.numel()))))
 
 
 _TENSOR_THRESHOLD = "ties.tensor_threshold"
