@@ -35,65 +35,81 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 
-def _tensors(folder: str) -> dict:
+def _files(folder: str) -> list[str]:
+    return [os.path.join(folder, n) for n in sorted(os.listdir(folder)) if n.endswith(".safetensors")]
+
+
+def _lora_deltas(folder: str, base_names: set[str]) -> dict | None:
+    """name -> float64 ΔW = (α/r)·B·A of a LoRA adapter folder, or None when ``folder`` is a full model."""
     from safetensors.torch import load_file
 
+    path = os.path.join(folder, "adapter_config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    r, alpha = cfg["r"], cfg.get("lora_alpha", cfg["r"])
+    scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+    ad: dict = {}
+    for p in _files(folder):
+        ad.update(load_file(p))
     out = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, name)))
+    for k, a in ad.items():
+        if ".lora_A." not in k:
+            continue
+        b = ad[k.replace(".lora_A.", ".lora_B.")]
+        mod = k.split(".lora_A.")[0]
+        for prefix in ("base_model.model.", "base_model."):
+            if mod.startswith(prefix):
+                mod = mod[len(prefix):]
+                break
+        name = next((n for n in (f"{mod}.weight", f"model.{mod}.weight") if n in base_names), None)
+        if name is None:
+            raise SystemExit(f"{folder}: adapter module {mod} matches no base tensor")
+        out[name] = scale * (b.double() @ a.double())
     return out
 
 
-def _deltas(base: dict, folder: str) -> dict:
-    """name -> float64 task vector of one fine-tune (full: the difference; LoRA: (α/r)·B·A per module)."""
-    import torch
-
-    if os.path.isfile(os.path.join(folder, "adapter_config.json")):
-        with open(os.path.join(folder, "adapter_config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
-        r, alpha = cfg["r"], cfg.get("lora_alpha", cfg["r"])
-        scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
-        ad = _tensors(folder)
-        out = {}
-        for k, a in ad.items():
-            if ".lora_A." not in k:
-                continue
-            b = ad[k.replace(".lora_A.", ".lora_B.")]
-            mod = k.split(".lora_A.")[0]
-            for prefix in ("base_model.model.", "base_model."):
-                if mod.startswith(prefix):
-                    mod = mod[len(prefix):]
-                    break
-            name = next((n for n in (f"{mod}.weight", f"model.{mod}.weight") if n in base), None)
-            if name is None:
-                raise SystemExit(f"{folder}: adapter module {mod} matches no base tensor")
-            out[name] = scale * (b.double() @ a.double())
-        return out
-    ft = _tensors(folder)
-    return {k: ft[k].double() - v.double() for k, v in base.items()
-            if k in ft and v.is_floating_point() and not torch.equal(ft[k], v)}
-
-
 def input_stats(base_dir: str, folders: list[str]) -> dict:
-    """Statistics of the task vectors of ``folders`` over ``base_dir`` (see the module docstring)."""
-    import torch
+    """Statistics of the task vectors of ``folders`` over ``base_dir`` (see the module docstring), one tensor
+    at a time (the models are never held whole)."""
+    from contextlib import ExitStack
 
-    base = {k: v for k, v in _tensors(base_dir).items() if v.is_floating_point()}
-    deltas = [_deltas(base, f) for f in folders]
-    names = sorted(set().union(*deltas))
-    n = len(folders)
-    gram = torch.zeros(n, n, dtype=torch.float64)
-    base_sq = 0.0
-    for name in names:
-        ref = base[name].double()
-        stack = torch.stack([d[name].reshape(-1) if name in d else torch.zeros(ref.numel(), dtype=torch.float64)
-                             for d in deltas])
-        gram += stack @ stack.T
-        base_sq += float(ref.pow(2).sum())
+    import torch
+    from safetensors import safe_open
+
+    with ExitStack() as stack:
+        def opened(folder):
+            handles = [stack.enter_context(safe_open(p, "pt")) for p in _files(folder)]
+            return {k: h for h in handles for k in h.keys()}
+
+        base = opened(base_dir)
+        lora = [_lora_deltas(f, set(base)) for f in folders]
+        full = [opened(f) if lo is None else None for f, lo in zip(folders, lora)]
+        n = len(folders)
+        gram = torch.zeros(n, n, dtype=torch.float64)
+        base_sq, names = 0.0, 0
+        for name, h in base.items():
+            ref = h.get_tensor(name)
+            if not ref.is_floating_point():
+                continue
+            ref = ref.double()
+            rows = []
+            for lo, fu in zip(lora, full):
+                if lo is not None:
+                    d = lo.get(name)
+                else:
+                    d = fu[name].get_tensor(name).double() - ref if name in fu else None
+                rows.append(torch.zeros(ref.numel(), dtype=torch.float64) if d is None else d.reshape(-1))
+            stack_ = torch.stack(rows)
+            if not bool(stack_.any()):
+                continue  # no input changes it
+            gram += stack_ @ stack_.T
+            base_sq += float(ref.pow(2).sum())
+            names += 1
     norms = gram.diag().sqrt()
     cos = [float(gram[i, j] / (norms[i] * norms[j])) for i in range(n) for j in range(i + 1, n)]
-    return {"n": n, "tensors": len(names), "base_norm": math.sqrt(base_sq),
+    return {"n": n, "tensors": names, "base_norm": math.sqrt(base_sq),
             "rel_norms": [float(x) / math.sqrt(base_sq) for x in norms],
             "mean_cos": sum(cos) / len(cos) if cos else 0.0,
             "sum_norm_ratio": math.sqrt(float(gram.sum())) / float(norms.mean()),
@@ -138,6 +154,7 @@ def curve(results: list[str], setting: str) -> dict[float, float] | None:
 # Candidate rules, each a function of the statistics (what hubsoup sees before merging) -> λ.
 RULES = {
     "0.3 (the old fixed default)": lambda s: 0.3,
+    "1/N": lambda s: 1 / s["n"],
     "1/sqrt(N)": lambda s: 1 / math.sqrt(s["n"]),
     "norm-preserving: mean‖τ‖/‖Στ‖": lambda s: 1 / s["sum_norm_ratio"],
     "2·mean‖τ‖/‖Στ‖, ≤ 1": lambda s: min(1.0, 2 / s["sum_norm_ratio"]),
@@ -164,7 +181,9 @@ def main() -> None:
                      "curve": curve(st["results"], st["setting"])})
         print(st["benchmark"], st["setting"], json.dumps(stats), rows[-1]["curve"])
     lines = ["# Task arithmetic's λ: the inputs' statistics and the validation curves", "",
-             "Generated by `python -m benchmarks.ta_scale_rule` (see its docstring).", "",
+             "Generated by `python -m benchmarks.ta_scale_rule` (see its docstring). Curves read from: "
+             + ", ".join(f"`{os.path.relpath(p, REPO)}`" for p in (args.encoder_results or []) + (args.lm_results or []))
+             + " (default: the committed results); statistics from the cached fine-tunes of the same runs.", "",
              "| benchmark | setting | N | mean ‖τ‖/‖θ₀‖ | ‖Στ‖/‖θ₀‖ | mean cos | ‖Στ‖/mean‖τ‖ | validation score by λ | best λ |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
