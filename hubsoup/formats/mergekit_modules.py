@@ -41,9 +41,12 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import os
+import re
 import shutil
 import struct
 from dataclasses import dataclass
@@ -55,8 +58,29 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Weight:
+    """One tensor mergekit's definition of a module lists (``${layer_index}`` in a layer's name)."""
+
+    name: str
+    vocab: bool = False
+    """Indexed by token (``vocabulary_axis``): re-mapped by a merged vocabulary."""
+    optional: bool = False
+    """Written only when some merged model stores it (or one of its ``aliases``)."""
+    sources: tuple[str, ...] = ()
+    """Where a model that does not store it reads it from, in order (mergekit's ``aliases``, then ``tied_names``)."""
+    stored_as: tuple[str, ...] = ()
+    """Names that count as storing it for an optional weight (its ``aliases``; not its tie sources)."""
+    part: str = "layer"
+    """``pre`` (before the layers: the first slice's models merge it), ``layer`` or ``post`` (the last slice's)."""
+
+
+@dataclass(frozen=True)
 class Module:
-    """One module of a modular architecture: its tensors (by name prefix) and its layer count's config key."""
+    """One module of a modular architecture: its tensors and its layer count's config key.
+
+    ``weights`` (mergekit's list, :data:`_TABLE`) decide which tensors it holds; ``prefixes`` and
+    ``excludes`` say where they lie (a tensor under a prefix that the list lacks is one mergekit drops).
+    """
 
     prefixes: tuple[str, ...]
     excludes: tuple[str, ...] = ()
@@ -65,10 +89,35 @@ class Module:
     before: tuple[str, ...] = ()
     """Prefixes of tensors before the layers (mergekit's ``pre_weights``, taken from the first slice) that
     their names do not tell (Whisper's ``conv1``)."""
+    weights: tuple[Weight, ...] = ()
+    """mergekit 0.1.5's list of the module's tensors (empty: every tensor under the prefixes)."""
+    vocab_key: str = "vocab_size"
+    """Dotted ``config.json`` key of the model's vocabulary size (mergekit's ``vocab_size_config_key``)."""
+
+    @functools.cached_property
+    def _pattern(self) -> re.Pattern | None:
+        if not self.weights:
+            return None
+        return re.compile("|".join(re.escape(w.name).replace(re.escape("${layer_index}"), r"\d+")
+                                   for w in self.weights))
+
+    def under(self, name: str) -> bool:
+        """Whether tensor ``name`` lies under this module's prefixes (listed by mergekit or not)."""
+        return name.startswith(self.prefixes) and not name.startswith(self.excludes)
 
     def holds(self, name: str) -> bool:
-        """Whether tensor ``name`` belongs to this module."""
-        return name.startswith(self.prefixes) and not name.startswith(self.excludes)
+        """Whether tensor ``name`` belongs to this module: under its prefixes and in mergekit's list."""
+        return self.under(name) and (self._pattern is None or self._pattern.fullmatch(name) is not None)
+
+    @property
+    def vocab(self) -> frozenset[str]:
+        """The module's tensors indexed by token (re-mapped by a merged vocabulary)."""
+        return frozenset(w.name for w in self.weights if w.vocab)
+
+    @property
+    def tied(self) -> tuple[Weight, ...]:
+        """The module's tensors a model may not store, read from a tie source instead (T5's embeddings, a head)."""
+        return tuple(w for w in self.weights if w.sources and "${" not in w.name)
 
 
 _QWEN_VL = {"vision_tower": Module(("visual.",), ("visual.merger.",), "vision_config.depth"),
@@ -108,6 +157,23 @@ ARCHITECTURES: dict[str, dict[str, Module]] = {
                           ("model.encoder.conv1.", "model.encoder.conv2.", "model.encoder.embed_positions."))},
 }
 """mergekit 0.1.5's modular architectures (``kind: modular``) that hubsoup merges module by module."""
+
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "mergekit_modules.json"), encoding="utf-8") as _f:
+    _TABLE: dict[str, Any] = json.load(_f)["architectures"]
+"""mergekit 0.1.5's lists of each module's tensors (``tests/tools/make_mergekit_module_table.py`` writes them)."""
+
+
+def _listed(arch: str, name: str) -> tuple[Weight, ...]:
+    return tuple(Weight(w["name"], w.get("vocabulary_axis") is not None, bool(w.get("optional")),
+                        tuple(w.get("aliases") or ()) + tuple(w.get("tied_names") or ()), tuple(w.get("aliases") or ()),
+                        w["part"])
+                 for w in _TABLE[arch]["modules"][name]["weights"])
+
+
+ARCHITECTURES = {arch: {name: dataclasses.replace(mod, weights=_listed(arch, name),
+                                                  vocab_key=_TABLE[arch].get("vocab_size_config_key") or "vocab_size")
+                         for name, mod in mods.items()}
+                 for arch, mods in ARCHITECTURES.items()}
 
 _MERGEKIT_FAILS = {
     ("WhisperForConditionalGeneration", "decoder"):
@@ -198,8 +264,9 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
     """Merge every module of a ``modules:`` config and assemble one output; returns the first module's
     :class:`hubsoup.MergeResult`, pointing at the assembled output.
 
-    ``run_module(text, module, out)`` merges one module's config (:func:`module_config`, as YAML)
-    restricted to ``module``'s tensors into the folder ``out``.
+    ``run_module(text, module, out, referenced)`` merges one module's config (:func:`module_config`, as
+    YAML) restricted to ``module``'s tensors into the folder ``out``; ``referenced``: every model the
+    whole config names (a merged vocabulary is built over them all, as mergekit builds it).
     """
     from hubsoup.formats.mergekit import dump_config
     from hubsoup.output.folder import OutputFolder
@@ -210,9 +277,9 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
     configs = {name: module_config(data, name, dropped) for name in data["modules"]}
     for key in dropped:
         log.warning("mergekit config: '%s' is ignored (mergekit ignores it too)", key)
-    if data.get("tokenizer_source") is not None or data.get("tokenizer") is not None:
-        raise ParameterError("mergekit config: a merged vocabulary (tokenizer_source / tokenizer) with several "
-                             "modules is not supported yet; merge the modules with the base's tokenizer")
+    # a merged vocabulary: one, over every module's models (mergekit's referenced_models), each module's
+    # embedding and head rows re-mapped to it; every module's merge builds the same, the first's is written
+    referenced = _referenced(data)
     used = [mods[n] for n in configs]
     outside = [k for k in base.keys() if not any(m.holds(k) for m in used)]
     if outside:  # mergekit plans only the modules' tensors: the rest is not in its output either
@@ -224,7 +291,7 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
         results = []
         for name, cfg in configs.items():
             part = os.path.join(folder.path, f".module-{name}")
-            results.append(run_module(dump_config(cfg), mods[name], part))
+            results.append(run_module(dump_config(cfg), mods[name], part, referenced))
             parts.append((name, part))
         _assemble(folder.path, parts, configs, mods)
         result = _whole(results, list(configs))
@@ -236,6 +303,20 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
     except BaseException as e:
         raise folder.fail(e)
     return result
+
+
+def _referenced(data: dict) -> list[str]:
+    """Every model a ``modules:`` config names, once each: ``base_model``, then the modules' models in the
+    config's order (mergekit's ``referenced_models``, in the order hubsoup builds a merged vocabulary)."""
+    from hubsoup.formats.mergekit import _model_ref
+
+    refs = [data["base_model"]] if data.get("base_model") is not None else []
+    for mod in data["modules"].values():
+        for m in mod.get("models") or []:
+            refs.append(m.get("model") if isinstance(m, dict) else m)
+        for sl in mod.get("slices") or []:
+            refs.extend(src.get("model") if isinstance(src, dict) else src for src in (sl or {}).get("sources") or [])
+    return list(dict.fromkeys(_model_ref(r, ["modules"]) for r in refs))
 
 
 def _whole(results: list, names: list[str]):

@@ -144,9 +144,11 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, cop
     token, allow_pickle = options.get("token"), bool(options.get("allow_pickle"))
     shard_size, dtype = options.get("shard_size"), options.pop("dtype", None)
 
-    def one(config: str, target: str, module: Any = None, **opts: Any):
+    def one(config: str, target: str, module: Any = None, referenced: Any = None, **opts: Any):
         m = read_config(config, token=token, allow_pickle=allow_pickle, module=module)
         m.text = text  # the card and recipe carry the whole config (a module's merge included)
+        if referenced is not None and m.vocab is not None:  # a module's merge: the vocabulary of every module's models
+            m.vocab.referenced = list(referenced)
         kwargs = m.merge_kwargs()
         kwargs["layout"].copy_tokenizer = copy_tokenizer
         if random_seed is not None:
@@ -161,8 +163,8 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, cop
 
     data = load_yaml(text, "mergekit config")
     if several_modules(data):  # a multimodal model, module by module: one merge each, assembled into one output
-        return run_modules(text, data, out, lambda config, module, target: one(
-            config, target, module, **{**options, "overwrite": False}),
+        return run_modules(text, data, out, lambda config, module, target, referenced: one(
+            config, target, module, referenced, **{**options, "overwrite": False}),
             overwrite=bool(options.get("overwrite")), token=token, allow_pickle=allow_pickle)
     return one(text, out, **options)
 
