@@ -775,6 +775,8 @@ class MergekitLayout:
             else self._open_tied(opts, monitor)
         self._views = views
         specs = [views.get(i, i) for i in inputs]  # a LoRA (base+adapter) input: the adapter, as is
+        if self._vocab is not None:  # ... unless it changes the embeddings: then the base with the adapter
+            specs = [self._adapted_view(i, views) or s for i, s in zip(inputs, specs)]  # applied, re-mapped
         base_ckpt, sources = open_models(specs, base=views[base], allow_pickle=opts.allow_pickle,
                                          ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch,
                                          token=opts.token, headers_only=True,
@@ -782,6 +784,20 @@ class MergekitLayout:
         if self._vocab is not None:
             self._vocab.check_sources(sources)
         return base_ckpt, sources
+
+    def _adapted_view(self, spec: str, views: dict[str, Any]) -> Any:
+        """A ``base+adapter`` input (merged as the adapter alone) whose adapter changes a tensor the merged
+        vocabulary re-indexes (``modules_to_save`` / trainable tokens on the embeddings): the base with the
+        adapter applied, re-mapped as a model (mergekit merges the adapter into the base first and reads that
+        model's rows by the base's tokenizer); None for any other input."""
+        base = self.merge.base
+        for ref, view in views.items():
+            model, sep, adapter = ref.partition("+")
+            if sep and model == base and adapter == spec:
+                delta = getattr(view, "delta", None)
+                if delta is not None and any(delta.touches(k) for k in view.keys() if self._vocab.is_vocab(k)):
+                    return view
+        return None
 
     @property
     def hashed(self) -> dict[str, Any]:

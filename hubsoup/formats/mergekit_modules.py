@@ -189,6 +189,45 @@ def several_modules(data: Any) -> bool:
     return isinstance(mods, dict) and bool(mods) and set(mods) != {"default"}
 
 
+def plain_as_modules(data: Any, token: Any = None, allow_pickle: bool = False) -> dict | None:
+    """A plain config (``models:`` or ``slices:``) over a model mergekit defines by several modules (T5,
+    Whisper, a vision-language model) as the ``modules:`` config mergekit reads it as (its
+    ``normalize_config``): every module merged with the same ``models``, each of mergekit's listed tensors
+    only; ``slices`` are refused, as mergekit refuses them. None: the model is not one of those.
+
+    Example:
+        >>> plain_as_modules({"merge_method": "linear", "modules": {"default": {}}}) is None
+        True
+    """
+    from hubsoup.errors import HubsoupError
+    from hubsoup.sources.resolve import open_input
+
+    if not isinstance(data, dict) or data.get("modules") is not None:
+        return None
+    ref = data.get("base_model")
+    try:
+        if ref is None:
+            first = data["models"][0] if data.get("models") else data["slices"][0]["sources"][0]
+            ref = first.get("model")
+        ckpt = open_input(str(ref).strip().split("+")[0], allow_pickle=allow_pickle, token=token, headers_only=True)
+    except (AttributeError, KeyError, IndexError, TypeError, HubsoupError):
+        return None  # the config's own checks name what is wrong
+    archs = ckpt.config.get("architectures") or []
+    mods = ARCHITECTURES.get(archs[0]) if isinstance(archs, list) and len(archs) == 1 else None
+    if mods is None or len(mods) < 2:
+        return None
+    if data.get("slices") is not None:
+        raise ParameterError(f"mergekit config: 'slices' over '{ref}', a {archs[0]}: mergekit merges it by modules "
+                             f"({', '.join(mods)}) and refuses slices at the top level (\"Model has multiple modules, "
+                             "must use modules: config syntax to work with slices\"); give 'modules:' with each "
+                             "module's slices")
+    log.info("mergekit config: '%s' is a %s, which mergekit merges module by module (%s): each with the config's "
+             "models", ref, archs[0], ", ".join(mods))
+    out = {k: v for k, v in data.items() if k != "models"}
+    out["modules"] = {name: {"models": data.get("models")} for name in mods}
+    return out
+
+
 def module_config(data: dict, name: str, dropped: list[str]) -> dict:
     """The single-module config of module ``name``: its ``models``/``slices`` at the top level, its
     ``parameters`` before the top level's (each parameter's module entries first: mergekit's precedence)."""
@@ -254,8 +293,8 @@ def architecture_modules(data: dict, token: Any = None, allow_pickle: bool = Fal
     for n in names:
         why = _MERGEKIT_FAILS.get((str(arch), str(n)))
         if why:
-            raise ParameterError(f"mergekit config: module '{n}' of {arch}: {why}; give 'models:' at the top "
-                                 "level (every module merged alike) or leave it out")
+            raise ParameterError(f"mergekit config: module '{n}' of {arch}: {why}; leave the module out (a "
+                                 "'models:' list at the top level merges every module, this one too, and fails alike)")
     return mods, ckpt
 
 
@@ -282,6 +321,12 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
     referenced = _referenced(data)
     used = [mods[n] for n in configs]
     outside = [k for k in base.keys() if not any(m.holds(k) for m in used)]
+    unlisted = {k: n for k in outside for n in configs if mods[n].under(k)}
+    if unlisted:  # mergekit plans the tensors its definition lists, one by one: the others are not written
+        log.warning("mergekit config: %d tensor(s) of '%s' lie in a module but are not in mergekit 0.1.5's list of "
+                    "its tensors, and are not written, as with mergekit: %s", len(unlisted), base.label,
+                    ", ".join(f"{k} ({n})" for k, n in list(unlisted.items())[:5]) + (", ..." if len(unlisted) > 5 else ""))
+    outside = [k for k in outside if k not in unlisted]
     if outside:  # mergekit plans only the modules' tensors: the rest is not in its output either
         log.warning("mergekit config: %d tensor(s) of '%s' belong to no merged module and are not written, as "
                     "with mergekit (e.g. %s)", len(outside), base.label, ", ".join(outside[:3]))

@@ -20,7 +20,7 @@ from hubsoup.api import merge, scoped
 from hubsoup.errors import ParameterError
 from hubsoup.formats import mergekit, stages
 from hubsoup.formats.mergekit import check_hub_only, load_text, read_config
-from hubsoup.formats.mergekit_modules import run_modules, several_modules
+from hubsoup.formats.mergekit_modules import plain_as_modules, run_modules, several_modules
 from hubsoup.formats.stages import Stage, read_stages
 from hubsoup.methods import get_method
 from hubsoup.options import DTYPES
@@ -162,6 +162,7 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, cop
         return merge(m.inputs, out=target, **kwargs, **opts)
 
     data = load_yaml(text, "mergekit config")
+    data = plain_as_modules(data, token=token, allow_pickle=allow_pickle) or data  # T5, Whisper, ...: by modules
     if several_modules(data):  # a multimodal model, module by module: one merge each, assembled into one output
         return run_modules(text, data, out, lambda config, module, target, referenced: one(
             config, target, module, referenced, **{**options, "overwrite": False}),
