@@ -23,9 +23,16 @@ again) and committed at once. As mergekit: a module given as ``slices`` writes i
 its config key (``text_config.num_hidden_layers``); tensors of no module are not written (a
 warning names them); the base model (else the first model named) gives the config and tokenizer.
 
-Modules are told apart by tensor-name prefixes (:data:`ARCHITECTURES`, from mergekit's module
-definitions: T5's ``shared`` module is ``shared.weight`` and ``lm_head.weight``); mergekit lists each module's tensors one by one, so a checkpoint tensor under a
-module's prefix that mergekit's list lacks is merged here and not there.
+A module holds the tensors mergekit's definition lists (:data:`ARCHITECTURES`, with mergekit
+0.1.5's lists in ``mergekit_modules.json``, written by ``tests/tools/make_mergekit_module_table.py``;
+T5's ``shared`` module is ``shared.weight`` and ``lm_head.weight``): a checkpoint tensor under a
+module's prefix that the list lacks is not written (one warning names it), as with mergekit. Each
+model of a module's merge is seen as that module's tensors only, a tied tensor it does not store read
+from its tie source (T5's ``encoder.embed_tokens.weight`` from ``shared.weight``) when some model of
+the merge stores it. A plain config over such a model (``models:``) is the ``modules:`` config
+mergekit reads it as (:func:`plain_as_modules`), and a merged vocabulary (``tokenizer_source`` /
+``tokenizer``) is built once over every module's models, each module's embedding and head rows
+re-mapped to it.
 
 Example:
     >>> from hubsoup.formats.mergekit_modules import ARCHITECTURES, module_config
