@@ -786,17 +786,15 @@ class MergekitLayout:
         return base_ckpt, sources
 
     def _adapted_view(self, spec: str, views: dict[str, Any]) -> Any:
-        """A ``base+adapter`` input (merged as the adapter alone) whose adapter changes a tensor the merged
-        vocabulary re-indexes (``modules_to_save`` / trainable tokens on the embeddings): the base with the
-        adapter applied, re-mapped as a model (mergekit merges the adapter into the base first and reads that
-        model's rows by the base's tokenizer); None for any other input."""
+        """A ``base+adapter`` input (else merged as the adapter alone): the base with the adapter applied,
+        re-mapped as a model of its own (mergekit merges the adapter into the base first and reads that model's
+        rows by the base's tokenizer: its embeddings if the adapter saves them, ``modules_to_save`` or trainable
+        tokens, and the default rows of the tokens the base lacks); None for any other input."""
         base = self.merge.base
         for ref, view in views.items():
             model, sep, adapter = ref.partition("+")
             if sep and model == base and adapter == spec:
-                delta = getattr(view, "delta", None)
-                if delta is not None and any(delta.touches(k) for k in view.keys() if self._vocab.is_vocab(k)):
-                    return view
+                return view
         return None
 
     @property

@@ -620,8 +620,8 @@ class VocabLayout:
                 if m in self.vm.holes:
                     raise ParameterError(f"mergekit config: {self.vm.holes[m]}; mergekit 0.1.5 fails on it "
                                          f"(KeyError, merging '{name}')")
-            if all(raw[m.split("+")[0]].has(name) for m in group):  # every default row can be made: checked on
-                info = lambda m: raw[m.split("+")[0]].info(name)  # noqa: E731 - meta tensors, no weight read
+            if all(raw[m].has(name) for m in group):  # every default row can be made: checked on
+                info = lambda m: raw[m].info(name)  # noqa: E731 - meta tensors, no weight read
                 self.vm.defaults(name, group, lambda m: torch.empty(info(m).shape, dtype=info(m).dtype, device="meta"),
                                  lambda m: info(m).dtype, quiet=True)
         for r in physical:
@@ -635,10 +635,9 @@ class VocabLayout:
         def make(name: str) -> torch.Tensor:
             group = self.groups(name)
             # a model outside this tensor's group (nothing reads it there): as if merged alone
-            members = sorted((m for m in group if m.split("+")[0] == ref), key=lambda m: m != ref)
+            members = [ref] if ref in group else []  # a model+adapter reference: the model with it applied
             return self.vm.remap(name, members[0] if members else ref, group if members else [ref],
-                                 lambda m: raw[m.split("+")[0]].tensor(name),
-                                 lambda m: raw[m.split("+")[0]].info(name).dtype)
+                                 lambda m: raw[m].tensor(name), lambda m: raw[m].info(name).dtype)
         return make
 
     def hashed(self) -> dict[str, Any]:
