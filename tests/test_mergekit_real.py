@@ -77,8 +77,13 @@ def write_section(path: str, text: str) -> None:
         with open(path, encoding="utf-8") as f:
             old = f.read()
     head = old.split(SECTION)[0].rstrip("\n")
+    notes = NOTES + old.split(NOTES, 1)[1] if NOTES in old else ""  # hand-written sections after it: kept
     with open(path, "w", encoding="utf-8") as f:
-        f.write((head + "\n\n" if head else "") + SECTION + "\n" + text)
+        f.write((head + "\n\n" if head else "") + SECTION + "\n" + text + ("\n" + notes if notes else ""))
+
+
+NOTES = "<!-- notes -->"
+"""Where the hand-written sections of the results file begin (the ``modules:`` fixtures' results)."""
 
 
 def render_table() -> str:

@@ -685,6 +685,8 @@ class MergekitLayout:
         """False (``--no-copy-tokenizer``): the output holds no tokenizer files, as with mergekit-yaml."""
         self._num_layers: int | None = None
         self._vocab = self._vocab_layout() if merge.vocab is not None else None
+        self._views: dict[str, Any] = {}
+        """The models as :meth:`open_inputs` opened them (re-mapped, tied tensors aliased), by reference."""
 
     # --- the merged vocabulary (tokenizer_source / tokenizer): hubsoup.formats.mergekit_vocab ---------
 
@@ -700,10 +702,17 @@ class MergekitLayout:
         first, last = list(dict.fromkeys(first)), list(dict.fromkeys(last))  # a model named twice counts once
         order = list(dict.fromkeys(([spec.base_model] if spec.base_model else []) + first
                                    + [s.model for sl in merge.slices or [] for s in sl.sources] + last))
+        module = merge.module
+        if spec.referenced:  # one module of several: the vocabulary of every module's models
+            order = list(dict.fromkeys(spec.referenced + order))
 
         def group(name: str) -> list[str]:  # the embeddings: the first slice's models; the head: the last's
+            if module is not None:  # a module's: its pre_weights the first slice's, the others the last's
+                return first if any(w.name == name and w.part == "pre" for w in module.weights) else last
             return first if _before(name) else last
 
+        if module is not None:
+            return VocabLayout(merge, spec, order, group, module.vocab.__contains__, module.vocab_key)
         return VocabLayout(merge, spec, order, group)
 
     @property
@@ -715,20 +724,78 @@ class MergekitLayout:
 
     @property
     def opens_inputs(self) -> bool:
-        """Whether :func:`hubsoup.merge` must open the inputs through :meth:`open_inputs` (a merged vocabulary)."""
-        return self._vocab is not None
+        """Whether :func:`hubsoup.merge` must open the inputs through :meth:`open_inputs` (a merged vocabulary,
+        or a module whose tied tensors a model may not store)."""
+        return self._vocab is not None or self.merge.module is not None
+
+    def _ties(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """The models of a module's merge, each seen as that module's tensors only (mergekit reads no other),
+        with the module's tied tensors it does not store read from their tie source (mergekit's
+        ``tied_names``: T5's ``encoder.embed_tokens.weight`` from ``shared.weight``); an optional one only
+        when some model of the merge stores it, as mergekit plans it."""
+        from hubsoup.sources.remap import AliasedCheckpoint
+
+        module = self.merge.module
+        if module is None:
+            return raw
+        merge = self.merge
+        mine = [r for r in dict.fromkeys([*([merge.base] if merge.base else []),
+                                          *(s.model for s in merge.models_mode_sources),
+                                          *(s.model for sl in merge.slices or [] for s in sl.sources)]) if r in raw]
+        aliases: dict[str, dict[str, str]] = {r: {} for r in raw}
+        for w in module.tied:
+            if w.optional and not any(raw[r].has(n) for r in mine for n in (w.name, *w.stored_as)):
+                continue
+            for r, c in raw.items():
+                if not c.has(w.name):
+                    src = next((n for n in w.sources if c.has(n)), None)
+                    if src is not None:
+                        aliases[r][w.name] = src
+        for r, a in aliases.items():
+            if a:
+                log.info("mergekit config: '%s' does not store %s: read from %s, as mergekit reads tied tensors",
+                         r, ", ".join(a), ", ".join(dict.fromkeys(a.values())))
+        return {r: AliasedCheckpoint(c, aliases[r], module.holds) for r, c in raw.items()}
+
+    def _open_tied(self, opts, monitor=None) -> dict[str, Any]:
+        """Every model of a module's merge opened (headers only), seen as the module (:meth:`_ties`)."""
+        merge = self.merge
+        refs = [merge.base] if merge.base else []
+        refs += [s.model for s in merge.models_mode_sources] + [s.model for sl in merge.slices or [] for s in sl.sources]
+        raw = {r: open_adapted(r, open_input, allow_pickle=opts.allow_pickle, token=opts.token, monitor=monitor,
+                               headers_only=True, role="base" if r == merge.base else "input")
+               for r in dict.fromkeys(refs)}
+        return self._ties(raw)
 
     def open_inputs(self, inputs, base, opts, monitor=None):
-        """The base and the inputs' task vectors, every model seen through the merged vocabulary (re-mapped rows)."""
+        """The base and the inputs' task vectors, every model seen through the merged vocabulary (re-mapped
+        rows) and with a module's tied tensors it does not store (:meth:`_ties`)."""
 
-        views = self._vocab.open(opts, monitor)
+        views = self._vocab.open(opts, monitor, wrap=self._ties) if self._vocab is not None \
+            else self._open_tied(opts, monitor)
+        self._views = views
         specs = [views.get(i, i) for i in inputs]  # a LoRA (base+adapter) input: the adapter, as is
+        if self._vocab is not None:  # ... unless it changes the embeddings: then the base with the adapter
+            specs = [self._adapted_view(i, views) or s for i, s in zip(inputs, specs)]  # applied, re-mapped
         base_ckpt, sources = open_models(specs, base=views[base], allow_pickle=opts.allow_pickle,
                                          ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch,
                                          token=opts.token, headers_only=True,
                                          monitor=monitor if any(isinstance(s, str) for s in specs) else None)
-        self._vocab.check_sources(sources)
+        if self._vocab is not None:
+            self._vocab.check_sources(sources)
         return base_ckpt, sources
+
+    def _adapted_view(self, spec: str, views: dict[str, Any]) -> Any:
+        """A ``base+adapter`` input (else merged as the adapter alone): the base with the adapter applied,
+        re-mapped as a model of its own (mergekit merges the adapter into the base first and reads that model's
+        rows by the base's tokenizer: its embeddings if the adapter saves them, ``modules_to_save`` or trainable
+        tokens, and the default rows of the tokens the base lacks); None for any other input."""
+        base = self.merge.base
+        for ref, view in views.items():
+            model, sep, adapter = ref.partition("+")
+            if sep and model == base and adapter == spec:
+                return view
+        return None
 
     @property
     def hashed(self) -> dict[str, Any]:
@@ -802,7 +869,7 @@ class MergekitLayout:
         for sl in merge.slices:
             for s in sl.sources:
                 if s.model not in origin:
-                    ckpt = (self._vocab.views.get(s.model) if self._vocab is not None else None) or \
+                    ckpt = self._views.get(s.model) or \
                         open_adapted(s.model, open_input, allow_pickle=opts.allow_pickle, token=opts.token)
                     origin[s.model] = len(self.donors)
                     self.donors.append(ckpt)
@@ -878,7 +945,8 @@ class MergekitLayout:
         self._num_layers = k_out
         config = dict(base.config)
         _set_layers(config, k_out)
-        ties = [g for g in tied_groups(base.folder, keys, {k: base.info(k) for k in keys}, base.config)
+        stored = [k for k in keys if k in set(_stored_keys(base))]
+        ties = [g for g in tied_groups(base.folder, stored, {k: base.info(k) for k in stored}, base.config)
                 if all(n in out for n in g)]
         return layout_plan(out, infos, config, ties=ties, device=opts.device)
 
@@ -1071,9 +1139,16 @@ def _module_plan(base, module: Any, device: str):
 
     keys = [k for k in base.keys() if module.holds(k)]
     infos = {k: base.info(k) for k in keys}
-    ties = [g for g in tied_groups(base.folder, base.keys(), {k: base.info(k) for k in base.keys()}, base.config)
+    stored = _stored_keys(base)  # a tied name read from its tie source is merged on its own, as in mergekit
+    ties = [g for g in tied_groups(base.folder, stored, {k: base.info(k) for k in stored}, base.config)
             if all(module.holds(n) for n in g)]
     return build_plan(keys, infos, base.config, ties=ties, device=device)
+
+
+def _stored_keys(ckpt) -> list[str]:
+    """The tensors a checkpoint stores (not those a view reads from a tie source: :class:`AliasedCheckpoint`)."""
+    aliased = getattr(ckpt, "tie_aliases", None) or {}
+    return [k for k in ckpt.keys() if k not in aliased]
 
 
 def _set_layers(config: dict, n: int) -> None:

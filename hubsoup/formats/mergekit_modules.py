@@ -23,9 +23,16 @@ again) and committed at once. As mergekit: a module given as ``slices`` writes i
 its config key (``text_config.num_hidden_layers``); tensors of no module are not written (a
 warning names them); the base model (else the first model named) gives the config and tokenizer.
 
-Modules are told apart by tensor-name prefixes (:data:`ARCHITECTURES`, from mergekit's module
-definitions: T5's ``shared`` module is ``shared.weight`` and ``lm_head.weight``); mergekit lists each module's tensors one by one, so a checkpoint tensor under a
-module's prefix that mergekit's list lacks is merged here and not there.
+A module holds the tensors mergekit's definition lists (:data:`ARCHITECTURES`, with mergekit
+0.1.5's lists in ``mergekit_modules.json``, written by ``tests/tools/make_mergekit_module_table.py``;
+T5's ``shared`` module is ``shared.weight`` and ``lm_head.weight``): a checkpoint tensor under a
+module's prefix that the list lacks is not written (one warning names it), as with mergekit. Each
+model of a module's merge is seen as that module's tensors only, a tied tensor it does not store read
+from its tie source (T5's ``encoder.embed_tokens.weight`` from ``shared.weight``) when some model of
+the merge stores it. A plain config over such a model (``models:``) is the ``modules:`` config
+mergekit reads it as (:func:`plain_as_modules`), and a merged vocabulary (``tokenizer_source`` /
+``tokenizer``) is built once over every module's models, each module's embedding and head rows
+re-mapped to it.
 
 Example:
     >>> from hubsoup.formats.mergekit_modules import ARCHITECTURES, module_config
@@ -41,9 +48,12 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import os
+import re
 import shutil
 import struct
 from dataclasses import dataclass
@@ -55,8 +65,29 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Weight:
+    """One tensor mergekit's definition of a module lists (``${layer_index}`` in a layer's name)."""
+
+    name: str
+    vocab: bool = False
+    """Indexed by token (``vocabulary_axis``): re-mapped by a merged vocabulary."""
+    optional: bool = False
+    """Written only when some merged model stores it (or one of its ``aliases``)."""
+    sources: tuple[str, ...] = ()
+    """Where a model that does not store it reads it from, in order (mergekit's ``aliases``, then ``tied_names``)."""
+    stored_as: tuple[str, ...] = ()
+    """Names that count as storing it for an optional weight (its ``aliases``; not its tie sources)."""
+    part: str = "layer"
+    """``pre`` (before the layers: the first slice's models merge it), ``layer`` or ``post`` (the last slice's)."""
+
+
+@dataclass(frozen=True)
 class Module:
-    """One module of a modular architecture: its tensors (by name prefix) and its layer count's config key."""
+    """One module of a modular architecture: its tensors and its layer count's config key.
+
+    ``weights`` (mergekit's list, :data:`_TABLE`) decide which tensors it holds; ``prefixes`` and
+    ``excludes`` say where they lie (a tensor under a prefix that the list lacks is one mergekit drops).
+    """
 
     prefixes: tuple[str, ...]
     excludes: tuple[str, ...] = ()
@@ -65,10 +96,35 @@ class Module:
     before: tuple[str, ...] = ()
     """Prefixes of tensors before the layers (mergekit's ``pre_weights``, taken from the first slice) that
     their names do not tell (Whisper's ``conv1``)."""
+    weights: tuple[Weight, ...] = ()
+    """mergekit 0.1.5's list of the module's tensors (empty: every tensor under the prefixes)."""
+    vocab_key: str = "vocab_size"
+    """Dotted ``config.json`` key of the model's vocabulary size (mergekit's ``vocab_size_config_key``)."""
+
+    @functools.cached_property
+    def _pattern(self) -> re.Pattern | None:
+        if not self.weights:
+            return None
+        return re.compile("|".join(re.escape(w.name).replace(re.escape("${layer_index}"), r"\d+")
+                                   for w in self.weights))
+
+    def under(self, name: str) -> bool:
+        """Whether tensor ``name`` lies under this module's prefixes (listed by mergekit or not)."""
+        return name.startswith(self.prefixes) and not name.startswith(self.excludes)
 
     def holds(self, name: str) -> bool:
-        """Whether tensor ``name`` belongs to this module."""
-        return name.startswith(self.prefixes) and not name.startswith(self.excludes)
+        """Whether tensor ``name`` belongs to this module: under its prefixes and in mergekit's list."""
+        return self.under(name) and (self._pattern is None or self._pattern.fullmatch(name) is not None)
+
+    @property
+    def vocab(self) -> frozenset[str]:
+        """The module's tensors indexed by token (re-mapped by a merged vocabulary)."""
+        return frozenset(w.name for w in self.weights if w.vocab)
+
+    @property
+    def tied(self) -> tuple[Weight, ...]:
+        """The module's tensors a model may not store, read from a tie source instead (T5's embeddings, a head)."""
+        return tuple(w for w in self.weights if w.sources and "${" not in w.name)
 
 
 _QWEN_VL = {"vision_tower": Module(("visual.",), ("visual.merger.",), "vision_config.depth"),
@@ -109,6 +165,23 @@ ARCHITECTURES: dict[str, dict[str, Module]] = {
 }
 """mergekit 0.1.5's modular architectures (``kind: modular``) that hubsoup merges module by module."""
 
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "mergekit_modules.json"), encoding="utf-8") as _f:
+    _TABLE: dict[str, Any] = json.load(_f)["architectures"]
+"""mergekit 0.1.5's lists of each module's tensors (``tests/tools/make_mergekit_module_table.py`` writes them)."""
+
+
+def _listed(arch: str, name: str) -> tuple[Weight, ...]:
+    return tuple(Weight(w["name"], w.get("vocabulary_axis") is not None, bool(w.get("optional")),
+                        tuple(w.get("aliases") or ()) + tuple(w.get("tied_names") or ()), tuple(w.get("aliases") or ()),
+                        w["part"])
+                 for w in _TABLE[arch]["modules"][name]["weights"])
+
+
+ARCHITECTURES = {arch: {name: dataclasses.replace(mod, weights=_listed(arch, name),
+                                                  vocab_key=_TABLE[arch].get("vocab_size_config_key") or "vocab_size")
+                         for name, mod in mods.items()}
+                 for arch, mods in ARCHITECTURES.items()}
+
 _MERGEKIT_FAILS = {
     ("WhisperForConditionalGeneration", "decoder"):
         "mergekit 0.1.5 cannot merge it: its definition's weight prefix 'model.decoder' lacks the dot, so it asks "
@@ -121,6 +194,45 @@ def several_modules(data: Any) -> bool:
     """Whether a parsed config merges a model module by module (``modules:`` other than a lone ``default``)."""
     mods = data.get("modules") if isinstance(data, dict) else None
     return isinstance(mods, dict) and bool(mods) and set(mods) != {"default"}
+
+
+def plain_as_modules(data: Any, token: Any = None, allow_pickle: bool = False) -> dict | None:
+    """A plain config (``models:`` or ``slices:``) over a model mergekit defines by several modules (T5,
+    Whisper, a vision-language model) as the ``modules:`` config mergekit reads it as (its
+    ``normalize_config``): every module merged with the same ``models``, each of mergekit's listed tensors
+    only; ``slices`` are refused, as mergekit refuses them. None: the model is not one of those.
+
+    Example:
+        >>> plain_as_modules({"merge_method": "linear", "modules": {"default": {}}}) is None
+        True
+    """
+    from hubsoup.errors import HubsoupError
+    from hubsoup.sources.resolve import open_input
+
+    if not isinstance(data, dict) or data.get("modules") is not None:
+        return None
+    ref = data.get("base_model")
+    try:
+        if ref is None:
+            first = data["models"][0] if data.get("models") else data["slices"][0]["sources"][0]
+            ref = first.get("model")
+        ckpt = open_input(str(ref).strip().split("+")[0], allow_pickle=allow_pickle, token=token, headers_only=True)
+    except (AttributeError, KeyError, IndexError, TypeError, HubsoupError):
+        return None  # the config's own checks name what is wrong
+    archs = ckpt.config.get("architectures") or []
+    mods = ARCHITECTURES.get(archs[0]) if isinstance(archs, list) and len(archs) == 1 else None
+    if mods is None or len(mods) < 2:
+        return None
+    if data.get("slices") is not None:
+        raise ParameterError(f"mergekit config: 'slices' over '{ref}', a {archs[0]}: mergekit merges it by modules "
+                             f"({', '.join(mods)}) and refuses slices at the top level (\"Model has multiple modules, "
+                             "must use modules: config syntax to work with slices\"); give 'modules:' with each "
+                             "module's slices")
+    log.info("mergekit config: '%s' is a %s, which mergekit merges module by module (%s): each with the config's "
+             "models", ref, archs[0], ", ".join(mods))
+    out = {k: v for k, v in data.items() if k != "models"}
+    out["modules"] = {name: {"models": data.get("models")} for name in mods}
+    return out
 
 
 def module_config(data: dict, name: str, dropped: list[str]) -> dict:
@@ -188,8 +300,8 @@ def architecture_modules(data: dict, token: Any = None, allow_pickle: bool = Fal
     for n in names:
         why = _MERGEKIT_FAILS.get((str(arch), str(n)))
         if why:
-            raise ParameterError(f"mergekit config: module '{n}' of {arch}: {why}; give 'models:' at the top "
-                                 "level (every module merged alike) or leave it out")
+            raise ParameterError(f"mergekit config: module '{n}' of {arch}: {why}; leave the module out (a "
+                                 "'models:' list at the top level merges every module, this one too, and fails alike)")
     return mods, ckpt
 
 
@@ -198,8 +310,9 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
     """Merge every module of a ``modules:`` config and assemble one output; returns the first module's
     :class:`hubsoup.MergeResult`, pointing at the assembled output.
 
-    ``run_module(text, module, out)`` merges one module's config (:func:`module_config`, as YAML)
-    restricted to ``module``'s tensors into the folder ``out``.
+    ``run_module(text, module, out, referenced)`` merges one module's config (:func:`module_config`, as
+    YAML) restricted to ``module``'s tensors into the folder ``out``; ``referenced``: every model the
+    whole config names (a merged vocabulary is built over them all, as mergekit builds it).
     """
     from hubsoup.formats.mergekit import dump_config
     from hubsoup.output.folder import OutputFolder
@@ -210,11 +323,17 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
     configs = {name: module_config(data, name, dropped) for name in data["modules"]}
     for key in dropped:
         log.warning("mergekit config: '%s' is ignored (mergekit ignores it too)", key)
-    if data.get("tokenizer_source") is not None or data.get("tokenizer") is not None:
-        raise ParameterError("mergekit config: a merged vocabulary (tokenizer_source / tokenizer) with several "
-                             "modules is not supported yet; merge the modules with the base's tokenizer")
+    # a merged vocabulary: one, over every module's models (mergekit's referenced_models), each module's
+    # embedding and head rows re-mapped to it; every module's merge builds the same, the first's is written
+    referenced = _referenced(data)
     used = [mods[n] for n in configs]
     outside = [k for k in base.keys() if not any(m.holds(k) for m in used)]
+    unlisted = {k: n for k in outside for n in configs if mods[n].under(k)}
+    if unlisted:  # mergekit plans the tensors its definition lists, one by one: the others are not written
+        log.warning("mergekit config: %d tensor(s) of '%s' lie in a module but are not in mergekit 0.1.5's list of "
+                    "its tensors, and are not written, as with mergekit: %s", len(unlisted), base.label,
+                    ", ".join(f"{k} ({n})" for k, n in list(unlisted.items())[:5]) + (", ..." if len(unlisted) > 5 else ""))
+    outside = [k for k in outside if k not in unlisted]
     if outside:  # mergekit plans only the modules' tensors: the rest is not in its output either
         log.warning("mergekit config: %d tensor(s) of '%s' belong to no merged module and are not written, as "
                     "with mergekit (e.g. %s)", len(outside), base.label, ", ".join(outside[:3]))
@@ -224,7 +343,7 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
         results = []
         for name, cfg in configs.items():
             part = os.path.join(folder.path, f".module-{name}")
-            results.append(run_module(dump_config(cfg), mods[name], part))
+            results.append(run_module(dump_config(cfg), mods[name], part, referenced))
             parts.append((name, part))
         _assemble(folder.path, parts, configs, mods)
         result = _whole(results, list(configs))
@@ -236,6 +355,20 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
     except BaseException as e:
         raise folder.fail(e)
     return result
+
+
+def _referenced(data: dict) -> list[str]:
+    """Every model a ``modules:`` config names, once each: ``base_model``, then the modules' models in the
+    config's order (mergekit's ``referenced_models``, in the order hubsoup builds a merged vocabulary)."""
+    from hubsoup.formats.mergekit import _model_ref
+
+    refs = [data["base_model"]] if data.get("base_model") is not None else []
+    for mod in data["modules"].values():
+        for m in mod.get("models") or []:
+            refs.append(m.get("model") if isinstance(m, dict) else m)
+        for sl in mod.get("slices") or []:
+            refs.extend(src.get("model") if isinstance(src, dict) else src for src in (sl or {}).get("sources") or [])
+    return list(dict.fromkeys(_model_ref(r, ["modules"]) for r in refs))
 
 
 def _whole(results: list, names: list[str]):

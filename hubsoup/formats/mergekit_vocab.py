@@ -124,6 +124,9 @@ class VocabSpec:
     """The config's ``dtype``: mergekit casts every input to it before re-indexing rows."""
     base_model: str | None = None
     """The config's ``base_model``: its tokenizer starts the vocabulary, its row wins for a shared token."""
+    referenced: list[str] | None = None
+    """One module's merge of a ``modules:`` config: every model the whole config names (the vocabulary is
+    theirs, built once over all modules; None: the models this merge names)."""
 
     def hashed(self) -> dict[str, Any]:
         """What the recipe hash covers."""
@@ -563,15 +566,23 @@ class VocabLayout:
     merged into vocabulary tensor ``name``, in the config's order.
     """
 
-    def __init__(self, merge: Any, spec: VocabSpec, order: list[str], groups: Callable[[str], list[str]]):
+    def __init__(self, merge: Any, spec: VocabSpec, order: list[str], groups: Callable[[str], list[str]],
+                 names: Callable[[str], bool] | None = None, vocab_key: str | None = None):
         self.merge, self.spec, self.order, self.groups = merge, spec, order, groups
+        self.is_vocab = names or VOCAB_TENSORS.__contains__
+        """Which tensors are indexed by token (one module's: those its mergekit definition says)."""
+        self.vocab_key = vocab_key
+        """``config.json``'s dotted key of the vocabulary size (None: ``vocab_size``, else ``text_config``'s)."""
         self.base_ref = spec.base_model
         self.views: dict[str, Any] = {}
         self.vm: VocabMerge | None = None
         self.source_ckpt: Any = None
 
-    def open(self, opts: Any, monitor: Any = None) -> dict[str, Any]:
-        """Every model of the config opened (headers only) and wrapped as re-mapped; returns ref → checkpoint."""
+    def open(self, opts: Any, monitor: Any = None, wrap: Callable[[dict], dict] | None = None) -> dict[str, Any]:
+        """Every model of the config opened (headers only) and wrapped as re-mapped; returns ref → checkpoint.
+
+        ``wrap``: applied to the opened models (ref → checkpoint) before they are re-mapped (a module's
+        tied tensors, aliased where a model does not store them)."""
         from hubsoup.sources.checkpoint import TensorInfo
         from hubsoup.sources.compat import _is_local
         from hubsoup.sources.adapted import open_adapted
@@ -585,6 +596,8 @@ class VocabLayout:
         raw = {r: open_adapted(r, open_input, allow_pickle=opts.allow_pickle, token=opts.token, with_tokenizer=True,
                                monitor=monitor, headers_only=True, role="base" if r == self.merge.base else "input")
                for r in physical}
+        if wrap is not None:
+            raw = wrap(raw)
         folders = {r: raw[r].folder for r in self.order}
         configs = {r: raw[r].config for r in self.order}
         if extra:
@@ -601,19 +614,19 @@ class VocabLayout:
                         "tokenizer, '%s' (mergekit takes the first of a set, which changes from run to run)", base)
         self.vm = VocabMerge(self.spec, base, self.order, folders, configs,
                              self.source_ckpt.folder if self.source_ckpt is not None else None, prefer=self.base_ref)
-        for name in sorted({k for ck in raw.values() for k in ck.keys() if k in VOCAB_TENSORS}):
+        for name in sorted({k for ck in raw.values() for k in ck.keys() if self.is_vocab(k)}):
             group = self.groups(name)
             for m in group:
                 if m in self.vm.holes:
                     raise ParameterError(f"mergekit config: {self.vm.holes[m]}; mergekit 0.1.5 fails on it "
                                          f"(KeyError, merging '{name}')")
-            if all(raw[m.split("+")[0]].has(name) for m in group):  # every default row can be made: checked on
-                info = lambda m: raw[m.split("+")[0]].info(name)  # noqa: E731 - meta tensors, no weight read
+            if all(raw[m].has(name) for m in group):  # every default row can be made: checked on
+                info = lambda m: raw[m].info(name)  # noqa: E731 - meta tensors, no weight read
                 self.vm.defaults(name, group, lambda m: torch.empty(info(m).shape, dtype=info(m).dtype, device="meta"),
                                  lambda m: info(m).dtype, quiet=True)
         for r in physical:
             ck = raw[r]
-            names = [k for k in ck.keys() if k in VOCAB_TENSORS]
+            names = [k for k in ck.keys() if self.is_vocab(k)]
             infos = {k: TensorInfo((self.vm.size, *ck.info(k).shape[1:]), ck.info(k).dtype) for k in names}
             self.views[r] = RemappedCheckpoint(ck, infos, self._maker(r, raw))
         return self.views
@@ -622,10 +635,9 @@ class VocabLayout:
         def make(name: str) -> torch.Tensor:
             group = self.groups(name)
             # a model outside this tensor's group (nothing reads it there): as if merged alone
-            members = sorted((m for m in group if m.split("+")[0] == ref), key=lambda m: m != ref)
+            members = [ref] if ref in group else []  # a model+adapter reference: the model with it applied
             return self.vm.remap(name, members[0] if members else ref, group if members else [ref],
-                                 lambda m: raw[m.split("+")[0]].tensor(name),
-                                 lambda m: raw[m.split("+")[0]].info(name).dtype)
+                                 lambda m: raw[m].tensor(name), lambda m: raw[m].info(name).dtype)
         return make
 
     def hashed(self) -> dict[str, Any]:
@@ -660,7 +672,17 @@ class VocabLayout:
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as f:
                 cfg = json.load(f)
-            target = cfg.get("text_config") if "vocab_size" not in cfg and isinstance(cfg.get("text_config"), dict) else cfg
-            target["vocab_size"] = self.vm.size
+            if self.vocab_key is not None:  # a modular architecture's key (mergekit's vocab_size_config_key)
+                *parents, last = self.vocab_key.split(".")
+                target = cfg
+                for part in parents:
+                    target = target.setdefault(part, {}) if isinstance(target, dict) else target
+            else:
+                target = cfg.get("text_config") if "vocab_size" not in cfg and isinstance(cfg.get("text_config"), dict) else cfg
+                last = "vocab_size"
+            if isinstance(target, dict):
+                target[last] = self.vm.size
+            else:
+                log.warning("mergekit config: cannot set '%s' = %d in the output's config.json", self.vocab_key, self.vm.size)
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(cfg, f, indent=2)

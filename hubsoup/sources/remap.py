@@ -64,3 +64,53 @@ class RemappedCheckpoint:
     def byte_ranges(self, names: list[str]) -> list[tuple[str, int, int]]:
         """The stored bytes a read of ``names`` touches (a re-mapped tensor is made from its stored one)."""
         return self.wrapped.byte_ranges(names)
+
+
+class AliasedCheckpoint:
+    """``ckpt`` with tensors it does not store presented under their names, read from a stored one.
+
+    ``aliases``: name → the stored tensor it is read from (a T5 checkpoint storing ``shared.weight``
+    only, seen with ``encoder.embed_tokens.weight`` too, as the tied model is); ``keep``: which of
+    its stored tensors it shows (None: all; one module of a model: that module's). Every other
+    file and attribute is the wrapped checkpoint's.
+
+    Example:
+        >>> import torch
+        >>> from hubsoup.sources.checkpoint import TensorInfo
+        >>> class Raw:
+        ...     label = "m"
+        ...     def keys(self): return ["shared.weight"]
+        ...     def has(self, name): return name == "shared.weight"
+        ...     def info(self, name): return TensorInfo((4, 2), torch.float32)
+        ...     def tensor(self, name): return torch.ones(4, 2)
+        >>> view = AliasedCheckpoint(Raw(), {"encoder.embed_tokens.weight": "shared.weight"})
+        >>> view.keys(), view.has("encoder.embed_tokens.weight"), view.tensor("encoder.embed_tokens.weight").shape
+        (['shared.weight', 'encoder.embed_tokens.weight'], True, torch.Size([4, 2]))
+    """
+
+    def __init__(self, ckpt: Any, aliases: dict[str, str], keep: Callable[[str], bool] | None = None):
+        self.wrapped = ckpt
+        self.tie_aliases = dict(aliases)
+        self._keep = keep
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.wrapped, attr)
+
+    def _stored(self, name: str) -> str:
+        return self.tie_aliases.get(name, name)
+
+    def keys(self) -> list[str]:
+        shown = [k for k in self.wrapped.keys() if k not in self.tie_aliases and (self._keep is None or self._keep(k))]
+        return [*shown, *self.tie_aliases]
+
+    def info(self, name: str) -> TensorInfo:
+        return self.wrapped.info(self._stored(name))
+
+    def has(self, name: str) -> bool:
+        return name in self.tie_aliases or (self.wrapped.has(name) and (self._keep is None or self._keep(name)))
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self.wrapped.tensor(self._stored(name))
+
+    def byte_ranges(self, names: list[str]) -> list[tuple[str, int, int]]:
+        return self.wrapped.byte_ranges(list(dict.fromkeys(self._stored(n) for n in names)))

@@ -20,7 +20,7 @@ from hubsoup.api import merge, scoped
 from hubsoup.errors import ParameterError
 from hubsoup.formats import mergekit, stages
 from hubsoup.formats.mergekit import check_hub_only, load_text, read_config
-from hubsoup.formats.mergekit_modules import run_modules, several_modules
+from hubsoup.formats.mergekit_modules import plain_as_modules, run_modules, several_modules
 from hubsoup.formats.stages import Stage, read_stages
 from hubsoup.methods import get_method
 from hubsoup.options import DTYPES
@@ -144,9 +144,11 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, cop
     token, allow_pickle = options.get("token"), bool(options.get("allow_pickle"))
     shard_size, dtype = options.get("shard_size"), options.pop("dtype", None)
 
-    def one(config: str, target: str, module: Any = None, **opts: Any):
+    def one(config: str, target: str, module: Any = None, referenced: Any = None, **opts: Any):
         m = read_config(config, token=token, allow_pickle=allow_pickle, module=module)
         m.text = text  # the card and recipe carry the whole config (a module's merge included)
+        if referenced is not None and m.vocab is not None:  # a module's merge: the vocabulary of every module's models
+            m.vocab.referenced = list(referenced)
         kwargs = m.merge_kwargs()
         kwargs["layout"].copy_tokenizer = copy_tokenizer
         if random_seed is not None:
@@ -160,9 +162,10 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, cop
         return merge(m.inputs, out=target, **kwargs, **opts)
 
     data = load_yaml(text, "mergekit config")
+    data = plain_as_modules(data, token=token, allow_pickle=allow_pickle) or data  # T5, Whisper, ...: by modules
     if several_modules(data):  # a multimodal model, module by module: one merge each, assembled into one output
-        return run_modules(text, data, out, lambda config, module, target: one(
-            config, target, module, **{**options, "overwrite": False}),
+        return run_modules(text, data, out, lambda config, module, target, referenced: one(
+            config, target, module, referenced, **{**options, "overwrite": False}),
             overwrite=bool(options.get("overwrite")), token=token, allow_pickle=allow_pickle)
     return one(text, out, **options)
 

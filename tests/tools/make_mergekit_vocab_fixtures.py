@@ -181,7 +181,35 @@ def build_models(root: str) -> dict[str, str]:
         with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
             json.dump(model_config(rows), f, indent=2)
         digests[ref] = digest(tensors)
+    digests[EMB_LORA] = build_embedding_lora(root)
     return digests
+
+
+EMB_LORA = "tiny-vocab/emb-lora"
+"""A LoRA of ``tiny-vocab/base`` (q/v projections) that also saves the token embeddings whole (``modules_to_save``)."""
+
+
+def build_embedding_lora(root: str) -> str:
+    """Write :data:`EMB_LORA` (seeded); returns its digest. mergekit merges it into the base before reading it."""
+    from safetensors.torch import load_file, save_file
+
+    from hubsoup.testing import write_adapter
+
+    folder = os.path.join(root, EMB_LORA)
+    base = os.path.join(root, "tiny-vocab/base")
+    write_adapter(folder, base, seed=5, r=2, targets=("q_proj", "v_proj"))
+    path = os.path.join(folder, "adapter_model.safetensors")
+    t = load_file(path)
+    emb = load_file(os.path.join(base, "model.safetensors"))["model.embed_tokens.weight"]
+    g = torch.Generator().manual_seed(11)
+    t["base_model.model.model.embed_tokens.weight"] = emb + torch.randn(emb.shape, generator=g) * 0.05
+    save_file(t, path, metadata={"format": "pt"})
+    with open(os.path.join(folder, "adapter_config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg["modules_to_save"] = ["embed_tokens"]
+    with open(os.path.join(folder, "adapter_config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg, f)
+    return digest(t)
 
 
 # name → config (every method here is deterministic: compared within float32 rounding)
@@ -337,6 +365,21 @@ base_model: tiny-vocab/bpe
 tokenizer_source: union
 dtype: float32
 """,
+    # a base+lora input whose adapter saves the embeddings whole: mergekit merges the adapter into the base first
+    # and reads that model's rows by the base's tokenizer
+    "union_lora_embeddings": """\
+models:
+  - model: tiny-vocab/base+tiny-vocab/emb-lora
+    parameters:
+      weight: 0.6
+  - model: tiny-vocab/chat
+    parameters:
+      weight: 0.4
+merge_method: task_arithmetic
+base_model: tiny-vocab/base
+tokenizer_source: union
+dtype: float32
+""",
     "union_passthrough_slices": """\
 slices:
   - sources:
@@ -424,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             out = os.path.join(root, "out", name)
             print(f"mergekit: {name} (models in the order {order})", file=sys.stderr)
             cmd = [python, "-c", _ORDERED_MERGEKIT, cfg_path, out, "--random-seed", str(SEED), "--quiet",
-                   "--allow-crimes", "--no-write-model-card"]
+                   "--allow-crimes", "--no-write-model-card", "--lora-merge-cache", os.path.join(root, "_lora_cache")]
             proc = subprocess.run(cmd, cwd=root, env={**env, "HUBSOUP_MODEL_ORDER": json.dumps(order)},
                                   capture_output=True, text=True)
             if proc.returncode != 0:
