@@ -12,17 +12,16 @@ from typing import Any, Callable, Mapping, ParamSpec, Sequence, TypeVar, cast
 
 from hubsoup.arch import peft_task_type
 from hubsoup.engine import Job, run
-from hubsoup.engine.lowrank import piece_size
-from hubsoup.engine.placement import Placement, place
+# placement's one entry lives with the planner; re-exported for the CLI, trials and tests
+from hubsoup.engine.placement import place_blocks  # noqa: F401
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.hubclient import Token
 from hubsoup.methods import Method, get_method
-from hubsoup.methods._schedule import layer_position, resolve_params
-from hubsoup.options import DTYPES, MergeOptions
+from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
 from hubsoup.output.checkpoint import CheckpointSink, copy_base_files
 from hubsoup.output.lora import LoraOptions, LoraSink
-from hubsoup.plan import Block, Plan, TensorEntry
+from hubsoup.plan import Plan
 from hubsoup.progress import Cancel, Progress
 from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import InputRef
@@ -430,45 +429,6 @@ def _open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opt
             raise
         log.info("no base model named: %s needs none, the first input is the layout reference", m.name)
         return open_models(inputs, base=inputs[0], **kw)
-
-
-def place_blocks(plan: Plan, method: Method, params: Any, sources: Sequence[Any], opts: MergeOptions, *,
-                 lora_output: bool = False) -> Placement:
-    """Every block's device from ``opts`` (device, device_map, max_memory); refuses a block that fits nowhere.
-
-    ``sources``: the inputs' task vectors (their number, and whether all are full checkpoints: a method
-    with :meth:`~hubsoup.methods.Method.tensor_passes` then merges in pieces on the CPU).
-    """
-    n_inputs, full_inputs = len(sources), all(s.kind == "full" for s in sources)
-
-    def pieces(block: Block) -> tuple[int, int] | None:
-        """If the engine merges this block's tensors in pieces (its Weights path): the output's bytes per
-        entry and the method's workspace for one piece."""
-        if lora_output or not full_inputs:
-            return None
-        merged = [e for e in block.tensors if e.mergeable]
-        if not merged or any(e.source is not None for e in merged):  # a layout's renumbering: dense path
-            return None
-        t = layer_position(block.info)
-        resolved = [resolve_params(params, e.name, t) for e in merged]
-        if any(method.tensor_passes(p, n_inputs) is None for p in resolved):
-            return None
-        piece = (piece_size(n_inputs),)
-        return (max((DTYPES[opts.dtype] if opts.dtype else e.dtype).itemsize for e in merged),
-                max(method.workspace_bytes(piece, n_inputs, p, name=e.name) for e, p in zip(merged, resolved)))
-
-    def workspace(block: Block) -> int:
-        # the most any one tensor needs (not the largest's: a method's workspace depends on the tensor's role)
-        return max((_workspace(e) for e in block.tensors if e.mergeable), default=0)
-
-    def _workspace(e: TensorEntry) -> int:
-        extra = method.workspace_bytes(e.shape, n_inputs, params, name=e.name)
-        if lora_output and len(e.shape) == 2:  # the SVD through the Gram of the smaller side, float64
-            extra += 2 * min(e.shape) ** 2 * 8
-        return extra
-
-    return place(plan, n_inputs, device=opts.device, device_map=opts.device_map, max_memory=opts.max_memory,
-                 workspace=workspace, pieces=pieces)
 
 
 def parse_method(method: str, given: dict[str, Any]) -> tuple[Method, Any]:

@@ -72,6 +72,23 @@ def test_map_file_and_continual_add(zoo, tmp_path):
     assert files(str(tmp_path / "mapped")) == files(str(tmp_path / "plain"))
 
 
+def test_continual_places_through_the_one_entry(zoo, tmp_path, monkeypatch):
+    """Continual merging places its blocks through ``place_blocks`` like merge and ``hubsoup plan``: the
+    method's declared workspace counts (continual's own placement ignored it), and its refusal is theirs."""
+    from hubsoup.api import place_blocks as api_entry
+    from hubsoup.engine import placement
+    from hubsoup.methods.opcm import Opcm
+
+    assert api_entry is placement.place_blocks  # the API's name is a re-export, not a second entry
+    base, fts = zoo
+    ok = continual.init(fts[:2], base=base, out=str(tmp_path / "ok"), quiet=True, max_memory={"cpu": "1GiB"})
+    assert {b.device for b in ok.plan.blocks} == {"cpu"}
+    monkeypatch.setattr(Opcm, "workspace_bytes", lambda self, shape, n, params, name="": 2**31)
+    with pytest.raises(PlacementError, match="max_memory"):
+        continual.init(fts[:2], base=base, out=str(tmp_path / "big"), quiet=True, max_memory={"cpu": "1GiB"})
+    assert not os.path.exists(tmp_path / "big")
+
+
 def test_auto_map_uses_accelerate_and_refuses_a_block_that_fits_nowhere(zoo, tmp_path, capsys):
     base, fts = zoo
     plan = Plan.of(open_input(base), "cpu")

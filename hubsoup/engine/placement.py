@@ -20,14 +20,19 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from hubsoup.engine.lowrank import piece_size
 from hubsoup.errors import PlacementError
+from hubsoup.methods._schedule import layer_position, resolve_params
 # parsed where the option is (hubsoup.options); re-exported for the engine's callers
-from hubsoup.options import STRATEGIES, parse_device_map, parse_max_memory  # noqa: F401
-from hubsoup.plan import Block, Plan
+from hubsoup.options import DTYPES, STRATEGIES, MergeOptions, parse_device_map, parse_max_memory  # noqa: F401
+from hubsoup.plan import Block, Plan, TensorEntry
+
+if TYPE_CHECKING:
+    from hubsoup.methods import Method
 
 
 def torch_device(d: int | str) -> str:
@@ -133,6 +138,47 @@ def place(plan: Plan, n_inputs: int, *, device: str = "cpu", device_map: str | d
                                  f"{key} has {budget / 2**20:.1f} MiB (max_memory); give it more, or map the block "
                                  "to another device")
     return out
+
+
+def place_blocks(plan: Plan, method: Method, params: Any, sources: Sequence[Any], opts: MergeOptions, *,
+                 lora_output: bool = False) -> Placement:
+    """Every block's device from ``opts`` (device, device_map, max_memory); refuses a block that fits nowhere.
+
+    The one entry to placement: ``hubsoup plan``, :func:`hubsoup.merge` and continual merging all call it,
+    so each predicts the same working sets (the method's :meth:`~hubsoup.methods.Method.workspace_bytes`
+    included). ``sources``: the job's inputs (their number, and whether all are full checkpoints: a method
+    with :meth:`~hubsoup.methods.Method.tensor_passes` then merges in pieces on the CPU).
+    """
+    n_inputs, full_inputs = len(sources), all(s.kind == "full" for s in sources)
+
+    def pieces(block: Block) -> tuple[int, int] | None:
+        """If the engine merges this block's tensors in pieces (its Weights path): the output's bytes per
+        entry and the method's workspace for one piece."""
+        if lora_output or not full_inputs:
+            return None
+        merged = [e for e in block.tensors if e.mergeable]
+        if not merged or any(e.source is not None for e in merged):  # a layout's renumbering: dense path
+            return None
+        t = layer_position(block.info)
+        resolved = [resolve_params(params, e.name, t) for e in merged]
+        if any(method.tensor_passes(p, n_inputs) is None for p in resolved):
+            return None
+        piece = (piece_size(n_inputs),)
+        return (max((DTYPES[opts.dtype] if opts.dtype else e.dtype).itemsize for e in merged),
+                max(method.workspace_bytes(piece, n_inputs, p, name=e.name) for e, p in zip(merged, resolved)))
+
+    def workspace(block: Block) -> int:
+        # the most any one tensor needs (not the largest's: a method's workspace depends on the tensor's role)
+        return max((_workspace(e) for e in block.tensors if e.mergeable), default=0)
+
+    def _workspace(e: TensorEntry) -> int:
+        extra = method.workspace_bytes(e.shape, n_inputs, params, name=e.name)
+        if lora_output and len(e.shape) == 2:  # the SVD through the Gram of the smaller side, float64
+            extra += 2 * min(e.shape) ** 2 * 8
+        return extra
+
+    return place(plan, n_inputs, device=opts.device, device_map=opts.device_map, max_memory=opts.max_memory,
+                 workspace=workspace, pieces=pieces)
 
 
 def _explicit(dm: dict[str, Any], block: Block) -> int | str:

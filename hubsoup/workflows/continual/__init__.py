@@ -47,6 +47,7 @@ import torch
 from hubsoup import __version__
 from hubsoup.api import scoped
 from hubsoup.engine import Copy, Dense, Job, stream
+from hubsoup.engine.placement import place_blocks
 from hubsoup.errors import ContinualStateError, InputError, ParameterError
 from hubsoup.methods import get_method
 from hubsoup.methods.opcm import opcm_lambda, opcm_update, sq_norm
@@ -90,13 +91,15 @@ class _Setup:
     """The run's progress and cancellation (:mod:`hubsoup.progress`)."""
 
 
-def _setup(models: Sequence[str], base: str | Checkpoint, options: MergeOptions,
-           monitor: Monitor | None = None) -> _Setup:
+def _setup(models: Sequence[str], base: str | Checkpoint, options: MergeOptions, params: Any,
+           prev: StateReader | None = None, monitor: Monitor | None = None) -> _Setup:
     monitor = monitor or Monitor()
     base_ckpt, sources = open_models(models, base=base, allow_pickle=options.allow_pickle, token=options.token,
                                      ignore_extra=options.ignore_extra, shape_mismatch=options.shape_mismatch,
                                      monitor=monitor)
-    return _Setup(base_ckpt, _plan(base_ckpt, len(sources) + 1, options), sources, options, options.dtype, monitor)
+    # the job's inputs as _advance streams them: the state first, when there is one
+    plan = _plan(base_ckpt, [*([prev] if prev is not None else []), *sources], params, options)
+    return _Setup(base_ckpt, plan, sources, options, options.dtype, monitor)
 
 
 def _monitor(opts: MergeOptions, models: Sequence[str], soup: str | None = None) -> tuple[MergeOptions, Monitor]:
@@ -111,12 +114,11 @@ def _monitor(opts: MergeOptions, models: Sequence[str], soup: str | None = None)
     return opts, monitor
 
 
-def _plan(base_ckpt: Checkpoint, n_inputs: int, options: MergeOptions) -> Plan:
-    """The plan with every block on its device (``options``' device or device map)."""
-    from hubsoup.engine.placement import place
-
+def _plan(base_ckpt: Checkpoint, inputs: Sequence[Any], params: Any, options: MergeOptions) -> Plan:
+    """The plan with every block on its device, through placement's one entry (as ``hubsoup plan`` and merge):
+    ``options``' device, device map and max_memory; OPCM's workspace counted for each block."""
     plan = Plan.of(base_ckpt, options.device)
-    place(plan, n_inputs, device=options.device, device_map=options.device_map, max_memory=options.max_memory)
+    place_blocks(plan, get_method(METHOD), params, inputs, options)
     return plan
 
 
@@ -295,7 +297,7 @@ def init(models: Sequence[str], *, base: str | None = None, out: str, params: di
     opts, monitor = _monitor(opts, models)
     folder = OutputFolder(out, overwrite=opts.overwrite)  # locked for the whole run
     try:
-        setup = _setup(models, base, opts, monitor)
+        setup = _setup(models, base, opts, p, monitor=monitor)
         return _run(setup, None, p, setup.base.ref.to_dict(), folder=folder, t0=t0)
     except BaseException as e:
         raise folder.fail(e)
@@ -374,7 +376,7 @@ def _add(soup: str, models: Sequence[str], folder: OutputFolder, base: str | Non
     except InputError as e:
         raise ContinualStateError(f"the base the continual state was made with ({base_spec}) cannot be opened: {e}; "
                                   "pass --base (base=...) with that same model") from e
-    setup = _setup(models, base_ckpt, opts, monitor)
+    setup = _setup(models, base_ckpt, opts, p, prev, monitor)
     have = {r.get("sha") or r.get("path") for r in st.models}
     for s in setup.sources:
         r = s.ref
@@ -413,7 +415,8 @@ def _export(soup: str, folder: OutputFolder, base: str | None, opts: MergeOption
     st = reader.state
     opts = opts.replace(dtype=opts.dtype if opts.dtype is not None else st.dtype)
     base_ckpt = open_base(base or InputRef.from_dict(st.base).pinned_spec, allow_pickle=opts.allow_pickle, token=opts.token)
-    setup = _Setup(base_ckpt, _plan(base_ckpt, 1, opts), [], opts, opts.dtype)
+    setup = _Setup(base_ckpt, _plan(base_ckpt, [reader], get_method(METHOD).parse(st.params), opts), [], opts,
+                   opts.dtype)
     for _, e in setup.plan.entries():
         if e.mergeable and (st.base_sha256.get(e.name) != tensor_sha256(base_ckpt.tensor(e.name))):
             raise ContinualStateError(f"base '{base_ckpt.label}': tensor '{e.name}' differs from the base the "
