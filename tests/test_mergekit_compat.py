@@ -167,6 +167,18 @@ def ulp(t: torch.Tensor, dtype: torch.dtype) -> float:
     return 2.0 ** math.floor(math.log2(mag)) * torch.finfo(dtype).eps
 
 
+def assert_like_mergekit(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> None:
+    """hubsoup's tensors against mergekit's: the same names, dtypes and shapes, each within 1e-5 relative
+    (of the largest magnitude) or one ulp of its dtype."""
+    assert sorted(got) == sorted(ref)
+    for k, r in ref.items():
+        g = got[k]
+        assert g.dtype == r.dtype and g.shape == r.shape, k
+        diff = (g.float() - r.float()).abs().max().item()
+        rel = diff / max(r.float().abs().max().item(), 1e-30)
+        assert rel <= 1e-5 or diff <= ulp(r, r.dtype), f"{k}: {rel:.3g} relative from mergekit's"
+
+
 def tau_stats(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor]) -> dict[str, float]:
     tau = torch.cat([(tensors[k].double() - base[k].double()).flatten() for k in sorted(base)])
     kept = tau[tau != 0]

@@ -23,7 +23,7 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "tools"))
 from make_mergekit_modules_fixtures import FIXTURES, build_models, config_names, layers  # noqa: E402
-from test_mergekit_compat import load_dir, ulp  # noqa: E402
+from test_mergekit_compat import assert_like_mergekit, load_dir  # noqa: E402
 
 from hubsoup.errors import HubsoupError, ParameterError  # noqa: E402
 from hubsoup.workflows.rerun import run_config  # noqa: E402
@@ -53,14 +53,7 @@ def test_modules_config_gives_mergekits_output(root, name, monkeypatch):
     out = os.path.join(root, f"out-{name}")
     run_config(_config(name), out, quiet=True, overwrite=True)
     ref = load_file(os.path.join(FIXTURES, f"{name}.safetensors"))
-    got = load_dir(out)
-    assert sorted(got) == sorted(ref)
-    for k, r in ref.items():
-        g = got[k]
-        assert g.dtype == r.dtype and g.shape == r.shape, k
-        diff = (g.float() - r.float()).abs().max().item()
-        rel = diff / max(r.float().abs().max().item(), 1e-30)
-        assert rel <= 1e-5 or diff <= ulp(r, r.dtype), f"{k}: {rel:.3g} relative from mergekit's"
+    assert_like_mergekit(load_dir(out), ref)
     with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
     want = MANIFEST["configs"][name]
