@@ -79,8 +79,8 @@ class Row:
 
 ROWS: list[Row] = [
     Row("uniform soup", "linear"),
-    # task arithmetic's λ is the default chosen by a rule over the inputs (issue 35): its validation curve
-    # over the whole grid in every setting is what the rule was fitted to, so its grid is never thinned
+    # task arithmetic's λ is to be a rule over the inputs (issue 35, benchmarks/ta_scale_rule.py): its validation
+    # curve over the whole grid in every setting is what a rule is chosen from, so its grid is never thinned
     Row("task arithmetic", "task_arithmetic", old={"scale": 0.3},
         grid={"scale": [0.1, 0.2, 0.3, 0.5, 0.7, 1.0]}, whole_grid=True),
     Row("TIES", "ties", old={"density": 0.2, "scale": 1.0}, grid={"scale": [0.3, 0.5, 0.7, 1.0, 1.3]}),
@@ -229,6 +229,26 @@ def _inherited(label: str, tuned: dict[str, dict]) -> dict:
     src = ROW[label]
     return {k: v for k, v in _effective(src.method, {**src.params, **tuned.get(label, {})}).items()
             if v is not None and not isinstance(v, dict)}
+
+
+def search_grid(row: Row, points: int) -> dict:
+    """The grid ``row``'s tuned run searches: each list thinned to ``points`` evenly spaced values, both ends
+    kept (``points`` = 0, or a :attr:`Row.whole_grid` row: the whole grid; the time budget's thinning).
+
+    >>> search_grid(ROW["TIES"], 3), search_grid(ROW["task arithmetic"], 3)["scale"][:3]
+    ({'scale': [0.3, 0.7, 1.3]}, [0.1, 0.2, 0.3])
+    """
+    if not points or row.whole_grid:
+        return dict(row.grid)
+    out = {}
+    for k, vals in row.grid.items():
+        if len(vals) <= points:
+            out[k] = list(vals)
+        else:
+            idx = (sorted({round(i * (len(vals) - 1) / (points - 1)) for i in range(points)}) if points > 1
+                   else [len(vals) // 2])
+            out[k] = [vals[i] for i in idx]
+    return out
 
 
 def runs_of(row: Row, tuned: dict[str, dict]) -> list[tuple[str, dict, dict | None]]:
@@ -450,9 +470,9 @@ def claim(kind: str, m: ModelScores, ref: ModelScores, base: ModelScores, fts: d
 RELATIVE_BAR = 0.8
 """(a): a default must recover this share of what the same method reaches tuned, in each setting."""
 LM_BAR = 0.5
+"""(c): on the decoder LM, a default must recover at least this share of the fine-tunes' gain."""
 MAX_HALF_WIDTH = 0.15
 """Issue 35: a benchmark that can tell: the main rows' 95 % intervals at most ±0.15 wide."""
-"""(c): on the decoder LM, a default must recover at least this share of the fine-tunes' gain."""
 
 
 def guard(results: dict) -> list[str]:

@@ -233,20 +233,6 @@ def params_text(params: dict) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def thin(grid: dict, n: int) -> dict:
-    """Each grid list thinned to ``n`` evenly spaced points, both ends kept (``n`` = 0: unchanged)."""
-    if not n:
-        return grid
-    out = {}
-    for k, vals in grid.items():
-        if len(vals) <= n:
-            out[k] = vals
-        else:
-            idx = sorted({round(i * (len(vals) - 1) / (n - 1)) for i in range(n)}) if n > 1 else [len(vals) // 2]
-            out[k] = [vals[i] for i in idx]
-    return out
-
-
 def run_setting(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> None:
     """Run (and evaluate) the selected variants of ``rows`` in one setting; fills ``setting["rows"]``."""
     from benchmarks import protocol
@@ -268,7 +254,7 @@ def run_setting(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> 
                 setting.setdefault("not_run", []).append(f"{row.label} / {variant}")
                 log(f"[{name}] {row.label} / {variant}: not run (past --budget-min)")
                 continue
-            grid = thin(grid, ctx["grid_points"]) if grid and not row.whole_grid else grid
+            grid = protocol.search_grid(row, ctx["grid_points"]) if grid else grid
             slug = f"{name}-" + "".join(c if c.isalnum() else "_" for c in row.label) + "-" + variant.replace(" ", "_")
             out = os.path.join(merge_dir, slug)
             extra = extra_lot if row.exemplars else []

@@ -168,14 +168,6 @@ def to_scores(evals: dict[str, dict]):
     return {t: protocol.Scores.perplexity(e["nll"], e["counts"]) for t, e in evals.items()}
 
 
-def thin(values: list, n: int) -> list:
-    """At most ``n`` of ``values``, evenly spaced, both ends kept (``[0.1, 0.2, 0.3, 0.5, 0.7, 1.0]`` ->
-    ``[0.1, 0.3, 0.5, 1.0]``); ``n`` = 0: all of them."""
-    if n <= 0 or len(values) <= n:
-        return list(values)
-    return [values[round(i * (len(values) - 1) / (n - 1))] for i in range(n)]
-
-
 def run_kind(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> None:
     """Run (and evaluate) the selected variants of ``rows`` on one fine-tune kind; fills ``setting["rows"]``."""
     from benchmarks import protocol
@@ -200,8 +192,8 @@ def run_kind(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> Non
                     entry[variant] = {"params": params,
                                       "status": "not run (--no-all-variants: defaults only)"}
                 continue
-            if grid and not row.whole_grid:
-                grid = {k: thin(v, ctx["grid_points"]) for k, v in grid.items()}
+            if grid:
+                grid = protocol.search_grid(row, ctx["grid_points"])
             slug = f"{kind}-" + "".join(c if c.isalnum() else "_" for c in row.label) + "-" + variant.replace(" ", "_")
             out = os.path.join(merge_dir, slug)
             extra = list(extra_lot) if row.exemplars else []
