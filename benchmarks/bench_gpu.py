@@ -262,8 +262,13 @@ def run_gpu(args) -> dict:
             continue
         ins = fts if inputs == "3" else fts[:2]
         read = size * (len(ins) + (1 if inputs == "3" else 0))
-        tools = [("hubsoup", None)] + ([("mergekit", mk_body)] if mk_body and not args.no_mergekit else [])
-        for tool, body in tools:
+        tools = [("hubsoup", None, {})] + ([("mergekit", mk_body, {})] if mk_body and not args.no_mergekit else [])
+        for v in args.variant or []:  # extra hubsoup runs with an environment variable set (a measurement aid)
+            which, _, assignment = v.partition(":")
+            if which == label:
+                key, _, value = assignment.partition("=")
+                tools.append((f"hubsoup {key}={value}", None, {key: value}))
+        for tool, body, tool_env in tools:
             left = deadline - time.perf_counter()
             row = {"method": label, "tool": tool, "inputs": len(ins), "input_gb": read / 1e9}
             if left < 10:
@@ -271,8 +276,8 @@ def run_gpu(args) -> dict:
                 rows.append(row)
                 print(f"{label:<16} {tool:<9} skipped (budget)", flush=True)
                 continue
-            out = os.path.join(args.work, f"out-{label}-{tool}")
-            if tool == "hubsoup":
+            out = os.path.join(args.work, f"out-{label}-{tool.split()[0]}")
+            if tool.startswith("hubsoup"):
                 cmd = [sys.executable, "-m", "hubsoup", "merge", *ins, *(["--base", base] if inputs == "3" else []),
                        *hub_args, "--device", args.device, "--out", out, "--overwrite"]
             else:
@@ -285,12 +290,13 @@ def run_gpu(args) -> dict:
             if os.path.exists(feed_log):
                 os.remove(feed_log)
             wall, rc, stdout, stderr = timed(cmd, min(left, args.run_timeout),
-                                             {"HUBSOUP_FEED_LOG": feed_log} if tool == "hubsoup" else None)
-            if tool == "hubsoup":
+                                             {"HUBSOUP_FEED_LOG": feed_log, **tool_env} if tool.startswith("hubsoup")
+                                             else None)
+            if tool.startswith("hubsoup"):
                 row["feed"] = feed_summary(feed_log)
             row.update(wall_s=wall, ok=rc == 0, rc=rc, input_gb_per_s=read / 1e9 / wall,
                        stderr=(stderr or "")[-600:] if rc else "")
-            m = re.search(r"in ([0-9.]+)s ->", stdout + stderr) if tool == "hubsoup" else None
+            m = re.search(r"in ([0-9.]+)s ->", stdout + stderr) if tool.startswith("hubsoup") else None
             if m:
                 row["merge_s"] = float(m.group(1))
                 row["merge_gb_per_s"] = read / 1e9 / row["merge_s"]
@@ -321,6 +327,7 @@ def feed_summary(path: str) -> dict | None:
     handed = sum(r["handed_bytes"] for r in recs)
     host = sum(r["host_seconds"] for r in recs)
     return {"passes": len(recs), "handed_gb": handed / 1e9, "host_s": host,
+            "staged_gb": sum(r.get("staged_bytes", 0) for r in recs) / 1e9,
             "host_gb_per_s": handed / 1e9 / host if host else None,
             "pass_s": sum(r["open_seconds"] for r in recs)}
 
@@ -419,6 +426,9 @@ def main() -> None:
     ap.add_argument("--mergekit-python", default=sys.executable,
                     help="the interpreter that imports mergekit (default: this one, e.g. mergekit on PYTHONPATH)")
     ap.add_argument("--no-mergekit", action="store_true")
+    ap.add_argument("--variant", action="append", metavar="LABEL:ENV=VALUE",
+                    help="an extra hubsoup run of LABEL with an environment variable set, e.g. "
+                         "ties:HUBSOUP_DEVICE_SELECT=histogram (repeatable)")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the GPU comparison at tiny sizes")
     ap.add_argument("--cpu-feed", action="store_true", help="measure the host feed on this machine (no GPU needed)")
     ap.add_argument("--hidden", type=int, default=2048, help="--cpu-feed: hidden size")

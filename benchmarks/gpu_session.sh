@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# The one script a lent GPU runs, from the repository root: the `gpu` tests, then bench_gpu.py against
-# mergekit. Everything is logged to $OUT/log ($OUT: the device tool's output folder; else /tmp/gpu-out);
-# the benchmark writes $OUT/gpu_bench.md and .json (copy them to benchmarks/results/ afterwards).
-# Each step has a timeout; the whole stays under 9 minutes.
+# The one script a lent GPU runs, from the repository root. Everything is logged to $OUT/log ($OUT: the
+# device tool's output folder; else /tmp/gpu-out): first the device kernels alone (gpu_probe.py), then bench_gpu.py against mergekit, the `gpu` tests and a
+# profile of one merge. The benchmarks write $OUT/gpu_probe.json, gpu_bench.md and .json (copy them to
+# benchmarks/results/ afterwards). Each step has a timeout; the whole stays under 10 minutes.
 #
-#   bash benchmarks/gpu_session.sh            # TESTS_S, BENCH_S, TOTAL_S override the step budgets
+#   bash benchmarks/gpu_session.sh            # TESTS_S, BENCH_S, TOTAL_S, LAYERS override the defaults
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu-out}"
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log") 2>&1
 START=$SECONDS
-TOTAL_S="${TOTAL_S:-530}"
+TOTAL_S="${TOTAL_S:-560}"
 left() { echo $(( TOTAL_S - (SECONDS - START) )); }
 
 echo "== $(date -u) gpu_session.sh in $PWD, git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
@@ -39,20 +39,35 @@ import hubsoup
 print("hubsoup", hubsoup.__file__)
 PY
 
-TESTS_S="${TESTS_S:-200}"
-echo "== $(date -u +%T) pytest -m gpu (timeout ${TESTS_S}s)"
-timeout "$TESTS_S" python3 -m pytest -m gpu -q -x -p no:cacheprovider -o addopts="" tests/test_gpu.py
-echo "== pytest rc=$? after $((SECONDS - START)) s"
+BENCH="/tmp/hubsoup-gpu-bench"
+echo "== $(date -u +%T) gpu_probe.py (timeout 110s)"
+timeout 110 python3 benchmarks/gpu_probe.py --out "$OUT"
+echo "== probe rc=$? after $((SECONDS - START)) s"
 
-BENCH_S="${BENCH_S:-$(( $(left) - 15 ))}"
-if [ "$BENCH_S" -gt 60 ]; then
-  echo "== $(date -u +%T) bench_gpu.py --quick (timeout ${BENCH_S}s)"
-  timeout "$BENCH_S" python3 benchmarks/bench_gpu.py --quick --budget $(( BENCH_S - 20 )) --run-timeout 150 \
-    --work /tmp/hubsoup-gpu-bench --out "$OUT"
-  echo "== bench rc=$? after $((SECONDS - START)) s"
-  [ -f "$OUT/gpu_bench.md" ] && cat "$OUT/gpu_bench.md"
+BENCH_S="${BENCH_S:-300}"
+echo "== $(date -u +%T) bench_gpu.py (timeout ${BENCH_S}s)"
+timeout "$BENCH_S" python3 benchmarks/bench_gpu.py --layers "${LAYERS:-16}" --budget $(( BENCH_S - 15 )) \
+  --run-timeout 150 --variant ties:HUBSOUP_DEVICE_SELECT=histogram --variant sftm:HUBSOUP_SFTM_SVD=gram \
+  --work "$BENCH" --out "$OUT"
+echo "== bench rc=$? after $((SECONDS - START)) s"
+[ -f "$OUT/gpu_bench.md" ] && cat "$OUT/gpu_bench.md"
+
+TESTS_S="${TESTS_S:-$(( $(left) - 45 ))}"
+if [ "$TESTS_S" -gt 30 ]; then
+  echo "== $(date -u +%T) pytest -m gpu (timeout ${TESTS_S}s)"
+  timeout "$TESTS_S" python3 -m pytest -m gpu -q -x -p no:cacheprovider -o addopts="" tests/test_gpu.py
+  echo "== pytest rc=$? after $((SECONDS - START)) s"
 else
-  echo "== no time left for the benchmark ($BENCH_S s)"
+  echo "== no time left for pytest -m gpu ($TESTS_S s)"
+fi
+
+# where a merge's time goes: the Python profile of one TIES merge on the benchmark's models
+if [ -d "$BENCH/ft3" ] && [ "$(left)" -gt 30 ]; then
+  echo "== $(date -u +%T) cProfile of hubsoup merge --method ties"
+  timeout $(( $(left) - 10 )) python3 -m cProfile -s cumulative -m hubsoup merge "$BENCH/ft1" "$BENCH/ft2" \
+    "$BENCH/ft3" --base "$BENCH/base" --method ties -p density=0.2 --device cuda --out /tmp/prof-out --overwrite \
+    > "$OUT/profile_ties.txt" 2>&1
+  grep -m1 "merged" "$OUT/profile_ties.txt"; sed -n '/Ordered by/,$p' "$OUT/profile_ties.txt" | head -45
 fi
 echo "== done in $((SECONDS - START)) s; in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 sleep 1  # tee writes the last lines before the folder is collected

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, ParamSpec, Sequence, TypeVar, cast
 from hubsoup.arch import peft_task_type
 from hubsoup.engine import Job, run
 # placement's one entry lives with the planner; re-exported for the CLI, trials and tests
-from hubsoup.engine.placement import place_blocks  # noqa: F401
+from hubsoup.engine.placement import place_blocks, start_device  # noqa: F401
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.hubclient import Token
 from hubsoup.methods import Method, get_method
@@ -288,6 +288,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         opts = opts.replace(quiet=True)
     monitor = opts.monitor()
     monitor.check("before the merge")
+    start_device(opts.device, opts.device_map)  # CUDA's context comes up while the inputs are opened
     m, p = parse_method(method, {**(params or {}), **extra})
     tasks = _tasks(evaluate)
     if not inputs:

@@ -73,6 +73,8 @@ def block_sums(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = 
     out: list[float] = []
     on_device = x.device.type != "cpu" if once is None else once
     parts: list[torch.Tensor] = []  # an accelerator's block sums, read back once at the end
+    if x.device.type != "cpu":  # each op a launch there: a float64 chunk of 128 MiB, not 8
+        chunk = max(chunk, 1 << 24)
     chunk = max(DOT_BLOCK, chunk // DOT_BLOCK * DOT_BLOCK)
     for a in range(0, x.numel(), chunk):
         c = x[a:a + chunk].double()

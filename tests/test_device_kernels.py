@@ -28,7 +28,9 @@ def tricky(n: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("n", [5, 1000, 70_000, 300_000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk", [None, 4096])
-def test_device_radix_select_is_the_cpus(n, dtype, chunk, monkeypatch):
+@pytest.mark.parametrize("how", ["topk", "histogram"])
+def test_device_radix_select_is_the_cpus(n, dtype, chunk, how, monkeypatch):
+    monkeypatch.setattr("hubsoup.methods._kernels.DEVICE_SELECT", how)  # both selections: the same exact value
     if chunk is not None:  # keyed a chunk at a time: the same counts
         monkeypatch.setattr("hubsoup.methods._kernels.SELECT_CHUNK", chunk)
     x = tricky(n, n).to(dtype)

@@ -235,12 +235,28 @@ def test_dare_mergekit_convention_on_cuda_gives_the_cpus_bytes(zoo, tmp_path):
     assert_close_rel(a, b)
 
 
-def test_ties_device_select_is_the_cpus_on_cuda():
-    """TIES on a GPU ranks each row with a radix select that never reads back: the CPU's threshold, exactly."""
+@pytest.mark.parametrize("how", ["topk", "histogram"])
+def test_ties_device_select_is_the_cpus_on_cuda(how, monkeypatch):
+    """TIES on a GPU ranks each row on the device, never reading back: the CPU's threshold, exactly."""
     from hubsoup.methods._kernels import kth_largest_abs, kth_largest_abs_t
 
+    monkeypatch.setattr("hubsoup.methods._kernels.DEVICE_SELECT", how)
     x = torch.randn(3_000_000, generator=torch.Generator().manual_seed(0))
     x[::7] = 0.0
     x[1::11] = 0.25
     for k in (1, 1000, 600_000, 2_999_999):
         assert float(kth_largest_abs_t(x.cuda(), k)) == kth_largest_abs(x, k), k
+
+
+def test_sftm_gram_triplets_on_cuda_match_the_cpus_float64_svds():
+    """SFTM's float64 Gram eigen-decompositions on the device: the CPU float64 SVDs' merge to ~float32 rounding."""
+    from hubsoup.methods.sftm import singular_features, singular_features_gram, superpose, trim_topk_
+
+    g = torch.Generator().manual_seed(3)
+    mats = torch.randn(3, 384, 640, generator=g) * 0.02
+    mats[1] += 0.5 * mats[0]
+    for row in mats:
+        trim_topk_(row, 0.2)
+    want, _ = superpose([singular_features(M) for M in mats], out_dtype=torch.float32)
+    got, _ = superpose(singular_features_gram(mats.cuda()), out_dtype=torch.float32)
+    assert float((got.cpu().double() - want.double()).norm() / want.double().norm()) <= 1e-6

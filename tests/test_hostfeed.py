@@ -281,7 +281,7 @@ def test_the_cuda_branch_runs_with_stand_in_streams(zoo, tmp_path, monkeypatch):
 
     def make(device):
         f = hostfeed.Feed(device, pin=False)
-        f.cuda = f.stage = True  # the CUDA branch, on CPU tensors
+        f.cuda = f.stage_host = True  # the CUDA branch, on CPU tensors
         f.h2d, f.d2h, f.flags = _FakeStream(), _FakeStream(), _FakeStream()
         feeds.append(f)
         return f
@@ -291,6 +291,8 @@ def test_the_cuda_branch_runs_with_stand_in_streams(zoo, tmp_path, monkeypatch):
     fed = hubsoup.merge(fts, "ties", base=base, out=str(tmp_path / "fed"), params={"density": 0.3}, quiet=True)
     assert files(fed.path) == files(plain.path)
     assert all(f.handed_bytes for f in feeds) and feeds[-1].returned_bytes  # statistics passes, then the output
+    # all but each pass's first tensor were read ahead, while the one before them was merged
+    assert all(0 < f.staged_bytes < f.handed_bytes for f in feeds)
     assert _FakeEvent.made and recorded
     assert any(w is f.h2d for f in feeds for w in current.waited)  # the compute stream waited for the copies
     assert any(f.d2h.waited for f in feeds) and any(f.flags.waited for f in feeds)  # outputs and flags went back

@@ -299,3 +299,22 @@ def test_float32_svds_of_the_device_path_are_within_tolerance_of_float64(shape, 
     # and against the exact float64 merge of the same matrices (the float64 path's own error, for scale)
     exact = sftm_matrices(mats.double())
     assert float((got.double() - exact).norm() / exact.norm()) <= FLOAT32_SVD_TOL
+
+
+@pytest.mark.parametrize("shape,n,eta", [((192, 64), 3, 0.2), ((64, 160), 4, 0.3), ((96, 96), 2, 1.0)])
+def test_gram_eigen_triplets_give_the_float64_svds_merge(shape, n, eta):
+    """The device's other way to the triplets (float64 eigen-decompositions of the smaller Gram matrix): the
+    merged matrix is the float64 SVDs' to float32 rounding, far inside FLOAT32_SVD_TOL, and keeps as many."""
+    from hubsoup.methods.sftm import singular_features_gram
+
+    g = torch.Generator().manual_seed(sum(shape) + n)
+    mats = torch.randn(n, *shape, generator=g) * 0.02
+    mats[1] += 0.5 * mats[0]
+    for row in mats:
+        trim_topk_(row, eta)
+    ref = [singular_features(M) for M in mats]
+    feats = singular_features_gram(mats)
+    assert [f.s.numel() for f in feats] == [f.s.numel() for f in ref]
+    want, _ = superpose(ref, out_dtype=torch.float32)
+    got, _ = superpose(feats, out_dtype=torch.float32)
+    assert float((got.double() - want.double()).norm() / want.double().norm()) <= 1e-6

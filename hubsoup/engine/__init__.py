@@ -349,14 +349,16 @@ def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str 
                 feeds[block.device] = host_feed.for_device(block.device)
             fd = feeds[block.device]
             try:
-                for entry in block.tensors:
-                    if mergeable_only and not entry.mergeable:
-                        continue
+                entries = [e for e in block.tensors if e.mergeable or not mergeable_only]
+                for j, entry in enumerate(entries):
                     mon.check()  # cancel: before every tensor
                     if fd is None:
                         yield TensorWork(job, block, entry)
                     else:
                         seq = fd.next_tensor()
+                        nxt = _next_on(blocks, i, entries, j, mergeable_only)
+                        if nxt is not None:  # its bytes come in while this tensor is merged
+                            _stage(fd, TensorWork(job, *nxt))
                         yield TensorWork(job, block, entry, fd)
                         fd.settle(seq - 1)  # the previous tensor's checks: the device has long done them
                     if per_tensor:
@@ -378,6 +380,26 @@ def _closing(feeds: dict[str, host_feed.Feed | None]) -> Iterator[None]:
         for fd in feeds.values():
             if fd is not None:
                 fd.close()
+
+
+def _next_on(blocks: Sequence[Block], i: int, entries: list[TensorEntry], j: int,
+             mergeable_only: bool) -> tuple[Block, TensorEntry] | None:
+    """The tensor streamed after ``entries[j]`` of ``blocks[i]``, if it is on the same device."""
+    if j + 1 < len(entries):
+        return blocks[i], entries[j + 1]
+    if i + 1 < len(blocks) and blocks[i + 1].device == blocks[i].device:
+        first = [e for e in blocks[i + 1].tensors if e.mergeable or not mergeable_only]
+        if first:
+            return blocks[i + 1], first[0]
+    return None
+
+
+def _stage(fd: host_feed.Feed, work: TensorWork) -> None:
+    """Start the host feed's reads of ``work``'s stored bytes (a hint, as :func:`_read_ahead`)."""
+    try:
+        fd.stage(work.byte_ranges())
+    except Exception as e:  # the tensor's own load reports a real problem
+        log.debug("staging %s skipped: %s", work.name, e)
 
 
 def _read_ahead(ahead: prefetch.ReadAhead, job: Job, block: Block, mergeable_only: bool) -> None:

@@ -28,9 +28,10 @@ Example:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -61,8 +62,6 @@ _READERS: dict[int, ThreadPoolExecutor] = {}
 
 def _readers() -> ThreadPoolExecutor:
     """The reader threads, kept for the process (a forked child makes its own: its parent's do not exist there)."""
-    import os
-
     with _POOL_LOCK:
         pool = _READERS.get(os.getpid())
         if pool is None:
@@ -76,6 +75,25 @@ class _Slot:
 
     buf: torch.Tensor | None = None
     done: torch.cuda.Event | None = None  # the last copy that read (H2D) or wrote (D2H) it
+
+
+@dataclass
+class _Staged:
+    """A read started ahead (:meth:`Feed.stage`): its buffer and the reader threads' pieces."""
+
+    seq: int  # the tensor being fed when it was staged
+    buf: torch.Tensor
+    pieces: list[Future[bool]]
+
+    def wait(self) -> bool:
+        """Wait for every piece; True if each read all its bytes (a failed read counts as short)."""
+        ok = True
+        for f in self.pieces:
+            try:
+                ok = f.result() and ok
+            except OSError:
+                ok = False
+        return ok
 
 
 @dataclass
@@ -121,11 +139,12 @@ class Feed:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.pin = (self.cuda and torch.cuda.is_available()) if pin is None else pin
         self._transfer = transfer
-        self.stage = self.cuda or transfer is not None  # host staging buffers (pinned on CUDA)
+        self.stage_host = self.cuda or transfer is not None  # host staging buffers (pinned on CUDA)
         self._in = [_Slot() for _ in range(slots)]
         self._out = [_Slot() for _ in range(slots)]
         self._next_in = self._next_out = 0
         self._fds: dict[str, int] = {}
+        self._staged: dict[tuple[str, int, int], _Staged] = {}  # reads started ahead (:meth:`stage`)
         self._checks: list[tuple[int, torch.Tensor | _Flag, Callable[[int], BaseException]]] = []
         self._lock = threading.Lock()
         self.seq = 0
@@ -133,6 +152,8 @@ class Feed:
         self.handed_bytes = 0
         """Bytes handed to the device (stored bytes only: never a float32 copy of a narrower tensor)."""
         self.returned_bytes = 0
+        self.staged_bytes = 0
+        """Of ``handed_bytes``, those read ahead (:meth:`stage`) rather than when the merge asked for them."""
         self._t_open = time.perf_counter()
         self.host_seconds = 0.0
         """Time the host spent staging (waiting for a free buffer, reading): the feed's own cost."""
@@ -143,9 +164,29 @@ class Feed:
 
     # --- in ------------------------------------------------------------------------------
     def next_tensor(self) -> int:
-        """Start the next tensor's group of checks; returns its number."""
+        """Start the next tensor's group of checks; returns its number. Reads staged for a tensor before the
+        previous one and never loaded (a tensor the merge did not read through the feed) are dropped."""
         self.seq += 1
+        stale = [r for r, st in self._staged.items() if st.seq < self.seq - 1]
+        for r in stale:
+            self._staged.pop(r).wait()  # its threads are done with the buffer before it is freed
         return self.seq
+
+    def stage(self, ranges: list[tuple[str, int, int]]) -> None:
+        """Start reading ``ranges`` (``(path, offset, length)``: the next tensor's stored bytes, the base's and
+        the inputs') into page-locked buffers of their own, in the reader threads, while this tensor is merged;
+        :meth:`load` of the same range then takes the staged bytes. A hint: a range never loaded costs a read."""
+        if not self.stage_host:
+            return
+        t0 = time.perf_counter()
+        for r in ranges:
+            if r in self._staged or r[2] <= 0:
+                continue
+            buf = torch.empty(r[2], dtype=torch.uint8, pin_memory=self.pin)  # torch's pinned cache reuses it
+            pieces = [(a, min(READ_PIECE, r[2] - a)) for a in range(0, r[2], READ_PIECE)]
+            self._staged[r] = _Staged(self.seq, buf, [_readers().submit(self._read_piece, r, buf, a, k)
+                                                      for a, k in pieces])
+        self.host_seconds += time.perf_counter() - t0
 
     def _slot(self, ring: list[_Slot], i: int, nbytes: int) -> tuple[_Slot, torch.Tensor]:
         """Slot ``i`` of ``ring`` once free, and its buffer of at least ``nbytes``."""
@@ -168,14 +209,22 @@ class Feed:
         """
         nbytes = t.numel() * t.element_size()
         self.handed_bytes += nbytes
-        if not self.stage:  # mps, meta: no pinned memory to stage in
+        if not self.stage_host:  # mps, meta: no pinned memory to stage in
             return t.to(self.device)
         t0 = time.perf_counter()
-        slot, buf = self._slot(self._in, self._next_in, nbytes)
-        self._next_in = (self._next_in + 1) % len(self._in)
-        staged = buf[:nbytes]
-        if where is None or where[2] != nbytes or not self._read(where, staged):
-            staged.view(t.dtype).view(t.shape).copy_(t)  # through the mapping
+        ahead = self._staged.pop(where, None) if where is not None and where[2] == nbytes else None
+        slot = None
+        if ahead is not None:  # read while the previous tensor was merged: usually done by now
+            staged = ahead.buf
+            if not ahead.wait():
+                staged.view(t.dtype).view(t.shape).copy_(t)  # a short read: through the mapping
+            self.staged_bytes += nbytes
+        else:
+            slot, buf = self._slot(self._in, self._next_in, nbytes)
+            self._next_in = (self._next_in + 1) % len(self._in)
+            staged = buf[:nbytes]
+            if where is None or where[2] != nbytes or not self._read(where, staged):
+                staged.view(t.dtype).view(t.shape).copy_(t)  # through the mapping
         staged = staged.view(t.dtype).view(t.shape)  # the host's one touch: stored bytes → staging
         self.host_seconds += time.perf_counter() - t0
         if self._transfer is not None:
@@ -183,9 +232,12 @@ class Feed:
         compute = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self.h2d):
             dest = torch.empty(t.shape, dtype=t.dtype, device=self.device)  # from the copy stream's pool
+            # a staged buffer is dropped after this: torch's pinned cache records the copy and reuses the
+            # block only once it is done; a slot is reused by us, after its event
             dest.copy_(staged, non_blocking=True)
-            slot.done = torch.cuda.Event()
-            slot.done.record(self.h2d)
+            if slot is not None:
+                slot.done = torch.cuda.Event()
+                slot.done.record(self.h2d)
         compute.wait_stream(self.h2d)
         dest.record_stream(compute)  # freed once the compute stream is done with it, not before
         return dest
@@ -193,12 +245,8 @@ class Feed:
     def _read(self, where: tuple[str, int, int], into: torch.Tensor) -> bool:
         """Read ``where``'s bytes into the uint8 tensor ``into``; False if the file gives fewer (the mapping
         is read instead, and reports a broken file as it always has)."""
-        import os
-
         path, offset, n = where
-        fd = self._fds.get(path)
-        if fd is None:
-            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+        fd = self._fd(path)
         view = into.numpy().data.cast("B")
         pieces = [(a, min(READ_PIECE, n - a)) for a in range(0, n, READ_PIECE)]
 
@@ -214,6 +262,26 @@ class Feed:
         if len(pieces) == 1 or READERS <= 1:
             return all(read(p) for p in pieces)
         return all(_readers().map(read, pieces))
+
+    def _fd(self, path: str) -> int:
+        """A descriptor of ``path``, opened once (the reader threads and the engine's share it)."""
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            return fd
+
+    def _read_piece(self, where: tuple[str, int, int], into: torch.Tensor, a: int, k: int) -> bool:
+        """One piece of a staged read (a reader thread): bytes ``a`` … ``a + k`` of ``where`` into ``into``."""
+        path, offset, _ = where
+        fd = self._fd(path)
+        view = into.numpy().data.cast("B")
+        while k > 0:
+            got = os.preadv(fd, [view[a:a + k]], offset + a)
+            if got <= 0:
+                return False
+            a, k = a + got, k - got
+        return True
 
     def check(self, bad: torch.Tensor, error: Callable[[int], BaseException]) -> None:
         """Raise ``error(n)`` at the next :meth:`settle` of this tensor if the device scalar ``bad`` (a count) is
@@ -269,7 +337,7 @@ class Feed:
         event: torch.cuda.Event | None = None
         if t.device.type == "meta":  # a test's stand-in device: nothing to copy
             return Pending(t, ready)
-        if not self.stage:  # mps: a plain copy back
+        if not self.stage_host:  # mps: a plain copy back
             return Pending(t.to("cpu"), ready)
         slot, buf = self._slot(self._out, self._next_out, nbytes)
         self._next_out = (self._next_out + 1) % len(self._out)
@@ -290,13 +358,15 @@ class Feed:
     def close(self) -> None:
         """Wait for every copy and drop the staging buffers. With ``HUBSOUP_FEED_LOG`` set, one JSON line of
         this feed's counts is appended to that file (``benchmarks/bench_gpu.py`` reads them)."""
-        import os
-
         log_path = os.environ.get(LOG_ENV)
         if log_path and self.handed_bytes:
             _log(log_path, {"device": str(self.device), "handed_bytes": self.handed_bytes,
+                            "staged_bytes": self.staged_bytes,
                             "returned_bytes": self.returned_bytes, "host_seconds": round(self.host_seconds, 4),
                             "open_seconds": round(time.perf_counter() - self._t_open, 4)})
+        for st in self._staged.values():
+            st.wait()  # no reader thread writes a buffer (or reads a descriptor) past here
+        self._staged.clear()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

@@ -12,6 +12,7 @@ keeps peak memory near N + 2 tensors) and returns it or a tensor built from it.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Literal, Sequence
 
@@ -175,6 +176,8 @@ def kth_largest_abs_t(x: torch.Tensor, k: int) -> torch.Tensor:
         True
     """
     k = min(max(k, 1), x.numel())
+    if DEVICE_SELECT == "topk":
+        return _kth_largest_abs_topk(x, k)
     flat, dev = x.detach().reshape(-1), x.device
 
     def chunks():
@@ -191,6 +194,23 @@ def kth_largest_abs_t(x: torch.Tensor, k: int) -> torch.Tensor:
         _count_into(low_hist, bits & 0xFFFF, ((bits >> 16) == b).int())
     low, _ = _walk_from_top_t(low_hist.long(), rank)
     return ((b << 16) | low).to(torch.int32).view(torch.float32)
+
+
+def _kth_largest_abs_topk(x: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`kth_largest_abs_t` by the device's own selection: the k largest |x| (``torch.topk``, unsorted: a
+    multi-block radix select on CUDA, per-block counts in shared memory) hold the k-th largest as their
+    minimum, exactly; past the middle the smaller side is selected instead (fewer values gathered)."""
+    mags = x.detach().reshape(-1).abs().float()
+    n = mags.numel()
+    if k <= n - k + 1:
+        return torch.topk(mags, k, sorted=False).values.min()
+    return torch.topk(mags, n - k + 1, largest=False, sorted=False).values.max()
+
+
+DEVICE_SELECT = os.environ.get("HUBSOUP_DEVICE_SELECT", "topk")
+"""How an accelerator selects a k-th largest magnitude (:func:`kth_largest_abs_t`): ``"topk"`` (the device's
+own selection) or ``"histogram"`` (two radix passes counted with ``index_add_``: global atomics on a few hot
+bins). Both are exact; the environment variable is a measurement aid (``benchmarks/bench_gpu.py``)."""
 
 
 TieRule = Literal["keep_ties", "first_index", "mergekit_sort"]
@@ -235,7 +255,7 @@ def topk_mask(x: torch.Tensor, k: int | None = None, *, ties: TieRule,
     if k >= n or k <= 0:
         return torch.full_like(x, k > 0, dtype=torch.bool)
     if ties == "first_index":
-        t = kth_largest_abs(x, k)
+        t = _kth_largest_abs_on(x, k)  # on an accelerator a device scalar: one read-back below, not four
         mag = x.reshape(-1).abs()
         keep = mag > t
         need = k - int(keep.sum())
@@ -338,6 +358,16 @@ def elect_sign(stacked: torch.Tensor, majority: float | None = None) -> torch.Te
     return _fill_ties_(sign, majority)
 
 
+def cache_step(rows: torch.Tensor) -> int:
+    """Columns of the ``(N, k)`` ``rows`` that a fused sweep takes at once: on the CPU a block that stays in
+    the cache while its passes run (every entry sees the same operations in the same order, so the result does
+    not depend on it); on an accelerator the whole width, since there each pass is a kernel launch and a block
+    would turn one launch into hundreds."""
+    if rows.device.type != "cpu":
+        return max(1, rows.shape[1])
+    return max(1 << 14, (1 << 19) // max(rows.shape[0], 1))
+
+
 def _fill_ties_(sign: torch.Tensor, majority: "float | torch.Tensor") -> torch.Tensor:
     """In place: the zeros of a tensor of signs (-1, 0, 1) take ``majority`` (±1): sign(sign + majority/2)
     keeps ±1 and turns 0 into the majority, in two cheap passes (not a mask fill)."""
@@ -363,7 +393,7 @@ def disjoint_merge_(stacked: torch.Tensor, sign: torch.Tensor, mode: str = "mean
     # column blocks that stay in the CPU cache while their ~6 passes run (~2.5x faster than whole rows); every
     # entry sees the same operations in the same order, so the result does not depend on the block. (Blocks as
     # large as the engine's pieces measured no faster and +150-250 MB peak RSS on the 1B TIES merge.)
-    step = max(1 << 14, (1 << 19) // max(n, 1))
+    step = cache_step(rows)
     for a in range(0, rows.shape[1], step):
         block, s = rows[:, a:a + step], signs[a:a + step]
         # times the elected sign, agreeing entries are > 0; clamping drops the rest (and zeros)

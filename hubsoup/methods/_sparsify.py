@@ -13,7 +13,7 @@ mergekit):
 * :func:`outliers_mask` (Model Breadcrumbs): drop the ``int(gamma · n)`` largest magnitudes
   and the smallest, keeping ``int(density · n)`` (fewer outliers dropped when both do not fit).
 * :func:`counter_mask` (DARE, mergekit's convention): keep each entry with probability ``density``,
-  drawn by :func:`counter_uniform` — the same masks on every device.
+  drawn by :func:`counter_bits` — the same masks on every device.
 * :func:`della_mask` (DELLA's MagPrune): keep probabilities rising linearly with the
   magnitude rank along dim 1 (the whole vector for 1-D tensors), from density − ε
   (smallest) to density + ε (largest).
@@ -27,7 +27,7 @@ Randomness comes from the caller's seed (the recipe hash and the tensor name): m
 mergekit's in distribution, not bit for bit.
 
 **The same masks on every device.** torch's CPU and CUDA generators give different streams, and
-drawing a mask on the CPU to merge on a GPU costs more than the merge. :func:`counter_uniform` is a
+drawing a mask on the CPU to merge on a GPU costs more than the merge. :func:`counter_bits` is a
 counter-based generator instead: entry j's draw is a hash of (seed, j) — two rounds of the
 ``lowbias32`` integer mixer (C. Wellons' hash-prospector) keyed by the seed's two halves, in int64
 tensor ops masked to 32 bits, which wrap the same way on every device — keeping its top 24 bits. The
@@ -44,7 +44,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 
 from hubsoup.linalg import block_sums
-from hubsoup.methods._kernels import topk_mask
+from hubsoup.methods._kernels import cache_step, topk_mask
 
 
 def magnitude_mask(x: torch.Tensor, density: float) -> torch.Tensor | None:
@@ -91,7 +91,9 @@ at a multiple of it."""
 
 _M32 = 0xFFFFFFFF
 COUNTER_CHUNK = 1 << 20
-"""Entries hashed at once by :func:`counter_uniform` (bounds its int64 temporaries: 8 MiB)."""
+"""Entries hashed at once by :func:`counter_bits` (bounds its int64 temporaries: 8 MiB)."""
+DEVICE_COUNTER_CHUNK = 1 << 24
+"""The same on an accelerator (128 MiB temporaries): fewer, larger launches (each op is one)."""
 
 
 def _lowbias32_(x: torch.Tensor) -> torch.Tensor:
@@ -135,8 +137,9 @@ def counter_mask(numel: int, density: float, seed: int, offset: int = 0,
     """
     threshold = int(round(density * (1 << 24)))
     out = torch.empty(numel, dtype=torch.bool, device=device)
-    for a in range(0, numel, COUNTER_CHUNK):
-        k = min(COUNTER_CHUNK, numel - a)
+    chunk = COUNTER_CHUNK if torch.device(device).type == "cpu" else DEVICE_COUNTER_CHUNK
+    for a in range(0, numel, chunk):
+        k = min(chunk, numel - a)
         torch.lt(counter_bits(seed, offset + a, k, device), threshold, out=out[a:a + k])
     return out
 
@@ -240,7 +243,7 @@ def gta_combine_(stacked: torch.Tensor, weights: Sequence[float], *, consensus: 
         merged = torch.empty(rows.shape[1], dtype=rows.dtype, device=rows.device)
         # float passes over column blocks that stay in cache, no boolean masks (~3x faster); every entry sees
         # the same operations: Σ of the agreeing dᵢ is sign · Σ |dᵢ| over them, exactly (negation is exact)
-        step = max(1 << 14, (1 << 19) // max(n, 1))
+        step = cache_step(rows)
         for a in range(0, rows.shape[1], step):
             block, out = rows[:, a:a + step], merged[a:a + step]
             elected = block.sum(0).sign_().add_(0.5).sign_()  # the sum's sign, + where it is 0

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -100,6 +101,30 @@ def singular_features_batched(mats: torch.Tensor, rank_tol: float | None = None)
     U, s, Vh = torch.linalg.svd(mats.float(), full_matrices=False)
     return [_drop_small(U[i].to(mats.dtype), s[i].to(mats.dtype), Vh[i].mH.to(mats.dtype), tuple(mats.shape[1:]),
                         rank_tol) for i in range(mats.shape[0])]
+
+
+def singular_features_gram(mats: torch.Tensor, rank_tol: float | None = None) -> list[Features]:
+    """:func:`singular_features_batched` from the eigen-decomposition of each matrix's smaller Gram matrix, in
+    float64: M Mᵀ = U Σ² Uᵀ (or MᵀM = V Σ² Vᵀ), then V = MᵀU Σ⁻¹ (U = M V Σ⁻¹). An accelerator's symmetric
+    eigen-solver is several times faster than its SVD; squaring costs σ's below ~1e-8·σ_max, far under the
+    rank cut-off (max(m, n)·eps of float32), so the kept triplets are those of a float64 SVD to ~1e-12."""
+    m, n = mats.shape[-2:]
+    a = mats.double()
+    wide = m <= n
+    lam, W = torch.linalg.eigh(a @ a.mT if wide else a.mT @ a)  # ascending
+    lam, W = lam.flip(-1), W.flip(-1)
+    s = lam.clamp_(min=0).sqrt_()
+    inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s)).unsqueeze(-2)
+    other = (a.mT @ W if wide else a @ W).mul_(inv)  # V (or U): the other side's singular vectors
+    U, V = (W, other) if wide else (other, W)
+    return [_drop_small(U[i].to(mats.dtype), s[i].to(mats.dtype), V[i].to(mats.dtype), (m, n), rank_tol)
+            for i in range(mats.shape[0])]
+
+
+DEVICE_SVD = os.environ.get("HUBSOUP_SFTM_SVD", "svd")
+"""How an accelerator takes the task matrices' singular triplets: ``"svd"`` (one batched float32 SVD,
+:func:`singular_features_batched`) or ``"gram"`` (float64 eigen-decompositions of the Gram matrices,
+:func:`singular_features_gram`). The environment variable is a measurement aid (``benchmarks/gpu_probe.py``)."""
 
 
 FLOAT32_SVD_TOL = 5e-5
@@ -297,6 +322,8 @@ class Sftm(Method):
         mats = deltas.reshape(deltas.shape[0], base.shape[0], -1)  # conv [out, in, kh, kw] -> [out, in·kh·kw]
         if mats.device.type == "cpu":  # float64 SVDs, one per task matrix: the CPU's results as they were
             feats = [singular_features(M, params.rank_tol) for M in mats]
+        elif DEVICE_SVD == "gram":  # an accelerator: float64 Gram eigen-decompositions (same shapes)
+            feats = singular_features_gram(mats, params.rank_tol)
         else:  # an accelerator: one batched float32 SVD (same shapes), the solve in float64 as on the CPU
             feats = singular_features_batched(mats, params.rank_tol)
         del mats
