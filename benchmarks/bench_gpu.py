@@ -322,12 +322,17 @@ def feed_summary(path: str) -> dict | None:
             recs = [json.loads(line) for line in f if line.strip()]
     except OSError:
         return None
+    writer = [r["writer"] for r in recs if "writer" in r]
+    recs = [r for r in recs if "handed_bytes" in r]
     if not recs:
         return None
     handed = sum(r["handed_bytes"] for r in recs)
     host = sum(r["host_seconds"] for r in recs)
     return {"passes": len(recs), "handed_gb": handed / 1e9, "host_s": host,
             "staged_gb": sum(r.get("staged_bytes", 0) for r in recs) / 1e9,
+            "read_wait_s": sum(r.get("read_wait_s", 0.0) for r in recs),
+            "back_wait_s": sum(r.get("back_wait_s", 0.0) for r in recs),
+            "writer_wait_s": sum(w["wait_s"] for w in writer), "writer_close_s": sum(w["close_s"] for w in writer),
             "host_gb_per_s": handed / 1e9 / host if host else None,
             "pass_s": sum(r["open_seconds"] for r in recs)}
 
@@ -395,6 +400,9 @@ def write_gpu_results(args, res: dict) -> None:
         fd = r.get("feed")
         feed = (f"{fd['handed_gb']:.1f} GB in {fd['host_s']:.1f} s host time ({fd['passes']} pass(es), "
                 f"{fd['pass_s']:.1f} s streaming)" if fd else "")
+        if fd and "read_wait_s" in fd:
+            feed += (f"; waited {fd['read_wait_s']:.1f} s for reads, {fd['back_wait_s']:.1f} s for outputs, "
+                     f"{fd['writer_wait_s']:.1f} s for the writer, {fd['writer_close_s']:.1f} s closing (sync)")
         lines.append(f"| {r['method']} | {r['tool']} | {r['wall_s']:.1f} | {r['input_gb']:.1f} | "
                      f"{r['input_gb_per_s']:.2f} | {r.get('merge_gb_per_s', float('nan')):.2f} | "
                      f"{'' if ratio is None else f'{ratio:.2f}×'} | {target} | {feed} |" + ("" if r["ok"] else " (failed)"))

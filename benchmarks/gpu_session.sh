@@ -14,7 +14,7 @@ START=$SECONDS
 TOTAL_S="${TOTAL_S:-560}"
 left() { echo $(( TOTAL_S - (SECONDS - START) )); }
 
-echo "== $(date -u) gpu_session.sh in $PWD, git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "== $(date -u) gpu_session.sh in $PWD, git $(git rev-parse --short HEAD 2>/dev/null || echo '?') + $(git status --short 2>/dev/null | wc -l) changed file(s)"
 if compgen -G ".whl/*.whl" > /dev/null; then
   echo "== installing the carried wheels: $(ls .whl | tr '\n' ' ')"
   timeout 150 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -24,6 +24,27 @@ else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 echo "PYTHONPATH=$PYTHONPATH"
+# modules compiled once, as an installed package's are (the image may set PYTHONDONTWRITEBYTECODE: every process
+# then compiles what it imports, ~2.5 s of each run's start; mergekit's runs and hubsoup's alike)
+echo "PYTHONDONTWRITEBYTECODE was ${PYTHONDONTWRITEBYTECODE-unset}"; unset PYTHONDONTWRITEBYTECODE
+timeout 60 python3 -m compileall -q -j 0 hubsoup ${PYTHONPATH%%:*} > /dev/null 2>&1 || echo "!! compileall incomplete"
+timeout 90 python3 -c "import hubsoup.api, hubsoup.cli, mergekit.merge, mergekit.scripts.run_yaml" \
+  || echo "!! warm-up imports failed"  # both tools' modules compiled before either is timed
+# the disk the outputs go to: page-cache write rate, then what a final fsync waits for
+timeout 60 python3 - <<'PY' || echo "!! disk probe failed"
+import os, time
+path, chunk, total = "/tmp/hubsoup-disk-probe", bytes(64 << 20), 2 << 30
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+t = time.perf_counter()
+for off in range(0, total, len(chunk)):
+    os.pwrite(fd, chunk, off)
+w = time.perf_counter() - t
+os.fsync(fd)
+s = time.perf_counter() - t - w
+os.close(fd); os.remove(path)
+print(f"disk probe: {total / 1e9:.1f} GB written at {total / 1e9 / w:.1f} GB/s (page cache), fsync {s:.2f} s "
+      f"(write + sync {total / 1e9 / (w + s):.1f} GB/s)")
+PY
 timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 timeout 60 python3 - <<'PY' || echo "!! version check failed"
 import importlib, sys, torch
@@ -40,14 +61,16 @@ print("hubsoup", hubsoup.__file__)
 PY
 
 BENCH="/tmp/hubsoup-gpu-bench"
-echo "== $(date -u +%T) gpu_probe.py (timeout 110s)"
-timeout 110 python3 benchmarks/gpu_probe.py --out "$OUT"
-echo "== probe rc=$? after $((SECONDS - START)) s"
+if [ "${PROBE:-1}" = 1 ]; then
+  echo "== $(date -u +%T) gpu_probe.py (timeout 110s)"
+  timeout 110 python3 benchmarks/gpu_probe.py --out "$OUT"
+  echo "== probe rc=$? after $((SECONDS - START)) s"
+fi
 
 BENCH_S="${BENCH_S:-300}"
 echo "== $(date -u +%T) bench_gpu.py (timeout ${BENCH_S}s)"
 timeout "$BENCH_S" python3 benchmarks/bench_gpu.py --layers "${LAYERS:-16}" --budget $(( BENCH_S - 15 )) \
-  --run-timeout 150 --variant ties:HUBSOUP_DEVICE_SELECT=histogram --variant sftm:HUBSOUP_SFTM_SVD=gram \
+  --run-timeout 150 ${VARIANTS:---variant ties:HUBSOUP_DEVICE_SELECT=histogram --variant sftm:HUBSOUP_SFTM_SVD=svd} \
   --work "$BENCH" --out "$OUT"
 echo "== bench rc=$? after $((SECONDS - START)) s"
 [ -f "$OUT/gpu_bench.md" ] && cat "$OUT/gpu_bench.md"
@@ -61,13 +84,13 @@ else
   echo "== no time left for pytest -m gpu ($TESTS_S s)"
 fi
 
-# where a merge's time goes: the Python profile of one TIES merge on the benchmark's models
+# where a merge's time goes: the Python profile of the benchmark's TIES merge (main thread), by own time
 if [ -d "$BENCH/ft3" ] && [ "$(left)" -gt 30 ]; then
   echo "== $(date -u +%T) cProfile of hubsoup merge --method ties"
-  timeout $(( $(left) - 10 )) python3 -m cProfile -s cumulative -m hubsoup merge "$BENCH/ft1" "$BENCH/ft2" \
-    "$BENCH/ft3" --base "$BENCH/base" --method ties -p density=0.2 --device cuda --out /tmp/prof-out --overwrite \
-    > "$OUT/profile_ties.txt" 2>&1
-  grep -m1 "merged" "$OUT/profile_ties.txt"; sed -n '/Ordered by/,$p' "$OUT/profile_ties.txt" | head -45
+  timeout $(( $(left) - 10 )) python3 -m cProfile -s tottime -m hubsoup merge "$BENCH/ft1" "$BENCH/ft2" \
+    "$BENCH/ft3" --base "$BENCH/base" --method ties -p density=0.2 -p scope=tensor -p merge=mean --device cuda \
+    --out /tmp/prof-out --overwrite --quiet > "$OUT/profile_ties.txt" 2>&1
+  grep -m1 "merged" "$OUT/profile_ties.txt"; sed -n '/Ordered by/,$p' "$OUT/profile_ties.txt" | head -30
 fi
 echo "== done in $((SECONDS - START)) s; in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 sleep 1  # tee writes the last lines before the folder is collected

@@ -222,9 +222,41 @@ def test_staging_buffers_are_reused_double_buffered():
         bufs.append(f._in[(f._next_in - 1) % 2].buf)
     assert bufs[0] is not bufs[1] and bufs[1] is bufs[3]  # two buffers, alternating; grown only when needed
     back = [f.back(torch.full((4,), float(i))) for i in range(3)]
-    assert back[2].result().tolist() == [2.0] * 4 and back[1].result().tolist() == [1.0] * 4
+    # each output has a buffer of its own: all held at once (the writer may queue several)
+    assert [b.result().tolist() for b in back] == [[float(i)] * 4 for i in range(3)]
     f.close()
-    assert all(s.buf is None for s in (*f._in, *f._out))
+    assert all(s.buf is None for s in f._in)
+
+
+def test_staged_reads_are_the_bytes_load_reads(tmp_path, monkeypatch):
+    """Feed.stage reads the next tensor's ranges in the reader threads; load of the same range takes them
+    (the same bytes as a direct read), and a staged range never loaded is dropped two tensors later."""
+    from safetensors.torch import save_file
+
+    tensors = {"a": torch.randn(3000).to(torch.bfloat16), "b": torch.randn(50, 40).to(torch.bfloat16)}
+    path = str(tmp_path / "m.safetensors")
+    save_file(tensors, path)
+    ckpt_ranges = {}
+    import json
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(n))
+    for k in tensors:
+        a, b = header[k]["data_offsets"]
+        ckpt_ranges[k] = (path, 8 + n + a, b - a)
+    monkeypatch.setattr(hostfeed, "READ_PIECE", 1000)  # several pieces per tensor, read concurrently
+    f = hostfeed.Feed("cpu", transfer=lambda t: t.clone())
+    f.next_tensor()
+    f.stage([ckpt_ranges["a"], ckpt_ranges["b"]])
+    assert torch.equal(f.load(tensors["a"], ckpt_ranges["a"]), tensors["a"])
+    assert f.staged_bytes == tensors["a"].numel() * 2 and ckpt_ranges["b"] in f._staged
+    f.next_tensor()
+    assert ckpt_ranges["b"] in f._staged  # staged for the tensor after the one being fed: kept
+    f.next_tensor()
+    assert not f._staged  # never loaded: dropped
+    assert torch.equal(f.load(tensors["b"], ckpt_ranges["b"]), tensors["b"])  # read directly now
+    assert f.staged_bytes == tensors["a"].numel() * 2
+    f.close()
 
 
 def test_a_float16_overflow_is_named_through_the_feed(zoo, tmp_path, monkeypatch):
@@ -299,7 +331,8 @@ def test_the_cuda_branch_runs_with_stand_in_streams(zoo, tmp_path, monkeypatch):
 
 
 def test_feed_log_records_each_feed(zoo, tmp_path, monkeypatch):
-    """HUBSOUP_FEED_LOG: one JSON line per feed with its counts (bench_gpu.py's host-side figures)."""
+    """HUBSOUP_FEED_LOG: one JSON line per feed with its counts, and one with the writer's waits (bench_gpu.py's
+    host-side figures)."""
     import json
 
     root, base, fts = zoo
@@ -307,5 +340,7 @@ def test_feed_log_records_each_feed(zoo, tmp_path, monkeypatch):
     monkeypatch.setenv("HUBSOUP_FEED_LOG", str(log))
     monkeypatch.setattr(hostfeed, "for_device", lambda d: hostfeed.Feed(d, transfer=lambda t: t.clone()))
     hubsoup.merge(fts, "task_arithmetic", base=base, out=str(tmp_path / "o"), quiet=True)
-    (rec,) = [json.loads(line) for line in log.read_text().splitlines()]
+    rec, writer = [json.loads(line) for line in log.read_text().splitlines()]
     assert rec["handed_bytes"] > 0 and rec["returned_bytes"] > 0 and rec["open_seconds"] >= rec["host_seconds"] >= 0
+    assert rec["staged_bytes"] > 0 and rec["read_wait_s"] >= 0 and rec["back_wait_s"] >= 0
+    assert writer["writer"]["wait_s"] >= 0 and writer["writer"]["close_s"] > 0  # close synced the shard

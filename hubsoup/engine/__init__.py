@@ -343,7 +343,9 @@ def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str 
     with tqdm(total=total, desc=desc, unit=unit, disable=job.quiet or not desc, leave=False) as bar, \
             (ahead or contextlib.nullcontext()), _closing(feeds):  # however the loop ends
         for i, block in enumerate(blocks):
-            if ahead is not None and i + 1 < len(blocks):  # block i + 1 comes in while block i is computed
+            # block i + 1 comes in while block i is computed; a device's feed reads its next tensor itself
+            # (Feed.stage): a second copy of those bytes would only compete with it for the memory bus
+            if ahead is not None and i + 1 < len(blocks) and torch.device(blocks[i + 1].device).type == "cpu":
                 _read_ahead(ahead, job, blocks[i + 1], mergeable_only)
             if block.device not in feeds:
                 feeds[block.device] = host_feed.for_device(block.device)

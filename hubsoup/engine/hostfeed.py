@@ -141,8 +141,7 @@ class Feed:
         self._transfer = transfer
         self.stage_host = self.cuda or transfer is not None  # host staging buffers (pinned on CUDA)
         self._in = [_Slot() for _ in range(slots)]
-        self._out = [_Slot() for _ in range(slots)]
-        self._next_in = self._next_out = 0
+        self._next_in = 0
         self._fds: dict[str, int] = {}
         self._staged: dict[tuple[str, int, int], _Staged] = {}  # reads started ahead (:meth:`stage`)
         self._checks: list[tuple[int, torch.Tensor | _Flag, Callable[[int], BaseException]]] = []
@@ -153,6 +152,8 @@ class Feed:
         """Bytes handed to the device (stored bytes only: never a float32 copy of a narrower tensor)."""
         self.returned_bytes = 0
         self.staged_bytes = 0
+        self.read_wait_s = self.back_wait_s = 0.0
+        """Time the engine waited for a staged read, and for an output's copy back (the pipeline's stalls)."""
         """Of ``handed_bytes``, those read ahead (:meth:`stage`) rather than when the merge asked for them."""
         self._t_open = time.perf_counter()
         self.host_seconds = 0.0
@@ -216,7 +217,10 @@ class Feed:
         slot = None
         if ahead is not None:  # read while the previous tensor was merged: usually done by now
             staged = ahead.buf
-            if not ahead.wait():
+            t1 = time.perf_counter()
+            done = ahead.wait()
+            self.read_wait_s += time.perf_counter() - t1
+            if not done:
                 staged.view(t.dtype).view(t.shape).copy_(t)  # a short read: through the mapping
             self.staged_bytes += nbytes
         else:
@@ -321,15 +325,16 @@ class Feed:
     def back(self, t: torch.Tensor, *, check: Callable[[], None] | None = None) -> Pending:
         """``t`` (on the device, in its output dtype) copied back into a pinned host buffer; the returned
         :class:`Pending`'s ``result()`` waits for the copy, settles this tensor's checks and then runs ``check``.
-        The buffer is reused two calls later: consume each result (hand it to the writer, which finishes
-        with it before it takes the next) before asking for the one after the next."""
+        Each result has a buffer of its own (torch's pinned cache reuses it once it is dropped)."""
         seq = self.seq
         nbytes = t.numel() * t.element_size()
         self.returned_bytes += nbytes
 
         def ready() -> None:
             if event is not None:
+                t = time.perf_counter()
                 event.synchronize()
+                self.back_wait_s += time.perf_counter() - t
             self.settle(seq)
             if check is not None:
                 check()
@@ -339,9 +344,9 @@ class Feed:
             return Pending(t, ready)
         if not self.stage_host:  # mps: a plain copy back
             return Pending(t.to("cpu"), ready)
-        slot, buf = self._slot(self._out, self._next_out, nbytes)
-        self._next_out = (self._next_out + 1) % len(self._out)
-        host = buf[:nbytes].view(t.dtype).view(t.shape)
+        # a buffer of its own from torch's pinned cache (freed once the writer is done with it, reused only after
+        # the copy into it): the writer may hold several outputs while the merge goes on
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin).view(t.dtype).view(t.shape)
         if not self.cuda or t.device.type != self.device.type:  # an instrumented feed; a result left on the host
             host.copy_(t)
             return Pending(host, ready)
@@ -352,7 +357,6 @@ class Feed:
             event = torch.cuda.Event()
             event.record(self.d2h)
         t.record_stream(self.d2h)
-        slot.done = event
         return Pending(host, ready)
 
     def close(self) -> None:
@@ -360,8 +364,9 @@ class Feed:
         this feed's counts is appended to that file (``benchmarks/bench_gpu.py`` reads them)."""
         log_path = os.environ.get(LOG_ENV)
         if log_path and self.handed_bytes:
-            _log(log_path, {"device": str(self.device), "handed_bytes": self.handed_bytes,
-                            "staged_bytes": self.staged_bytes,
+            log_record(log_path, {"device": str(self.device), "handed_bytes": self.handed_bytes,
+                            "staged_bytes": self.staged_bytes, "read_wait_s": round(self.read_wait_s, 4),
+                            "back_wait_s": round(self.back_wait_s, 4),
                             "returned_bytes": self.returned_bytes, "host_seconds": round(self.host_seconds, 4),
                             "open_seconds": round(time.perf_counter() - self._t_open, 4)})
         for st in self._staged.values():
@@ -370,7 +375,7 @@ class Feed:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-        for slot in (*self._in, *self._out):
+        for slot in self._in:
             if slot.done is not None:
                 slot.done.synchronize()
                 slot.done = None
@@ -380,7 +385,7 @@ class Feed:
 LOG_ENV = "HUBSOUP_FEED_LOG"
 
 
-def _log(path: str, record: dict[str, object]) -> None:
+def log_record(path: str, record: dict[str, object]) -> None:
     """Append ``record`` as a JSON line (a measurement aid: a failure to write is ignored)."""
     import json
 

@@ -7,11 +7,14 @@ written first and each tensor's bytes go straight to their place on disk as soon
 it is merged. Memory stays at one tensor, whatever the shard size.
 
 Writing overlaps merging: a writer thread takes one tensor at a time (the caller
-waits while one is still queued, so at most two are held), and each shard is synced
-to disk by another thread as soon as its last byte is written, not all at the end.
-On Linux each tensor's bytes are also handed to the disk as soon as they are written
-(``sync_file_range``, which does not wait): otherwise the kernel starts writing back
-only past its dirty-page threshold, and the final sync waits for the whole shard.
+waits while ``depth`` writes are still queued: 1 by default, so at most two tensors are
+held), and each shard is synced to disk by another thread as soon as its last byte is
+written, not all at the end. On Linux each tensor's bytes are also handed to the disk as
+soon as they are written (``sync_file_range``, started by that other thread, so that a
+busy disk queue never holds up the writes): otherwise the kernel starts writing back only
+past its dirty-page threshold, and the final sync waits for the whole shard.
+``HUBSOUP_FSYNC=0`` skips both (a measurement aid: the output is then not known to be
+on disk when the merge reports it done).
 
 A full disk (``ENOSPC``, or ``EDQUOT`` for a quota) is a one-line
 :class:`~hubsoup.errors.DiskFullError` naming the file, the folder and the bytes the
@@ -24,6 +27,8 @@ import errno
 import json
 import os
 import shutil
+import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -71,6 +76,7 @@ def _writeback_starter():
 
 
 _START_WRITEBACK = _writeback_starter()
+_FSYNC = os.environ.get("HUBSOUP_FSYNC", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _free(folder: str) -> int | None:
@@ -132,7 +138,11 @@ class ShardedWriter:
             self.file_bytes += data_start + offset
         self.free_at_start = _free(folder)
         self._left = [sum(nbytes for *_, nbytes in shard) for shard in shards]  # data bytes still to write
-        self._queued: Future | None = None  # the one write not yet waited for
+        self.depth = 1
+        """Writes queued before :meth:`write` waits (a device's merge hands its own pinned buffers: deeper)."""
+        self._queued: deque[Future] = deque()  # writes not yet waited for
+        self.wait_s = self.close_s = 0.0
+        """Time the caller waited for a queued write, and :meth:`close` for the last writes and syncs."""
         self._syncs: dict[int, Future] = {}  # shard -> its started sync
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="hubsoup-write")
         self._syncer = ThreadPoolExecutor(1, thread_name_prefix="hubsoup-fsync")
@@ -167,9 +177,11 @@ class ShardedWriter:
         data = tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy()
         assert data.nbytes == slot.nbytes
         self.written.add(name)
-        if self._queued is not None:  # one write queued at most: the merge runs at most one tensor ahead
-            self._queued.result()  # a failed write fails here
-        self._queued = self._writer.submit(self._put, slot, data)
+        t = time.perf_counter()
+        while len(self._queued) >= self.depth:  # the merge runs at most `depth` tensors ahead of the disk
+            self._queued.popleft().result()  # a failed write fails here
+        self.wait_s += time.perf_counter() - t
+        self._queued.append(self._writer.submit(self._put, slot, data))
 
     def _put(self, slot: _Slot, data) -> None:
         """Write one tensor's bytes at their place; the shard's last bytes start its sync."""
@@ -181,13 +193,15 @@ class ShardedWriter:
                 view, pos = view[n:], pos + n
         except OSError as e:
             raise self._disk_full(e, self.files[slot.shard])
-        if _START_WRITEBACK is not None and slot.nbytes:
-            _START_WRITEBACK(fd, slot.start, slot.nbytes)
+        if _START_WRITEBACK is not None and slot.nbytes and _FSYNC:  # on the sync thread: it may wait for the disk
+            self._syncer.submit(_START_WRITEBACK, fd, slot.start, slot.nbytes)
         self._left[slot.shard] -= slot.nbytes
         if self._left[slot.shard] == 0:
             self._syncs[slot.shard] = self._syncer.submit(self._sync, slot.shard)
 
     def _sync(self, shard: int) -> None:
+        if not _FSYNC:
+            return
         try:
             os.fsync(self.handles[shard].fileno())
         except OSError as e:
@@ -195,22 +209,24 @@ class ShardedWriter:
 
     def _drain(self) -> None:
         """Wait for every queued write and started sync (their first error is raised)."""
-        queued, self._queued = self._queued, None
-        if queued is not None:
-            queued.result()
+        queued, self._queued = self._queued, deque()
+        for q in queued:
+            q.result()
         for f in self._syncs.values():
             f.result()
 
     def close(self) -> None:
         missing = set(self.slots) - self.written
         file = ""
+        t = time.perf_counter()
         try:
             self._drain()
             for i in range(len(self.handles)):
-                if i not in self._syncs:  # a shard with nothing (left) to write
+                if i not in self._syncs and _FSYNC:  # a shard with nothing (left) to write
                     file = self.files[i]
                     os.fsync(self.handles[i].fileno())
             self._stop()
+            self.close_s = time.perf_counter() - t
             for f in self.handles:
                 f.close()
             self.handles = []
