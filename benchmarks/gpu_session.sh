@@ -4,7 +4,7 @@
 # profile of one merge. The benchmarks write $OUT/gpu_probe.json, gpu_bench.md and .json (copy them to
 # benchmarks/results/ afterwards). Each step has a timeout; the whole stays under 10 minutes.
 #
-#   bash benchmarks/gpu_session.sh            # TESTS_S, BENCH_S, TOTAL_S, LAYERS override the defaults
+#   bash benchmarks/gpu_session.sh     # PROBE=0, METHODS, VARIANTS, LAYERS, TESTS_S, BENCH_S, TOTAL_S override the defaults
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu-out}"
@@ -71,7 +71,7 @@ BENCH_S="${BENCH_S:-300}"
 echo "== $(date -u +%T) bench_gpu.py (timeout ${BENCH_S}s)"
 timeout "$BENCH_S" python3 benchmarks/bench_gpu.py --layers "${LAYERS:-16}" --budget $(( BENCH_S - 15 )) \
   --run-timeout 150 ${VARIANTS:---variant ties:HUBSOUP_DEVICE_SELECT=histogram --variant sftm:HUBSOUP_SFTM_SVD=svd} \
-  --work "$BENCH" --out "$OUT"
+  ${METHODS:+--methods $METHODS} --work "$BENCH" --out "$OUT"
 echo "== bench rc=$? after $((SECONDS - START)) s"
 [ -f "$OUT/gpu_bench.md" ] && cat "$OUT/gpu_bench.md"
 

@@ -51,6 +51,22 @@ DOT_BLOCK = 4096
 """Entries per partial sum of :func:`block_sums`; a piece of a tensor merged in pieces starts at a multiple."""
 
 
+def block_sums_t(x: torch.Tensor, absolute: bool = False) -> torch.Tensor:
+    """:func:`block_sums` left on ``x``'s device (a float64 tensor, nothing read back): an accelerator's caller
+    gathers several and reads them back at once (``torch.cat(...).tolist()``), the same values."""
+    x = x.reshape(-1)
+    parts = []
+    for a in range(0, x.numel(), 1 << 24):  # float64 chunks of 128 MiB
+        c = x[a:a + (1 << 24)].double()
+        if absolute:
+            c.abs_()
+        full = c.numel() // DOT_BLOCK * DOT_BLOCK
+        parts.append(c[:full].view(-1, DOT_BLOCK).sum(1))
+        if full < c.numel():
+            parts.append(c[full:].sum().reshape(1))
+    return torch.cat(parts) if parts else x.new_zeros(0, dtype=torch.float64)
+
+
 def block_sums(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = False,
                chunk: int = 1 << 20, once: bool | None = None) -> list[float]:
     """Σ x (Σ x·y with ``y``; Σ |x| with ``absolute``) of each block of :data:`DOT_BLOCK` consecutive

@@ -78,3 +78,17 @@ def test_block_sums_read_back_once_are_the_same():
     x, y = tricky(3 * 4096 * 5 + 123, 1), tricky(3 * 4096 * 5 + 123, 2)
     for kw in ({}, {"y": y}, {"absolute": True}):
         assert block_sums(x, chunk=3 * 4096, once=True, **kw) == block_sums(x, chunk=3 * 4096, once=False, **kw)
+
+
+def test_dare_device_path_reads_norms_back_once_with_the_cpus_result():
+    """DARE (mergekit convention, rescale) on an accelerator reads every row's L1 norms back in one go: the same
+    exactly rounded norms, so the same result as the row-by-row path (run here on CPU tensors)."""
+    from hubsoup.methods import TensorContext, get_method
+
+    m = get_method("dare")
+    params = m.Params(p=0.7, then="ties", convention="mergekit", merge="mean", densities=[0.3, 0.5, 1.0])
+    ctx = TensorContext("model.layers.0.mlp.up_proj.weight", None, 3, {}, "recipe")
+    stack = torch.stack([tricky(30_000, s) for s in (1, 2, 3)]).reshape(3, 100, 300)
+    want = m.merge(None, stack.clone(), params, ctx)
+    got = m._device_mergekit(stack.clone(), [1.0] * 3, m.resolved_scale(params), params, ctx)
+    assert torch.equal(got, want)

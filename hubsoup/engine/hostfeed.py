@@ -52,6 +52,11 @@ MIN_STAGE = 64 << 20
 """Bytes a staging buffer has at least: grown for a larger tensor, never per tensor (pinning is slow; torch
 also keeps freed page-locked blocks for reuse, and never reuses one before the copies that read it are done)."""
 
+STAGE_MAX = 64 << 20
+"""Largest tensor read ahead (:meth:`Feed.stage`): a larger one (an embedding) is read when loaded, through the
+reused staging buffers, so that the page-locked memory (slow to pin) stays about (N + 1) × this, not × the
+largest tensor twice over."""
+
 READ_PIECE = 16 << 20
 """Bytes per parallel read of a large tensor (page cache → staging)."""
 READERS = 4
@@ -181,7 +186,7 @@ class Feed:
             return
         t0 = time.perf_counter()
         for r in ranges:
-            if r in self._staged or r[2] <= 0:
+            if r in self._staged or r[2] <= 0 or r[2] > STAGE_MAX:
                 continue
             buf = torch.empty(r[2], dtype=torch.uint8, pin_memory=self.pin)  # torch's pinned cache reuses it
             pieces = [(a, min(READ_PIECE, r[2] - a)) for a in range(0, r[2], READ_PIECE)]

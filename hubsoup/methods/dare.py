@@ -35,7 +35,7 @@ from typing import Literal
 import torch
 
 from hubsoup.errors import ParameterError
-from hubsoup.linalg import block_sums
+from hubsoup.linalg import block_sums, block_sums_t
 from hubsoup.methods import Method, StatsPass, TensorContext, param, register
 from hubsoup.methods._kernels import task_arithmetic, ties_combine_
 from hubsoup.methods._sparsify import MASK_BLOCK, counter_mask, gta_combine_, l1_norm, per_input, rescale_to_norm_
@@ -116,6 +116,8 @@ class Dare(Method):
         scale = self.resolved_scale(params)
         if params.convention == "mergekit":
             norms = ctx.stats.get(_NORMS)  # the whole vectors' (merged in pieces), else computed here
+            if norms is None and params.rescale and deltas.device.type != "cpu":
+                return self._device_mergekit(deltas, weights, scale, params, ctx)
             for i, (row, density) in enumerate(zip(deltas, _densities(params, len(deltas)))):
                 if density < 1.0:
                     if params.rescale:
@@ -132,6 +134,29 @@ class Dare(Method):
             return ties_combine_(deltas, params.weights, params.merge).mul_(scale)
         out = task_arithmetic(deltas, weights, scale)
         return out.div_(sum(weights)) if params.normalize and abs(sum(weights)) >= 1e-8 else out
+
+
+    @staticmethod
+    def _device_mergekit(deltas, weights, scale, params, ctx: TensorContext) -> torch.Tensor:
+        """The mergekit convention with ``rescale`` on an accelerator: every row's L1 norms before and after its
+        drop read back at once (one wait for the device per tensor, not two per row), the same exactly rounded
+        sums (:func:`~hubsoup.methods._sparsify.l1_norm`), so the same bytes as the CPU."""
+        sums: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        for i, (row, density) in enumerate(zip(deltas, _densities(params, len(deltas)))):
+            if density < 1.0:
+                before = block_sums_t(row, absolute=True)
+                row.masked_fill_(~_mask(row, density, params, ctx, i), 0.0)
+                sums.append((i, before, block_sums_t(row, absolute=True)))
+        if sums:
+            values = torch.cat([t for _, b, a in sums for t in (b, a)]).tolist()
+            pos = 0
+            for i, b, a in sums:
+                before, after = math.fsum(values[pos:pos + b.numel()]), math.fsum(values[pos + b.numel():
+                                                                                          pos + b.numel() + a.numel()])
+                pos += b.numel() + a.numel()
+                rescale_to_norm_(deltas[i], before, after=after)
+        normalize = params.merge == "mean" if params.then == "ties" else params.normalize
+        return gta_combine_(deltas, weights, consensus=params.then == "ties", normalize=normalize, scale=scale)
 
 
 def _densities(params, n: int) -> list[float]:
