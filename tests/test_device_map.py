@@ -116,3 +116,33 @@ def test_plan_command_prints_the_placement(zoo, capsys):
         cli_main(["plan", *fts, "--method", "ties", "--device-map"])
     rc = cli_main(["plan", *fts, "--base", base, "--method", "ties", "--device-map", "nonsense"])
     assert rc == 2 and "not one of auto" in capsys.readouterr().err
+
+
+def test_planner_and_merge_resolve_a_tensors_parameters_alike(zoo, tmp_path, monkeypatch):
+    """Per-layer schedules have one owner (``lowrank.tensor_params``): the planner's workspace of each tensor is
+    asked with the numbers the merge then uses for it, never with the schedule itself."""
+    from hubsoup.api import parse_method, place_blocks
+    from hubsoup.engine import lowrank
+    from hubsoup.methods.ties import Ties
+    from hubsoup.options import MergeOptions
+    from hubsoup.sources.compat import open_models
+
+    base, fts = zoo
+    planned, merged = {}, {}
+    monkeypatch.setattr(Ties, "workspace_bytes",
+                        lambda self, shape, n, params, name="": planned.setdefault(name, params.density) and 0)
+    real = lowrank.tensor_params
+
+    def spy(params, block, entry):
+        p = real(params, block, entry)
+        merged[entry.name] = p.density
+        return p
+
+    monkeypatch.setattr(lowrank, "tensor_params", spy)
+    ckpt, sources = open_models(fts, base=base, headers_only=True)
+    m, p = parse_method("ties", {"density": [0.1, 0.9], "scope": "tensor"})  # a gradient over the layers
+    place_blocks(Plan.of(ckpt), m, p, sources, MergeOptions())
+    assert planned and all(isinstance(v, float) for v in planned.values())
+    assert len({round(v, 6) for v in planned.values()}) >= 2  # the layers' own densities
+    hubsoup.merge(fts, "ties", base=base, out=str(tmp_path / "o"), params={"density": [0.1, 0.9], "scope": "tensor"}, quiet=True)
+    assert {k: merged[k] for k in planned} == planned

@@ -33,10 +33,9 @@ from tqdm.auto import tqdm
 from hubsoup.engine import hostfeed as host_feed
 from hubsoup.engine import lanes, prefetch
 from hubsoup.engine import shared as shared_statistics
-from hubsoup.engine.lowrank import Copy, Dense, LowRank, Outcome, Unchanged, Weights, decide
+from hubsoup.engine.lowrank import Copy, Dense, LowRank, Outcome, Unchanged, Weights, decide, tensor_position
 from hubsoup.errors import NonFiniteTensorError
 from hubsoup.methods import InputInfo, Method, PrepareContext, StatsPass, TensorContext
-from hubsoup.methods._schedule import layer_position
 from hubsoup.plan import Block, Plan, TensorEntry
 from hubsoup.progress import Monitor, shared_segment
 from hubsoup.sources.checkpoint import Checkpoint
@@ -152,11 +151,8 @@ class TensorWork:
 
     @property
     def position(self) -> float:
-        """The tensor's gradient position t for per-layer schedules (mergekit's: its slice's, else its block's)."""
-        src = self.entry.source
-        if src is not None and src.position is not None:
-            return src.position
-        return layer_position(self.block.info)
+        """The tensor's gradient position t for per-layer schedules (:func:`~hubsoup.engine.lowrank.tensor_position`)."""
+        return tensor_position(self.block, self.entry)
 
     def _input_name(self, i: int) -> str | None:
         """Input ``i``'s name of this tensor (a layout renumbers layers; None: τᵢ = 0 here)."""

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Union
 
 import torch
 
-from hubsoup.methods._schedule import resolve_params
+from hubsoup.methods._schedule import layer_position, resolve_params
+from hubsoup.plan import Block, TensorEntry
 
 if TYPE_CHECKING:
     from hubsoup.engine import TensorWork
@@ -89,14 +90,38 @@ PIECE_BYTES = 4 << 20
 MIN_PIECE = 1 << 14  # entries; below it torch's per-call cost outweighs the cache
 
 
+def tensor_position(block: Block, entry: TensorEntry) -> float:
+    """A tensor's gradient position t for per-layer schedules (mergekit's: its slice's, else its block's)."""
+    src = entry.source
+    if src is not None and src.position is not None:
+        return src.position
+    return layer_position(block.info)
+
+
+def tensor_params(params: Any, block: Block, entry: TensorEntry) -> Any:
+    """The method's parameters for one tensor: per-layer schedules and name filters resolved at its position,
+    so the method sees plain numbers. The one owner of that decision: the merge (:func:`decide`) and the
+    planner (:func:`hubsoup.engine.placement.place_blocks`: pieces, workspaces) both ask here.
+
+    Example:
+        >>> from hubsoup.methods import get_method
+        >>> from hubsoup.methods._schedule import Schedule
+        >>> from hubsoup.plan import BlockInfo
+        >>> p = get_method("ties").Params(density=Schedule.parse([0.2, 0.6], name="density"))  # over the layers
+        >>> e = TensorEntry("model.layers.1.mlp.up_proj.weight", (4, 4), torch.float32)
+        >>> round(tensor_params(p, Block("model.layers.1", BlockInfo("model.layers", 1, 3), [e]), e).density, 6)
+        0.4
+    """
+    return resolve_params(params, entry.name, tensor_position(block, entry))
+
+
 def decide(work: "TensorWork", *, lowrank_ok: bool = True, weights_dtype: torch.dtype | None = None) -> Outcome:
     """The cheapest way to the merged task vector of ``work``'s tensor (see the module docs)."""
     job, entry = work.job, work.entry
     if not entry.mergeable:
         return Copy()
     method = job.need_method()
-    # per-layer schedules and name filters resolved for this tensor: the method sees plain numbers
-    params = resolve_params(job.params, entry.name, work.position)  # t: its block's, or its slice's
+    params = tensor_params(job.params, work.block, entry)
     if method.preserves_zero(params) and work.untouched():
         return Unchanged()
     if weights_dtype is not None:

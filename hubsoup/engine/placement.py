@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from hubsoup.engine.lowrank import piece_size
+from hubsoup.engine.lowrank import piece_size, tensor_params
 from hubsoup.errors import PlacementError
-from hubsoup.methods._schedule import layer_position, resolve_params
 # parsed where the option is (hubsoup.options); re-exported for the engine's callers
 from hubsoup.options import DTYPES, STRATEGIES, MergeOptions, parse_device_map, parse_max_memory  # noqa: F401
 from hubsoup.plan import Block, Plan, TensorEntry
@@ -177,8 +176,7 @@ def place_blocks(plan: Plan, method: Method, params: Any, sources: Sequence[Any]
         merged = [e for e in block.tensors if e.mergeable]
         if not merged or any(e.source is not None for e in merged):  # a layout's renumbering: dense path
             return None
-        t = layer_position(block.info)
-        resolved = [resolve_params(params, e.name, t) for e in merged]
+        resolved = [tensor_params(params, block, e) for e in merged]
         if any(method.tensor_passes(p, n_inputs) is None for p in resolved):
             return None
         piece = (piece_size(n_inputs),)
@@ -187,10 +185,11 @@ def place_blocks(plan: Plan, method: Method, params: Any, sources: Sequence[Any]
 
     def workspace(block: Block) -> int:
         # the most any one tensor needs (not the largest's: a method's workspace depends on the tensor's role)
-        return max((_workspace(e) for e in block.tensors if e.mergeable), default=0)
+        return max((_workspace(block, e) for e in block.tensors if e.mergeable), default=0)
 
-    def _workspace(e: TensorEntry) -> int:
-        extra = method.workspace_bytes(e.shape, n_inputs, params, name=e.name)
+    def _workspace(block: Block, e: TensorEntry) -> int:
+        # the parameters this tensor is merged with (schedules resolved as the merge resolves them)
+        extra = method.workspace_bytes(e.shape, n_inputs, tensor_params(params, block, e), name=e.name)
         if lora_output and len(e.shape) == 2:  # the SVD through the Gram of the smaller side, float64
             extra += 2 * min(e.shape) ** 2 * 8
         return extra
