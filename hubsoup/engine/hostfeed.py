@@ -62,6 +62,11 @@ READ_PIECE = 16 << 20
 READERS = 4
 """Threads reading a large tensor's pieces at once: one core copies ~3-6 GB/s out of the page cache."""
 _POOL_LOCK = threading.Lock()
+
+
+def _pieces(n: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of the :data:`READ_PIECE` pieces of ``n`` bytes, read in parallel."""
+    return [(a, min(READ_PIECE, n - a)) for a in range(0, n, READ_PIECE)]
 _READERS: dict[int, ThreadPoolExecutor] = {}
 
 
@@ -189,9 +194,8 @@ class Feed:
             if r in self._staged or r[2] <= 0 or r[2] > STAGE_MAX:
                 continue
             buf = torch.empty(r[2], dtype=torch.uint8, pin_memory=self.pin)  # torch's pinned cache reuses it
-            pieces = [(a, min(READ_PIECE, r[2] - a)) for a in range(0, r[2], READ_PIECE)]
             self._staged[r] = _Staged(self.seq, buf, [_readers().submit(self._read_piece, r, buf, a, k)
-                                                      for a, k in pieces])
+                                                      for a, k in _pieces(r[2])])
         self.host_seconds += time.perf_counter() - t0
 
     def _slot(self, ring: list[_Slot], i: int, nbytes: int) -> tuple[_Slot, torch.Tensor]:
@@ -254,23 +258,10 @@ class Feed:
     def _read(self, where: tuple[str, int, int], into: torch.Tensor) -> bool:
         """Read ``where``'s bytes into the uint8 tensor ``into``; False if the file gives fewer (the mapping
         is read instead, and reports a broken file as it always has)."""
-        path, offset, n = where
-        fd = self._fd(path)
-        view = into.numpy().data.cast("B")
-        pieces = [(a, min(READ_PIECE, n - a)) for a in range(0, n, READ_PIECE)]
-
-        def read(piece: tuple[int, int]) -> bool:
-            a, k = piece
-            while k > 0:
-                got = os.preadv(fd, [view[a:a + k]], offset + a)
-                if got <= 0:
-                    return False
-                a, k = a + got, k - got
-            return True
-
+        pieces = _pieces(where[2])
         if len(pieces) == 1 or READERS <= 1:
-            return all(read(p) for p in pieces)
-        return all(_readers().map(read, pieces))
+            return all(self._read_piece(where, into, a, k) for a, k in pieces)
+        return all(_readers().map(lambda p: self._read_piece(where, into, *p), pieces))
 
     def _fd(self, path: str) -> int:
         """A descriptor of ``path``, opened once (the reader threads and the engine's share it)."""
