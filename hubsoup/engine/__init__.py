@@ -331,7 +331,8 @@ def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str 
     if mergeable_only:
         blocks = [b for b in blocks if any(e.mergeable for e in b.tensors)]
     per_tensor = unit == "tensor"
-    total = sum(sum(e.mergeable or not mergeable_only for e in b.tensors) for b in blocks) if per_tensor else len(blocks)
+    streamed = [[e for e in b.tensors if e.mergeable or not mergeable_only] for b in blocks]  # each block's
+    total = sum(map(len, streamed)) if per_tensor else len(blocks)
     mon = job.monitor
     mon.segment(len(blocks), desc)  # this pass is the next segment of the caller's stage
     ahead = prefetch.ReadAhead() if prefetch.enabled(job.prefetch) else None
@@ -342,19 +343,18 @@ def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str 
             # block i + 1 comes in while block i is computed; a device's feed reads its next tensor itself
             # (Feed.stage): a second copy of those bytes would only compete with it for the memory bus
             if ahead is not None and i + 1 < len(blocks) and torch.device(blocks[i + 1].device).type == "cpu":
-                _read_ahead(ahead, job, blocks[i + 1], mergeable_only)
+                _read_ahead(ahead, job, blocks[i + 1], streamed[i + 1])
             if block.device not in feeds:
                 feeds[block.device] = host_feed.for_device(block.device)
             fd = feeds[block.device]
             try:
-                entries = [e for e in block.tensors if e.mergeable or not mergeable_only]
-                for j, entry in enumerate(entries):
+                for j, entry in enumerate(streamed[i]):
                     mon.check()  # cancel: before every tensor
                     if fd is None:
                         yield TensorWork(job, block, entry)
                     else:
                         seq = fd.next_tensor()
-                        nxt = _next_on(blocks, i, entries, j, mergeable_only)
+                        nxt = _next_on(blocks, streamed, i, j)
                         if nxt is not None:  # its bytes come in while this tensor is merged
                             _stage(fd, TensorWork(job, *nxt))
                         yield TensorWork(job, block, entry, fd)
@@ -380,15 +380,13 @@ def _closing(feeds: dict[str, host_feed.Feed | None]) -> Iterator[None]:
                 fd.close()
 
 
-def _next_on(blocks: Sequence[Block], i: int, entries: list[TensorEntry], j: int,
-             mergeable_only: bool) -> tuple[Block, TensorEntry] | None:
-    """The tensor streamed after ``entries[j]`` of ``blocks[i]``, if it is on the same device."""
-    if j + 1 < len(entries):
-        return blocks[i], entries[j + 1]
-    if i + 1 < len(blocks) and blocks[i + 1].device == blocks[i].device:
-        first = [e for e in blocks[i + 1].tensors if e.mergeable or not mergeable_only]
-        if first:
-            return blocks[i + 1], first[0]
+def _next_on(blocks: Sequence[Block], streamed: list[list[TensorEntry]], i: int,
+             j: int) -> tuple[Block, TensorEntry] | None:
+    """The tensor streamed after ``streamed[i][j]`` (block i's j-th), if it is on the same device."""
+    if j + 1 < len(streamed[i]):
+        return blocks[i], streamed[i][j + 1]
+    if i + 1 < len(blocks) and blocks[i + 1].device == blocks[i].device and streamed[i + 1]:
+        return blocks[i + 1], streamed[i + 1][0]
     return None
 
 
@@ -400,11 +398,10 @@ def _stage(fd: host_feed.Feed, work: TensorWork) -> None:
         log.debug("staging %s skipped: %s", work.name, e)
 
 
-def _read_ahead(ahead: prefetch.ReadAhead, job: Job, block: Block, mergeable_only: bool) -> None:
-    """Ask ``ahead`` for the bytes of ``block``'s tensors (a hint: a failure here never fails the merge)."""
+def _read_ahead(ahead: prefetch.ReadAhead, job: Job, block: Block, entries: list[TensorEntry]) -> None:
+    """Ask ``ahead`` for the bytes of ``block``'s streamed ``entries`` (a hint: a failure here never fails the merge)."""
     try:
-        ahead.request([r for e in block.tensors if e.mergeable or not mergeable_only
-                       for r in TensorWork(job, block, e).byte_ranges()])
+        ahead.request([r for e in entries for r in TensorWork(job, block, e).byte_ranges()])
     except Exception as e:  # the engine's own read of that block reports a real problem
         log.debug("read-ahead of block %s skipped: %s", block.name, e)
 
