@@ -80,15 +80,20 @@ def test_block_sums_read_back_once_are_the_same():
         assert block_sums(x, chunk=3 * 4096, once=True, **kw) == block_sums(x, chunk=3 * 4096, once=False, **kw)
 
 
-def test_dare_device_path_reads_norms_back_once_with_the_cpus_result():
-    """DARE (mergekit convention, rescale) on an accelerator reads every row's L1 norms back in one go: the same
-    exactly rounded norms, so the same result as the row-by-row path (run here on CPU tensors)."""
+def test_dare_device_drop_reads_norms_back_once_with_the_cpus_values():
+    """DARE (mergekit convention, rescale) on an accelerator drops every row, then reads all their L1 norms back
+    in one go: the CPU's masks and exactly rounded norms (run here on CPU tensors)."""
     from hubsoup.methods import TensorContext, get_method
+    from hubsoup.methods._sparsify import l1_norm
+    from hubsoup.methods.dare import _drop_on_device, _mask
 
-    m = get_method("dare")
-    params = m.Params(p=0.7, then="ties", convention="mergekit", merge="mean", densities=[0.3, 0.5, 1.0])
+    params = get_method("dare").Params(p=0.7, then="ties", convention="mergekit", densities=[0.3, 0.5, 1.0])
     ctx = TensorContext("model.layers.0.mlp.up_proj.weight", None, 3, {}, "recipe")
     stack = torch.stack([tricky(30_000, s) for s in (1, 2, 3)]).reshape(3, 100, 300)
-    want = m.merge(None, stack.clone(), params, ctx)
-    got = m._device_mergekit(stack.clone(), [1.0] * 3, m.resolved_scale(params), params, ctx)
-    assert torch.equal(got, want)
+    dropped = stack.clone()
+    norms = _drop_on_device(dropped, [0.3, 0.5, 1.0], params, ctx)
+    for i, density in enumerate([0.3, 0.5]):
+        want = stack[i].clone().masked_fill_(~_mask(stack[i], density, params, ctx, i), 0.0)
+        assert torch.equal(dropped[i], want) and not torch.equal(want, stack[i])
+        assert norms[i] == (l1_norm(stack[i]), l1_norm(want))
+    assert norms[2] is None and torch.equal(dropped[2], stack[2])  # density 1: kept whole

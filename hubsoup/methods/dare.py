@@ -115,14 +115,17 @@ class Dare(Method):
         weights = params.weights or [1.0] * len(deltas)
         scale = self.resolved_scale(params)
         if params.convention == "mergekit":
+            densities = _densities(params, len(deltas))
             norms = ctx.stats.get(_NORMS)  # the whole vectors' (merged in pieces), else computed here
-            if norms is None and params.rescale and deltas.device.type != "cpu":
-                return self._device_mergekit(deltas, weights, scale, params, ctx)
-            for i, (row, density) in enumerate(zip(deltas, _densities(params, len(deltas)))):
+            dropped = norms is None and params.rescale and deltas.device.type != "cpu"
+            if dropped:  # an accelerator: the drops done, every norm read back at once
+                norms = _drop_on_device(deltas, densities, params, ctx)
+            for i, (row, density) in enumerate(zip(deltas, densities)):
                 if density < 1.0:
                     if params.rescale:
                         before, after = norms[i] if norms else (l1_norm(row), None)
-                    row.masked_fill_(~_mask(row, density, params, ctx, i), 0.0)
+                    if not dropped:
+                        row.masked_fill_(~_mask(row, density, params, ctx, i), 0.0)
                     if params.rescale:
                         rescale_to_norm_(row, before, after=after)
             normalize = params.merge == "mean" if params.then == "ties" else params.normalize
@@ -136,31 +139,29 @@ class Dare(Method):
         return out.div_(sum(weights)) if params.normalize and abs(sum(weights)) >= 1e-8 else out
 
 
-    @staticmethod
-    def _device_mergekit(deltas, weights, scale, params, ctx: TensorContext) -> torch.Tensor:
-        """The mergekit convention with ``rescale`` on an accelerator: every row's L1 norms before and after its
-        drop read back at once (one wait for the device per tensor, not two per row), the same exactly rounded
-        sums (:func:`~hubsoup.methods._sparsify.l1_norm`), so the same bytes as the CPU."""
-        sums: list[tuple[int, torch.Tensor, torch.Tensor]] = []
-        for i, (row, density) in enumerate(zip(deltas, _densities(params, len(deltas)))):
-            if density < 1.0:
-                before = block_sums_t(row, absolute=True)
-                row.masked_fill_(~_mask(row, density, params, ctx, i), 0.0)
-                sums.append((i, before, block_sums_t(row, absolute=True)))
-        if sums:
-            values = torch.cat([t for _, b, a in sums for t in (b, a)]).tolist()
-            pos = 0
-            for i, b, a in sums:
-                before, after = math.fsum(values[pos:pos + b.numel()]), math.fsum(values[pos + b.numel():
-                                                                                          pos + b.numel() + a.numel()])
-                pos += b.numel() + a.numel()
-                rescale_to_norm_(deltas[i], before, after=after)
-        normalize = params.merge == "mean" if params.then == "ties" else params.normalize
-        return gta_combine_(deltas, weights, consensus=params.then == "ties", normalize=normalize, scale=scale)
-
-
 def _densities(params, n: int) -> list[float]:
     return per_input(1.0 - params.p, params.densities, n)
+
+
+def _drop_on_device(deltas: torch.Tensor, densities: list[float], params,
+                    ctx: TensorContext) -> list[tuple[float, float] | None]:
+    """Each row's drop (mergekit convention) on an accelerator, and its L1 norms before and after, read back
+    at once: one wait for the device per tensor, not two per row; the same exactly rounded sums as
+    :func:`~hubsoup.methods._sparsify.l1_norm`, so the same bytes as the CPU. None for a row kept whole."""
+    sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for i, (row, density) in enumerate(zip(deltas, densities)):
+        if density < 1.0:
+            before = block_sums_t(row, absolute=True)
+            row.masked_fill_(~_mask(row, density, params, ctx, i), 0.0)
+            sums[i] = before, block_sums_t(row, absolute=True)
+    values = torch.cat([t for pair in sums.values() for t in pair]).tolist() if sums else []
+    out: list[tuple[float, float] | None] = [None] * len(densities)
+    pos = 0
+    for i, (b, a) in sums.items():
+        mid, end = pos + b.numel(), pos + b.numel() + a.numel()
+        out[i] = math.fsum(values[pos:mid]), math.fsum(values[mid:end])
+        pos = end
+    return out
 
 
 def _mask(row: torch.Tensor, density: float, params, ctx: TensorContext, i: int) -> torch.Tensor:
