@@ -329,6 +329,9 @@ def test_counter_masks_are_one_stream_whole_in_pieces_and_by_reference():
     for j in (0, 1, 2, 4095, 2**31 - 1, 2**31, 2**32 - 1, 2**32 + 5):  # past 32 bits: the index wraps
         want = _lowbias32(_lowbias32((j & 0xFFFFFFFF) ^ k1) ^ k2) >> 8
         assert int(counter_bits(seed, j, 1)[0]) == want, j
+    for start in (0, 2**31 - 1000, 2**32 - 777):  # whole vectors (and their odd tails) past the sign bit and 2³²
+        got = counter_bits(seed, start, 2003).tolist()
+        assert got == [_lowbias32(_lowbias32(((start + i) & 0xFFFFFFFF) ^ k1) ^ k2) >> 8 for i in range(2003)]
     n = COUNTER_CHUNK + 12345
     whole = counter_mask(n, 0.3, seed)
     parts = torch.cat([counter_mask(5000, 0.3, seed), counter_mask(n - 5000, 0.3, seed, offset=5000)])
@@ -337,6 +340,6 @@ def test_counter_masks_are_one_stream_whole_in_pieces_and_by_reference():
     other = counter_mask(n, 0.3, seed + 1)  # another input or tensor: independent
     assert abs(float((whole & other).float().mean()) - 0.09) < 0.002
     top = counter_bits(seed, 0, 1 << 20) >> 16  # the top 8 of the 24 bits: flat
-    counts = torch.bincount(top, minlength=256).double()
+    counts = torch.bincount(top.long(), minlength=256).double()
     assert float(((counts - counts.mean()) ** 2 / counts.mean()).sum()) < 330  # chi², 255 dof: p ≈ 0.001
     assert not counter_mask(n, 0.0, seed).any() and counter_mask(n, 1.0, seed).all()
