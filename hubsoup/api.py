@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -443,8 +444,6 @@ def parse_method(method: str, given: dict[str, Any]) -> tuple[Method, Any]:
 
 
 def _declared(m: Method, given: dict[str, Any]) -> set[str]:
-    import dataclasses
-
     names = {f.name for f in dataclasses.fields(m.Params)}
     chain = str(given.get("base_method", "")).split("+") if "base_method" in names else []
     for n in chain:

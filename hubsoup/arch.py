@@ -42,6 +42,7 @@ import functools
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -240,8 +241,6 @@ def _auto_mappings() -> dict[str, dict]:
     (~1.7 s, the largest fixed cost of a merge, paid only to write the card's snippet). Any
     surprise in the source falls back to the import.
     """
-    import sys
-
     loaded = sys.modules.get("transformers.models.auto.modeling_auto")
     wanted = [m for m, _, _ in _AUTO_CLASSES]
     if loaded is None:

@@ -9,6 +9,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 from typing import Any, Sequence
@@ -70,7 +72,6 @@ def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[Eval
     """Eval results whose dataset is a local file name it by file name and content hash, not by path."""
     if not eval_results:
         return eval_results
-    import dataclasses
 
     out = []
     for r in eval_results:
@@ -81,8 +82,6 @@ def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[Eval
 
 
 def _read_json(path: str | None) -> dict[str, Any] | None:
-    import json
-
     if not path or not os.path.isfile(path):
         return None
     try:
@@ -339,8 +338,6 @@ def retarget_text(text: str, folder: str, repo_id: str) -> str:
 
 def public_adapter_config(text: str, folder: str) -> str:
     """``adapter_config.json`` as published: a local base path becomes :func:`base_load_id` (what peft then loads)."""
-    import json
-
     base = _recipe_base(folder)
     try:
         config = json.loads(text)

@@ -27,6 +27,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import shlex
@@ -159,8 +161,6 @@ def _explain(e: Exception, repo_id: str, token: Token) -> str:
 
 def _local_paths(folder: str, repo_id: str) -> dict[str, str]:
     """Local paths the folder's files may hold, each mapped to what is published instead."""
-    import json
-
     paths: dict[str, str] = {}
     recipe_path = os.path.join(folder, RECIPE_FILE)
     if os.path.isfile(recipe_path):
@@ -442,8 +442,6 @@ def _push_monitored(api, repo_id: str, plan: list[tuple[str, str | bytes]], moni
     """The push of an app's run: the files uploaded one at a time (a report and a cancel check between them,
     no progress bar: files are given as open file objects, which huggingface_hub uploads without one), then
     one commit. Uploaded blobs that no commit names are invisible on the Hub."""
-    import contextlib
-
     from huggingface_hub import CommitOperationAdd
 
     with contextlib.ExitStack() as files, _no_xet_bars(monitor.reporting):

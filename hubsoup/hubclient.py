@@ -12,8 +12,10 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import time
 from typing import Any, Union
 
 from hubsoup.errors import PushError
@@ -119,7 +121,6 @@ _stored_token: tuple[float, str | None] = (0.0, None)
 def _stored() -> str | None:
     """huggingface_hub's token (env or ``hf auth login``), read at most once a second (log records ask often)."""
     global _stored_token
-    import time
 
     now = time.monotonic()
     if now - _stored_token[0] > 1.0:
@@ -166,8 +167,6 @@ class SecretFilter:
         if clean != msg:
             record.msg, record.args = clean, None
         if record.exc_info and record.exc_info[1] is not None:
-            import logging
-
             text = logging.Formatter().formatException(record.exc_info)
             if scrub_secrets(text) != text:
                 record.exc_text, record.exc_info = scrub_secrets(text), None
@@ -178,8 +177,6 @@ def install_log_scrubber() -> None:
     """No Hub token in any log record: :class:`SecretFilter` on every handler of the root logger and of
     the HTTP libraries' loggers, and a log record factory that scrubs each record as it is made (so
     loggers and handlers configured later are covered too). Installed once per process."""
-    import logging
-
     for name in (None, "huggingface_hub", "httpx", "httpx2", "httpcore", "transformers", "urllib3"):
         for handler in logging.getLogger(name).handlers:
             if not any(isinstance(f, SecretFilter) for f in handler.filters):

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -125,8 +126,6 @@ def write_adapter(folder: str, base: str, *, seed: int, r: int, targets: Sequenc
     model: for bases too large to instantiate cheaply (the memory tests and benchmarks).
     lora_B is random too, so the update is not 0.
     """
-    import json
-
     from safetensors import safe_open
     from safetensors.torch import save_file
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 
 from hubsoup import __version__
@@ -241,17 +243,12 @@ class _Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame):
-    import signal
-
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
     raise _Terminated()
 
 
 def _catch_sigterm():
     """Install the SIGTERM handler (main thread only); returns what restores the previous one."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = signal.signal(signal.SIGTERM, _on_sigterm)

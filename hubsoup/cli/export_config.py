@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from hubsoup.errors import ParameterError
@@ -23,8 +24,6 @@ def export(args) -> int:
             raise ParameterError(f"recipe '{path}': {e}") from None
     stored = None
     if os.path.isdir(args.recipe):  # the output's stored dtype, for a recipe that kept the base's
-        import json
-
         cfg_path = os.path.join(args.recipe, "config.json")
         if os.path.isfile(cfg_path):
             with open(cfg_path, encoding="utf-8") as f:

@@ -17,6 +17,7 @@ The base encoder is all-MiniLM-L6-v2 (see :func:`hubsoup.demo.data.minilm_path`)
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -233,8 +234,6 @@ def save_base(src: str, out_dir: str, *, base_model: str | None = None) -> str:
     same tensor names: non-persistent buffers such as ``position_ids`` are dropped), keeping
     its tokenizer and model card; ``base_model``: the Hub model this copy is, written into the
     card's metadata (so cards of merges built on it name the real upstream model)."""
-    import shutil
-
     model, tok = load_encoder(src)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)

@@ -6,6 +6,7 @@ the engine (:class:`hubsoup.methods.PrepareContext.load_expert`), one block at a
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import tempfile
@@ -397,8 +398,6 @@ def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
 def _forward(model, inputs: dict[str, torch.Tensor]) -> None:
     """One forward pass. Encoder-decoder models get the exemplar itself, shifted right, as
     decoder input (teacher forcing on the exemplar text) [ours: the papers do not say]."""
-    import inspect
-
     kw = dict(inputs)
     if getattr(model.config, "is_encoder_decoder", False) and "input_ids" in kw:
         shift = getattr(model, "_shift_right", None)

@@ -14,6 +14,7 @@ a whole model.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import logging
 import math
@@ -394,8 +395,6 @@ def get_method(name: str) -> Method:
     try:
         return _REGISTRY[name]()
     except KeyError:
-        import difflib
-
         close = difflib.get_close_matches(name, _REGISTRY, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise MethodError(

@@ -27,6 +27,7 @@ import errno
 import json
 import os
 import shutil
+import sys
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,7 +58,6 @@ def _writeback_starter():
     ``sync_file_range(SYNC_FILE_RANGE_WRITE)``); None where libc lacks it."""
     import ctypes
     import ctypes.util
-    import sys
 
     if not sys.platform.startswith("linux"):
         return None

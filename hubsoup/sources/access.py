@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import contextvars
 import fnmatch
+import os
 import re
+import shutil
+import tempfile
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -234,10 +237,6 @@ def load_hub_dataset(name: str, role: str, *, config: str | None = None, split: 
     ...
     hubsoup.errors.InputError: evaluation data 'csv': only Hub dataset IDs (org/name) are accepted here, not local paths
     """
-    import os
-    import shutil
-    import tempfile
-
     import datasets
     from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
 

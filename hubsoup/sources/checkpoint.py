@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 
 import hashlib
 import json
@@ -249,8 +250,6 @@ class Checkpoint:
 
     def check_links(self, patterns: list[str]) -> None:
         """Refuse (:meth:`file`) any file of the folder matching ``patterns`` that is a link leading out of it."""
-        import fnmatch
-
         try:
             names = sorted(os.listdir(self.folder))
         except OSError:

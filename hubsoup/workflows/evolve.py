@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -272,8 +273,6 @@ class EvolveConfig:
 def param_names(cfg: EvolveConfig) -> dict[str, str]:
     """Each space key's method parameter; a per-input key may use mergekit's per-model name (``weight`` ->
     ``weights``, ``density`` -> ``densities``). An unknown name is an error naming the key and the choices."""
-    import dataclasses
-
     from hubsoup.methods import get_method
 
     m = get_method(cfg.method)

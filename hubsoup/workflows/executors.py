@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -81,8 +82,6 @@ def _ray_trial(payload: dict[str, Any]) -> dict[str, Any]:
 def _worker_shared_statistics() -> None:
     """A Ray worker process keeps one shared-statistics block for its life, as the local executor does for the
     study: consecutive trials on it whose preparation is the same share it (finished when the process exits)."""
-    import atexit
-
     from hubsoup.engine import shared
 
     if shared.current() is None:

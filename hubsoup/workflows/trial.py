@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import socket
 import tempfile
 import time
 from typing import Any, Sequence
@@ -156,8 +157,6 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_trial(payload: dict[str, Any]) -> dict[str, Any]:
-    import socket
-
     import torch
 
     from hubsoup.eval import TaskSpec, evaluate_model

@@ -16,7 +16,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import string
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -290,8 +292,6 @@ def _value(tp, value: Any, where: str, key: str):
 
 
 def _close(name: str, known) -> str | None:
-    import difflib
-
     hits = difflib.get_close_matches(name, list(known), n=1, cutoff=0.7)
     return hits[0] if hits else None
 
@@ -336,7 +336,6 @@ def _check(p: Pipeline, where: str) -> None:
         check_repo_id(f"{p.push.namespace}/x")
     except Exception:  # noqa: BLE001
         raise ParameterError(f"{where}: 'push.namespace' {p.push.namespace!r} is not a Hub user or organisation name") from None
-    import string
 
     try:
         fields_used = {f for _, f, _, _ in string.Formatter().parse(p.push.name) if f is not None}

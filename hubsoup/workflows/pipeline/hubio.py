@@ -10,6 +10,7 @@ commits, whole merges whose downloads failed), bounded.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -221,8 +222,6 @@ def published_recipes(api, namespace: str, policy: RetryConfig, token: Token = N
 
 def published_scores(pub: Published, policy: RetryConfig, token: Token = None) -> dict[str, float]:
     """The eval scores a published merge carries (its ``eval_results.json``), ``{"task/metric": value}``."""
-    import json
-
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
 
@@ -273,8 +272,6 @@ def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig,
         hubsoup.errors.InputError: the file is not the JSON a pipeline writes (one line naming the
             repo, the row and the key; fix or delete ``leaderboard.json`` there), before anything is done.
     """
-    import json
-
     from huggingface_hub.errors import RepositoryNotFoundError
 
     from hubsoup.errors import InputError

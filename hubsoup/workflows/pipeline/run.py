@@ -39,6 +39,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -596,8 +597,6 @@ class _Runner:
 
     def _score(self, scores: dict[str, float]) -> float | None:
         """The selection metric of these scores; None when missing or not a finite number (never ranked)."""
-        import math
-
         value = self._metric(scores)
         return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
@@ -1023,8 +1022,6 @@ def _hidden(c: Candidate) -> bool:
 
 def _finite(v: Any) -> Any:
     """A score for the leaderboard's JSON: NaN and ±inf are null (JSON has no such numbers)."""
-    import math
-
     return v if not isinstance(v, float) or math.isfinite(v) else None
 
 
