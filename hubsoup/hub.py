@@ -36,7 +36,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable
 
-from hubsoup.card import retarget_text
+from hubsoup.card import public_adapter_config, retarget_text
 from hubsoup.errors import MergeCancelled, PushError
 from hubsoup.public import _map_models, resign_state_json
 # the Hub client rules live in hubsoup.hubclient (sources and the pipeline use them too); re-exported here
@@ -256,8 +256,6 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
             else:
                 new = text
                 if name == "adapter_config.json":  # peft loads the base it names: the one a card names
-                    from hubsoup.card import public_adapter_config
-
                     new = public_adapter_config(new, folder)
                 for path, public in replace:
                     if path in new:

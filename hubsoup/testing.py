@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from hubsoup.methods import TensorContext, get_method
+
 if TYPE_CHECKING:
     from hubsoup.methods import Method
     from hubsoup.plan import BlockInfo
@@ -182,8 +184,6 @@ def merge_tensors(method: str | Method, taus: Sequence[torch.Tensor] | torch.Ten
         >>> merge_tensors("task_arithmetic", [torch.ones(2), torch.full((2,), 3.0)], scale=0.5)
         tensor([2., 2.])
     """
-    from hubsoup.methods import TensorContext, get_method
-
     m = get_method(method) if isinstance(method, str) else method
     p = m.parse(params)
     stacked = taus if isinstance(taus, torch.Tensor) else torch.stack(list(taus))

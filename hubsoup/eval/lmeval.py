@@ -33,6 +33,8 @@ import threading
 from typing import Any
 
 from hubsoup.errors import ParameterError
+from hubsoup.eval.run import TaskResult
+from hubsoup.eval.tasks import TaskSpec
 
 KIND = "lm-eval"
 _INT_KEYS = ("num_fewshot", "limit", "batch_size")
@@ -88,8 +90,6 @@ def parse(spec: str, rest: str):
 
 
 def from_options(spec: str, tasks: list[str], kw: dict[str, Any]):
-    from hubsoup.eval.tasks import TaskSpec
-
     extra: dict[str, Any] = {}
     limit = None
     for k, v in kw.items():
@@ -183,9 +183,6 @@ def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, devi
     _import()
     import lm_eval
     from lm_eval.models.huggingface import HFLM
-
-    from hubsoup.eval.run import TaskResult
-    from hubsoup.eval.tasks import TaskSpec
 
     ex = task.extra
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=ex.get("batch_size", batch_size), device=device,

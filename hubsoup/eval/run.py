@@ -271,7 +271,7 @@ def evaluate_model(model: Any, tasks: Sequence[TaskSpec], *, batch_size: int = 3
         if limit is not None:
             task = TaskSpec(**{**task.__dict__, "limit": limit})
         if task.kind == "lm-eval":  # lm-eval's own loading, prompts and metrics, on the model in memory
-            from hubsoup.eval import lmeval
+            from hubsoup.eval import lmeval  # lazy: eval.lmeval imports this module (cycle)
 
             results.extend(lmeval.evaluate(models.get("causal"), models.tokenizer(), task, limit=task.limit,
                                            batch_size=batch_size, device=device))

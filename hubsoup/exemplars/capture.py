@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from hubsoup.arch import model_class
 from hubsoup.errors import HubsoupError
 from hubsoup.exemplars.data import load_exemplar_rows, make_batches
+from hubsoup.exemplars.dispatch import DispatchedExperts
 
 if TYPE_CHECKING:  # the method kit's types only: methods (LOT) import exemplars, not the reverse
     from hubsoup.methods import PrepareContext
@@ -325,7 +326,6 @@ def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
     experts = None
     if ctx.device_map is not None or ctx.max_memory is not None:
         # big experts: each is built and run with accelerate's big-model inference (CPU/disk offload)
-        from hubsoup.exemplars.dispatch import DispatchedExperts
 
         experts = DispatchedExperts(ctx.base_folder, device_map=ctx.device_map, max_memory=ctx.max_memory,
                                     scratch=ctx.scratch, quiet=ctx.quiet)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from hubsoup.arch import model_class
 from hubsoup.errors import HubsoupError, PlacementError
 from hubsoup.options import parse_device_map, parse_max_memory
 
@@ -28,8 +29,6 @@ def meta_model(base_folder: str):
     """The base's architecture with empty (meta) weights, ties made, in eval mode; never remote code."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig
-
-    from hubsoup.arch import model_class
 
     try:
         cfg = AutoConfig.from_pretrained(base_folder, trust_remote_code=False)

@@ -70,6 +70,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from hubsoup.errors import ParameterError
+from hubsoup.output.checkpoint import _COPY_FROM_BASE
+from hubsoup.sources.adapted import open_adapted
+from hubsoup.sources.checkpoint import TensorInfo
+from hubsoup.sources.compat import _is_local
+from hubsoup.sources.remap import RemappedCheckpoint
+from hubsoup.sources.resolve import open_input
 
 log = logging.getLogger(__name__)
 
@@ -583,12 +589,6 @@ class VocabLayout:
 
         ``wrap``: applied to the opened models (ref → checkpoint) before they are re-mapped (a module's
         tied tensors, aliased where a model does not store them)."""
-        from hubsoup.sources.checkpoint import TensorInfo
-        from hubsoup.sources.compat import _is_local
-        from hubsoup.sources.adapted import open_adapted
-        from hubsoup.sources.remap import RemappedCheckpoint
-        from hubsoup.sources.resolve import open_input
-
         physical = list(dict.fromkeys(self.order))  # a model+adapter reference: the model, adapter applied on read
         extra = [] if self.spec.source in ("union", "base") else [self.spec.source.split("+")[0]]
         if monitor is not None:
@@ -659,8 +659,6 @@ class VocabLayout:
 
     def finish(self, folder: str) -> None:
         """The output's tokenizer (saved as mergekit saves it) and ``config.json``'s ``vocab_size``."""
-        from hubsoup.output.checkpoint import _COPY_FROM_BASE
-
         for fname in (*_COPY_FROM_BASE, "tokenizer.model", "added_tokens.json", "vocab.json", "merges.txt",
                       "vocab.txt", "chat_template.jinja", "chat_template.json"):
             if fname not in ("config.json", "generation_config.json", "preprocessor_config.json"):

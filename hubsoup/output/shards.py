@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from hubsoup.errors import DiskFullError
+from hubsoup.output.folder import final_path
 from hubsoup.sources.checkpoint import ST_DTYPES
 
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
@@ -162,7 +163,6 @@ class ShardedWriter:
         """``e``, or for a full disk the one-line :class:`DiskFullError` (caused by ``e``)."""
         if not (isinstance(e, OSError) and e.errno in _DISK_FULL):
             return e
-        from hubsoup.output.folder import final_path
 
         free = f" ({self.free_at_start} were free when writing started)" if self.free_at_start is not None else ""
         err = DiskFullError(f"disk full while writing {file} in {final_path(self.folder)}: {self.file_bytes} bytes "

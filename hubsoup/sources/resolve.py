@@ -14,9 +14,11 @@ import os
 import re
 import time
 
-from hubsoup.errors import InputError, MergeCancelled, PickleRefusedError
+from hubsoup.errors import CorruptCheckpointError, HubsoupError, InputError, MergeCancelled, PickleRefusedError
 from hubsoup.hubclient import Token, ensure_timeouts, error_status, hub_timeout, is_timeout, scrub_secrets, server_detail
 from hubsoup.progress import Monitor, silent_tqdm
+from hubsoup.sources import access
+from hubsoup.sources.access import current
 from hubsoup.sources.checkpoint import ST_DTYPES, Checkpoint, InputRef, SAFETENSORS_INDEX, TensorInfo
 
 METADATA_FILES = [
@@ -75,8 +77,6 @@ def open_input(spec: str, *, allow_pickle: bool = False, token: Token = None,
         >>> ckpt.ref.sha                                  # doctest: +SKIP
         '3f1c...'
     """
-    from hubsoup.sources import access
-
     if access.hub_only():  # a server's run: the text alone decides, before anything on the disk is looked at
         access.require_hub_id(spec, role)
     if not isinstance(spec, str) or not spec.strip():
@@ -180,8 +180,6 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
          monitor: Monitor | None = None, headers_only: bool = False) -> Checkpoint:
     from huggingface_hub import HfApi, constants, snapshot_download
 
-    from hubsoup.sources import access
-
     acc = access.current()  # this run's cache and download budget (kept by the closures below)
     cache = {"cache_dir": acc.cache_dir} if acc.cache_dir else {}
     who = f"{role} '{spec}'"
@@ -219,8 +217,6 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
             acc.charge(repo_id, sha, sizes, patterns, who)
             folder = snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars, **cache)
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
-        from hubsoup.errors import HubsoupError
-
         if isinstance(e, HubsoupError) and _cancelled(e) is None:
             raise
         raise fail(e) from e
@@ -255,8 +251,6 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
                 raise _pickle_refused(ckpt.label, role)
             patterns = ["pytorch_model*.bin"]
         else:
-            from hubsoup.errors import CorruptCheckpointError
-
             raise CorruptCheckpointError(
                 f"{role} '{ckpt.label}': the repo holds no weights (no model.safetensors, "
                 f"{SAFETENSORS_INDEX} or pytorch_model.bin)")
@@ -312,14 +306,10 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
                 for name, t in meta.tensors.items():
                     dtype = ST_DTYPES.get(t.dtype)
                     if dtype is None:
-                        from hubsoup.errors import CorruptCheckpointError
-
                         raise CorruptCheckpointError(f"{role} '{ckpt.label}': tensor '{name}' in {fname} has "
                                                      f"unsupported dtype {t.dtype}")
                     out[fname][name] = TensorInfo(tuple(t.shape), dtype)
         except Exception as e:  # noqa: BLE001 - one line naming the repo
-            from hubsoup.errors import HubsoupError
-
             if isinstance(e, HubsoupError):
                 raise
             raise fail(e) from e
@@ -378,8 +368,6 @@ def download_size(ckpt: Checkpoint, token: Token = None) -> tuple[int, int] | No
     if not names:
         return None
     from huggingface_hub import HfApi, try_to_load_from_cache
-
-    from hubsoup.sources.access import current
 
     cache = {"cache_dir": current().cache_dir} if current().cache_dir else {}
     try:

@@ -46,8 +46,20 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
+import hubsoup
+from hubsoup.api import parse_method
+from hubsoup.card import template_path
 from hubsoup.errors import EvolveError, ParameterError
+from hubsoup.eval import TaskSpec
+from hubsoup.hub import check_repo_id
+from hubsoup.methods import get_method
+from hubsoup.options import MergeOptions
+from hubsoup.output.folder import OutputLock
+from hubsoup.progress import Monitor
 from hubsoup.recipe import public_value
+from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
+from hubsoup.workflows.executors import make_executor
+from hubsoup.workflows.trial import pin_inputs
 
 OPTIMIZERS = ("cmaes", "tpe", "random")
 SEARCH_FILE = "hubsoup_search.json"
@@ -191,7 +203,6 @@ class EvolveConfig:
             where = f"evolve config '{source}'"
             if not os.path.isfile(source):
                 raise ParameterError(f"{where} not found")
-            from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 
             with open(source, encoding="utf-8") as f:
                 source = load_yaml(f.read(MAX_YAML_BYTES + 1), where)  # bounded: size, aliases
@@ -273,8 +284,6 @@ class EvolveConfig:
 def param_names(cfg: EvolveConfig) -> dict[str, str]:
     """Each space key's method parameter; a per-input key may use mergekit's per-model name (``weight`` ->
     ``weights``, ``density`` -> ``densities``). An unknown name is an error naming the key and the choices."""
-    from hubsoup.methods import get_method
-
     m = get_method(cfg.method)
     fields = {f.name for f in dataclasses.fields(m.Params)}
     out = {}
@@ -345,8 +354,6 @@ def _check_dir(out: str) -> None:
 
 def _pin_inputs(cfg: EvolveConfig, opts, point: dict[str, Any]) -> tuple[list[str], str | None, int]:
     """The inputs and base pinned once on the driver, and the memory a trial needs (:func:`trial.pin_inputs`)."""
-    from hubsoup.workflows.trial import pin_inputs
-
     inputs, base, memory, _, _ = pin_inputs(cfg.models, cfg.base, cfg.method, point, opts, cfg.dtype)
     return inputs, base, memory
 
@@ -404,18 +411,10 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
             name, any host): refused at once, naming it (:mod:`hubsoup.workflows.study_lease`); a killed
             driver's lease is taken over (its pid gone on this host, or no heartbeat for 2 minutes).
     """
-    from hubsoup.eval import TaskSpec
-    from hubsoup.options import MergeOptions
-    from hubsoup.output.folder import OutputLock
-    from hubsoup.progress import Monitor
-    from hubsoup.workflows.executors import make_executor
-
     cfg = config if isinstance(config, EvolveConfig) else EvolveConfig.load(config)
     monitor = Monitor(progress, cancel)
     quiet = quiet or monitor.reporting
     if push:
-        from hubsoup.hub import check_repo_id
-
         check_repo_id(push)
     names = param_names(cfg)
     tasks = [TaskSpec.parse(t) for t in cfg.tasks]
@@ -423,7 +422,6 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         t.check()
     opts = MergeOptions(quiet=True, device=cfg.device, dtype=cfg.dtype)
     # the space's keys and choices are the method's (a typo'd choice fails now, by name)
-    from hubsoup.api import parse_method
 
     dists = cfg.distributions()
     # the lower corner: a range that reaches past what the method accepts only fails those trials
@@ -561,8 +559,6 @@ def public_task(spec: str) -> str:
     >>> public_task("lm-eval:arc_easy,num_fewshot=0")
     'lm-eval:arc_easy,num_fewshot=0'
     """
-    from hubsoup.recipe import public_value
-
     kind, sep, rest = spec.partition(":")
     if not sep:
         return spec
@@ -631,9 +627,6 @@ def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None
                 summary: dict[str, Any], quiet: bool):
     """Merge the best trial once into a temporary folder inside ``out`` (with evaluation and card), then move its
     files into ``out``, replacing an earlier best model's; the study's own files stay."""
-    import hubsoup
-    from hubsoup.card import template_path
-
     tmp = tempfile.mkdtemp(prefix=".hubsoup-best-", dir=out)
     try:
         model_dir = os.path.join(tmp, "model")

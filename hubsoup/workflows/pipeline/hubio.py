@@ -19,8 +19,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from hubsoup.errors import InputError
+from hubsoup.hub import ensure_timeouts, error_status, hub_timeout, is_timeout
 from hubsoup.hubclient import Token
+from hubsoup.sources.resolve import hub_failure, parse_spec
+from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 from hubsoup.workflows.pipeline.config import Query, RetryConfig
+from hubsoup.workflows.pipeline.licenses import read
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -34,8 +39,6 @@ LEADERBOARD_MD = "leaderboard.md"
 
 def retryable(e: BaseException) -> bool:
     """A transient Hub failure: 408/429/5xx, a timeout or a connection lost on the way."""
-    from hubsoup.hub import error_status, is_timeout
-
     status = error_status(e)
     if status is not None:
         return status in RETRY_STATUS
@@ -68,8 +71,6 @@ def _retry_after(e: BaseException) -> float | None:
 
 def with_retry(fn: Callable[[], T], what: str, policy: RetryConfig, *, sleep: Callable[[float], None] = time.sleep) -> T:
     """``fn()``, retried on transient Hub failures (see the module's docstring); the last error is raised."""
-    from hubsoup.hub import error_status
-
     wait = policy.base_wait
     for attempt in range(1, policy.attempts + 1):
         try:
@@ -148,10 +149,6 @@ def _weight_files(siblings) -> dict[str, int]:
 
 def repo_info(api, spec: str, policy: RetryConfig, token: Token = None, role: str = "candidate") -> RepoInfo:
     """Resolve ``org/name[@rev]`` to its commit, kind, license and weight sizes (``model_info(files_metadata=True)``)."""
-    from hubsoup.hub import ensure_timeouts, hub_timeout
-    from hubsoup.sources.resolve import hub_failure, parse_spec
-    from hubsoup.workflows.pipeline.licenses import read
-
     repo_id, revision = parse_spec(spec)
     ensure_timeouts()
     try:
@@ -197,8 +194,6 @@ def published_recipes(api, namespace: str, policy: RetryConfig, token: Token = N
     ``hubsoup_recipe.yaml`` on the Hub (repos tagged ``hubsoup``; one without a readable recipe is ignored)."""
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
-
-    from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 
     repos = with_retry(lambda: [(m.id, m.sha) for m in api.list_models(author=namespace, filter="hubsoup",
                                                                         full=True, token=token)],
@@ -274,8 +269,6 @@ def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig,
     """
     from huggingface_hub.errors import RepositoryNotFoundError
 
-    from hubsoup.errors import InputError
-
     try:
         raw = with_retry(lambda: fetch_file(repo_id, LEADERBOARD_JSON, repo_type, token), f"leaderboard {repo_id}",
                          policy)
@@ -295,8 +288,6 @@ def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig,
 
 def check_row(r: Any, where: str) -> dict:
     """One leaderboard row, checked key by key (an earlier run's file is untrusted input)."""
-    from hubsoup.errors import InputError
-
     def bad(key: str, what: str, value: Any) -> InputError:
         text = repr(value)
         return InputError(f"{where}.{key} must be {what}, got {text[:40] + '...' if len(text) > 40 else text}; "
@@ -341,8 +332,6 @@ def fetch_file(repo_id: str, filename: str, repo_type: str = "model", token: Tok
     from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-    from hubsoup.hub import hub_timeout
-
     url = hf_hub_url(repo_id, filename, repo_type=repo_type, revision="main")
     resp = get_session().get(url, headers=build_hf_headers(token=token), follow_redirects=True,
                              timeout=hub_timeout())
@@ -362,8 +351,6 @@ def push_files(api, repo_id: str, files: dict[str, bytes], message: str, policy:
     """
     from huggingface_hub import CommitOperationAdd
     from huggingface_hub.errors import RepositoryNotFoundError
-
-    from hubsoup.hub import ensure_timeouts
 
     ensure_timeouts()
     try:
