@@ -102,7 +102,7 @@ class TaskSpec:
             from hubsoup.eval import lmeval  # lazy: eval.lmeval imports this module (cycle)
 
             return lmeval.check(self)
-        import datasets
+        import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only an evaluation's data needs it
 
         shown = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()  # a check, not the evaluation: no "Generating train split" bars
@@ -120,7 +120,7 @@ class TaskSpec:
 
     def load(self):
         """The task's examples as a ``datasets.Dataset``."""
-        import datasets
+        import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only an evaluation's data needs it
 
         try:
             if self.is_local:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
 from hubsoup.arch import model_class
 from hubsoup.errors import HubsoupError
@@ -190,6 +191,7 @@ class _Capture:
 
 def load_skeleton(base_folder: str, device):
     """The base model as a float32 ``transformers`` model in eval mode (never remote code)."""
+    # lazy: transformers costs ~4 s to import here (torch ~6 s); only LOT's exemplar capture needs it
     from transformers import AutoConfig
 
     try:
@@ -203,6 +205,7 @@ def load_skeleton(base_folder: str, device):
 
 def plan_ops(model, base_names: set[str]) -> tuple[dict[str, OpStat], list[tuple[str, torch.nn.Module, str, Any, int]]]:
     """Which op owns each mergeable tensor, and the hooks to install (name, module, kind, extra, gram bytes)."""
+    # lazy: transformers' model classes cost ~13 s to import here (torch ~6 s); only LOT's exemplar capture needs them
     from transformers.pytorch_utils import Conv1D
 
     names_of: dict[int, list[str]] = {}
@@ -295,7 +298,8 @@ class _quiet_libraries:
     def __enter__(self):
         if not self.quiet:
             return self
-        import datasets
+        import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only LOT's exemplar capture needs it
+        # lazy: transformers costs ~4 s to import here (torch ~6 s); only LOT's exemplar capture needs it
         import transformers
 
         self.ds = datasets.is_progress_bar_enabled()
@@ -309,7 +313,8 @@ class _quiet_libraries:
     def __exit__(self, *exc):
         if not self.quiet:
             return
-        import datasets
+        import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only LOT's exemplar capture needs it
+        # lazy: transformers costs ~4 s to import here (torch ~6 s); only LOT's exemplar capture needs it
         import transformers
 
         if self.ds:
@@ -320,8 +325,6 @@ class _quiet_libraries:
 
 
 def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
-    from tqdm.auto import tqdm
-
     device = ctx.device
     experts = None
     if ctx.device_map is not None or ctx.max_memory is not None:
@@ -411,6 +414,7 @@ def _forward(model, inputs: dict[str, torch.Tensor]) -> None:
 
 def _tokenizer(folder: str):
     try:
+        # lazy: transformers costs ~4 s to import here (torch ~6 s); only LOT's exemplar capture needs it
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(folder)

@@ -51,7 +51,7 @@ def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0):
     (json/jsonl/csv/tsv/parquet/txt/arrow); a folder saved with ``save_to_disk`` or of such
     files. More rows than ``n``: a seeded random sample (the paper draws them at random).
     """
-    import datasets
+    import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only LOT's exemplars from the Hub need it
 
     if hub_only():  # a server's run: a Hub dataset by its name alone, never a path of the host
         require_hub_dataset(spec, f"exemplars for task '{task}'")

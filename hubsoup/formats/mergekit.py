@@ -984,6 +984,7 @@ class MergekitLayout:
             _remove_tokenizer_files(folder)
             return
         if self.merge.chat_template:  # mergekit then saves the tokenizer again (not a file copy), template or not
+            # lazy: transformers costs ~4 s to import here (torch ~6 s); only a config's tokenizer source needs it
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(folder)

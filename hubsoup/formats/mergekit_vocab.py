@@ -263,6 +263,7 @@ def config_vocab_size(config: dict) -> int | None:
 
 
 def _load_tokenizer(folder: str, label: str, **kw: Any):
+    # lazy: transformers costs ~4 s to import here (torch ~6 s); only a config's tokenizer source needs it
     from transformers import AutoTokenizer
 
     try:
@@ -274,7 +275,7 @@ def _load_tokenizer(folder: str, label: str, **kw: Any):
 
 def stripped_tokenizer(folder: str, label: str, vocab_size: int | None):
     """The tokenizer without the tokens at ids ``>= vocab_size`` (mergekit's ``get_stripped_tokenizer``)."""
-    import tokenizers
+    import tokenizers  # lazy: tokenizers comes with transformers (~4 s here); only a tokenizer source needs it
 
     tok = _load_tokenizer(folder, label, use_fast=True)
     vocab = tok.get_vocab()
@@ -311,6 +312,7 @@ def stripped_tokenizer(folder: str, label: str, vocab_size: int | None):
 
 def union_tokenizer(base_tok, toks: dict[str, Any], sizes: dict[str, int | None]):
     """The union of the tokenizers (mergekit's ``build_union_tokenizer``), starting from the base's."""
+    # lazy: transformers costs ~4 s to import here (torch ~6 s); only a config's tokenizer source needs it
     from transformers import AutoTokenizer
 
     out_added: dict[str, Any] = {}

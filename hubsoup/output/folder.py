@@ -479,7 +479,7 @@ def exchange(a: str, b: str) -> bool:
         return False
     if _renameat2 is None:
         try:
-            import ctypes
+            import ctypes  # lazy: platform-specific (Linux renameat2 through libc)
 
             libc = ctypes.CDLL(None, use_errno=True)
             fn = libc.renameat2

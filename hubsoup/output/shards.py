@@ -57,8 +57,8 @@ class _Slot:
 def _writeback_starter():
     """``start(fd, offset, nbytes)``: begin writing that range to disk without waiting (Linux
     ``sync_file_range(SYNC_FILE_RANGE_WRITE)``); None where libc lacks it."""
-    import ctypes
-    import ctypes.util
+    import ctypes  # lazy: platform-specific (Linux sync_file_range through libc)
+    import ctypes.util  # lazy: platform-specific (Linux sync_file_range through libc)
 
     if not sys.platform.startswith("linux"):
         return None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from huggingface_hub import metadata_load
 from safetensors import SafetensorError, safe_open
 
 from hubsoup.errors import CorruptCheckpointError, InputError, PickleRefusedError, UnsafePathError
@@ -290,7 +291,6 @@ class Checkpoint:
         if not os.path.isfile(path):
             return {}
         path = self.file("README.md")
-        from huggingface_hub import metadata_load
 
         try:
             return metadata_load(path) or {}

@@ -14,6 +14,11 @@ import os
 import re
 import time
 
+from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
+from huggingface_hub.errors import (
+    GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
+)
+
 from hubsoup.errors import CorruptCheckpointError, HubsoupError, InputError, MergeCancelled, PickleRefusedError
 from hubsoup.hubclient import Token, ensure_timeouts, error_status, hub_timeout, is_timeout, scrub_secrets, server_detail
 from hubsoup.progress import Monitor, silent_tqdm
@@ -121,15 +126,6 @@ def _pickle_refused(label: str, role: str = "input") -> PickleRefusedError:
 def hub_failure(e: BaseException, who: str, repo_id: str, revision: str | None = None,
                 token: Token = None) -> InputError:
     """One line saying why reading ``repo_id`` from the Hub failed (``who``: ``input 'spec'``, ``base 'spec'``)."""
-    from huggingface_hub import constants
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
     def find(kind):
         seen, cur = set(), e
         while cur is not None and id(cur) not in seen:
@@ -178,8 +174,6 @@ def _cancelled(e: BaseException) -> MergeCancelled | None:
 
 def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="input",
          monitor: Monitor | None = None, headers_only: bool = False) -> Checkpoint:
-    from huggingface_hub import HfApi, constants, snapshot_download
-
     acc = access.current()  # this run's cache and download budget (kept by the closures below)
     cache = {"cache_dir": acc.cache_dir} if acc.cache_dir else {}
     who = f"{role} '{spec}'"
@@ -291,7 +285,6 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         names = safetensors_files()
         if not names:
             return None
-        from huggingface_hub import try_to_load_from_cache
 
         if all(isinstance(try_to_load_from_cache(repo_id, f, revision=sha, **cache), str) for f in names):
             return None  # every weight file is in the local cache at this commit: its headers are read there
@@ -367,7 +360,6 @@ def download_size(ckpt: Checkpoint, token: Token = None) -> tuple[int, int] | No
     names = names_of()
     if not names:
         return None
-    from huggingface_hub import HfApi, try_to_load_from_cache
 
     cache = {"cache_dir": current().cache_dir} if current().cache_dir else {}
     try:

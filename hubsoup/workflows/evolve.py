@@ -44,6 +44,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import jinja2
+import numpy as np
 import yaml
 
 import hubsoup
@@ -59,6 +61,7 @@ from hubsoup.progress import Monitor
 from hubsoup.recipe import public_value
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 from hubsoup.workflows.executors import make_executor
+from hubsoup.workflows.study_lease import StudyLease
 from hubsoup.workflows.trial import pin_inputs
 
 OPTIMIZERS = ("cmaes", "tpe", "random")
@@ -139,7 +142,7 @@ class Dimension:
         return [f"{self.key}{i}{g}" for i in ins for g in grs]
 
     def distribution(self):
-        import optuna.distributions as d
+        import optuna.distributions as d  # lazy: optional extra (optuna)
 
         if self.kind == "choice":
             return d.CategoricalDistribution(list(self.choices))
@@ -302,8 +305,7 @@ def param_names(cfg: EvolveConfig) -> dict[str, str]:
 def make_sampler(cfg: EvolveConfig, number: int):
     """The sampler that proposes trial ``number``, seeded from ``(seed, number)``: what it proposes depends only
     on the seed, the number and the finished trials, never on this process' history (resumption, executors)."""
-    import numpy as np
-    import optuna
+    import optuna  # lazy: optional extra (optuna)
 
     seed = int(np.random.SeedSequence([cfg.seed, number]).generate_state(1)[0] % (2**31 - 1))
     if cfg.optimizer == "random":
@@ -359,7 +361,7 @@ def _pin_inputs(cfg: EvolveConfig, opts, point: dict[str, Any]) -> tuple[list[st
 
 
 def _storage(cfg: EvolveConfig, out: str):
-    import optuna
+    import optuna  # lazy: optional extra (optuna)
 
     url = cfg.storage or f"sqlite:///{os.path.abspath(os.path.join(out, STUDY_FILE))}"
     try:
@@ -443,12 +445,11 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         if "memory" not in cfg.resources:  # Ray's memory request: the planner's prediction (+25 % for the eval)
             cfg = copy.copy(cfg)
             cfg.resources = {**cfg.resources, "memory": int(memory * 1.25)}
-        import optuna
+        import optuna  # lazy: optional extra (optuna)
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = _storage(cfg, out)
         name = cfg.study_name or "hubsoup-evolve"
-        from hubsoup.workflows.study_lease import StudyLease
 
         # one driver per study, also across hosts on a shared database (a killed driver's lease is taken over)
         lease = StudyLease(storage.engine, name, _public_url(storage.url))
@@ -591,11 +592,11 @@ def _write_table(out: str, cfg: EvolveConfig, names: dict[str, str], table: list
 
 def _plot(out: str, table: list[dict[str, Any]]) -> None:
     """``hubsoup_search.png``: each trial's score (failed trials marked on the axis) and the best so far."""
-    import matplotlib
-    import matplotlib.ticker
+    import matplotlib  # lazy: optional extra (matplotlib)
+    import matplotlib.ticker  # lazy: optional extra (matplotlib)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: optional extra (matplotlib)
 
     rows = sorted(table, key=lambda r: r["number"])
     ok = [r for r in rows if r["state"] == "complete"]
@@ -632,7 +633,6 @@ def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None
         model_dir = os.path.join(tmp, "model")
         res = hubsoup.merge(inputs, cfg.method, base=base, out=model_dir, params=best["params"], dtype=cfg.dtype,
                             device=cfg.device, evaluate=cfg.tasks, eval_limit=cfg.limit, quiet=True)
-        import jinja2
 
         with open(template_path("evolve.md"), encoding="utf-8") as f:
             body = jinja2.Template(f.read()).render(s=summary, trials=len(summary["trials"]),

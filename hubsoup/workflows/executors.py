@@ -26,6 +26,8 @@ import tempfile
 import time
 from typing import Any, Callable, Sequence
 
+import torch
+
 from hubsoup.engine import shared
 from hubsoup.engine.shared import shared_statistics
 from hubsoup.errors import ParameterError
@@ -46,8 +48,6 @@ class LocalExecutor:
 
     def run(self, payloads: Sequence[dict[str, Any]], *, on_result: Callable[[dict[str, Any]], None] | None = None,
             monitor: Any = None) -> list[dict[str, Any]]:
-        import torch
-
         out = []
         threads = torch.get_num_threads()
         try:
@@ -100,7 +100,7 @@ class RayExecutor:
                  max_retries: int = 3, init: dict[str, Any] | None = None,
                  trial: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
         try:
-            import ray
+            import ray  # lazy: optional extra (ray)
         except ImportError:
             raise ParameterError("the Ray executor needs Ray: pip install 'hubsoup[ray]'") from None
         self.ray = ray

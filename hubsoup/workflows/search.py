@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 import hubsoup
 from hubsoup.api import scoped
 from hubsoup.engine import shared
+from hubsoup.engine.shared import shared_statistics
 from hubsoup.errors import HubsoupError, MethodError, ParameterError
 from hubsoup.eval import TaskResult, evaluate_model
 from hubsoup.eval.run import EVAL_FILE, write_results
@@ -263,7 +264,6 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
         if not is_local(executor):
             return _search_remote(folder, grid_points, inputs, method, base, tasks, params, normalize, limit, opts,
                                   executor, resources)
-        from hubsoup.engine.shared import shared_statistics
 
         # points that differ only in what the merge itself reads (λ) share the preparation (LOT's exemplar
         # features) and the statistics passes (TIES' whole-model ranking): computed once

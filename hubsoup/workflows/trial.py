@@ -25,6 +25,8 @@ import tempfile
 import time
 from typing import Any, Sequence
 
+import torch
+
 from hubsoup import __version__
 from hubsoup.api import _open_inputs, parse_method, place_blocks
 from hubsoup.engine import Job, run
@@ -152,8 +154,6 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_trial(payload: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
     t0 = time.perf_counter()
     out: dict[str, Any] = {"number": payload.get("number"), "host": socket.gethostname(), "pid": os.getpid()}
     seconds = {"merge": 0.0, "eval": 0.0}

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from huggingface_hub import HfApi, constants, snapshot_download
 from safetensors import SafetensorError, safe_open
 
 from hubsoup.errors import ContinualStateError, InputError
@@ -194,7 +195,6 @@ def state_folder(soup: str, token: Token = None) -> tuple[str, str]:
         return os.path.join(expanded, STATE_DIR), soup
     elif os.path.exists(expanded):
         raise InputError(f"soup '{soup}': is a file; give the merged model's folder or its Hub repo ID")
-    from huggingface_hub import HfApi, constants, snapshot_download
 
     repo_id, revision = parse_spec(soup)
     acc = access.current()

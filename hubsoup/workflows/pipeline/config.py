@@ -28,6 +28,7 @@ from hubsoup.eval import TaskSpec
 from hubsoup.formats.mergekit import is_mergekit_config
 from hubsoup.formats.stages import is_multi_stage, read_stages
 from hubsoup.hub import check_repo_id
+from hubsoup.methods import get_method
 from hubsoup.sources.access import hub_only
 from hubsoup.sources.resolve import parse_spec
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
@@ -317,8 +318,6 @@ def _check(p: Pipeline, where: str) -> None:
         if m.partner and m.combine != "with":
             raise ParameterError(f"{where}: 'merges[{i}].partner' is only used with combine: {{with: ORG/NAME}}")
         try:
-            from hubsoup.methods import get_method
-
             get_method(m.method)
         except Exception as e:  # noqa: BLE001 - the method registry's own message, with where it came from
             raise ParameterError(f"{where}: 'merges[{i}].method': {e}") from None

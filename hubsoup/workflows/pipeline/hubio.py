@@ -19,6 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from huggingface_hub import CommitOperationAdd, constants, hf_hub_download, hf_hub_url, try_to_load_from_cache
+from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError, RepositoryNotFoundError
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
 from hubsoup.errors import InputError
 from hubsoup.hub import ensure_timeouts, error_status, hub_timeout, is_timeout
 from hubsoup.hubclient import Token
@@ -126,8 +130,6 @@ class RepoInfo:
 
     def cached_bytes(self) -> int:
         """Bytes of :attr:`weight_files` already in the local Hub cache at this commit."""
-        from huggingface_hub import try_to_load_from_cache
-
         total = 0
         for name, size in self.weight_files.items():
             hit = try_to_load_from_cache(self.repo_id, name, revision=self.sha)
@@ -192,9 +194,6 @@ class Published:
 def published_recipes(api, namespace: str, policy: RetryConfig, token: Token = None) -> dict[str, Published]:
     """Recipe hash → the repo of ``namespace`` holding that merge, read from each hubsoup repo's
     ``hubsoup_recipe.yaml`` on the Hub (repos tagged ``hubsoup``; one without a readable recipe is ignored)."""
-    from huggingface_hub import constants, hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
-
     repos = with_retry(lambda: [(m.id, m.sha) for m in api.list_models(author=namespace, filter="hubsoup",
                                                                         full=True, token=token)],
                        f"list of {namespace}'s models", policy)
@@ -217,9 +216,6 @@ def published_recipes(api, namespace: str, policy: RetryConfig, token: Token = N
 
 def published_scores(pub: Published, policy: RetryConfig, token: Token = None) -> dict[str, float]:
     """The eval scores a published merge carries (its ``eval_results.json``), ``{"task/metric": value}``."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
-
     try:
         path = with_retry(lambda: hf_hub_download(pub.repo_id, EVAL_FILE, revision=pub.sha or None, token=token),
                           f"eval results of {pub.repo_id}", policy)
@@ -267,8 +263,6 @@ def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig,
         hubsoup.errors.InputError: the file is not the JSON a pipeline writes (one line naming the
             repo, the row and the key; fix or delete ``leaderboard.json`` there), before anything is done.
     """
-    from huggingface_hub.errors import RepositoryNotFoundError
-
     try:
         raw = with_retry(lambda: fetch_file(repo_id, LEADERBOARD_JSON, repo_type, token), f"leaderboard {repo_id}",
                          policy)
@@ -328,10 +322,6 @@ def fetch_file(repo_id: str, filename: str, repo_type: str = "model", token: Tok
     A plain GET of the file, compared by content: it works on any Hub, including one that
     answers without file hashes or ETags, and it leaves nothing in the Hub cache.
     """
-    from huggingface_hub import hf_hub_url
-    from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
-
     url = hf_hub_url(repo_id, filename, repo_type=repo_type, revision="main")
     resp = get_session().get(url, headers=build_hf_headers(token=token), follow_redirects=True,
                              timeout=hub_timeout())
@@ -349,9 +339,6 @@ def push_files(api, repo_id: str, files: dict[str, bytes], message: str, policy:
     What the repo holds now is fetched and compared byte for byte first (:func:`fetch_file`): an
     unchanged file makes no commit on any Hub, whether or not it reports file hashes.
     """
-    from huggingface_hub import CommitOperationAdd
-    from huggingface_hub.errors import RepositoryNotFoundError
-
     ensure_timeouts()
     try:
         now = {n: with_retry(lambda n=n: fetch_file(repo_id, n, repo_type, token), f"{n} of {repo_id}", policy)

@@ -46,6 +46,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
+from huggingface_hub import HfApi, ModelCard, constants
+from huggingface_hub.errors import RepositoryNotFoundError
+
 from hubsoup import __version__
 from hubsoup.api import MergeResult, merge, parse_method
 from hubsoup.errors import HubsoupError, ParameterError
@@ -54,7 +57,7 @@ from hubsoup.eval.run import EVAL_FILE, write_results
 from hubsoup.formats import stages
 from hubsoup.formats.mergekit import _map_models
 from hubsoup.formats.stages import is_multi_stage, read_stages
-from hubsoup.hub import ensure_timeouts, scrub_secrets
+from hubsoup.hub import check_repo_id, ensure_timeouts, scrub_secrets
 from hubsoup.hubclient import Token
 from hubsoup.options import MergeOptions
 from hubsoup.output.folder import OutputLock
@@ -207,8 +210,6 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
 
 
 def _run_pipeline(source, dry_run, token, work_dir, stream, on_event, executor=None, resources=None) -> PipelineReport:
-    from huggingface_hub import HfApi
-
     p = source if isinstance(source, Pipeline) else load_pipeline(source)
     out = stream or sys.stdout
     emit = on_event or (lambda kind, m: None)
@@ -427,8 +428,6 @@ class _Runner:
         problem = None
         for ref in refs:
             try:
-                from hubsoup.hub import check_repo_id
-
                 check_repo_id(parse_spec(ref)[0])
                 info = hubio.repo_info(self.api, ref, self.retry, self.token)
             except HubsoupError as e:
@@ -849,7 +848,6 @@ class _Runner:
             self.emit("failed", m)
             self._line(f"failed     {m.label}: {m.reason}")
             return
-        from huggingface_hub import constants
 
         m.status, m.action, m.url = PUBLISHED, "pushed", f"{constants.ENDPOINT}/{m.repo_id}"
         self.published[m.recipe_hash] = Published(m.repo_id, getattr(info, "oid", "") or "", m.url, m.recipe_hash,
@@ -861,8 +859,6 @@ class _Runner:
     def _write_card(self, m: PlannedMerge, result) -> None:
         """The card, rendered again from the verified files: the license this pipeline decided (or none),
         never one inherited by default, and a note naming private or gated inputs when they were allowed."""
-        from huggingface_hub import ModelCard
-
         d = m.license
         notes = []
         restricted = [f"`{r.repo_id}` ({r.restricted})" for r in (self._base, *m.inputs) if r.restricted]
@@ -889,9 +885,6 @@ class _Runner:
 
         ``"same"``: the target already holds this very merge (a concurrent run pushed it): ``m`` is published.
         """
-        from huggingface_hub import constants
-        from huggingface_hub.errors import RepositoryNotFoundError
-
         repo_id, h = m.repo_id, m.recipe_hash
         known = self.repo_hash.get(repo_id)
         if known is not None:
@@ -908,8 +901,6 @@ class _Runner:
             return None  # created by a run killed before its commit: ours to fill
         if hubio.RECIPE_FILE in files:
             try:
-                from hubsoup.untrusted import load_yaml
-
                 raw = with_retry(lambda: hubio.fetch_file(repo_id, hubio.RECIPE_FILE, "model", self.token),
                                  f"recipe of {repo_id}", self.retry)
                 there = (load_yaml(raw or b"", f"recipe of {repo_id}") or {}).get("hash")
@@ -973,8 +964,6 @@ class _Runner:
 
     def _public(self, e: "BaseException | str") -> str:
         """An error message fit for a published leaderboard: no token, no local path, one line."""
-        from huggingface_hub import constants
-
         text = " ".join(str(e).split())
         for path, name in ((constants.HF_HUB_CACHE, "<hf-cache>"), (self.work, "<work_dir>"),
                            (os.path.expanduser("~"), "~")):
