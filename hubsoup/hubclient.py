@@ -69,7 +69,7 @@ def ensure_timeouts() -> None:
     the caller or the user's own client set are kept. Installed on the current shared client and,
     through the client factory, on any client created later in the process.
     """
-    from huggingface_hub.utils import _http, get_session
+    from huggingface_hub.utils import _http, get_session  # lazy: keeps hubsoup --help free of huggingface_hub
 
     factory = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None)
     if factory is not None and not getattr(factory, "_hubsoup", False):
@@ -126,7 +126,7 @@ def _stored() -> str | None:
     if now - _stored_token[0] > 1.0:
         _stored_token = (now, _stored_token[1])  # a log record made while reading it must not read it again
         try:
-            from huggingface_hub import get_token
+            from huggingface_hub import get_token  # lazy: keeps hubsoup --help free of huggingface_hub
 
             _stored_token = (now, get_token())
         except Exception:  # noqa: BLE001 - no token store: nothing to hide

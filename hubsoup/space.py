@@ -142,7 +142,7 @@ def build_wheel() -> tuple[str, bytes]:
 
 def requirements(repo_id: str, hardware: str, private: bool, wheel: str, endpoint: str | None = None) -> str:
     """The Space's ``requirements.txt`` (see the module docstring)."""
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # lazy: keeps hubsoup --help free of huggingface_hub
 
     torch_version = (_version("torch") or "").split("+")[0]
     lines = [f"# written by `hubsoup space create` (hubsoup {__version__}) for {hardware} hardware"]
@@ -168,9 +168,9 @@ def requirements(repo_id: str, hardware: str, private: bool, wheel: str, endpoin
 
 def readme(repo_id: str, hardware: str, template: str, private: bool) -> str:
     """The Space's README: its configuration as front matter (``cards/space.md``)."""
-    import jinja2
+    import jinja2  # lazy: keeps hubsoup --help free of jinja2
 
-    from hubsoup.card import template_path
+    from hubsoup.card import template_path  # lazy: keeps hubsoup --help free of torch
 
     with open(template_path("space.md"), encoding="utf-8") as f:
         source = f.read()
@@ -182,7 +182,7 @@ def readme(repo_id: str, hardware: str, template: str, private: bool) -> str:
 
 
 def check(repo_id: str, hardware: str, template: str) -> None:
-    from hubsoup.hub import check_repo_id
+    from hubsoup.hub import check_repo_id  # lazy: keeps hubsoup --help free of torch
 
     check_repo_id(repo_id)
     if hardware not in HARDWARE:
@@ -236,10 +236,10 @@ def create_space(repo_id: str, *, hardware: str = "cpu-basic", template: str = "
     Raises:
         PushError: what the Hub refused (the repo exists, no permission, ...), naming the Space.
     """
-    from huggingface_hub import CommitOperationAdd, HfApi
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub import CommitOperationAdd, HfApi  # lazy: keeps hubsoup --help free of huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError  # lazy: keeps hubsoup --help free of huggingface_hub
 
-    from hubsoup.hub import ensure_timeouts, scrub_secrets, server_detail
+    from hubsoup.hub import ensure_timeouts, scrub_secrets, server_detail  # lazy: keeps hubsoup --help free of torch
 
     files = space_files(repo_id, hardware=hardware, template=template, private=private)
     api = HfApi(token=token)

@@ -9,8 +9,8 @@ from hubsoup.errors import ParameterError
 
 
 def export(args) -> int:
-    from hubsoup.formats.mergekit import export_config
-    from hubsoup.recipe import RECIPE_FILE, Recipe
+    from hubsoup.formats.mergekit import export_config  # lazy: keeps hubsoup --help free of torch
+    from hubsoup.recipe import RECIPE_FILE, Recipe  # lazy: keeps hubsoup --help free of torch
 
     path = args.recipe
     if os.path.isdir(path):
