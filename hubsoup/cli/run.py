@@ -10,7 +10,6 @@ import argparse
 import logging
 
 from hubsoup.errors import ParameterError
-from hubsoup.untrusted import MAX_YAML_BYTES
 log = logging.getLogger(__name__)
 
 # mergekit-yaml's flags with no meaning for hubsoup: name -> why (each accepted with a warning)
@@ -63,6 +62,8 @@ def run(args) -> int:
     device = args.device or ("cuda" if args.cuda else "cpu")
     source = args.recipe
     if args.hub_only:  # the operator's file, read here; the models it names must be Hub repo IDs
+        from hubsoup.untrusted import MAX_YAML_BYTES  # lazy: keeps hubsoup --help free of yaml
+
         try:
             with open(source, encoding="utf-8") as f:
                 source = f.read(MAX_YAML_BYTES + 1)
