@@ -18,6 +18,7 @@ Example:
 
 __version__ = "0.1.0"
 
+import importlib  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 from hubsoup.errors import HubsoupError  # noqa: E402
@@ -46,8 +47,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         module, attr = _LAZY[name]
         mod = importlib.import_module(module)
         return mod if attr is None else getattr(mod, attr)

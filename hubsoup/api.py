@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -11,10 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, ParamSpec, Sequence, TypeVar, cast
 
 from hubsoup.arch import peft_task_type
+from hubsoup.card import write_card
 from hubsoup.engine import Job, run
 # placement's one entry lives with the planner; re-exported for the CLI, trials and tests
 from hubsoup.engine.placement import place_blocks, start_device  # noqa: F401
-from hubsoup.errors import HubsoupError, ParameterError
+from hubsoup.errors import BaseNotNamedError, HubsoupError, ParameterError
+from hubsoup.eval import TaskSpec, evaluate_model
+from hubsoup.eval.run import EVAL_FILE, read_results, write_results
+from hubsoup.hub import check_repo_id, push_folder, retarget_card
 from hubsoup.hubclient import Token
 from hubsoup.methods import Method, get_method
 from hubsoup.options import MergeOptions
@@ -22,11 +27,11 @@ from hubsoup.output import OutputFolder, check_output
 from hubsoup.output.checkpoint import CheckpointSink, copy_base_files
 from hubsoup.output.lora import LoraOptions, LoraSink
 from hubsoup.plan import Plan
-from hubsoup.progress import Cancel, Progress
+from hubsoup.progress import Cancel, Monitor, Progress
 from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import InputRef
 from hubsoup.sources.access import check_specs, current, scope
-from hubsoup.sources.compat import check_out_is_no_input, open_models
+from hubsoup.sources.compat import _is_local, check_out_is_no_input, open_models
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
@@ -116,7 +121,6 @@ class MergeResult:
                      notes=extras.get("notes") or [], sections=extras.get("sections") or [],
                      restricted=[r for r in extras.get("restricted") or [] if isinstance(r, dict)],
                      search=extras.get("search"))
-        from hubsoup.eval.run import EVAL_FILE, read_results
 
         result.evaluation = read_results(os.path.join(path, EVAL_FILE))  # so a re-rendered card keeps its scores
         if recipe.continual:
@@ -125,8 +129,6 @@ class MergeResult:
 
     def write_card(self, folder: str | None = None, **kwargs: Any) -> str:
         """Render the card (``hubsoup.card.render``) into ``folder`` (default: the output) and keep its extras."""
-        from hubsoup.card import write_card
-
         if self.hub_only and kwargs.get("template"):
             raise ParameterError("card template: a local file, and this result's run was hub_only")
         folder = folder or self.path
@@ -180,9 +182,6 @@ class MergeResult:
             >>> result.push_to_hub("my-org/soup", token=user_token, cancel=stop,
             ...                    progress=lambda done, stage, msg: print(f"{done:.0%} {msg}"))  # doctest: +SKIP
         """
-        from hubsoup.hub import check_repo_id, push_folder, retarget_card
-        from hubsoup.progress import Monitor
-
         check_repo_id(repo_id)
         monitor = Monitor(progress, cancel)
         monitor.check("before the push")
@@ -360,9 +359,6 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         if layout is not None:
             result.sections.append(layout.card_section())  # e.g. the mergekit config, as YAML
         if tasks:
-            from hubsoup.eval import evaluate_model
-            from hubsoup.eval.run import EVAL_FILE, write_results
-
             monitor.stage("eval", f"evaluating {len(tasks)} task(s)")
             monitor.segment(len(tasks))
 
@@ -401,8 +397,6 @@ def _restricted(ckpts: Sequence[Any]) -> list[dict[str, str]]:
 
 def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, tasks: list[Any]) -> dict[str, float]:
     """The stages a merge will go through, weighted by their rough cost (for ``progress``'s ``done``)."""
-    from hubsoup.sources.compat import _is_local
-
     weights: dict[str, float] = {}
     if base is None or not _is_local(base) or not all(_is_local(s) for s in inputs):
         weights["download"] = 2.0
@@ -419,8 +413,6 @@ def _open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opt
                  **kw: Any) -> tuple[Any, list[Any]]:
     """The base and the inputs' task vectors; a method that needs no base (``Method.needs_base``) and
     whose inputs' cards name none takes the first input as the layout reference (its task vector is 0)."""
-    from hubsoup.errors import BaseNotNamedError
-
     kw.update(allow_pickle=opts.allow_pickle, token=opts.token, ignore_extra=opts.ignore_extra,
               shape_mismatch=opts.shape_mismatch)
     try:
@@ -443,8 +435,6 @@ def parse_method(method: str, given: dict[str, Any]) -> tuple[Method, Any]:
 
 
 def _declared(m: Method, given: dict[str, Any]) -> set[str]:
-    import dataclasses
-
     names = {f.name for f in dataclasses.fields(m.Params)}
     chain = str(given.get("base_method", "")).split("+") if "base_method" in names else []
     for n in chain:
@@ -471,7 +461,6 @@ def _lora_options(output_format: str, rank: int | None, energy: float | None,
 def _tasks(evaluate: Sequence[Any] | None) -> list[Any]:
     if not evaluate:
         return []
-    from hubsoup.eval import TaskSpec
 
     return [TaskSpec.parse(t) if isinstance(t, str) else t for t in evaluate]
 

@@ -38,14 +38,18 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import functools
+import importlib.util
 import logging
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
+from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +116,13 @@ def model_layout(folder: str) -> Layout | None:
 @functools.lru_cache(maxsize=16)
 def _layout(folder: str, _mtime: float) -> Layout | None:
     try:
+        # lazy: transformers costs ~4 s to import here (torch ~6 s); only reading a folder's model layout needs it
         import transformers
+        # lazy: accelerate comes with transformers' model code (~13 s here); only the layout needs it
         from accelerate.utils import find_tied_parameters
-        from torch import nn
+        # lazy: transformers costs ~4 s to import here (torch ~6 s); only reading a folder's model layout needs it
         from transformers import AutoConfig
+        # lazy: transformers' model classes cost ~13 s to import here (torch ~6 s); only the layout needs them
         from transformers.pytorch_utils import Conv1D
 
         cfg = AutoConfig.from_pretrained(folder, trust_remote_code=False)
@@ -203,6 +210,7 @@ def tie_heads(layout: Layout | None, base_keys: list[str]) -> dict[str, str]:
 
 def model_class(config):
     """The transformers class of ``config.architectures[0]`` (``AutoModel`` if it names none)."""
+    # lazy: transformers costs ~4 s to import here (torch ~6 s); only the model class of a card's snippet needs it
     import transformers
 
     archs = getattr(config, "architectures", None) or []
@@ -240,15 +248,10 @@ def _auto_mappings() -> dict[str, dict]:
     (~1.7 s, the largest fixed cost of a merge, paid only to write the card's snippet). Any
     surprise in the source falls back to the import.
     """
-    import sys
-
     loaded = sys.modules.get("transformers.models.auto.modeling_auto")
     wanted = [m for m, _, _ in _AUTO_CLASSES]
     if loaded is None:
         try:
-            import ast
-            import importlib.util
-
             spec = importlib.util.find_spec("transformers")  # finds the package without importing it
             path = os.path.join(os.path.dirname(spec.origin), "models", "auto", "modeling_auto.py")
             with open(path, encoding="utf-8") as f:
@@ -263,6 +266,7 @@ def _auto_mappings() -> dict[str, dict]:
                 return found
         except (OSError, ValueError, SyntaxError, TypeError, AttributeError):
             pass
+        # lazy: transformers' model classes cost ~13 s to import here (torch ~6 s); see the docstring
         from transformers.models.auto import modeling_auto as loaded
     return {m: dict(getattr(loaded, m, {})) for m in wanted}
 

@@ -9,11 +9,13 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 from typing import Any, Sequence
 
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import EvalResult, ModelCard, ModelCardData, constants, metadata_load
 
 from hubsoup.arch import auto_class
 from hubsoup.errors import ParameterError
@@ -40,8 +42,6 @@ def _ref_view(ref) -> dict[str, Any]:
 
     Never a local path: the card is published (see :meth:`hubsoup.sources.InputRef.public`).
     """
-    from huggingface_hub import constants
-
     name = ref.public_name
     url = f"{constants.ENDPOINT}/{ref.repo_id}" if ref.repo_id else ""
     return {"name": name, "label": ref.repo_id or name, "url": url, "revision": ref.revision,
@@ -70,7 +70,6 @@ def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[Eval
     """Eval results whose dataset is a local file name it by file name and content hash, not by path."""
     if not eval_results:
         return eval_results
-    import dataclasses
 
     out = []
     for r in eval_results:
@@ -81,8 +80,6 @@ def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[Eval
 
 
 def _read_json(path: str | None) -> dict[str, Any] | None:
-    import json
-
     if not path or not os.path.isfile(path):
         return None
     try:
@@ -212,8 +209,6 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
     base = _ref_view(result.base)
     upstream = upstream_model(result.base)
     if upstream and not result.base.repo_id:  # a local base derived from (or copied from) a Hub model
-        from huggingface_hub import constants
-
         base.update(upstream=upstream, upstream_url=f"{constants.ENDPOINT}/{upstream}")
     inputs = [_ref_view(r) for r in result.inputs]
     hub_inputs = [i["repo_id"] for i in inputs if i["repo_id"]]
@@ -339,8 +334,6 @@ def retarget_text(text: str, folder: str, repo_id: str) -> str:
 
 def public_adapter_config(text: str, folder: str) -> str:
     """``adapter_config.json`` as published: a local base path becomes :func:`base_load_id` (what peft then loads)."""
-    import json
-
     base = _recipe_base(folder)
     try:
         config = json.loads(text)
@@ -357,8 +350,6 @@ def public_adapter_config(text: str, folder: str) -> str:
 
 def _card_meta(ref) -> dict[str, Any] | None:
     """Card metadata of an input or base (its README.md, local or in the Hub cache); None if unknown."""
-    from huggingface_hub import metadata_load
-
     if not (ref.path or ref.spec):  # read back from a published recipe: nothing local to read
         return None
     path = os.path.join(ref.path or ref.spec, "README.md")

@@ -27,6 +27,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import shlex
@@ -34,7 +36,14 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable
 
-from hubsoup.card import retarget_text
+from huggingface_hub import CommitOperationAdd, HfApi, constants
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.utils import (
+    are_progress_bars_disabled, disable_progress_bars, enable_progress_bars, filter_repo_objects,
+)
+from huggingface_hub.utils._runtime import is_xet_available
+
+from hubsoup.card import public_adapter_config, retarget_text
 from hubsoup.errors import MergeCancelled, PushError
 from hubsoup.public import _map_models, resign_state_json
 # the Hub client rules live in hubsoup.hubclient (sources and the pipeline use them too); re-exported here
@@ -45,7 +54,7 @@ from hubsoup.hubclient import (  # noqa: F401
 from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref, public_recipe_yaml
 from hubsoup.sources.access import is_hub_id
 from hubsoup.sources.resolve import parse_spec
-from hubsoup.untrusted import load_yaml
+from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +84,6 @@ def retry_command(folder: str, repo_id: str, *, private: bool | None = None, cre
 def default_commit_message(folder: str) -> str:
     """``Upload <method> merge made with hubsoup (recipe <hash>)`` when the folder holds a recipe."""
     try:
-        from hubsoup.recipe import RECIPE_FILE
-
-        from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
-
         with open(os.path.join(folder, RECIPE_FILE), encoding="utf-8") as f:
             recipe = load_yaml(f.read(MAX_YAML_BYTES + 1), "recipe") or {}
         method = recipe.get("method")
@@ -122,9 +127,6 @@ _server_detail = server_detail
 
 def _explain(e: Exception, repo_id: str, token: Token) -> str:
     """What went wrong, in words a user can act on."""
-    from huggingface_hub import constants
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
-
     status = error_status(e)
     detail = _server_detail(e)
     if isinstance(e, ValueError) and "metadata" in str(e).lower():
@@ -159,8 +161,6 @@ def _explain(e: Exception, repo_id: str, token: Token) -> str:
 
 def _local_paths(folder: str, repo_id: str) -> dict[str, str]:
     """Local paths the folder's files may hold, each mapped to what is published instead."""
-    import json
-
     paths: dict[str, str] = {}
     recipe_path = os.path.join(folder, RECIPE_FILE)
     if os.path.isfile(recipe_path):
@@ -215,8 +215,6 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
     :class:`PushError` (the reason only) for a link leading out of the folder, or for a file that
     would still carry a local path (safetensors headers included) — nothing is uploaded then.
     """
-    from huggingface_hub.utils import filter_repo_objects
-
     root = os.path.realpath(folder)
     rel = []
     for dirpath, dirs, names in os.walk(folder):
@@ -256,8 +254,6 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
             else:
                 new = text
                 if name == "adapter_config.json":  # peft loads the base it names: the one a card names
-                    from hubsoup.card import public_adapter_config
-
                     new = public_adapter_config(new, folder)
                 for path, public in replace:
                     if path in new:
@@ -283,8 +279,6 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
 def restricted_inputs(folder: str, token: Token = None) -> list[dict[str, str]]:
     """The Hub repos a merge folder's recipe names (base, inputs, a mergekit config's models) that are not public,
     asked of the Hub now with ``token``: ``{"repo": ..., "why": "private" | "gated" | "not readable ..."}``."""
-    from huggingface_hub import HfApi
-
     path = os.path.join(folder, RECIPE_FILE)
     if not os.path.isfile(path):
         return []
@@ -363,8 +357,6 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
             not found, server error, network) and the ``hubsoup push`` command that retries.
             The local folder is never touched by a failed push.
     """
-    from huggingface_hub import CommitOperationAdd, HfApi
-
     check_repo_id(repo_id)
     if not os.path.isdir(folder):
         raise PushError(f"cannot push '{folder}' to {repo_id}: no such folder")
@@ -442,10 +434,6 @@ def _push_monitored(api, repo_id: str, plan: list[tuple[str, str | bytes]], moni
     """The push of an app's run: the files uploaded one at a time (a report and a cancel check between them,
     no progress bar: files are given as open file objects, which huggingface_hub uploads without one), then
     one commit. Uploaded blobs that no commit names are invisible on the Hub."""
-    import contextlib
-
-    from huggingface_hub import CommitOperationAdd
-
     with contextlib.ExitStack() as files, _no_xet_bars(monitor.reporting):
         operations = []
         for name, content in plan:
@@ -475,8 +463,6 @@ def _no_xet_bars(quiet: bool):
     turned back on after the last one (counted under a lock; never when the user had them off
     already). It hides other threads' bars for that while; it changes no result."""
     global _BARS_USERS
-    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-    from huggingface_hub.utils._runtime import is_xet_available
 
     if not quiet or not is_xet_available():
         yield

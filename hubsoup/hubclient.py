@@ -12,8 +12,10 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import time
 from typing import Any, Union
 
 from hubsoup.errors import PushError
@@ -67,7 +69,7 @@ def ensure_timeouts() -> None:
     the caller or the user's own client set are kept. Installed on the current shared client and,
     through the client factory, on any client created later in the process.
     """
-    from huggingface_hub.utils import _http, get_session
+    from huggingface_hub.utils import _http, get_session  # lazy: keeps hubsoup --help free of huggingface_hub
 
     factory = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None)
     if factory is not None and not getattr(factory, "_hubsoup", False):
@@ -119,13 +121,12 @@ _stored_token: tuple[float, str | None] = (0.0, None)
 def _stored() -> str | None:
     """huggingface_hub's token (env or ``hf auth login``), read at most once a second (log records ask often)."""
     global _stored_token
-    import time
 
     now = time.monotonic()
     if now - _stored_token[0] > 1.0:
         _stored_token = (now, _stored_token[1])  # a log record made while reading it must not read it again
         try:
-            from huggingface_hub import get_token
+            from huggingface_hub import get_token  # lazy: keeps hubsoup --help free of huggingface_hub
 
             _stored_token = (now, get_token())
         except Exception:  # noqa: BLE001 - no token store: nothing to hide
@@ -166,8 +167,6 @@ class SecretFilter:
         if clean != msg:
             record.msg, record.args = clean, None
         if record.exc_info and record.exc_info[1] is not None:
-            import logging
-
             text = logging.Formatter().formatException(record.exc_info)
             if scrub_secrets(text) != text:
                 record.exc_text, record.exc_info = scrub_secrets(text), None
@@ -178,8 +177,6 @@ def install_log_scrubber() -> None:
     """No Hub token in any log record: :class:`SecretFilter` on every handler of the root logger and of
     the HTTP libraries' loggers, and a log record factory that scrubs each record as it is made (so
     loggers and handlers configured later are covered too). Installed once per process."""
-    import logging
-
     for name in (None, "huggingface_hub", "httpx", "httpx2", "httpcore", "transformers", "urllib3"):
         for handler in logging.getLogger(name).handlers:
             if not any(isinstance(f, SecretFilter) for f in handler.filters):

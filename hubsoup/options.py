@@ -42,7 +42,7 @@ SHAPE_POLICIES = ("error", "base-slice")
 
 def __getattr__(name: str) -> Any:
     if name == "DTYPES":
-        import torch
+        import torch  # lazy: keeps hubsoup --help free of torch
 
         return {k: getattr(torch, v) for k, v in DTYPE_NAMES.items()}
     raise AttributeError(f"module 'hubsoup.options' has no attribute {name!r}")
@@ -55,7 +55,7 @@ def parse_max_memory(spec: str | dict[Any, Any] | None) -> dict[int | str, int] 
     """``"0=70GiB,1=70GiB,cpu=64GiB"`` (or a dict) → ``{0: bytes, 1: bytes, "cpu": bytes}``, accelerate's units."""
     if spec is None or spec == "":
         return None
-    from accelerate.utils import convert_file_size_to_int
+    from accelerate.utils import convert_file_size_to_int  # lazy: keeps hubsoup --help free of accelerate (and torch)
 
     items = spec.items() if isinstance(spec, dict) else (p.split("=", 1) for p in str(spec).split(",") if p.strip())
     out: dict[int | str, int] = {}
@@ -234,7 +234,7 @@ class MergeOptions:
 
     @property
     def out_dtype(self) -> "torch.dtype | None":
-        import torch
+        import torch  # lazy: keeps hubsoup --help free of torch
 
         return getattr(torch, DTYPE_NAMES[self.dtype]) if self.dtype else None
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Protocol, Union
 
-from hubsoup.errors import MergeCancelled
+from hubsoup.errors import MergeCancelled, ParameterError
 
 STAGES = ("download", "statistics", "merge", "eval", "push")
 """The stages a run may report, in the order they happen."""
@@ -64,7 +64,6 @@ def _cancel_check(cancel: Cancel | None) -> Callable[[], bool] | None:
         return is_set
     if callable(cancel):
         return cancel
-    from hubsoup.errors import ParameterError
 
     raise ParameterError(f"cancel must be a threading.Event or a callable returning bool, got {type(cancel).__name__}")
 
@@ -77,8 +76,6 @@ class Monitor:
 
     def __init__(self, progress: Progress | None = None, cancel: Cancel | None = None):
         if progress is not None and not callable(progress):
-            from hubsoup.errors import ParameterError
-
             raise ParameterError(f"progress must be a callable(done, stage, message), got {type(progress).__name__}")
         self._progress = progress
         self._cancelled = _cancel_check(cancel)

@@ -22,12 +22,16 @@ Example:
 from __future__ import annotations
 
 import base64
+import difflib
 import hashlib
 import io
 import json
 import os
+import shutil
 import sys
+import tempfile
 import zipfile
+from importlib import metadata
 from typing import Any
 
 from hubsoup import __version__
@@ -59,8 +63,6 @@ def app_path() -> str:
 
 
 def _version(dist: str) -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -69,8 +71,6 @@ def _version(dist: str) -> str | None:
 
 def _requirements_of_hubsoup() -> list[str]:
     """hubsoup's own dependencies (no extras), as its installed metadata lists them."""
-    from importlib import metadata
-
     try:
         reqs = metadata.requires("hubsoup") or []
     except metadata.PackageNotFoundError:
@@ -110,8 +110,6 @@ def build_wheel() -> tuple[str, bytes]:
     Made here (a zip with ``*.dist-info``), not by a build tool: the install may not be a source tree,
     and a Space needs exactly the code that made it. Fixed timestamps: the same code gives the same bytes.
     """
-    from importlib import metadata
-
     dist_info = f"hubsoup-{__version__}.dist-info"
     try:
         meta = metadata.distribution("hubsoup").read_text("METADATA")
@@ -144,7 +142,7 @@ def build_wheel() -> tuple[str, bytes]:
 
 def requirements(repo_id: str, hardware: str, private: bool, wheel: str, endpoint: str | None = None) -> str:
     """The Space's ``requirements.txt`` (see the module docstring)."""
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # lazy: keeps hubsoup --help free of huggingface_hub
 
     torch_version = (_version("torch") or "").split("+")[0]
     lines = [f"# written by `hubsoup space create` (hubsoup {__version__}) for {hardware} hardware"]
@@ -170,9 +168,9 @@ def requirements(repo_id: str, hardware: str, private: bool, wheel: str, endpoin
 
 def readme(repo_id: str, hardware: str, template: str, private: bool) -> str:
     """The Space's README: its configuration as front matter (``cards/space.md``)."""
-    import jinja2
+    import jinja2  # lazy: keeps hubsoup --help free of jinja2
 
-    from hubsoup.card import template_path
+    from hubsoup.card import template_path  # lazy: keeps hubsoup --help free of torch
 
     with open(template_path("space.md"), encoding="utf-8") as f:
         source = f.read()
@@ -184,12 +182,10 @@ def readme(repo_id: str, hardware: str, template: str, private: bool) -> str:
 
 
 def check(repo_id: str, hardware: str, template: str) -> None:
-    from hubsoup.hub import check_repo_id
+    from hubsoup.hub import check_repo_id  # lazy: keeps hubsoup --help free of torch
 
     check_repo_id(repo_id)
     if hardware not in HARDWARE:
-        import difflib
-
         close = difflib.get_close_matches(hardware, HARDWARE, n=1)
         raise ParameterError(f"unknown Space hardware '{hardware}'" + (f" (did you mean '{close[0]}'?)" if close else "")
                              + f"; one of: {', '.join(HARDWARE)}")
@@ -213,9 +209,6 @@ def space_files(repo_id: str, *, hardware: str = "cpu-basic", template: str = "g
 
 def write_space(folder: str, repo_id: str, **kwargs: Any) -> str:
     """``--dry-run``: the Space's files in ``folder`` (a new folder; written whole or not at all)."""
-    import shutil
-    import tempfile
-
     if os.path.exists(folder):
         raise ParameterError(f"'{folder}' already exists: give a new folder for the Space's files")
     files = space_files(repo_id, **kwargs)
@@ -243,10 +236,10 @@ def create_space(repo_id: str, *, hardware: str = "cpu-basic", template: str = "
     Raises:
         PushError: what the Hub refused (the repo exists, no permission, ...), naming the Space.
     """
-    from huggingface_hub import CommitOperationAdd, HfApi
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub import CommitOperationAdd, HfApi  # lazy: keeps hubsoup --help free of huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError  # lazy: keeps hubsoup --help free of huggingface_hub
 
-    from hubsoup.hub import ensure_timeouts, scrub_secrets, server_detail
+    from hubsoup.hub import ensure_timeouts, scrub_secrets, server_detail  # lazy: keeps hubsoup --help free of torch
 
     files = space_files(repo_id, hardware=hardware, template=template, private=private)
     api = HfApi(token=token)

@@ -9,10 +9,19 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+import transformers as tf
+from huggingface_hub import ModelCard, ModelCardData
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from hubsoup.methods import TensorContext, get_method
 
 if TYPE_CHECKING:
     from hubsoup.methods import Method
@@ -23,8 +32,6 @@ ARCHS = ("llama", "mistral", "qwen2", "gpt2", "bert", "t5", "clip_vision")
 
 def tiny_model(arch: str, *, layers: int = 2, hidden: int = 32, vocab: int = 128, seed: int = 0):
     """A randomly initialised transformers model of architecture ``arch`` (2-4 layers)."""
-    import transformers as tf
-
     torch.manual_seed(seed)
     heads = 4
     if arch in ("llama", "mistral", "qwen2"):
@@ -71,8 +78,6 @@ def make_finetune(base: str, folder: str, *, seed: int, scale: float = 0.02, bas
     ``base_model`` is written into the model card's metadata (as a Hub fine-tune's
     card would say). ``only``: perturb just tensors whose name contains it.
     """
-    from safetensors.torch import load_file, save_file
-
     os.makedirs(folder, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
     for fname in os.listdir(base):
@@ -93,16 +98,11 @@ def make_finetune(base: str, folder: str, *, seed: int, scale: float = 0.02, bas
 
 
 def write_card_metadata(folder: str, **metadata) -> None:
-    from huggingface_hub import ModelCard, ModelCardData
-
     ModelCard.from_template(ModelCardData(**metadata)).save(os.path.join(folder, "README.md"))
 
 
 def save_tiny_tokenizer(folder: str, vocab: int = 128) -> None:
     """A word-level tokenizer over the words ``w0 .. w{vocab-5}`` (plus [PAD] [UNK] [CLS] [SEP] [EOS])."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[EOS]"]
     words = specials + [f"w{i}" for i in range(vocab - len(specials))]
     tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
@@ -125,11 +125,6 @@ def write_adapter(folder: str, base: str, *, seed: int, r: int, targets: Sequenc
     model: for bases too large to instantiate cheaply (the memory tests and benchmarks).
     lora_B is random too, so the update is not 0.
     """
-    import json
-
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     os.makedirs(folder)
     g = torch.Generator().manual_seed(seed)
     tensors = {}
@@ -183,8 +178,6 @@ def merge_tensors(method: str | Method, taus: Sequence[torch.Tensor] | torch.Ten
         >>> merge_tensors("task_arithmetic", [torch.ones(2), torch.full((2,), 3.0)], scale=0.5)
         tensor([2., 2.])
     """
-    from hubsoup.methods import TensorContext, get_method
-
     m = get_method(method) if isinstance(method, str) else method
     p = m.parse(params)
     stacked = taus if isinstance(taus, torch.Tensor) else torch.stack(list(taus))
@@ -208,6 +201,7 @@ def make_adapter(folder, arch: str = "llama", seed: int = 1, model_kw: dict | No
     ``cfg`` goes to ``LoraConfig`` (or ``config_cls``); ``model_cls`` adapts a sub-model (e.g. the bare
     ``model`` inside a causal LM).
     """
+    # lazy: peft (~1.5 s here after transformers) only for the LoRA adapter fixtures
     from peft import LoraConfig, get_peft_model
 
     model = tiny_model(arch, **(model_kw or {}))

@@ -206,14 +206,14 @@ def test_a_second_search_reuses_the_fine_tunes_scores_while_nothing_they_depend_
                                                   .replace("name=toy", "name=toy2"))]
     monkeypatch.setattr(search_mod, "_REFERENCES", collections.OrderedDict())
     scored = []
-    real = hubsoup.eval.evaluate_model
+    real = search_mod.evaluate_model
 
     def counting(model, tasks_, **kw):
         if model in fts:
             scored.append((model, tasks_[0].name))
         return real(model, tasks_, **kw)
 
-    monkeypatch.setattr(hubsoup.eval, "evaluate_model", counting)
+    monkeypatch.setattr(search_mod, "evaluate_model", counting)
 
     def run(name, grid):
         return search(fts, "task_arithmetic", base=base, out=str(tmp_path / name), grid={"scale": grid},

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 
 from hubsoup import __version__
+from hubsoup.cli import evolve, export_config, manners, space
+from hubsoup.cli.manners import HelpFormatter
 from hubsoup.cli.options import add_merge_options, add_output_format, add_params, merge_options, output_format, params
-from hubsoup.errors import HubsoupError, ParameterError
+from hubsoup.errors import HubsoupError, OutputExistsError, ParameterError
 
 
 def _push_prepare(args) -> str:
@@ -18,7 +22,7 @@ def _push_prepare(args) -> str:
     if not args.push and (args.private or args.create_pr or args.commit_message):
         raise ParameterError("--private, --create-pr and --commit-message need --push ORG/NAME")
     if args.push:
-        from hubsoup.hub import check_repo_id
+        from hubsoup.hub import check_repo_id  # lazy: keeps hubsoup --help free of torch
 
         check_repo_id(args.push)
     if args.card_template and getattr(args, "hub_only", False):
@@ -29,8 +33,7 @@ def _push_prepare(args) -> str:
     if not out:
         raise ParameterError("give the output folder with --out (with --push ORG/NAME it defaults to ./NAME)")
     if args.push and os.path.exists(out) and not args.overwrite:
-        from hubsoup.errors import OutputExistsError
-        from hubsoup.hub import retry_command
+        from hubsoup.hub import retry_command  # lazy: keeps hubsoup --help free of torch
 
         raise OutputExistsError(f"output '{out}' already exists; pass --overwrite to merge again, or push it as it "
                                 f"is with: {retry_command(out, args.push, private=args.private, create_pr=args.create_pr)}")
@@ -40,7 +43,7 @@ def _push_prepare(args) -> str:
 def _push_finish(args, result) -> None:
     """--card-template, then --push: upload the output in one commit and print the commit URL."""
     if args.card_template:
-        from hubsoup.card import write_card
+        from hubsoup.card import write_card  # lazy: keeps hubsoup --help free of torch
 
         write_card(result, result.path, template=args.card_template)
     if not args.push:
@@ -53,7 +56,7 @@ def _push_finish(args, result) -> None:
 
 
 def cmd_merge(args) -> int:
-    from hubsoup.api import merge
+    from hubsoup.api import merge  # lazy: keeps hubsoup --help free of torch
 
     args.out = _push_prepare(args)
     method_params = params(args.param)
@@ -61,8 +64,8 @@ def cmd_merge(args) -> int:
         method_params["exemplars"] = args.exemplars
     options = dict(base=args.base, params=method_params, options=merge_options(args), **output_format(args))
     if args.search:
-        from hubsoup.eval import TaskSpec
-        from hubsoup.workflows.search import parse_grid, search
+        from hubsoup.eval import TaskSpec  # lazy: keeps hubsoup --help free of torch
+        from hubsoup.workflows.search import parse_grid, search  # lazy: keeps hubsoup --help free of torch
 
         if not args.eval:
             raise ParameterError("--search needs validation tasks to score each point: give --eval SPEC")
@@ -85,7 +88,7 @@ def cmd_merge(args) -> int:
 
 
 def cmd_methods(args) -> int:
-    from hubsoup.methods import list_methods
+    from hubsoup.methods import list_methods  # lazy: keeps hubsoup --help free of torch
 
     for m in list_methods():  # the same description apps get
         if args.name and m["name"] != args.name:
@@ -101,14 +104,14 @@ def cmd_methods(args) -> int:
             src = f" [{row['evidence'] if row.get('evidence') else row.get('source', 'paper')}]"
             print(f"  --param {row['name']}={row['default']!s:<8} ({what}{rng}) {row.get('help', '')}{src}")
         print()
-    from hubsoup.methods._schedule import CLI_HELP
+    from hubsoup.methods._schedule import CLI_HELP  # lazy: keeps hubsoup --help free of torch
 
     print(CLI_HELP)  # per-layer schedules and name filters: every method's numeric parameters
     return 0
 
 
 def cmd_plan(args) -> int:
-    from hubsoup.sources.access import check_specs, scope
+    from hubsoup.sources.access import check_specs, scope  # lazy: keeps hubsoup --help free of torch
 
     opts = merge_options(args)
     with scope(opts):  # --hub-only: the models' text alone decides, before the disk is looked at
@@ -117,10 +120,10 @@ def cmd_plan(args) -> int:
 
 
 def _cmd_plan(args, opts) -> int:
-    from hubsoup.plan import Plan
-    from hubsoup.sources import open_input
+    from hubsoup.plan import Plan  # lazy: keeps hubsoup --help free of torch
+    from hubsoup.sources import open_input  # lazy: keeps hubsoup --help free of torch
 
-    from hubsoup.sources.resolve import download_size
+    from hubsoup.sources.resolve import download_size  # lazy: keeps hubsoup --help free of torch
 
     def downloads(ckpts) -> None:  # Hub models were read from their headers: what a merge would fetch
         for c in filter(None, ckpts):
@@ -137,8 +140,8 @@ def _cmd_plan(args, opts) -> int:
         print(Plan.of(ckpt, opts.device).summary())
         downloads([ckpt])
         return 0
-    from hubsoup.api import parse_method, place_blocks
-    from hubsoup.sources.compat import open_models
+    from hubsoup.api import parse_method, place_blocks  # lazy: keeps hubsoup --help free of torch
+    from hubsoup.sources.compat import open_models  # lazy: keeps hubsoup --help free of torch
 
     m, p = parse_method(args.method, params(args.param))
     m.check_inputs(p, len(args.models))
@@ -156,15 +159,13 @@ def _cmd_plan(args, opts) -> int:
 
 
 def cmd_demo(args) -> int:
-    from hubsoup.demo import run_demo
+    from hubsoup.demo import run_demo  # lazy: keeps hubsoup --help free of torch
 
     run_demo(args.out, quiet=args.quiet)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hubsoup.cli.manners import HelpFormatter
-
     p = argparse.ArgumentParser(prog="hubsoup", description="Model soups from the Hugging Face Hub.",
                                 formatter_class=HelpFormatter,
                                 epilog="examples:\n  hubsoup demo\n  hubsoup merge org/ft-a org/ft-b --method ties "
@@ -227,8 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", "-q", action="store_true")
     d.set_defaults(func=cmd_demo)
     # further commands live beside this file, one module each with register(subparsers)
+    # lazy: binds eval, which at module level would shadow the builtin
     from hubsoup.cli import continual, eval, pipeline, push, run, sweep
-    from hubsoup.cli import evolve, export_config, manners, space
 
     for mod in (eval, push, run, sweep, continual, pipeline, export_config, evolve, space, manners):
         mod.register(sub)
@@ -241,17 +242,12 @@ class _Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame):
-    import signal
-
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
     raise _Terminated()
 
 
 def _catch_sigterm():
     """Install the SIGTERM handler (main thread only); returns what restores the previous one."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -265,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     args.quiet = args.top_quiet or getattr(args, "quiet", False)
     level = logging.DEBUG if args.verbose else (logging.ERROR if args.quiet else logging.WARNING)
     logging.basicConfig(level=level, format="%(levelname)s: %(message)s")
+    # lazy: keeps hubsoup --help free of torch
     from hubsoup.hub import install_log_scrubber, scrub_secrets  # no Hub token in any log line or message
 
     install_log_scrubber()
@@ -275,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     committed = len(folder_mod.COMMITTED) if folder_mod is not None else 0
 
     def left_behind() -> str:  # what an interrupted command says of its output
-        from hubsoup.output.folder import COMMITTED
+        from hubsoup.output.folder import COMMITTED  # lazy: keeps hubsoup --help free of torch
 
         done = COMMITTED[committed:]
         return f"the output written before it is complete: {done[-1]}" if done else "no output was left behind"

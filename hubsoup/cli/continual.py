@@ -9,7 +9,7 @@ from hubsoup.cli.options import add_merge_options, add_params, merge_options, pa
 
 def _check_push(args) -> None:
     if getattr(args, "push", None):
-        from hubsoup.hub import check_repo_id
+        from hubsoup.hub import check_repo_id  # lazy: keeps hubsoup --help free of torch
 
         check_repo_id(args.push)  # before any merging
 
@@ -21,7 +21,7 @@ def _push(args, res) -> None:
 
 
 def cmd_init(args) -> int:
-    from hubsoup import continual
+    from hubsoup import continual  # lazy: keeps hubsoup --help free of torch
 
     _check_push(args)
     res = continual.init(args.models, base=args.base, out=args.out, params=params(args.param),
@@ -32,7 +32,7 @@ def cmd_init(args) -> int:
 
 def _report(args, res) -> None:
     """Print the soup and its state, then push if asked."""
-    from hubsoup import continual
+    from hubsoup import continual  # lazy: keeps hubsoup --help free of torch
 
     print(res)
     print(f"continual state: {res.path}/{continual.STATE_DIR} ({len(res.inputs)} model(s), "
@@ -41,7 +41,7 @@ def _report(args, res) -> None:
 
 
 def cmd_add(args) -> int:
-    from hubsoup import continual
+    from hubsoup import continual  # lazy: keeps hubsoup --help free of torch
 
     _check_push(args)
     res = continual.add(args.soup, args.models, out=args.out, base=args.base, options=merge_options(args))
@@ -50,7 +50,7 @@ def cmd_add(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from hubsoup import continual
+    from hubsoup import continual  # lazy: keeps hubsoup --help free of torch
 
     res = continual.export(args.soup, out=args.out, base=args.base, options=merge_options(args))
     print(res)
@@ -58,7 +58,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from hubsoup import continual
+    from hubsoup import continual  # lazy: keeps hubsoup --help free of torch
 
     st = continual.load_state(args.soup)
     print(f"continual soup {args.soup}: {st.count} model(s), λ = {st.lam:.6g}, ‖S‖ = {st.s_norm:.6g}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 def run(args) -> int:
-    from hubsoup.eval import TaskSpec, evaluate_model
-    from hubsoup.eval.run import write_results
+    from hubsoup.eval import TaskSpec, evaluate_model  # lazy: keeps hubsoup --help free of torch
+    from hubsoup.eval.run import write_results  # lazy: keeps hubsoup --help free of torch
 
     tasks = [TaskSpec.parse(s) for s in args.task]
     results = evaluate_model(args.model, tasks, batch_size=args.batch_size, limit=args.limit, device=args.device,

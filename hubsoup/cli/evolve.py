@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from hubsoup.errors import ParameterError
+
 
 def cmd_evolve(args) -> int:
-    from hubsoup.workflows.evolve import evolve
+    from hubsoup.workflows.evolve import evolve  # lazy: keeps hubsoup --help free of torch
 
     if not args.push and args.private:
-        from hubsoup.errors import ParameterError
-
         raise ParameterError("--private needs --push ORG/NAME")
     res = evolve(args.config, args.out, executor=args.executor, push=args.push, private=args.private or None,
                  quiet=args.quiet)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from hubsoup.errors import ParameterError
 
 
 def export(args) -> int:
-    from hubsoup.formats.mergekit import export_config
-    from hubsoup.recipe import RECIPE_FILE, Recipe
+    from hubsoup.formats.mergekit import export_config  # lazy: keeps hubsoup --help free of torch
+    from hubsoup.recipe import RECIPE_FILE, Recipe  # lazy: keeps hubsoup --help free of torch
 
     path = args.recipe
     if os.path.isdir(path):
@@ -23,8 +24,6 @@ def export(args) -> int:
             raise ParameterError(f"recipe '{path}': {e}") from None
     stored = None
     if os.path.isdir(args.recipe):  # the output's stored dtype, for a recipe that kept the base's
-        import json
-
         cfg_path = os.path.join(args.recipe, "config.json")
         if os.path.isfile(cfg_path):
             with open(cfg_path, encoding="utf-8") as f:

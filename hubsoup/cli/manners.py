@@ -184,8 +184,8 @@ complete -o default -F _hubsoup hubsoup
 
 
 def cmd_completion(args) -> int:
-    from hubsoup.cli import build_parser
-    from hubsoup.methods import list_methods
+    from hubsoup.cli import build_parser  # lazy: hubsoup.cli imports this module (cycle)
+    from hubsoup.methods import list_methods  # lazy: keeps hubsoup --help free of torch
 
     print(bash_script(build_parser(), [m["name"] for m in list_methods()]), end="")
     return 0

@@ -9,7 +9,7 @@ from hubsoup.errors import ParameterError
 
 
 def cmd_pipeline(args) -> int:
-    from hubsoup.workflows.pipeline import run_pipeline
+    from hubsoup.workflows.pipeline import run_pipeline  # lazy: keeps hubsoup --help free of torch
 
     token = None
     if args.token_env:

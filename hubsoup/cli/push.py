@@ -6,7 +6,7 @@ import os
 
 
 def cmd_push(args) -> int:
-    from hubsoup.api import note_restricted_inputs  # here, not at the top: `hubsoup --help` imports no torch
+    from hubsoup.api import note_restricted_inputs  # lazy: keeps hubsoup --help free of torch
     from hubsoup.hub import check_repo_id, push_folder, retarget_card
 
     check_repo_id(args.repo_id)

@@ -54,15 +54,15 @@ def run(args) -> int:
         raise ParameterError("--unsafe-truncate-embeddings is not supported: give the config a tokenizer section "
                              "(tokenizer_source: union, or a model) so the embeddings are mapped by token")
     if args.num_threads:
-        import torch
+        import torch  # lazy: keeps hubsoup --help free of torch
 
         torch.set_num_threads(args.num_threads)  # hubsoup's lanes follow torch's thread count
-    from hubsoup.workflows.rerun import run_recipe  # here, not at the top: `hubsoup --help` imports no torch
+    from hubsoup.workflows.rerun import run_recipe  # lazy: keeps hubsoup --help free of torch
 
     device = args.device or ("cuda" if args.cuda else "cpu")
     source = args.recipe
     if args.hub_only:  # the operator's file, read here; the models it names must be Hub repo IDs
-        from hubsoup.untrusted import MAX_YAML_BYTES
+        from hubsoup.untrusted import MAX_YAML_BYTES  # lazy: keeps hubsoup --help free of yaml
 
         try:
             with open(source, encoding="utf-8") as f:

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from hubsoup import space
+from hubsoup.space import HARDWARE, TEMPLATES
+
 
 def cmd_space_create(args) -> int:
-    from hubsoup import space
-
     if args.dry_run:
         folder = space.write_space(args.dry_run, args.repo_id, hardware=args.hardware, template=args.template,
                                    private=args.private)
         print(f"wrote the Space's files to {folder} (nothing pushed); upload them with: "
               f"hubsoup space create {args.repo_id}" + (f" --hardware {args.hardware}" if args.hardware != "cpu-basic" else ""))
         return 0
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # lazy: keeps hubsoup --help free of huggingface_hub
 
     info = space.create_space(args.repo_id, hardware=args.hardware, template=args.template, private=args.private,
                               exist_ok=args.update)
@@ -21,8 +22,6 @@ def cmd_space_create(args) -> int:
 
 
 def register(sub) -> None:
-    from hubsoup.space import HARDWARE, TEMPLATES
-
     p = sub.add_parser("space", help="create a Hugging Face Space running hubsoup's merge app",
                        description="Hugging Face Spaces that run hubsoup's Gradio app.")
     ssub = p.add_subparsers(dest="space_command", required=True)

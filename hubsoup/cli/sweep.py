@@ -7,7 +7,7 @@ from hubsoup.cli.options import add_merge_options, add_output_format, add_params
 
 
 def cmd_sweep(args) -> int:
-    from hubsoup.workflows.sweep import sweep
+    from hubsoup.workflows.sweep import sweep  # lazy: keeps hubsoup --help free of torch
 
     res = sweep(args.inputs, args.method, args.out, args.grid, param=args.sweep_param, base=args.base,
                 params=params(args.param), options=merge_options(args), **output_format(args))

@@ -32,8 +32,11 @@ from typing import Callable
 
 import torch
 
+import hubsoup
 from hubsoup.demo import data, train
+from hubsoup.eval import TaskSpec, evaluate_model
 from hubsoup.eval.heads import load_head
+from hubsoup.eval.run import EVAL_FILE, write_results
 
 SEED = 0
 UPSTREAM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -120,8 +123,6 @@ def _finetunes(out: str, base_dir: str, tasks: dict[str, data.TaskData], head_pa
 
 def _merge(fts: list[str], merged_dir: str, say: Say):
     """Stage 5: TIES merge of the fine-tunes into ``merged_dir``; returns the ``MergeResult``."""
-    import hubsoup
-
     say(f"merging {len(fts)} fine-tunes with TIES (base resolved from their model cards) ...")
     return hubsoup.merge(fts, method="ties", out=merged_dir, overwrite=True, quiet=True,
                          params={"density": 0.2, "scale": 1.0})
@@ -131,8 +132,6 @@ def _evaluate(out: str, base_dir: str, tasks: dict[str, data.TaskData], head_pat
               merged_dir: str, say: Say) -> tuple[dict[str, list[float]], list]:
     """Stage 6: accuracy of every model on every task's test split; returns model label -> accuracies,
     and the merged model's results."""
-    from hubsoup.eval import TaskSpec, evaluate_model
-
     specs = [TaskSpec(kind="classification", data=os.path.join(out, "data", n, "test.csv"), name=n, split="test",
                       head=head_paths[n], max_length=MAX_LENGTH) for n in tasks]
     say("evaluating every model on every task's test split ...")
@@ -161,8 +160,6 @@ def _print_table(names: list[str], table: dict[str, list[float]], result) -> Non
 
 def run_demo(out: str = "hubsoup-demo", quiet: bool = False) -> str:
     """Run the demo into folder ``out``; returns the merged model's folder."""
-    from hubsoup.eval.run import EVAL_FILE, write_results
-
     t0 = time.perf_counter()
 
     def say(msg: str) -> None:

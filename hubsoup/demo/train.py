@@ -17,11 +17,15 @@ The base encoder is all-MiniLM-L6-v2 (see :func:`hubsoup.demo.data.minilm_path`)
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import torch
+from huggingface_hub import ModelCard, ModelCardData
+from transformers import AutoModel, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from hubsoup.demo.data import TaskData
 from hubsoup.eval.heads import mean_pool, save_head
@@ -32,15 +36,11 @@ from hubsoup.eval.heads import mean_pool, save_head
 
 
 def quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
 
 
 def load_encoder(path: str):
-    from transformers import AutoModel, AutoTokenizer
-
     quiet_transformers()
     return AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
@@ -180,6 +180,7 @@ def finetune(base_dir: str, out_dir: str, texts: Sequence[str], labels: Sequence
     model, tok = load_encoder(base_dir)
     torch.manual_seed(cfg.seed)
     if cfg.lora:
+        # lazy: peft (~1.5 s here after transformers) only for the demo's LoRA fine-tunes
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
@@ -233,8 +234,6 @@ def save_base(src: str, out_dir: str, *, base_model: str | None = None) -> str:
     same tensor names: non-persistent buffers such as ``position_ids`` are dropped), keeping
     its tokenizer and model card; ``base_model``: the Hub model this copy is, written into the
     card's metadata (so cards of merges built on it name the real upstream model)."""
-    import shutil
-
     model, tok = load_encoder(src)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
@@ -251,8 +250,6 @@ def save_base(src: str, out_dir: str, *, base_model: str | None = None) -> str:
 
 def metadata_update_local(path: str, **metadata) -> None:
     """Set metadata keys of the model card at ``path`` (a local file), keeping its body."""
-    from huggingface_hub import ModelCard
-
     card = ModelCard.load(path)
     for k, v in metadata.items():
         setattr(card.data, k, v)
@@ -261,8 +258,6 @@ def metadata_update_local(path: str, **metadata) -> None:
 
 def write_card(folder: str, **metadata) -> None:
     """A minimal model card holding ``metadata`` (e.g. ``base_model``) and a one-line body."""
-    from huggingface_hub import ModelCard, ModelCardData
-
     body = metadata.pop("body", "")
     card = ModelCard.from_template(ModelCardData(**metadata))
     if body:

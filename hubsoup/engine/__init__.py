@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Hashable, Iterator, Protocol, Sequence
 
@@ -33,7 +35,8 @@ from tqdm.auto import tqdm
 from hubsoup.engine import hostfeed as host_feed
 from hubsoup.engine import lanes, prefetch
 from hubsoup.engine import shared as shared_statistics
-from hubsoup.engine.lowrank import Copy, Dense, LowRank, Outcome, Unchanged, Weights, decide, tensor_position
+from hubsoup.engine.lowrank import (Copy, Dense, LowRank, Outcome, Unchanged, Weights, decide, piece_size,
+                                    tensor_position)
 from hubsoup.errors import NonFiniteTensorError
 from hubsoup.methods import InputInfo, Method, PrepareContext, StatsPass, TensorContext
 from hubsoup.plan import Block, Plan, TensorEntry
@@ -237,8 +240,6 @@ class TensorWork:
     def pieces(self, multiple: int = 1) -> PieceSweep | None:
         """A sweep over this tensor in pieces (their starts multiples of ``multiple`` entries), or None if an
         input does not hold it whole (or the block is not on the CPU): see :class:`PieceSweep`."""
-        from hubsoup.engine.lowrank import piece_size
-
         if self.feed is not None or torch.device(self.device).type != "cpu":  # a device's merge is whole-tensor
             return None
         raws = self.input_weights()
@@ -504,8 +505,6 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
             sink.put(work, work.merge(lowrank_ok=sink.accepts_lowrank(work.entry),
                                       weights_dtype=sink.weights_dtype(work.entry)))
         return stats
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
 
     lock, failed = threading.Lock(), threading.Event()
     job.monitor.segment(len(job.plan.blocks), desc)  # one segment, stepped by every worker

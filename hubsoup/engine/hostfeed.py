@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -383,8 +384,6 @@ LOG_ENV = "HUBSOUP_FEED_LOG"
 
 def log_record(path: str, record: dict[str, object]) -> None:
     """Append ``record`` as a JSON line (a measurement aid: a failure to write is ignored)."""
-    import json
-
     try:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")

@@ -162,7 +162,7 @@ def merge_in_pieces(work: "TensorWork", params: Any, dtype: torch.dtype) -> torc
     pieces = work.pieces(method.piece_multiple(params))
     if pieces is None:
         return None
-    from hubsoup.engine import feed, lanes  # the engine imports this module
+    from hubsoup.engine import feed, lanes  # lazy: the engine imports this module (cycle)
 
     ctx = work.context()
     ctx.stats = ChainMap({}, ctx.stats)  # this tensor's statistics over the merge's

@@ -19,11 +19,13 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from hubsoup.engine import lanes
 from hubsoup.engine.lowrank import piece_size, tensor_params
 from hubsoup.errors import PlacementError
 # parsed where the option is (hubsoup.options); re-exported for the engine's callers
@@ -50,7 +52,6 @@ def start_device(device: str | None, device_map: Any = None) -> None:
     wants = (device or "").startswith("cuda") or (device_map is not None and device_map != "cpu")
     if not wants or not torch.cuda.is_available() or torch.cuda.is_initialized():
         return
-    import threading
 
     def init() -> None:
         try:
@@ -90,9 +91,6 @@ def working_set(block: Block, n_inputs: int, extra: int = 0, *, pieces: int | No
     in every lane (:mod:`hubsoup.engine.lanes`)."""
     largest = max((e.numel for e in block.tensors if e.mergeable), default=0)
     if pieces is not None:
-        from hubsoup.engine import lanes
-        from hubsoup.engine.lowrank import piece_size
-
         # the output being merged and the one the writer thread still holds
         buffers = lanes.count() * (n_inputs + 1) * piece_size(n_inputs) * 4
         return 2 * largest * pieces + buffers + extra
@@ -213,6 +211,7 @@ def _explicit(dm: dict[str, Any], block: Block) -> int | str:
 
 def _infer(plan: Plan, sizes: dict[str, int], strategy: str, mm: dict[int | str, int] | None) -> dict[str, int | str]:
     """accelerate's placement over a stand-in module: one child per block, its size the block's working set."""
+    # lazy: accelerate.utils costs ~1 s to import here; only an automatic device map needs it
     from accelerate.utils import get_balanced_memory, get_max_memory, infer_auto_device_map
 
     stand_in = torch.nn.Module()

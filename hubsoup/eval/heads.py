@@ -13,6 +13,8 @@ import os
 from typing import Sequence
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from hubsoup.errors import ParameterError
 
@@ -26,8 +28,6 @@ def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def save_head(path: str, weight: torch.Tensor, bias: torch.Tensor, labels: Sequence[str], **meta: str) -> None:
     """Write a frozen mean-pooling head (``weight`` [C, H], ``bias`` [C], class names ``labels``) to ``path``;
     extra keyword arguments are stored as metadata strings."""
-    from safetensors.torch import save_file
-
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     save_file({"weight": weight.float().contiguous(), "bias": bias.float().contiguous()}, path,
               metadata={"pooling": "mean", "labels": json.dumps(list(labels)), **{k: str(v) for k, v in meta.items()}})
@@ -35,8 +35,6 @@ def save_head(path: str, weight: torch.Tensor, bias: torch.Tensor, labels: Seque
 
 def load_head(path: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """A frozen classifier head: ``weight`` [C, H], ``bias`` [C] and metadata (labels, pooling)."""
-    from safetensors import safe_open
-
     try:
         with safe_open(path, "pt") as f:
             meta = f.metadata() or {}

@@ -33,6 +33,8 @@ import threading
 from typing import Any
 
 from hubsoup.errors import ParameterError
+from hubsoup.eval.run import TaskResult
+from hubsoup.eval.tasks import TaskSpec
 
 KIND = "lm-eval"
 _INT_KEYS = ("num_fewshot", "limit", "batch_size")
@@ -88,8 +90,6 @@ def parse(spec: str, rest: str):
 
 
 def from_options(spec: str, tasks: list[str], kw: dict[str, Any]):
-    from hubsoup.eval.tasks import TaskSpec
-
     extra: dict[str, Any] = {}
     limit = None
     for k, v in kw.items():
@@ -130,7 +130,9 @@ def task_names(task) -> list[str]:
 
 def _import():
     try:
+        # lazy: optional extra (lm_eval)
         import lm_eval  # noqa: F401
+        # lazy: optional extra (lm_eval)
         from lm_eval.tasks import TaskManager  # noqa: F401
     except ImportError:
         raise ParameterError("lm-eval tasks need lm-evaluation-harness: pip install 'hubsoup[lmeval]'") from None
@@ -140,7 +142,7 @@ def task_manager(task):
     """lm-eval's ``TaskManager`` for the task's ``task_dir`` (one per process and folder). Custom tasks alone
     when they are all in ``task_dir`` (indexing lm-eval's ~15k built-in tasks takes most of a minute)."""
     _import()
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager  # lazy: optional extra (lm_eval)
 
     task_dir = task.extra.get("task_dir")
     names = task_names(task)
@@ -181,11 +183,8 @@ def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, devi
     """Run the lm-eval tasks of ``task`` on ``model`` (a causal LM instance) with ``tokenizer``; one
     :class:`~hubsoup.eval.TaskResult` per lm-eval task."""
     _import()
-    import lm_eval
-    from lm_eval.models.huggingface import HFLM
-
-    from hubsoup.eval.run import TaskResult
-    from hubsoup.eval.tasks import TaskSpec
+    import lm_eval  # lazy: optional extra (lm_eval)
+    from lm_eval.models.huggingface import HFLM  # lazy: optional extra (lm_eval)
 
     ex = task.extra
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=ex.get("batch_size", batch_size), device=device,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
+from huggingface_hub import EvalResult
 from tqdm.auto import tqdm
 
 from hubsoup.errors import HubsoupError, ParameterError
@@ -22,7 +23,7 @@ _TASK_TYPES = {"classification": "text-classification", "perplexity": "text-gene
 
 def load_metric(name: str):
     """One of hubsoup's shipped metric modules (accuracy, macro_f1, perplexity), via ``evaluate.load``."""
-    import evaluate
+    import evaluate  # lazy: evaluate (with datasets) costs ~9 s to import here (torch ~6 s); only a metric needs it
 
     path = os.path.join(_METRICS_DIR, name)
     if not os.path.isdir(path):
@@ -96,8 +97,6 @@ def to_eval_results(results: Sequence[TaskResult]):
     head from outside the model says so in its ``name`` (``Accuracy (frozen head sst.safetensors@sha256:...)``).
     Local data files are still named by path here; the card names them by file name and hash.
     """
-    from huggingface_hub import EvalResult
-
     out = []
     for r in results:
         head = r.head
@@ -129,6 +128,7 @@ class _Models:
         if self.instance is not None:  # a model held in memory (a search's candidate): used as given
             return self.instance.to(self.device).eval()
         if kind not in self._cache:
+            # lazy: transformers costs ~4 s to import here (torch ~6 s); only an evaluation needs it
             import transformers
 
             cls = {"encoder": transformers.AutoModel, "seqcls": transformers.AutoModelForSequenceClassification,
@@ -142,6 +142,7 @@ class _Models:
 
     def tokenizer(self):
         if "tok" not in self._cache:
+            # lazy: transformers costs ~4 s to import here (torch ~6 s); only an evaluation needs it
             from transformers import AutoTokenizer
 
             try:
@@ -271,7 +272,7 @@ def evaluate_model(model: Any, tasks: Sequence[TaskSpec], *, batch_size: int = 3
         if limit is not None:
             task = TaskSpec(**{**task.__dict__, "limit": limit})
         if task.kind == "lm-eval":  # lm-eval's own loading, prompts and metrics, on the model in memory
-            from hubsoup.eval import lmeval
+            from hubsoup.eval import lmeval  # lazy: eval.lmeval imports this module (cycle)
 
             results.extend(lmeval.evaluate(models.get("causal"), models.tokenizer(), task, limit=task.limit,
                                            batch_size=batch_size, device=device))

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field, fields
 
 from hubsoup.errors import InputError, ParameterError
+from hubsoup.eval.heads import load_head
+from hubsoup.sources.access import hub_only, load_hub_dataset, require_hub_dataset
 
 KINDS = ("classification", "perplexity", "lm-eval")
 _LOCAL_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -51,8 +53,6 @@ class TaskSpec:
 
     @property
     def is_local(self) -> bool:
-        from hubsoup.sources.access import hub_only, require_hub_dataset
-
         if self.kind == "lm-eval":  # lm-eval's own task names; a custom task_dir is a local folder
             if hub_only() and self.extra.get("task_dir"):
                 require_hub_dataset(self.extra["task_dir"], "lm-eval task_dir")
@@ -68,7 +68,7 @@ class TaskSpec:
             raise ParameterError(f"task spec {spec!r}: expected KIND:DATA[,key=value...] with KIND one of {', '.join(KINDS)}")
         kind, rest = spec.split(":", 1)
         if kind.strip() == "lm-eval":
-            from hubsoup.eval import lmeval
+            from hubsoup.eval import lmeval  # lazy: eval.lmeval imports this module (cycle)
 
             return lmeval.parse(spec, rest)
         parts = [p for p in rest.split(",") if p]
@@ -99,10 +99,10 @@ class TaskSpec:
         loaded, a missing column, no examples, an unreadable ``head``.
         """
         if self.kind == "lm-eval":
-            from hubsoup.eval import lmeval
+            from hubsoup.eval import lmeval  # lazy: eval.lmeval imports this module (cycle)
 
             return lmeval.check(self)
-        import datasets
+        import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only an evaluation's data needs it
 
         shown = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()  # a check, not the evaluation: no "Generating train split" bars
@@ -114,17 +114,13 @@ class TaskSpec:
         if len(ds) == 0:
             raise ParameterError(f"task '{self.name}': no examples in {self.data}")
         if self.head:
-            from hubsoup.eval.heads import load_head
-
             if not os.path.isfile(self.head):
                 raise ParameterError(f"task '{self.name}': classifier head {self.head} not found")
             load_head(self.head)
 
     def load(self):
         """The task's examples as a ``datasets.Dataset``."""
-        import datasets
-
-        from hubsoup.sources.access import hub_only, load_hub_dataset
+        import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only an evaluation's data needs it
 
         try:
             if self.is_local:

@@ -6,6 +6,7 @@ the engine (:class:`hubsoup.methods.PrepareContext.load_expert`), one block at a
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import tempfile
@@ -16,10 +17,12 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
 from hubsoup.arch import model_class
 from hubsoup.errors import HubsoupError
 from hubsoup.exemplars.data import load_exemplar_rows, make_batches
+from hubsoup.exemplars.dispatch import DispatchedExperts
 
 if TYPE_CHECKING:  # the method kit's types only: methods (LOT) import exemplars, not the reverse
     from hubsoup.methods import PrepareContext
@@ -188,6 +191,7 @@ class _Capture:
 
 def load_skeleton(base_folder: str, device):
     """The base model as a float32 ``transformers`` model in eval mode (never remote code)."""
+    # lazy: transformers costs ~4 s to import here (torch ~6 s); only LOT's exemplar capture needs it
     from transformers import AutoConfig
 
     try:
@@ -201,6 +205,7 @@ def load_skeleton(base_folder: str, device):
 
 def plan_ops(model, base_names: set[str]) -> tuple[dict[str, OpStat], list[tuple[str, torch.nn.Module, str, Any, int]]]:
     """Which op owns each mergeable tensor, and the hooks to install (name, module, kind, extra, gram bytes)."""
+    # lazy: transformers' model classes cost ~13 s to import here (torch ~6 s); only LOT's exemplar capture needs them
     from transformers.pytorch_utils import Conv1D
 
     names_of: dict[int, list[str]] = {}
@@ -293,7 +298,8 @@ class _quiet_libraries:
     def __enter__(self):
         if not self.quiet:
             return self
-        import datasets
+        import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only LOT's exemplar capture needs it
+        # lazy: transformers costs ~4 s to import here (torch ~6 s); only LOT's exemplar capture needs it
         import transformers
 
         self.ds = datasets.is_progress_bar_enabled()
@@ -307,7 +313,8 @@ class _quiet_libraries:
     def __exit__(self, *exc):
         if not self.quiet:
             return
-        import datasets
+        import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only LOT's exemplar capture needs it
+        # lazy: transformers costs ~4 s to import here (torch ~6 s); only LOT's exemplar capture needs it
         import transformers
 
         if self.ds:
@@ -318,13 +325,10 @@ class _quiet_libraries:
 
 
 def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
-    from tqdm.auto import tqdm
-
     device = ctx.device
     experts = None
     if ctx.device_map is not None or ctx.max_memory is not None:
         # big experts: each is built and run with accelerate's big-model inference (CPU/disk offload)
-        from hubsoup.exemplars.dispatch import DispatchedExperts
 
         experts = DispatchedExperts(ctx.base_folder, device_map=ctx.device_map, max_memory=ctx.max_memory,
                                     scratch=ctx.scratch, quiet=ctx.quiet)
@@ -397,8 +401,6 @@ def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
 def _forward(model, inputs: dict[str, torch.Tensor]) -> None:
     """One forward pass. Encoder-decoder models get the exemplar itself, shifted right, as
     decoder input (teacher forcing on the exemplar text) [ours: the papers do not say]."""
-    import inspect
-
     kw = dict(inputs)
     if getattr(model.config, "is_encoder_decoder", False) and "input_ids" in kw:
         shift = getattr(model, "_shift_right", None)
@@ -412,6 +414,7 @@ def _forward(model, inputs: dict[str, torch.Tensor]) -> None:
 
 def _tokenizer(folder: str):
     try:
+        # lazy: transformers costs ~4 s to import here (torch ~6 s); only LOT's exemplar capture needs it
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(folder)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from hubsoup.errors import ExemplarError, InputError, MethodError
+from hubsoup.sources.access import hub_only, load_hub_dataset, require_hub_dataset
 
 if TYPE_CHECKING:  # the method kit's types only: methods (LOT) import exemplars, not the reverse
     from hubsoup.methods import InputInfo
@@ -50,9 +51,7 @@ def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0):
     (json/jsonl/csv/tsv/parquet/txt/arrow); a folder saved with ``save_to_disk`` or of such
     files. More rows than ``n``: a seeded random sample (the paper draws them at random).
     """
-    import datasets
-
-    from hubsoup.sources.access import hub_only, require_hub_dataset
+    import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only LOT's exemplars from the Hub need it
 
     if hub_only():  # a server's run: a Hub dataset by its name alone, never a path of the host
         require_hub_dataset(spec, f"exemplars for task '{task}'")
@@ -73,8 +72,6 @@ def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0):
         else:
             name, _, split = spec.partition(":")
             if hub_only():  # the Hub with this run's token and cache, never a folder of the host
-                from hubsoup.sources.access import load_hub_dataset
-
                 ds = load_hub_dataset(name, f"exemplars for task '{task}'", split=split or "train")
             else:
                 ds = datasets.load_dataset(name, split=split or "train")

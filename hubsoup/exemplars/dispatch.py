@@ -20,16 +20,17 @@ from typing import Any
 
 import torch
 
+from hubsoup.arch import model_class
 from hubsoup.errors import HubsoupError, PlacementError
 from hubsoup.options import parse_device_map, parse_max_memory
 
 
 def meta_model(base_folder: str):
     """The base's architecture with empty (meta) weights, ties made, in eval mode; never remote code."""
+    # lazy: accelerate and transformers' model code cost ~13 s to import here; only big experts (offload) need them
     from accelerate import init_empty_weights
+    # lazy: transformers costs ~4 s to import here (torch ~6 s); only big experts (offload) need it
     from transformers import AutoConfig
-
-    from hubsoup.arch import model_class
 
     try:
         cfg = AutoConfig.from_pretrained(base_folder, trust_remote_code=False)
@@ -60,6 +61,7 @@ def expert_device_map(model, device_map: Any, max_memory: Any) -> dict[str, int 
     memory) or, without it, accelerate's ``get_max_memory()`` over the devices the map names
     (every device for a strategy). Modules that fit nowhere go to ``disk``.
     """
+    # lazy: accelerate with transformers' model code costs ~13 s here; only big experts need it
     from accelerate.utils import (
         get_balanced_memory,
         get_max_memory,
@@ -136,7 +138,9 @@ class _Loaded:
         self.experts, self.stream, self.model = experts, stream, None
 
     def __enter__(self):
+        # lazy: accelerate with transformers' model code costs ~13 s here; only big experts need it
         from accelerate import dispatch_model
+        # lazy: accelerate with transformers' model code costs ~13 s here; only big experts need it
         from accelerate.utils import (
             find_tied_parameters,
             offload_weight,

@@ -67,12 +67,13 @@ from hubsoup.formats.mergekit_vocab import VocabLayout, VocabSpec, parse_vocab
 from hubsoup.hubclient import Token
 from hubsoup.methods import available, get_method
 from hubsoup.output.checkpoint import _COPY_FROM_BASE
-from hubsoup.plan import Plan, TensorSource, block_of, layout_plan
+from hubsoup.plan import Plan, TensorSource, block_of, build_plan, layout_plan
 # a config's model references and public text: in hubsoup.public (the recipe and the push need them too)
 from hubsoup.public import _map_models, dump_config, public_config_text  # noqa: F401
 from hubsoup.sources.access import hub_only, require_hub_id
 from hubsoup.sources.adapted import open_adapted
 from hubsoup.sources.compat import open_models
+from hubsoup.sources.remap import AliasedCheckpoint
 from hubsoup.sources.resolve import open_input
 from hubsoup.untrusted import load_yaml, short
 
@@ -405,7 +406,7 @@ def _hoist_default_module(data: dict, dropped: list[str]) -> dict:
         names = ", ".join(map(str, mods)) if isinstance(mods, dict) else type(mods).__name__
         raise ParameterError(f"mergekit config: 'modules' ({names[:80]}): a multimodal model's modules are "
                              "merged one by one (run the config with run_config / hubsoup run)")
-    from hubsoup.formats.mergekit_modules import module_config
+    from hubsoup.formats.mergekit_modules import module_config  # lazy: mergekit_modules imports this module (cycle)
 
     return module_config(data, "default", dropped)
 
@@ -733,8 +734,6 @@ class MergekitLayout:
         with the module's tied tensors it does not store read from their tie source (mergekit's
         ``tied_names``: T5's ``encoder.embed_tokens.weight`` from ``shared.weight``); an optional one only
         when some model of the merge stores it, as mergekit plans it."""
-        from hubsoup.sources.remap import AliasedCheckpoint
-
         module = self.merge.module
         if module is None:
             return raw
@@ -921,8 +920,6 @@ class MergekitLayout:
             out[out_name] = ts
 
         # a layer tensor some of the base's own layers lack (T5's relative_attention_bias, layer 0's only) is
-        # optional, as in mergekit's definitions: written only where a source of the slice has it at its layer
-        from hubsoup.plan import block_of
 
         depth = {b[1] for k in keys if (b := block_of(k)) and b[0] == stack}
         optional = {suf for suf in suffixes if any(f"{stack}.{i}.{suf}" not in have[id(base)] for i in depth)}
@@ -987,6 +984,7 @@ class MergekitLayout:
             _remove_tokenizer_files(folder)
             return
         if self.merge.chat_template:  # mergekit then saves the tokenizer again (not a file copy), template or not
+            # lazy: transformers costs ~4 s to import here (torch ~6 s); only a config's tokenizer source needs it
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(folder)
@@ -1134,9 +1132,6 @@ def _config_value(config: dict, key: str | None) -> Any:
 
 def _module_plan(base, module: Any, device: str):
     """The plan of one module of ``base``: its tensors, laid out as in the base."""
-    from hubsoup.arch import tied_groups
-    from hubsoup.plan import build_plan
-
     keys = [k for k in base.keys() if module.holds(k)]
     infos = {k: base.info(k) for k in keys}
     stored = _stored_keys(base)  # a tied name read from its tie source is merged on its own, as in mergekit

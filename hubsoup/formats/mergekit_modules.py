@@ -59,7 +59,11 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from hubsoup.errors import ParameterError
+from hubsoup.errors import HubsoupError, ParameterError
+from hubsoup.formats.mergekit import _check_keys, _model_ref, _params_map, dump_config
+from hubsoup.output.folder import OutputFolder
+from hubsoup.recipe import RECIPE_FILE
+from hubsoup.sources.resolve import open_input
 
 log = logging.getLogger(__name__)
 
@@ -206,9 +210,6 @@ def plain_as_modules(data: Any, token: Any = None, allow_pickle: bool = False) -
         >>> plain_as_modules({"merge_method": "linear", "modules": {"default": {}}}) is None
         True
     """
-    from hubsoup.errors import HubsoupError
-    from hubsoup.sources.resolve import open_input
-
     if not isinstance(data, dict) or data.get("modules") is not None:
         return None
     ref = data.get("base_model")
@@ -238,8 +239,6 @@ def plain_as_modules(data: Any, token: Any = None, allow_pickle: bool = False) -
 def module_config(data: dict, name: str, dropped: list[str]) -> dict:
     """The single-module config of module ``name``: its ``models``/``slices`` at the top level, its
     ``parameters`` before the top level's (each parameter's module entries first: mergekit's precedence)."""
-    from hubsoup.formats.mergekit import _check_keys, _params_map
-
     mods = data.get("modules")
     if data.get("models") is not None or data.get("slices") is not None:
         raise ParameterError("mergekit config: give exactly one of 'models', 'slices' and 'modules'")
@@ -272,9 +271,6 @@ def _as_entries(v: Any) -> list:
 def architecture_modules(data: dict, token: Any = None, allow_pickle: bool = False) -> tuple[dict[str, Module], Any]:
     """The modules of the architecture the config merges (from its base model, else its first model's config)
     and that model's opened checkpoint (headers only); refuses a module the architecture does not have."""
-    from hubsoup.formats.mergekit import _model_ref
-    from hubsoup.sources.resolve import open_input
-
     ref = data.get("base_model")
     if ref is None:  # mergekit: the first model the config names gives the output's config
         try:
@@ -314,10 +310,6 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
     YAML) restricted to ``module``'s tensors into the folder ``out``; ``referenced``: every model the
     whole config names (a merged vocabulary is built over them all, as mergekit builds it).
     """
-    from hubsoup.formats.mergekit import dump_config
-    from hubsoup.output.folder import OutputFolder
-    from hubsoup.recipe import RECIPE_FILE
-
     mods, base = architecture_modules(data, token=token, allow_pickle=allow_pickle)
     dropped: list[str] = []
     configs = {name: module_config(data, name, dropped) for name in data["modules"]}
@@ -360,8 +352,6 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
 def _referenced(data: dict) -> list[str]:
     """Every model a ``modules:`` config names, once each: ``base_model``, then the modules' models in the
     config's order (mergekit's ``referenced_models``, in the order hubsoup builds a merged vocabulary)."""
-    from hubsoup.formats.mergekit import _model_ref
-
     refs = [data["base_model"]] if data.get("base_model") is not None else []
     for mod in data["modules"].values():
         for m in mod.get("models") or []:

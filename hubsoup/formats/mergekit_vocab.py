@@ -70,6 +70,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from hubsoup.errors import ParameterError
+from hubsoup.output.checkpoint import _COPY_FROM_BASE
+from hubsoup.sources.adapted import open_adapted
+from hubsoup.sources.checkpoint import TensorInfo
+from hubsoup.sources.compat import _is_local
+from hubsoup.sources.remap import RemappedCheckpoint
+from hubsoup.sources.resolve import open_input
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +263,7 @@ def config_vocab_size(config: dict) -> int | None:
 
 
 def _load_tokenizer(folder: str, label: str, **kw: Any):
+    # lazy: transformers costs ~4 s to import here (torch ~6 s); only a config's tokenizer source needs it
     from transformers import AutoTokenizer
 
     try:
@@ -268,7 +275,7 @@ def _load_tokenizer(folder: str, label: str, **kw: Any):
 
 def stripped_tokenizer(folder: str, label: str, vocab_size: int | None):
     """The tokenizer without the tokens at ids ``>= vocab_size`` (mergekit's ``get_stripped_tokenizer``)."""
-    import tokenizers
+    import tokenizers  # lazy: tokenizers comes with transformers (~4 s here); only a tokenizer source needs it
 
     tok = _load_tokenizer(folder, label, use_fast=True)
     vocab = tok.get_vocab()
@@ -305,6 +312,7 @@ def stripped_tokenizer(folder: str, label: str, vocab_size: int | None):
 
 def union_tokenizer(base_tok, toks: dict[str, Any], sizes: dict[str, int | None]):
     """The union of the tokenizers (mergekit's ``build_union_tokenizer``), starting from the base's."""
+    # lazy: transformers costs ~4 s to import here (torch ~6 s); only a config's tokenizer source needs it
     from transformers import AutoTokenizer
 
     out_added: dict[str, Any] = {}
@@ -583,12 +591,6 @@ class VocabLayout:
 
         ``wrap``: applied to the opened models (ref → checkpoint) before they are re-mapped (a module's
         tied tensors, aliased where a model does not store them)."""
-        from hubsoup.sources.checkpoint import TensorInfo
-        from hubsoup.sources.compat import _is_local
-        from hubsoup.sources.adapted import open_adapted
-        from hubsoup.sources.remap import RemappedCheckpoint
-        from hubsoup.sources.resolve import open_input
-
         physical = list(dict.fromkeys(self.order))  # a model+adapter reference: the model, adapter applied on read
         extra = [] if self.spec.source in ("union", "base") else [self.spec.source.split("+")[0]]
         if monitor is not None:
@@ -659,8 +661,6 @@ class VocabLayout:
 
     def finish(self, folder: str) -> None:
         """The output's tokenizer (saved as mergekit saves it) and ``config.json``'s ``vocab_size``."""
-        from hubsoup.output.checkpoint import _COPY_FROM_BASE
-
         for fname in (*_COPY_FROM_BASE, "tokenizer.model", "added_tokens.json", "vocab.json", "merges.txt",
                       "vocab.txt", "chat_template.jinja", "chat_template.json"):
             if fname not in ("config.json", "generation_config.json", "preprocessor_config.json"):

@@ -14,6 +14,7 @@ a whole model.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import logging
 import math
@@ -25,6 +26,7 @@ import torch
 
 from hubsoup.errors import MethodError
 from hubsoup.methods._kept import KeptTensors
+from hubsoup.methods._params import parse_params, to_dict
 from hubsoup.plan import BlockInfo
 
 log = logging.getLogger(__name__)
@@ -212,14 +214,10 @@ class Method:
         Modifiers that wrap another method override this to split off the inner
         method's parameters.
         """
-        from hubsoup.methods import parse_params
-
         return parse_params(self.Params, given, method=self.name)
 
     def describe_params(self, params: Any) -> dict[str, Any]:
         """Parameters as plain values, for the recipe and the card."""
-        from hubsoup.methods import to_dict
-
         return to_dict(params)
 
     def check_inputs(self, params: Any, n_inputs: int) -> None:
@@ -394,8 +392,6 @@ def get_method(name: str) -> Method:
     try:
         return _REGISTRY[name]()
     except KeyError:
-        import difflib
-
         close = difflib.get_close_matches(name, _REGISTRY, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise MethodError(

@@ -16,6 +16,8 @@ import tempfile
 import threading
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 
 class KeptTensors:
@@ -35,8 +37,6 @@ class KeptTensors:
         return os.path.join(str(self.folder), hashlib.sha256(name.encode()).hexdigest()[:32] + ".safetensors")
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
-        from safetensors.torch import save_file
-
         if self.folder is None:
             raise RuntimeError(f"kept tensors '{self.label}' were closed")
         t = tensor.detach().to("cpu").contiguous()
@@ -47,8 +47,6 @@ class KeptTensors:
 
     def get(self, name: str, device: str | torch.device = "cpu") -> torch.Tensor | None:
         """The tensor kept under ``name`` (on ``device``), or None when the pass kept none."""
-        from safetensors import safe_open
-
         with self._lock:
             if self.folder is None or name not in self._names:
                 return None

@@ -14,6 +14,7 @@ per tensor (:func:`resolve_params`), so methods only ever see plain numbers.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import typing
 from typing import Any, Literal, get_args, get_origin
@@ -149,8 +150,6 @@ def parse_params(cls: type, given: dict[str, Any], *, method: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(given) - set(fields))
     if unknown:
-        import difflib
-
         known = ", ".join(fields) or "none"
         close = difflib.get_close_matches(unknown[0], list(fields), n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""

@@ -30,7 +30,7 @@ import math
 from typing import Any
 
 from hubsoup.errors import ParameterError
-from hubsoup.untrusted import short
+from hubsoup.untrusted import load_yaml, short
 
 
 CLI_HELP = """\
@@ -141,8 +141,6 @@ def _anchors(name: str, values: Any) -> tuple[float, ...]:
 
 def yaml_value(name: str, text: str) -> Any:
     """A YAML flow value (``[0, 1]``, ``{filter: mlp, value: 0.3}``) read safely."""
-    from hubsoup.untrusted import load_yaml
-
     return load_yaml(text, f"parameter '{name}'", max_bytes=64 * 1024)
 
 

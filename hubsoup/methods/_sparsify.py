@@ -46,6 +46,7 @@ import torch
 
 from hubsoup.linalg import block_sums
 from hubsoup.methods._kernels import cache_step, topk_mask
+from hubsoup.methods._params import param
 
 
 def magnitude_mask(x: torch.Tensor, density: float) -> torch.Tensor | None:
@@ -288,8 +289,6 @@ ComputeDtype = Literal["float32", "float16", "bfloat16", "inputs"]
 def compute_dtype_param(when: str = "") -> Any:
     """The ``compute_dtype`` parameter of a method mergekit computes in its config's dtype (recorded only when set,
     so adding it changed no earlier recipe's hash)."""
-    from hubsoup.methods._params import param
-
     return param("float32", f"{when}the dtype every step is computed in, as mergekit computes in its config's dtype "
                             "(inputs: the stored dtype); hubsoup's own merges compute in float32",
                  source="mergekit", recorded_when_set=True)

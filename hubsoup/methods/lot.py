@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 
 from hubsoup.errors import ParameterError
+from hubsoup.exemplars import capture, match_tasks, parse_exemplar_specs
 from hubsoup.methods import Method, register
 from hubsoup.methods import param
 
@@ -118,8 +119,6 @@ class LotParams:
                                   source="ours")
 
     def validate(self):
-        from hubsoup.exemplars import parse_exemplar_specs
-
         parse_exemplar_specs(self.exemplars)  # TASK=PATH syntax, no task twice
 
 
@@ -154,8 +153,6 @@ class Lot(Method):
                 params.text_column, params.gram_budget_gb)
 
     def prepare(self, params, ctx) -> dict[str, Any]:
-        from hubsoup.exemplars import capture, match_tasks, parse_exemplar_specs
-
         tasks = match_tasks(ctx.inputs, parse_exemplar_specs(params.exemplars))
         return {"lot.features": capture(ctx, params, tasks)}
 

@@ -41,6 +41,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -478,7 +479,7 @@ def exchange(a: str, b: str) -> bool:
         return False
     if _renameat2 is None:
         try:
-            import ctypes
+            import ctypes  # lazy: platform-specific (Linux renameat2 through libc)
 
             libc = ctypes.CDLL(None, use_errno=True)
             fn = libc.renameat2
@@ -515,9 +516,6 @@ or pushes) must not be reported as having left nothing behind (the CLI reads thi
 @contextmanager
 def _signals_held():
     """SIGINT and SIGTERM held (delivered at the end) in the main thread; elsewhere nothing to hold."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import torch
+import transformers
 
 from hubsoup.engine import Copy, LowRank, Outcome, TensorWork, Unchanged, Weights
 from hubsoup.errors import HubsoupError
@@ -71,8 +72,6 @@ class MemorySink:
         Built without random initialisation (every weight is assigned from the merge); a tensor the
         model expects but the merge lacks, or one it does not know, is an error naming it.
         """
-        import transformers
-
         cls = {"causal": transformers.AutoModelForCausalLM, "encoder": transformers.AutoModel,
                "seqcls": transformers.AutoModelForSequenceClassification}[kind]
         config = transformers.AutoConfig.from_pretrained(config_folder)
@@ -98,8 +97,10 @@ class MemorySink:
 def _no_init_weights():
     """transformers' context that skips random initialisation (``transformers.initialization`` from 5.0)."""
     try:
+        # lazy: which module holds it depends on transformers' version (tried in turn)
         from transformers.initialization import no_init_weights
     except ImportError:  # transformers 4
+        # lazy: which module holds it depends on transformers' version (tried in turn)
         from transformers.modeling_utils import no_init_weights
     return no_init_weights()
 

@@ -27,6 +27,7 @@ import errno
 import json
 import os
 import shutil
+import sys
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from hubsoup.errors import DiskFullError
+from hubsoup.output.folder import final_path
 from hubsoup.sources.checkpoint import ST_DTYPES
 
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
@@ -55,9 +57,8 @@ class _Slot:
 def _writeback_starter():
     """``start(fd, offset, nbytes)``: begin writing that range to disk without waiting (Linux
     ``sync_file_range(SYNC_FILE_RANGE_WRITE)``); None where libc lacks it."""
-    import ctypes
-    import ctypes.util
-    import sys
+    import ctypes  # lazy: platform-specific (Linux sync_file_range through libc)
+    import ctypes.util  # lazy: platform-specific (Linux sync_file_range through libc)
 
     if not sys.platform.startswith("linux"):
         return None
@@ -162,7 +163,6 @@ class ShardedWriter:
         """``e``, or for a full disk the one-line :class:`DiskFullError` (caused by ``e``)."""
         if not (isinstance(e, OSError) and e.errno in _DISK_FULL):
             return e
-        from hubsoup.output.folder import final_path
 
         free = f" ({self.free_at_start} were free when writing started)" if self.free_at_start is not None else ""
         err = DiskFullError(f"disk full while writing {file} in {final_path(self.folder)}: {self.file_bytes} bytes "

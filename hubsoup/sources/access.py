@@ -27,11 +27,16 @@ from __future__ import annotations
 
 import contextvars
 import fnmatch
+import os
 import re
+import shutil
+import tempfile
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
+
+from huggingface_hub import constants, try_to_load_from_cache
 
 from hubsoup.errors import InputError
 from hubsoup.untrusted import short
@@ -136,8 +141,6 @@ class Access:
                              "downloaded")
 
     def _cached(self, repo_id: str, sha: str, name: str, repo_type: str) -> bool:
-        from huggingface_hub import try_to_load_from_cache
-
         try:
             hit = try_to_load_from_cache(repo_id, name, revision=sha, cache_dir=self.cache_dir, repo_type=repo_type)
         except Exception:  # noqa: BLE001 - an odd name: not cached
@@ -234,11 +237,8 @@ def load_hub_dataset(name: str, role: str, *, config: str | None = None, split: 
     ...
     hubsoup.errors.InputError: evaluation data 'csv': only Hub dataset IDs (org/name) are accepted here, not local paths
     """
-    import os
-    import shutil
-    import tempfile
-
-    import datasets
+    import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only Hub datasets need it
+    # lazy: datasets costs ~7 s to import here (torch ~6 s); only Hub datasets need it
     from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
 
     require_hub_dataset(name, role)
@@ -259,8 +259,6 @@ def load_hub_dataset(name: str, role: str, *, config: str | None = None, split: 
 def check_offline(who: str) -> None:
     """A ``hub_only`` run offline reads only a cache of its own (``cache_dir``): a snapshot another user's token
     filled must never be opened without the Hub checking this run's token."""
-    from huggingface_hub import constants
-
     acc = current()
     if acc.hub_only and constants.HF_HUB_OFFLINE and not acc.cache_dir:
         raise InputError(f"{who}: a hub_only run offline (HF_HUB_OFFLINE=1) needs a cache of its own (cache_dir); "

@@ -29,6 +29,7 @@ import torch
 
 from hubsoup.errors import InputError
 from hubsoup.sources.checkpoint import Checkpoint, InputRef
+from hubsoup.sources.lora import lora_source
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,6 @@ def open_adapted(spec: str, open_input, **kwargs: Any):
     model_spec, adapter_spec = split_adapter(spec)
     if adapter_spec is None:
         return open_input(spec, **kwargs)
-    from hubsoup.sources.lora import lora_source
 
     model = open_input(model_spec, **kwargs)
     role = kwargs.get("role", "input")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 
 import hashlib
 import json
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from huggingface_hub import metadata_load
 from safetensors import SafetensorError, safe_open
 
 from hubsoup.errors import CorruptCheckpointError, InputError, PickleRefusedError, UnsafePathError
@@ -249,8 +251,6 @@ class Checkpoint:
 
     def check_links(self, patterns: list[str]) -> None:
         """Refuse (:meth:`file`) any file of the folder matching ``patterns`` that is a link leading out of it."""
-        import fnmatch
-
         try:
             names = sorted(os.listdir(self.folder))
         except OSError:
@@ -291,7 +291,6 @@ class Checkpoint:
         if not os.path.isfile(path):
             return {}
         path = self.file("README.md")
-        from huggingface_hub import metadata_load
 
         try:
             return metadata_load(path) or {}

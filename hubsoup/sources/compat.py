@@ -14,7 +14,11 @@ from typing import Any, Sequence
 
 from hubsoup.errors import BaseModelError, BaseNotNamedError, IncompatibleInputError, ParameterError
 from hubsoup.hubclient import Token
+from hubsoup.sources.access import hub_only
+from hubsoup.sources.adapted import open_adapted
 from hubsoup.sources.checkpoint import Checkpoint
+from hubsoup.sources.lora import lora_source
+from hubsoup.sources.resolve import _REPO_ID, open_input, parse_spec
 from hubsoup.sources.taskvector import FullDelta, shape_message
 
 log = logging.getLogger(__name__)
@@ -81,8 +85,6 @@ def resolve_base(inputs: list[Checkpoint]) -> str:
 
 def resolve_base_spec(inputs: list[Checkpoint]) -> tuple[str, bool]:
     """``(base, hub_only)``: the base the inputs name, and whether a Hub input named it (then only the Hub is asked)."""
-    from hubsoup.sources.resolve import _REPO_ID, parse_spec
-
     named = {}
     remote = False
     for ckpt in inputs:
@@ -169,8 +171,6 @@ def task_vector(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos:
     on demand from the adapter's factors (see ``hubsoup/sources/lora.py`` for the checks).
     """
     if ckpt.ref.kind == "lora":
-        from hubsoup.sources.lora import lora_source
-
         return lora_source(ckpt, base, base_keys, infos, ignore_extra=ignore_extra)
     if ckpt.ref.kind != "full":
         raise IncompatibleInputError(f"input '{ckpt.label}' is a {ckpt.ref.kind} adapter; such inputs are not supported")
@@ -204,13 +204,10 @@ def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pi
     (planning): Hub models' tensors are known from their safetensors headers on the Hub, so nothing here
     downloads a weight (:func:`hubsoup.sources.resolve.open_input`).
     """
-    from hubsoup.sources.resolve import open_input
-
     hub = [s for s in specs if isinstance(s, str) and not _is_local(s)]
     base_hub = base is None or (isinstance(base, str) and not _is_local(base))
     if monitor is not None:  # metadata, then weights, per Hub model (entered at the first download)
         monitor.expect("download", 2 * (len(hub) + int(base_hub)))
-    from hubsoup.sources.adapted import open_adapted
 
     ckpts = [open_adapted(s, open_input, allow_pickle=allow_pickle, token=token, monitor=monitor,
                           headers_only=headers_only) if isinstance(s, str) else s
@@ -235,8 +232,6 @@ def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pi
 
 
 def _is_local(spec: Any) -> bool:
-    from hubsoup.sources.access import hub_only
-
     # a hub_only run never looks at the disk for a spec (open_input refuses any that is not a repo ID)
     return not hub_only() and isinstance(spec, str) and os.path.isdir(os.path.expanduser(spec))
 
@@ -260,9 +255,6 @@ def open_base(spec: str, *, allow_pickle: bool = False, token: Token = None,
     ``hub_only``: the base was named by a Hub input's card or adapter config, so it is opened
     from the Hub only (never a local folder, see :func:`resolve_base`).
     """
-    from hubsoup.sources.adapted import open_adapted
-    from hubsoup.sources.resolve import open_input
-
     ckpt = open_adapted(spec, open_input, allow_pickle=allow_pickle, token=token, with_tokenizer=True,
                         hub_only=hub_only, role="base", monitor=monitor, headers_only=headers_only)
     if ckpt.ref.kind != "full":

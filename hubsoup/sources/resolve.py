@@ -14,9 +14,16 @@ import os
 import re
 import time
 
-from hubsoup.errors import InputError, MergeCancelled, PickleRefusedError
+from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
+from huggingface_hub.errors import (
+    GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
+)
+
+from hubsoup.errors import CorruptCheckpointError, HubsoupError, InputError, MergeCancelled, PickleRefusedError
 from hubsoup.hubclient import Token, ensure_timeouts, error_status, hub_timeout, is_timeout, scrub_secrets, server_detail
 from hubsoup.progress import Monitor, silent_tqdm
+from hubsoup.sources import access
+from hubsoup.sources.access import current
 from hubsoup.sources.checkpoint import ST_DTYPES, Checkpoint, InputRef, SAFETENSORS_INDEX, TensorInfo
 
 METADATA_FILES = [
@@ -75,8 +82,6 @@ def open_input(spec: str, *, allow_pickle: bool = False, token: Token = None,
         >>> ckpt.ref.sha                                  # doctest: +SKIP
         '3f1c...'
     """
-    from hubsoup.sources import access
-
     if access.hub_only():  # a server's run: the text alone decides, before anything on the disk is looked at
         access.require_hub_id(spec, role)
     if not isinstance(spec, str) or not spec.strip():
@@ -121,15 +126,6 @@ def _pickle_refused(label: str, role: str = "input") -> PickleRefusedError:
 def hub_failure(e: BaseException, who: str, repo_id: str, revision: str | None = None,
                 token: Token = None) -> InputError:
     """One line saying why reading ``repo_id`` from the Hub failed (``who``: ``input 'spec'``, ``base 'spec'``)."""
-    from huggingface_hub import constants
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
     def find(kind):
         seen, cur = set(), e
         while cur is not None and id(cur) not in seen:
@@ -178,10 +174,6 @@ def _cancelled(e: BaseException) -> MergeCancelled | None:
 
 def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="input",
          monitor: Monitor | None = None, headers_only: bool = False) -> Checkpoint:
-    from huggingface_hub import HfApi, constants, snapshot_download
-
-    from hubsoup.sources import access
-
     acc = access.current()  # this run's cache and download budget (kept by the closures below)
     cache = {"cache_dir": acc.cache_dir} if acc.cache_dir else {}
     who = f"{role} '{spec}'"
@@ -219,8 +211,6 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
             acc.charge(repo_id, sha, sizes, patterns, who)
             folder = snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars, **cache)
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
-        from hubsoup.errors import HubsoupError
-
         if isinstance(e, HubsoupError) and _cancelled(e) is None:
             raise
         raise fail(e) from e
@@ -255,8 +245,6 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
                 raise _pickle_refused(ckpt.label, role)
             patterns = ["pytorch_model*.bin"]
         else:
-            from hubsoup.errors import CorruptCheckpointError
-
             raise CorruptCheckpointError(
                 f"{role} '{ckpt.label}': the repo holds no weights (no model.safetensors, "
                 f"{SAFETENSORS_INDEX} or pytorch_model.bin)")
@@ -297,7 +285,6 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         names = safetensors_files()
         if not names:
             return None
-        from huggingface_hub import try_to_load_from_cache
 
         if all(isinstance(try_to_load_from_cache(repo_id, f, revision=sha, **cache), str) for f in names):
             return None  # every weight file is in the local cache at this commit: its headers are read there
@@ -312,14 +299,10 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
                 for name, t in meta.tensors.items():
                     dtype = ST_DTYPES.get(t.dtype)
                     if dtype is None:
-                        from hubsoup.errors import CorruptCheckpointError
-
                         raise CorruptCheckpointError(f"{role} '{ckpt.label}': tensor '{name}' in {fname} has "
                                                      f"unsupported dtype {t.dtype}")
                     out[fname][name] = TensorInfo(tuple(t.shape), dtype)
         except Exception as e:  # noqa: BLE001 - one line naming the repo
-            from hubsoup.errors import HubsoupError
-
             if isinstance(e, HubsoupError):
                 raise
             raise fail(e) from e
@@ -377,9 +360,6 @@ def download_size(ckpt: Checkpoint, token: Token = None) -> tuple[int, int] | No
     names = names_of()
     if not names:
         return None
-    from huggingface_hub import HfApi, try_to_load_from_cache
-
-    from hubsoup.sources.access import current
 
     cache = {"cache_dir": current().cache_dir} if current().cache_dir else {}
     try:

@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -43,10 +44,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import jinja2
+import numpy as np
 import yaml
 
+import hubsoup
+from hubsoup.api import parse_method
+from hubsoup.card import template_path
 from hubsoup.errors import EvolveError, ParameterError
+from hubsoup.eval import TaskSpec
+from hubsoup.hub import check_repo_id
+from hubsoup.methods import get_method
+from hubsoup.options import MergeOptions
+from hubsoup.output.folder import OutputLock
+from hubsoup.progress import Monitor
 from hubsoup.recipe import public_value
+from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
+from hubsoup.workflows.executors import make_executor
+from hubsoup.workflows.study_lease import StudyLease
+from hubsoup.workflows.trial import pin_inputs
 
 OPTIMIZERS = ("cmaes", "tpe", "random")
 SEARCH_FILE = "hubsoup_search.json"
@@ -126,7 +142,7 @@ class Dimension:
         return [f"{self.key}{i}{g}" for i in ins for g in grs]
 
     def distribution(self):
-        import optuna.distributions as d
+        import optuna.distributions as d  # lazy: optional extra (optuna)
 
         if self.kind == "choice":
             return d.CategoricalDistribution(list(self.choices))
@@ -190,7 +206,6 @@ class EvolveConfig:
             where = f"evolve config '{source}'"
             if not os.path.isfile(source):
                 raise ParameterError(f"{where} not found")
-            from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 
             with open(source, encoding="utf-8") as f:
                 source = load_yaml(f.read(MAX_YAML_BYTES + 1), where)  # bounded: size, aliases
@@ -272,10 +287,6 @@ class EvolveConfig:
 def param_names(cfg: EvolveConfig) -> dict[str, str]:
     """Each space key's method parameter; a per-input key may use mergekit's per-model name (``weight`` ->
     ``weights``, ``density`` -> ``densities``). An unknown name is an error naming the key and the choices."""
-    import dataclasses
-
-    from hubsoup.methods import get_method
-
     m = get_method(cfg.method)
     fields = {f.name for f in dataclasses.fields(m.Params)}
     out = {}
@@ -294,8 +305,7 @@ def param_names(cfg: EvolveConfig) -> dict[str, str]:
 def make_sampler(cfg: EvolveConfig, number: int):
     """The sampler that proposes trial ``number``, seeded from ``(seed, number)``: what it proposes depends only
     on the seed, the number and the finished trials, never on this process' history (resumption, executors)."""
-    import numpy as np
-    import optuna
+    import optuna  # lazy: optional extra (optuna)
 
     seed = int(np.random.SeedSequence([cfg.seed, number]).generate_state(1)[0] % (2**31 - 1))
     if cfg.optimizer == "random":
@@ -346,14 +356,12 @@ def _check_dir(out: str) -> None:
 
 def _pin_inputs(cfg: EvolveConfig, opts, point: dict[str, Any]) -> tuple[list[str], str | None, int]:
     """The inputs and base pinned once on the driver, and the memory a trial needs (:func:`trial.pin_inputs`)."""
-    from hubsoup.workflows.trial import pin_inputs
-
     inputs, base, memory, _, _ = pin_inputs(cfg.models, cfg.base, cfg.method, point, opts, cfg.dtype)
     return inputs, base, memory
 
 
 def _storage(cfg: EvolveConfig, out: str):
-    import optuna
+    import optuna  # lazy: optional extra (optuna)
 
     url = cfg.storage or f"sqlite:///{os.path.abspath(os.path.join(out, STUDY_FILE))}"
     try:
@@ -405,18 +413,10 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
             name, any host): refused at once, naming it (:mod:`hubsoup.workflows.study_lease`); a killed
             driver's lease is taken over (its pid gone on this host, or no heartbeat for 2 minutes).
     """
-    from hubsoup.eval import TaskSpec
-    from hubsoup.options import MergeOptions
-    from hubsoup.output.folder import OutputLock
-    from hubsoup.progress import Monitor
-    from hubsoup.workflows.executors import make_executor
-
     cfg = config if isinstance(config, EvolveConfig) else EvolveConfig.load(config)
     monitor = Monitor(progress, cancel)
     quiet = quiet or monitor.reporting
     if push:
-        from hubsoup.hub import check_repo_id
-
         check_repo_id(push)
     names = param_names(cfg)
     tasks = [TaskSpec.parse(t) for t in cfg.tasks]
@@ -424,7 +424,6 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         t.check()
     opts = MergeOptions(quiet=True, device=cfg.device, dtype=cfg.dtype)
     # the space's keys and choices are the method's (a typo'd choice fails now, by name)
-    from hubsoup.api import parse_method
 
     dists = cfg.distributions()
     # the lower corner: a range that reaches past what the method accepts only fails those trials
@@ -446,12 +445,11 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         if "memory" not in cfg.resources:  # Ray's memory request: the planner's prediction (+25 % for the eval)
             cfg = copy.copy(cfg)
             cfg.resources = {**cfg.resources, "memory": int(memory * 1.25)}
-        import optuna
+        import optuna  # lazy: optional extra (optuna)
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = _storage(cfg, out)
         name = cfg.study_name or "hubsoup-evolve"
-        from hubsoup.workflows.study_lease import StudyLease
 
         # one driver per study, also across hosts on a shared database (a killed driver's lease is taken over)
         lease = StudyLease(storage.engine, name, _public_url(storage.url))
@@ -562,8 +560,6 @@ def public_task(spec: str) -> str:
     >>> public_task("lm-eval:arc_easy,num_fewshot=0")
     'lm-eval:arc_easy,num_fewshot=0'
     """
-    from hubsoup.recipe import public_value
-
     kind, sep, rest = spec.partition(":")
     if not sep:
         return spec
@@ -596,11 +592,11 @@ def _write_table(out: str, cfg: EvolveConfig, names: dict[str, str], table: list
 
 def _plot(out: str, table: list[dict[str, Any]]) -> None:
     """``hubsoup_search.png``: each trial's score (failed trials marked on the axis) and the best so far."""
-    import matplotlib
-    import matplotlib.ticker
+    import matplotlib  # lazy: optional extra (matplotlib)
+    import matplotlib.ticker  # lazy: optional extra (matplotlib)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: optional extra (matplotlib)
 
     rows = sorted(table, key=lambda r: r["number"])
     ok = [r for r in rows if r["state"] == "complete"]
@@ -632,15 +628,11 @@ def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None
                 summary: dict[str, Any], quiet: bool):
     """Merge the best trial once into a temporary folder inside ``out`` (with evaluation and card), then move its
     files into ``out``, replacing an earlier best model's; the study's own files stay."""
-    import hubsoup
-    from hubsoup.card import template_path
-
     tmp = tempfile.mkdtemp(prefix=".hubsoup-best-", dir=out)
     try:
         model_dir = os.path.join(tmp, "model")
         res = hubsoup.merge(inputs, cfg.method, base=base, out=model_dir, params=best["params"], dtype=cfg.dtype,
                             device=cfg.device, evaluate=cfg.tasks, eval_limit=cfg.limit, quiet=True)
-        import jinja2
 
         with open(template_path("evolve.md"), encoding="utf-8") as f:
             body = jinja2.Template(f.read()).render(s=summary, trials=len(summary["trials"]),

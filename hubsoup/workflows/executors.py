@@ -19,13 +19,20 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
 import time
 from typing import Any, Callable, Sequence
 
+import torch
+
+from hubsoup.engine import shared
+from hubsoup.engine.shared import shared_statistics
 from hubsoup.errors import ParameterError
+from hubsoup.sources.access import hub_only
+from hubsoup.workflows.trial import run_trial
 
 
 class LocalExecutor:
@@ -35,18 +42,12 @@ class LocalExecutor:
     name = "local"
 
     def __init__(self, scratch: str | None = None):
-        from hubsoup.engine.shared import shared_statistics
-
         self._scratch = tempfile.mkdtemp(prefix=".hubsoup-evolve-", dir=scratch)
         self._block = shared_statistics(scratch=self._scratch)
         self._block.__enter__()
 
     def run(self, payloads: Sequence[dict[str, Any]], *, on_result: Callable[[dict[str, Any]], None] | None = None,
             monitor: Any = None) -> list[dict[str, Any]]:
-        import torch
-
-        from hubsoup.workflows.trial import run_trial
-
         out = []
         threads = torch.get_num_threads()
         try:
@@ -72,8 +73,6 @@ class LocalExecutor:
 
 
 def _ray_trial(payload: dict[str, Any]) -> dict[str, Any]:
-    from hubsoup.workflows.trial import run_trial
-
     _worker_shared_statistics()
     return run_trial(payload)
 
@@ -81,10 +80,6 @@ def _ray_trial(payload: dict[str, Any]) -> dict[str, Any]:
 def _worker_shared_statistics() -> None:
     """A Ray worker process keeps one shared-statistics block for its life, as the local executor does for the
     study: consecutive trials on it whose preparation is the same share it (finished when the process exits)."""
-    import atexit
-
-    from hubsoup.engine import shared
-
     if shared.current() is None:
         block = shared.SharedStatistics(scratch=tempfile.mkdtemp(prefix=".hubsoup-worker-"))
         shared._CURRENT.set(block)
@@ -105,7 +100,7 @@ class RayExecutor:
                  max_retries: int = 3, init: dict[str, Any] | None = None,
                  trial: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
         try:
-            import ray
+            import ray  # lazy: optional extra (ray)
         except ImportError:
             raise ParameterError("the Ray executor needs Ray: pip install 'hubsoup[ray]'") from None
         self.ray = ray
@@ -128,7 +123,6 @@ class RayExecutor:
             monitor: Any = None) -> list[dict[str, Any]]:
         ray = self.ray
         t0 = time.perf_counter()
-        from hubsoup.sources.access import hub_only
 
         strict = hub_only()  # the driver's rule travels with each task (a worker has no scope of its own)
         index = {self._task.remote({**p, "hub_only": bool(p.get("hub_only")) or strict}): i

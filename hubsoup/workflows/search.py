@@ -35,12 +35,19 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import hubsoup
 from hubsoup.api import scoped
-from hubsoup.errors import MethodError, ParameterError
+from hubsoup.engine import shared
+from hubsoup.engine.shared import shared_statistics
+from hubsoup.errors import HubsoupError, MethodError, ParameterError
+from hubsoup.eval import TaskResult, evaluate_model
+from hubsoup.eval.run import EVAL_FILE, write_results
 from hubsoup.methods import get_method
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
 from hubsoup.sources.access import check_specs
+from hubsoup.workflows.executors import check_executor, is_local, make_executor
+from hubsoup.workflows.trial import pin_inputs
 
 
 def _frange(lo: float, hi: float, step: float) -> list[float]:
@@ -100,8 +107,6 @@ def merge_order(grid_points: list[dict[str, Any]], method: str, params: dict[str
     >>> merge_order([{"alpha": 0.3}, {"alpha": 0.5}, {"alpha": 0.3}], "opcm")
     [0, 2, 1]
     """
-    from hubsoup.engine import shared
-
     m = get_method(method)
     keys = [m.stats_key(m.parse({**(params or {}), **p})) for p in grid_points]
     block = shared.current()
@@ -167,8 +172,6 @@ def _reference_key(ref, base, task, limit: int | None) -> tuple | None:
 def reference_scores(inputs: Sequence[str], refs: Sequence, base, tasks: Sequence, limit: int | None) -> list[float]:
     """Each input's score on its own task (input ``i`` on task ``i``), from this process' earlier searches
     where nothing they depend on changed. ``refs``: the inputs as the merge opened them (:class:`InputRef`)."""
-    from hubsoup.eval import evaluate_model
-
     out = []
     for inp, ref, task in zip(inputs, refs, tasks):
         key = _reference_key(ref, base, task, limit)
@@ -228,8 +231,6 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
         ...              tasks=[...], progress=lambda d, stage, msg: print(f"{d:.0%} {stage}"),
         ...              cancel=threading.Event())                                   # doctest: +SKIP
     """
-    from hubsoup.workflows.executors import check_executor, is_local
-
     check_specs(inputs=inputs, base=base, tasks=tasks or ())
     check_executor(executor)
     opts, merge_kwargs = MergeOptions.split(kwargs, options)
@@ -263,7 +264,6 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
         if not is_local(executor):
             return _search_remote(folder, grid_points, inputs, method, base, tasks, params, normalize, limit, opts,
                                   executor, resources)
-        from hubsoup.engine.shared import shared_statistics
 
         # points that differ only in what the merge itself reads (λ) share the preparation (LOT's exemplar
         # features) and the statistics passes (TIES' whole-model ranking): computed once
@@ -278,10 +278,6 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
             base: str | None, tasks: list | None, score_fn: Callable[[str], float] | None,
             params: dict[str, Any] | None, normalize: bool, limit: int | None, opts: MergeOptions,
             merge_kwargs: dict[str, Any]) -> SearchResult:
-    import hubsoup
-    from hubsoup.eval import evaluate_model
-    from hubsoup.eval.run import EVAL_FILE, write_results
-
     monitor = opts.monitor()
     monitor.check("before the search")
     references = None
@@ -370,13 +366,6 @@ def _search_remote(folder: OutputFolder, grid_points: list[dict[str, Any]], inpu
                    resources: dict[str, Any] | None) -> SearchResult:
     """Each point a task of ``executor`` (merged in memory and scored where it runs: :func:`run_trial`); the
     scores come back here in grid order, and the best point alone is merged here into ``out``."""
-    import hubsoup
-    from hubsoup.errors import HubsoupError
-    from hubsoup.eval import TaskResult
-    from hubsoup.eval.run import EVAL_FILE
-    from hubsoup.workflows.executors import make_executor
-    from hubsoup.workflows.trial import pin_inputs
-
     monitor = opts.monitor()
     monitor.check("before the search")
     n = len(grid_points)

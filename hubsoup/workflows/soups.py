@@ -39,6 +39,7 @@ from hubsoup.api import MergeResult, merge, scoped
 from hubsoup.errors import ParameterError
 from hubsoup.options import MergeOptions
 from hubsoup.output import check_output, lock_output
+from hubsoup.sources import open_input
 from hubsoup.sources.access import check_specs
 
 
@@ -64,7 +65,6 @@ class GreedySoupResult:
 def _is_local_full(spec: str) -> bool:
     if not os.path.isdir(spec):
         return False
-    from hubsoup.sources import open_input
 
     try:
         return open_input(spec).ref.kind == "full"

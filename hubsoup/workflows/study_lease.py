@@ -52,7 +52,7 @@ class StudyLease:
 
     def __init__(self, engine: Any, name: str, where: str, *, interval: float = INTERVAL,
                  stale_after: float = STALE_AFTER):
-        import sqlalchemy as sa
+        import sqlalchemy as sa  # lazy: optional extra (sqlalchemy, with optuna's storage)
 
         self.engine, self.name, self.where = engine, name, where
         self.interval, self.stale_after = interval, stale_after
@@ -74,7 +74,7 @@ class StudyLease:
 
     def acquire(self) -> None:
         """Take the lease, or take over a killed driver's; :class:`StudyLockedError` when a live driver holds it."""
-        import sqlalchemy as sa
+        import sqlalchemy as sa  # lazy: optional extra (sqlalchemy, with optuna's storage)
 
         t = self.table
         now = time.time()

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from hubsoup.api import MergeResult, merge, scoped
+from hubsoup.engine.shared import shared_statistics
 from hubsoup.errors import ParameterError
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
@@ -140,8 +141,6 @@ def sweep(inputs: Sequence[str], method: str, out_dir: str, grid: str | Sequence
     result = SweepResult(folder.target, param)
     monitor = opts.monitor()  # progress: each point's merge gets its share of [0, 1]; cancel: checked by each
     try:
-        from hubsoup.engine.shared import shared_statistics
-
         # points differing only in what the merge reads (λ) share the statistics
         with shared_statistics(scratch=folder.path):
             for i, p in enumerate(points):

@@ -20,11 +20,23 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import socket
 import tempfile
 import time
 from typing import Any, Sequence
 
-from hubsoup.errors import MergeCancelled, ParameterError
+import torch
+
+from hubsoup import __version__
+from hubsoup.api import _open_inputs, parse_method, place_blocks
+from hubsoup.engine import Job, run
+from hubsoup.errors import HubsoupError, MergeCancelled, ParameterError
+from hubsoup.eval import TaskSpec, evaluate_model
+from hubsoup.options import DTYPES, MergeOptions
+from hubsoup.output.memory import MemorySink
+from hubsoup.plan import Plan
+from hubsoup.recipe import Recipe
+from hubsoup.sources.access import scope
 
 _OPTION_KEYS = ("device", "dtype", "allow_pickle", "ignore_extra", "shape_mismatch", "token")
 
@@ -36,14 +48,6 @@ def merge_in_memory(inputs: Sequence[str], method: str, *, base: str | None, par
     Returns ``(sink, base_checkpoint, recipe)``: ``sink.tensors`` are the output tensors (the dtype a
     checkpoint would hold), ``sink.model(base_checkpoint.folder)`` the merged model.
     """
-    from hubsoup import __version__
-    from hubsoup.api import _open_inputs, parse_method, place_blocks
-    from hubsoup.engine import Job, run
-    from hubsoup.options import MergeOptions
-    from hubsoup.output.memory import MemorySink
-    from hubsoup.plan import Plan
-    from hubsoup.recipe import Recipe
-
     opts = options if options is not None else MergeOptions(quiet=True)
     if cancel is not None:
         opts = opts.replace(cancel=cancel)
@@ -87,10 +91,6 @@ def pin_inputs(models: Sequence[str], base: str | None, method: str, params: dic
 
     Returns ``(inputs, base, memory, base_ref, input_refs)`` (the refs: :class:`~hubsoup.sources.InputRef`).
     """
-    from hubsoup.api import _open_inputs, parse_method, place_blocks
-    from hubsoup.options import DTYPES
-    from hubsoup.plan import Plan
-
     m, p = parse_method(method, dict(params))
     base_ckpt, sources = _open_inputs(list(models), base, m, p, options, headers_only=True)
     plan = Plan.of(base_ckpt, options.device)
@@ -149,20 +149,11 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     :class:`~hubsoup.errors.HubsoupError`), ``seconds`` (``merge``, ``build`` (the model from the merged
     tensors), ``eval``, ``total``) and ``host``/``pid``.
     """
-    from hubsoup.sources.access import scope
-
     with scope(hub_only=bool(payload.get("hub_only"))):  # a scope only ever gets stricter: a no-op where it was
         return _run_trial(payload)
 
 
 def _run_trial(payload: dict[str, Any]) -> dict[str, Any]:
-    import socket
-
-    import torch
-
-    from hubsoup.eval import TaskSpec, evaluate_model
-    from hubsoup.options import MergeOptions
-
     t0 = time.perf_counter()
     out: dict[str, Any] = {"number": payload.get("number"), "host": socket.gethostname(), "pid": os.getpid()}
     seconds = {"merge": 0.0, "eval": 0.0}
@@ -200,8 +191,6 @@ def _run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     except (KeyboardInterrupt, MergeCancelled):
         raise
     except Exception as e:  # noqa: BLE001 - a bad point or an OOM fails this trial, not the study
-        from hubsoup.errors import HubsoupError
-
         out.update(state="fail", score=None, metrics={}, reason=f"{type(e).__name__}: {' '.join(str(e).split())}")
         if payload.get("results"):
             out["error"] = {"type": type(e).__name__, "message": str(e), "hubsoup": isinstance(e, HubsoupError)}

@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import torch
 
 from hubsoup import __version__
-from hubsoup.api import scoped
+from hubsoup.api import MergeResult, parse_method, scoped
 from hubsoup.engine import Copy, Dense, Job, stream
 from hubsoup.engine.placement import place_blocks
 from hubsoup.errors import ContinualStateError, InputError, ParameterError
@@ -59,7 +59,7 @@ from hubsoup.plan import Plan
 from hubsoup.progress import Monitor
 from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import Checkpoint, InputRef
-from hubsoup.sources.access import check_specs
+from hubsoup.sources.access import check_specs, hub_only
 from hubsoup.sources.compat import _is_local, open_base, open_models
 from hubsoup.workflows.continual.state import (
     STATE_DIR,
@@ -200,8 +200,6 @@ def _write_state(folder: str, state: ContinualState) -> None:
 
 
 def _result(setup: _Setup, folder: OutputFolder, state: ContinualState, recipe: Recipe, t0: float):
-    from hubsoup.api import MergeResult
-
     refs = [InputRef.from_dict(d) for d in state.models]
     result = MergeResult(folder.target, recipe, METHOD, dict(state.params), setup.base.ref, refs, setup.plan,
                          {"opcm.lambda": state.lam, "opcm.task_norms": state.task_norms, "opcm.s_norm": state.s_norm,
@@ -255,8 +253,6 @@ def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, f
 
 def _lock_soup(soup: str) -> OutputLock | None:
     """The lock on a local soup (None for a Hub soup), taken before its state is read; recovers an interrupted add."""
-    from hubsoup.sources.access import hub_only
-
     if hub_only():  # the soup is a Hub repo ID (check_specs): no folder of this machine is looked at
         return None
     path = os.path.abspath(os.path.expanduser(soup))
@@ -285,8 +281,6 @@ def init(models: Sequence[str], *, base: str | None = None, out: str, params: di
         continual.init(["org/ft-a"], base="org/base", out="./soup", cancel=stop,
                        progress=lambda done, stage, msg: print(f"{done:.0%} {msg}"))
     """
-    from hubsoup.api import parse_method
-
     t0 = time.perf_counter()
     opts, extra = MergeOptions.split(kwargs, options)
     _, p = parse_method(METHOD, {**(params or {}), **extra})

@@ -14,12 +14,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from huggingface_hub import HfApi, constants, snapshot_download
 from safetensors import SafetensorError, safe_open
 
 from hubsoup.errors import ContinualStateError, InputError
+from hubsoup.hub import ensure_timeouts, hub_timeout
 from hubsoup.hubclient import Token
 from hubsoup.public import _json_digest, resign_state_json  # noqa: F401 - the push re-signs with it too
-from hubsoup.sources import InputRef
+from hubsoup.sources import InputRef, access
+from hubsoup.sources.resolve import hub_failure, parse_spec
 from hubsoup.sources.taskvector import all_finite
 
 STATE_DIR = "continual_state"
@@ -185,8 +188,6 @@ class StateReader:
 
 def state_folder(soup: str, token: Token = None) -> tuple[str, str]:
     """(local folder of the soup's state, a label) for a soup given as a folder or Hub repo ID."""
-    from hubsoup.sources import access
-
     expanded = os.path.expanduser(soup)
     if access.hub_only():  # a server's run: a Hub repo ID by its text alone, no folder of this machine
         access.require_hub_id(soup, "soup")
@@ -194,10 +195,6 @@ def state_folder(soup: str, token: Token = None) -> tuple[str, str]:
         return os.path.join(expanded, STATE_DIR), soup
     elif os.path.exists(expanded):
         raise InputError(f"soup '{soup}': is a file; give the merged model's folder or its Hub repo ID")
-    from huggingface_hub import HfApi, constants, snapshot_download
-
-    from hubsoup.hub import ensure_timeouts, hub_timeout
-    from hubsoup.sources.resolve import parse_spec
 
     repo_id, revision = parse_spec(soup)
     acc = access.current()
@@ -216,8 +213,6 @@ def state_folder(soup: str, token: Token = None) -> tuple[str, str]:
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - one clear line
-        from hubsoup.sources.resolve import hub_failure
-
         raise hub_failure(e, f"soup '{soup}'", repo_id, revision, token) from e
     return os.path.join(folder, STATE_DIR), soup
 

@@ -16,12 +16,22 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import string
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from hubsoup.errors import ParameterError
+from hubsoup.eval import TaskSpec
+from hubsoup.formats.mergekit import is_mergekit_config
+from hubsoup.formats.stages import is_multi_stage, read_stages
+from hubsoup.hub import check_repo_id
+from hubsoup.methods import get_method
+from hubsoup.sources.access import hub_only
+from hubsoup.sources.resolve import parse_spec
+from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 
 COMBINATIONS = ("all", "pairs", "each", "with")
 """How a merge spec combines the candidates: ``all`` (one merge of every candidate), ``pairs``
@@ -170,8 +180,6 @@ def load_pipeline(source: str | os.PathLike | dict[str, Any]) -> Pipeline:
     Raises:
         hubsoup.errors.ParameterError: one line naming the file and the key at fault.
     """
-    from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
-
     where = "pipeline"
     root = os.getcwd()
     if isinstance(source, (str, os.PathLike)):
@@ -196,10 +204,6 @@ def load_pipeline(source: str | os.PathLike | dict[str, Any]) -> Pipeline:
 
 def _refuse_mergekit_config(text: str, where: str, path: str) -> None:
     """A mergekit config (one document or a mergekit-multi stream) given as a pipeline: say what runs it."""
-    from hubsoup.formats.mergekit import is_mergekit_config
-    from hubsoup.formats.stages import is_multi_stage
-    from hubsoup.untrusted import load_yaml
-
     multi = is_multi_stage(text)
     if not multi:
         try:
@@ -290,15 +294,11 @@ def _value(tp, value: Any, where: str, key: str):
 
 
 def _close(name: str, known) -> str | None:
-    import difflib
-
     hits = difflib.get_close_matches(name, list(known), n=1, cutoff=0.7)
     return hits[0] if hits else None
 
 
 def _check(p: Pipeline, where: str) -> None:
-    from hubsoup.hub import check_repo_id
-
     if not p.merges:
         raise ParameterError(f"{where}: 'merges' is empty; give at least one {{method: ...}}")
     if not p.candidates.models and p.candidates.query is None and not all(m.config for m in p.merges):
@@ -318,8 +318,6 @@ def _check(p: Pipeline, where: str) -> None:
         if m.partner and m.combine != "with":
             raise ParameterError(f"{where}: 'merges[{i}].partner' is only used with combine: {{with: ORG/NAME}}")
         try:
-            from hubsoup.methods import get_method
-
             get_method(m.method)
         except Exception as e:  # noqa: BLE001 - the method registry's own message, with where it came from
             raise ParameterError(f"{where}: 'merges[{i}].method': {e}") from None
@@ -336,7 +334,6 @@ def _check(p: Pipeline, where: str) -> None:
         check_repo_id(f"{p.push.namespace}/x")
     except Exception:  # noqa: BLE001
         raise ParameterError(f"{where}: 'push.namespace' {p.push.namespace!r} is not a Hub user or organisation name") from None
-    import string
 
     try:
         fields_used = {f for _, f, _, _ in string.Formatter().parse(p.push.name) if f is not None}
@@ -353,8 +350,6 @@ def _check(p: Pipeline, where: str) -> None:
         if p.select.top_k is not None and p.select.top_k < 1:
             raise ParameterError(f"{where}: 'select.top_k' must be at least 1, got {p.select.top_k}")
     if p.eval is not None:
-        from hubsoup.eval import TaskSpec
-
         for i, t in enumerate(p.eval.tasks):
             try:
                 TaskSpec.parse(t)
@@ -376,10 +371,6 @@ def _check(p: Pipeline, where: str) -> None:
 
 def _check_config_spec(p: Pipeline, m: MergeSpec, i: int, where: str) -> None:
     """A ``config:`` merge: the file is read now (a mergekit config or mergekit-multi stream naming Hub models)."""
-    from hubsoup.formats.mergekit import is_mergekit_config
-    from hubsoup.formats.stages import is_multi_stage, read_stages
-    from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
-
     key = f"merges[{i}]"
     if m.method or m.params or m.combine != "all" or m.partner:
         raise ParameterError(f"{where}: '{key}' runs a mergekit config: give 'config' alone (and 'name'), not "
@@ -387,7 +378,6 @@ def _check_config_spec(p: Pipeline, m: MergeSpec, i: int, where: str) -> None:
     if not any(f in p.push.name for f in ("{hash8}", "{hash}")):
         raise ParameterError(f"{where}: 'push.name' must contain {{hash8}} or {{hash}} with a 'config' merge ("
                              "the name says which pinned config a published repo holds)")
-    from hubsoup.sources.access import hub_only
 
     assert m.config is not None
     if "\n" in m.config:  # the config's YAML text itself (what a server's pipeline gives)
@@ -412,9 +402,6 @@ def _check_config_spec(p: Pipeline, m: MergeSpec, i: int, where: str) -> None:
 
 
 def _check_spec(spec: str, where: str, key: str) -> None:
-    from hubsoup.hub import check_repo_id
-    from hubsoup.sources.resolve import parse_spec
-
     repo_id, _ = parse_spec(spec)
     try:
         check_repo_id(repo_id)

@@ -10,6 +10,7 @@ commits, whole merges whose downloads failed), bounded.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -18,8 +19,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from huggingface_hub import CommitOperationAdd, constants, hf_hub_download, hf_hub_url, try_to_load_from_cache
+from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError, RepositoryNotFoundError
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from hubsoup.errors import InputError
+from hubsoup.hub import ensure_timeouts, error_status, hub_timeout, is_timeout
 from hubsoup.hubclient import Token
+from hubsoup.sources.resolve import hub_failure, parse_spec
+from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 from hubsoup.workflows.pipeline.config import Query, RetryConfig
+from hubsoup.workflows.pipeline.licenses import read
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -33,8 +43,6 @@ LEADERBOARD_MD = "leaderboard.md"
 
 def retryable(e: BaseException) -> bool:
     """A transient Hub failure: 408/429/5xx, a timeout or a connection lost on the way."""
-    from hubsoup.hub import error_status, is_timeout
-
     status = error_status(e)
     if status is not None:
         return status in RETRY_STATUS
@@ -67,8 +75,6 @@ def _retry_after(e: BaseException) -> float | None:
 
 def with_retry(fn: Callable[[], T], what: str, policy: RetryConfig, *, sleep: Callable[[float], None] = time.sleep) -> T:
     """``fn()``, retried on transient Hub failures (see the module's docstring); the last error is raised."""
-    from hubsoup.hub import error_status
-
     wait = policy.base_wait
     for attempt in range(1, policy.attempts + 1):
         try:
@@ -124,8 +130,6 @@ class RepoInfo:
 
     def cached_bytes(self) -> int:
         """Bytes of :attr:`weight_files` already in the local Hub cache at this commit."""
-        from huggingface_hub import try_to_load_from_cache
-
         total = 0
         for name, size in self.weight_files.items():
             hit = try_to_load_from_cache(self.repo_id, name, revision=self.sha)
@@ -147,10 +151,6 @@ def _weight_files(siblings) -> dict[str, int]:
 
 def repo_info(api, spec: str, policy: RetryConfig, token: Token = None, role: str = "candidate") -> RepoInfo:
     """Resolve ``org/name[@rev]`` to its commit, kind, license and weight sizes (``model_info(files_metadata=True)``)."""
-    from hubsoup.hub import ensure_timeouts, hub_timeout
-    from hubsoup.sources.resolve import hub_failure, parse_spec
-    from hubsoup.workflows.pipeline.licenses import read
-
     repo_id, revision = parse_spec(spec)
     ensure_timeouts()
     try:
@@ -194,11 +194,6 @@ class Published:
 def published_recipes(api, namespace: str, policy: RetryConfig, token: Token = None) -> dict[str, Published]:
     """Recipe hash → the repo of ``namespace`` holding that merge, read from each hubsoup repo's
     ``hubsoup_recipe.yaml`` on the Hub (repos tagged ``hubsoup``; one without a readable recipe is ignored)."""
-    from huggingface_hub import constants, hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
-
-    from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
-
     repos = with_retry(lambda: [(m.id, m.sha) for m in api.list_models(author=namespace, filter="hubsoup",
                                                                         full=True, token=token)],
                        f"list of {namespace}'s models", policy)
@@ -221,11 +216,6 @@ def published_recipes(api, namespace: str, policy: RetryConfig, token: Token = N
 
 def published_scores(pub: Published, policy: RetryConfig, token: Token = None) -> dict[str, float]:
     """The eval scores a published merge carries (its ``eval_results.json``), ``{"task/metric": value}``."""
-    import json
-
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
-
     try:
         path = with_retry(lambda: hf_hub_download(pub.repo_id, EVAL_FILE, revision=pub.sha or None, token=token),
                           f"eval results of {pub.repo_id}", policy)
@@ -273,12 +263,6 @@ def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig,
         hubsoup.errors.InputError: the file is not the JSON a pipeline writes (one line naming the
             repo, the row and the key; fix or delete ``leaderboard.json`` there), before anything is done.
     """
-    import json
-
-    from huggingface_hub.errors import RepositoryNotFoundError
-
-    from hubsoup.errors import InputError
-
     try:
         raw = with_retry(lambda: fetch_file(repo_id, LEADERBOARD_JSON, repo_type, token), f"leaderboard {repo_id}",
                          policy)
@@ -298,8 +282,6 @@ def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig,
 
 def check_row(r: Any, where: str) -> dict:
     """One leaderboard row, checked key by key (an earlier run's file is untrusted input)."""
-    from hubsoup.errors import InputError
-
     def bad(key: str, what: str, value: Any) -> InputError:
         text = repr(value)
         return InputError(f"{where}.{key} must be {what}, got {text[:40] + '...' if len(text) > 40 else text}; "
@@ -340,12 +322,6 @@ def fetch_file(repo_id: str, filename: str, repo_type: str = "model", token: Tok
     A plain GET of the file, compared by content: it works on any Hub, including one that
     answers without file hashes or ETags, and it leaves nothing in the Hub cache.
     """
-    from huggingface_hub import hf_hub_url
-    from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
-
-    from hubsoup.hub import hub_timeout
-
     url = hf_hub_url(repo_id, filename, repo_type=repo_type, revision="main")
     resp = get_session().get(url, headers=build_hf_headers(token=token), follow_redirects=True,
                              timeout=hub_timeout())
@@ -363,11 +339,6 @@ def push_files(api, repo_id: str, files: dict[str, bytes], message: str, policy:
     What the repo holds now is fetched and compared byte for byte first (:func:`fetch_file`): an
     unchanged file makes no commit on any Hub, whether or not it reports file hashes.
     """
-    from huggingface_hub import CommitOperationAdd
-    from huggingface_hub.errors import RepositoryNotFoundError
-
-    from hubsoup.hub import ensure_timeouts
-
     ensure_timeouts()
     try:
         now = {n: with_retry(lambda n=n: fetch_file(repo_id, n, repo_type, token), f"{n} of {repo_id}", policy)

@@ -39,18 +39,41 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
+from huggingface_hub import HfApi, ModelCard, constants
+from huggingface_hub.errors import RepositoryNotFoundError
+
+from hubsoup import __version__
+from hubsoup.api import MergeResult, merge, parse_method
 from hubsoup.errors import HubsoupError, ParameterError
+from hubsoup.eval import TaskSpec, evaluate_model
+from hubsoup.eval.run import EVAL_FILE, write_results
+from hubsoup.formats import stages
+from hubsoup.formats.mergekit import _map_models
+from hubsoup.formats.stages import is_multi_stage, read_stages
+from hubsoup.hub import check_repo_id, ensure_timeouts, scrub_secrets
 from hubsoup.hubclient import Token
+from hubsoup.options import MergeOptions
+from hubsoup.output.folder import OutputLock
+from hubsoup.recipe import recipe_for
+from hubsoup.sources import InputRef, open_input
+from hubsoup.sources.access import check_specs, hub_only, scope
+from hubsoup.sources.compat import check_config
+from hubsoup.sources.resolve import parse_spec
+from hubsoup.untrusted import load_yaml
+from hubsoup.workflows.executors import check_executor, is_local, make_executor
 from hubsoup.workflows.pipeline import hubio
 from hubsoup.workflows.pipeline.config import MergeSpec, Pipeline, load_pipeline
 from hubsoup.workflows.pipeline.hubio import Published, RepoInfo, with_retry
 from hubsoup.workflows.pipeline.licenses import LicenseDecision, combine, forbids_derivatives
+from hubsoup.workflows.rerun import run_config, run_stages
+from hubsoup.workflows.trial import pin_inputs
 
 log = logging.getLogger(__name__)
 
@@ -181,19 +204,12 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
         >>> report = run_pipeline("pipeline.yml", token=os.environ["HF_TOKEN"])   # doctest: +SKIP
         >>> [m.url for m in report.by_status("published")]                         # doctest: +SKIP
     """
-    from hubsoup.sources.access import scope
-    from hubsoup.workflows.executors import check_executor
-
     check_executor(executor)
     with scope(hub_only=hub_only):
         return _run_pipeline(source, dry_run, token, work_dir, stream, on_event, executor, resources)
 
 
 def _run_pipeline(source, dry_run, token, work_dir, stream, on_event, executor=None, resources=None) -> PipelineReport:
-    from huggingface_hub import HfApi
-
-    from hubsoup.hub import ensure_timeouts
-
     p = source if isinstance(source, Pipeline) else load_pipeline(source)
     out = stream or sys.stdout
     emit = on_event or (lambda kind, m: None)
@@ -208,7 +224,6 @@ def _run_pipeline(source, dry_run, token, work_dir, stream, on_event, executor=N
         report.dry_run = True
         print_plan(report, out)
         return report
-    from hubsoup.output.folder import OutputLock
 
     os.makedirs(os.path.dirname(work), exist_ok=True)
     with OutputLock(work, what="pipeline work folder"):
@@ -237,8 +252,6 @@ class _Runner:
     def _tasks(self) -> list:
         if self.p.eval is None:
             return []
-        from hubsoup.eval import TaskSpec
-        from hubsoup.sources.access import check_specs, hub_only
 
         tasks = []
         for t in self.p.eval.tasks:
@@ -270,8 +283,6 @@ class _Runner:
         return hashlib.sha256(json.dumps([self.p.eval.tasks, self.p.eval.limit]).encode()).hexdigest()[:16]
 
     def plan(self) -> PipelineReport:
-        from hubsoup.options import MergeOptions
-
         p = self.p
         self.opts = MergeOptions(**p.options, token=self.token, quiet=True)
         base = self._base = hubio.repo_info(self.api, p.base, self.retry, self.token, role="base")
@@ -306,14 +317,9 @@ class _Runner:
 
     def _open_config(self, pinned: str, role: str):
         """The repo's metadata (config, card), no weights; its architecture is checked against the base's."""
-        from hubsoup.sources import open_input
-
         return with_retry(lambda: open_input(pinned, token=self.token, role=role), f"metadata of {pinned}", self.retry)
 
     def _candidates(self, base: RepoInfo, base_ckpt) -> list[Candidate]:
-        from hubsoup.sources.compat import check_config
-        from hubsoup.sources.resolve import parse_spec
-
         p = self.p
         specs: dict[str, str] = {}
         for s in p.candidates.models:
@@ -405,12 +411,6 @@ class _Runner:
     def _plan_config(self, i: int, spec: MergeSpec, base: RepoInfo) -> PlannedMerge:
         """A ``config:`` merge: every Hub model the config names is an input (access and license checked as a
         candidate's), pinned to its commit; published already when the target its id names holds a merge."""
-        from hubsoup import __version__
-        from hubsoup.formats.mergekit import _map_models
-        from hubsoup.formats.stages import is_multi_stage, read_stages
-        from hubsoup.sources.resolve import parse_spec
-        from hubsoup.untrusted import load_yaml
-
         stages = read_stages(spec.text) if is_multi_stage(spec.text) else []
         docs = [s.data for s in stages] if stages else [load_yaml(spec.text, "config")]
         stage_names = {s.name for s in stages if s.name}
@@ -428,8 +428,6 @@ class _Runner:
         problem = None
         for ref in refs:
             try:
-                from hubsoup.hub import check_repo_id
-
                 check_repo_id(parse_spec(ref)[0])
                 info = hubio.repo_info(self.api, ref, self.retry, self.token)
             except HubsoupError as e:
@@ -465,18 +463,12 @@ class _Runner:
 
     def _run_config(self, m: PlannedMerge, out: str):
         """Run a ``config:`` merge's mergekit config (pinned) into ``out``, then evaluate it as any merge."""
-        from hubsoup.formats import stages
-        from hubsoup.workflows.rerun import run_config, run_stages
-
         opts = {**self.p.options, "token": self.token, "quiet": True, "overwrite": True}
         if stages.is_multi_stage(m.spec.text):  # every stage's Hub models pinned (its earlier stages are folders)
             result = run_stages(m.spec.text, out, pins=m.pins, **opts)
         else:
             result = run_config(m.spec.text, out, pins=m.pins, **opts)
         if self.tasks:
-            from hubsoup.eval import evaluate_model
-            from hubsoup.eval.run import EVAL_FILE, write_results
-
             result.evaluation = evaluate_model(out, self.tasks, limit=self.p.eval.limit if self.p.eval else None,
                                                device=self.opts.device, quiet=True)
             write_results(result.evaluation, os.path.join(out, EVAL_FILE))
@@ -485,10 +477,6 @@ class _Runner:
 
     def _predict(self, spec: MergeSpec, base: RepoInfo, inputs: list[RepoInfo]) -> tuple[str, dict]:
         """The recipe hash the merge will have (checked against the merge's own afterwards)."""
-        from hubsoup.api import parse_method
-        from hubsoup.recipe import recipe_for
-        from hubsoup.sources import InputRef
-
         m, params = parse_method(spec.method, dict(spec.params))
         m.check_inputs(params, len(inputs))
 
@@ -530,8 +518,6 @@ class _Runner:
     @property
     def remote(self) -> bool:
         """Merges are scored by an executor's tasks (Ray): with evaluation tasks only (else each is written anyway)."""
-        from hubsoup.workflows.executors import is_local
-
         return not is_local(self.executor) and bool(self.tasks)
 
     def execute(self, report: PipelineReport) -> None:
@@ -596,8 +582,6 @@ class _Runner:
 
     def _score(self, scores: dict[str, float]) -> float | None:
         """The selection metric of these scores; None when missing or not a finite number (never ranked)."""
-        import math
-
         value = self._metric(scores)
         return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
@@ -653,8 +637,6 @@ class _Runner:
     def _merge(self, m: PlannedMerge) -> str | None:
         """Make (or find, verified, in the work folder) the merge and score it; on failure its status says
         why and the culprit is returned (when the error names one input)."""
-        from hubsoup.api import merge
-
         out = self._out(m)
         base_pinned = self._base.pinned
         try:
@@ -715,8 +697,6 @@ class _Runner:
 
     def _cached(self, m: PlannedMerge, report_stale: bool = False):
         """The merge in the work folder when it is exactly this one (recipe and manifest), else None."""
-        from hubsoup.api import MergeResult
-
         out = self._out(m)
         if not os.path.isfile(os.path.join(out, hubio.RECIPE_FILE)):
             return None
@@ -740,7 +720,6 @@ class _Runner:
         results wait in :attr:`scored` for the run's own order."""
         if not merges:
             return
-        from hubsoup.workflows.executors import make_executor
 
         opts = self.opts
         options = {k: getattr(opts, k) for k in ("device", "dtype", "allow_pickle", "ignore_extra", "shape_mismatch")}
@@ -757,8 +736,6 @@ class _Runner:
             self.scored[m.recipe_hash] = r
 
     def _memory(self, m: PlannedMerge) -> int:
-        from hubsoup.workflows.trial import pin_inputs
-
         try:
             return pin_inputs([x.pinned for x in m.inputs], self._base.pinned, m.spec.method, dict(m.spec.params),
                               self.opts, self.opts.dtype)[2]
@@ -788,8 +765,6 @@ class _Runner:
 
     def _write(self, m: PlannedMerge) -> str | None:
         """Write a merge an executor scored into the work folder (here, once, to push it) with its evaluation."""
-        from hubsoup.api import merge
-
         try:
             _remove(self._manifest(m))
             result = with_retry(
@@ -844,8 +819,6 @@ class _Runner:
         return None
 
     def _push(self, m: PlannedMerge, report: PipelineReport) -> None:
-        from hubsoup.api import MergeResult
-
         problem = self._target_problem(m)
         if problem == "same":
             self._line(f"skipped    {m.label}: {m.url} already holds it (published by another run meanwhile)")
@@ -875,7 +848,6 @@ class _Runner:
             self.emit("failed", m)
             self._line(f"failed     {m.label}: {m.reason}")
             return
-        from huggingface_hub import constants
 
         m.status, m.action, m.url = PUBLISHED, "pushed", f"{constants.ENDPOINT}/{m.repo_id}"
         self.published[m.recipe_hash] = Published(m.repo_id, getattr(info, "oid", "") or "", m.url, m.recipe_hash,
@@ -887,8 +859,6 @@ class _Runner:
     def _write_card(self, m: PlannedMerge, result) -> None:
         """The card, rendered again from the verified files: the license this pipeline decided (or none),
         never one inherited by default, and a note naming private or gated inputs when they were allowed."""
-        from huggingface_hub import ModelCard
-
         d = m.license
         notes = []
         restricted = [f"`{r.repo_id}` ({r.restricted})" for r in (self._base, *m.inputs) if r.restricted]
@@ -915,9 +885,6 @@ class _Runner:
 
         ``"same"``: the target already holds this very merge (a concurrent run pushed it): ``m`` is published.
         """
-        from huggingface_hub import constants
-        from huggingface_hub.errors import RepositoryNotFoundError
-
         repo_id, h = m.repo_id, m.recipe_hash
         known = self.repo_hash.get(repo_id)
         if known is not None:
@@ -934,8 +901,6 @@ class _Runner:
             return None  # created by a run killed before its commit: ours to fill
         if hubio.RECIPE_FILE in files:
             try:
-                from hubsoup.untrusted import load_yaml
-
                 raw = with_retry(lambda: hubio.fetch_file(repo_id, hubio.RECIPE_FILE, "model", self.token),
                                  f"recipe of {repo_id}", self.retry)
                 there = (load_yaml(raw or b"", f"recipe of {repo_id}") or {}).get("hash")
@@ -989,8 +954,6 @@ class _Runner:
                                                           repo_type=p.leaderboard.repo_type,
                                                           private=p.push.private or None, token=self.token)
             except Exception as e:  # noqa: BLE001 - the merges are published; the leaderboard push is reported
-                from hubsoup.hub import scrub_secrets
-
                 report.candidates.append(Candidate(p.leaderboard.repo, error=(
                     f"leaderboard push failed: {scrub_secrets(str(e).splitlines()[0] if str(e) else type(e).__name__)}")))
 
@@ -1001,10 +964,6 @@ class _Runner:
 
     def _public(self, e: "BaseException | str") -> str:
         """An error message fit for a published leaderboard: no token, no local path, one line."""
-        from huggingface_hub import constants
-
-        from hubsoup.hub import scrub_secrets
-
         text = " ".join(str(e).split())
         for path, name in ((constants.HF_HUB_CACHE, "<hf-cache>"), (self.work, "<work_dir>"),
                            (os.path.expanduser("~"), "~")):
@@ -1023,8 +982,6 @@ def _hidden(c: Candidate) -> bool:
 
 def _finite(v: Any) -> Any:
     """A score for the leaderboard's JSON: NaN and ±inf are null (JSON has no such numbers)."""
-    import math
-
     return v if not isinstance(v, float) or math.isfinite(v) else None
 
 
