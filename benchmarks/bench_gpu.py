@@ -192,7 +192,7 @@ def run_cpu_feed(args) -> dict:
              f"{res['torch']} ({res['torch_threads']} threads). Best of {args.repeat}.", "",
              "| what the host does | GB/s |", "|---|---|",
              f"| plain read of the weight files (os.readv, page cache) | {res['plain_read_gb_s']:.2f} |",
-             f"| host feed: stored bf16 → staging buffers (time inside the feed) | {res['feed_gb_s']:.2f} |",
+             f"| host feed: stored bf16 → staging buffers (the engine thread's time inside the feed; reads staged ahead run in reader threads meanwhile) | {res['feed_gb_s']:.2f} |",
              f"| the engine's whole pass on `meta` (feed + engine + meta ops' Python overhead) | "
              f"{res['engine_pass_gb_s']:.2f} |",
              f"| before the feed: stored bf16 → float32 on the host | {res['old_host_convert_gb_s']:.2f} |", "",
