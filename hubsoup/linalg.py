@@ -8,6 +8,7 @@ badly so on a busy machine.
 from __future__ import annotations
 
 import contextlib
+from typing import Iterator
 
 import torch
 
@@ -51,22 +52,6 @@ DOT_BLOCK = 4096
 """Entries per partial sum of :func:`block_sums`; a piece of a tensor merged in pieces starts at a multiple."""
 
 
-def block_sums_t(x: torch.Tensor, absolute: bool = False) -> torch.Tensor:
-    """:func:`block_sums` left on ``x``'s device (a float64 tensor, nothing read back): an accelerator's caller
-    gathers several and reads them back at once (``torch.cat(...).tolist()``), the same values."""
-    x = x.reshape(-1)
-    parts = []
-    for a in range(0, x.numel(), 1 << 24):  # float64 chunks of 128 MiB
-        c = x[a:a + (1 << 24)].double()
-        if absolute:
-            c.abs_()
-        full = c.numel() // DOT_BLOCK * DOT_BLOCK
-        parts.append(c[:full].view(-1, DOT_BLOCK).sum(1))
-        if full < c.numel():
-            parts.append(c[full:].sum().reshape(1))
-    return torch.cat(parts) if parts else x.new_zeros(0, dtype=torch.float64)
-
-
 def block_sums(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = False,
                chunk: int = 1 << 20, once: bool | None = None) -> list[float]:
     """Σ x (Σ x·y with ``y``; Σ |x| with ``absolute``) of each block of :data:`DOT_BLOCK` consecutive
@@ -84,13 +69,38 @@ def block_sums(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = 
         >>> math.fsum(block_sums(x, x)) == math.fsum(block_sums(x[:4096], x[:4096]) + block_sums(x[4096:], x[4096:]))
         True
     """
+    on_device = x.device.type != "cpu" if once is None else once
+    if x.device.type != "cpu":  # each op a launch there: a float64 chunk of 128 MiB, not 8
+        chunk = max(chunk, 1 << 24)
+    if on_device:  # an accelerator's block sums, read back once at the end
+        return block_sums_t(x, y, absolute, chunk).tolist()
     x = x.reshape(-1)
     y = None if y is None else y.reshape(-1)
     out: list[float] = []
-    on_device = x.device.type != "cpu" if once is None else once
-    parts: list[torch.Tensor] = []  # an accelerator's block sums, read back once at the end
-    if x.device.type != "cpu":  # each op a launch there: a float64 chunk of 128 MiB, not 8
-        chunk = max(chunk, 1 << 24)
+    for c in _float64_chunks(x, y, absolute, chunk):
+        full = c.numel() // DOT_BLOCK * DOT_BLOCK
+        out += c[:full].view(-1, DOT_BLOCK).sum(1).tolist()
+        if full < c.numel():
+            out.append(float(c[full:].sum()))
+    return out
+
+
+def block_sums_t(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = False,
+                 chunk: int = 1 << 24) -> torch.Tensor:
+    """:func:`block_sums` left on ``x``'s device (a float64 tensor, nothing read back): an accelerator's caller
+    gathers several and reads them back at once (``torch.cat(...).tolist()``), the same values."""
+    x = x.reshape(-1)
+    parts: list[torch.Tensor] = []
+    for c in _float64_chunks(x, None if y is None else y.reshape(-1), absolute, chunk):
+        full = c.numel() // DOT_BLOCK * DOT_BLOCK
+        parts.append(c[:full].view(-1, DOT_BLOCK).sum(1))
+        if full < c.numel():
+            parts.append(c[full:].sum().reshape(1))
+    return torch.cat(parts) if parts else x.new_zeros(0, dtype=torch.float64)
+
+
+def _float64_chunks(x: torch.Tensor, y: torch.Tensor | None, absolute: bool, chunk: int) -> Iterator[torch.Tensor]:
+    """``x`` (|x|, x·y) in float64, ``chunk`` entries at a time (a multiple of :data:`DOT_BLOCK`)."""
     chunk = max(DOT_BLOCK, chunk // DOT_BLOCK * DOT_BLOCK)
     for a in range(0, x.numel(), chunk):
         c = x[a:a + chunk].double()
@@ -98,18 +108,7 @@ def block_sums(x: torch.Tensor, y: torch.Tensor | None = None, absolute: bool = 
             c.abs_()
         if y is not None:
             c.mul_(y[a:a + chunk].double())  # float32 products are exact in float64
-        full = c.numel() // DOT_BLOCK * DOT_BLOCK
-        if on_device:
-            parts.append(c[:full].view(-1, DOT_BLOCK).sum(1))
-            if full < c.numel():
-                parts.append(c[full:].sum().reshape(1))
-            continue
-        out += c[:full].view(-1, DOT_BLOCK).sum(1).tolist()
-        if full < c.numel():
-            out.append(float(c[full:].sum()))
-    if parts:
-        out = torch.cat(parts).tolist()
-    return out
+        yield c
 
 
 def gram_chunked(x: torch.Tensor) -> torch.Tensor:
