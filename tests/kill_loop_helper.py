@@ -38,8 +38,7 @@ import torch  # noqa: E402
 
 import hubsoup.api  # noqa: E402,F401 - imported before the marker: the signal lands in the merge
 import hubsoup.methods  # noqa: E402,F401
-from hubsoup import cli  # noqa: E402
-from hubsoup.cli import _catch_sigterm, main  # noqa: E402
+from hubsoup.cli import main, signals  # noqa: E402
 from hubsoup.engine import lowrank  # noqa: E402
 
 lowrank.PIECE_BYTES = 1 << 16  # a tiny tensor still has several pieces
@@ -76,9 +75,12 @@ def _signal_at(where: str, sig: int) -> None:
         threading.Thread.start = start
 
 
+_catch = signals.catch
+
+
 def _ready_once_sigterm_is_caught():
-    """The CLI's SIGTERM handler, then the marker: a SIGTERM sent after it always finds the handler."""
-    restore = _catch_sigterm()
+    """The CLI's signal handlers, then the marker: a signal sent after it always finds the handlers."""
+    restore = _catch()
     open(os.environ["KILL_LOOP_READY"], "w").close()
     return restore
 
@@ -130,7 +132,7 @@ def _serve() -> list[str]:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--serve"]:
         sys.argv[1:] = _serve()
-    cli._catch_sigterm = _ready_once_sigterm_is_caught
+    signals.catch = _ready_once_sigterm_is_caught
     if os.environ.get("KILL_LOOP_AT"):
         _signal_at(os.environ["KILL_LOOP_AT"], getattr(signal, os.environ.get("KILL_LOOP_SIGNAL", "SIGINT")))
     rc = main(sys.argv[1:])

@@ -152,3 +152,38 @@ def test_an_interrupt_after_the_output_is_committed_says_it_is_complete(monkeypa
     assert rc == 130 and err.strip() == "interrupted; no output was left behind"
     rc, err = run(commit=True)
     assert rc == 130 and err.strip() == "interrupted; the output written before it is complete: /somewhere/out"
+
+
+@pytest.mark.parametrize("fate", ["replaced", "swallowed"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_whose_exception_is_lost_still_ends_the_command_as_signalled(monkeypatch, capsys, sig, fate):
+    """A handler's exception raised while C code runs a Python callback can come back as that code's own error
+    (torch building a tensor during safetensors' get_tensor said "could not determine the shape of object type
+    'torch.storage.UntypedStorage'"), or not come back at all: the command still exits as signalled, in one line."""
+    import argparse
+    import signal
+    import time
+    import types
+
+    import hubsoup.cli as cli
+
+    signum = getattr(signal, sig)
+
+    def func(args):
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # the handler raises here
+        except KeyboardInterrupt:
+            if fate == "replaced":
+                raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'")
+        return 0
+
+    ns = argparse.Namespace(func=func, top_verbose=False, top_quiet=False, verbose=False, quiet=False)
+    monkeypatch.setattr(cli, "build_parser", lambda: types.SimpleNamespace(parse_args=lambda argv: ns))
+    before = signal.getsignal(signum)
+    rc = cli.main([])
+    err = capsys.readouterr().err
+    want = {"SIGTERM": (143, "terminated (SIGTERM); no output was left behind"),
+            "SIGINT": (130, "interrupted; no output was left behind")}[sig]
+    assert (rc, err.strip()) == want
+    assert signal.getsignal(signum) is before  # the command's handlers are gone with it

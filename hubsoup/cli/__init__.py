@@ -7,11 +7,10 @@ import logging
 import os
 import signal
 import sys
-import threading
 import traceback
 
 from hubsoup import __version__
-from hubsoup.cli import evolve, export_config, manners, space
+from hubsoup.cli import evolve, export_config, manners, signals, space
 from hubsoup.cli.manners import HelpFormatter
 from hubsoup.cli.options import add_merge_options, add_output_format, add_params, merge_options, output_format, params
 from hubsoup.errors import HubsoupError, OutputExistsError, ParameterError
@@ -237,23 +236,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread: it unwinds through the same cleanup as Ctrl-C (temporary folder, lock)."""
-
-
-def _on_sigterm(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
-    raise _Terminated()
-
-
-def _catch_sigterm():
-    """Install the SIGTERM handler (main thread only); returns what restores the previous one."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    return lambda: signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -265,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     from hubsoup.hub import install_log_scrubber, scrub_secrets  # no Hub token in any log line or message
 
     install_log_scrubber()
-    restore_sigterm = _catch_sigterm()
+    restore_signals = signals.catch()
+    mark = signals.mark_now()
     # outputs committed before this command (main() may run several times in one process); read lazily: the
     # output module imports torch, which a command such as `hubsoup methods` need not
     folder_mod = sys.modules.get("hubsoup.output.folder")
@@ -277,22 +260,28 @@ def main(argv: list[str] | None = None) -> int:
         done = COMMITTED[committed:]
         return f"the output written before it is complete: {done[-1]}" if done else "no output was left behind"
 
+    def interrupted(sig: int) -> int:
+        head = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted"
+        print(f"{head}; {left_behind()}", file=sys.stderr)
+        return signals.EXIT_CODES[sig]
+
     try:
-        return args.func(args)
-    except HubsoupError as e:
+        rc = args.func(args)
+    except BaseException as e:
+        # a signal first: it may arrive as another error (see hubsoup.cli.signals)
+        sig = signals.received(mark, e)
+        if sig is not None:
+            return interrupted(sig)
+        if not isinstance(e, HubsoupError):
+            raise
         if args.verbose:
             print(scrub_secrets(traceback.format_exc()), file=sys.stderr, end="")
         print(f"error: {scrub_secrets(e)}", file=sys.stderr)
         return 2
-    except _Terminated:
-        print(f"terminated (SIGTERM); {left_behind()}", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print(f"interrupted; {left_behind()}", file=sys.stderr)
-        return 130
     finally:
-        restore_sigterm()
-
+        restore_signals()
+    sig = signals.received(mark)  # a signal whose exception something swallowed: the command still ran to its end
+    return interrupted(sig) if sig is not None else rc
 
 if __name__ == "__main__":
     sys.exit(main())

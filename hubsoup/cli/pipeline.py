@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
+from hubsoup.cli import signals
 from hubsoup.errors import ParameterError
 
 
@@ -27,13 +29,16 @@ def cmd_pipeline(args) -> int:
                 done.append(m.repo_id)
             pushing.clear()
 
+    mark = signals.mark_now()
     try:
         report = run_pipeline(args.pipeline, dry_run=args.dry_run, token=token, work_dir=args.work_dir,
                               on_event=on_event, hub_only=args.hub_only, executor=args.executor)
-    except KeyboardInterrupt as e:  # what was published stays published: say so, not "nothing was left"
-        print(interrupted_message(type(e).__name__ == "_Terminated", done, pushing[0] if pushing else None),
-              file=sys.stderr)
-        return 143 if type(e).__name__ == "_Terminated" else 130
+    except BaseException as e:  # what was published stays published: say so, not "nothing was left"
+        sig = signals.received(mark, e)  # a signal may arrive as another error (see hubsoup.cli.signals)
+        if sig is None:
+            raise
+        print(interrupted_message(sig == signal.SIGTERM, done, pushing[0] if pushing else None), file=sys.stderr)
+        return signals.EXIT_CODES[sig]
     return report.exit_code
 
 

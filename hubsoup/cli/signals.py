@@ -1,0 +1,71 @@
+"""Ctrl-C and SIGTERM for the CLI: raised in the main thread, and remembered.
+
+The handlers raise (``KeyboardInterrupt``; :class:`Terminated` for SIGTERM) so that the command unwinds through
+the same cleanup (temporary folder, lock) either way. They also record the signal, because an exception raised
+by a handler can be lost on its way out: a signal that lands while C code runs a Python callback (torch probing
+an object's attributes while safetensors builds a tensor, for one) may come back as that code's own error, a
+``ValueError`` say, or not at all. The CLI asks :func:`received` what happened, not the exception's type.
+
+Example:
+    >>> mark = mark_now()
+    >>> received(mark) is None
+    True
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Callable
+
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+"""What a shell reports for a process its signal ended: 128 + the signal's number."""
+
+_RECEIVED: list[int] = []
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: it unwinds through the same cleanup as Ctrl-C."""
+
+
+def _on_sigint(signum, frame):
+    _RECEIVED.append(signal.SIGINT)
+    raise KeyboardInterrupt()
+
+
+def _on_sigterm(signum, frame):
+    _RECEIVED.append(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    raise Terminated()
+
+
+def catch() -> Callable[[], None]:
+    """Install both handlers (main thread only); returns what restores the previous ones."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {s: signal.signal(s, h) for s, h in ((signal.SIGINT, _on_sigint), (signal.SIGTERM, _on_sigterm))}
+
+    def restore() -> None:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+    return restore
+
+
+def mark_now() -> int:
+    """A mark for :func:`received`: signals before it belong to an earlier command in this process."""
+    return len(_RECEIVED)
+
+
+def received(mark: int, exc: BaseException | None = None) -> int | None:
+    """The first signal received since ``mark`` (``signal.SIGINT``/``SIGTERM``), else what ``exc`` says, else None.
+
+    ``exc`` covers a ``KeyboardInterrupt`` raised by other means (a handler installed by the host program).
+    """
+    if len(_RECEIVED) > mark:
+        return _RECEIVED[mark]
+    if isinstance(exc, Terminated):
+        return signal.SIGTERM
+    if isinstance(exc, KeyboardInterrupt):
+        return signal.SIGINT
+    return None
