@@ -79,8 +79,8 @@ class Row:
 
 ROWS: list[Row] = [
     Row("uniform soup", "linear"),
-    # task arithmetic's λ is to be a rule over the inputs (issue 35, benchmarks/ta_scale_rule.py): its validation
-    # curve over the whole grid in every setting is what a rule is chosen from, so its grid is never thinned
+    # task arithmetic's λ is the default chosen by a rule over the inputs (issue 35): its validation curve
+    # over the whole grid in every setting is what the rule was fitted to, so its grid is never thinned
     Row("task arithmetic", "task_arithmetic", old={"scale": 0.3},
         grid={"scale": [0.1, 0.2, 0.3, 0.5, 0.7, 1.0]}, whole_grid=True),
     Row("TIES", "ties", old={"density": 0.2, "scale": 1.0}, grid={"scale": [0.3, 0.5, 0.7, 1.0, 1.3]}),

@@ -1,5 +1,6 @@
 """LiNeS: exact properties of lines.md §6, block depth on real key names, streaming memory."""
 
+import math
 import json
 import os
 import re
@@ -201,16 +202,16 @@ def test_soup_plus_lines_alpha_one_beta_zero_is_the_uniform_soup(taus):
 # --- the default β: the base method's edit budget redistributed over depth (issue 16) ---------------
 
 @pytest.mark.parametrize("base_method, extra, lam", [
-    ("task_arithmetic", {}, 0.3),  # task arithmetic's default λ
+    ("task_arithmetic", {}, 1 / math.sqrt(8)),  # task arithmetic's default λ: 1/√N, N = 8
     ("ties", {}, 1.0),
     ("consensus", {}, 0.7),
     ("lwptv+ties", {}, 1.0),  # TIES' own λ through LwPTV
-    ("task_arithmetic", {"scale": 0.5}, 0.3),  # a given scale multiplies the merge; β stays (recipes re-run)
+    ("task_arithmetic", {"scale": 0.5}, 1 / math.sqrt(8)),  # a given scale multiplies the merge; β stays (recipes re-run)
 ])
 def test_default_beta_keeps_the_base_methods_mean_factor(base_method, extra, lam):
     m = get_method("lines")
     p = m.parse({"base_method": base_method, "alpha": 0.125, **extra})
-    assert m.base_scale(p) == lam
+    assert m.base_scale(p, 8) == lam
     alpha, beta, why = m.alpha_beta(p, ctx(n=8))
     assert alpha == 0.125 and beta == pytest.approx(2 * (lam - 0.125)) and f"λ = {lam:g}" in why
     # the mean of the depth factors α + β·b/(L−1) over the blocks is λ: LiNeS moves the edit, it does not grow it
@@ -219,11 +220,12 @@ def test_default_beta_keeps_the_base_methods_mean_factor(base_method, extra, lam
 
 
 def test_default_beta_matches_the_papers_tuned_task_arithmetic_point():
-    # LiNeS Table 8 (ViT-B/32, 8 tasks): TA α = 0.125, β = 0.3 tuned; the rule gives β = 0.35 with λ = 0.3
+    # LiNeS Table 8 (ViT-B/32, 8 tasks): TA α = 0.125, β = 0.3 tuned; the rule gives β = 0.46 with TA's
+    # default λ = 1/√8 (0.35 with the old fixed λ = 0.3)
     m = get_method("lines")
     p = m.parse({"base_method": "task_arithmetic"})
     alpha, beta, _ = m.alpha_beta(p, ctx(n=8))
-    assert alpha == 0.125 and beta == pytest.approx(0.35)
+    assert alpha == 0.125 and beta == pytest.approx(2 * (1 / math.sqrt(8) - 0.125))
 
 
 def test_given_beta_and_the_papers_fixed_betas_win_over_the_rule():
@@ -244,7 +246,7 @@ def test_heuristic_alpha_is_exactly_one_over_n_for_task_arithmetic():
     assert m.passes(p, 3) == []  # closed form: no pass needed
     alpha, beta, why = m.alpha_beta(p, ctx(n=3, stats=stats))
     assert alpha == 1 / 3 and "1/N" in why
-    assert beta == 0.0  # the equal-budget β: 2·(0.3 − 1/3) < 0, so the schedule is flat at α ≈ TA's λ
+    assert beta == pytest.approx(2 * (1 / math.sqrt(3) - 1 / 3))  # the equal-budget β: 2·(λ − α), λ = 1/√3
     # and the statistics pass itself gives exactly 1/N on task arithmetic
     from hubsoup.methods.lines import _HeuristicPass
 

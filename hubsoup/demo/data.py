@@ -202,11 +202,13 @@ class TaskData:
 
 
 def make_task(name: str, examples: Sequence[Example], *, seed: int, n_train: int, n_val: int, n_test: int,
-              labels: Sequence[str] | None = None, source: str = "", min_per_class: int = 20) -> TaskData:
+              labels: Sequence[str] | None = None, source: str = "", min_per_class: int = 20,
+              max_holdout: float = 0.5) -> TaskData:
     """Deduplicate (``norm_key``; a key seen under two labels is dropped), then per class take
     ``n_test`` / ``n_val`` / up to ``n_train`` examples in a seeded shuffle: balanced test and
-    validation sets, train balanced up to what the smallest class leaves. The train split is
-    shuffled; validation and test are sorted by text length (evaluation pads less)."""
+    validation sets, train balanced up to what the smallest class leaves. Where the smallest class
+    is short, validation and test shrink together to at most ``max_holdout`` of it. The train split
+    is shuffled; validation and test are sorted by text length (evaluation pads less)."""
     by_key: dict[str, set[str]] = {}
     first: dict[str, str] = {}
     for text, label in examples:
@@ -225,8 +227,8 @@ def make_task(name: str, examples: Sequence[Example], *, seed: int, n_train: int
     if smallest < min_per_class:
         short = [l for l in labels if len(per_class.get(l, [])) == smallest][0]
         raise HubsoupError(f"task {name}: class {short!r} has only {smallest} distinct examples")
-    # shrink val/test proportionally when a class is small, keep at least half for training
-    scale = min(1.0, smallest / 2 / max(1, n_val + n_test))
+    # shrink val/test proportionally when a class is small; the rest (by default at least half) trains
+    scale = min(1.0, smallest * max_holdout / max(1, n_val + n_test))
     nv, nt = max(5, int(n_val * scale)), max(10, int(n_test * scale))
     ntr = min(n_train, smallest - nv - nt)
     splits: dict[str, list[Example]] = {s: [] for s in SPLITS}

@@ -66,6 +66,7 @@ from hubsoup.formats import chat_template
 from hubsoup.formats.mergekit_vocab import VocabLayout, VocabSpec, parse_vocab
 from hubsoup.hubclient import Token
 from hubsoup.methods import available, get_method
+from hubsoup.methods.task_arithmetic import default_scale
 from hubsoup.output.checkpoint import _COPY_FROM_BASE
 from hubsoup.plan import Plan, TensorSource, block_of, build_plan, layout_plan
 # a config's model references and public text: in hubsoup.public (the recipe and the push need them too)
@@ -1221,7 +1222,8 @@ def _export_linear(x: _Export) -> None:
 
 def _export_task_arithmetic(x: _Export) -> None:
     p = x.p
-    x.cfg.update(merge_method="task_arithmetic", parameters={"lambda": _scale_of(p),
+    lam = default_scale(x.n) if p.get("scale") is None else p["scale"]  # hubsoup's 1/√N, written out
+    x.cfg.update(merge_method="task_arithmetic", parameters={"lambda": lam,
                                                              "normalize": bool(p.get("normalize"))})
     x.per["weight"] = x.weights()
 

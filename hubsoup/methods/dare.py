@@ -38,6 +38,7 @@ from hubsoup.errors import ParameterError
 from hubsoup.linalg import block_sums, block_sums_t
 from hubsoup.methods import Method, StatsPass, TensorContext, param, register
 from hubsoup.methods._kernels import task_arithmetic, ties_combine_
+from hubsoup.methods.task_arithmetic import default_scale
 from hubsoup.methods._sparsify import MASK_BLOCK, counter_mask, gta_combine_, l1_norm, per_input, rescale_to_norm_
 
 
@@ -61,7 +62,7 @@ class DareParams:
     then: Literal["sum", "ties"] = param("sum", "combine the sparsified vectors by weighted sum (task arithmetic, "
                                               "dare_linear) or by TIES sign election + disjoint merge (dare_ties)")
     scale: float | None = param(
-        None, "λ applied to the combined task vector; none = the combining method's own default: 0.3 for then=sum "
+        None, "λ applied to the combined task vector; none = the combining method's own default: 1/√N for then=sum "
               "(task arithmetic's λ; λ = 1 summed N rescaled vectors and cost 19 control points at 8 tasks), 1 for "
               "then=ties and for convention=mergekit (mergekit's lambda)", range=(None, None), source="measured")
     weights: tuple[float, ...] | None = param(None, "per-input weights (default 1 each)", per_input=True)
@@ -94,11 +95,11 @@ class Dare(Method):
     scale_param = "scale"
 
     @staticmethod
-    def resolved_scale(params) -> float:
+    def resolved_scale(params, n_inputs: int) -> float:
         """λ of this merge: the given scale, else the combining method's default (see ``scale``)."""
         if params.scale is not None:
             return params.scale
-        return 0.3 if params.then == "sum" and params.convention == "paper" else 1.0
+        return default_scale(n_inputs) if params.then == "sum" and params.convention == "paper" else 1.0
 
     def tensor_passes(self, params, n_inputs):
         """The mergekit convention merges in pieces: with ``rescale``, after a pass summing each task
@@ -113,7 +114,7 @@ class Dare(Method):
 
     def merge(self, base, deltas, params, ctx: TensorContext):
         weights = params.weights or [1.0] * len(deltas)
-        scale = self.resolved_scale(params)
+        scale = self.resolved_scale(params, len(deltas))
         if params.convention == "mergekit":
             densities = _densities(params, len(deltas))
             norms = ctx.stats.get(_NORMS)  # the whole vectors' (merged in pieces), else computed here

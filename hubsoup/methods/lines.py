@@ -65,7 +65,7 @@ class _LinesOwn:
               "0.5 for wise_ft")
     beta: float | None = param(
         None, "β, the last block gets α+β; none = 0.5 for wise_ft (paper), 1.0 for linear/soup (the appendix "
-              "pseudocode's), else 2·(λ − α) ≥ 0 with λ the base method's default scale (0.3 for task "
+              "pseudocode's), else 2·(λ − α) ≥ 0 with λ the base method's default scale (1/√N for task "
               "arithmetic, 1 for TIES, 0.7 for consensus): the schedule's mean factor is λ, so LiNeS "
               "redistributes the base method's edit over depth instead of enlarging it (the paper tunes β on validation: "
               "TA/consensus 0.1..1.0, TIES 0.1..1.5, soups 0..1)",
@@ -165,7 +165,7 @@ class Lines(Modifier):
         inner = params.inner.name
         if inner in _FIXED_BETA or inner in _FIXED_ALPHA:
             return alpha, _FIXED_BETA.get(inner, _SOUP_BETA), why
-        lam = self.base_scale(params)
+        lam = self.base_scale(params, ctx.n_inputs)
         return alpha, _equal_budget_beta(alpha, lam), f"{why}; β = 2·(λ − α) with the base method's λ = {lam:g}"
 
     def _alpha(self, params: Composed, ctx: TensorContext) -> tuple[float, str]:
@@ -182,7 +182,7 @@ class Lines(Modifier):
                                       f"/ ({ctx.n_inputs} · {stats['lines.norm_mtl']:.6g}), "
                                       f"{params.own.alpha_norm.upper()} norm")
 
-    def base_scale(self, params: Composed) -> float:
+    def base_scale(self, params: Composed, n_inputs: int) -> float:
         """λ the base method uses on its own by default (through any modifiers between); 1 when it
         has no scale. A scale the user gives multiplies the
         inner merge as before and does not move β, so a recipe re-runs to the same factors."""
@@ -193,9 +193,9 @@ class Lines(Modifier):
         if name is None:
             return 1.0
         default = next(f.default for f in dataclasses.fields(leaf.Params) if f.name == name)
-        if default is None:  # a default that depends on other parameters (DARE: then=sum 0.3, ties 1)
+        if default is None:  # a default that depends on N and other parameters (task arithmetic: 1/√N)
             default = leaf.resolved_scale(leaf.parse({k: v for k, v in leaf.describe_params(leaf_params).items()
-                                                      if k != name}))
+                                                      if k != name}), n_inputs)
         return float(default)
 
     def factor(self, params: Composed, ctx: TensorContext) -> float:

@@ -2,18 +2,35 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._kernels import task_arithmetic
 
 
+def default_scale(n_inputs: int) -> float:
+    """Task arithmetic's λ when none is given: 1/√N [ours].
+
+    N orthogonal task vectors of equal norm sum to a vector √N times as long as each; 1/√N brings
+    the merged edit back to one input's size. Chosen on the quality benchmarks' validation splits
+    (benchmarks/results/ta_scale_rule.md), where the best λ ranged from ~0.3 (8 tasks, LM domains)
+    to ~1 (4 encoder tasks).
+
+    >>> default_scale(4), round(default_scale(8), 4)
+    (0.5, 0.3536)
+    """
+    return 1.0 / math.sqrt(max(1, n_inputs))
+
+
 @dataclass
 class TaskArithmeticParams:
-    scale: float = param(0.3, "λ, the scale of the summed task vectors (papers search 0.1..1.0; 0.3 is "
-                              "LwPTV's fixed vision setting and was best or near-best on validation in 5 of 6 "
-                              "searches; 4 full encoder fine-tunes wanted 1.0, 4 LM domains 0.3: no rule in N held)",
-                         range=(None, None), source="measured")
+    scale: float | None = param(
+        None, "λ, the scale of the summed task vectors; none = 1/√N for N inputs [ours]: the summed vector then "
+              "has the inputs' mean norm when their task vectors are orthogonal (papers search 0.1..1.0; one "
+              "fixed λ cannot serve every setting: 4 full encoder fine-tunes wanted ~1, 8 and 4 LM domains ~0.3; "
+              "1/√N was chosen on the quality benchmarks' validation curves, benchmarks/results/ta_scale_rule.md)",
+        range=(None, None), source="ours")
     weights: tuple[float, ...] | None = param(None, "per-input weights inside the sum (default 1 each)",
                                               per_input=True)
     normalize: bool = param(False, "divide the weighted sum by the sum of the weights (mergekit's normalize; "
@@ -31,6 +48,11 @@ class TaskArithmetic(Method):
     scale_param = "scale"
 
     @staticmethod
+    def resolved_scale(params, n_inputs: int) -> float:
+        """λ of this merge: the given scale, else 1/√N (see ``scale``)."""
+        return default_scale(n_inputs) if params.scale is None else params.scale
+
+    @staticmethod
     def _divisor(weights) -> float:
         total = float(sum(weights))
         return 1.0 if abs(total) < 1e-8 else total
@@ -38,9 +60,17 @@ class TaskArithmetic(Method):
     def linear_coefficients(self, params, n_inputs):
         weights = params.weights or [1.0] * n_inputs
         d = self._divisor(weights) if params.normalize else 1.0
-        return [w / d * params.scale for w in weights]
+        return [w / d * self.resolved_scale(params, n_inputs) for w in weights]
 
     def merge(self, base, deltas, params, ctx):
         weights = params.weights or [1.0] * len(deltas)
-        out = task_arithmetic(deltas, weights, params.scale)
+        out = task_arithmetic(deltas, weights, self.resolved_scale(params, len(deltas)))
         return out.div_(self._divisor(weights)) if params.normalize else out
+
+    def card_notes(self, described, stats, n_inputs):
+        """The λ a default scale resolved to (1/√N depends on the inputs: the card says which value was used)."""
+        if described.get("scale") is not None:
+            return []
+        return [f"**λ = 1/√N = {default_scale(n_inputs):.4g}** for N = {n_inputs} inputs: task arithmetic's "
+                "default scale [ours] (the summed task vector keeps the inputs' mean norm when they are "
+                "orthogonal; chosen on hubsoup's quality benchmarks' validation splits)."]
