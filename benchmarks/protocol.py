@@ -506,10 +506,28 @@ def guard(results: dict) -> list[str]:
     return bad
 
 
+def _scale_by_n(method: str, params: dict) -> dict:
+    """A λ that depends on the number of inputs (task arithmetic's ``scale: None``, through any modifier) at
+    4 and 8 inputs: its rule is invisible in the parameters, and a new rule must make old results stale."""
+    from hubsoup.methods import get_method
+    from hubsoup.methods._compose import Modifier
+
+    top = get_method(method)
+    leaf, p = top, top.parse(dict(params))
+    out = {}
+    if hasattr(top, "base_scale"):  # LiNeS: the base method's λ sets its β
+        out = {f"base λ at N={n}": top.base_scale(p, n) for n in (4, 8)}
+    while isinstance(leaf, Modifier):
+        leaf, p = p.inner, p.inner_params
+    rule = getattr(leaf, "resolved_scale", None)
+    return {**out, **({f"λ at N={n}": rule(p, n) for n in (4, 8)} if rule else {})}
+
+
 def defaults_in_use() -> dict[str, dict]:
     """Each row's "defaults" run as a merge really performs it today (the method's current defaults
-    filled in); a benchmark stores this as ``results["defaults"]``."""
-    return {r.label: json.loads(json.dumps(_effective(r.method, r.params), default=str)) for r in ROWS}
+    filled in, a λ rule by its values at 4 and 8 inputs); a benchmark stores this as ``results["defaults"]``."""
+    return {r.label: json.loads(json.dumps({**_effective(r.method, r.params), **_scale_by_n(r.method, r.params)},
+                                           default=str)) for r in ROWS}
 
 
 def stale_defaults(results: dict) -> list[str]:

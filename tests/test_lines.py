@@ -1,6 +1,5 @@
 """LiNeS: exact properties of lines.md §6, block depth on real key names, streaming memory."""
 
-import math
 import json
 import os
 import re
@@ -202,11 +201,11 @@ def test_soup_plus_lines_alpha_one_beta_zero_is_the_uniform_soup(taus):
 # --- the default β: the base method's edit budget redistributed over depth (issue 16) ---------------
 
 @pytest.mark.parametrize("base_method, extra, lam", [
-    ("task_arithmetic", {}, 1 / math.sqrt(8)),  # task arithmetic's default λ: 1/√N, N = 8
+    ("task_arithmetic", {}, 1 / 8),  # task arithmetic's default λ: 1/N, N = 8
     ("ties", {}, 1.0),
     ("consensus", {}, 0.7),
     ("lwptv+ties", {}, 1.0),  # TIES' own λ through LwPTV
-    ("task_arithmetic", {"scale": 0.5}, 1 / math.sqrt(8)),  # a given scale multiplies the merge; β stays (recipes re-run)
+    ("task_arithmetic", {"scale": 0.5}, 1 / 8),  # a given scale multiplies the merge; β stays (recipes re-run)
 ])
 def test_default_beta_keeps_the_base_methods_mean_factor(base_method, extra, lam):
     m = get_method("lines")
@@ -219,13 +218,16 @@ def test_default_beta_keeps_the_base_methods_mean_factor(base_method, extra, lam
     assert sum(factors) / 12 == pytest.approx(lam)
 
 
-def test_default_beta_matches_the_papers_tuned_task_arithmetic_point():
-    # LiNeS Table 8 (ViT-B/32, 8 tasks): TA α = 0.125, β = 0.3 tuned; the rule gives β = 0.46 with TA's
-    # default λ = 1/√8 (0.35 with the old fixed λ = 0.3)
+def test_default_beta_is_flat_at_task_arithmetics_default_lambda():
+    # LiNeS Table 8 (ViT-B/32, 8 tasks) tuned TA at α = 0.125, β = 0.3. The rule keeps task arithmetic's mean
+    # factor λ: with its default λ = 1/N = α (issue 35) β is 0 and the merge is the mean task vector; a β given
+    # (or searched) moves the edit to deep layers
     m = get_method("lines")
     p = m.parse({"base_method": "task_arithmetic"})
     alpha, beta, _ = m.alpha_beta(p, ctx(n=8))
-    assert alpha == 0.125 and beta == pytest.approx(2 * (1 / math.sqrt(8) - 0.125))
+    assert alpha == 0.125 and beta == 0.0
+    p = m.parse({"base_method": "task_arithmetic", "beta": 0.3})
+    assert m.alpha_beta(p, ctx(n=8))[:2] == (0.125, 0.3)
 
 
 def test_given_beta_and_the_papers_fixed_betas_win_over_the_rule():
@@ -246,7 +248,7 @@ def test_heuristic_alpha_is_exactly_one_over_n_for_task_arithmetic():
     assert m.passes(p, 3) == []  # closed form: no pass needed
     alpha, beta, why = m.alpha_beta(p, ctx(n=3, stats=stats))
     assert alpha == 1 / 3 and "1/N" in why
-    assert beta == pytest.approx(2 * (1 / math.sqrt(3) - 1 / 3))  # the equal-budget β: 2·(λ − α), λ = 1/√3
+    assert beta == 0.0  # the equal-budget β: 2·(λ − α), with task arithmetic's default λ = 1/N = α
     # and the statistics pass itself gives exactly 1/N on task arithmetic
     from hubsoup.methods.lines import _HeuristicPass
 

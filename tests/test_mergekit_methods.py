@@ -130,10 +130,10 @@ def test_dare_mergekit_rescale_keeps_each_l1_norm_exactly():
     paper = merge_tensors("dare", [tau], p=0.6, scale=1.0, recipe_hash="x")
     kept = paper != 0
     torch.testing.assert_close(paper[kept], tau[kept] / 0.4)
-    # at its default λ, then=sum is task arithmetic's 1/√N: 1 for one input, 1/√2 for two
+    # at its default λ, then=sum is task arithmetic's 1/N: 1 for one input, 1/2 for two
     torch.testing.assert_close(merge_tensors("dare", [tau], p=0.6, recipe_hash="x"), paper)
     two = merge_tensors("dare", [tau, tau], p=0.6, scale=1.0, recipe_hash="x")
-    torch.testing.assert_close(merge_tensors("dare", [tau, tau], p=0.6, recipe_hash="x"), two / 2 ** 0.5)
+    torch.testing.assert_close(merge_tensors("dare", [tau, tau], p=0.6, recipe_hash="x"), two / 2)
 
 
 # --- hand-computed conventions ------------------------------------------------------------------

@@ -1222,7 +1222,7 @@ def _export_linear(x: _Export) -> None:
 
 def _export_task_arithmetic(x: _Export) -> None:
     p = x.p
-    lam = default_scale(x.n) if p.get("scale") is None else p["scale"]  # hubsoup's 1/√N, written out
+    lam = default_scale(x.n) if p.get("scale") is None else p["scale"]  # hubsoup's 1/N, written out
     x.cfg.update(merge_method="task_arithmetic", parameters={"lambda": lam,
                                                              "normalize": bool(p.get("normalize"))})
     x.per["weight"] = x.weights()

@@ -62,7 +62,7 @@ class DareParams:
     then: Literal["sum", "ties"] = param("sum", "combine the sparsified vectors by weighted sum (task arithmetic, "
                                               "dare_linear) or by TIES sign election + disjoint merge (dare_ties)")
     scale: float | None = param(
-        None, "λ applied to the combined task vector; none = the combining method's own default: 1/√N for then=sum "
+        None, "λ applied to the combined task vector; none = the combining method's own default: 1/N for then=sum "
               "(task arithmetic's λ; λ = 1 summed N rescaled vectors and cost 19 control points at 8 tasks), 1 for "
               "then=ties and for convention=mergekit (mergekit's lambda)", range=(None, None), source="measured")
     weights: tuple[float, ...] | None = param(None, "per-input weights (default 1 each)", per_input=True)

@@ -65,7 +65,7 @@ class _LinesOwn:
               "0.5 for wise_ft")
     beta: float | None = param(
         None, "β, the last block gets α+β; none = 0.5 for wise_ft (paper), 1.0 for linear/soup (the appendix "
-              "pseudocode's), else 2·(λ − α) ≥ 0 with λ the base method's default scale (1/√N for task "
+              "pseudocode's), else 2·(λ − α) ≥ 0 with λ the base method's default scale (1/N for task "
               "arithmetic, 1 for TIES, 0.7 for consensus): the schedule's mean factor is λ, so LiNeS "
               "redistributes the base method's edit over depth instead of enlarging it (the paper tunes β on validation: "
               "TA/consensus 0.1..1.0, TIES 0.1..1.5, soups 0..1)",
@@ -193,7 +193,7 @@ class Lines(Modifier):
         if name is None:
             return 1.0
         default = next(f.default for f in dataclasses.fields(leaf.Params) if f.name == name)
-        if default is None:  # a default that depends on N and other parameters (task arithmetic: 1/√N)
+        if default is None:  # a default that depends on N and other parameters (task arithmetic: 1/N)
             default = leaf.resolved_scale(leaf.parse({k: v for k, v in leaf.describe_params(leaf_params).items()
                                                       if k != name}), n_inputs)
         return float(default)
