@@ -202,9 +202,9 @@ def test_soup_plus_lines_alpha_one_beta_zero_is_the_uniform_soup(taus):
 
 @pytest.mark.parametrize("base_method, extra, lam", [
     ("task_arithmetic", {}, 1 / 8),  # task arithmetic's default λ: 1/N, N = 8
-    ("ties", {}, 1.0),
+    ("ties", {}, 0.7),  # TIES' default λ with convention=paper
     ("consensus", {}, 0.7),
-    ("lwptv+ties", {}, 1.0),  # TIES' own λ through LwPTV
+    ("lwptv+ties", {}, 0.7),  # TIES' own λ through LwPTV
     ("task_arithmetic", {"scale": 0.5}, 1 / 8),  # a given scale multiplies the merge; β stays (recipes re-run)
 ])
 def test_default_beta_keeps_the_base_methods_mean_factor(base_method, extra, lam):
@@ -296,8 +296,8 @@ def test_heuristic_alpha_for_ties_uses_the_global_threshold():
     block, ts = tensors["model.layers.3.w"]
     out = m.merge(None, torch.stack(ts).clone(), p, ctx("model.layers.3.w", block, 3, stats))
     ref = ties.merge(None, torch.stack(ts).clone(), tp, ctx(n=3, stats=stats))
-    alpha = stats["lines.alpha"]  # the last block: α + β, β = 2·(λ_TIES − α) with TIES's λ = 1
-    torch.testing.assert_close(out, (alpha + 2 * (1.0 - alpha)) * ref)
+    alpha = stats["lines.alpha"]  # the last block: α + β, β = 2·(λ_TIES − α) with TIES's default λ = 0.7
+    torch.testing.assert_close(out, (alpha + 2 * (0.7 - alpha)) * ref)
 
 
 def test_heuristic_alpha_l2_norm_option():

@@ -159,7 +159,7 @@ def test_ties_runs_on_the_masked_vectors():
         assert torch.equal(ours[name], ref), name
     # without them TIES runs at its own defaults
     p = get_method("lwptv").parse({"base_method": "ties"})
-    assert (p.inner_params.merge, p.inner_params.scale) == ("mean", 1.0)
+    assert (p.inner_params.merge, p.inner_params.scale) == ("mean", None)  # None: λ = 0.7 (convention=paper)
 
 
 def test_per_task_combine_masks_each_task_vector():
@@ -204,11 +204,11 @@ def test_base_method_defaults_through_a_chain():
             p = p.inner_params
         return p.merge, p.scale
 
-    assert ties_of("lwptv", base_method="ties") == ("mean", 1.0)  # TIES' own defaults
+    assert ties_of("lwptv", base_method="ties") == ("mean", None)  # TIES' own defaults (λ resolves to 0.7)
     assert ties_of("lwptv", base_method="lines+ties") == ("mean", 1.0)  # LiNeS's β replaces λ
     assert ties_of("lines", base_method="lwptv+ties") == ("mean", 1.0)
     assert ties_of("lwptv", base_method="ties", merge="sum", scale=0.3) == ("sum", 0.3)  # the paper's setting
-    assert ties_of("lines", base_method="ties") == ("mean", 1.0)
+    assert ties_of("lines", base_method="ties") == ("mean", 1.0)  # LiNeS's β replaces λ
     assert ties_of("lwptv", base_method="lines+ties", scale=0.5, merge="mean") == ("mean", 0.5)  # the user's win
 
 

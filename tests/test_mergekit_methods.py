@@ -148,14 +148,14 @@ def test_ties_mergekit_weighted_sign_election_and_divisor():
     summed = merge_tensors("ties", [t1, t2], density=1.0, convention="mergekit", weights=[1.0, 0.5], merge="sum")
     torch.testing.assert_close(summed, torch.tensor([-1.5, -2.0, 3.5, 0.0]))
     # the paper convention elects on unweighted rows: entry 0 sums to −2 → t2 only, divided by the count
-    paper = merge_tensors("ties", [t1, t2], density=1.0, weights=[1.0, 0.5])
+    paper = merge_tensors("ties", [t1, t2], density=1.0, weights=[1.0, 0.5], scale=1.0)
     torch.testing.assert_close(paper, torch.tensor([-1.5, -2.0, 1.75, 0.0]))  # (3 + 0.5·1)/2 agreeing
 
 
 @pytest.mark.parametrize("extra", [{"scope": "tensor"}, {"scope": "model"}, {"convention": "mergekit"}])
 def test_ties_density_times_size_below_one_keeps_one_entry(extra):
     tau = torch.tensor([0.1, -0.5, 0.2, 0.05, 0.3])
-    got = merge_tensors("ties", [tau], density=0.1, **extra)
+    got = merge_tensors("ties", [tau], density=0.1, scale=1.0, **extra)
     torch.testing.assert_close(got, torch.tensor([0.0, -0.5, 0.0, 0.0, 0.0]))
 
 

@@ -93,7 +93,7 @@ def test_lines_sets_the_base_methods_scale_to_one_unless_given(name):
 def test_chained_modifiers_leave_the_base_method_its_defaults():
     lwptv = get_method("lwptv")
     ties = lwptv.parse({"base_method": "ties"}).inner_params
-    assert (ties.merge, ties.scale) == ("mean", 1.0)  # TIES' own defaults
+    assert (ties.merge, ties.scale) == ("mean", None)  # TIES' own defaults (λ resolves to 0.7)
     under_lines = lwptv.parse({"base_method": "lines+ties"}).inner_params.inner_params
     assert (under_lines.merge, under_lines.scale) == ("mean", 1.0)  # LiNeS's λ = 1 (its β scales instead)
     given = lwptv.parse({"base_method": "lines+ties", "merge": "sum", "scale": 0.3}).inner_params.inner_params

@@ -33,18 +33,18 @@ def test_ties_density_one_agreeing_signs_is_mean():
     sign = torch.where(torch.rand(8, 8, generator=g) > 0.5, 1.0, -1.0)
     taus = [m * sign for m in mag]
     for scope in ("tensor", "model"):
-        out = merge_tensors("ties", taus, density=1.0, scope=scope)
+        out = merge_tensors("ties", taus, density=1.0, scope=scope, scale=1.0)
         torch.testing.assert_close(out, sum(taus) / 3)
-        assert torch.equal(merge_tensors("ties", taus, density=1.0, merge="sum", scope=scope), sum(taus))
+        assert torch.equal(merge_tensors("ties", taus, density=1.0, merge="sum", scope=scope, scale=1.0), sum(taus))
 
 
 def test_ties_single_input_full_density_returns_it(taus):
-    torch.testing.assert_close(merge_tensors("ties", taus[:1], density=1.0, scope="tensor"), taus[0])
+    torch.testing.assert_close(merge_tensors("ties", taus[:1], density=1.0, scope="tensor", scale=1.0), taus[0])
 
 
 @pytest.mark.parametrize("density", [0.1, 0.2, 0.5, 0.9])
 def test_ties_matches_peft(taus, density):
-    ours = merge_tensors("ties", taus, density=density, scope="tensor", weights="1,0.5,2")
+    ours = merge_tensors("ties", taus, density=density, scope="tensor", weights="1,0.5,2", scale=1.0)  # peft: no λ
     weights = torch.tensor([1.0, 0.5, 2.0])
     ref = merge_utils.ties(torch.stack(taus), weights, density, majority_sign_method="total")
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)

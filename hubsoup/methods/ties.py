@@ -35,6 +35,10 @@ from hubsoup.methods._sparsify import (ComputeDtype, apply_mask_, compute_dtype,
                                       gta_in_dtype, magnitude_mask, per_input)
 
 
+PAPER_SCALE = 0.7
+"""TIES' λ by default with convention=paper [measured] (``scale``; benchmarks/results/defaults.md)."""
+
+
 @dataclass
 class TiesParams:
     density: float = param(0.2, "kept fraction of each task vector by magnitude (k=20%)", range=(0.0, 1.0))
@@ -42,7 +46,11 @@ class TiesParams:
         "model", "rank magnitudes over the whole model per task (as in the TIES paper) or per tensor (peft, mergekit)")
     merge: Literal["mean", "sum"] = param("mean", "disjoint mean (paper) or disjoint sum (dis-sum variant; "
                                                   "mergekit's normalize: false)")
-    scale: float = param(1.0, "λ applied to the merged task vector", range=(None, None))
+    scale: float | None = param(
+        None, "λ applied to the merged task vector; none = 0.7 for convention=paper (chosen on validation in 4 of "
+              "hubsoup's 6 benchmark settings; λ = 1 was worse than the base on a single task with 4 and 8 LoRA "
+              "inputs; the paper searches 0.8..1.8), 1 for convention=mergekit (mergekit's lambda)",
+        range=(None, None), source="measured")
     weights: tuple[float, ...] | None = param(None, "per-input weights (paper convention: applied after trimming "
                                                     "and sign election, as peft)", per_input=True)
     convention: Literal["paper", "mergekit"] = param(
@@ -74,6 +82,22 @@ class Ties(Method):
     Params = TiesParams
     search_grid = {"scale": [round(0.1 * i, 1) for i in range(1, 16)]}  # λ = 0.1..1.5, the TIES paper's grid
     scale_param = "scale"
+
+    @staticmethod
+    def resolved_scale(params, n_inputs: int = 0) -> float:
+        """λ of this merge: the given scale, else the convention's default (see ``scale``)."""
+        if params.scale is not None:
+            return params.scale
+        return PAPER_SCALE if params.convention == "paper" else 1.0
+
+    def card_notes(self, described, stats, n_inputs):
+        """The λ a default scale resolved to (it depends on the convention)."""
+        if described.get("scale") is not None or described.get("convention") != "paper":
+            return []
+        return [f"**λ = {PAPER_SCALE:g}**: TIES' default scale with convention=paper [measured] (chosen on "
+                "validation in most of hubsoup's quality benchmarks; λ = 1, the paper's usual value, was worse "
+                "than the base model on single tasks with LoRA inputs). A λ searched on validation data can "
+                "recover more of the fine-tunes' gains."]
 
     def passes(self, params, n_inputs):
         if params.scope == "model" and params.convention == "paper" and params.density < 1.0:
@@ -122,11 +146,12 @@ class Ties(Method):
             if dtype != torch.float32:
                 return gta_in_dtype(base, deltas, dtype, lambda i, tau: magnitude_mask(tau, densities[i]),
                                     params.weights or [1.0] * len(deltas), consensus=True,
-                                    normalize=params.merge == "mean", scale=params.scale, rescale=params.rescale)
+                                    normalize=params.merge == "mean", scale=self.resolved_scale(params),
+                                    rescale=params.rescale)
             for row, density in zip(deltas, densities):
                 apply_mask_(row, magnitude_mask(row, density), params.rescale)
             return gta_combine_(deltas, params.weights or [1.0] * len(deltas), consensus=True,
-                                normalize=params.merge == "mean", scale=params.scale)
+                                normalize=params.merge == "mean", scale=self.resolved_scale(params))
         if deltas.device.type != "cpu" and params.scope == "tensor" and _TENSOR_THRESHOLD not in ctx.stats:
             _trim_on_device_(deltas, per_input(params.density, params.densities, len(deltas)))
         else:
@@ -134,7 +159,8 @@ class Ties(Method):
         tally = ctx.stats.get(_TALLY)  # merged in pieces: the majority sign is being learned
         out = ties_combine_(deltas, params.weights, params.merge, ctx.stats.get(_MAJORITY),
                             observe=tally.observe if tally is not None else None)
-        return out if params.scale == 1.0 else out.mul_(params.scale)  # λ = 1 (the default): x·1 is x
+        scale = self.resolved_scale(params)
+        return out if scale == 1.0 else out.mul_(scale)  # λ = 1: x·1 is x
 
 
 def _trim_on_device_(deltas: torch.Tensor, densities: list[float]) -> None:
