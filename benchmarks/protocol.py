@@ -520,14 +520,28 @@ def _scale_by_n(method: str, params: dict) -> dict:
     while isinstance(leaf, Modifier):
         leaf, p = p.inner, p.inner_params
     rule = getattr(leaf, "resolved_scale", None)
-    return {**out, **({f"λ at N={n}": rule(p, n) for n in (4, 8)} if rule else {})}
+    if rule:
+        out.update({f"λ at N={n}": rule(p, n) for n in (4, 8)})
+    gamma = getattr(leaf, "resolved_gamma", None)  # SFTM: by the inputs' kind
+    if gamma:
+        from hubsoup.methods import TensorContext
+
+        out.update({f"γ for {kind}": gamma(p, TensorContext("", None, 4, adapters=kind == "LoRA"))
+                    for kind in ("LoRA", "full")})
+    return out
+
+
+def effective_defaults(label: str) -> dict:
+    """Row ``label``'s "defaults" run as a merge really performs it today (the method's current defaults
+    filled in, a λ rule by its values at 4 and 8 inputs); each defaults run records it as ``"effective"``."""
+    r = ROW[label]
+    return json.loads(json.dumps({**_effective(r.method, r.params), **_scale_by_n(r.method, r.params)}, default=str))
 
 
 def defaults_in_use() -> dict[str, dict]:
-    """Each row's "defaults" run as a merge really performs it today (the method's current defaults
-    filled in, a λ rule by its values at 4 and 8 inputs); a benchmark stores this as ``results["defaults"]``."""
-    return {r.label: json.loads(json.dumps({**_effective(r.method, r.params), **_scale_by_n(r.method, r.params)},
-                                           default=str)) for r in ROWS}
+    """:func:`effective_defaults` of every row; a benchmark stores this as ``results["defaults"]`` (what results
+    written before the runs recorded their own were checked against)."""
+    return {r.label: effective_defaults(r.label) for r in ROWS}
 
 
 def stale_defaults(results: dict) -> list[str]:
@@ -536,11 +550,18 @@ def stale_defaults(results: dict) -> list[str]:
     now, then = defaults_in_use(), results.get("defaults") or {}
     out = []
     for label, eff in now.items():
-        if label in then and then[label] != eff:
-            diff = sorted(k for k in set(eff) | set(then[label]) if eff.get(k) != then[label].get(k))
-            out.append(f"{results['benchmark']} / {label}: defaults changed since the benchmark ran "
+        # each setting's run says what it merged with ("effective"); older results: the file's record
+        ran = {setting: run.get("effective", then.get(label)) for setting, s in results.get("settings", {}).items()
+               for run in [(s["rows"].get(label) or {}).get("defaults")] if run}
+        if not ran and label in then:  # no run of it in the file: its record alone
+            ran = {"": then[label]}
+        stale = {setting: was for setting, was in ran.items() if was is not None and was != eff}
+        if stale:
+            diff = sorted({k for was in stale.values() for k in set(eff) | set(was) if eff.get(k) != was.get(k)})
+            where = "" if len(stale) == len(ran) else f" in {', '.join(stale)}"
+            out.append(f"{results['benchmark']} / {label}: defaults changed since the benchmark ran{where} "
                        f"({', '.join(diff)}); re-run its defaults")
-        elif label not in then:
+        elif label not in then and not any(ran.values()):
             out.append(f"{results['benchmark']} / {label}: not in the results; re-run the benchmark")
     return out
 

@@ -110,6 +110,32 @@ def test_stale_defaults_are_reported():
     old["defaults"]["task arithmetic"]["scale"] = 0.123  # measured under another default
     stale = P.stale_defaults(old)
     assert len(stale) == 1 and "task arithmetic" in stale[0] and "scale" in stale[0]
+    # a run records what it merged with; a partial re-run (one setting) does not vouch for the others
+    two = json.loads(json.dumps(fresh))
+    two["settings"]["full"] = json.loads(json.dumps(two["settings"]["lora"]))
+    two["settings"]["lora"]["rows"]["TIES"]["defaults"]["effective"] = P.effective_defaults("TIES")
+    two["settings"]["full"]["rows"]["TIES"]["defaults"]["effective"] = {**P.effective_defaults("TIES"), "density": 9}
+    stale = P.stale_defaults(two)
+    assert len(stale) == 1 and "TIES" in stale[0] and " in full " in stale[0] and "density" in stale[0]
+
+
+def test_measured_findings_ship_with_the_package_and_leave_out_stale_rows():
+    """What `hubsoup methods` shows (hubsoup/methods/measured.json) is the committed results' report: a re-run
+    benchmark without `python -m benchmarks.defaults_report` fails here; a row measured at other defaults than
+    today's is not shown as the defaults' measurement, and a guard failure is shown as a caveat."""
+    from benchmarks import defaults_report
+
+    with open(defaults_report.MEASURED, encoding="utf-8") as f:
+        assert f.read() == defaults_report.measured_text(defaults_report.load()), \
+            "hubsoup/methods/measured.json is out of date: run python -m benchmarks.defaults_report"
+    harm = _results(0.7, -0.001, tuned=0.7)
+    got = defaults_report.measured({"toy": harm})["methods"]["ties"]["TIES"]
+    assert got == [{"setting": "toy lora", "defaults": 0.7,
+                    "interval": [0.6, 0.8], "tuned": 0.7, "tuned_values": "",
+                    "guard": [P.guard(harm)[0].split(" at its defaults: ")[1]]}]
+    old = json.loads(json.dumps(harm))
+    old["defaults"]["TIES"]["density"] = 0.5
+    assert defaults_report.measured({"toy": old})["methods"] == {}
 
 
 # What the guard finds in the committed results today: the open part of issue 16. The encoder's fine-tunes

@@ -281,6 +281,32 @@ def test_sftm_on_lora_inputs_uses_factors_and_matches_dense(model_dir, tmp_path,
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=5e-4, msg=k)
 
 
+def test_default_gamma_is_measured_apart_for_lora_adapters(model_dir, tmp_path):
+    """γ left at its default: 0.4 when every input is a LoRA adapter, 0.6 otherwise (issue 35: validation chose
+    0.4 for LoRA inputs in every benchmark setting; 0.6 was worse than the base on a task with 4 adapters)."""
+    from test_lora import densify, make_adapter
+
+    from hubsoup.methods.sftm import FULL_GAMMA, LORA_GAMMA
+
+    assert (LORA_GAMMA, FULL_GAMMA) == (0.4, 0.6)
+    base = model_dir("llama")
+    a1 = make_adapter(tmp_path / "a1", "llama", seed=1, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    a2 = make_adapter(tmp_path / "a2", "llama", seed=2, r=2, lora_alpha=4, target_modules=["q_proj", "down_proj"])
+    dense = [densify("llama", base, a, tmp_path / f"dense{i}") for i, a in enumerate((a1, a2))]
+
+    def merged(inputs, out, **p):
+        return state(hubsoup.merge(inputs, method="sftm", base=base, out=str(tmp_path / out), quiet=True, **p).path)
+
+    for inputs, kind, gamma in (([a1, a2], "lora", LORA_GAMMA), (dense, "full", FULL_GAMMA)):
+        got, want = merged(inputs, f"{kind}-default"), merged(inputs, f"{kind}-given", gamma=gamma)
+        assert all(torch.equal(got[k], want[k]) for k in want), kind
+    # one full fine-tune among adapters: not every input is an adapter, the full default
+    got, want = merged([a1, dense[1]], "mixed-default"), merged([a1, dense[1]], "mixed-given", gamma=FULL_GAMMA)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    res = hubsoup.merge([a1, a2], method="sftm", base=base, out=str(tmp_path / "card"), quiet=True)
+    assert f"**γ = {LORA_GAMMA:g}** when every input is a LoRA adapter" in res.card
+
+
 @pytest.mark.parametrize("shape,n,eta", [((192, 64), 3, 0.2), ((64, 160), 4, 0.3), ((96, 96), 2, 1.0)])
 def test_float32_svds_of_the_device_path_are_within_tolerance_of_float64(shape, n, eta):
     """An accelerator's SFTM takes one batched float32 SVD per tensor (the Gram system still in float64);

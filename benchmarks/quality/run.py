@@ -262,6 +262,8 @@ def run_setting(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> 
                                        evals=val_specs if grid else (), extra=extra)
             ok, msg, dt = protocol.run_cli(cmd)
             run = {"params": params, "merge_seconds": round(dt, 2)}
+            if variant == "defaults":  # what today's defaults are, for the stale-defaults check of this run
+                run["effective"] = protocol.effective_defaults(row.label)
             if grid:
                 run["grid"] = grid
             if not ok:

@@ -206,6 +206,8 @@ def run_kind(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> Non
             ok, msg, dt = protocol.run_cli(cmd, timeout=None if ctx["expensive"] or row.label not in EXPENSIVE
                                            else EXPENSIVE_TIMEOUT)
             run = {"params": params, "merge_seconds": round(dt, 2)}
+            if variant == "defaults":  # what today's defaults are, for the stale-defaults check of this run
+                run["effective"] = protocol.effective_defaults(row.label)
             if grid:
                 run["grid"] = grid
             if not ok:

@@ -102,11 +102,40 @@ def cmd_methods(args) -> int:
             what = f"one of {', '.join(map(str, row['choices']))}" if row["type"] == "choice" else row["type"]
             src = f" [{row['evidence'] if row.get('evidence') else row.get('source', 'paper')}]"
             print(f"  --param {row['name']}={row['default']!s:<8} ({what}{rng}) {row.get('help', '')}{src}")
+        for line in measured_lines(m["measured"]):
+            print(f"  {line}")
         print()
     from hubsoup.methods._schedule import CLI_HELP  # lazy: keeps hubsoup --help free of torch
 
     print(CLI_HELP)  # per-layer schedules and name filters: every method's numeric parameters
     return 0
+
+
+def measured_lines(found: dict[str, list[dict]]) -> list[str]:
+    """``hubsoup methods``' lines on what the quality benchmarks measured of a method at its defaults.
+
+    Example:
+        >>> print("\\n".join(measured_lines({"TIES": [
+        ...     {"setting": "encoder lora-8", "defaults": 0.05, "interval": [-0.16, 0.22], "tuned": 0.13,
+        ...      "tuned_values": "scale=0.7", "guard": ["worse than the base on deb_sys (-0.0280, 95% CI ...)"]}]})))
+        measured, share of the fine-tunes' gain at the defaults (tuned on validation), benchmarks/results/defaults.md:
+          TIES: encoder lora-8 0.05 (0.13 at scale=0.7)
+          caveat, encoder lora-8: worse than the base on deb_sys (-0.0280, 95% CI ...): check per-task scores, tune with --search
+    """
+    if not found:
+        return []
+    out = ["measured, share of the fine-tunes' gain at the defaults (tuned on validation), "
+           "benchmarks/results/defaults.md:"]
+    caveats = []
+    for row, entries in found.items():
+        cells = []
+        for e in entries:
+            tuned = f" ({e['tuned']:.2f} at {e['tuned_values']})" if e.get("tuned") is not None else ""
+            cells.append(f"{e['setting']} {e['defaults']:.2f}{tuned}")
+            caveats += [f"caveat, {e['setting']}: {g}: check per-task scores, tune with --search"
+                        for g in e.get("guard", [])]
+        out.append(f"  {row}: " + "; ".join(cells))
+    return out + [f"  {c}" for c in caveats]
 
 
 def cmd_plan(args) -> int:

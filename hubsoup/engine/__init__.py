@@ -150,7 +150,8 @@ class TensorWork:
     def context(self) -> TensorContext:
         """What the method may know about this tensor."""
         return TensorContext(self.name, self.block.info, len(self.job.inputs), self.job.stats,
-                             self.job.recipe_hash, dtype=self.entry.dtype)
+                             self.job.recipe_hash, dtype=self.entry.dtype,
+                             adapters=bool(self.job.inputs) and all(t.kind == "lora" for t in self.job.inputs))
 
     @property
     def position(self) -> float:

@@ -14,7 +14,10 @@ Example:
     'ties'
 """
 
+import functools
 import importlib
+import importlib.resources
+import json
 import pkgutil
 
 from hubsoup.methods._base import (
@@ -34,9 +37,11 @@ from hubsoup.methods._params import describe, param, parse_params, to_dict
 def list_methods() -> list[dict]:
     """Every registered method as plain, JSON-serialisable data (for apps that build their forms from it).
 
-    Each: ``{"name", "summary", "paper", "paper_url", "min_inputs", "max_inputs", "params"}``;
+    Each: ``{"name", "summary", "paper", "paper_url", "min_inputs", "max_inputs", "params", "measured"}``;
     ``max_inputs`` is None when unbounded; ``params`` as :func:`describe` (name, type, nullable,
-    default, range, choices, help, source). ``hubsoup methods`` prints the same list.
+    default, range, choices, help, source); ``measured``: what hubsoup's quality benchmarks measured of the
+    method at its defaults (:func:`measured`; ``{}`` for a method not in them). ``hubsoup methods`` prints
+    the same list.
 
     Example:
         >>> import hubsoup, json
@@ -45,9 +50,35 @@ def list_methods() -> list[dict]:
         [('density', 'float', 0.2), ('scope', 'choice', 'model')]
         >>> _ = json.dumps(hubsoup.list_methods())
     """
+    shipped = measured()
     return [{"name": name, "summary": cls.summary, "paper": cls.paper, "paper_url": cls.paper_url,
-             "min_inputs": cls.min_inputs, "max_inputs": cls.max_inputs, "params": describe(cls.Params)}
+             "min_inputs": cls.min_inputs, "max_inputs": cls.max_inputs, "params": describe(cls.Params),
+             "measured": shipped.get(name, {})}
             for name, cls in available().items()]
+
+
+@functools.cache
+def _measured_file() -> dict:
+    return json.loads(importlib.resources.files(__name__).joinpath("measured.json").read_text(encoding="utf-8"))
+
+
+def measured() -> dict[str, dict[str, list[dict]]]:
+    """The quality benchmarks' findings on each method's defaults, shipped with the package.
+
+    ``{method: {benchmark row: [{"setting", "defaults", "interval", "tuned", "tuned_values", "guard"}]}}``: per
+    setting (``"encoder full-8"``: 8 full fine-tunes of MiniLM-L6; ``"LM lora"``: 4 LoRA fine-tunes of
+    SmolLM2-135M), the share of the fine-tunes' gain recovered at the defaults with its 95 % interval, the
+    share and values tuned on validation, and where the defaults fail hubsoup's guard (``guard``: worse than
+    the base model on a task, or well below the tuned share). Written by ``python -m benchmarks.defaults_report``.
+
+    Example:
+        >>> from hubsoup.methods import measured
+        >>> sorted(measured()["linear"])
+        ['uniform soup']
+        >>> {"setting", "defaults", "interval"} <= set(measured()["linear"]["uniform soup"][0])
+        True
+    """
+    return json.loads(json.dumps(_measured_file()["methods"]))  # a copy: callers may change theirs
 
 
 for _mod in pkgutil.iter_modules(__path__):
@@ -55,4 +86,4 @@ for _mod in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_mod.name}")
 
 __all__ = ["InputInfo", "Method", "PrepareContext", "StatsPass", "TensorContext", "available", "get_method", "register",
-           "param", "parse_params", "to_dict", "describe", "list_methods"]
+           "param", "parse_params", "to_dict", "describe", "list_methods", "measured"]

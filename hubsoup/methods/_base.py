@@ -48,6 +48,8 @@ class TensorContext:
     merged in pieces (:meth:`Method.tensor_passes`)."""
     dtype: torch.dtype | None = None
     """The base tensor's stored dtype (None where unknown)."""
+    adapters: bool = False
+    """Every input is a LoRA adapter (low-rank task vectors): a default measured apart for them may differ."""
 
     def generator(self, salt: str = "", device: str | torch.device = "cpu") -> torch.Generator:
         """A random generator seeded from the recipe and the tensor name: reruns repeat exactly."""

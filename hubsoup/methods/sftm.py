@@ -222,14 +222,20 @@ def superpose(features: Sequence[Features], *, ridge: float = 0.0, rcond: float 
     return M, info
 
 
+LORA_GAMMA, FULL_GAMMA = 0.4, 0.6
+"""SFTM's default γ for LoRA adapters and for full fine-tunes [measured] (``gamma``)."""
+
+
 @dataclass
 class SftmParams:
     eta: float = param(0.2, "η: kept fraction of each task matrix / vector by magnitude, per tensor "
                             "(paper sweeps 0.10-0.50, best < 0.4)", range=(0.0, 1.0), source="ours")
-    gamma: float = param(0.6, "γ: scale of the merged task matrices, biases and embeddings; not of norm "
-                              "layers (paper sweeps 0.5-1.2, best < 0.8; the benchmarks' best ran from 0.4 on "
-                              "the LM to 1.2 on 4 encoder tasks, 0.6 the compromise)", range=(None, None),
-                         source="measured")
+    gamma: float | None = param(
+        None, "γ: scale of the merged task matrices, biases and embeddings; not of norm layers; none = 0.4 when "
+              "every input is a LoRA adapter, else 0.6 (paper sweeps 0.5-1.2, best < 0.8; on the benchmarks' "
+              "validation LoRA inputs chose 0.4 in all three settings, full fine-tunes 0.4 to 1.2, 0.6 the "
+              "compromise; 0.6 was worse than the base on a task with 4 LoRA inputs)", range=(None, None),
+        source="measured")
     lm_head: Literal["task_arithmetic", "sftm"] = param(
         "task_arithmetic", "the untied output head: like an embedding (task arithmetic) or as a matrix",
         source="ours")
@@ -291,7 +297,22 @@ class Sftm(Method):
             else:
                 feats.append(lora_features(f[0].float(), f[1].float(), 1.0, params.rank_tol))
         M, _ = superpose(feats, ridge=params.ridge, rcond=params.rcond, out_dtype=torch.float32)
-        return M.mul_(params.gamma)
+        return M.mul_(self.resolved_gamma(params, ctx))
+
+    @staticmethod
+    def resolved_gamma(params, ctx) -> float:
+        """γ of this merge: the given one, else 0.4 for LoRA adapters and 0.6 for full fine-tunes (see ``gamma``)."""
+        if params.gamma is not None:
+            return params.gamma
+        return LORA_GAMMA if ctx.adapters else FULL_GAMMA
+
+    def card_notes(self, described, stats, n_inputs):
+        """Which γ a default resolves to (it depends on the inputs' kind, which the card's inputs list shows)."""
+        if described.get("gamma") is not None:
+            return []
+        return [f"**γ = {LORA_GAMMA:g}** when every input is a LoRA adapter, **{FULL_GAMMA:g}** otherwise: "
+                "SFTM's default scale [measured] (chosen on hubsoup's quality benchmarks' validation splits). "
+                "A γ searched on validation data can recover more of the fine-tunes' gains."]
 
     def stats_key(self, params):
         """γ scales the merged matrices last: points of a search over γ alone share their superpositions."""
@@ -309,12 +330,12 @@ class Sftm(Method):
                 M = self._superposed(base, deltas, params, ctx.name)
                 if kept is not None:
                     kept.put(ctx.name, M)
-            return M.mul_(params.gamma)
+            return M.mul_(self.resolved_gamma(params, ctx))
         for row in deltas:
             trim_topk_(row, params.eta)
         if role == "norm":
             return deltas.mean(dim=0)
-        return deltas.sum(dim=0).mul_(params.gamma)
+        return deltas.sum(dim=0).mul_(self.resolved_gamma(params, ctx))
 
     @staticmethod
     def _superposed(base, deltas, params, name: str) -> torch.Tensor:
