@@ -539,8 +539,9 @@ def effective_defaults(label: str) -> dict:
 
 
 def defaults_in_use() -> dict[str, dict]:
-    """:func:`effective_defaults` of every row; a benchmark stores this as ``results["defaults"]`` (what results
-    written before the runs recorded their own were checked against)."""
+    """:func:`effective_defaults` of every row. A benchmark stores it as ``results["defaults"]`` for the rows its
+    file has no record of yet, and keeps the record it has: it dates the runs made before each run recorded its
+    own ``"effective"``, so a partial re-run does not vouch for rows it did not run."""
     return {r.label: effective_defaults(r.label) for r in ROWS}
 
 

@@ -472,7 +472,7 @@ def main(argv=None) -> int:
             for k, v in prev_meta["references"].get("fine-tunes", {}).items():
                 meta["references"]["fine-tunes"].setdefault(k, v)
         results = {"benchmark": "encoder", "meta": meta, "settings": settings, "guard": failures,
-                   "defaults": protocol.defaults_in_use()}
+                   "defaults": {**protocol.defaults_in_use(), **previous.get("defaults", {})}}
         from benchmarks.quality.report import render
 
         protocol.write_results(args.out, results, render)

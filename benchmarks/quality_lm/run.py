@@ -554,7 +554,7 @@ def main(argv=None) -> int:
                 "timing_note": prev_meta.get("timing_note", note) if args.resummarize else note,
             }
             results = {"benchmark": "decoder-lm", "meta": meta, "settings": settings, "guard": failures,
-                       "defaults": protocol.defaults_in_use()}
+                       "defaults": {**protocol.defaults_in_use(), **previous.get("defaults", {})}}
             protocol.write_results(args.out, results, render)
             return failures
 
