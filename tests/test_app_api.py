@@ -342,7 +342,7 @@ def test_list_methods():
     by_name = {m["name"]: m for m in methods}
     assert set(by_name) == set(available())
     for m in methods:
-        assert set(m) == {"name", "summary", "paper", "paper_url", "min_inputs", "max_inputs", "params"}
+        assert set(m) == {"name", "summary", "paper", "paper_url", "min_inputs", "max_inputs", "params", "measured"}
         assert m["summary"] and isinstance(m["min_inputs"], int)
         for p in m["params"]:
             assert {"name", "type", "default", "range", "choices", "help", "source"} <= set(p)
@@ -358,6 +358,10 @@ def test_list_methods():
     assert ties["weights"]["type"] == "floats" and ties["weights"]["nullable"] and ties["weights"]["default"] is None
     assert by_name["ties"]["paper_url"].startswith("https://arxiv.org/")
     assert by_name["slerp"]["max_inputs"] is not None
+    # what the quality benchmarks measured at the defaults: per benchmark row, per setting; {} when not measured
+    soup = by_name["linear"]["measured"]["uniform soup"]
+    assert {e["setting"] for e in soup} >= {"encoder full-8", "encoder lora-4"} and all(-1 < e["defaults"] < 1.5 for e in soup)
+    assert by_name["slerp"]["measured"] == {}
     cons = {p["name"]: p for p in by_name["consensus"]["params"]}
     assert cons["lambdas"]["type"] == "floats" and cons["lambdas"]["default"] == [0.4]
     assert cons["lambdas"]["source"] == "ours"
