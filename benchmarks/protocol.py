@@ -515,8 +515,12 @@ def _scale_by_n(method: str, params: dict) -> dict:
     top = get_method(method)
     leaf, p = top, top.parse(dict(params))
     out = {}
-    if hasattr(top, "base_scale"):  # LiNeS: the base method's λ sets its β
-        out = {f"base λ at N={n}": top.base_scale(p, n) for n in (4, 8)}
+    if hasattr(top, "base_scale"):  # LiNeS: the base method's λ sets its β, by a rule recorded at α = 0.125
+        from hubsoup.methods import TensorContext
+
+        at = top.parse({**params, "alpha": 0.125})
+        out = {**{f"base λ at N={n}": top.base_scale(p, n) for n in (4, 8)},
+               **{f"β at α=0.125, N={n}": top.alpha_beta(at, TensorContext("", None, n))[1] for n in (4, 8)}}
     while isinstance(leaf, Modifier):
         leaf, p = p.inner, p.inner_params
     rule = getattr(leaf, "resolved_scale", None)

@@ -198,7 +198,7 @@ def test_soup_plus_lines_alpha_one_beta_zero_is_the_uniform_soup(taus):
     torch.testing.assert_close(merge_one("soup", taus, block, scale=1.5), 1.5 * mean)
 
 
-# --- the default β: the base method's edit budget redistributed over depth (issue 16) ---------------
+# --- the default β: the base method's λ at the last block, less above it (issues 16, 35) --------------
 
 @pytest.mark.parametrize("base_method, extra, lam", [
     ("task_arithmetic", {}, 1 / 8),  # task arithmetic's default λ: 1/N, N = 8
@@ -207,21 +207,21 @@ def test_soup_plus_lines_alpha_one_beta_zero_is_the_uniform_soup(taus):
     ("lwptv+ties", {}, 0.7),  # TIES' own λ through LwPTV
     ("task_arithmetic", {"scale": 0.5}, 1 / 8),  # a given scale multiplies the merge; β stays (recipes re-run)
 ])
-def test_default_beta_keeps_the_base_methods_mean_factor(base_method, extra, lam):
+def test_default_beta_gives_the_last_block_the_base_methods_lambda(base_method, extra, lam):
     m = get_method("lines")
     p = m.parse({"base_method": base_method, "alpha": 0.125, **extra})
     assert m.base_scale(p, 8) == lam
     alpha, beta, why = m.alpha_beta(p, ctx(n=8))
-    assert alpha == 0.125 and beta == pytest.approx(2 * (lam - 0.125)) and f"λ = {lam:g}" in why
-    # the mean of the depth factors α + β·b/(L−1) over the blocks is λ: LiNeS moves the edit, it does not grow it
+    assert alpha == 0.125 and beta == pytest.approx(max(lam - 0.125, 0)) and f"λ = {lam:g}" in why
+    # the depth factors α + β·b/(L−1) rise to λ at the last block: LiNeS shrinks the shallow edit, grows none
     factors = [alpha + beta * b / 11 for b in range(12)]
-    assert sum(factors) / 12 == pytest.approx(lam)
+    assert max(factors) == pytest.approx(max(lam, alpha)) and factors == sorted(factors)
 
 
 def test_default_beta_is_flat_at_task_arithmetics_default_lambda():
-    # LiNeS Table 8 (ViT-B/32, 8 tasks) tuned TA at α = 0.125, β = 0.3. The rule keeps task arithmetic's mean
-    # factor λ: with its default λ = 1/N = α (issue 35) β is 0 and the merge is the mean task vector; a β given
-    # (or searched) moves the edit to deep layers
+    # LiNeS Table 8 (ViT-B/32, 8 tasks) tuned TA at α = 0.125, β = 0.3. The rule gives the last block task
+    # arithmetic's λ: with its default λ = 1/N = α (issue 35) β is 0 and the merge is the mean task vector; a β
+    # given (or searched) moves the edit to deep layers
     m = get_method("lines")
     p = m.parse({"base_method": "task_arithmetic"})
     alpha, beta, _ = m.alpha_beta(p, ctx(n=8))
@@ -248,7 +248,7 @@ def test_heuristic_alpha_is_exactly_one_over_n_for_task_arithmetic():
     assert m.passes(p, 3) == []  # closed form: no pass needed
     alpha, beta, why = m.alpha_beta(p, ctx(n=3, stats=stats))
     assert alpha == 1 / 3 and "1/N" in why
-    assert beta == 0.0  # the equal-budget β: 2·(λ − α), with task arithmetic's default λ = 1/N = α
+    assert beta == 0.0  # the budget β: λ − α, with task arithmetic's default λ = 1/N = α
     # and the statistics pass itself gives exactly 1/N on task arithmetic
     from hubsoup.methods.lines import _HeuristicPass
 
@@ -296,8 +296,8 @@ def test_heuristic_alpha_for_ties_uses_the_global_threshold():
     block, ts = tensors["model.layers.3.w"]
     out = m.merge(None, torch.stack(ts).clone(), p, ctx("model.layers.3.w", block, 3, stats))
     ref = ties.merge(None, torch.stack(ts).clone(), tp, ctx(n=3, stats=stats))
-    alpha = stats["lines.alpha"]  # the last block: α + β, β = 2·(λ_TIES − α) with TIES's default λ = 0.7
-    torch.testing.assert_close(out, (alpha + 2 * (0.7 - alpha)) * ref)
+    alpha = stats["lines.alpha"]  # the last block: α + β = λ, β = λ_TIES − α with TIES's default λ = 0.7
+    torch.testing.assert_close(out, max(0.7, alpha) * ref)
 
 
 def test_heuristic_alpha_l2_norm_option():

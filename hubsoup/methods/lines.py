@@ -41,16 +41,17 @@ _FIXED_BETA = {"wise_ft": 0.5}
 _SOUP_BETA = 1.0  # soups (α = 1): the appendix pseudocode's β; the paper tunes it in 0..1
 
 
-def _equal_budget_beta(alpha: float, lam: float) -> float:
-    """β whose schedule α..α+β has the mean factor λ, the base method's own scale: LiNeS moves the
-    edit from the shallow blocks to the deep ones without enlarging it (β = 2·(λ − α), ≥ 0).
+def _budget_beta(alpha: float, lam: float) -> float:
+    """β with which the last block gets λ, the base method's own scale, and shallower blocks less: LiNeS
+    shrinks the shallow blocks' edit and enlarges none (β = λ − α, ≥ 0).
 
-    With Eq. 2's α = 1/N and task arithmetic's λ = 0.3 this gives the paper's tuned TA point at
-    8 tasks (α = 0.125, β = 0.35 vs 0.3, LiNeS Table 8), and for TIES (λ = 1, α ≈ 0.21) β ≈ 1.6
-    vs the tuned 1.4. The old fixed β = 1 scaled the last blocks by 1 + 1/N over task arithmetic,
-    3-4× its λ, and lost to it on every benchmark (issue 16; benchmarks/results/defaults.md).
+    For TIES (λ = 0.7, α ≈ 0.21) β ≈ 0.5, the value validation chose most often for LiNeS + TIES on the
+    quality benchmarks. Issue 16's rule, β = 2·(λ − α) (the factors' mean λ), took the last blocks to
+    2λ − α and was worse than the base on a task in three of the encoder's four settings (issue 35); the
+    fixed β = 1 before it, 3-4× task arithmetic's λ, lost to the base method on every benchmark
+    (benchmarks/results/defaults.md).
     """
-    return max(2.0 * (lam - alpha), 0.0)
+    return max(lam - alpha, 0.0)
 
 
 @dataclass
@@ -65,9 +66,9 @@ class _LinesOwn:
               "0.5 for wise_ft")
     beta: float | None = param(
         None, "β, the last block gets α+β; none = 0.5 for wise_ft (paper), 1.0 for linear/soup (the appendix "
-              "pseudocode's), else 2·(λ − α) ≥ 0 with λ the base method's default scale (1/N for task "
-              "arithmetic, 1 for TIES, 0.7 for consensus): the schedule's mean factor is λ, so LiNeS "
-              "redistributes the base method's edit over depth instead of enlarging it (the paper tunes β on validation: "
+              "pseudocode's), else λ − α ≥ 0 with λ the base method's default scale (1/N for task arithmetic, "
+              "so 0 there, 0.7 for TIES and consensus): the last block gets λ and shallower ones less, so LiNeS "
+              "shrinks the shallow blocks' edit and enlarges none (the paper tunes β on validation: "
               "TA/consensus 0.1..1.0, TIES 0.1..1.5, soups 0..1)",
         source="measured")
     edit_gamma: float | None = param(
@@ -166,7 +167,7 @@ class Lines(Modifier):
         if inner in _FIXED_BETA or inner in _FIXED_ALPHA:
             return alpha, _FIXED_BETA.get(inner, _SOUP_BETA), why
         lam = self.base_scale(params, ctx.n_inputs)
-        return alpha, _equal_budget_beta(alpha, lam), f"{why}; β = 2·(λ − α) with the base method's λ = {lam:g}"
+        return alpha, _budget_beta(alpha, lam), f"{why}; β = λ − α with the base method's λ = {lam:g}"
 
     def _alpha(self, params: Composed, ctx: TensorContext) -> tuple[float, str]:
         own = params.own
