@@ -507,17 +507,16 @@ def guard(results: dict) -> list[str]:
 
 
 def _scale_by_n(method: str, params: dict) -> dict:
-    """A λ that depends on the number of inputs (task arithmetic's ``scale: None``, through any modifier) at
-    4 and 8 inputs: its rule is invisible in the parameters, and a new rule must make old results stale."""
-    from hubsoup.methods import get_method
+    """Defaults that a rule resolves (task arithmetic's λ by the number of inputs, through any modifier; LiNeS'
+    β; SFTM's γ by the inputs' kind) at 4 and 8 inputs: a rule is invisible in the parameters (``None``), and a
+    new rule must make old results stale."""
+    from hubsoup.methods import TensorContext, get_method
     from hubsoup.methods._compose import Modifier
 
     top = get_method(method)
     leaf, p = top, top.parse(dict(params))
     out = {}
     if hasattr(top, "base_scale"):  # LiNeS: the base method's λ sets its β, by a rule recorded at α = 0.125
-        from hubsoup.methods import TensorContext
-
         at = top.parse({**params, "alpha": 0.125})
         out = {**{f"base λ at N={n}": top.base_scale(p, n) for n in (4, 8)},
                **{f"β at α=0.125, N={n}": top.alpha_beta(at, TensorContext("", None, n))[1] for n in (4, 8)}}
@@ -528,8 +527,6 @@ def _scale_by_n(method: str, params: dict) -> dict:
         out.update({f"λ at N={n}": rule(p, n) for n in (4, 8)})
     gamma = getattr(leaf, "resolved_gamma", None)  # SFTM: by the inputs' kind
     if gamma:
-        from hubsoup.methods import TensorContext
-
         out.update({f"γ for {kind}": gamma(p, TensorContext("", None, 4, adapters=kind == "LoRA"))
                     for kind in ("LoRA", "full")})
     return out
