@@ -23,6 +23,7 @@ knows no method by name and no output format:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -80,6 +81,11 @@ class Job:
     lanes: int | None = None
     """Threads sweeping a tensor's pieces (:mod:`hubsoup.engine.lanes`); None: torch's intra-op threads.
     Never changes a result."""
+
+    @functools.cached_property
+    def adapters(self) -> bool:
+        """Every input is a LoRA adapter: what :attr:`TensorContext.adapters` tells the method."""
+        return bool(self.inputs) and all(t.kind == "lora" for t in self.inputs)
 
     def need_method(self) -> Method:
         """The method merging: a job without one is streamed (:func:`stream`), never merged."""
@@ -151,7 +157,7 @@ class TensorWork:
         """What the method may know about this tensor."""
         return TensorContext(self.name, self.block.info, len(self.job.inputs), self.job.stats,
                              self.job.recipe_hash, dtype=self.entry.dtype,
-                             adapters=bool(self.job.inputs) and all(t.kind == "lora" for t in self.job.inputs))
+                             adapters=self.job.adapters)
 
     @property
     def position(self) -> float:

@@ -63,7 +63,7 @@ class DareParams:
                                               "dare_linear) or by TIES sign election + disjoint merge (dare_ties)")
     scale: float | None = param(
         None, "λ applied to the combined task vector; none = the combining method's own default: 1/N for then=sum "
-              "(task arithmetic's λ; λ = 1 summed N rescaled vectors and cost 19 control points at 8 tasks), 1 for "
+              "(task arithmetic's λ; λ = 1 summed N rescaled vectors and cost 39 control points at 8 encoder tasks), 1 for "
               "then=ties and for convention=mergekit (mergekit's lambda)", range=(None, None), source="measured")
     weights: tuple[float, ...] | None = param(None, "per-input weights (default 1 each)", per_input=True)
     rescale: bool = param(True, "rescale kept entries: by 1/(1-p) (paper) or to the L1 norm (mergekit)")
