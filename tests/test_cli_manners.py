@@ -127,7 +127,8 @@ def test_wheel_ships_py_typed_cards_and_space_app(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     wheel = next(tmp_path.glob("hubsoup-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"hubsoup/py.typed", "hubsoup/cards/merge.md", "hubsoup/cards/space.md", "hubsoup/space_app/app.py"} <= names
+    assert {"hubsoup/py.typed", "hubsoup/cards/merge.md", "hubsoup/cards/space.md", "hubsoup/space_app/app.py",
+            "hubsoup/methods/measured.json"} <= names  # list_methods() reads it in an installed package
 
 
 def test_an_interrupt_after_the_output_is_committed_says_it_is_complete(monkeypatch, capsys):
