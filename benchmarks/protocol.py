@@ -38,6 +38,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -506,10 +507,10 @@ def guard(results: dict) -> list[str]:
     return bad
 
 
-def _scale_by_n(method: str, params: dict) -> dict:
-    """Defaults that a rule resolves (task arithmetic's λ by the number of inputs, through any modifier; LiNeS'
-    β; SFTM's γ by the inputs' kind) at 4 and 8 inputs: a rule is invisible in the parameters (``None``), and a
-    new rule must make old results stale."""
+def _scale_by_n(method: str, params: dict, ns: Sequence[int] = (4, 8)) -> dict:
+    """Defaults that a rule resolves (task arithmetic's, TIES' and SFTM's by the number of inputs, through any
+    modifier; LiNeS' β; SFTM's γ also by the inputs' kind) at each number of inputs in ``ns``: a rule is
+    invisible in the parameters (``None``), and a new rule must make old results stale."""
     from hubsoup.methods import TensorContext, get_method
     from hubsoup.methods._compose import Modifier
 
@@ -518,25 +519,27 @@ def _scale_by_n(method: str, params: dict) -> dict:
     out = {}
     if hasattr(top, "base_scale"):  # LiNeS: the base method's λ sets its β, by a rule recorded at α = 0.125
         at = top.parse({**params, "alpha": 0.125})
-        out = {**{f"base λ at N={n}": top.base_scale(p, n) for n in (4, 8)},
-               **{f"β at α=0.125, N={n}": top.alpha_beta(at, TensorContext("", None, n))[1] for n in (4, 8)}}
+        out = {**{f"base λ at N={n}": top.base_scale(p, n) for n in ns},
+               **{f"β at α=0.125, N={n}": top.alpha_beta(at, TensorContext("", None, n))[1] for n in ns}}
     while isinstance(leaf, Modifier):
         leaf, p = p.inner, p.inner_params
     rule = getattr(leaf, "resolved_scale", None)
     if rule:
-        out.update({f"λ at N={n}": rule(p, n) for n in (4, 8)})
+        out.update({f"λ at N={n}": rule(p, n) for n in ns})
     gamma = getattr(leaf, "resolved_gamma", None)  # SFTM: by the inputs' kind
     if gamma:
-        out.update({f"γ for {kind}": gamma(p, TensorContext("", None, 4, adapters=kind == "LoRA"))
-                    for kind in ("LoRA", "full")})
+        out.update({f"γ for {kind}, N={n}": gamma(p, TensorContext("", None, n, adapters=kind == "LoRA"))
+                    for kind in ("LoRA", "full") for n in ns})
     return out
 
 
-def effective_defaults(label: str) -> dict:
+def effective_defaults(label: str, n: int | None = None) -> dict:
     """Row ``label``'s "defaults" run as a merge really performs it today (the method's current defaults
-    filled in, a λ rule by its values at 4 and 8 inputs); each defaults run records it as ``"effective"``."""
+    filled in, a rule by its values at ``n`` inputs, or at 4 and 8); each defaults run records it, at its
+    setting's number of inputs, as ``"effective"``."""
     r = ROW[label]
-    return json.loads(json.dumps({**_effective(r.method, r.params), **_scale_by_n(r.method, r.params)}, default=str))
+    return json.loads(json.dumps({**_effective(r.method, r.params),
+                                  **_scale_by_n(r.method, r.params, (n,) if n else (4, 8))}, default=str))
 
 
 def defaults_in_use() -> dict[str, dict]:
@@ -546,24 +549,34 @@ def defaults_in_use() -> dict[str, dict]:
     return {r.label: effective_defaults(r.label) for r in ROWS}
 
 
+def _at_n(record: dict, n: int | None) -> dict:
+    """A record of defaults as it applies to ``n`` inputs: a rule's values at other numbers left out."""
+    if not n:
+        return record
+    return {k: v for k, v in record.items() if int((re.search(r"N=(\d+)", k) or [0, n])[1]) == n}
+
+
 def stale_defaults(results: dict) -> list[str]:
     """Rows whose defaults changed since ``results`` were measured: the guard's verdict on them is void
-    until the benchmark's defaults runs are repeated (``--variants defaults``)."""
-    now, then = defaults_in_use(), results.get("defaults") or {}
+    until the benchmark's defaults runs are repeated (``--variants defaults``). Each setting is judged at its
+    own number of inputs: a rule changed only at 8 inputs leaves the 4-input settings' runs valid."""
+    then = results.get("defaults") or {}
     out = []
-    for label, eff in now.items():
-        # each setting's run says what it merged with ("effective"); older results: the file's record
-        ran = {setting: run.get("effective", then.get(label)) for setting, s in results.get("settings", {}).items()
-               for run in [(s["rows"].get(label) or {}).get("defaults")] if run}
-        if not ran and label in then:  # no run of it in the file: its record alone
-            ran = {"": then[label]}
-        stale = {setting: was for setting, was in ran.items() if was is not None and was != eff}
+    for label in ROW:
+        runs = {setting: (s.get("n_tasks"), run.get("effective", then.get(label)))
+                for setting, s in results.get("settings", {}).items()
+                for run in [(s["rows"].get(label) or {}).get("defaults")] if run}
+        if not runs and label in then:  # no run of it in the file: its record alone
+            runs = {"": (None, then[label])}
+        eff = {n: effective_defaults(label, n) for n in {n for n, _ in runs.values()}}
+        stale = {setting: (eff[n], _at_n(was, n)) for setting, (n, was) in runs.items()
+                 if was is not None and _at_n(was, n) != eff[n]}
         if stale:
-            diff = sorted({k for was in stale.values() for k in set(eff) | set(was) if eff.get(k) != was.get(k)})
-            where = "" if len(stale) == len(ran) else f" in {', '.join(stale)}"
+            diff = sorted({k for now, was in stale.values() for k in set(now) | set(was) if now.get(k) != was.get(k)})
+            where = "" if len(stale) == len(runs) else f" in {', '.join(stale)}"
             out.append(f"{results['benchmark']} / {label}: defaults changed since the benchmark ran{where} "
                        f"({', '.join(diff)}); re-run its defaults")
-        elif label not in then and not any(ran.values()):
+        elif label not in then and not any(was for _, was in runs.values()):
             out.append(f"{results['benchmark']} / {label}: not in the results; re-run the benchmark")
     return out
 

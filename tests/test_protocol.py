@@ -117,6 +117,17 @@ def test_stale_defaults_are_reported():
     two["settings"]["full"]["rows"]["TIES"]["defaults"]["effective"] = {**P.effective_defaults("TIES"), "density": 9}
     stale = P.stale_defaults(two)
     assert len(stale) == 1 and "TIES" in stale[0] and " in full " in stale[0] and "density" in stale[0]
+    # each setting is judged at its own number of inputs: a rule changed at 8 inputs only voids the 8-input runs
+    by_n = json.loads(json.dumps(fresh))
+    by_n["settings"]["full"] = json.loads(json.dumps(by_n["settings"]["lora"]))
+    by_n["settings"]["lora"]["n_tasks"], by_n["settings"]["full"]["n_tasks"] = 4, 8
+    for name in ("lora", "full"):  # recorded at 4 and 8 inputs (as older runs did), the value at 8 since changed
+        by_n["settings"][name]["rows"]["TIES"]["defaults"]["effective"] = {**P.effective_defaults("TIES"),
+                                                                           "λ at N=8": 12.5}
+    stale = P.stale_defaults(by_n)
+    assert len(stale) == 1 and " in full " in stale[0] and "λ at N=8" in stale[0]
+    assert P.effective_defaults("TIES", 8) == {k: v for k, v in P.effective_defaults("TIES").items()
+                                               if "N=4" not in k}
 
 
 def test_measured_findings_ship_with_the_package_and_leave_out_stale_rows():
