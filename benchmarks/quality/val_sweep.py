@@ -34,8 +34,65 @@ GRIDS = {
     "TIES": ("ties", {}, "scale", [0.1, 0.2, 0.3, 0.5, 0.7, 1.0]),
     "SFTM": ("sftm", {}, "gamma", [0.1, 0.2, 0.3, 0.4, 0.6, 0.8]),
     "OPCM": ("opcm", {}, "alpha", [0.1, 0.3, 0.5, 0.7]),
+    "OPCM (λ_t = √t)": ("opcm", {"scaling": "sqrt"}, "alpha", [0.5]),
     "task arithmetic": ("task_arithmetic", {}, "scale", [0.0625, 0.125, 0.25, 0.5]),
 }
+
+
+def analyse(out: dict) -> dict:
+    """Per setting, row and grid point: the share of the fine-tunes' gain (pooled, as the benchmark's
+    ``protocol.gain``) and each task's change against the base, with paired-bootstrap 95 % intervals
+    (``protocol.interval``) on the validation examples; ``harms``: the tasks whose interval lies below 0
+    (the guard's (b), here on validation)."""
+    from benchmarks import protocol
+
+    def scores(evals):
+        return {t: protocol.Scores.classification([int(c) for c in e["correct"]]) for t, e in evals.items()}
+
+    refs = out["references"]
+    base = scores(refs["base"])
+    table = {}
+    for name, setting in out["settings"].items():
+        kind = name.split("-")[0]
+        fts = {t: {t: s} for t, s in scores(refs[f"{kind} fine-tunes"]).items()}
+        for label, row in setting.items():
+            for v, evals in row["points"].items():
+                m = scores(evals)
+                tasks = list(evals)
+                n = {t: len(base[t].values) for t in tasks}
+                g = protocol.interval(protocol.gain(m, base, fts, tasks), n)
+                per = {t: protocol.interval(protocol.change(m, base, [t]), {t: n[t]}) for t in tasks}
+                table.setdefault(name, {}).setdefault(label, {})[v] = {
+                    "gain": g, "per_task": per, "harms": [t for t, d in per.items() if d["hi"] < 0]}
+    return table
+
+
+def choose(points: dict) -> str | None:
+    """The value validation picks with the guard in mind: the largest gain among the grid points that harm no
+    task (``harms`` empty); None when every point harms one."""
+    safe = {v: r["gain"]["value"] for v, r in points.items() if not r["harms"]}
+    return max(safe, key=lambda v: (safe[v], -float(v))) if safe else None
+
+
+def render(out: dict, table: dict) -> str:
+    lines = ["# Per-task validation curves (encoder benchmark)", "",
+             "Written by `python -m benchmarks.quality.val_sweep`. Each grid point merged from the cached fine-tunes "
+             "and scored on the whole validation split of each in-domain task (never the test split). "
+             "*gain*: share of the fine-tunes' gain recovered (pooled over tasks) with its paired-bootstrap 95 % "
+             "interval; *worst task*: the largest drop against the base; *harms*: tasks whose interval of the "
+             "change against the base lies below 0 (the guard's (b), on validation).", ""]
+    for name, rows in table.items():
+        lines += [f"## {name}", "", "| row | value | gain | worst task vs base | harms |", "|---|---|---|---|---|"]
+        for label, pts in rows.items():
+            key = out["settings"][name][label]["key"]
+            for v, r in sorted(pts.items(), key=lambda kv: float(kv[0])):
+                g = r["gain"]
+                t, d = min(r["per_task"].items(), key=lambda kv: kv[1]["value"])
+                lines.append(f"| {label} | {key}={v} | {g['value']:.2f} [{g['lo']:.2f}, {g['hi']:.2f}] | "
+                             f"{t} {100 * d['value']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] | "
+                             f"{', '.join(r['harms']) or '—'} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -115,6 +172,8 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(tmp_home, ignore_errors=True)
+    with open(args.out + ".md", "w", encoding="utf-8") as f:
+        f.write(render(out, analyse(out)))
     return 0
 
 
