@@ -251,3 +251,26 @@ def test_a_tuned_runs_record_comes_from_its_search_file(tmp_path):
     assert rec["chosen"] == {"scale": 0.5, "k": 2, "mode": "mean"} and isinstance(rec["chosen"]["k"], int)
     assert [g["params"]["scale"] for g in rec["grid_scores"]] == [0.5, 1.0]
     assert (rec["val_score"], rec["selection"], rec["search_seconds"]) == (0.9, "mean accuracy", {"points": []})
+
+
+def test_validation_sweep_picks_the_best_point_that_harms_no_task():
+    """benchmarks/quality/val_sweep.py: a default chosen on validation task by task — the point with the most
+    gain loses to one with less where it makes a task worse than the base beyond the noise."""
+    from benchmarks.quality import val_sweep
+
+    def ev(ones_a, ones_b, n=200):
+        return {"a": {"accuracy": ones_a / n, "correct": "1" * ones_a + "0" * (n - ones_a)},
+                "b": {"accuracy": ones_b / n, "correct": "1" * ones_b + "0" * (n - ones_b)}}
+
+    out = {"references": {"base": ev(100, 160), "lora fine-tunes": ev(180, 190)},
+           "settings": {"lora-2": {"TIES": {"key": "scale", "points": {
+               "0.3": ev(130, 160),   # gains on a, b as the base
+               "0.7": ev(170, 140),   # gains more in all, but b falls 20 points below the base
+               "1.0": ev(100, 100)}}}}}
+    table = val_sweep.analyse(out)
+    pts = table["lora-2"]["TIES"]
+    assert pts["0.7"]["gain"]["value"] > pts["0.3"]["gain"]["value"] and pts["0.7"]["harms"] == ["b"]
+    assert pts["0.3"]["harms"] == [] and val_sweep.choose(pts) == "0.3"
+    assert val_sweep.choose({v: pts[v] for v in ("0.7", "1.0")}) is None  # every point harms a task
+    text = val_sweep.render(out, table)
+    assert "| TIES | scale=0.7 |" in text and "| TIES | 0.3 |" in text

@@ -92,6 +92,14 @@ def render(out: dict, table: dict) -> str:
                              f"{t} {100 * d['value']:+.1f} [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}] | "
                              f"{', '.join(r['harms']) or '—'} |")
         lines.append("")
+    lines += ["## Chosen on validation", "",
+              "The largest gain among the points that harm no task (a tie: the smaller value).", "",
+              "| row | " + " | ".join(table) + " |", "|---|" + "---|" * len(table)]
+    for label in dict.fromkeys(label for rows in table.values() for label in rows):
+        cells = [("—" if label not in rows else choose(rows[label]) or "every point harms a task")
+                 for rows in table.values()]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
     return "\n".join(lines)
 
 
