@@ -507,9 +507,9 @@ def guard(results: dict) -> list[str]:
     return bad
 
 
-def _scale_by_n(method: str, params: dict, ns: Sequence[int] = (4, 8)) -> dict:
-    """Defaults that a rule resolves (task arithmetic's, TIES' and SFTM's by the number of inputs, through any
-    modifier; LiNeS' β; SFTM's γ also by the inputs' kind) at each number of inputs in ``ns``: a rule is
+def _scale_by_n(method: str, params: dict, ns: Sequence[int] = (4, 8), kinds: Sequence[str] = ("LoRA", "full")) -> dict:
+    """Defaults that a rule resolves (task arithmetic's λ by the number of inputs, through any modifier; LiNeS'
+    β; SFTM's γ by the inputs' kind) at each number of inputs in ``ns`` and kind in ``kinds``: a rule is
     invisible in the parameters (``None``), and a new rule must make old results stale."""
     from hubsoup.methods import TensorContext, get_method
     from hubsoup.methods._compose import Modifier
@@ -529,17 +529,21 @@ def _scale_by_n(method: str, params: dict, ns: Sequence[int] = (4, 8)) -> dict:
     gamma = getattr(leaf, "resolved_gamma", None)  # SFTM: by the inputs' kind
     if gamma:
         out.update({f"γ for {kind}, N={n}": gamma(p, TensorContext("", None, n, adapters=kind == "LoRA"))
-                    for kind in ("LoRA", "full") for n in ns})
+                    for kind in kinds for n in ns})
     return out
 
 
-def effective_defaults(label: str, n: int | None = None) -> dict:
+def effective_defaults(label: str, n: int | None = None, kind: str | None = None) -> dict:
     """Row ``label``'s "defaults" run as a merge really performs it today (the method's current defaults
-    filled in, a rule by its values at ``n`` inputs, or at 4 and 8); each defaults run records it, at its
-    setting's number of inputs, as ``"effective"``."""
+    filled in, a rule by its values at ``n`` inputs of ``kind`` ("lora" or "full"), or at 4 and 8 of both);
+    each defaults run records it, at its setting's number and kind of inputs, as ``"effective"``."""
     r = ROW[label]
+    kinds = [_KIND[kind]] if kind else list(_KIND.values())
     return json.loads(json.dumps({**_effective(r.method, r.params),
-                                  **_scale_by_n(r.method, r.params, (n,) if n else (4, 8))}, default=str))
+                                  **_scale_by_n(r.method, r.params, (n,) if n else (4, 8), kinds)}, default=str))
+
+
+_KIND = {"lora": "LoRA", "full": "full"}  # a setting's kind -> how a rule's record names it
 
 
 def defaults_in_use() -> dict[str, dict]:
@@ -549,28 +553,31 @@ def defaults_in_use() -> dict[str, dict]:
     return {r.label: effective_defaults(r.label) for r in ROWS}
 
 
-def _at_n(record: dict, n: int | None) -> dict:
-    """A record of defaults as it applies to ``n`` inputs: a rule's values at other numbers left out."""
-    if not n:
-        return record
-    return {k: v for k, v in record.items() if int((re.search(r"N=(\d+)", k) or [0, n])[1]) == n}
+def _applying(record: dict, n: int | None, kind: str | None) -> dict:
+    """A record of defaults as it applies to ``n`` inputs of ``kind``: a rule's values at other numbers or for
+    the other kind left out."""
+    def keep(k: str) -> bool:
+        at, of = re.search(r"N=(\d+)", k), re.search(r"for (LoRA|full)\b", k)
+        return (not n or not at or int(at[1]) == n) and (not kind or not of or of[1] == _KIND[kind])
+    return {k: v for k, v in record.items() if keep(k)}
 
 
 def stale_defaults(results: dict) -> list[str]:
     """Rows whose defaults changed since ``results`` were measured: the guard's verdict on them is void
     until the benchmark's defaults runs are repeated (``--variants defaults``). Each setting is judged at its
-    own number of inputs: a rule changed only at 8 inputs leaves the 4-input settings' runs valid."""
+    own number and kind of inputs: a rule changed only at 8 inputs, or for LoRA adapters, leaves the other
+    settings' runs valid."""
     then = results.get("defaults") or {}
     out = []
     for label in ROW:
-        runs = {setting: (s.get("n_tasks"), run.get("effective", then.get(label)))
+        runs = {setting: ((s.get("n_tasks"), s.get("kind")), run.get("effective", then.get(label)))
                 for setting, s in results.get("settings", {}).items()
                 for run in [(s["rows"].get(label) or {}).get("defaults")] if run}
         if not runs and label in then:  # no run of it in the file: its record alone
-            runs = {"": (None, then[label])}
-        eff = {n: effective_defaults(label, n) for n in {n for n, _ in runs.values()}}
-        stale = {setting: (eff[n], _at_n(was, n)) for setting, (n, was) in runs.items()
-                 if was is not None and _at_n(was, n) != eff[n]}
+            runs = {"": ((None, None), then[label])}
+        eff = {at: effective_defaults(label, *at) for at in {at for at, _ in runs.values()}}
+        stale = {setting: (eff[at], _applying(was, *at)) for setting, (at, was) in runs.items()
+                 if was is not None and _applying(was, *at) != eff[at]}
         if stale:
             diff = sorted({k for now, was in stale.values() for k in set(now) | set(was) if now.get(k) != was.get(k)})
             where = "" if len(stale) == len(runs) else f" in {', '.join(stale)}"

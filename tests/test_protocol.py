@@ -128,6 +128,14 @@ def test_stale_defaults_are_reported():
     assert len(stale) == 1 and " in full " in stale[0] and "λ at N=8" in stale[0]
     assert P.effective_defaults("TIES", 8) == {k: v for k, v in P.effective_defaults("TIES").items()
                                                if "N=4" not in k}
+    # and at its own kind: SFTM's γ for LoRA adapters changed leaves a full-fine-tune setting's run valid
+    kinds = {"benchmark": "toy", "defaults": P.defaults_in_use(), "settings": {
+        name: {"n_tasks": 4, "kind": name, "rows": {"SFTM": {"defaults": {
+            "effective": {**P.effective_defaults("SFTM"), "γ for LoRA, N=4": 12.5}}}}} for name in ("lora", "full")}}
+    stale = P.stale_defaults(kinds)
+    assert len(stale) == 1 and " in lora " in stale[0] and "γ for LoRA, N=4" in stale[0]
+    assert set(P.effective_defaults("SFTM", 4, "full")) == set(P.effective_defaults("SFTM")) - {
+        "γ for LoRA, N=4", "γ for LoRA, N=8", "γ for full, N=8"}
 
 
 def test_measured_findings_ship_with_the_package_and_leave_out_stale_rows():

@@ -263,7 +263,7 @@ def run_setting(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> 
             ok, msg, dt = protocol.run_cli(cmd)
             run = {"params": params, "merge_seconds": round(dt, 2)}
             if variant == "defaults":  # what today's defaults are, for the stale-defaults check of this run
-                run["effective"] = protocol.effective_defaults(row.label, setting["n_tasks"])
+                run["effective"] = protocol.effective_defaults(row.label, setting["n_tasks"], setting["kind"])
             if grid:
                 run["grid"] = grid
             if not ok:

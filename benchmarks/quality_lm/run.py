@@ -207,7 +207,7 @@ def run_kind(setting: dict, rows, variants, tuned: dict, repos, ctx, log) -> Non
                                            else EXPENSIVE_TIMEOUT)
             run = {"params": params, "merge_seconds": round(dt, 2)}
             if variant == "defaults":  # what today's defaults are, for the stale-defaults check of this run
-                run["effective"] = protocol.effective_defaults(row.label, setting["n_tasks"])
+                run["effective"] = protocol.effective_defaults(row.label, setting["n_tasks"], setting["kind"])
             if grid:
                 run["grid"] = grid
             if not ok:
