@@ -324,7 +324,8 @@ def run_order(rows: Sequence[Row], budgeted: bool) -> list[tuple[Row, str]]:
 class Scores:
     """Per-example scores of one model on one task's test split.
 
-    Classification: ``values`` = 1/0 per example, ``weights`` = 1 each (accuracy = mean).
+    Classification: ``values`` = 1/0 per example, ``weights`` = 1 each (accuracy = mean) or 1 / the size of
+    the example's class (balanced accuracy: the mean of the classes' accuracies).
     Perplexity: ``values`` = minus each sequence's summed token NLL, ``weights`` = its token count
     (score = −Σ nll / Σ tokens = −log perplexity).
     """
@@ -352,8 +353,12 @@ class Scores:
         return self._t
 
     @classmethod
-    def classification(cls, correct: Sequence[int]) -> "Scores":
-        return cls([float(c) for c in correct], [1.0] * len(correct))
+    def classification(cls, correct: Sequence[int], weights: Sequence[float] | None = None) -> "Scores":
+        """0/1 outcomes; ``weights`` (default 1 each): 1 / class size gives balanced accuracy."""
+        if weights is not None and len(weights) != len(correct):
+            raise ValueError(f"{len(correct)} outcomes but {len(weights)} weights")
+        return cls([float(c) for c in correct], [float(w) for w in weights] if weights is not None
+                   else [1.0] * len(correct))
 
     @classmethod
     def perplexity(cls, nll: Sequence[float], tokens: Sequence[int]) -> "Scores":

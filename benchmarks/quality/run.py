@@ -213,17 +213,34 @@ class Evaluator:
             self.seconds += time.perf_counter() - t0
             for r in res:
                 self.examples += r.n_examples
-                out[r.task.name] = {"accuracy": r.metrics["accuracy"],
-                                    "correct": "".join(str(int(c)) for c in r.details["correct"])}
+                correct = "".join(str(int(c)) for c in r.details["correct"])
+                out[r.task.name] = {"accuracy": to_scores({r.task.name: {"correct": correct}})[r.task.name].score(),
+                                    "correct": correct}
                 if key:
                     self.cache[(key, r.task.name)] = out[r.task.name]
         return {t: out[t] for t in tasks}
 
 
+TEST_WEIGHTS: dict[str, list[float]] = {}
+"""Each task's test examples weighted 1 / (the size of their class): scores are balanced accuracies (test data
+version 5 adds to the larger classes); filled by :func:`main` from the test splits."""
+
+
+def class_weights(labels) -> list[float]:
+    """1 / (count of its label) per example: a weighted mean of 0/1 outcomes is then the mean of the classes'
+    accuracies (balanced accuracy; on a balanced set, plain accuracy)."""
+    from collections import Counter
+
+    counts = Counter(labels)
+    return [1.0 / counts[label] for label in labels]
+
+
 def to_scores(evals: dict[str, dict]):
+    """Per-example scores of each task in ``evals``, weighted for balanced accuracy (:data:`TEST_WEIGHTS`)."""
     from benchmarks import protocol
 
-    return {t: protocol.Scores.classification([int(c) for c in e["correct"]]) for t, e in evals.items()}
+    return {t: protocol.Scores.classification([int(c) for c in e["correct"]], TEST_WEIGHTS.get(t))
+            for t, e in evals.items()}
 
 
 def params_text(params: dict) -> str:
@@ -378,6 +395,8 @@ def main(argv=None) -> int:
     t_phase = time.perf_counter()
     log("data, base, heads, fine-tunes ...")
     tasks, base_dir, head_stats, ft_stats = finetune.prepare(tuple(kinds), log=log)
+    TEST_WEIGHTS.update({name: class_weights([label for _, label in task.splits["test"]][:args.limit])
+                         for name, task in tasks.items()})
     timings["prepare"] = time.perf_counter() - t_phase
     cached_fts = all(st.get("cached") for k in ft_stats for st in ft_stats[k].values())
     # the splits' contents too: the Debian tasks follow the package lists apt fetched, which change with the

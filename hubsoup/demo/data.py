@@ -203,12 +203,16 @@ class TaskData:
 
 def make_task(name: str, examples: Sequence[Example], *, seed: int, n_train: int, n_val: int, n_test: int,
               labels: Sequence[str] | None = None, source: str = "", min_per_class: int = 20,
-              max_holdout: float = 0.5) -> TaskData:
+              max_holdout: float = 0.5, n_test_extra: int = 0) -> TaskData:
     """Deduplicate (``norm_key``; a key seen under two labels is dropped), then per class take
     ``n_test`` / ``n_val`` / up to ``n_train`` examples in a seeded shuffle: balanced test and
     validation sets, train balanced up to what the smallest class leaves. Where the smallest class
     is short, validation and test shrink together to at most ``max_holdout`` of it. The train split
-    is shuffled; validation and test are sorted by text length (evaluation pads less)."""
+    is shuffled; validation and test are sorted by text length (evaluation pads less).
+
+    ``n_test_extra``: up to this many more test examples per class from what no split took (larger
+    classes have more left: the test set is then unbalanced, to be scored by balanced accuracy); train
+    and validation stay exactly what they are without it."""
     by_key: dict[str, set[str]] = {}
     first: dict[str, str] = {}
     for text, label in examples:
@@ -238,6 +242,7 @@ def make_task(name: str, examples: Sequence[Example], *, seed: int, n_train: int
         splits["test"] += [(t, label) for t in items[:nt]]
         splits["validation"] += [(t, label) for t in items[nt:nt + nv]]
         splits["train"] += [(t, label) for t in items[nt + nv:nt + nv + ntr]]
+        splits["test"] += [(t, label) for t in items[nt + nv + ntr:nt + nv + ntr + n_test_extra]]
     for s in SPLITS:
         rng.shuffle(splits[s])
     for s in ("validation", "test"):  # similar lengths batch together: less padding when evaluating
