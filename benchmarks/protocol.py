@@ -324,14 +324,17 @@ def run_order(rows: Sequence[Row], budgeted: bool) -> list[tuple[Row, str]]:
 class Scores:
     """Per-example scores of one model on one task's test split.
 
-    Classification: ``values`` = 1/0 per example, ``weights`` = 1 each (accuracy = mean) or 1 / the size of
-    the example's class (balanced accuracy: the mean of the classes' accuracies).
+    Classification: ``values`` = 1/0 per example, ``weights`` = 1 each (accuracy = mean); or weights 1 / the
+    size of the example's class and values the outcomes times them (balanced accuracy: the mean of the
+    classes' accuracies).
     Perplexity: ``values`` = minus each sequence's summed token NLL, ``weights`` = its token count
     (score = −Σ nll / Σ tokens = −log perplexity).
     """
 
     values: list[float]
     weights: list[float]
+    strata: tuple | None = None
+    """Each example's class where the score is a balanced accuracy: the bootstrap resamples within classes."""
 
     def score(self, idx=None):
         """The score on all examples (``idx`` None: a float), or on each bootstrap resample (``idx``: a
@@ -353,12 +356,18 @@ class Scores:
         return self._t
 
     @classmethod
-    def classification(cls, correct: Sequence[int], weights: Sequence[float] | None = None) -> "Scores":
-        """0/1 outcomes; ``weights`` (default 1 each): 1 / class size gives balanced accuracy."""
-        if weights is not None and len(weights) != len(correct):
-            raise ValueError(f"{len(correct)} outcomes but {len(weights)} weights")
-        return cls([float(c) for c in correct], [float(w) for w in weights] if weights is not None
-                   else [1.0] * len(correct))
+    def classification(cls, correct: Sequence[int], classes: Sequence[str] | None = None) -> "Scores":
+        """0/1 outcomes: accuracy; with each example's class, balanced accuracy (the mean of the classes'
+        accuracies: each outcome weighted 1 / its class's size; the score is Σ values / Σ weights)."""
+        if classes is None:
+            return cls([float(c) for c in correct], [1.0] * len(correct))
+        if len(classes) != len(correct):
+            raise ValueError(f"{len(correct)} outcomes but {len(classes)} classes")
+        counts = {c: 0 for c in classes}
+        for c in classes:
+            counts[c] += 1
+        weights = [1.0 / counts[c] for c in classes]
+        return cls([float(c) * w for c, w in zip(correct, weights)], weights, tuple(classes))
 
     @classmethod
     def perplexity(cls, nll: Sequence[float], tokens: Sequence[int]) -> "Scores":
@@ -371,9 +380,10 @@ class Scores:
 ModelScores = dict  # task -> Scores
 
 
-def _resamples(n_by_task: dict[str, int], b: int = B, seed: int = SEED) -> dict:
+def _resamples(n_by_task: dict[str, int | tuple], b: int = B, seed: int = SEED) -> dict:
     """Each task's bootstrap resamples, a [b, n] index tensor, seeded by the task's name (so the same
-    task gets the same resamples in every statistic: the intervals are paired)."""
+    task gets the same resamples in every statistic: the intervals are paired). A task given by its
+    examples' classes (:func:`sizes`) is resampled within each class: every resample keeps the class counts."""
     import torch
 
     out = {}
@@ -381,9 +391,21 @@ def _resamples(n_by_task: dict[str, int], b: int = B, seed: int = SEED) -> dict:
         key = (t, n, b, seed)
         if key not in _RESAMPLES:
             g = torch.Generator().manual_seed(seed + sum(ord(c) * 31 ** i for i, c in enumerate(t)) % 2 ** 31)
-            _RESAMPLES[key] = torch.randint(0, n, (b, n), generator=g)
+            if isinstance(n, int):
+                _RESAMPLES[key] = torch.randint(0, n, (b, n), generator=g)
+            else:
+                idx = torch.empty(b, len(n), dtype=torch.long)
+                for c in sorted(set(n)):
+                    pos = torch.tensor([i for i, x in enumerate(n) if x == c])
+                    idx[:, pos] = pos[torch.randint(0, len(pos), (b, len(pos)), generator=g)]
+                _RESAMPLES[key] = idx
         out[t] = _RESAMPLES[key]
     return out
+
+
+def sizes(scores: "ModelScores", tasks: Sequence[str]) -> dict[str, int | tuple]:
+    """What :func:`interval` resamples per task: its number of examples, or their classes (balanced accuracy)."""
+    return {t: scores[t].strata or len(scores[t].values) for t in tasks}
 
 
 _RESAMPLES: dict = {}  # one index tensor per task: every statistic reuses it (and Scores caches by it)
@@ -429,7 +451,7 @@ def difference(f: Callable, g: Callable):
 def summarize(m: ModelScores, base: ModelScores, fts: dict[str, ModelScores], in_domain: Sequence[str],
               controls: Sequence[str], b: int = B) -> dict:
     """Everything a table row shows, each with its interval."""
-    n = {t: len(base[t].values) for t in [*in_domain, *controls]}
+    n = sizes(base, [*in_domain, *controls])
     n_in = {t: n[t] for t in in_domain}
     out = {"scores": {t: m[t].score() for t in n},
            "gain": interval(gain(m, base, fts, in_domain), n_in, b),
@@ -453,13 +475,13 @@ def claim(kind: str, m: ModelScores, ref: ModelScores, base: ModelScores, fts: d
     i.e. the interval's lower end of m − ref is above −0.01 on the mean in-domain score),
     "does not hold" when it is below 0 (above −0.01 fails), "inside the noise" otherwise.
     """
-    n_in = {t: len(base[t].values) for t in in_domain}
+    n_in = sizes(base, in_domain)
     if kind == "in":
         d = interval(difference(gain(m, base, fts, in_domain), gain(ref, base, fts, in_domain)), n_in, b)
         lo_ok = 0.0
     elif kind == "control":
         d = interval(difference(change(m, base, controls), change(ref, base, controls)),
-                     {t: len(base[t].values) for t in controls}, b)
+                     sizes(base, controls), b)
         lo_ok = 0.0
     else:  # in_loss: mean in-domain score of m − ref ≥ −1 point
         d = interval(difference(change(m, base, in_domain), change(ref, base, in_domain)), n_in, b)

@@ -282,3 +282,21 @@ def test_validation_sweep_picks_the_best_point_that_harms_no_task():
     assert val_sweep.choose({v: pts[v] for v in ("0.7", "1.0")}) is None  # every point harms a task
     text = val_sweep.render(out, table)
     assert "| TIES | scale=0.7 |" in text and "| TIES | 0.3 |" in text
+
+
+def test_balanced_accuracy_weights_each_class_equally():
+    """Test data version 5 is unbalanced (the larger classes hold more): a task's score is the mean of its
+    classes' accuracies, and the bootstrap resamples within each class (the class counts, so the weights,
+    stay those of the test set)."""
+    classes = ["a"] * 30 + ["b"] * 10
+    correct = [1] * 30 + [0] * 10  # a always right, b always wrong: accuracy 0.75, balanced 0.5
+    s = P.Scores.classification(correct, classes)
+    assert s.score() == pytest.approx(0.5)
+    assert P.Scores.classification(correct).score() == pytest.approx(0.75)
+    iv = P.interval(lambda idx: s.score(idx["t"]), P.sizes({"t": s}, ["t"]), b=200)
+    assert iv["lo"] == iv["hi"] == pytest.approx(0.5)  # every resample: 30 a right, 10 b wrong
+    mixed = P.Scores.classification([1, 0] * 15 + [1] * 10, classes)  # a half right, b all right: 0.75
+    iv = P.interval(lambda idx: mixed.score(idx["t"]), P.sizes({"t": mixed}, ["t"]), b=400)
+    assert mixed.score() == pytest.approx(0.75) and 0.55 < iv["lo"] < 0.75 < iv["hi"] <= 0.95
+    with pytest.raises(ValueError, match="40 outcomes but 3 classes"):
+        P.Scores.classification(correct, ["a", "b", "a"])

@@ -5,6 +5,7 @@ import csv
 import json
 import os
 import sys
+from collections import Counter
 
 import pytest
 import torch
@@ -49,6 +50,21 @@ def test_make_task_dedupes_balances_and_is_seeded(tmp_path):
     assert back.splits == t1.splits and back.labels == t1.labels
     with open(paths["test"], newline="", encoding="utf-8") as f:
         assert next(csv.reader(f)) == ["text", "label"]
+
+
+def test_more_test_examples_leave_train_and_validation_as_they_were():
+    """n_test_extra (the quality benchmark's test data version 5): the test split takes up to that many more
+    examples per class from what no split took, and train and validation are the same as without it (so
+    fine-tunes, heads and searches made on them stay valid)."""
+    ex = _examples() + [(f"alpha extra text {i}", "a") for i in range(40)]  # class a: 40 more than b and c
+    plain = data.make_task("t", ex, seed=3, n_train=30, n_val=5, n_test=10)
+    more = data.make_task("t", ex, seed=3, n_train=30, n_val=5, n_test=10, n_test_extra=25)
+    assert more.splits["train"] == plain.splits["train"] and more.splits["validation"] == plain.splits["validation"]
+    assert set(plain.splits["test"]) < set(more.splits["test"])
+    # b and c: 60 each = 10 test + 5 validation + 30 train + 15 left; a: 55 left, 25 of them taken
+    assert Counter(label for _, label in more.splits["test"]) == {"a": 35, "b": 25, "c": 25}
+    texts = [t for s in more.splits.values() for t, _ in s]
+    assert len(texts) == len(set(texts))
 
 
 def test_make_task_refuses_a_tiny_class():

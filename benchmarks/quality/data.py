@@ -2,7 +2,8 @@
 
 Every task is built from real text that is available offline, deduplicated on a normalised
 text key (a text seen under two labels is dropped), split with a fixed seed into balanced
-train / validation / test sets, and written as csv (``text,label``) under
+train / validation / test sets (the in-domain test sets then take more of the larger classes:
+scored by balanced accuracy), and written as csv (``text,label``) under
 ``benchmarks/.work/quality/data/TASK/`` (git-ignored).
 
 | task | kind | source | labels |

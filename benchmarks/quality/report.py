@@ -110,6 +110,9 @@ def render(results: dict) -> str:
         "in-domain tasks, Σ (acc − base) / Σ (fine-tune − base) (`protocol.gain`): 1 = the fine-tunes' gains "
         "kept, 0 = none, < 0 = worse than the base; **control Δ**: mean accuracy change on the "
         "control tasks (no input was trained on them) against the base, in points (negative = forgetting).",
+        "- test accuracies are **balanced accuracies** (the mean of the classes' accuracies): each in-domain test "
+        "set holds up to 150 examples per class plus up to 200 more that no split took (test data version 5), "
+        "so the larger classes hold more.",
         f"- 95% intervals: paired bootstrap over test examples ({meta['seeds']['bootstrap_resamples']} resamples, "
         f"seed {meta['seeds']['bootstrap']}; the same resample for every model and reference). A claim whose "
         "interval contains 0 is **inside the noise**.",

@@ -221,25 +221,16 @@ class Evaluator:
         return {t: out[t] for t in tasks}
 
 
-TEST_WEIGHTS: dict[str, list[float]] = {}
-"""Each task's test examples weighted 1 / (the size of their class): scores are balanced accuracies (test data
-version 5 adds to the larger classes); filled by :func:`main` from the test splits."""
-
-
-def class_weights(labels) -> list[float]:
-    """1 / (count of its label) per example: a weighted mean of 0/1 outcomes is then the mean of the classes'
-    accuracies (balanced accuracy; on a balanced set, plain accuracy)."""
-    from collections import Counter
-
-    counts = Counter(labels)
-    return [1.0 / counts[label] for label in labels]
+TEST_CLASSES: dict[str, list[str]] = {}
+"""Each task's test examples' classes: scores are balanced accuracies (test data version 5 adds to the larger
+classes); filled by :func:`main` from the test splits."""
 
 
 def to_scores(evals: dict[str, dict]):
-    """Per-example scores of each task in ``evals``, weighted for balanced accuracy (:data:`TEST_WEIGHTS`)."""
+    """Per-example scores of each task in ``evals``: balanced accuracy by :data:`TEST_CLASSES`."""
     from benchmarks import protocol
 
-    return {t: protocol.Scores.classification([int(c) for c in e["correct"]], TEST_WEIGHTS.get(t))
+    return {t: protocol.Scores.classification([int(c) for c in e["correct"]], TEST_CLASSES.get(t))
             for t, e in evals.items()}
 
 
@@ -395,7 +386,7 @@ def main(argv=None) -> int:
     t_phase = time.perf_counter()
     log("data, base, heads, fine-tunes ...")
     tasks, base_dir, head_stats, ft_stats = finetune.prepare(tuple(kinds), log=log)
-    TEST_WEIGHTS.update({name: class_weights([label for _, label in task.splits["test"]][:args.limit])
+    TEST_CLASSES.update({name: [label for _, label in task.splits["test"]][:args.limit]
                          for name, task in tasks.items()})
     timings["prepare"] = time.perf_counter() - t_phase
     cached_fts = all(st.get("cached") for k in ft_stats for st in ft_stats[k].values())

@@ -59,7 +59,7 @@ def analyse(out: dict) -> dict:
             for v, evals in row["points"].items():
                 m = scores(evals)
                 tasks = list(evals)
-                n = {t: len(base[t].values) for t in tasks}
+                n = protocol.sizes(base, tasks)
                 g = protocol.interval(protocol.gain(m, base, fts, tasks), n)
                 per = {t: protocol.interval(protocol.change(m, base, [t]), {t: n[t]}) for t in tasks}
                 table.setdefault(name, {}).setdefault(label, {})[v] = {
