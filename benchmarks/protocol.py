@@ -42,6 +42,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -363,9 +364,7 @@ class Scores:
             return cls([float(c) for c in correct], [1.0] * len(correct))
         if len(classes) != len(correct):
             raise ValueError(f"{len(correct)} outcomes but {len(classes)} classes")
-        counts = {c: 0 for c in classes}
-        for c in classes:
-            counts[c] += 1
+        counts = Counter(classes)
         weights = [1.0 / counts[c] for c in classes]
         return cls([float(c) * w for c, w in zip(correct, weights)], weights, tuple(classes))
 
@@ -560,6 +559,9 @@ def _scale_by_n(method: str, params: dict, ns: Sequence[int] = (4, 8), kinds: Se
     return out
 
 
+_KIND = {"lora": "LoRA", "full": "full"}  # a setting's kind -> how a rule's record names it
+
+
 def effective_defaults(label: str, n: int | None = None, kind: str | None = None) -> dict:
     """Row ``label``'s "defaults" run as a merge really performs it today (the method's current defaults
     filled in, a rule by its values at ``n`` inputs of ``kind`` ("lora" or "full"), or at 4 and 8 of both);
@@ -568,9 +570,6 @@ def effective_defaults(label: str, n: int | None = None, kind: str | None = None
     kinds = [_KIND[kind]] if kind else list(_KIND.values())
     return json.loads(json.dumps({**_effective(r.method, r.params),
                                   **_scale_by_n(r.method, r.params, (n,) if n else (4, 8), kinds)}, default=str))
-
-
-_KIND = {"lora": "LoRA", "full": "full"}  # a setting's kind -> how a rule's record names it
 
 
 def defaults_in_use() -> dict[str, dict]:
