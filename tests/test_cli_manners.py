@@ -155,6 +155,40 @@ def test_an_interrupt_after_the_output_is_committed_says_it_is_complete(monkeypa
     assert rc == 130 and err.strip() == "interrupted; the output written before it is complete: /somewhere/out"
 
 
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_signal_whose_handler_runs_during_the_commit_is_raised_after_it(tmp_path, signum):
+    """A signal caught just before the commit's block (its Python handler not yet run) runs that handler at the
+    next bytecode, which can be right after the rename: the kill loop once saw "no output was left behind"
+    beside a committed output. Within the block the handler only records it; it is raised after the record."""
+    import signal
+
+    from hubsoup.output import folder
+
+    sig = getattr(signal, signum)
+
+    def raising(n, frame):  # as the CLI's handlers
+        raise KeyboardInterrupt
+
+    old = signal.signal(sig, raising)
+    try:
+        out = folder.OutputFolder(str(tmp_path / "out"))
+        real = out._commit
+
+        def renamed_then_handler_runs(source=None):
+            target = real(source)
+            signal.getsignal(sig)(sig, None)  # where Python runs a pending signal's handler: after the rename
+            return target
+
+        out._commit = renamed_then_handler_runs
+        before = len(folder.COMMITTED)
+        with pytest.raises(KeyboardInterrupt):
+            out.commit()
+        assert folder.COMMITTED[before:] == [str(tmp_path / "out")] and os.path.isdir(tmp_path / "out")
+        assert signal.getsignal(sig) is raising  # the real handler is back
+    finally:
+        signal.signal(sig, old)
+
+
 @pytest.mark.parametrize("fate", ["replaced", "swallowed"])
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_a_signal_whose_exception_is_lost_still_ends_the_command_as_signalled(monkeypatch, capsys, sig, fate):

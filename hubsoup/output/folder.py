@@ -515,16 +515,28 @@ or pushes) must not be reported as having left nothing behind (the CLI reads thi
 
 @contextmanager
 def _signals_held():
-    """SIGINT and SIGTERM held (delivered at the end) in the main thread; elsewhere nothing to hold."""
+    """SIGINT and SIGTERM held (delivered at the end) in the main thread; elsewhere nothing to hold.
+
+    Masking holds the signals that arrive during the block; one that arrived just before it, whose Python
+    handler has not run yet, would still run inside it (between two bytecodes, e.g. right after a rename): a
+    recording handler stands in for the block, and what it recorded is raised again after it."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
+    held = (signal.SIGINT, signal.SIGTERM)
+    caught: list[int] = []
+    # a handler installed outside Python (None) cannot be put back: those signals are only masked
+    handlers = {s: signal.signal(s, lambda n, _frame: caught.append(n)) for s in held
+                if signal.getsignal(s) is not None}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # those held are delivered to the real handlers
+        for n in dict.fromkeys(caught):
+            signal.raise_signal(n)
 
 
 class OutputFolder:
