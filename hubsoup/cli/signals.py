@@ -4,7 +4,9 @@ The handlers raise (``KeyboardInterrupt``; :class:`Terminated` for SIGTERM) so t
 the same cleanup (temporary folder, lock) either way. They also record the signal, because an exception raised
 by a handler can be lost on its way out: a signal that lands while C code runs a Python callback (torch probing
 an object's attributes while safetensors builds a tensor, for one) may come back as that code's own error, a
-``ValueError`` say, or not at all. The CLI asks :func:`received` what happened, not the exception's type.
+``ValueError`` say, or not at all. The CLI asks :func:`received` what happened, not the exception's type. One
+lost where Python cannot raise it (a weakref or ``__del__`` callback run by the garbage collector) is not printed
+as "Exception ignored in ...": the signal is recorded, and the command ends as signalled with its one line.
 
 Example:
     >>> mark = mark_now()
@@ -15,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from typing import Callable
 
@@ -44,10 +47,18 @@ def catch() -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = {s: signal.signal(s, h) for s, h in ((signal.SIGINT, _on_sigint), (signal.SIGTERM, _on_sigterm))}
+    mark, hook = mark_now(), sys.unraisablehook
+
+    def unraisable(u) -> None:  # a handler's exception the garbage collector could not raise: already recorded
+        if not (isinstance(u.exc_value, KeyboardInterrupt) and len(_RECEIVED) > mark):
+            hook(u)
+
+    sys.unraisablehook = unraisable
 
     def restore() -> None:
         for s, h in previous.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
+        sys.unraisablehook = hook
 
     return restore
 
