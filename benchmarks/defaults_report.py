@@ -40,6 +40,18 @@ def _gain(v: dict | None) -> str:
     return P.ci(s["gain"], pct=False)
 
 
+def _old(row: P.Row, variants: dict) -> str:
+    """The old defaults' cell: their run, or today's where the old values are today's (a run skips them then);
+    where they differ and were not run (a results file measured with ``--variants defaults,tuned``), says so
+    instead of showing today's numbers under the old values."""
+    if variants.get("old defaults"):
+        return _gain(variants["old defaults"])
+    effective = (variants.get("defaults") or {}).get("effective") or {}
+    if all(effective.get(k) == v for k, v in row.old.items()):
+        return _gain(variants.get("defaults"))
+    return "*not run*"
+
+
 def _params(v: dict | None, keys) -> str:
     if not v:
         return ""
@@ -75,8 +87,7 @@ def render(loaded: dict[str, dict]) -> str:
                     continue
                 keys = list(row.grid) or list(row.old)
                 tuned = variants.get("tuned")
-                old = variants.get("old defaults") or variants.get("defaults")  # skipped: the defaults did not move
-                lines.append(f"| {row.label} | {_gain(old)} | **{_gain(variants.get('defaults'))}** | "
+                lines.append(f"| {row.label} | {_old(row, variants)} | **{_gain(variants.get('defaults'))}** | "
                              f"{_gain(tuned)} | {_params(tuned, keys)} |")
                 if tuned and tuned.get("chosen"):
                     chosen.setdefault(row.label, []).append(f"{title.split(' (')[0]} {setting}: "
