@@ -18,6 +18,7 @@ inside functions. After: no cycle, 1 edge up (type-only), 9 levels, 25 nodes (+ 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import sys
 from collections import defaultdict
@@ -63,6 +64,7 @@ def _target(name: str, mods: dict[str, str]) -> str | None:
     return name or None
 
 
+@functools.lru_cache(maxsize=None)  # every test reads the same graph: parse the package once per variant
 def module_edges(runtime_only: bool = False) -> tuple[dict[str, set[str]], int, int]:
     """(module -> imported hubsoup modules, imports at module top, imports inside functions); with ``runtime_only``,
     imports under ``if TYPE_CHECKING:`` left out."""
@@ -73,20 +75,26 @@ def module_edges(runtime_only: bool = False) -> tuple[dict[str, set[str]], int, 
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
         is_pkg = path.endswith("__init__.py")
-        in_func: set[int] = set()
-        type_only: set[int] = set()
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                in_func.update(id(n) for n in ast.walk(node) if n is not node)
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                type_only.update(id(n) for b in node.body for n in ast.walk(b))
-        for node in ast.walk(tree):
-            if runtime_only and id(node) in type_only:
-                continue
+        imports: list[tuple[ast.AST, bool]] = []  # (import statement, inside a function)
+
+        def walk(node: ast.AST, in_func: bool, type_only: bool) -> None:
+            # one pass over the statements (imports are statements; expressions hold none): a statement is
+            # inside a function below a def, type-only in an `if TYPE_CHECKING:` body
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not (runtime_only and type_only):
+                imports.append((node, in_func))
+            below_func = in_func or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            checking = isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                for child in getattr(node, field, None) or ():
+                    if isinstance(child, ast.AST):
+                        walk(child, below_func, type_only or (checking and field == "body"))
+
+        walk(tree, False, False)
+        for node, in_func in imports:
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names if a.name.split(".")[0] == "hubsoup"]
-            elif isinstance(node, ast.ImportFrom):
+            else:
                 if node.level:
                     base = mod.split(".") if is_pkg else mod.split(".")[:-1]
                     base = base[: len(base) - (node.level - 1)]
@@ -97,7 +105,7 @@ def module_edges(runtime_only: bool = False) -> tuple[dict[str, set[str]], int, 
                     targets = [f"{pkg}.{a.name}" if f"{pkg}.{a.name}" in mods else pkg for a in node.names]
             found = {t for t in (_target(x, mods) for x in targets) if t and t != mod}
             if found:
-                if id(node) in in_func:
+                if in_func:
                     inner += 1
                 else:
                     top += 1
@@ -186,6 +194,7 @@ def levels(graph: dict[str, set[str]]) -> int:
     return max(floor.values(), default=0)
 
 
+@functools.lru_cache(maxsize=None)
 def report() -> dict:
     medges, top, inner = module_edges()
     medges = _facade_out(medges)
