@@ -36,14 +36,6 @@ B_FAMILY = 10_000
 RULES = ("95 %", "2 pts", "family", "vs tuned")
 
 
-def _quantiles(samples, q_lo: float, q_hi: float) -> tuple[float, float]:
-    import torch
-
-    s = torch.sort(torch.as_tensor(samples, dtype=torch.float64)).values
-    n = len(s)
-    return float(s[int(q_lo * n)]), float(s[min(n - 1, int(q_hi * n + 0.999999) - 1)])
-
-
 def decide(results: dict, classes: dict[str, list[str]] | None = None) -> list[dict]:
     """One record per (setting, method, task) that any rule flags: the change against the base with the
     intervals each rule reads, and each rule's verdict."""
@@ -68,11 +60,10 @@ def decide(results: dict, classes: dict[str, list[str]] | None = None) -> list[d
             mt = scores(tuned["tests"]) if "tests" in tuned else None
             for t in tasks:
                 ch = P.interval(P.change(m, base, [t]), {t: n[t]})
-                idx = P._resamples({t: n[t]}, B_FAMILY)
-                fam = _quantiles(P.change(m, base, [t])(idx), alpha / 2, 1 - alpha / 2)
+                fam = P.interval(P.change(m, base, [t]), {t: n[t]}, B_FAMILY, level=1 - alpha)
                 vt = P.interval(P.difference(P.change(m, base, [t]), P.change(mt, base, [t])),
                                 {t: n[t]}) if mt else None
-                verdict = {"95 %": ch["hi"] < 0, "2 pts": ch["hi"] < -0.02, "family": fam[1] < 0,
+                verdict = {"95 %": ch["hi"] < 0, "2 pts": ch["hi"] < -0.02, "family": fam["hi"] < 0,
                            "vs tuned": ch["hi"] < 0 and (vt is None or vt["hi"] < 0)}
                 if any(verdict.values()):
                     out.append({"setting": setting, "row": label, "task": t, "change": ch, "family": fam,
@@ -88,7 +79,7 @@ def render(name: str, recs: list[dict]) -> list[str]:
         c, f, v = r["change"], r["family"], r["vs_tuned"]
         lines.append(
             f"| {r['setting']} | {r['row']} | {r['task']} | {100 * c['value']:+.1f} [{100 * c['lo']:+.1f}, "
-            f"{100 * c['hi']:+.1f}] | [{100 * f[0]:+.1f}, {100 * f[1]:+.1f}] | "
+            f"{100 * c['hi']:+.1f}] | [{100 * f['lo']:+.1f}, {100 * f['hi']:+.1f}] | "
             + (f"{100 * v['value']:+.1f} [{100 * v['lo']:+.1f}, {100 * v['hi']:+.1f}]" if v else "—") + " | "
             + " | ".join("fails" if r["fails"][k] else "passes" for k in RULES) + " |")
     counts = {k: sum(r["fails"][k] for r in recs) for k in RULES}

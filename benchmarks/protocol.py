@@ -410,14 +410,15 @@ def sizes(scores: "ModelScores", tasks: Sequence[str]) -> dict[str, int | tuple]
 _RESAMPLES: dict = {}  # one index tensor per task: every statistic reuses it (and Scores caches by it)
 
 
-def interval(stat: Callable[[dict], float], n_by_task: dict[str, int], b: int = B) -> dict:
-    """``stat`` on the full test sets, with its paired-bootstrap 95 % percentile interval. ``stat`` takes
-    ``{task: None}`` (a float) or ``{task: [b, n] indices}`` (a [b] tensor)."""
+def interval(stat: Callable[[dict], float], n_by_task: dict[str, int], b: int = B, level: float = 0.95) -> dict:
+    """``stat`` on the full test sets, with its paired-bootstrap percentile interval (95 % unless ``level``
+    says otherwise). ``stat`` takes ``{task: None}`` (a float) or ``{task: [b, n] indices}`` (a [b] tensor)."""
     import torch
 
     point = float(stat({t: None for t in n_by_task}))
     samples = torch.sort(torch.as_tensor(stat(_resamples(n_by_task, b)), dtype=torch.float64)).values
-    lo, hi = float(samples[int(0.025 * b)]), float(samples[min(b - 1, int(math.ceil(0.975 * b)) - 1)])
+    tail = round((1 - level) / 2, 12)  # 0.025 exactly at 95 %: the same indices as always
+    lo, hi = float(samples[int(tail * b)]), float(samples[min(b - 1, int(math.ceil((1 - tail) * b)) - 1)])
     return {"value": point, "lo": lo, "hi": hi}
 
 

@@ -337,6 +337,6 @@ def test_guard_options_tell_a_large_harm_from_a_small_one_and_from_the_methods_o
     assert recs["a"]["change"]["value"] == pytest.approx(-0.10)
     assert all(recs["a"]["fails"].values())
     assert recs["b"]["fails"] == {"95 %": True, "2 pts": False, "family": True, "vs tuned": False}
-    assert recs["b"]["family"][0] < recs["b"]["change"]["lo"]  # the family interval is the wider one
+    assert recs["b"]["family"]["lo"] < recs["b"]["change"]["lo"]  # the family interval is the wider one
     text = "\n".join(G.render("x", list(recs.values())))
     assert "Failing checks per rule: 95 %: 2, 2 pts: 1, family: 2, vs tuned: 1" in text
