@@ -39,11 +39,12 @@ RULES = ("95 %", "2 pts", "family", "vs tuned")
 def decide(results: dict, classes: dict[str, list[str]] | None = None) -> list[dict]:
     """One record per (setting, method, task) that any rule flags: the change against the base with the
     intervals each rule reads, and each rule's verdict."""
+    from benchmarks.quality.run import to_scores
+
     refs = results["meta"]["references"]
 
-    def scores(evals: dict) -> dict:
-        return {t: P.Scores.classification([int(c) for c in e["correct"]], (classes or {}).get(t))
-                for t, e in evals.items()}
+    def scores(evals: dict) -> dict:  # the benchmark's own scoring, with these test classes
+        return to_scores(evals, classes or {})
 
     base = scores(refs["base"])
     out = []
@@ -98,11 +99,10 @@ def main(argv=None) -> int:
             res = json.load(f)
         if res.get("benchmark") != "encoder":  # the LM's guard passes, and a tolerance in points means accuracy
             raise SystemExit(f"{path}: not the encoder benchmark's results (benchmark: {res.get('benchmark')!r})")
-        from benchmarks.quality import data
+        from benchmarks.quality import data, run
 
         # balanced accuracy: each test example's class, from the same (cached) splits the run scored
-        classes = {name: [label for _, label in task.splits["test"]]
-                   for name, task in data.build(log=lambda *a: None).items()}
+        classes = run.split_classes(data.build(log=lambda *a: None))
         lines += render(os.path.relpath(path, REPO), decide(res, classes))
     out = os.path.join(HERE, "results", "guard_options.md")
     with open(out, "w", encoding="utf-8") as f:

@@ -226,11 +226,18 @@ TEST_CLASSES: dict[str, list[str]] = {}
 classes); filled by :func:`main` from the test splits."""
 
 
-def to_scores(evals: dict[str, dict]):
-    """Per-example scores of each task in ``evals``: balanced accuracy by :data:`TEST_CLASSES`."""
+def split_classes(tasks: dict, limit: int | None = None) -> dict[str, list[str]]:
+    """Each task's test examples' classes (the first ``limit``), what :func:`to_scores` balances by."""
+    return {name: [label for _, label in task.splits["test"]][:limit] for name, task in tasks.items()}
+
+
+def to_scores(evals: dict[str, dict], classes: dict[str, list[str]] | None = None):
+    """Per-example scores of each task in ``evals``: balanced accuracy by ``classes`` (default
+    :data:`TEST_CLASSES`)."""
     from benchmarks import protocol
 
-    return {t: protocol.Scores.classification([int(c) for c in e["correct"]], TEST_CLASSES.get(t))
+    classes = TEST_CLASSES if classes is None else classes
+    return {t: protocol.Scores.classification([int(c) for c in e["correct"]], classes.get(t))
             for t, e in evals.items()}
 
 
@@ -386,8 +393,7 @@ def main(argv=None) -> int:
     t_phase = time.perf_counter()
     log("data, base, heads, fine-tunes ...")
     tasks, base_dir, head_stats, ft_stats = finetune.prepare(tuple(kinds), log=log)
-    TEST_CLASSES.update({name: [label for _, label in task.splits["test"]][:args.limit]
-                         for name, task in tasks.items()})
+    TEST_CLASSES.update(split_classes(tasks, args.limit))
     timings["prepare"] = time.perf_counter() - t_phase
     cached_fts = all(st.get("cached") for k in ft_stats for st in ft_stats[k].values())
     # the splits' contents too: the Debian tasks follow the package lists apt fetched, which change with the

@@ -46,8 +46,10 @@ def analyse(out: dict) -> dict:
     (the guard's (b), here on validation)."""
     from benchmarks import protocol
 
-    def scores(evals):
-        return {t: protocol.Scores.classification([int(c) for c in e["correct"]]) for t, e in evals.items()}
+    from benchmarks.quality.run import to_scores
+
+    def scores(evals):  # the benchmark's scoring; validation splits are balanced: plain accuracy
+        return to_scores(evals, {})
 
     refs = out["references"]
     base = scores(refs["base"])
