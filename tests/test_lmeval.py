@@ -79,11 +79,48 @@ metric_list:
     return base, fts, f"lm-eval:toy_choice,task_dir={tasks},batch_size=4"
 
 
-@pytest.mark.slow  # a name outside task_dir makes lm-eval index its ~15k built-in tasks (most of a minute)
-def test_unknown_lm_eval_task_is_named(toy):
-    spec = TaskSpec.parse(toy[2].replace("toy_choice", "toy_choise"))
-    with pytest.raises(ParameterError, match="lm-eval has no task 'toy_choise'"):
+def test_unknown_lm_eval_task_is_named_without_indexing_lm_evals_own(toy):
+    """A name written in no file of lm-eval's task folder is reported at once: lm-eval's index of its ~15k
+    built-in tasks (most of a minute) is not built for it."""
+    from hubsoup.eval import lmeval
+
+    lmeval._MANAGERS.clear()
+    spec = TaskSpec.parse(toy[2].replace("toy_choice", "toy_choice,toy_choise"))
+    with pytest.raises(ParameterError, match="lm-eval has no task 'toy_choise' or in "):
         spec.check()
+    with pytest.raises(ParameterError, match="lm-eval has no task 'hellaswg' \\("):
+        TaskSpec.parse("lm-eval:arc_easy,hellaswg").check()
+    assert not [k for k in lmeval._MANAGERS if k[1]]  # no index with the built-in tasks was made
+
+
+def test_a_task_dirs_name_from_an_included_file_outside_it_is_known(tmp_path):
+    """lm-eval takes a task's name from a file its YAML includes, wherever that lies: task_dir's own index
+    (not a text search) decides its names."""
+    from hubsoup.eval import lmeval
+
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "shared_yaml").write_text("task: far_away_task\ndataset_path: json\n"
+                                                      "output_type: multiple_choice\n")
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "t.yaml").write_text("include: ../common/shared_yaml\n")
+    lmeval._MANAGERS.clear()
+    TaskSpec.parse(f"lm-eval:far_away_task,task_dir={tmp_path / 'tasks'}").check()
+    assert not [k for k in lmeval._MANAGERS if k[1]]
+    with pytest.raises(ParameterError, match="task_dir .* is not a folder"):
+        TaskSpec.parse(f"lm-eval:far_away_task,task_dir={tmp_path / 'nothing'}").check()
+
+
+@pytest.mark.slow  # lm-eval's index of its ~15k built-in tasks: most of a minute
+def test_every_name_lm_evals_index_knows_passes_the_quick_check():
+    """The quick check (a text search of lm-eval's task folder) never rejects a name lm-eval's own index has:
+    tasks, groups, and tags (some written only in included files that do not end in .yaml)."""
+    from hubsoup.eval import lmeval
+
+    known = sorted(lmeval._manager(None, True).all_tasks)
+    assert len(known) > 1000 and "hellaswag" in known
+    assert lmeval._unwritten_builtins(known) == []
+    assert lmeval._unwritten_builtins(["hellaswag", "hellaswg"]) == ["hellaswg"]
+    TaskSpec.parse("lm-eval:hellaswag,arc_easy").check()
 
 
 @pytest.mark.slow

@@ -138,36 +138,70 @@ def _import():
         raise ParameterError("lm-eval tasks need lm-evaluation-harness: pip install 'hubsoup[lmeval]'") from None
 
 
+def _task_dir(task) -> str | None:
+    """The task's ``task_dir``, absolute; a named folder that is not one is an error."""
+    task_dir = task.extra.get("task_dir")
+    if not task_dir:
+        return None
+    if not os.path.isdir(task_dir):
+        raise ParameterError(f"task '{task.name}': task_dir {task_dir} is not a folder")
+    return os.path.abspath(task_dir)
+
+
+def _manager(task_dir: str | None, defaults: bool):
+    """lm-eval's ``TaskManager`` of ``task_dir``'s tasks, with its built-in ones or not (one per process)."""
+    from lm_eval.tasks import TaskManager  # lazy: optional extra (lm_eval)
+
+    with _MANAGERS_LOCK:
+        key = (task_dir, defaults)
+        if key not in _MANAGERS:
+            _MANAGERS[key] = TaskManager(include_path=task_dir, include_defaults=defaults, verbosity="ERROR")
+        return _MANAGERS[key]
+
+
 def task_manager(task):
     """lm-eval's ``TaskManager`` for the task's ``task_dir`` (one per process and folder). Custom tasks alone
     when they are all in ``task_dir`` (indexing lm-eval's ~15k built-in tasks takes most of a minute)."""
     _import()
-    from lm_eval.tasks import TaskManager  # lazy: optional extra (lm_eval)
+    task_dir = _task_dir(task)
+    if task_dir:
+        tm = _manager(task_dir, False)
+        if all(n in tm.all_tasks for n in task_names(task)):
+            return tm
+    return _manager(task_dir, True)
 
-    task_dir = task.extra.get("task_dir")
-    names = task_names(task)
-    with _MANAGERS_LOCK:
-        if task_dir:
-            if not os.path.isdir(task_dir):
-                raise ParameterError(f"task '{task.name}': task_dir {task_dir} is not a folder")
-            key = (os.path.abspath(task_dir), False)
-            if key not in _MANAGERS:
-                _MANAGERS[key] = TaskManager(include_path=os.path.abspath(task_dir), include_defaults=False,
-                                             verbosity="ERROR")
-            tm = _MANAGERS[key]
-            if all(n in tm.all_tasks for n in names):
-                return tm
-        key = (os.path.abspath(task_dir) if task_dir else None, True)
-        if key not in _MANAGERS:
-            _MANAGERS[key] = TaskManager(include_path=key[0], verbosity="ERROR") if key[0] else \
-                TaskManager(verbosity="ERROR")
-        return _MANAGERS[key]
+
+def _unwritten_builtins(names: list[str]) -> list[str]:
+    """Of ``names``, those that no file of lm-eval's built-in task folder contains as text. lm-eval names a
+    built-in task, group or tag only by a ``task:``, ``group:`` or ``tag:`` value written in a config of that
+    folder or in a file one of them includes (which need not end in ``.yaml``, and lies in the same folder), so
+    such a name is certainly not built in. A read of the folder's bytes (~0.6 s for its ~16k files, 15 MB)
+    instead of lm-eval's index of it (most of a minute), so that a misspelt name is reported at once; a name
+    found somewhere is left to the index (``tests/test_lmeval.py`` checks every name the index has is found)."""
+    import lm_eval.tasks  # lazy: optional extra (lm_eval)
+
+    texts = []
+    for folder, _, files in os.walk(os.path.dirname(lm_eval.tasks.__file__)):
+        for f in files:
+            try:
+                with open(os.path.join(folder, f), "rb") as fh:
+                    texts.append(fh.read())
+            except OSError:
+                continue  # nor can lm-eval read it
+    text = b"\0".join(texts)
+    return [n for n in names if n.encode() not in text]
 
 
 def check(task) -> None:
     """lm-eval is installed, the task folder exists and every task name is known to lm-eval."""
-    tm = task_manager(task)
-    unknown = [n for n in task_names(task) if n not in tm.all_tasks]
+    _import()
+    names, task_dir = task_names(task), _task_dir(task)
+    # a task_dir's own index is quick; it may include files from anywhere, the built-in ones only each other
+    rest = [n for n in names if n not in _manager(task_dir, False).all_tasks] if task_dir else names
+    unknown = _unwritten_builtins(rest)
+    if rest and not unknown:
+        tm = _manager(task_dir, True)
+        unknown = [n for n in rest if n not in tm.all_tasks]
     if unknown:
         where = f" or in {task.extra['task_dir']}" if task.extra.get("task_dir") else ""
         raise ParameterError(f"task '{task.name}': lm-eval has no task '{unknown[0]}'{where} "
