@@ -28,6 +28,12 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
 os.environ.pop("HF_TOKEN", None)
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
+# pytest-xdist's workers share the cores: each worker (and what it starts) gets its share of them as torch's
+# threads, where each would otherwise take them all (2 workers × 2 OpenMP threads on 2 cores: a fifth of the
+# suite's CPU time went to threads waiting for each other). A value the caller set is kept.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
+                                                     // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 sys.path.insert(0, os.path.dirname(__file__))
 
