@@ -175,7 +175,7 @@ def task_manager(task):
 def _unwritten_builtins(names: list[str]) -> list[str]:
     """Of ``names``, those that no file of lm-eval's built-in task folder contains as text. lm-eval names a
     built-in task, group or tag only by a ``task:``, ``group:`` or ``tag:`` value written in a config of that
-    folder or in a file one of them includes (which need not end in ``.yaml``, and lies in the same folder), so
+    folder or in a file one of them includes (which need not end in ``.yaml``, and lies in that folder too), so
     such a name is certainly not built in. A read of the folder's bytes (~0.6 s for its ~16k files, 15 MB)
     instead of lm-eval's index of it (most of a minute), so that a misspelt name is reported at once; a name
     found somewhere is left to the index (``tests/test_lmeval.py`` checks the names lm-eval's own index finds
