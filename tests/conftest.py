@@ -31,7 +31,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 # pytest-xdist's workers share the cores: each worker (and what it starts) gets its share of them as torch's
 # threads, where each would otherwise take them all (2 workers × 2 OpenMP threads on 2 cores: the suite took
-# 21.8 min of CPU time, 19.0 with one thread each, most of the difference threads waiting for each other).
+# 21.1 min of CPU time, 19.0 with one thread each, most of the difference threads waiting for each other).
 # A value the caller set is kept.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, CORES // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
