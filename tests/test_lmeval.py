@@ -115,7 +115,7 @@ def test_every_name_lm_evals_index_knows_passes_the_quick_check():
     """The quick check (a text search of lm-eval's task folder) never rejects a name lm-eval's own index has
     (tasks, groups, tags). The index is lm-eval's own ``TaskIndex``, built on every folder that holds an
     include file not ending in .yaml (lm-eval's ``_xxx_yaml`` templates: the names written only there) and on
-    every eighth of the others, about half of the ~220 folders: the whole index takes most of a minute."""
+    every eighth folder besides, about half of the ~220: the whole index takes most of a minute."""
     import pathlib
 
     from lm_eval.tasks._index import TaskIndex
