@@ -11,6 +11,8 @@ import socket
 import sys
 import tempfile
 
+import pytest
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -41,6 +43,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 pytest_plugins = ["tiny_models", "hub_server", "ray_cluster"]
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without it (-p no:xdist) the suite still runs
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: a worker per core and one more. Many tests wait on what they start (a merge in a process of
     its own, a Hub server, a browser, a Ray node): with one worker per core a core was idle a sixth of the time.
