@@ -204,8 +204,7 @@ def check(task) -> None:
     rest = [n for n in names if n not in _manager(task_dir, False).all_tasks] if task_dir else names
     unknown = _unwritten_builtins(rest)
     if rest and not unknown:
-        tm = _manager(task_dir, True)
-        unknown = [n for n in rest if n not in tm.all_tasks]
+        unknown = [n for n in rest if n not in task_manager(task).all_tasks]
     if unknown:
         where = f" or in {task.extra['task_dir']}" if task.extra.get("task_dir") else ""
         raise ParameterError(f"task '{task.name}': lm-eval has no task '{unknown[0]}'{where} "
