@@ -690,11 +690,13 @@ def test_export_config_makes_mergekit_reproduce_the_merge(name, method, kwargs, 
         assert float((out[k].double() - ref[k].double()).abs().max()) <= ulp(ref[k], ref[k].dtype), k
 
 
-@pytest.mark.parametrize("name", ["ties_compute_bfloat16", "breadcrumbs_ties_compute_float16", "sce_compute_bfloat16"])
+@pytest.mark.parametrize("name", ["ties_compute_bfloat16", "breadcrumbs_ties_compute_float16", "sce_compute_bfloat16",
+                                  "task_arithmetic_float16", "ram_compute_bfloat16", "ramplus_tl_compute_bfloat16"])
 def test_half_precision_configs_compute_as_mergekit(name, models, tmp_path, monkeypatch):
     """mergekit computes in its config's dtype (every step rounds: τ, masks, weights, signs, sums): hubsoup then
     does too (compute_dtype), and its output is mergekit's bit for bit; in float32 it is not (ranks and signs
-    change on the rounded deltas)."""
+    change on the rounded deltas). ramplus_tl's result is float32 (mergekit's float32 scale promotes it): stored
+    so, under a config.json that names the config's dtype, as mergekit's."""
     from safetensors.torch import load_file
 
     from hubsoup.formats.mergekit import read_config
@@ -703,7 +705,19 @@ def test_half_precision_configs_compute_as_mergekit(name, models, tmp_path, monk
     assert read_config(CONFIGS[name][1], resolve=False).params["compute_dtype"] == half
     ref = load_file(os.path.join(FIX, f"{name}.safetensors"))
     out = load_dir(run_hubsoup(name, models, tmp_path, monkeypatch).path)
-    assert all(torch.equal(out[k], ref[k]) for k in ref)
+    if all(r.dtype == torch.float32 for r in ref.values()):  # ramplus_tl: float32 out of a bf16 computation
+        # the engine adds τ to the base in float32: where mergekit's float32 result r − θ₀ needs more bits than a
+        # float32 holds (r and θ₀ in different binades), τ = fl(r − θ₀) rounds, and θ₀ + τ lands within one ulp
+        # of τ or of r (the larger) from r: bit for bit elsewhere
+        base, near = model_tensors(0), 0
+        for k, r in ref.items():
+            tau = (r - base[k]).abs()
+            ulps = torch.maximum(torch.nextafter(tau, tau + 1) - tau, torch.nextafter(r.abs(), r.abs() + 1) - r.abs())
+            assert bool(((out[k] - r).abs() <= ulps).all()), k
+            near += int((out[k] != r).sum())
+        assert near <= 0.02 * sum(r.numel() for r in ref.values()), near
+    else:
+        assert all(torch.equal(out[k], ref[k]) for k in ref)
     # the same merge computed in float32 (hubsoup's own default) is not mergekit's
     import hubsoup
 

@@ -15,7 +15,9 @@ scaled up.
 Computed as mergekit computes them, step for step, in ``compute_dtype`` (a mergekit config's ``dtype``).
 In half precision mergekit's ``ramplus_tl`` returns float32 (λ is a float32 tensor and promotes the sum), so
 the result is rounded to float32, not to the half dtype; a mergekit config without ``out_dtype`` then stores
-float32 (:mod:`hubsoup.formats.mergekit`).
+float32 (:mod:`hubsoup.formats.mergekit`). The engine adds the merged task vector to the base in float32: where
+that float32 result and the base differ in sign, no float32 τ gives ``θ₀ + τ`` exactly, and the stored entry
+is a neighbour of mergekit's, one float32 ulp away (a float32 output only; a half one rounds back to it).
 
 Example:
     >>> import torch
