@@ -174,6 +174,31 @@ def test_bad_sections_name_the_key():
             read_config(head + extra, resolve=False)
 
 
+def test_the_legacy_model_spelling_is_refused_naming_it_and_its_replacement(tmp_path, monkeypatch):
+    """``tokenizer_source: model:org/name`` (older mergekit's spelling): mergekit 0.1.5 takes ``model:org/name`` for
+    a model's name and fails to load it ("Repo id must use alphanumeric chars"); hubsoup refuses it before any work,
+    in one line naming the spelling and what mergekit 0.1.5 reads instead. A local folder of that name is a model."""
+    from hubsoup.errors import ParameterError
+    from hubsoup.formats.mergekit import read_config
+
+    head = "merge_method: linear\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\n"
+    cases = [("tokenizer_source: model:org/chat\n", "'tokenizer_source' = 'model:org/chat' is the legacy 'model:' "
+                                                      "spelling", "write 'tokenizer_source: org/chat' (or 'tokenizer: "
+                                                                  "{source: org/chat}')"),
+             ("tokenizer:\n  source: model:org/chat\n", "'tokenizer.source' = 'model:org/chat'", "write 'source: "
+                                                                                                 "org/chat'"),
+             ("tokenizer:\n  tokens:\n    <x>: {source: {kind: model_token, model: 'model:c/d', token: a}}\n",
+              "'tokenizer.tokens.<x>.source.model' = 'model:c/d'", "write 'model: c/d'")]
+    for extra, spelling, fix in cases:
+        with pytest.raises(ParameterError) as e:
+            read_config(head + extra, resolve=False)
+        msg = str(e.value)
+        assert spelling in msg and fix in msg and "mergekit 0.1.5" in msg and "\n" not in msg, msg
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model:org" / "chat").mkdir(parents=True)  # an existing folder: a local model, as mergekit reads it
+    assert read_config(head + "tokenizer_source: model:org/chat\n", resolve=False).vocab.source == "model:org/chat"
+
+
 def test_sections_parse_as_mergekit_reads_them():
     from hubsoup.formats.mergekit import read_config
     from hubsoup.formats.mergekit_vocab import TokenSetting, TokenSource

@@ -152,11 +152,24 @@ class VocabSpec:
         return out
 
 
+LEGACY_MODEL_PREFIX = "model:"
+"""Older mergekit configs name a tokenizer's model ``model:org/name``; mergekit 0.1.5 reads a plain model
+reference there and takes ``model:org/name`` for a model of that name (which it then fails to find)."""
+
+
 def _ref(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ParameterError(f"mergekit config: '{where}' must be a model reference (org/name[@revision] or a "
                              f"folder), got {value!r}")
-    return value.strip()
+    value = value.strip()
+    if value.startswith(LEGACY_MODEL_PREFIX) and not os.path.isdir(value):  # a folder so named is a local model
+        model = value[len(LEGACY_MODEL_PREFIX):].strip()
+        key = where.split(".")[0]
+        fix = (f"'tokenizer_source: {model}' (or 'tokenizer: {{source: {model}}}')" if key == "tokenizer_source"
+               else f"'{where.rsplit('.', 1)[-1]}: {model}'")
+        raise ParameterError(f"mergekit config: '{where}' = '{value}' is the legacy 'model:' spelling, which "
+                             f"mergekit 0.1.5 no longer reads (it looks for a model named '{value}'); write {fix}")
+    return value
 
 
 def _bool(value: Any, where: str) -> bool:
