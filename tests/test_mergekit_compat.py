@@ -525,6 +525,35 @@ def test_export_config_round_trip(models, tmp_path, monkeypatch, capsys):
     assert "sftm" in err and "no mergekit equivalent" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("method,inputs,params", [
+    ("nearswap", ["tiny-llama/ft-a"], {"t": 0.01}),
+    ("ram", ["tiny-llama/ft-a", "tiny-llama/ft-b"], {"epsilon": 0.01}),
+    ("ramplus_tl", ["tiny-llama/ft-a", "tiny-llama/ft-b"], {"r": 0.5, "alpha": 0.5, "epsilon": 0.02}),
+    ("ramplus_tl", ["tiny-llama/ft-a", "tiny-llama/ft-b"], {"epsilon": 0.02, "compute_dtype": "bfloat16"}),
+    ("arcee_fusion", ["tiny-llama/ft-c"], {}),
+])
+def test_export_config_of_mergekits_last_methods_runs_back(method, inputs, params, models, tmp_path, monkeypatch):
+    """nearswap, ram, ramplus_tl and arcee_fusion merges export as the mergekit config of the same merge (their
+    parameters under mergekit's names; `out_dtype` wherever mergekit would otherwise store another dtype:
+    ramplus_tl and arcee_fusion return float32 whatever they compute in), and that config runs to the same model."""
+    import hubsoup
+    from hubsoup.formats.mergekit import METHODS, export_config
+
+    monkeypatch.chdir(models)
+    r = hubsoup.merge(inputs, method=method, base="tiny-llama/base", dtype="bfloat16", out=str(tmp_path / "m"),
+                      params=params, quiet=True)
+    data = yaml.safe_load(export_config(r.recipe))
+    assert data["merge_method"] == method and data["base_model"].endswith("tiny-llama/base")
+    given = {k: v for k, v in params.items() if k != "compute_dtype"}
+    assert given.items() <= data.get("parameters", {}).items()
+    assert set(data.get("parameters", {})) <= set(METHODS[method].params)  # mergekit's names only
+    assert (data["dtype"], data["out_dtype"]) == (params.get("compute_dtype", "float32"), "bfloat16")
+    cfg = tmp_path / "exported.yml"
+    cfg.write_text(export_config(r.recipe), encoding="utf-8")
+    a, b = load_dir(r.path), load_dir(hubsoup.run_recipe(str(cfg), str(tmp_path / "again"), quiet=True).path)
+    assert sorted(a) == sorted(b) and all(a[k].dtype == torch.bfloat16 and torch.equal(a[k], b[k]) for k in a)
+
+
 def test_distribution_check_catches_another_density(models, tmp_path, monkeypatch):
     """The statistics catch a slip: DARE keeping 0.7 instead of 0.4 of one input fails the kept-fraction check.
 

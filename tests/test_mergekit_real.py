@@ -291,6 +291,37 @@ def test_half_precision_configs_are_mergekits_bit_for_bit(name, tmp_path, monkey
     assert not differ, f"{len(differ)} tensors differ from mergekit's, e.g. {differ[0]}"
 
 
+def test_arcee_fusion_without_dtype_stores_float32_as_mergekit(tmp_path, monkeypatch):
+    """absa_arcee_fusion_bf16_local without its `dtype: bfloat16`: mergekit then computes in the inputs' own bf16,
+    the same computation, and stores what its kernel returns, float32, under the base's config.json dtype; so does
+    hubsoup (the fixture's model, the entries at the threshold told apart as above)."""
+    import hubsoup
+
+    name = "absa_arcee_fusion_bf16_local"
+    root = str(tmp_path / "models")
+    build_models(root, only=[name])
+    with open(os.path.join(FIXTURES, f"{name}.yml"), encoding="utf-8") as f:
+        text = f.read()
+    assert "\ndtype: bfloat16\n" in text
+    cfg = tmp_path / "no_dtype.yml"
+    cfg.write_text(text.replace("\ndtype: bfloat16\n", "\n"), encoding="utf-8")
+    monkeypatch.chdir(root)
+    r = hubsoup.run_recipe(str(cfg), str(tmp_path / "out"), quiet=True)
+    assert r.recipe.params["compute_dtype"] == "inputs" and r.recipe.dtype == "float32"
+    from safetensors.torch import load_file
+
+    out, ref = load_dir(r.path), load_file(os.path.join(FIXTURES, f"{name}.safetensors"))
+    flips = threshold_flips(name, root, out, ref)
+    for k in ref:
+        assert out[k].dtype == torch.float32
+        for i in flips.get(k, []):
+            out[k][i] = ref[k][i]
+        assert torch.equal(out[k], ref[k]), k
+    with open(os.path.join(r.path, "config.json"), encoding="utf-8") as f:
+        saved = json.load(f)
+    assert (saved.get("dtype") or saved.get("torch_dtype")) == "bfloat16" == MANIFEST["configs"][name]["config"]["dtype"]
+
+
 @pytest.mark.parametrize("name", REFUSED)
 def test_config_mergekit_refuses_is_refused(name, root, tmp_path, monkeypatch):
     """Where mergekit refuses, hubsoup refuses too: one line, no output folder."""
