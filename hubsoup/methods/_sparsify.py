@@ -325,7 +325,7 @@ def gta_in_dtype(base: torch.Tensor, deltas: torch.Tensor, dtype: torch.dtype,
     """
     base_h = base.to(dtype)
     work = sparsify_dtype or dtype
-    stack = torch.empty((len(deltas), *base.shape), dtype=dtype)
+    stack = torch.empty((len(deltas), *base.shape), dtype=dtype, device=base.device)
     for i, d in enumerate(deltas):  # xᵢ as stored (θ₀ + τᵢ in float32 is exact for same-dtype checkpoints)
         tau = (base + d).to(dtype) - base_h
         mask = mask_of(i, tau)
@@ -338,7 +338,7 @@ def gta_in_dtype(base: torch.Tensor, deltas: torch.Tensor, dtype: torch.dtype,
                     masked = masked * (before / after)
             tau = masked.to(dtype)
         stack[i] = tau
-    w = torch.tensor(list(weights), dtype=dtype).reshape(-1, *[1] * base.dim())
+    w = torch.tensor(list(weights), dtype=dtype, device=base.device).reshape(-1, *[1] * base.dim())
     stack.mul_(w)
     if consensus:
         sign = stack.sign()
