@@ -97,7 +97,11 @@ def render_table() -> str:
              "mergekit 0.1.5's outputs: `tests/fixtures/mergekit_real/`, made by "
              "`tests/tools/make_mergekit_real_fixtures.py` on tiny stand-ins of each model's architecture and depth). "
              "Deterministic methods: the largest |diff| ÷ max|mergekit| over the tensors (pass: ≤ 1e-5 or ≤ 1 ulp "
-             "of the output dtype); random methods: τ statistics, hubsoup / mergekit (pass: z ≤ 4.5, L1 within 5%).",
+             "of the output dtype; DARE / DELLA with every density 1 drop nothing and count as deterministic; "
+             "arcee_fusion: besides, at most 2 entries decided the other way at the threshold, each within 4 ε of "
+             "the compute dtype in KL, as AVX2 and AVX-512 kernels decide them: \"at the threshold\"); random "
+             "methods: τ statistics, hubsoup / mergekit (pass: z ≤ 4.5, L1 within 5%). The configs in half precision "
+             "marked so in `test_half_precision_configs_are_mergekits_bit_for_bit` are also compared bit for bit.",
              "", f"{ok} of {len(ROWS)} pass; mergekit accepts {len(ACCEPTED)}, refuses {len(REFUSED)}.", "",
              "| config | source | method | features | mergekit | hubsoup | max rel. diff | pass |",
              "|---|---|---|---|---|---|---|---|"]
