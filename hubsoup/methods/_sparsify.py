@@ -319,8 +319,9 @@ def gta_in_dtype(base: torch.Tensor, deltas: torch.Tensor, dtype: torch.dtype,
     on the weighted sum, the masked sum, the division by the agreeing weights (their sum in ``dtype``),
     λ, and x₀ + merged. This is the same sequence of tensor operations in the same dtype (written from
     those definitions), so it rounds as mergekit does; :func:`gta_combine_` is the float32 form.
-    ``mask_of(i, τᵢ)`` gives input i's mask (None: all). ``sparsify_dtype``: the dtype the mask and the rescale are computed in, the result
-    cast back to ``dtype`` (:func:`random_work_dtype` for DARE and DELLA; default ``dtype``).
+    ``mask_of(i, τᵢ)`` gives input i's mask (None: all). ``sparsify_dtype``: the dtype the mask and the
+    rescale are computed in, the result cast back to ``dtype`` (:func:`random_work_dtype` for DARE and
+    DELLA; default ``dtype``).
     Returns the merged task vector in float32 (exactly the low-precision result minus ``base``).
     """
     base_h = base.to(dtype)
