@@ -26,12 +26,14 @@ from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
 from hubsoup.output.checkpoint import CheckpointSink, copy_base_files
 from hubsoup.output.lora import LoraOptions, LoraSink
+from hubsoup.output.shards import SHARDS_IN_FLIGHT, shard_layout
 from hubsoup.plan import Plan
 from hubsoup.progress import Cancel, Monitor, Progress
 from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import InputRef
 from hubsoup.sources.access import check_specs, current, scope
 from hubsoup.sources.compat import _is_local, check_out_is_no_input, open_models
+from hubsoup.sources.resolve import download_size
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
@@ -447,6 +449,48 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     return result
 
 
+@scoped  # hub_only, cache_dir hold for every spec opened
+def push_figures(inputs: Sequence[str], *, base: str | None = None, push: bool = True, bandwidth: float | None = None,
+                 options: MergeOptions | None = None, **kwargs: Any) -> dict[str, float | int | None]:
+    """What a merge of ``inputs`` would need, before it starts: ``{"disk", "download", "upload", "seconds"}``.
+
+    ``disk``: peak bytes on local disk; ``download``: the weight bytes fetched from the Hub; ``upload``: the output's
+    bytes sent to the Hub (0 without ``push``); ``seconds``: ``(download + upload) / bandwidth`` (bytes per second;
+    None when no bandwidth is given). Read from the Hub's file sizes and the models' safetensors headers only
+    (range requests): nothing is downloaded but configs and cards. The output is the base's tensors in the output
+    dtype (``options.dtype``, else each tensor's own), in shards of ``options.shard_size``.
+
+    This first version counts what a merge does today: the inputs' weight files downloaded whole into the Hub
+    cache (their bytes on disk), plus the output's shards: with ``push`` at most
+    :data:`~hubsoup.output.shards.SHARDS_IN_FLIGHT` + 1 of them at once (each deleted once uploaded), without it
+    the whole output. (Streamed inputs and the planner's own figures will replace these sums: same signature.)
+
+    Example:
+        >>> push_figures(["org/ft-a", "org/ft-b"], base="org/base", shard_size="2GB")   # doctest: +SKIP
+        {'disk': 10200547328, 'download': 9000000000, 'upload': 3000000000, 'seconds': None}
+    """
+    opts, extra = MergeOptions.split(kwargs, options)
+    if extra:
+        raise ParameterError(f"push_figures: unknown option(s) {', '.join(sorted(extra))}")
+    check_specs(inputs=inputs, base=base)
+    base_ckpt, sources = open_models(inputs, base=base, allow_pickle=opts.allow_pickle, token=opts.token,
+                                     ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch,
+                                     headers_only=True)
+    download = 0
+    for c in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):
+        size = download_size(c, opts.token) if c is not None else None
+        download += size[0] if size is not None else 0
+    out_dtype = opts.out_dtype
+    entries = [(name, tuple(e.shape), out_dtype if (out_dtype and e.mergeable) else e.dtype)
+               for name, e in Plan.of(base_ckpt, "cpu").output_entries()]
+    shards = shard_layout(entries, opts.shard_bytes)
+    output = sum(shard.size for shard in shards)
+    held = sum(sorted((shard.size for shard in shards), reverse=True)[:SHARDS_IN_FLIGHT + 1]) if push else output
+    upload = output if push else 0
+    return {"disk": download + held, "download": download, "upload": upload,
+            "seconds": (download + upload) / bandwidth if bandwidth else None}
+
+
 def _push_scratch(target: PushTarget) -> str:
     """Where a push without a local copy works: ``.hubsoup-push-ORG--NAME`` (never created: its temporary folder
     ``..hubsoup-push-ORG--NAME.partial-*`` is, and removed at the end) in ``target.work_dir`` or the working
@@ -572,4 +616,4 @@ def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["merge", "MergeResult", "PushTarget", "HubsoupError"]
+__all__ = ["merge", "MergeResult", "PushTarget", "push_figures", "HubsoupError"]

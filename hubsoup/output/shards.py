@@ -131,6 +131,50 @@ def _free(folder: str) -> int | None:
         return None
 
 
+def _lay_out(entries: list[tuple[str, tuple[int, ...], torch.dtype]], max_shard_size: int,
+             metadata: dict[str, str] | None, prefix: str) -> tuple[list[ShardLayout], dict[str, _Slot], int]:
+    """The shards of ``entries`` (``save_pretrained``'s packing: a tensor opens a new shard when it would take the
+    current one past ``max_shard_size``), each tensor's place, and the tensors' total bytes."""
+    metadata = {"format": "pt", **(metadata or {})}
+    shards: list[list[tuple[str, tuple[int, ...], torch.dtype, int]]] = [[]]
+    size = 0
+    for name, shape, dtype in entries:
+        nbytes = dtype.itemsize
+        for s in shape:
+            nbytes *= s
+        if shards[-1] and size + nbytes > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, tuple(shape), dtype, nbytes))
+        size += nbytes
+    n = len(shards)
+    files = [f"{prefix}.safetensors"] if n == 1 else [f"{prefix}-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    layout: list[ShardLayout] = []
+    slots: dict[str, _Slot] = {}
+    total = 0
+    for i, shard in enumerate(shards):
+        header: dict = {"__metadata__": metadata}
+        offset = 0
+        for name, shape, dtype, nbytes in shard:
+            header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # data must start 8-byte aligned
+        data_start = 8 + len(raw)
+        layout.append(ShardLayout(files[i], len(raw).to_bytes(8, "little") + raw, data_start + offset,
+                                  tuple(name for name, *_ in shard)))
+        for name, shape, dtype, nbytes in shard:
+            slots[name] = _Slot(i, data_start + header[name]["data_offsets"][0], nbytes, shape, dtype)
+        total += offset
+    return layout, slots, total
+
+
+def shard_layout(entries: list[tuple[str, tuple[int, ...], torch.dtype]], max_shard_size: int,
+                 metadata: dict[str, str] | None = None, *, prefix: str = "model") -> list[ShardLayout]:
+    """The shards a :class:`ShardedWriter` would write for ``entries`` (names, headers, sizes), without writing."""
+    return _lay_out(entries, max_shard_size, metadata, prefix)[0]
+
+
 class ShardedWriter:
     """Write the given tensors into safetensors shards of at most ``max_shard_size`` bytes.
 
@@ -146,49 +190,20 @@ class ShardedWriter:
         self.folder, self.index = folder, index
         self.handoff = handoff
         """Where complete shards go (None: they stay, every file created up front)."""
-        metadata = {"format": "pt", **(metadata or {})}
-        shards: list[list[tuple[str, tuple[int, ...], torch.dtype, int]]] = [[]]
-        size = 0
-        for name, shape, dtype in entries:
-            nbytes = dtype.itemsize
-            for s in shape:
-                nbytes *= s
-            if shards[-1] and size + nbytes > max_shard_size:
-                shards.append([])
-                size = 0
-            shards[-1].append((name, tuple(shape), dtype, nbytes))
-            size += nbytes
-        n = len(shards)
-        self.files = ([f"{prefix}.safetensors"] if n == 1
-                      else [f"{prefix}-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
-        self.slots: dict[str, _Slot] = {}
+        self.layout, self.slots, self.total_size = _lay_out(entries, max_shard_size, metadata, prefix)
+        """``layout``: every shard's file name, header bytes, length and tensors (fixed before anything is written)."""
+        n = len(self.layout)
+        self.files = [shard.file for shard in self.layout]
         self.handles: list = [None] * n  # a shard's open file (None: not created yet, or handed off)
-        self.layout: list[ShardLayout] = []
-        """Every shard's file name, header bytes, length and tensors (fixed before anything is written)."""
         self.remote: set[int] = set()
         """Shards already where they go (:meth:`mark_remote`): never created nor written."""
-        self.total_size = 0
-        self.file_bytes = 0
+        self.file_bytes = sum(shard.size for shard in self.layout)
         """What the shard files take on disk once written, headers included (the "bytes needed")."""
         self.written: set[str] = set()
-        for i, shard in enumerate(shards):
-            header: dict = {"__metadata__": metadata}
-            offset = 0
-            for name, shape, dtype, nbytes in shard:
-                header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-                offset += nbytes
-            raw = json.dumps(header, separators=(",", ":")).encode()
-            raw += b" " * (-len(raw) % 8)  # data must start 8-byte aligned
-            data_start = 8 + len(raw)
-            self.layout.append(ShardLayout(self.files[i], len(raw).to_bytes(8, "little") + raw, data_start + offset,
-                                           tuple(name for name, *_ in shard)))
-            for name, shape, dtype, nbytes in shard:
-                start = data_start + header[name]["data_offsets"][0]
-                self.slots[name] = _Slot(i, start, nbytes, shape, dtype)
-            self.total_size += offset
-            self.file_bytes += data_start + offset
         self.free_at_start = _free(folder)
-        self._left = [sum(nbytes for *_, nbytes in shard) for shard in shards]  # data bytes still to write
+        self._left = [0] * n  # data bytes still to write
+        for slot in self.slots.values():
+            self._left[slot.shard] += slot.nbytes
         self.depth = 1
         """Writes queued before :meth:`write` waits (a device's merge hands its own pinned buffers: deeper)."""
         self._queued: deque[Future] = deque()  # writes not yet waited for
@@ -274,10 +289,17 @@ class ShardedWriter:
             return e
 
         free = f" ({self.free_at_start} were free when writing started)" if self.free_at_start is not None else ""
-        err = DiskFullError(f"disk full while writing {file} in {final_path(self.folder)}: {self.file_bytes} bytes "
+        err = DiskFullError(f"disk full while writing {file} in {final_path(self.folder)}: {self.disk_bytes()} bytes "
                             f"needed{free}")
         err.__cause__ = e
         return err
+
+    def disk_bytes(self) -> int:
+        """The most the shard files take on disk at once: all of them, or with a hand-off that deletes them, the
+        ``SHARDS_IN_FLIGHT + 1`` largest."""
+        if self.handoff is None or self.handoff.keeps_files:
+            return self.file_bytes
+        return sum(sorted((shard.size for shard in self.layout), reverse=True)[:SHARDS_IN_FLIGHT + 1])
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         slot = self.slots[name]
