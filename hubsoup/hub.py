@@ -434,6 +434,13 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
     return info
 
 
+PUSHED: list[str] = []
+"""Commit URLs of the pushes this process committed, in order: a signal that arrives after a push's commit must not
+be reported as having committed nothing (the CLI reads this)."""
+COMMITTING: list[str] = []
+"""The repo whose commit is on its way (at most one entry): interrupted then, it landed whole or not at all."""
+
+
 def resume_dir() -> str:
     """Where pushes streamed during a merge keep their resume records: ``$HF_HOME/hubsoup/push-resume``."""
     return os.path.join(constants.HF_HOME, "hubsoup", "push-resume")
@@ -676,8 +683,13 @@ class HubPush:
                 mon.check("before the commit")
                 # one commit, whatever the number of files; identical content makes no new commit
                 operations = sorted([*self.shards.values(), *rest], key=lambda op: op.path_in_repo)
-                info = self.api.create_commit(repo_id=self.repo_id, operations=operations, commit_message=message,
-                                              commit_description=self.commit_description, create_pr=self.create_pr)
+                COMMITTING.append(self.repo_id)
+                try:
+                    info = self.api.create_commit(repo_id=self.repo_id, operations=operations, commit_message=message,
+                                                  commit_description=self.commit_description, create_pr=self.create_pr)
+                finally:
+                    COMMITTING.remove(self.repo_id)
+                PUSHED.append(info.commit_url)
                 mon.step(f"committed to {self.repo_id}")
         except MergeCancelled:
             raise
