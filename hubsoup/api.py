@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, ParamSpec, Sequence, TypeVar, cast
 
+from huggingface_hub import HfApi
+
 from hubsoup.arch import peft_task_type
 from hubsoup.card import write_card
 from hubsoup.engine import Job, run
@@ -24,7 +26,7 @@ from hubsoup.hubclient import Token
 from hubsoup.methods import Method, get_method
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
-from hubsoup.output.checkpoint import CheckpointSink, copy_base_files
+from hubsoup.output.checkpoint import BASE_FILES, CheckpointSink, copy_base_files
 from hubsoup.output.lora import LoraOptions, LoraSink
 from hubsoup.output.shards import SHARDS_IN_FLIGHT, shard_layout
 from hubsoup.plan import Plan
@@ -33,7 +35,7 @@ from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import InputRef
 from hubsoup.sources.access import check_specs, current, scope
 from hubsoup.sources.compat import _is_local, check_out_is_no_input, open_models
-from hubsoup.sources.resolve import download_size
+from hubsoup.sources.resolve import download_size, hub_failure
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
@@ -485,10 +487,29 @@ def push_figures(inputs: Sequence[str], *, base: str | None = None, push: bool =
                for name, e in Plan.of(base_ckpt, "cpu").output_entries()]
     shards = shard_layout(entries, opts.shard_bytes)
     output = sum(shard.size for shard in shards)
+    # the files beside the shards: the base's config and tokenizer, and what hubsoup writes (card, recipe, index)
+    extras = _CARD_ALLOWANCE + _base_files_bytes(base_ckpt, opts.token)
     held = sum(sorted((shard.size for shard in shards), reverse=True)[:SHARDS_IN_FLIGHT + 1]) if push else output
-    upload = output if push else 0
-    return {"disk": download + held, "download": download, "upload": upload,
+    upload = output + extras if push else 0
+    return {"disk": download + held + extras, "download": download, "upload": upload,
             "seconds": (download + upload) / bandwidth if bandwidth else None}
+
+
+def _base_files_bytes(base: Any, token: Token) -> int:
+    """The bytes of the base's config and tokenizer files an output copies (the Hub's sizes for a Hub base)."""
+    ref = base.ref
+    if ref.repo_id:
+        try:
+            infos = HfApi().get_paths_info(ref.repo_id, list(BASE_FILES), revision=ref.sha, token=token)
+        except Exception as e:  # noqa: BLE001
+            raise hub_failure(e, f"base '{ref.spec}'", ref.repo_id, ref.revision, token) from e
+        return sum(int(getattr(i, "size", 0) or 0) for i in infos)
+    return sum(os.path.getsize(os.path.join(base.folder, f)) for f in BASE_FILES
+               if os.path.isfile(os.path.join(base.folder, f)))
+
+
+_CARD_ALLOWANCE = 64 * 1024
+"""Bytes counted for the card, the recipe and the index an output holds beside the base's files (a few kB each)."""
 
 
 def _push_scratch(target: PushTarget) -> str:

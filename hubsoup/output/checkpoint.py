@@ -16,7 +16,7 @@ from hubsoup.output.shards import ShardedWriter, ShardHandoff
 from hubsoup.plan import Plan, TensorEntry
 from hubsoup.sources.checkpoint import Checkpoint
 
-_COPY_FROM_BASE = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+BASE_FILES = _COPY_FROM_BASE = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja",
                    "chat_template.json", "preprocessor_config.json")
