@@ -438,7 +438,8 @@ PUSHED: list[str] = []
 """Commit URLs of the pushes this process committed, in order: a signal that arrives after a push's commit must not
 be reported as having committed nothing (the CLI reads this)."""
 COMMITTING: list[str] = []
-"""The repo whose commit is on its way (at most one entry): interrupted then, it landed whole or not at all."""
+"""The repo of every commit this process sent, in order (answered or not): one sent and not in :data:`PUSHED` when a
+signal came was on its way, and the Hub applies it whole or not at all (the CLI says so)."""
 
 
 def resume_dir() -> str:
@@ -684,11 +685,8 @@ class HubPush:
                 # one commit, whatever the number of files; identical content makes no new commit
                 operations = sorted([*self.shards.values(), *rest], key=lambda op: op.path_in_repo)
                 COMMITTING.append(self.repo_id)
-                try:
-                    info = self.api.create_commit(repo_id=self.repo_id, operations=operations, commit_message=message,
-                                                  commit_description=self.commit_description, create_pr=self.create_pr)
-                finally:
-                    COMMITTING.remove(self.repo_id)
+                info = self.api.create_commit(repo_id=self.repo_id, operations=operations, commit_message=message,
+                                              commit_description=self.commit_description, create_pr=self.create_pr)
                 PUSHED.append(info.commit_url)
                 mon.step(f"committed to {self.repo_id}")
         except MergeCancelled:

@@ -312,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     committed = len(folder_mod.COMMITTED) if folder_mod is not None else 0
     hub_mod = sys.modules.get("hubsoup.hub")
     pushed = len(hub_mod.PUSHED) if hub_mod is not None else 0
+    sent = len(hub_mod.COMMITTING) if hub_mod is not None else 0
 
     def left_behind() -> str:  # what an interrupted command says of its output
         from hubsoup.hub import COMMITTING, PUSHED  # lazy: keeps hubsoup --help free of torch
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         repo = getattr(args, "push", None)
         if PUSHED[pushed:]:
             said += f"; pushed: {PUSHED[-1]}"
-        elif COMMITTING:  # the commit went out: the Hub applies it whole or not at all
+        elif COMMITTING[sent:]:  # a commit went out unanswered: the Hub applies it whole or not at all
             said += f"; the one commit to {COMMITTING[-1]} was on its way: the repo holds all of it or none"
         elif repo and args.command in ("merge", "run"):
             said += f"; nothing was committed to {repo} (run the same command again: it resumes)"
