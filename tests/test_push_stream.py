@@ -375,3 +375,39 @@ def test_a_signal_at_any_moment_commits_nothing_leaves_nothing_and_the_rerun_res
     assert rerun.returncode == 0, rerun.stderr
     assert hub.lfs_uploaded_objects == 6 and len(hub.history("alice/soup")) == 2 and leftovers(cwd) == []
     assert token not in out + err + rerun.stdout + rerun.stderr
+
+
+def test_run_pushes_a_recipe_and_the_final_stage_of_a_multi_stage_config(hub, zoo, tmp_path, cwd, capsys):
+    hub.login("alice")
+    first = hubsoup.merge([zoo["a"], zoo["b"]], method="ties", base=zoo["base"], out=str(tmp_path / "first"),
+                          quiet=True)
+    assert main(["run", os.path.join(first.path, "hubsoup_recipe.yaml"), "--push", "alice/again", "-q"]) == 0
+    assert "pushed to alice/again: " in capsys.readouterr().out and leftovers(cwd) == []
+    assert weight_files(hub.files("alice/again")) == weight_files(local_files(first.path))
+
+    config = tmp_path / "stages.yml"
+    config.write_text(f"""name: first
+merge_method: linear
+models:
+  - model: {zoo['a']}
+    parameters: {{weight: 0.5}}
+  - model: {zoo['b']}
+    parameters: {{weight: 0.5}}
+dtype: float32
+---
+merge_method: linear
+models:
+  - model: first
+    parameters: {{weight: 0.5}}
+  - model: {zoo['base']}
+    parameters: {{weight: 0.5}}
+dtype: float32
+""")
+    stages = tmp_path / "stages"
+    assert main(["run", str(config), "--push", "alice/staged", "--intermediate-dir", str(stages), "-q"]) == 0
+    capsys.readouterr()
+    files = hub.files("alice/staged")
+    card = files["README.md"].decode()
+    assert "Merge stages" in card and "**first**" in card and "**final merge**" in card
+    assert str(tmp_path) not in card and "model.safetensors" in files
+    assert os.path.isdir(stages / "first") and leftovers(cwd) == []  # the intermediate stage stays local
