@@ -439,10 +439,10 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
                 result.pushed = hub_push.commit(folder.path)
                 folder.abort()  # nothing stays: the output is on the Hub
     except BaseException as e:
+        if hub_push is not None:  # first: no shard the writer still completes goes up; nothing is committed, and
+            hub_push.abort(cancelled=isinstance(e, MergeCancelled))  # a cancel deletes the repo the push created
         if sink is not None:
             sink.abort()
-        if hub_push is not None:  # nothing committed; a cancel also deletes the repo the push created
-            hub_push.abort(cancelled=isinstance(e, MergeCancelled))
         raise folder.fail(e)  # temporary folder removed, lock released; disk full / read-only → one line
     result.seconds = time.perf_counter() - t0
     result.hub_only = opts.hub_only or current().hub_only
