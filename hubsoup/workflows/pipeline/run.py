@@ -8,7 +8,10 @@ selected is not made again either unless the selection now wants it.
 
 **What a kill loses.** Without ``select.top_k`` each merge is published in one commit as soon as it
 is selected (merged, evaluated, past the threshold), so a killed run loses only the merge in
-progress (whose temporary folder the next run's output lock clears). With ``select.top_k`` the
+progress (whose temporary folder the next run's output lock clears). A merge pushed without an evaluation
+(``push.stream``, the default) is streamed to its repo as it is written: a kill or a failed push leaves
+nothing in ``work_dir`` and nothing committed, and the next run resumes it (the shards the Hub already holds
+are neither merged nor uploaded again). With ``select.top_k`` the
 selection needs every score, so the pushes come once every merge is scored: a kill before them
 publishes nothing, and the finished merges stay in ``work_dir`` (the shipped CI workflow caches
 it), where the next run verifies and reuses them instead of merging again. A kill during the
