@@ -599,6 +599,8 @@ class HubPush:
         self._queue.put((name, path, release))
 
     def failure(self) -> BaseException | None:
+        if self._error is None and self.monitor.cancelled():  # a writer waiting for an upload stops at once
+            return MergeCancelled("cancelled while the shards were uploading; nothing was committed")
         return self._error
 
     def _run(self) -> None:

@@ -411,3 +411,23 @@ dtype: float32
     assert "Merge stages" in card and "**first**" in card and "**final merge**" in card
     assert str(tmp_path) not in card and "model.safetensors" in files
     assert os.path.isdir(stages / "first") and leftovers(cwd) == []  # the intermediate stage stays local
+
+
+def test_push_figures_before_a_merge_starts(hub, zoo, tmp_path):
+    from hubsoup.output.shards import SHARDS_IN_FLIGHT
+
+    hub.seed("alice/base", zoo["base"])
+    hub.seed("alice/a", zoo["a"])
+    pushed = hubsoup.push_figures(["alice/a", zoo["b"]], base="alice/base", shard_size=SHARD, token=False)
+    local = hubsoup.push_figures([zoo["a"], zoo["b"]], base=zoo["base"], push=False, shard_size=SHARD,
+                                 bandwidth=1e6, token=False)
+    weights = sum(len(v) for k, v in local_files(merge(zoo, out=str(tmp_path / "o")).path).items()
+                  if k.endswith(".safetensors"))
+    hub_inputs = sum(len(v) for r in ("alice/base", "alice/a") for k, v in hub.files(r).items()
+                     if k.endswith(".safetensors"))
+    assert pushed["download"] == hub_inputs and local["download"] == 0  # what a merge fetches: the Hub inputs
+    assert local["upload"] == 0 and weights < pushed["upload"] < weights + 100_000  # the output and its small files
+    assert local["disk"] - weights == pushed["upload"] - weights  # without a push: the whole output on disk
+    on_disk = pushed["disk"] - pushed["download"] - (pushed["upload"] - weights)
+    assert 2 * 20_000 < on_disk <= (SHARDS_IN_FLIGHT + 1) * 20_000 + 3 * 1024  # with it: K + 1 shards at most
+    assert local["seconds"] == pytest.approx((local["download"] + local["upload"]) / 1e6) and pushed["seconds"] is None

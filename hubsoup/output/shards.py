@@ -73,7 +73,7 @@ class ShardHandoff(Protocol):
         once when it no longer needs the file (uploaded, or given up), which lets the writer start another."""
 
     def failure(self) -> BaseException | None:
-        """The error that stopped the hand-off (the writer raises it at its next write), if any."""
+        """The error that stopped the hand-off, or a cancel (the writer raises it at its next write), if any."""
 
 
 @dataclass(frozen=True)
@@ -251,7 +251,9 @@ class ShardedWriter:
                 if self._held < SHARDS_IN_FLIGHT + 1:
                     self._held += 1
                     return
-                self._room.wait()  # woken by a release, a failure of the hand-off or an abort
+                # woken by a release, a failure of the hand-off or an abort; and every so often, to see whether the
+                # hand-off stopped meanwhile (a cancel: a flag or a callable, which notifies nobody)
+                self._room.wait(0.25)
 
     def _release(self) -> None:
         with self._room:
@@ -264,11 +266,6 @@ class ShardedWriter:
         err = self.handoff.failure() if self.handoff is not None else None
         if err is not None:
             raise err
-
-    def wake(self) -> None:
-        """Wake a writer waiting for room (its hand-off failed: it raises that error)."""
-        with self._room:
-            self._room.notify_all()
 
     def mark_remote(self, files: Collection[str]) -> None:
         """Shards whose content is already where it goes (a resumed push): never created nor written. Call it
