@@ -29,6 +29,8 @@ _LAZY = {
     "merge": ("hubsoup.api", "merge"),
     "MergeResult": ("hubsoup.api", "MergeResult"),
     "MergeOptions": ("hubsoup.options", "MergeOptions"),
+    "PushTarget": ("hubsoup.hub", "PushTarget"),
+    "push_figures": ("hubsoup.api", "push_figures"),
     "continual": ("hubsoup.workflows.continual", None),
     "search": ("hubsoup.workflows.search", "search"),
     "sweep": ("hubsoup.workflows.sweep", "sweep"),
@@ -41,7 +43,8 @@ _LAZY = {
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
-    from hubsoup.api import MergeResult, merge
+    from hubsoup.api import MergeResult, merge, push_figures
+    from hubsoup.hub import PushTarget
     from hubsoup.options import MergeOptions
 
 

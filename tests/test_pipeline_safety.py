@@ -254,7 +254,8 @@ def test_tampered_cached_merges_are_never_pushed(hub, zoo, tmp_path):
 
     publish(hub, zoo, "base", "ft-a", "ft-b", "ft-c")
     hub.login("alice")
-    path = example(tmp_path, select=None, eval=None, merges=LINEAR_PAIRS)
+    # merges written whole to the work folder before their push (not streamed to the Hub: push.stream false)
+    path = example(tmp_path, select=None, eval=None, merges=LINEAR_PAIRS, push={"namespace": "soup-org", "stream": False})
     hub.fail_commits(100, status=403)  # every push fails: the merges stay in the work folder only
     report, out, events = run(path)
     assert report.exit_code == 1 and all(t == ["initial commit"] for t in soup_repos(hub).values()), out
@@ -304,6 +305,28 @@ def test_tampered_cached_merges_are_never_pushed(hub, zoo, tmp_path):
     [victim] = [m for m in report.merges if m.repo_id == victims[0]]
     assert victim.status == "failed" and "not pushed" in victim.reason and "model.safetensors changed" in victim.reason
     assert report.exit_code == 1 and len(soup_repos(hub)) == 2 and victims[0] not in soup_repos(hub)
+
+
+def test_merges_pushed_without_evaluation_are_streamed_and_a_failed_push_resumes(hub, zoo, tmp_path):
+    publish(hub, zoo, "base", "ft-a", "ft-b", "ft-c")
+    hub.login("alice")
+    path = example(tmp_path, select=None, eval=None, merges=LINEAR_PAIRS)
+    before = hub.lfs_uploaded_objects
+    hub.fail_commits(1, status=403)  # the first merge's one commit is refused (not a transient failure)
+    report, out, events = run(path)
+    assert report.exit_code == 1 and sorted(m.status for m in report.merges) == ["failed", "published", "published"]
+    merges = tmp_path / "work" / "merges"
+    assert [p for p in os.listdir(merges) if not p.startswith(".hubsoup-push-")] == []  # no merge kept whole
+    assert [p for p in os.listdir(merges)] == []  # nor a temporary folder or lock
+    assert hub.lfs_uploaded_objects - before == 3  # each merge's shard went up once
+    failed = next(m for m in report.merges if m.status == "failed")
+    assert soup_repos(hub)[failed.repo_id] == ["initial commit"]  # nothing committed there
+    report, out, events = run(path)  # the rerun resumes: the failed merge's shard is not uploaded again
+    assert report.exit_code == 0, out
+    assert hub.lfs_uploaded_objects - before == 3 and all(len(t) == 2 for t in soup_repos(hub).values())
+    assert [e[0] for e in events].count("pushed") == 1
+    card = hub.files(failed.repo_id)["README.md"].decode()
+    assert "license: apache-2.0" in card and "hubsoup pipeline" in hub.history(failed.repo_id)[0].title
 
 
 # ---- malformed inputs of the run itself: one clear error, before anything is done --------------------------
@@ -429,7 +452,8 @@ def _kill_run(path, marker, mode, token):
 def test_sigterm_during_the_pushes_says_what_was_published(hub, zoo, tmp_path):
     publish(hub, zoo, "base", "ft-a", "ft-b", "ft-c")
     token = hub.login("alice")
-    path = example(tmp_path, select=None, eval=None, merges=LINEAR_PAIRS)
+    # the pushes of merges written to the work folder (a streamed merge's interruption: tests/test_push_stream.py)
+    path = example(tmp_path, select=None, eval=None, merges=LINEAR_PAIRS, push={"namespace": "soup-org", "stream": False})
     proc = _kill_run(path, tmp_path / "killed", "push", token)
     assert proc.returncode == 143, proc.stderr[-2000:]
     assert "no output was left behind" not in proc.stderr

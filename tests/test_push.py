@@ -86,12 +86,21 @@ def test_merge_push_round_trip(hub, zoo, tmp_path, monkeypatch, capsys):
                "--push", "soup-org/soup", "-q"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    local = tmp_path / "soup"  # the default output folder of --push ORG/NAME
+    # streamed to the Hub: nothing on the local disk (a local copy only with --out)
+    assert [p for p in os.listdir(tmp_path) if "soup" in p] == []
     repo, url, sha = COMMIT_LINE.search(out).groups()
     assert repo == "soup-org/soup" and url == f"{hub.endpoint}/soup-org/soup/commit/{sha}"
     assert sha == hub.head("soup-org/soup")
     assert [c.title for c in hub.history("soup-org/soup")] == ["Upload ties merge made with hubsoup",
                                                                "initial commit"]  # one commit
+    # the same merge with --out: the same files (the local card loads the repo too)
+    local = tmp_path / "soup"
+    rc = main(["merge", "alice/ft-a", "alice/ft-b", "--method", "ties", "--param", "density=0.5", "--out", "soup", "-q"])
+    assert rc == 0
+    capsys.readouterr()
+    from hubsoup.hub import retarget_card
+
+    retarget_card(str(local), "soup-org/soup")
     assert_same_as_hub(hub, "soup-org/soup", local)
     assert {"model.safetensors", "config.json", "README.md", "hubsoup_recipe.yaml"} <= set(os.listdir(local))
 
@@ -243,30 +252,42 @@ def test_interrupted_merge_push_then_retry(hub, zoo, tmp_path, monkeypatch, caps
     publish(hub, zoo)
     hub.login("alice")
     monkeypatch.chdir(tmp_path)
+    args = ["merge", "alice/ft-a", "alice/ft-b", "--method", "ties", "--push", "soup-org/soup", "-q"]
+    published = hub.lfs_uploaded_objects  # the inputs' own weights
     hub.fail_commits(1, status=500)
-    rc = main(["merge", "alice/ft-a", "alice/ft-b", "--method", "ties", "--push", "soup-org/soup", "-q"])
+    rc = main(args)
     cap = capsys.readouterr()
-    local = str(tmp_path / "soup")
-    assert rc == 2 and "merged 2 model(s)" in cap.out
-    assert "push of" in cap.err and "soup-org/soup failed: Hub server error 500" in cap.err
-    assert f"retry with: hubsoup push {local} soup-org/soup" in cap.err
+    assert rc == 2 and "merged 2 model(s)" not in cap.out
+    assert "error: push to soup-org/soup failed: Hub server error 500" in cap.err and len(cap.err.splitlines()) == 1
+    assert "Nothing was committed; run the same merge again: it resumes" in cap.err
     assert len(hub.history("soup-org/soup")) == 1  # created, nothing committed
+    assert [p for p in os.listdir(tmp_path) if "soup" in p] == []  # nothing left on the disk
+    uploaded = hub.lfs_uploaded_objects
+    assert uploaded == published + 1  # the weights went up before the commit failed
+
+    assert main(args) == 0  # the same command again: it resumes, uploading nothing twice
+    first = COMMIT_LINE.search(capsys.readouterr().out).group(3)
+    assert first == hub.head("soup-org/soup") and hub.lfs_uploaded_objects == uploaded
+    # the same merge once more: identical content, no new commit
+    assert main(args) == 0
+    assert COMMIT_LINE.search(capsys.readouterr().out).group(3) == first and len(hub.history("soup-org/soup")) == 2
+
+    # with a local copy (--out): it is complete when the commit fails, and `hubsoup push` retries
+    hub.fail_commits(1, status=500)
+    rc = main([*args[:-3], "--push", "soup-org/kept", "--out", "kept", "-q"])
+    cap = capsys.readouterr()
+    local = str(tmp_path / "kept")
+    assert rc == 2 and "merged 2 model(s)" not in cap.out
+    assert "push of" in cap.err and "soup-org/kept failed: Hub server error 500" in cap.err
+    assert f"retry with: hubsoup push {local} soup-org/kept" in cap.err
     import transformers
 
     transformers.AutoModel.from_pretrained(local)  # the local output is complete
-
-    assert main(["push", local, "soup-org/soup"]) == 0
-    first = COMMIT_LINE.search(capsys.readouterr().out).group(3)
-    assert first == hub.head("soup-org/soup")
-    assert_same_as_hub(hub, "soup-org/soup", local)
-    # pushing again is a no-op: same commit, no new one
-    assert main(["push", local, "soup-org/soup"]) == 0
-    assert COMMIT_LINE.search(capsys.readouterr().out).group(3) == first == hub.head("soup-org/soup")
-    assert len(hub.history("soup-org/soup")) == 2
-
-    # re-running the merge is refused, pointing at the push instead
-    rc = main(["merge", "alice/ft-a", "alice/ft-b", "--method", "ties", "--push", "soup-org/soup"])
-    assert rc == 2 and "hubsoup push ./soup soup-org/soup" in capsys.readouterr().err
+    assert main(["push", local, "soup-org/kept"]) == 0
+    assert_same_as_hub(hub, "soup-org/kept", local)
+    # re-running the merge into the same --out is refused, pointing at the push instead
+    rc = main([*args[:-3], "--push", "soup-org/kept", "--out", "kept"])
+    assert rc == 2 and "hubsoup push kept soup-org/kept" in capsys.readouterr().err
 
 
 def test_network_error_and_lost_answer_then_retry(hub, soup):
@@ -309,14 +330,24 @@ def test_token_is_never_printed_logged_or_written(hub, zoo, tmp_path, monkeypatc
     publish(hub, zoo)
     monkeypatch.chdir(tmp_path)
     hub.fail_commits(1, status=401)  # a failure whose message talks about tokens
-    assert main(["-v", "merge", "alice/ft-a", "alice/ft-b", "--method", "ties", "--push", "soup-org/soup"]) == 2
+    assert main(["-v", "merge", "alice/ft-a", "alice/ft-b", "--method", "ties", "--push", "soup-org/soup",
+                 "--out", "soup"]) == 2
     assert main(["-v", "push", "soup", "soup-org/soup"]) == 0
+    hub.fail_commits(1, status=401)  # streamed, without a local copy, then resumed
+    assert main(["-v", "merge", "alice/ft-a", "alice/ft-b", "--method", "linear", "--push", "soup-org/other"]) == 2
+    assert main(["-v", "merge", "alice/ft-a", "alice/ft-b", "--method", "linear", "--push", "soup-org/other"]) == 0
+    from hubsoup.hub import resume_dir
+
+    for dirpath, _, names in os.walk(os.path.dirname(resume_dir())):  # the resume records hold no token
+        for n in names:
+            assert token.encode() not in open(os.path.join(dirpath, n), "rb").read(), n
     cap = capsys.readouterr()
     assert "authentication failed" in cap.err
     for name, content in local_files(tmp_path / "soup").items():
         assert token.encode() not in content, name
-    for name, content in hub.files("soup-org/soup").items():
-        assert token.encode() not in content, name
+    for repo in ("soup-org/soup", "soup-org/other"):
+        for name, content in hub.files(repo).items():
+            assert token.encode() not in content, name
     assert token not in cap.out and token not in cap.err
     assert token not in caplog.text
     assert "hubsoup_recipe.yaml" in os.listdir(tmp_path / "soup") and "README.md" in os.listdir(tmp_path / "soup")

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -59,8 +60,9 @@ def zoo(hub, tmp_path):
     hub.seed("alice/base", base)
     hub.seed("alice/private-ft", make_finetune(base, str(tmp_path / "ft-a"), seed=1, base_model="alice/base"),
              private=True)
-    hub.seed("bob/ft", make_finetune(base, str(tmp_path / "ft-b"), seed=2, base_model="alice/base"))
-    return {"base": base}
+    ft = make_finetune(base, str(tmp_path / "ft-b"), seed=2, base_model="alice/base")
+    hub.seed("bob/ft", ft)
+    return {"base": base, "ft": ft}
 
 
 def runs_left(app) -> list[str]:
@@ -142,6 +144,72 @@ def test_the_download_limit_holds_for_a_visitor(app, hub, zoo, monkeypatch):
     state = run(app, hub, "bob", ["bob/ft"], "big")
     assert isinstance(state["error"], InputError) and "may download at most" in str(state["error"])
     assert not hub.exists("bob/big")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``mount(size)`` → a fresh tmpfs of that size (a disk that really fills up); needs root (skipped otherwise)."""
+    mounted = []
+
+    def mount(size: str) -> str:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to mount a small tmpfs as the Space's disk")
+        mnt = tmp_path / f"disk{len(mounted)}"
+        mnt.mkdir()
+        try:
+            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                                  capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            pytest.skip(f"cannot mount a tmpfs here: {e}")
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
+        mounted.append(mnt)
+        return str(mnt)
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_merge_larger_than_the_spaces_disk_is_streamed_to_the_hub(app, hub, zoo, small_disk, tmp_path, monkeypatch):
+    import hubsoup
+    from hubsoup.errors import DiskFullError
+
+    disk = small_disk("96k")  # the Space's disk for its runs; the merge's output (~110 kB of weights) is larger
+    monkeypatch.setattr(app, "RUNS_DIR", disk)
+    monkeypatch.setattr(app, "SHARD_SIZE", "20kB")  # six shards
+    real = app.merge_options
+
+    def options(token, progress, cancel, workdir):
+        # the inputs' Hub cache on another disk: until inputs are streamed too (issue 45, item 1) they are downloaded
+        # whole; what this test caps is the output's disk
+        return {**real(token, progress, cancel, workdir), "cache_dir": tempfile.mkdtemp(dir=tmp_path)}
+
+    monkeypatch.setattr(app, "merge_options", options)
+    # the control: that disk cannot hold the output, written whole
+    with pytest.raises(DiskFullError):
+        hubsoup.merge([zoo["ft"]], method="linear", base=zoo["base"], out=os.path.join(disk, "whole"),
+                      shard_size="20kB", quiet=True)
+    assert os.listdir(disk) == []
+
+    figures = app.figures(["bob/ft"], "alice/base", hub.token("bob"))
+    state = run(app, hub, "bob", ["bob/ft"], "big")
+    assert "error" not in state, state.get("error")
+    pushed = hub.files("bob/big")
+    weights = sum(len(v) for k, v in pushed.items() if k.endswith(".safetensors"))
+    assert len([k for k in pushed if k.endswith(".safetensors")]) == 6 and weights > 96 * 1024
+    assert os.listdir(disk) == []  # and nothing left on it
+    # the figures the form showed before the start: what goes up, and a disk of K + 1 shards beside the small files
+    from hubsoup.output.shards import SHARDS_IN_FLIGHT
+
+    small = sum(len(v) for k, v in pushed.items() if not k.endswith(".safetensors") and k != ".gitattributes")
+    assert weights + small <= figures["upload"] <= weights + small + 64 * 1024
+    assert figures["download"] == sum(len(v) for repo in ("bob/ft", "alice/base") for k, v in hub.files(repo).items()
+                                      if k.endswith(".safetensors"))
+    on_disk = figures["disk"] - figures["download"]
+    assert on_disk - (figures["upload"] - weights) <= (SHARDS_IN_FLIGHT + 1) * 20_000 + 3 * 1024 < weights
+    line = app.figures_line(figures)
+    assert f"uploads {app._size(figures['upload'])}" in line and f"holds at most {app._size(figures['disk'])}" in line
 
 
 def test_stopping_the_app_removes_its_temporary_folder(hub, tmp_path):

@@ -22,6 +22,12 @@ a Hub cache of its own (another visitor's token never opens it) limited to ``HUB
 (default 20GB, checked from the Hub's file sizes before downloading), and its folder (output and
 cache) is removed when it ends, whether it succeeded, failed or was cancelled. Stopping the app
 (Ctrl-C, SIGTERM) cancels the running jobs and removes the app's temporary folder.
+
+The merge is streamed to the visitor's repo (``hubsoup.merge(..., push=...)``): each output shard is uploaded as
+soon as it is written and then deleted, so the output takes at most ``SHARDS_IN_FLIGHT + 1`` shards of the Space's
+disk, whatever its size; everything is committed at once at the end (a cancel commits nothing). Before the visitor
+starts, the form shows what the merge would download, upload and hold on disk (``hubsoup.push_figures``; the time
+too when ``HUBSOUP_SPACE_BANDWIDTH``, in bytes per second, is set).
 """
 
 from __future__ import annotations
@@ -64,7 +70,6 @@ except (OSError, ValueError):
 METHODS: dict[str, dict[str, Any]] = {m["name"]: m for m in hubsoup.list_methods()}
 DEFAULT_METHOD = "ties" if "ties" in METHODS else next(iter(METHODS))
 ON_SPACE = os.environ.get("SYSTEM") == "spaces"  # how Gradio itself tells a Space from a local run
-MERGE_SHARE = 0.9  # share of the progress bar for the merge; the push gets the rest
 FIRST_TAB = "mergekit" if SETTINGS.get("template") == "mergekit-gui" else "form"
 EXAMPLE_CONFIG = """merge_method: ties
 base_model: org/base
@@ -91,6 +96,10 @@ else:
 
 MAX_DOWNLOAD = os.environ.get("HUBSOUP_SPACE_MAX_DOWNLOAD", "20GB")
 """What one run may download (the Hub's file sizes are checked before any download)."""
+SHARD_SIZE = os.environ.get("HUBSOUP_SPACE_SHARD_SIZE", "5GB")
+"""The output's shard size: a run holds at most ``SHARDS_IN_FLIGHT + 1`` shards on the Space's disk at once."""
+BANDWIDTH = float(os.environ.get("HUBSOUP_SPACE_BANDWIDTH") or 0) or None
+"""Bytes per second the Space moves to and from the Hub, measured by its owner: the form's time estimate (None: none)."""
 
 # session hash -> the cancel event of that session's running job (one job per browser tab)
 RUNNING: dict[str, threading.Event] = {}
@@ -103,24 +112,26 @@ def merge_then_push(merge_fn: Callable[..., Any], *, token: str, repo_id: str, p
                     cancel: threading.Event,
                     report: Callable[[float, float], Callable[[float, str, str], None]] | None = None,
                     state: dict[str, Any] | None = None, workdir: str | None = None) -> dict[str, Any]:
-    """One visitor's run: ``merge_fn(out, **options)`` (Hub repos only, its own Hub cache, a download limit:
-    :func:`merge_options`), then the push. Whatever happens (done, error, cancel), the run's folder (output and
-    downloads) is removed before it returns. ``state`` gets ``card`` (the card as it will be on the Hub, as soon
-    as the merge is done), then ``url``, or ``error``."""
+    """One visitor's run: ``merge_fn(None, **options)`` (Hub repos only, its own Hub cache, a download limit:
+    :func:`merge_options`) streams the merge to ``repo_id`` (each shard uploaded as soon as it is written, one commit
+    at the end). Whatever happens (done, error, cancel), the run's folder (downloads and the shards not yet uploaded)
+    is removed before it returns. ``state`` gets ``card`` (the card as it goes to the Hub, before the commit), then
+    ``url``, or ``error``."""
     state = {} if state is None else state
     report = report or (lambda lo, hi: None)
     workdir = workdir or tempfile.mkdtemp(prefix="run-", dir=RUNS_DIR)
     try:
-        result = run_merge(merge_fn, os.path.join(workdir, "merge"),
-                           merge_options(token, report(0, MERGE_SHARE), cancel, workdir))
-        # the card as it will be on the Hub: titled by the repo, loading the repo (never this server's path)
-        from hubsoup.card import render
+        def show_card(result: Any, folder: str) -> None:  # the card as it goes to the Hub: loading the repo
+            from hubsoup.card import render
 
-        card = render(result, repo_id=repo_id)
-        state["card"] = f"```yaml\n{card.data.to_yaml()}\n```\n\n{card.text}"
-        info = result.push_to_hub(repo_id, private=private, token=token,
-                                  progress=report(MERGE_SHARE, 1.0), cancel=cancel)
-        state["url"] = info.commit_url
+            card = render(result, repo_id=repo_id)
+            state["card"] = f"```yaml\n{card.data.to_yaml()}\n```\n\n{card.text}"
+
+        options = {**merge_options(token, report(0, 1.0), cancel, workdir),
+                   "push": hubsoup.PushTarget(repo_id, private=private, token=token, work_dir=workdir),
+                   "before_push": show_card}
+        result = run_merge(merge_fn, None, options)
+        state["url"] = result.pushed.commit_url
     except BaseException as e:  # reported in the status line
         state["error"] = e
     finally:
@@ -312,12 +323,50 @@ def signed_in(profile, oauth) -> None:
                        "namespace, with your access to the models.")
 
 
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def figures(inputs: list[str], base: str | None, token: str | bool) -> dict[str, Any]:
+    """What a merge of ``inputs`` would need (``hubsoup.push_figures``: disk, download, upload, seconds), read from
+    the Hub's file sizes and safetensors headers with the visitor's token (``False``: anonymous), as a run reads:
+    Hub repos only, a Hub cache of its own (removed)."""
+    workdir = tempfile.mkdtemp(prefix="figures-", dir=RUNS_DIR)
+    try:
+        return hubsoup.push_figures(inputs, base=base, push=True, bandwidth=BANDWIDTH, token=token, hub_only=True,
+                                    cache_dir=os.path.join(workdir, "hub-cache"), shard_size=SHARD_SIZE, quiet=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def figures_line(f: dict[str, Any]) -> str:
+    when = f" · about {f['seconds'] / 60:.0f} min at this Space's bandwidth" if f.get("seconds") else ""
+    return (f"**Before you start** · downloads {_size(f['download'])}, uploads {_size(f['upload'])}, "
+            f"holds at most {_size(f['disk'])} on the Space's disk{when}")
+
+
+def show_figures(models: str, base: str, oauth: gr.OAuthToken | None) -> str:
+    """The form's figures, as the visitor types the models (signed in: with their access)."""
+    inputs = [x.strip() for x in (models or "").replace(",", "\n").splitlines() if x.strip()]
+    if not inputs:
+        return ""
+    try:
+        f = figures(inputs, (base or "").strip() or None, user_token(oauth) if oauth is not None else False)
+    except Exception as e:  # noqa: BLE001 - a figure that cannot be known is said so, never a crash of the form
+        return f"Sizes not known yet: {visitor_message(e, '')}"
+    return figures_line(f)
+
+
 def merge_options(token: str, progress: Callable, cancel: threading.Event, workdir: str) -> dict[str, Any]:
     """What every merge of this app is given, whichever tab started it: the visitor's token, Hub repos only
     (``hub_only``: no path of this server is ever opened), a Hub cache of the run's own (removed with it) and a
     download limit checked from the Hub's file sizes before anything is downloaded."""
     return {"progress": progress, "cancel": cancel, "token": token, "hub_only": True,
-            "cache_dir": os.path.join(workdir, "hub-cache"), "max_download": MAX_DOWNLOAD}
+            "cache_dir": os.path.join(workdir, "hub-cache"), "max_download": MAX_DOWNLOAD, "shard_size": SHARD_SIZE}
 
 
 def run_job(merge_fn: Callable[..., Any], name: str, private: bool, profile: gr.OAuthProfile,
@@ -410,6 +459,7 @@ with gr.Blocks(title="hubsoup: model soups from the Hub") as demo:
                                         lines=3, elem_id="models")
                 base_box = gr.Textbox(label="Base model (optional)",
                                       info="default: the base_model the inputs' cards name", elem_id="base")
+            figures_view = gr.Markdown(elem_id="figures")  # disk and network, before the visitor starts
             method_radio = gr.Radio(list(METHODS), value=DEFAULT_METHOD, label="Method", elem_id="method")
             method_info = gr.Markdown(elem_id="method-info")
             PARAM_WIDGETS: dict[str, list[tuple[dict[str, Any], gr.components.Component]]] = {}
@@ -431,6 +481,8 @@ with gr.Blocks(title="hubsoup: model soups from the Hub") as demo:
     card_view = gr.Markdown(elem_id="card")
 
     demo.load(describe, method_radio, [method_info, *groups])
+    for box in (models_box, base_box):  # the figures follow the models as they are given
+        box.blur(show_figures, [models_box, base_box], figures_view, show_progress="hidden")
     method_radio.change(describe, method_radio, [method_info, *groups])
     widgets = {w for pairs in PARAM_WIDGETS.values() for _, w in pairs}
     merge_btn.click(run_form, {models_box, base_box, method_radio, repo_box, private_box, *widgets},

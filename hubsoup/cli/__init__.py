@@ -16,8 +16,9 @@ from hubsoup.cli.options import add_merge_options, add_output_format, add_params
 from hubsoup.errors import HubsoupError, OutputExistsError, ParameterError
 
 
-def _push_prepare(args) -> str:
-    """Check --push / --card-template before any merging; the output folder (``./NAME`` by default with --push)."""
+def _push_prepare(args) -> str | None:
+    """Check --push / --card-template before any merging; the output folder: --out, or with --push none (the output
+    is streamed to the Hub, nothing stays on disk), but ``./NAME`` for a --search (its points are merged locally)."""
     if not args.push and (args.private or args.create_pr or args.commit_message):
         raise ParameterError("--private, --create-pr and --commit-message need --push ORG/NAME")
     if args.push:
@@ -28,10 +29,12 @@ def _push_prepare(args) -> str:
         raise ParameterError("--card-template names a local file, and --hub-only accepts no local path")
     if args.card_template and not os.path.isfile(args.card_template):
         raise ParameterError(f"card template '{args.card_template}' not found")
-    out = args.out or (os.path.join(".", args.push.split("/")[-1]) if args.push else None)
-    if not out:
-        raise ParameterError("give the output folder with --out (with --push ORG/NAME it defaults to ./NAME)")
-    if args.push and os.path.exists(out) and not args.overwrite:
+    out = args.out or (os.path.join(".", args.push.split("/")[-1]) if args.push and getattr(args, "search", None)
+                       else None)
+    if not out and not args.push:
+        raise ParameterError("give the output folder with --out, or a Hub repo to stream the output to with "
+                             "--push ORG/NAME (both: a local copy too)")
+    if args.push and out and os.path.exists(out) and not args.overwrite:
         from hubsoup.hub import retry_command  # lazy: keeps hubsoup --help free of torch
 
         raise OutputExistsError(f"output '{out}' already exists; pass --overwrite to merge again, or push it as it "
@@ -39,16 +42,38 @@ def _push_prepare(args) -> str:
     return out
 
 
+def _push_target(args):
+    """--push and its options as the merge's streamed push (None without --push)."""
+    if not args.push:
+        return None
+    from hubsoup.hub import PushTarget  # lazy: keeps hubsoup --help free of torch
+
+    return PushTarget(args.push, private=args.private or None, create_pr=args.create_pr,
+                      commit_message=args.commit_message)
+
+
+def _card_hook(args):
+    """--card-template for a streamed push: the card rendered from it before the commit that publishes it."""
+    if not args.card_template:
+        return None
+    from hubsoup.card import write_card  # lazy: keeps hubsoup --help free of torch
+
+    return lambda result, folder: write_card(result, folder, template=args.card_template, repo_id=args.push)
+
+
 def _push_finish(args, result) -> None:
-    """--card-template, then --push: upload the output in one commit and print the commit URL."""
-    if args.card_template:
+    """--card-template, then --push: upload the output in one commit (a merge streamed to the Hub is committed
+    already) and print the commit URL."""
+    if args.card_template and result.pushed is None:
         from hubsoup.card import write_card  # lazy: keeps hubsoup --help free of torch
 
         write_card(result, result.path, template=args.card_template)
     if not args.push:
         return
-    info = result.push_to_hub(args.push, private=args.private or None, create_pr=args.create_pr,
-                              commit_message=args.commit_message)
+    info = result.pushed
+    if info is None:
+        info = result.push_to_hub(args.push, private=args.private or None, create_pr=args.create_pr,
+                                  commit_message=args.commit_message)
     print(f"pushed to {args.push}: {info.commit_url}")
     if info.pr_url:
         print(f"pull request: {info.pr_url}")
@@ -77,8 +102,9 @@ def cmd_merge(args) -> int:
     else:
         if args.executor != "local":
             raise ParameterError("--executor runs a --search's points: give --search KEY=GRID")
+        # with --push the output is streamed to the Hub as it is written (a local copy only with --out)
         result = merge(args.inputs, args.method, out=args.out, evaluate=args.eval, eval_limit=args.eval_limit,
-                       **options)
+                       push=_push_target(args), before_push=_card_hook(args), **options)
     print(result)
     for r in result.evaluation:
         print(f"  eval {r.task.name}: " + "  ".join(f"{k}={v:.4f}" for k, v in r.metrics.items()))
@@ -211,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--method", required=True, help="merge method (see `hubsoup methods`)")
     m.add_argument("--base", help="pre-trained base model (default: from the inputs' model cards)")
     add_params(m)
-    m.add_argument("--out", "-o", help="output folder (required unless --push ORG/NAME: then ./NAME)")
+    m.add_argument("--out", "-o", help="output folder (required unless --push ORG/NAME; with --push, a local copy)")
     add_merge_options(m)
     add_output_format(m)
     m.add_argument("--exemplars", action="append", metavar="TASK=PATH_OR_DATASET",
@@ -228,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--executor", default="local",
                    help="where --search scores its points: local (default), ray (RAY_ADDRESS or a local cluster) "
                         "or ray://HOST:PORT (each point a Ray task, merged in memory; the best written here)")
-    m.add_argument("--push", metavar="ORG/NAME", help="upload the output to this Hub repo (created if needed) in one commit")
+    m.add_argument("--push", metavar="ORG/NAME",
+                   help="stream the output to this Hub repo (created if needed): each shard uploaded as soon as it is "
+                        "written, everything committed at once at the end; run again after a failure, it resumes")
     m.add_argument("--private", action="store_true", help="with --push: create the repo private")
     m.add_argument("--create-pr", action="store_true", help="with --push: open a pull request instead of committing to main")
     m.add_argument("--commit-message", help="with --push: the commit message")
@@ -282,12 +310,24 @@ def main(argv: list[str] | None = None) -> int:
     # output module imports torch, which a command such as `hubsoup methods` need not
     folder_mod = sys.modules.get("hubsoup.output.folder")
     committed = len(folder_mod.COMMITTED) if folder_mod is not None else 0
+    hub_mod = sys.modules.get("hubsoup.hub")
+    pushed = len(hub_mod.PUSHED) if hub_mod is not None else 0
+    sent = len(hub_mod.COMMITTING) if hub_mod is not None else 0
 
     def left_behind() -> str:  # what an interrupted command says of its output
+        from hubsoup.hub import COMMITTING, PUSHED  # lazy: keeps hubsoup --help free of torch
         from hubsoup.output.folder import COMMITTED  # lazy: keeps hubsoup --help free of torch
 
         done = COMMITTED[committed:]
-        return f"the output written before it is complete: {done[-1]}" if done else "no output was left behind"
+        said = f"the output written before it is complete: {done[-1]}" if done else "no output was left behind"
+        repo = getattr(args, "push", None)
+        if PUSHED[pushed:]:
+            said += f"; pushed: {PUSHED[-1]}"
+        elif COMMITTING[sent:]:  # a commit went out unanswered: the Hub applies it whole or not at all
+            said += f"; the one commit to {COMMITTING[-1]} was on its way: the repo holds all of it or none"
+        elif repo and args.command in ("merge", "run"):
+            said += f"; nothing was committed to {repo} (run the same command again: it resumes)"
+        return said
 
     def interrupted(sig: int) -> int:
         head = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted"

@@ -81,6 +81,9 @@ class Job:
     lanes: int | None = None
     """Threads sweeping a tensor's pieces (:mod:`hubsoup.engine.lanes`); None: torch's intra-op threads.
     Never changes a result."""
+    skip_output: frozenset[str] = frozenset()
+    """Plan entries (by name) whose outcome the sink does not need: :func:`run`'s output pass neither loads nor
+    merges them (e.g. a resumed push's shards already on the Hub). The statistics passes still read them."""
 
     @functools.cached_property
     def adapters(self) -> bool:
@@ -329,17 +332,21 @@ class Sink(Protocol):
         """Take one tensor's outcome; called once per plan entry, in plan order."""
 
 
-def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str = "block") -> Iterator[TensorWork]:
+def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str = "block",
+           skip: Collection[str] = ()) -> Iterator[TensorWork]:
     """Every tensor of ``job.plan`` in forward order, unmapping weight files after each block.
 
-    ``mergeable_only`` skips integer and boolean tensors (they are copied from the base).
+    ``mergeable_only`` skips integer and boolean tensors (they are copied from the base); ``skip``, the
+    entries of these names (nothing of them is read, not even ahead).
     ``unit="tensor"`` counts progress per tensor instead of per block.
     """
     blocks = job.plan.blocks
-    if mergeable_only:
-        blocks = [b for b in blocks if any(e.mergeable for e in b.tensors)]
+    if mergeable_only or skip:
+        blocks = [b for b in blocks if any((e.mergeable or not mergeable_only) and e.name not in skip
+                                           for e in b.tensors)]
     per_tensor = unit == "tensor"
-    streamed = [[e for e in b.tensors if e.mergeable or not mergeable_only] for b in blocks]  # each block's
+    streamed = [[e for e in b.tensors if (e.mergeable or not mergeable_only) and e.name not in skip]
+                for b in blocks]  # each block's
     total = sum(map(len, streamed)) if per_tensor else len(blocks)
     mon = job.monitor
     mon.segment(len(blocks), desc)  # this pass is the next segment of the caller's stage
@@ -508,7 +515,7 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
     desc = f"merging ({job.need_method().name})"
     job.monitor.stage("merge", desc)
     if len(workers) <= 1:
-        for work in stream(job, desc=desc):
+        for work in stream(job, desc=desc, skip=job.skip_output):
             sink.put(work, work.merge(lowrank_ok=sink.accepts_lowrank(work.entry),
                                       weights_dtype=sink.weights_dtype(work.entry)))
         return stats
@@ -520,9 +527,9 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
         # one lane per worker: the devices' workers already keep the cores busy
         sub = Job(Plan(blocks), job.base, job.inputs, job.method, job.params, job.recipe_hash, quiet=True,
                   stats=job.stats, monitor=shared_segment(job.monitor), donors=job.donors, prefetch=job.prefetch,
-                  lanes=1)
+                  lanes=1, skip_output=job.skip_output)
         try:
-            for work in stream(sub):
+            for work in stream(sub, skip=sub.skip_output):
                 if failed.is_set():  # another worker failed: stop at the next tensor
                     return
                 outcome = work.merge(lowrank_ok=sink.accepts_lowrank(work.entry),

@@ -48,8 +48,12 @@ def recipe_merge_args(recipe) -> tuple[list[str], dict[str, Any]]:
 
 
 @scoped
-def run_recipe(path: str, out: str, **overrides: Any):
+def run_recipe(path: str, out: str | None, **overrides: Any):
     """Merge again from a recipe file (or an output folder holding one); returns the MergeResult.
+
+    ``push=ORG/NAME`` (or a :class:`hubsoup.hub.PushTarget`) streams the output to the Hub as
+    :func:`hubsoup.merge` does (``out`` then optional: a local copy); a multi-stage config's intermediate stages
+    stay local, only the final one is pushed.
 
     ``path`` may also be a mergekit YAML config (a file with ``merge_method``, or a folder holding
     ``mergekit_config.yml``): it is merged with mergekit's semantics
@@ -100,7 +104,7 @@ def run_recipe(path: str, out: str, **overrides: Any):
     return _rerun(recipe, out, overrides, mk)
 
 
-def _rerun(recipe: "Recipe", out: str, overrides: dict[str, Any], mk: dict[str, Any] | None = None):
+def _rerun(recipe: "Recipe", out: str | None, overrides: dict[str, Any], mk: dict[str, Any] | None = None):
     if recipe.mergekit.get("config"):  # repeat the mergekit config, its Hub models pinned to the recorded SHAs
         refs = [*(recipe.base, *recipe.inputs), *(r.adapter for r in (recipe.base, *recipe.inputs) if r.adapter)]
         pins = {r.spec: dataclasses.replace(r, adapter=None).pinned_spec for r in refs if r.spec and r.repo_id}
@@ -115,7 +119,7 @@ def _rerun(recipe: "Recipe", out: str, overrides: dict[str, Any], mk: dict[str, 
 
 
 @scoped
-def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, copy_tokenizer: bool = True,
+def run_config(source: str, out: str | None, *, pins: dict[str, str] | None = None, copy_tokenizer: bool = True,
                random_seed: int | None = None, out_shard_params: int | None = None, **options: Any):
     """Run a mergekit config with hubsoup; returns the :class:`hubsoup.MergeResult`.
 
@@ -164,21 +168,29 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, cop
     data = load_yaml(text, "mergekit config")
     data = plain_as_modules(data, token=token, allow_pickle=allow_pickle) or data  # T5, Whisper, ...: by modules
     if several_modules(data):  # a multimodal model, module by module: one merge each, assembled into one output
+        if options.get("push") is not None or out is None:
+            raise ParameterError("a modules: config is assembled from one merge per module: give an output folder "
+                                 "(--out), then push it with `hubsoup push OUT ORG/NAME`")
         return run_modules(text, data, out, lambda config, module, target, referenced: one(
             config, target, module, referenced, **{**options, "overwrite": False}),
             overwrite=bool(options.get("overwrite")), token=token, allow_pickle=allow_pickle)
     return one(text, out, **options)
 
 
-def run_stages(text: str, out: str, *, intermediate_dir: str | None = None, **options: Any):
+def run_stages(text: str, out: str | None, *, intermediate_dir: str | None = None, **options: Any):
     """Merge every stage of a multi-stage config; returns the final stage's :class:`hubsoup.MergeResult`.
 
     ``intermediate_dir``: where named stages are written (default: ``.NAME.stages`` beside ``out``);
     ``options``: as for :func:`run_config` (each stage is run with them,
-    an intermediate stage always replacing an earlier run's).
+    an intermediate stage always replacing an earlier run's). ``push``: the final stage is streamed to the Hub
+    (its card with every stage's config); the intermediate stages stay local.
     """
     stages = read_stages(text)
-    out_abs = os.path.abspath(out)
+    push, before_push = options.pop("push", None), options.pop("before_push", None)
+    if out is None and push is None:
+        raise ParameterError("give the output folder, or a Hub repo to push the final stage to")
+    repo = getattr(push, "repo_id", push)
+    out_abs = os.path.abspath(out if out is not None else str(repo).split("/")[-1])
     inter = os.path.abspath(intermediate_dir or os.path.join(os.path.dirname(out_abs),
                                                              f".{os.path.basename(out_abs)}.stages"))
     paths = {s.name: os.path.join(inter, s.name) for s in stages if s.name is not None}
@@ -192,19 +204,34 @@ def run_stages(text: str, out: str, *, intermediate_dir: str | None = None, **op
         return paths[name] + sep + lora if name in paths else ref
 
     done: list[tuple[Stage, Any, str]] = []
+
+    def stages_section(final_result: Any, final_config: str) -> dict[str, str]:
+        body = ["This model was merged in stages from one multi-stage mergekit config (mergekit-multi), each stage "
+                "by hubsoup with mergekit's semantics:\n"]
+        for st, res, config in [*done, (final, final_result, final_config)]:
+            body.append(f"**{st.name or 'final merge'}** (recipe `{res.recipe.hash[:12]}`):\n\n```yaml\n"
+                        + public_config_text(config).rstrip() + "\n```\n")
+        return {"title": "Merge stages", "body": "\n".join(body)}
+
     result = None
     for st in stages:
         config = dump_config(_map_models(st.data, patch))
-        target = out_abs if st is final else paths[st.name]
-        opts = dict(options) if st is final else {**options, "overwrite": True}
-        result = run_config(config, target, **opts)
-        done.append((st, result, config))
+        if st is not final:
+            result = run_config(config, paths[st.name], **{**options, "overwrite": True})
+            done.append((st, result, config))
+            continue
+        if push is None:
+            result = run_config(config, out_abs, **options)
+            result.sections.append(stages_section(result, config))
+            result.write_card(result.path)
+        else:  # the card with every stage goes up in the push's one commit
+
+            def card(res: Any, folder: str, config: str = config) -> None:
+                res.sections.append(stages_section(res, config))
+                res.write_card(folder, repo_id=repo)
+                if before_push is not None:
+                    before_push(res, folder)
+
+            result = run_config(config, out, push=push, before_push=card, **options)
     assert result is not None
-    body = ["This model was merged in stages from one multi-stage mergekit config (mergekit-multi), each stage "
-            "by hubsoup with mergekit's semantics:\n"]
-    for st, res, config in done:
-        body.append(f"**{st.name or 'final merge'}** (recipe `{res.recipe.hash[:12]}`):\n\n```yaml\n"
-                    + public_config_text(config).rstrip() + "\n```\n")
-    result.sections.append({"title": "Merge stages", "body": "\n".join(body)})
-    result.write_card(result.path)
     return result

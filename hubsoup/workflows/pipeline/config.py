@@ -116,6 +116,12 @@ class PushTarget:
     name: str = "{method}-{inputs_short}-{hash8}"
     """Repo name template; fields: ``method``, ``spec``, ``inputs_short``, ``n``, ``hash8``, ``hash``, ``base_short``."""
     private: bool = False
+    stream: bool = True
+    """A merge pushed without an evaluation (no ``eval`` and no ``select``) is streamed to the Hub as it is written
+    (``hubsoup.merge(..., push=...)``): nothing of it is kept in ``work_dir``, the disk holds a few shards at once,
+    and a failed or interrupted push resumes on the next run (the shards the Hub holds are neither merged nor
+    uploaded again). ``false``: every merge is written whole to ``work_dir`` first, then pushed (and reused,
+    verified, by the next run when its push failed)."""
 
 
 @dataclass
