@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData, constants, metadata_load
 
+from hubsoup import REPOSITORY
 from hubsoup.arch import auto_class
 from hubsoup.errors import ParameterError
 from hubsoup.eval import to_eval_results
@@ -252,6 +253,7 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         inputs=inputs,
         eval_results=list(eval_results or []),
         hubsoup_version=result.recipe.hubsoup_version,
+        repository=REPOSITORY,
         recipe_hash=result.recipe.hash,
         recipe_yaml=result.recipe.public_yaml(),
         load_id=repo_id or os.path.abspath(result.path),  # a local card loads from anywhere
