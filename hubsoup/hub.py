@@ -45,6 +45,7 @@ from huggingface_hub.utils._runtime import is_xet_available
 
 from hubsoup.card import public_adapter_config, retarget_text
 from hubsoup.errors import MergeCancelled, PushError
+from hubsoup.progress import upload_steps
 from hubsoup.public import _map_models, resign_state_json
 # the Hub client rules live in hubsoup.hubclient (sources and the pipeline use them too); re-exported here
 from hubsoup.hubclient import (  # noqa: F401
@@ -345,7 +346,7 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
             private or gated inputs (:func:`hubsoup.api.note_restricted_inputs`, which ``push_to_hub`` and
             ``hubsoup push`` pass; the push module renders no card itself).
         monitor: a :class:`hubsoup.progress.Monitor` (an app's ``progress``/``cancel``): stage ``push``,
-            one report per file, nothing printed; cancelled before the repo is created, between files or
+            reports as the files go up (in bytes), nothing printed; cancelled before the repo is created, between files or
             before the commit, it raises :class:`MergeCancelled` with no commit made (and deletes the repo
             if this call created it).
 
@@ -439,11 +440,7 @@ def _push_monitored(api, repo_id: str, plan: list[tuple[str, str | bytes]], moni
         for name, content in plan:
             src = files.enter_context(open(content, "rb")) if isinstance(content, str) else content
             operations.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=src))
-        monitor.segment(len(operations) + 1, f"uploading {len(operations)} file(s)")
-        for op in operations:
-            monitor.check("during the upload")
-            api.preupload_lfs_files(repo_id, additions=[op], create_pr=create_pr)
-            monitor.step(f"uploaded {op.path_in_repo}")
+        upload_steps(monitor, operations, lambda op: api.preupload_lfs_files(repo_id, additions=[op], create_pr=create_pr))
         monitor.check("before the commit")
         info = api.create_commit(repo_id=repo_id, operations=operations, commit_message=message,
                                  commit_description=commit_description, create_pr=create_pr)
