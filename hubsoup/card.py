@@ -68,14 +68,16 @@ def upstream_model(ref) -> str | None:
 
 
 def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[EvalResult] | None:
-    """Eval results whose dataset is a local file name it by file name and content hash, not by path."""
+    """Eval results as published: a ``dataset.type`` that is a local file (a caller's own ``EvalResult``) is
+    ``custom``, as :func:`hubsoup.eval.run.dataset_type` makes it; the file is never named there."""
     if not eval_results:
         return eval_results
 
     out = []
     for r in eval_results:
-        if looks_local(getattr(r, "dataset_type", None)):
-            r = dataclasses.replace(r, dataset_type=public_file_ref(r.dataset_type))
+        kind = getattr(r, "dataset_type", None)
+        if isinstance(kind, str) and (looks_local(kind) or "@sha256:" in kind or kind.endswith("@local")):
+            r = dataclasses.replace(r, dataset_type="custom")
         out.append(r)
     return out
 

@@ -46,7 +46,7 @@ from huggingface_hub.utils._runtime import is_xet_available
 from hubsoup.card import public_adapter_config, retarget_text
 from hubsoup.errors import MergeCancelled, PushError
 from hubsoup.progress import upload_steps
-from hubsoup.public import _map_models, resign_state_json
+from hubsoup.public import _map_models, local_path_in_file, resign_state_json
 # the Hub client rules live in hubsoup.hubclient (sources and the pipeline use them too); re-exported here
 from hubsoup.hubclient import (  # noqa: F401
     DEFAULT_TIMEOUT, TIMEOUT_ENV, SecretFilter, Token, check_repo_id, ensure_timeouts, error_status, hub_timeout,
@@ -274,6 +274,10 @@ def upload_plan(folder: str, repo_id: str) -> list[tuple[str, str | bytes]]:
                 raise PushError(f"{name} holds a local path (under {under}), which must not be published: "
                                 "remove it from the file and push again")
         plan.append((name, content))
+    for name, content in plan:  # every file of the commit, whatever wrote it: no absolute local path, no home
+        if (leak := local_path_in_file(name, content)) is not None:
+            raise PushError(f"{name} holds a local path ({leak}), which must not be published: remove it from the "
+                            "file and push again")
     return plan
 
 

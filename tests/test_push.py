@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -326,3 +327,38 @@ def test_push_while_offline_says_so(soup):
     # no ``hub`` fixture: the suite's HF_HUB_OFFLINE=1 is on
     with pytest.raises(PushError, match=r"alice/soup failed: offline mode is on \(HF_HUB_OFFLINE=1\)"):
         push_folder(soup.path, "alice/soup")
+
+
+def test_every_file_of_the_commit_is_scrubbed_for_local_paths(hub, zoo, tmp_path):
+    """Issue 48, item 2: whatever wrote it, a file that still holds an absolute path of this machine or the home
+    folder stops the push before anything is sent (JSON values, YAML, text, safetensors metadata); a URL's path,
+    a system path (``/usr/bin/time``) and a tokenizer's vocabulary (JSON keys) are no local paths."""
+    from safetensors.torch import save_file
+
+    res = hubsoup.merge([zoo["ft-a"], zoo["ft-b"]], method="linear", base=zoo["base"], out=str(tmp_path / "o"),
+                        quiet=True)
+    here = str(tmp_path / "somewhere" / "data.jsonl")
+    home = os.path.join(os.path.expanduser("~"), "x")
+    plants = {"notes.txt": f"evaluated on {here}\n".encode(),
+              "results/extra.json": json.dumps({"cfg": {"data_files": {"validation": here}}}).encode(),
+              "task.yaml": f"task: t\ndataset_kwargs:\n  data_files: {here}\n".encode(),
+              "home.md": f"made in {home}\n".encode()}
+    tensor_meta = {"source": f"trained from {here}"}
+    innocent = {"fine.md": b"see https://huggingface.co/org/x/blob/main/a.md and /usr/bin/time, (/api/models/x)\n",
+                "vocab/tokenizer.json": json.dumps({"model": {"vocab": {"/tmp/x": 0, "w": 1}}}).encode()}
+    for name, data in innocent.items():
+        os.makedirs(os.path.dirname(os.path.join(res.path, name)), exist_ok=True)
+        open(os.path.join(res.path, name), "wb").write(data)
+    for name, data in [*plants.items(), ("extra.safetensors", None)]:
+        path = os.path.join(res.path, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if data is None:
+            save_file({"x": torch.zeros(1)}, path, metadata=tensor_meta)
+        else:
+            open(path, "wb").write(data)
+        with pytest.raises(PushError, match=f"{re.escape(name)} holds a local path"):
+            push_folder(res.path, "alice/scrubbed", token=hub.token("alice"))
+        assert not hub.exists("alice/scrubbed")  # refused before anything was sent
+        os.remove(path)
+    push_folder(res.path, "alice/scrubbed", token=hub.token("alice"))  # the innocent files go up
+    assert set(innocent) <= set(hub.files("alice/scrubbed"))
