@@ -20,6 +20,7 @@ import yaml
 
 from hubsoup.cli import main
 from hubsoup.errors import ParameterError
+from hubsoup.public import local_path_in_file
 from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer, write_card_metadata
 from hubsoup.workflows.pipeline import load_pipeline, run_pipeline
 from hubsoup.workflows.pipeline.licenses import combine
@@ -125,6 +126,8 @@ def test_pipeline_run_rerun_and_new_candidate(hub, zoo, tmp_path, capsys):
         card = files["README.md"].decode()
         assert "license: apache-2.0" in card and "perplexity" in card
         assert rid.split("/")[1].endswith(recipe_hash(hub, rid)[:8])  # name template {method}-{inputs_short}-{hash8}
+        for name, data in files.items():  # its eval data is a local file: by name and hash only (issue 48, item 2)
+            assert local_path_in_file(name, data) is None, (rid, name)
     board = json.loads((tmp_path / "work" / "leaderboard" / "leaderboard.json").read_text())
     rows = board["merges"]
     assert [r["status"] for r in rows].count("published") == 3 and [r["status"] for r in rows].count("not selected") == 1
@@ -139,6 +142,8 @@ def test_pipeline_run_rerun_and_new_candidate(hub, zoo, tmp_path, capsys):
     assert "| model | status |" in md and "sample/perplexity" in md
     remote = json.loads(hub.files("soup-org/leaderboard", repo_type="dataset")["leaderboard.json"])
     assert remote == board
+    for name, data in hub.files("soup-org/leaderboard", repo_type="dataset").items():
+        assert local_path_in_file(name, data) is None, name
 
     # again: nothing new on the Hub, nothing merged (the rejected merge is remembered by the Hub's leaderboard)
     before = state(hub)

@@ -257,6 +257,7 @@ class EvolveConfig:
         bad = sorted(set(self.resources) - {"cpus", "gpus", "memory"})
         if bad:
             raise ParameterError(f"{where}: unknown key 'resources.{bad[0]}' (cpus, gpus, memory)")
+        check_population(self, where)
 
     @property
     def cpus(self) -> int:
@@ -282,6 +283,20 @@ class EvolveConfig:
                 "space": {k: v.describe() for k, v in self.space.items()}, "optimizer": self.optimizer,
                 "population": self.population, "seed": self.seed, "tasks": self.tasks, "metric": self.metric,
                 "limit": self.limit, "dtype": self.dtype, "threads": self.cpus}
+
+
+CMAES_MIN_POPULATION = 4
+"""The smallest CMA-ES population: below it CMA-ES keeps one parent (μ = 1) and its update divides by zero
+(``cmaes`` warns "divide by zero" at every generation), at 4 it keeps two."""
+
+
+def check_population(cfg: "EvolveConfig", where: str = "evolve config") -> None:
+    """A population CMA-ES cannot work with is refused, saying what can (a study's population is its identity:
+    raising it behind the user's back would make another study than the one written)."""
+    if cfg.optimizer == "cmaes" and cfg.population < CMAES_MIN_POPULATION:
+        raise ParameterError(f"{where}: population {cfg.population} is too small for CMA-ES, which needs at least "
+                             f"{CMAES_MIN_POPULATION} (with fewer it keeps one parent and its update divides by zero);"
+                             f" use population: {CMAES_MIN_POPULATION} or more, or optimizer: tpe or random")
 
 
 def param_names(cfg: EvolveConfig) -> dict[str, str]:
