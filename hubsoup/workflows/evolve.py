@@ -208,7 +208,8 @@ class EvolveConfig:
                 raise ParameterError(f"{where} not found")
 
             with open(source, encoding="utf-8") as f:
-                source = load_yaml(f.read(MAX_YAML_BYTES + 1), where)  # bounded: size, aliases
+                loaded = load_yaml(f.read(MAX_YAML_BYTES + 1), where)  # bounded: size, aliases
+            source = config_relative(loaded, os.path.dirname(os.path.abspath(source)))
         if not isinstance(source, dict):
             raise ParameterError(f"{where}: expected a mapping (base, models, method, space, ...)")
         d = dict(source)
@@ -283,6 +284,45 @@ class EvolveConfig:
                 "space": {k: v.describe() for k, v in self.space.items()}, "optimizer": self.optimizer,
                 "population": self.population, "seed": self.seed, "tasks": self.tasks, "metric": self.metric,
                 "limit": self.limit, "dtype": self.dtype, "threads": self.cpus}
+
+
+def config_relative(d: Any, root: str) -> Any:
+    """An evolve config file's paths taken relative to the file, as a pipeline's are: ``models`` and ``base``
+    folders, a task's local data and ``head=``, an lm-eval ``task_dir=``. A relative path that does not exist
+    there is left as written (a Hub ID such as ``org/name``, or a path relative to the working folder)."""
+    if not isinstance(d, dict):
+        return d
+
+    def local(value: Any) -> Any:
+        if not isinstance(value, str) or not value or os.path.isabs(os.path.expanduser(value)):
+            return value
+        there = os.path.join(root, value)
+        return there if os.path.exists(there) else value
+
+    out = dict(d)
+    if isinstance(out.get("models"), list):
+        out["models"] = [local(m) for m in out["models"]]
+    if out.get("base"):
+        out["base"] = local(out["base"])
+    ev = out.get("eval")
+    if isinstance(ev, dict) and isinstance(ev.get("tasks"), list):
+        out["eval"] = {**ev, "tasks": [_task_relative(t, local) if isinstance(t, str) else t for t in ev["tasks"]]}
+    return out
+
+
+def _task_relative(spec: str, local: Callable[[Any], Any]) -> str:
+    """A task spec with its local paths (DATA, ``head=``, ``task_dir=``) passed through ``local``."""
+    kind, sep, rest = spec.partition(":")
+    if not sep:
+        return spec
+    parts = rest.split(",")
+    for i, part in enumerate(parts):
+        key, eq, value = part.partition("=")
+        if eq and key.strip() in ("head", "task_dir"):
+            parts[i] = f"{key}={local(value)}"
+        elif i == 0 and not eq and kind.strip() != "lm-eval":  # lm-eval's first field is task names
+            parts[i] = local(part)
+    return f"{kind}:{','.join(parts)}"
 
 
 CMAES_MIN_POPULATION = 4
@@ -639,6 +679,16 @@ def _plot(out: str, table: list[dict[str, Any]]) -> None:
     os.replace(tmp, os.path.join(out, PLOT_FILE))
 
 
+def _card_in_place(res: Any, out: str) -> Any:
+    """The best model's card, rendered where the model now is: titled (and its model-index named) by ``out``'s
+    name, its "How to use" loading ``out``; a push then retitles it by the repo and loads the repo ID. Never the
+    temporary folder the merge was written to (``.hubsoup-best-XXXX/model``)."""
+    res.path = os.path.abspath(out)
+    res.card_text = None
+    res.write_card(res.path)
+    return res
+
+
 def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None, best: dict[str, Any],
                 summary: dict[str, Any], quiet: bool):
     """Merge the best trial once into a temporary folder inside ``out`` (with evaluation and card), then move its
@@ -654,7 +704,6 @@ def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None
                                                     failed=sum(r["state"] == "fail" for r in summary["trials"]),
                                                     search_file=SEARCH_FILE, plot_file=PLOT_FILE)
         res.sections.append({"title": "Evolutionary search", "body": body.strip()})
-        res.write_card(model_dir)
         for name in os.listdir(out):  # the previous best model's files (a study extended with more trials)
             path = os.path.join(out, name)
             if name in _STUDY_FILES or name.startswith(".") or path == tmp:
@@ -665,9 +714,7 @@ def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None
                 os.remove(path)
         for name in os.listdir(model_dir):
             os.replace(os.path.join(model_dir, name), os.path.join(out, name))
-        res.path = os.path.abspath(out)
-        res.card_text = None
-        return res
+        return _card_in_place(res, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
