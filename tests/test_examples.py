@@ -189,3 +189,39 @@ def test_the_examples_are_all_here_and_documented():
         assert '"--out"' in source and "tempfile.mkdtemp(" in source, f"{name}.py: no --out, or no temporary default"
         assert "atexit.register(shutil.rmtree, root" in source, f"{name}.py: its temporary folder is left behind"
         assert f"python examples/{name}.py" in readme, f"examples/README.md does not list {name}.py"
+
+
+@pytest.mark.slow
+def test_the_evolve_example_runs_as_printed(tmp_path):
+    """Issue 48, item 4: the README's evolve commands, as printed, on a fresh copy of the example, offline: its
+    tiny models and lm-eval task made by its script, then ``hubsoup evolve examples/evolve.yml --out ./evolved``."""
+    import shutil
+
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    commands = ["python examples/evolve/make_models.py", "hubsoup evolve examples/evolve.yml --out ./evolved"]
+    for command in commands:
+        assert command in readme, f"the README no longer prints {command!r}"
+    clone = tmp_path / "clone"
+    (clone / "examples" / "evolve").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "examples", "evolve.yml"), clone / "examples")
+    for name in ("make_models.py", "choices.jsonl"):
+        shutil.copy(os.path.join(ROOT, "examples", "evolve", name), clone / "examples" / "evolve")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_HOME": str(tmp_path / "hf-home"), "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"}
+    env.pop("HF_TOKEN", None)
+    hubsoup_cli = [sys.executable, "-m", "hubsoup"]  # `hubsoup`, of this tree
+    for command in commands:
+        argv = command.split()
+        argv = [sys.executable, *argv[1:]] if argv[0] == "python" else [*hubsoup_cli, *argv[1:]]
+        proc = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert "fatal" not in proc.stderr and "divide by zero" not in proc.stderr, proc.stderr[-2000:]  # quiet (item 6)
+    out = clone / "evolved"
+    table = json.load(open(out / "hubsoup_search.json", encoding="utf-8"))
+    assert len(table["trials"]) == 8 and all(r["state"] == "complete" for r in table["trials"])
+    card = (out / "README.md").read_text()
+    assert "\n# evolved\n" in card and f'from_pretrained("{out}")' in card and ".hubsoup-best" not in card
+    assert (out / "model.safetensors").is_file()
