@@ -121,7 +121,10 @@ def _load_view(result, folder: str | None, lora: bool) -> dict[str, Any]:
         cls, tag = _PEFT_TASK_AUTO.get(str(task), (cls, tag))
     seen = [d for d in [*here, base_dir] if d and os.path.isdir(d)]
     tokenizer = not seen or any(os.path.isfile(os.path.join(d, f)) for d in seen for f in _TOKENIZER_FILES)
-    return {"auto_class": cls, "pipeline_tag": tag, "architecture": auto.architecture, "tokenizer": tokenizer}
+    # an adapter folder holds the base's tokenizer: loaded from it, the snippet needs the base for the weights only
+    tokenizer_here = any(os.path.isfile(os.path.join(d, f)) for d in here if os.path.isdir(d) for f in _TOKENIZER_FILES)
+    return {"auto_class": cls, "pipeline_tag": tag, "architecture": auto.architecture, "tokenizer": tokenizer,
+            "tokenizer_here": tokenizer_here}
 
 
 def _heads_view(evaluation: Sequence[Any]) -> list[dict[str, Any]]:
@@ -323,6 +326,7 @@ def retarget_text(text: str, folder: str, repo_id: str) -> str:
     if base is not None and not base.repo_id and base.path:
         for local in _local_forms(base.path):
             new = new.replace(f'from_pretrained("{local}")', f'from_pretrained("{base_load_id(base)}")')
+            new = new.replace(f'base_path = "{local}"', f'base_path = "{base_load_id(base)}"')  # a local-only base
     old_title, title = card_title(os.path.abspath(folder)), card_title(repo_id)
     if old_title != title:
         head, sep, body = new.partition("\n---\n") if new.startswith("---\n") else ("", "", new)

@@ -176,7 +176,8 @@ def test_snippet_names_the_class_of_the_architecture(outputs, kind):
     assert f"{cls}.from_pretrained(" in code and card.data.pipeline_tag == tag and card.data.library_name == library
     if kind == "lora":
         assert "PeftModel.from_pretrained(base, \"alice/soup\")" in code
-        assert f'{cls}.from_pretrained("{outputs[kind][0].base.public_name}")' in code
+        # a base that is only a local folder: named by its folder name, with a guard (issue 48, item 4)
+        assert f'base_path = "{outputs[kind][0].base.public_name}"' in code and f"{cls}.from_pretrained(base_path)" in code
     else:
         assert f'{cls}.from_pretrained("{REPO}")' in code
 
