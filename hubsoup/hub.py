@@ -49,8 +49,8 @@ from hubsoup.progress import upload_steps
 from hubsoup.public import _map_models, local_path_in_file, resign_state_json
 # the Hub client rules live in hubsoup.hubclient (sources and the pipeline use them too); re-exported here
 from hubsoup.hubclient import (  # noqa: F401
-    DEFAULT_TIMEOUT, TIMEOUT_ENV, SecretFilter, Token, check_repo_id, ensure_timeouts, error_status, hub_timeout,
-    install_log_scrubber, is_timeout, scrub_secrets, server_detail,
+    DEFAULT_TIMEOUT, TIMEOUT_ENV, SecretFilter, Token, check_repo_id, commit_was_skipped, ensure_timeouts, error_status,
+    expect_commit, hub_timeout, install_log_scrubber, is_timeout, pushed_line, scrub_secrets, server_detail,
 )
 from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref, public_recipe_yaml
 from hubsoup.sources.access import is_hub_id
@@ -377,6 +377,7 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
     except PushError as e:
         raise PushError(f"push of '{folder}' to {repo_id} refused: {e}") from None
     created = False
+    expect_commit()  # identical content: huggingface_hub skips the commit; hubclient notes it (commit_was_skipped)
     try:
         ensure_timeouts()
         if monitor is not None and monitor.active:

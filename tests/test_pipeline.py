@@ -311,6 +311,23 @@ def test_dry_run_prints_the_plan_and_changes_nothing(hub, zoo, tmp_path, capsys)
     assert rc == 2 and "NO_SUCH_VARIABLE" in capsys.readouterr().err
 
 
+def test_dry_run_shows_no_third_party_bars(hub, zoo, tmp_path, capfd):
+    """Issue 48, item 6: reading the evaluation data for the plan prints no datasets bars ("Generating
+    validation split"); data never read before (a cached one would print none anyway)."""
+    publish(hub, zoo, "base", "ft-a", "ft-b")
+    hub.login("alice")
+    data = tmp_path / "fresh.jsonl"
+    data.write_text(open(EVAL_DATA, encoding="utf-8").read() + json.dumps({"text": f"w1 w2 {tmp_path.name}"}) + "\n")
+    path = example(tmp_path)
+    p = yaml.safe_load(open(path))
+    p["eval"]["tasks"] = [f"perplexity:{data},text=text,name=sample"]
+    (tmp_path / "pipeline.yml").write_text(yaml.safe_dump(p))
+    capfd.readouterr()
+    assert main(["pipeline", path, "--dry-run"]) == 0
+    err = capfd.readouterr().err
+    assert "Generating" not in err and "examples/s" not in err, err
+
+
 # ---- rate limits and server errors --------------------------------------------------------------------
 
 

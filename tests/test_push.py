@@ -260,9 +260,11 @@ def test_interrupted_merge_push_then_retry(hub, zoo, tmp_path, monkeypatch, caps
     first = COMMIT_LINE.search(capsys.readouterr().out).group(3)
     assert first == hub.head("soup-org/soup")
     assert_same_as_hub(hub, "soup-org/soup", local)
-    # pushing again is a no-op: same commit, no new one
+    # pushing again is a no-op: same commit, no new one, and said so
     assert main(["push", local, "soup-org/soup"]) == 0
-    assert COMMIT_LINE.search(capsys.readouterr().out).group(3) == first == hub.head("soup-org/soup")
+    out = capsys.readouterr().out
+    assert out.startswith("nothing changed: soup-org/soup already has this content at ")
+    assert re.search(r"/commit/([0-9a-f]{40})", out).group(1) == first == hub.head("soup-org/soup")
     assert len(hub.history("soup-org/soup")) == 2
 
     # re-running the merge is refused, pointing at the push instead
@@ -362,3 +364,25 @@ def test_every_file_of_the_commit_is_scrubbed_for_local_paths(hub, zoo, tmp_path
         os.remove(path)
     push_folder(res.path, "alice/scrubbed", token=hub.token("alice"))  # the innocent files go up
     assert set(innocent) <= set(hub.files("alice/scrubbed"))
+
+
+def test_pushing_the_same_content_again_says_nothing_changed(hub, soup, capsys, caplog):
+    """Issue 48, item 6: huggingface_hub skips a commit of identical content with a WARNING and returns the old
+    commit; the command line said "pushed to ... <the old commit>". Now: "nothing changed", and the WARNING (third-
+    party noise) only when debugging."""
+    import logging
+
+    hub.login("alice")
+    assert main(["push", soup.path, "alice/again"]) == 0
+    assert "pushed to alice/again" in capsys.readouterr().out
+    head = hub.head("alice/again")
+    caplog.clear()
+    assert main(["push", soup.path, "alice/again"]) == 0
+    out = capsys.readouterr().out
+    assert f"nothing changed: alice/again already has this content at {head[:12]}" in out and "pushed to" not in out
+    assert hub.head("alice/again") == head
+    assert not [r for r in caplog.records if "No files have been modified" in r.getMessage()]
+    caplog.set_level(logging.DEBUG)  # -v: third-party messages shown
+    assert main(["push", soup.path, "alice/again"]) == 0
+    assert [r for r in caplog.records if "No files have been modified" in r.getMessage()]
+    assert "nothing changed" in capsys.readouterr().out

@@ -14,6 +14,7 @@ from hubsoup.cli import evolve, export_config, manners, signals, space
 from hubsoup.cli.manners import HelpFormatter
 from hubsoup.cli.options import add_merge_options, add_output_format, add_params, merge_options, output_format, params
 from hubsoup.errors import HubsoupError, OutputExistsError, ParameterError
+from hubsoup.hubclient import pushed_line
 
 
 def _push_prepare(args) -> str:
@@ -49,7 +50,7 @@ def _push_finish(args, result) -> None:
         return
     info = result.push_to_hub(args.push, private=args.private or None, create_pr=args.create_pr,
                               commit_message=args.commit_message)
-    print(f"pushed to {args.push}: {info.commit_url}")
+    print(pushed_line(args.push, info))
     if info.pr_url:
         print(f"pull request: {info.pr_url}")
 

@@ -53,7 +53,7 @@ from hubsoup.api import parse_method
 from hubsoup.card import template_path
 from hubsoup.errors import EvolveError, ParameterError
 from hubsoup.eval import TaskSpec
-from hubsoup.hub import check_repo_id
+from hubsoup.hub import check_repo_id, pushed_line
 from hubsoup.methods import get_method
 from hubsoup.options import MergeOptions
 from hubsoup.output.folder import OutputLock
@@ -596,7 +596,7 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         if push:
             info = result.push_to_hub(push, private=private)
             if not quiet:
-                print(f"pushed to {push}: {info.commit_url}")
+                print(pushed_line(push, info))
         if monitor.reporting:
             monitor.finish(f"best trial {best['number']} (score {best['score']:.6g}) -> {out}")
         return EvolveResult(os.path.abspath(out), best["number"], best["params"], best["score"], table, result,

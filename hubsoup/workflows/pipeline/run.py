@@ -270,10 +270,11 @@ class _Runner:
 
     def check_data(self) -> None:
         """Read the local evaluation data once, before anything is planned: a bad row is one clear error
-        (exit status 2), not the same failure on every merge."""
+        (exit status 2), not the same failure on every merge. Read as :meth:`TaskSpec.check` reads it: no
+        datasets progress bars ("Generating validation split"), which a dry run's plan is no place for."""
         for spec in self.tasks:
             if spec.is_local:
-                spec.load()
+                spec.check()
 
     @property
     def eval_signature(self) -> str:
