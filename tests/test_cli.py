@@ -44,6 +44,10 @@ def test_methods_lists_every_method_with_defaults(capsys):
     for name in available():
         assert f"{name}:" in out
     assert "--param density=0.2" in out and "arxiv.org/abs/2306.01708" in out
+    # issue 48, item 8: an open range is no range; a help text says nothing a given value would contradict
+    assert "None]" not in out and "[None" not in out
+    assert "(float ≥ 0.0)" in out  # consensus' lambdas: bounded below only
+    assert "k=20%" not in out and "task arithmetic's 0.3" not in out  # TA's default is 1/N, not 0.3
 
 
 def test_console_script_entry_point(tmp_path):

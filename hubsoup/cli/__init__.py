@@ -40,6 +40,18 @@ def _push_prepare(args) -> str:
     return out
 
 
+def range_text(bounds) -> str:
+    """A parameter's range as ``hubsoup methods`` shows it: an open end is not shown (it is no bound at all).
+
+    >>> range_text([0.0, 1.0]), range_text([0.0, None]), range_text([None, 2]), range_text([None, None])
+    (' range [0.0, 1.0]', ' ≥ 0.0', ' ≤ 2', '')
+    """
+    lo, hi = (list(bounds) + [None, None])[:2] if bounds else (None, None)
+    if lo is not None and hi is not None:
+        return f" range [{lo}, {hi}]"
+    return f" ≥ {lo}" if lo is not None else (f" ≤ {hi}" if hi is not None else "")
+
+
 def _push_finish(args, result) -> None:
     """--card-template, then --push: upload the output in one commit and print the commit URL."""
     if args.card_template:
@@ -99,7 +111,7 @@ def cmd_methods(args) -> int:
         lo, hi = m["min_inputs"], m["max_inputs"]
         print(f"  inputs: {lo}" + ("+" if hi is None else ("" if hi == lo else f"-{hi}")))
         for row in m["params"]:
-            rng = f" range {row['range']}" if row.get("range") else ""
+            rng = range_text(row.get("range"))
             what = f"one of {', '.join(map(str, row['choices']))}" if row["type"] == "choice" else row["type"]
             src = f" [{row['evidence'] if row.get('evidence') else row.get('source', 'paper')}]"
             print(f"  --param {row['name']}={row['default']!s:<8} ({what}{rng}) {row.get('help', '')}{src}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -46,12 +47,13 @@ class TaskResult:
 
     @property
     def score(self) -> float:
-        """Higher is better: accuracy, minus perplexity, an lm-eval metric (negated where lm-eval says lower is
-        better)."""
+        """Higher is better, one convention everywhere a score is ranked or averaged (search, evolve, pipelines):
+        accuracy; ``-log(perplexity)`` (the mean log-likelihood per token: perplexities of different tasks average
+        as a geometric mean); an lm-eval metric (negated where lm-eval says lower is better)."""
         v = self.metrics[self.main_metric]
         if self.task.kind == "lm-eval":
             return -v if self.main_metric in (self.details.get("lower_is_better") or ()) else v
-        return v if self.task.kind == "classification" else -v
+        return v if self.task.kind == "classification" else -math.log(v)
 
     @property
     def head(self) -> dict[str, Any] | None:

@@ -624,7 +624,7 @@ def public_task(spec: str) -> str:
 def _selection(cfg: EvolveConfig) -> str:
     if cfg.metric:
         return f"{cfg.metric} (maximised; a lower-is-better metric negated)"
-    return "mean over tasks of accuracy / -log(perplexity) / each lm-eval task's main metric"
+    return "the mean over tasks of each task's score (accuracy; -log(perplexity); an lm-eval task's main metric)"
 
 
 def _write_table(out: str, cfg: EvolveConfig, names: dict[str, str], table: list[dict[str, Any]]) -> dict[str, Any]:

@@ -596,8 +596,9 @@ class _Runner:
             for t in tasks:
                 if f"{t}/accuracy" in scores:
                     vals.append(scores[f"{t}/accuracy"])
-                elif f"{t}/perplexity" in scores:
-                    vals.append(-scores[f"{t}/perplexity"])
+                elif f"{t}/perplexity" in scores:  # -log(perplexity), as TaskResult.score, search and evolve
+                    ppl = scores[f"{t}/perplexity"]
+                    vals.append(-math.log(ppl) if ppl > 0 else math.nan)
             return sum(vals) / len(vals) if vals else None
         if "/" in sel.metric:
             return scores.get(sel.metric)
