@@ -11,7 +11,7 @@ the best as the output, whose card records the grid and every score. On a toy th
 small the search may well pick β = 0 (plain TIES scaled by α): finding that out is what
 the validation data is for.
 
-Everything is built here (model, tokenizer, data, heads); no network; a few seconds on CPU.
+Everything is built here (model, tokenizer, data, heads); no network; on a CPU.
 
 Run:
     python examples/lines_ties_search.py [--out DIR]

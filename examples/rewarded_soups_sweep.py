@@ -9,7 +9,7 @@ counting down through another); ``hubsoup.sweep`` writes one model per λ =
 (perplexity, lower is better) and lists them in ``sweep.json``. The printed table is
 the front: moving λ trades one style for the other.
 
-Everything is built here (model, tokenizer, text); no network; a few seconds on CPU.
+Everything is built here (model, tokenizer, text); no network; on a CPU.
 
 Run:
     python examples/rewarded_soups_sweep.py [--out DIR]

@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_format(pl)
     pl.set_defaults(func=cmd_plan)
 
-    d = sub.add_parser("demo", help="fine-tune MiniLM on 3 small real-text tasks, merge, evaluate (no network, ~1.5 min)")
+    d = sub.add_parser("demo", help="fine-tune MiniLM on 3 small real-text tasks, merge, evaluate (no network; its time: the README's first command)")
     d.add_argument("--out", default="hubsoup-demo", help="folder for the demo's models and merge")
     d.add_argument("--quiet", "-q", action="store_true")
     d.set_defaults(func=cmd_demo)
