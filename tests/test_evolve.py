@@ -313,3 +313,7 @@ def test_push_once_from_the_driver_without_the_study_store(hub, tiny, tmp_path):
     assert "\n# evolved\n" in card and ".hubsoup-best" not in card and str(tmp_path) not in card
     assert 'from_pretrained("alice/evolved")' in card
     assert yaml.safe_load(card.split("---\n")[1])["model-index"][0]["name"] == "evolved"
+    from hubsoup.public import local_path_in_file
+
+    for name, data in hub.files("alice/evolved").items():  # nothing local in any pushed file (issue 48, item 2)
+        assert local_path_in_file(name, data) is None, name

@@ -177,15 +177,20 @@ def test_merge_eval_writes_lm_eval_output_and_model_index(toy, tmp_path):
 
 
 @pytest.mark.slow
-def test_evolve_on_an_lm_eval_task(toy, tmp_path):
+def test_evolve_on_an_lm_eval_task(toy, hub, tmp_path):
     pytest.importorskip("optuna")
+    from hubsoup.public import local_path_in_file
     from hubsoup.workflows.evolve import SEARCH_FILE, evolve
 
     base, fts, spec = toy
     out = str(tmp_path / "out")
+    hub.login("alice")
     res = evolve({"base": base, "models": fts, "method": "task_arithmetic", "space": {"scale": [0.1, 1.5]},
                   "optimizer": "random", "trials": 2, "population": 2, "seed": 0,
-                  "eval": {"tasks": [spec], "metric": "toy_choice/acc_norm"}}, out, quiet=True)
+                  "eval": {"tasks": [spec], "metric": "toy_choice/acc_norm"}}, out, quiet=True,
+                 push="alice/lm-evolved")
+    for name, data in hub.files("alice/lm-evolved").items():  # issue 48, item 2: `evolve --push` too
+        assert local_path_in_file(name, data) is None, name
     table = json.loads(open(os.path.join(out, SEARCH_FILE)).read())
     for row in table["trials"]:
         assert row["state"] == "complete" and row["score"] == row["metrics"]["toy_choice"]["acc_norm"]
