@@ -35,7 +35,7 @@ import zipfile
 from importlib import metadata
 from typing import Any
 
-from hubsoup import __version__
+from hubsoup import REPOSITORY, __version__
 from hubsoup.errors import ParameterError, PushError
 from hubsoup.hubclient import Token
 
@@ -201,8 +201,6 @@ def python_version(hardware: str) -> str:
 
 def repository_url() -> str:
     """hubsoup's source repository: the ``Repository`` URL of its package metadata (``pyproject.toml``)."""
-    from hubsoup import REPOSITORY
-
     return REPOSITORY
 
 
