@@ -78,7 +78,7 @@ def main() -> None:
                "optimizer": "cmaes", "trials": args.trials, "population": args.population, "seed": 0,
                "eval": {"tasks": [f"perplexity:{data}"], "batch_size": 8}, "resources": {"cpus": args.threads}}
         # a warm-up study of one trial: imports and first-use costs (datasets, metric modules) are not trials
-        evolve({**cfg, "trials": 1, "population": 1}, os.path.join(tmp, "warm"), quiet=True)
+        evolve({**cfg, "trials": 1, "population": 1, "optimizer": "random"}, os.path.join(tmp, "warm"), quiet=True)
         t0 = time.perf_counter()
         res = evolve(cfg, os.path.join(tmp, "out"), quiet=True)
         total = time.perf_counter() - t0

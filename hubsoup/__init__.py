@@ -16,7 +16,10 @@ Example:
     >>> print(result)                                                 # doctest: +SKIP
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+"""The one place the version is written (``pyproject.toml`` reads it); ``CHANGELOG.md`` dates each one."""
+REPOSITORY = "https://github.com/hubsoup/hubsoup"
+"""hubsoup's source repository (``pyproject.toml``'s ``Repository`` URL): where cards and Spaces link to."""
 
 import importlib  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
@@ -56,4 +59,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hubsoup' has no attribute {name!r}")
 
 
-__all__ = ["HubsoupError", "__version__", *_LAZY]
+__all__ = ["HubsoupError", "__version__", "REPOSITORY", *_LAZY]

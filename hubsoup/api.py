@@ -170,7 +170,7 @@ class MergeResult:
         the card is rendered again from this result (its notes, sections and search included).
 
         ``progress(done, stage, message)`` and ``cancel`` (a ``threading.Event`` or a callable) as
-        for :func:`merge` (:mod:`hubsoup.progress`): stage ``"push"``, one report per file uploaded,
+        for :func:`merge` (:mod:`hubsoup.progress`): stage ``"push"``, reports as the files go up (counted in bytes),
         nothing printed; ``cancel`` is checked before the repo is created, between files and before
         the commit, and a cancelled push raises :class:`hubsoup.errors.MergeCancelled` with no
         commit made (a repo this call created is deleted again).
@@ -200,6 +200,7 @@ class MergeResult:
             raise PushError(f"this merge was pushed to {self.repo_id} without a local copy: merge again with "
                             f"push='{repo_id}' (or with out= to keep one)")
         monitor = Monitor(progress, cancel)
+        monitor.plan({"push": 1.0})  # the whole bar: done moves as the files go up (unplanned, it stood at 0 till 1)
         monitor.check("before the push")
         if eval_results or card_template or license:
             self.write_card(repo_id=repo_id, eval_results=eval_results, template=card_template, license=license)

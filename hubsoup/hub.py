@@ -51,12 +51,12 @@ from huggingface_hub.utils._runtime import is_xet_available
 from hubsoup.card import public_adapter_config, retarget_text
 from hubsoup.errors import MergeCancelled, ParameterError, PushError
 from hubsoup.output.shards import ShardLayout
-from hubsoup.progress import Monitor
-from hubsoup.public import _map_models, resign_state_json
+from hubsoup.progress import Monitor, upload_steps
+from hubsoup.public import _map_models, local_path_in_file, resign_state_json
 # the Hub client rules live in hubsoup.hubclient (sources and the pipeline use them too); re-exported here
 from hubsoup.hubclient import (  # noqa: F401
-    DEFAULT_TIMEOUT, TIMEOUT_ENV, SecretFilter, Token, check_repo_id, ensure_timeouts, error_status, hub_timeout,
-    install_log_scrubber, is_timeout, scrub_secrets, server_detail,
+    DEFAULT_TIMEOUT, TIMEOUT_ENV, SecretFilter, Token, check_repo_id, commit_was_skipped, ensure_timeouts, error_status,
+    expect_commit, hub_timeout, install_log_scrubber, is_timeout, pushed_line, scrub_secrets, server_detail,
 )
 from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref, public_recipe_yaml
 from hubsoup.sources.access import is_hub_id
@@ -306,7 +306,16 @@ class _PublishRules:
         elif name.endswith(".safetensors"):
             scan = _safetensors_header(local)
         self.check(name, scan)
+        self.scrub(name, content)
         return content
+
+    @staticmethod
+    def scrub(name: str, content: str | bytes) -> None:
+        """Every file of the commit, whatever wrote it (eval results, search tables, a shard's metadata): no
+        absolute local path, no home folder (``content``: its bytes or its local path)."""
+        if (leak := local_path_in_file(name, content)) is not None:
+            raise PushError(f"{name} holds a local path ({leak}), which must not be published: remove it from the "
+                            "file and push again")
 
     def check(self, name: str, scan: bytes) -> None:
         for needle in self.needles:
@@ -388,7 +397,7 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
             private or gated inputs (:func:`hubsoup.api.note_restricted_inputs`, which ``push_to_hub`` and
             ``hubsoup push`` pass; the push module renders no card itself).
         monitor: a :class:`hubsoup.progress.Monitor` (an app's ``progress``/``cancel``): stage ``push``,
-            one report per file, nothing printed; cancelled before the repo is created, between files or
+            reports as the files go up (in bytes), nothing printed; cancelled before the repo is created, between files or
             before the commit, it raises :class:`MergeCancelled` with no commit made (and deletes the repo
             if this call created it).
 
@@ -421,8 +430,10 @@ def push_folder(folder: str, repo_id: str, *, private: bool | None = None, creat
     mon.stage("push", f"pushing to {repo_id}")
     try:
         push.begin()
-        mon.segment(len(plan) + 1, f"uploading {len(plan)} file(s)")
-        push.steps = True  # a finished folder: each shard uploaded is a step of the push
+        # one segment counted in bytes (and the commit as one more unit): a big shard moves the bar as it goes up
+        mon.segment(sum(os.path.getsize(c) if isinstance(c, str) else len(c) for _, c in plan) + 1,
+                    f"uploading {len(plan)} file(s)")
+        push.steps = True  # a finished folder: each shard's bytes are steps of the push
         for name in shards:
             mon.check("during the upload")
             push.shard_done(name, os.path.join(folder, *name.split("/")), lambda: None)
@@ -623,6 +634,9 @@ class HubPush:
                     self._busy -= 1
                     self._done.notify_all()
 
+    def _preupload(self, op: CommitOperationAdd) -> None:
+        self.api.preupload_lfs_files(self.repo_id, additions=[op], create_pr=self.create_pr)
+
     def _upload(self, name: str, path: str) -> None:
         assert self._rules is not None, "prepare() first"
         self._rules.check(name, _safetensors_header(path))  # nothing local in what goes up, checked per shard
@@ -631,7 +645,10 @@ class HubPush:
             # an app's push shows no progress bar: a file object has none (huggingface_hub draws one for a path)
             src = files.enter_context(open(path, "rb")) if self.monitor.reporting else path
             op = CommitOperationAdd(path_in_repo=name, path_or_fileobj=src)
-            self.api.preupload_lfs_files(self.repo_id, additions=[op], create_pr=self.create_pr)
+            if self.steps:  # a finished folder's push: its bytes are counted as they go up
+                upload_steps(self.monitor, [op], self._preupload, segment=False)
+            else:
+                self._preupload(op)
             sha = op.upload_info.sha256.hex()
             if op._upload_mode != "lfs":  # a Hub that keeps it in git: its bytes go in the commit itself
                 with open(path, "rb") as f:
@@ -641,8 +658,6 @@ class HubPush:
             self._record.add(name, sha, size, self._names.get(name, ()))
         if not self.keeps_files:
             os.remove(path)
-        if self.steps:
-            self.monitor.step(f"uploaded {name}")
 
     # --- the commit ----------------------------------------------------------------------------------------
 
@@ -677,13 +692,9 @@ class HubPush:
                     src = (files.enter_context(open(content, "rb")) if isinstance(content, str) and mon.reporting
                            else content)
                     rest.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=src))
-                if segment:
-                    mon.segment(len(rest) + 1, f"uploading {len(rest)} file(s)")
-                for op in rest:
-                    mon.check("during the upload")
-                    self.api.preupload_lfs_files(self.repo_id, additions=[op], create_pr=self.create_pr)
-                    mon.step(f"uploaded {op.path_in_repo}")
+                upload_steps(mon, rest, self._preupload, segment=segment)
                 mon.check("before the commit")
+                expect_commit()  # identical content: huggingface_hub skips the commit (hubclient.commit_was_skipped)
                 # one commit, whatever the number of files; identical content makes no new commit
                 operations = sorted([*self.shards.values(), *rest], key=lambda op: op.path_in_repo)
                 COMMITTING.append(self.repo_id)

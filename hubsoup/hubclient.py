@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
 from typing import Any, Union
 
@@ -193,6 +194,51 @@ def install_log_scrubber() -> None:
 
     scrubbed_record._hubsoup = True  # type: ignore[attr-defined]
     logging.setLogRecordFactory(scrubbed_record)
+
+
+# --- a commit huggingface_hub skipped ---------------------------------------------------------------
+
+_EMPTY_COMMIT = "No files have been modified since last commit"
+_skipped = threading.local()
+
+
+class _SkippedCommitFilter(logging.Filter):
+    """huggingface_hub's WARNING for a commit it skipped (the repo already holds every file as it is): noted for
+    the thread that pushed (:func:`commit_was_skipped`, so the push can say "nothing changed" instead of
+    "pushed to ... <the old commit>") and shown only when debugging (``-v``): a WARNING reads as a failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _EMPTY_COMMIT not in str(record.msg):
+            return True
+        if record.thread == threading.get_ident():
+            _skipped.seen = True
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+def expect_commit() -> None:
+    """Before a commit: forget this thread's earlier skipped one; huggingface_hub's note of a skip is now seen."""
+    logger = logging.getLogger("huggingface_hub.hf_api")
+    if not any(isinstance(f, _SkippedCommitFilter) for f in logger.filters):
+        logger.addFilter(_SkippedCommitFilter())
+    _skipped.seen = False
+
+
+def commit_was_skipped() -> bool:
+    """Whether this thread's last commit (after :func:`expect_commit`) was skipped: nothing had changed."""
+    return bool(getattr(_skipped, "seen", False))
+
+
+def pushed_line(repo_id: str, info: Any) -> str:
+    """What the command line says after a push: the commit, or that the repo already had this content.
+
+    Example:
+        >>> class Info: oid, commit_url = "3f1c2d" + "0" * 34, "https://hub/alice/soup/commit/3f1c2d"
+        >>> pushed_line("alice/soup", Info())
+        'pushed to alice/soup: https://hub/alice/soup/commit/3f1c2d'
+    """
+    if commit_was_skipped():
+        return f"nothing changed: {repo_id} already has this content at {str(info.oid)[:12]} ({info.commit_url})"
+    return f"pushed to {repo_id}: {info.commit_url}"
 
 
 def check_repo_id(repo_id: str) -> str:

@@ -655,6 +655,10 @@ class HubServer(_LfsStore):
         with self._lock:
             self._delays.append([n, method.upper() if method else None, re.compile(path) if path else None, seconds])
 
+    def release_delays(self) -> None:
+        """Answer now the requests that :meth:`delay_next` holds (a test that has seen what it waited for)."""
+        self._release_hangs()
+
     def _take_delay(self, method: str, path: str) -> float:
         with self._lock:
             for d in self._delays:

@@ -7,6 +7,7 @@ import os
 import random
 
 import pytest
+import yaml
 
 from hubsoup.errors import ParameterError
 from hubsoup.eval import TaskSpec
@@ -176,17 +177,58 @@ def test_merge_eval_writes_lm_eval_output_and_model_index(toy, tmp_path):
 
 
 @pytest.mark.slow
-def test_evolve_on_an_lm_eval_task(toy, tmp_path):
+def test_evolve_on_an_lm_eval_task(toy, hub, tmp_path):
     pytest.importorskip("optuna")
+    from hubsoup.public import local_path_in_file
     from hubsoup.workflows.evolve import SEARCH_FILE, evolve
 
     base, fts, spec = toy
     out = str(tmp_path / "out")
+    hub.login("alice")
     res = evolve({"base": base, "models": fts, "method": "task_arithmetic", "space": {"scale": [0.1, 1.5]},
                   "optimizer": "random", "trials": 2, "population": 2, "seed": 0,
-                  "eval": {"tasks": [spec], "metric": "toy_choice/acc_norm"}}, out, quiet=True)
+                  "eval": {"tasks": [spec], "metric": "toy_choice/acc_norm"}}, out, quiet=True,
+                 push="alice/lm-evolved")
+    for name, data in hub.files("alice/lm-evolved").items():  # issue 48, item 2: `evolve --push` too
+        assert local_path_in_file(name, data) is None, name
     table = json.loads(open(os.path.join(out, SEARCH_FILE)).read())
     for row in table["trials"]:
         assert row["state"] == "complete" and row["score"] == row["metrics"]["toy_choice"]["acc_norm"]
     rows = json.loads(open(os.path.join(out, "eval_results.json")).read())
     assert rows[0]["metrics"]["acc_norm"] == res.best_score  # the written model scores what its trial scored
+
+
+@pytest.mark.slow
+def test_a_custom_tasks_local_files_are_never_kept_or_pushed_and_git_says_nothing(toy, hub, tmp_path, capfd,
+                                                                                  monkeypatch):
+    """Issue 48, items 2 and 6: lm-eval's config of a custom task names its files by path (``data_files``,
+    ``config_source``); ``eval_results.json`` keeps them by name and content hash, at the source, so the push has
+    nothing to replace (and its scrubber, run over every file, finds nothing). Run outside a git repository, the
+    CLI prints nothing of lm-eval's (its ``git describe`` said "fatal: not a git repository" once per evaluation)."""
+    from hubsoup.cli import main
+    from hubsoup.public import local_path_in_file
+
+    base, fts, spec = toy
+    elsewhere = tmp_path / "not-a-repo"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # git looks no higher than here
+    monkeypatch.setenv("HF_TOKEN", hub.token("alice"))
+    out = tmp_path / "soup"
+    assert main(["merge", *fts, "--base", base, "--method", "task_arithmetic", "--eval", spec, "--out", str(out),
+                 "--push", "alice/lm-soup"]) == 0
+    printed = capfd.readouterr()
+    assert "fatal" not in printed.err and "git" not in printed.err, printed.err
+    assert "Running loglikelihood" not in printed.err and "Generating" not in printed.err, printed.err
+    row = json.loads((out / "eval_results.json").read_text())[0]
+    cfg = row["lm_eval"]["config"]
+    assert cfg["dataset_kwargs"]["data_files"]["validation"].startswith("toy.jsonl@sha256:")
+    assert cfg["metadata"]["config_source"].startswith("toy.yaml@sha256:")
+    tasks_dir = spec.split("task_dir=")[1].split(",")[0]
+    assert tasks_dir not in (out / "eval_results.json").read_text()
+    pushed = hub.files("alice/lm-soup")
+    assert pushed["eval_results.json"] == (out / "eval_results.json").read_bytes()  # nothing left to replace
+    for name, data in pushed.items():
+        assert local_path_in_file(name, data) is None, name
+    meta = yaml.safe_load(pushed["README.md"].decode().split("---\n")[1])
+    assert {r["dataset"]["type"] for r in meta["model-index"][0]["results"]} == {"custom"}  # lm-eval's `json`: no file

@@ -518,6 +518,45 @@ def test_ci_workflow_installs_from_the_repository_url_and_caches_the_work_folder
         "actions/cache/save")
 
 
+def test_ci_workflow_runs_in_the_repository_its_instructions_make(tmp_path):
+    """Issue 48, item 4: lay out a repository as the workflow's header says; every path the workflow names is
+    there, and setup-python's pip cache has a file to hash (without one it fails: "No file matched to
+    [**/requirements.txt or **/pyproject.toml]", which such a repository does not have)."""
+    import glob
+    import shutil
+
+    folder = os.path.join(REPO, "examples", "pipelines")
+    text = open(os.path.join(folder, "community-merge.yml"), encoding="utf-8").read()
+    header = "".join(line for line in text.splitlines(True) if line.startswith("#"))
+    assert "beside it" not in header and ".github/workflows/community-merge.yml" in header
+    wf = yaml.safe_load(text)
+    env = wf["env"]
+    pipeline_dir = os.path.dirname(env["PIPELINE"])
+    assert f"in {pipeline_dir}/" in " ".join(header.split())  # the header names the folder the steps use
+    repo = tmp_path / "their-repo"  # as the header says: the workflow, pipeline.yml and data/
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    shutil.copy(os.path.join(folder, "community-merge.yml"), repo / ".github" / "workflows" / "community-merge.yml")
+    (repo / pipeline_dir).mkdir(parents=True)
+    shutil.copy(os.path.join(folder, "pipeline.yml"), repo / pipeline_dir)
+    shutil.copytree(os.path.join(folder, "data"), repo / pipeline_dir / "data")
+    assert not glob.glob(str(repo / "**" / "requirements.txt"), recursive=True)
+    steps = wf["jobs"]["merge"]["steps"]
+    setup = next(s for s in steps if s.get("uses", "").startswith("actions/setup-python"))
+    if setup["with"].get("cache") == "pip":
+        patterns = setup["with"].get("cache-dependency-path")
+        assert patterns, "cache: pip with nothing to hash"
+        for pattern in str(patterns).split():
+            assert glob.glob(str(repo / pattern), recursive=True), f"{pattern} matches nothing in their repository"
+    runs = [s["run"] for s in steps if "hubsoup pipeline" in s.get("run", "")]
+    assert runs and all('"$PIPELINE"' in r for r in runs)  # the file the header says to copy
+    assert (repo / env["PIPELINE"]).is_file()
+    p = yaml.safe_load((repo / env["PIPELINE"]).read_text())
+    for task in p["eval"]["tasks"]:  # its data, relative to the pipeline file
+        data = task.split(":", 1)[1].split(",")[0]
+        assert (repo / pipeline_dir / data).is_file(), data
+    assert env["WORK_DIR"] == f"{pipeline_dir}/{p['work_dir']}"
+
+
 def test_example_evaluation_data_is_real_english_text():
     import re
     import runpy

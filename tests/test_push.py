@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -268,9 +269,11 @@ def test_interrupted_merge_push_then_retry(hub, zoo, tmp_path, monkeypatch, caps
     assert main(args) == 0  # the same command again: it resumes, uploading nothing twice
     first = COMMIT_LINE.search(capsys.readouterr().out).group(3)
     assert first == hub.head("soup-org/soup") and hub.lfs_uploaded_objects == uploaded
-    # the same merge once more: identical content, no new commit
+    # the same merge once more: identical content, no new commit, and said so
     assert main(args) == 0
-    assert COMMIT_LINE.search(capsys.readouterr().out).group(3) == first and len(hub.history("soup-org/soup")) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("nothing changed: soup-org/soup already has this content at ")
+    assert re.search(r"/commit/([0-9a-f]{40})", out).group(1) == first and len(hub.history("soup-org/soup")) == 2
 
     # with a local copy (--out): it is complete when the commit fails, and `hubsoup push` retries
     hub.fail_commits(1, status=500)
@@ -284,7 +287,15 @@ def test_interrupted_merge_push_then_retry(hub, zoo, tmp_path, monkeypatch, caps
 
     transformers.AutoModel.from_pretrained(local)  # the local output is complete
     assert main(["push", local, "soup-org/kept"]) == 0
+    first = COMMIT_LINE.search(capsys.readouterr().out).group(3)
+    assert first == hub.head("soup-org/kept")
     assert_same_as_hub(hub, "soup-org/kept", local)
+    # pushing again is a no-op: same commit, no new one, and said so
+    assert main(["push", local, "soup-org/kept"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("nothing changed: soup-org/kept already has this content at ")
+    assert re.search(r"/commit/([0-9a-f]{40})", out).group(1) == first == hub.head("soup-org/kept")
+    assert len(hub.history("soup-org/kept")) == 2
     # re-running the merge into the same --out is refused, pointing at the push instead
     rc = main([*args[:-3], "--push", "soup-org/kept", "--out", "kept"])
     assert rc == 2 and "hubsoup push kept soup-org/kept" in capsys.readouterr().err
@@ -357,3 +368,60 @@ def test_push_while_offline_says_so(soup):
     # no ``hub`` fixture: the suite's HF_HUB_OFFLINE=1 is on
     with pytest.raises(PushError, match=r"alice/soup failed: offline mode is on \(HF_HUB_OFFLINE=1\)"):
         push_folder(soup.path, "alice/soup")
+
+
+def test_every_file_of_the_commit_is_scrubbed_for_local_paths(hub, zoo, tmp_path):
+    """Issue 48, item 2: whatever wrote it, a file that still holds an absolute path of this machine or the home
+    folder stops the push before anything is sent (JSON values, YAML, text, safetensors metadata); a URL's path,
+    a system path (``/usr/bin/time``) and a tokenizer's vocabulary (JSON keys) are no local paths."""
+    from safetensors.torch import save_file
+
+    res = hubsoup.merge([zoo["ft-a"], zoo["ft-b"]], method="linear", base=zoo["base"], out=str(tmp_path / "o"),
+                        quiet=True)
+    here = str(tmp_path / "somewhere" / "data.jsonl")
+    home = os.path.join(os.path.expanduser("~"), "x")
+    plants = {"notes.txt": f"evaluated on {here}\n".encode(),
+              "results/extra.json": json.dumps({"cfg": {"data_files": {"validation": here}}}).encode(),
+              "task.yaml": f"task: t\ndataset_kwargs:\n  data_files: {here}\n".encode(),
+              "home.md": f"made in {home}\n".encode()}
+    tensor_meta = {"source": f"trained from {here}"}
+    innocent = {"fine.md": b"see https://huggingface.co/org/x/blob/main/a.md and /usr/bin/time, (/api/models/x)\n",
+                "vocab/tokenizer.json": json.dumps({"model": {"vocab": {"/tmp/x": 0, "w": 1}}}).encode()}
+    for name, data in innocent.items():
+        os.makedirs(os.path.dirname(os.path.join(res.path, name)), exist_ok=True)
+        open(os.path.join(res.path, name), "wb").write(data)
+    for name, data in [*plants.items(), ("extra.safetensors", None)]:
+        path = os.path.join(res.path, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if data is None:
+            save_file({"x": torch.zeros(1)}, path, metadata=tensor_meta)
+        else:
+            open(path, "wb").write(data)
+        with pytest.raises(PushError, match=f"{re.escape(name)} holds a local path"):
+            push_folder(res.path, "alice/scrubbed", token=hub.token("alice"))
+        assert not hub.exists("alice/scrubbed")  # refused before anything was sent
+        os.remove(path)
+    push_folder(res.path, "alice/scrubbed", token=hub.token("alice"))  # the innocent files go up
+    assert set(innocent) <= set(hub.files("alice/scrubbed"))
+
+
+def test_pushing_the_same_content_again_says_nothing_changed(hub, soup, capsys, caplog):
+    """Issue 48, item 6: huggingface_hub skips a commit of identical content with a WARNING and returns the old
+    commit; the command line said "pushed to ... <the old commit>". Now: "nothing changed", and the WARNING (third-
+    party noise) only when debugging."""
+    import logging
+
+    hub.login("alice")
+    assert main(["push", soup.path, "alice/again"]) == 0
+    assert "pushed to alice/again" in capsys.readouterr().out
+    head = hub.head("alice/again")
+    caplog.clear()
+    assert main(["push", soup.path, "alice/again"]) == 0
+    out = capsys.readouterr().out
+    assert f"nothing changed: alice/again already has this content at {head[:12]}" in out and "pushed to" not in out
+    assert hub.head("alice/again") == head
+    assert not [r for r in caplog.records if "No files have been modified" in r.getMessage()]
+    caplog.set_level(logging.DEBUG)  # -v: third-party messages shown
+    assert main(["push", soup.path, "alice/again"]) == 0
+    assert [r for r in caplog.records if "No files have been modified" in r.getMessage()]
+    assert "nothing changed" in capsys.readouterr().out

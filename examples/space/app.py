@@ -9,6 +9,21 @@ generated model card and find the merge under ``{their username}/{repo name}``.
 ``hubsoup space create USER/NAME`` deploys it (see ``hubsoup.space``): ``hubsoup_space.json`` beside
 this file then says which tab opens first and whether the merge runs in ``spaces.GPU`` (ZeroGPU).
 
+On ZeroGPU, ``spaces.GPU`` runs the decorated function in a worker process that holds the GPU, and sends
+its arguments there through a pickling queue. So what crosses is plain data: the *job* (inputs, method,
+parameters or the mergekit config's text, options, the output folder; :func:`merge_job`). The merge runs
+in the worker as a generator (:func:`merge_events`): each ``yield`` (a progress report, a heartbeat) comes
+back to this process, and closing it here (Cancel) makes ``spaces`` close it there at its next yield, which
+cancels the merge; ``close()`` returns once the worker has cleaned up. The push runs here, not on the GPU.
+
+On CPU hardware the merge is streamed to the visitor's repo (``hubsoup.merge(..., push=...)``): each output shard
+is uploaded as soon as it is written and then deleted, so the output takes at most ``SHARDS_IN_FLIGHT + 1`` shards
+of the Space's disk, whatever its size; everything is committed at once at the end (a cancel commits nothing). On
+ZeroGPU the worker writes the output whole and this process pushes it (the lent GPU's time is not spent
+uploading), so the output must fit on the disk. Before the visitor starts, the form shows what the merge would
+download, upload and hold on disk (``hubsoup.push_figures``; the time too when ``HUBSOUP_SPACE_BANDWIDTH``, in
+bytes per second, is set).
+
 Run locally, against the Hub or any Hub-compatible endpoint::
 
     HF_ENDPOINT=https://huggingface.co HF_TOKEN=hf_... python app.py
@@ -22,17 +37,12 @@ a Hub cache of its own (another visitor's token never opens it) limited to ``HUB
 (default 20GB, checked from the Hub's file sizes before downloading), and its folder (output and
 cache) is removed when it ends, whether it succeeded, failed or was cancelled. Stopping the app
 (Ctrl-C, SIGTERM) cancels the running jobs and removes the app's temporary folder.
-
-The merge is streamed to the visitor's repo (``hubsoup.merge(..., push=...)``): each output shard is uploaded as
-soon as it is written and then deleted, so the output takes at most ``SHARDS_IN_FLIGHT + 1`` shards of the Space's
-disk, whatever its size; everything is committed at once at the end (a cancel commits nothing). Before the visitor
-starts, the form shows what the merge would download, upload and hold on disk (``hubsoup.push_figures``; the time
-too when ``HUBSOUP_SPACE_BANDWIDTH``, in bytes per second, is set).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextvars
 import json
 import os
 import re
@@ -67,6 +77,9 @@ try:
         SETTINGS: dict[str, Any] = json.load(f)
 except (OSError, ValueError):
     SETTINGS = {}
+ZEROGPU = bool(SETTINGS.get("zerogpu"))
+if ZEROGPU:  # imported before anything touches CUDA, as ZeroGPU asks
+    import spaces
 METHODS: dict[str, dict[str, Any]] = {m["name"]: m for m in hubsoup.list_methods()}
 DEFAULT_METHOD = "ties" if "ties" in METHODS else next(iter(METHODS))
 ON_SPACE = os.environ.get("SYSTEM") == "spaces"  # how Gradio itself tells a Space from a local run
@@ -81,25 +94,8 @@ models:
 dtype: float32
 """
 
-if SETTINGS.get("zerogpu"):  # ZeroGPU: a GPU is lent for the duration of each merge
-    import spaces
-
-    @spaces.GPU(duration=300)
-    def _on_gpu(merge_fn: Callable[..., Any], out: str, options: dict[str, Any]) -> Any:
-        return merge_fn(out, device="cuda", **options)
-
-    def run_merge(merge_fn: Callable[..., Any], out: str, options: dict[str, Any]) -> Any:
-        return _on_gpu(merge_fn, out, options)
-else:
-    def run_merge(merge_fn: Callable[..., Any], out: str, options: dict[str, Any]) -> Any:
-        return merge_fn(out, **options)
-
 MAX_DOWNLOAD = os.environ.get("HUBSOUP_SPACE_MAX_DOWNLOAD", "20GB")
 """What one run may download (the Hub's file sizes are checked before any download)."""
-SHARD_SIZE = os.environ.get("HUBSOUP_SPACE_SHARD_SIZE", "5GB")
-"""The output's shard size: a run holds at most ``SHARDS_IN_FLIGHT + 1`` shards on the Space's disk at once."""
-BANDWIDTH = float(os.environ.get("HUBSOUP_SPACE_BANDWIDTH") or 0) or None
-"""Bytes per second the Space moves to and from the Hub, measured by its owner: the form's time estimate (None: none)."""
 
 # session hash -> the cancel event of that session's running job (one job per browser tab)
 RUNNING: dict[str, threading.Event] = {}
@@ -108,30 +104,191 @@ RUNS_DIR = tempfile.mkdtemp(prefix="soup-space-runs-")
 """Every run's folder (its output and its own Hub cache) lies here while it runs; removed when the app stops."""
 
 
-def merge_then_push(merge_fn: Callable[..., Any], *, token: str, repo_id: str, private: bool,
-                    cancel: threading.Event,
+HEARTBEAT = 0.25
+"""Seconds between two events of a merge that reports nothing new: where a cancel is noticed at the latest."""
+GPU_SECONDS = int(os.environ.get("HUBSOUP_SPACE_GPU_SECONDS", "300"))
+"""ZeroGPU: the duration asked of ``spaces.GPU`` for one merge."""
+SHARD_SIZE = os.environ.get("HUBSOUP_SPACE_SHARD_SIZE", "5GB")
+"""The output's shard size: a run holds at most ``SHARDS_IN_FLIGHT + 1`` shards on the Space's disk at once."""
+BANDWIDTH = float(os.environ.get("HUBSOUP_SPACE_BANDWIDTH") or 0) or None
+"""Bytes per second the Space moves to and from the Hub, measured by its owner: the form's time estimate (None: none)."""
+
+
+def merge_job(job: dict[str, Any], progress: Callable[[float, str, str], None], cancel: threading.Event,
+              before_push: Callable[[Any, str], None] | None = None) -> str:
+    """Run the merge that ``job`` describes into ``job["out"]`` and return that folder; with ``job["push"]``
+    (``repo_id``, ``private``, ``work_dir``: CPU hardware) stream it to the visitor's repo instead and return the
+    commit's URL (``before_push(result, folder)`` runs before the commit).
+
+    ``job`` is plain data, so that it crosses to a ZeroGPU worker through ``spaces``' pickling queue:
+    ``inputs``, ``method``, ``base``, ``params`` (the form) or ``config`` (a mergekit config's YAML text), ``out``,
+    ``options`` (:func:`merge_options`: the visitor's token, ``hub_only``, the run's own Hub cache, the download
+    limit) and ``device``. ``progress`` and ``cancel`` are this process's own (see :func:`merge_events`)."""
+    options = {**job["options"], "progress": progress, "cancel": cancel}
+    if job.get("device"):
+        options["device"] = job["device"]
+    if job.get("push"):  # streamed to the visitor's repo: ``out`` is None, the card shown before the commit
+        push = job["push"]
+        options["push"] = hubsoup.PushTarget(push["repo_id"], private=push.get("private"), token=options.get("token"),
+                                             work_dir=push["work_dir"])
+        if before_push is not None:
+            options["before_push"] = before_push
+    if job.get("config") is not None:
+        from hubsoup.workflows.rerun import run_config as run_mergekit
+
+        result = run_mergekit(job["config"], job.get("out"), **options)
+    else:
+        result = hubsoup.merge(job["inputs"], job["method"], base=job.get("base"), out=job.get("out"),
+                               params=job.get("params") or {}, **options)
+    pushed = getattr(result, "pushed", None)
+    return pushed.commit_url if job.get("push") and pushed is not None else job["out"]
+
+
+def error_info(error: BaseException) -> dict[str, str]:
+    """An error as plain data (it crosses the ZeroGPU boundary; a traceback's objects may not pickle)."""
+    return {"type": type(error).__name__, "message": str(error),
+            "hubsoup": "yes" if isinstance(error, HubsoupError) else ""}
+
+
+def error_from(info: dict[str, str]) -> BaseException:
+    """The error :func:`error_info` described: hubsoup's own class again, anything else as a HubsoupError."""
+    import hubsoup.errors
+
+    cls = getattr(hubsoup.errors, info["type"], None) if info.get("hubsoup") else None
+    if isinstance(cls, type) and issubclass(cls, HubsoupError):
+        return cls(info["message"])
+    return HubsoupError(f"{info['type']}: {info['message']}")
+
+
+def merge_events(job: dict[str, Any], before_push: Callable[[Any, str], None] | None = None) -> Iterator[tuple[Any, ...]]:
+    """The merge of ``job`` as a stream of plain tuples: ``("progress", done, stage, message)`` as it advances,
+    ``("alive",)`` every :data:`HEARTBEAT` seconds when nothing changed, then ``("done", folder)`` or
+    ``("error", error_info)``. Closing the generator cancels the merge and returns once it has unwound (its
+    temporary output removed). On ZeroGPU this is what runs in the GPU worker (:func:`merge_on_gpu`)."""
+    cancel, changed = threading.Event(), threading.Condition()
+    latest: list[Any] = [None]
+    outcome: list[tuple[Any, ...]] = []
+
+    def progress(done: float, stage: str, message: str) -> None:
+        with changed:
+            latest[0] = (float(done), str(stage), str(message))
+            changed.notify()
+
+    def work() -> None:
+        try:
+            end: tuple[Any, ...] = ("done", merge_job(job, progress, cancel, before_push))
+        except BaseException as e:  # noqa: BLE001 - reported as data; a cancel is a MergeCancelled
+            end = ("error", error_info(e))
+        with changed:
+            outcome.append(end)
+            changed.notify()
+
+    worker = threading.Thread(target=work, name="hubsoup-merge", daemon=True)
+    worker.start()
+    sent = None
+    try:
+        while True:
+            with changed:
+                changed.wait_for(lambda: outcome or latest[0] != sent, timeout=HEARTBEAT)
+                now, end = latest[0], (outcome[0] if outcome else None)
+            if now is not None and now != sent:
+                sent = now
+                yield ("progress", *now)
+            elif end is None:
+                yield ("alive",)  # a yield is where a closed generator (Cancel) stops
+            if end is not None:
+                yield end
+                return
+    finally:
+        cancel.set()  # closed early (Cancel, the tab gone): stop the merge; it removes what it wrote
+        worker.join()
+
+
+if ZEROGPU:
+    @spaces.GPU(duration=GPU_SECONDS)
+    def merge_on_gpu(job: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
+        """:func:`merge_events` in ZeroGPU's worker process, on the GPU it was lent (its arguments and yields
+        pickled by ``spaces``; closing it here closes it there at its next yield)."""
+        import torch
+
+        yield from merge_events({**job, "device": "cuda" if torch.cuda.is_available() else "cpu"})
+
+
+def run_merge(job: dict[str, Any], report: Callable[[float, str, str], None], cancel: threading.Event,
+              before_push: Callable[[Any, str], None] | None = None) -> str:
+    """Run ``job`` (on ZeroGPU in the GPU worker, else in this process), forwarding its progress to ``report`` and
+    ``cancel`` to it; returns the output folder (a streamed push: the commit's URL). Raises the merge's error, or
+    MergeCancelled."""
+    events = merge_on_gpu(job) if ZEROGPU else merge_events(job, before_push)
+    try:
+        for event in events:
+            if cancel.is_set():
+                break
+            if event[0] == "progress":
+                report(*event[1:])
+            elif event[0] == "done":
+                return str(event[1])
+            elif event[0] == "error":
+                raise error_from(event[1])
+    finally:
+        events.close()  # on a cancel: the merge stops at its next check; this returns once it has cleaned up
+    if cancel.is_set():
+        raise MergeCancelled("cancelled during the merge; nothing was written")
+    raise HubsoupError("the merge ended without a result")
+
+
+def merge_share(n_models: int) -> float:
+    """The share of the progress bar for the merge; the push gets the rest. A merge downloads its models and the
+    base, a push uploads one model: counted in models moved, (n + 1) of (n + 2)."""
+    return (max(n_models, 1) + 1) / (max(n_models, 1) + 2)
+
+
+def merge_then_push(job: dict[str, Any], *, token: str, repo_id: str, private: bool, cancel: threading.Event,
                     report: Callable[[float, float], Callable[[float, str, str], None]] | None = None,
                     state: dict[str, Any] | None = None, workdir: str | None = None) -> dict[str, Any]:
-    """One visitor's run: ``merge_fn(None, **options)`` (Hub repos only, its own Hub cache, a download limit:
-    :func:`merge_options`) streams the merge to ``repo_id`` (each shard uploaded as soon as it is written, one commit
-    at the end). Whatever happens (done, error, cancel), the run's folder (downloads and the shards not yet uploaded)
-    is removed before it returns. ``state`` gets ``card`` (the card as it goes to the Hub, before the commit), then
-    ``url``, or ``error``."""
+    """One visitor's run: the merge ``job`` describes (Hub repos only, its own Hub cache, a download limit:
+    :func:`merge_options`), then the push: on CPU hardware streamed as the merge goes (:func:`merge_job`), on
+    ZeroGPU from the finished output. Whatever happens (done, error, cancel), the run's folder (output, shards not
+    yet uploaded and downloads) is removed before it returns. ``state`` gets ``card`` (the card as it will be on the
+    Hub, before the commit), then ``url``, or ``error``."""
+    from hubsoup.api import MergeResult
+    from hubsoup.card import retarget_text
+
     state = {} if state is None else state
-    report = report or (lambda lo, hi: None)
+    state.setdefault("lock", threading.Lock())  # run_job reads "pushing" under it when Cancel is pressed
+    report = report or (lambda lo, hi: lambda done, stage, message: None)
     workdir = workdir or tempfile.mkdtemp(prefix="run-", dir=RUNS_DIR)
+    share = merge_share(len(job.get("inputs") or job.get("models") or []))
     try:
-        def show_card(result: Any, folder: str) -> None:  # the card as it goes to the Hub: loading the repo
-            from hubsoup.card import render
+        if not ZEROGPU:  # streamed: the shards go up as they are written, the commit is the push's last step
+            def before_commit(result: Any, folder: str) -> None:
+                from hubsoup.card import render
 
-            card = render(result, repo_id=repo_id)
-            state["card"] = f"```yaml\n{card.data.to_yaml()}\n```\n\n{card.text}"
+                card = render(result, repo_id=repo_id)  # as it goes to the Hub: titled by the repo, loading it
+                with state["lock"]:
+                    state["card"] = f"```yaml\n{card.data.to_yaml()}\n```\n\n{card.text}"
+                    if cancel.is_set():
+                        raise MergeCancelled("cancelled before the commit; nothing was pushed")
+                    state["pushing"] = True
 
-        options = {**merge_options(token, report(0, 1.0), cancel, workdir),
-                   "push": hubsoup.PushTarget(repo_id, private=private, token=token, work_dir=workdir),
-                   "before_push": show_card}
-        result = run_merge(merge_fn, None, options)
-        state["url"] = result.pushed.commit_url
+            job = {**job, "out": None, "options": merge_options(token, workdir),
+                   "push": {"repo_id": repo_id, "private": private, "work_dir": workdir}}
+            state["url"] = run_merge(job, report(0, 1.0), cancel, before_commit)
+            return state
+        job = {**job, "out": os.path.join(workdir, "merge"), "options": merge_options(token, workdir)}
+        out = run_merge(job, report(0, share), cancel)
+        result = MergeResult.from_folder(out)
+        result.hub_only = True
+        # the card as it will be on the Hub: titled by the repo, loading the repo (never this server's path)
+        card = retarget_text(result.card, out, repo_id)
+        head, _, body = card[4:].partition("\n---\n") if card.startswith("---\n") else ("", "", card)
+        state["card"] = f"```yaml\n{head}\n```\n\n{body}" if head else body
+        with state["lock"]:
+            if cancel.is_set():
+                raise MergeCancelled("cancelled before the push; nothing was pushed")
+            state["pushing"] = True
+        info = result.push_to_hub(repo_id, private=private, token=token, progress=report(share, 1.0), cancel=cancel)
+        state["url"] = info.commit_url
     except BaseException as e:  # reported in the status line
         state["error"] = e
     finally:
@@ -143,11 +300,9 @@ def merge_and_push(inputs: list[str], method: str, *, base: str | None, params: 
                    repo_id: str, private: bool, cancel: threading.Event,
                    report: Callable[[float, float], Callable[[float, str, str], None]] | None = None,
                    state: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The form's run (:func:`merge_then_push` of ``hubsoup.merge``), callable without a browser."""
-    def merge_fn(out: str, **options: Any):
-        return hubsoup.merge(inputs, method, base=base, out=out, **params, **options)
-
-    return merge_then_push(merge_fn, token=token, repo_id=repo_id, private=private, cancel=cancel, report=report,
+    """The form's run (:func:`merge_then_push` of a ``hubsoup.merge`` job), callable without a browser."""
+    job = {"inputs": list(inputs), "method": method, "base": base, "params": dict(params)}
+    return merge_then_push(job, token=token, repo_id=repo_id, private=private, cancel=cancel, report=report,
                            state=state)
 
 
@@ -296,10 +451,8 @@ def run_form(values: dict, profile: gr.OAuthProfile | None, oauth: gr.OAuthToken
     except ValueError as e:
         raise gr.Error(f"{method}: {e}") from None
 
-    def merge_fn(out: str, **options: Any):
-        return hubsoup.merge(inputs, method, base=base, out=out, **params, **options)
-
-    yield from run_job(merge_fn, values[repo_box], values[private_box], profile, oauth, request, progress)
+    job = {"inputs": inputs, "method": method, "base": base, "params": params}
+    yield from run_job(job, values[repo_box], values[private_box], profile, oauth, request, progress)
 
 
 def run_config(text: str, name: str, private: bool, profile: gr.OAuthProfile | None, oauth: gr.OAuthToken | None,
@@ -309,12 +462,8 @@ def run_config(text: str, name: str, private: bool, profile: gr.OAuthProfile | N
     merge, shown = check_config(text)
     if merge is None:
         raise gr.Error(shown.replace("**", ""))
-    from hubsoup.workflows.rerun import run_config as run_mergekit
-
-    def merge_fn(out: str, **options: Any):
-        return run_mergekit(text, out, **options)
-
-    yield from run_job(merge_fn, name, private, profile, oauth, request, progress)
+    job = {"config": text, "models": list(merge.inputs)}
+    yield from run_job(job, name, private, profile, oauth, request, progress)
 
 
 def signed_in(profile, oauth) -> None:
@@ -361,18 +510,23 @@ def show_figures(models: str, base: str, oauth: gr.OAuthToken | None) -> str:
     return figures_line(f)
 
 
-def merge_options(token: str, progress: Callable, cancel: threading.Event, workdir: str) -> dict[str, Any]:
+def merge_options(token: str, workdir: str) -> dict[str, Any]:
     """What every merge of this app is given, whichever tab started it: the visitor's token, Hub repos only
     (``hub_only``: no path of this server is ever opened), a Hub cache of the run's own (removed with it) and a
-    download limit checked from the Hub's file sizes before anything is downloaded."""
-    return {"progress": progress, "cancel": cancel, "token": token, "hub_only": True,
-            "cache_dir": os.path.join(workdir, "hub-cache"), "max_download": MAX_DOWNLOAD, "shard_size": SHARD_SIZE}
+    download limit checked from the Hub's file sizes before anything is downloaded. Plain data (a ZeroGPU job)."""
+    return {"token": token, "hub_only": True, "cache_dir": os.path.join(workdir, "hub-cache"),
+            "max_download": MAX_DOWNLOAD, "shard_size": SHARD_SIZE}
 
 
-def run_job(merge_fn: Callable[..., Any], name: str, private: bool, profile: gr.OAuthProfile,
+def run_job(job: dict[str, Any], name: str, private: bool, profile: gr.OAuthProfile,
             oauth: gr.OAuthToken, request: gr.Request, progress: gr.Progress) -> Iterator[tuple[str, Any]]:
-    """Merge (``merge_fn(out, **options)``), then push to ``{user}/{name}``; yields (status, card) as the job
-    advances. Everything shown comes from this call's own ``state``: one visitor never sees another's run."""
+    """Merge (the ``job``: :func:`merge_job`), then push to ``{user}/{name}``; yields (status, card) as the job
+    advances. Everything shown comes from this call's own ``state``: one visitor never sees another's run.
+
+    Cancel answers at once while the run is still merging: the push, which is the only thing that could leave
+    something behind, will not start (checked under ``state["lock"]``), so the page says so and the tab may
+    merge again while the run unwinds (a download in flight ends, the run's folder is removed) in the
+    background. A cancel during the push waits for it to stop: only then is it known that nothing was committed."""
     name = (name or "").strip()
     if not name or "/" in name:
         raise gr.Error(f"Give a repo name (no '/'): the merge goes to {profile.username}/NAME.")
@@ -382,7 +536,7 @@ def run_job(merge_fn: Callable[..., Any], name: str, private: bool, profile: gr.
 
     token, repo_id = user_token(oauth), f"{profile.username}/{name}"
     cancel = RUNNING[session] = threading.Event()
-    state: dict[str, Any] = {"done": 0.0, "text": "starting"}
+    state: dict[str, Any] = {"done": 0.0, "text": "starting", "lock": threading.Lock()}
 
     workdir = tempfile.mkdtemp(prefix="run-", dir=RUNS_DIR)
 
@@ -392,14 +546,15 @@ def run_job(merge_fn: Callable[..., Any], name: str, private: bool, profile: gr.
             state["done"], state["text"] = lo + (hi - lo) * done, f"{stage}: {message}"
         return callback
 
-    def job() -> None:  # runs in its own thread; the cancel event stops hubsoup itself
+    def run() -> None:  # in its own thread; the cancel event stops hubsoup itself
         try:
-            merge_then_push(merge_fn, token=token, repo_id=repo_id, private=private, cancel=cancel, report=report,
+            merge_then_push(job, token=token, repo_id=repo_id, private=private, cancel=cancel, report=report,
                             state=state, workdir=workdir)
         finally:
             WORKERS.discard(threading.current_thread())
 
-    worker = threading.Thread(target=job, daemon=True)
+    # in this handler's context: ZeroGPU's spaces.GPU reads the visitor's request (their GPU quota) from it
+    worker = threading.Thread(target=contextvars.copy_context().run, args=(run,), daemon=True)
     WORKERS.add(worker)
     worker.start()
     shown_card = False
@@ -407,8 +562,12 @@ def run_job(merge_fn: Callable[..., Any], name: str, private: bool, profile: gr.
     try:
         while worker.is_alive():
             worker.join(0.2)
+            if cancel.is_set():
+                with state["lock"]:
+                    if not state.get("pushing"):  # the push will never start: the run is cancelled, whatever it
+                        break                      # is still waiting for (it unwinds in the background)
             text = "cancelling…" if cancel.is_set() else state["text"]
-            progress(state["done"], desc=text)
+            progress(state["done"])  # the bar only: the status line right under it says the text
             card = state.get("card")
             yield status_line(state["done"], text), (card if card and not shown_card else gr.skip())
             shown_card = shown_card or bool(card)
@@ -417,8 +576,8 @@ def run_job(merge_fn: Callable[..., Any], name: str, private: bool, profile: gr.
         RUNNING.pop(session, None)
 
     error = state.get("error")
-    if isinstance(error, MergeCancelled):
-        yield "**Cancelled** · nothing was written or pushed.", ""
+    if worker.is_alive() or isinstance(error, MergeCancelled):
+        yield "**Cancelled** · nothing was pushed; the run's files are removed.", ""
     elif error is not None:
         yield f"**Failed** · {visitor_message(error, repo_id)}", state.get("card", "")
     else:

@@ -14,6 +14,7 @@ from hubsoup.cli import evolve, export_config, manners, signals, space
 from hubsoup.cli.manners import HelpFormatter
 from hubsoup.cli.options import add_merge_options, add_output_format, add_params, merge_options, output_format, params
 from hubsoup.errors import HubsoupError, OutputExistsError, ParameterError
+from hubsoup.hubclient import pushed_line
 
 
 def _push_prepare(args) -> str | None:
@@ -61,6 +62,18 @@ def _card_hook(args):
     return lambda result, folder: write_card(result, folder, template=args.card_template, repo_id=args.push)
 
 
+def range_text(bounds) -> str:
+    """A parameter's range as ``hubsoup methods`` shows it: an open end is not shown (it is no bound at all).
+
+    >>> range_text([0.0, 1.0]), range_text([0.0, None]), range_text([None, 2]), range_text([None, None])
+    (' range [0.0, 1.0]', ' ≥ 0.0', ' ≤ 2', '')
+    """
+    lo, hi = (list(bounds) + [None, None])[:2] if bounds else (None, None)
+    if lo is not None and hi is not None:
+        return f" range [{lo}, {hi}]"
+    return f" ≥ {lo}" if lo is not None else (f" ≤ {hi}" if hi is not None else "")
+
+
 def _push_finish(args, result) -> None:
     """--card-template, then --push: upload the output in one commit (a merge streamed to the Hub is committed
     already) and print the commit URL."""
@@ -74,7 +87,7 @@ def _push_finish(args, result) -> None:
     if info is None:
         info = result.push_to_hub(args.push, private=args.private or None, create_pr=args.create_pr,
                                   commit_message=args.commit_message)
-    print(f"pushed to {args.push}: {info.commit_url}")
+    print(pushed_line(args.push, info))
     if info.pr_url:
         print(f"pull request: {info.pr_url}")
 
@@ -124,7 +137,7 @@ def cmd_methods(args) -> int:
         lo, hi = m["min_inputs"], m["max_inputs"]
         print(f"  inputs: {lo}" + ("+" if hi is None else ("" if hi == lo else f"-{hi}")))
         for row in m["params"]:
-            rng = f" range {row['range']}" if row.get("range") else ""
+            rng = range_text(row.get("range"))
             what = f"one of {', '.join(map(str, row['choices']))}" if row["type"] == "choice" else row["type"]
             src = f" [{row['evidence'] if row.get('evidence') else row.get('source', 'paper')}]"
             print(f"  --param {row['name']}={row['default']!s:<8} ({what}{rng}) {row.get('help', '')}{src}")
@@ -279,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_format(pl)
     pl.set_defaults(func=cmd_plan)
 
-    d = sub.add_parser("demo", help="fine-tune MiniLM on 3 small real-text tasks, merge, evaluate (no network, ~1.5 min)")
+    d = sub.add_parser("demo", help="fine-tune MiniLM on 3 small real-text tasks, merge, evaluate (no network; its time: the README's first command)")
     d.add_argument("--out", default="hubsoup-demo", help="folder for the demo's models and merge")
     d.add_argument("--quiet", "-q", action="store_true")
     d.set_defaults(func=cmd_demo)

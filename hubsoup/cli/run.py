@@ -10,6 +10,7 @@ import argparse
 import logging
 
 from hubsoup.errors import ParameterError
+from hubsoup.hubclient import pushed_line
 log = logging.getLogger(__name__)
 
 # mergekit-yaml's flags with no meaning for hubsoup: name -> why (each accepted with a warning)
@@ -84,7 +85,7 @@ def run(args) -> int:
                         out_shard_params=args.out_shard_size, intermediate_dir=args.intermediate_dir, **extra)
     print(result)
     if result.pushed is not None:
-        print(f"pushed to {args.push}: {result.pushed.commit_url}")
+        print(pushed_line(args.push, result.pushed))
         if result.pushed.pr_url:
             print(f"pull request: {result.pushed.pr_url}")
     return 0

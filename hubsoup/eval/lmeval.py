@@ -16,7 +16,9 @@ lm-eval's. Keys (``pip install 'hubsoup[lmeval]'``):
 Each lm-eval task gives one :class:`~hubsoup.eval.TaskResult` named by lm-eval's task name, whose
 metrics carry lm-eval's metric names; ``eval_results.json`` keeps lm-eval's own output for it
 (``lm_eval``: results, config, n-shot, higher_is_better, versions) and the card's model-index names the
-task and metric as lm-eval does.
+task and metric as lm-eval does. The config is kept as it may be published: a custom task's local files
+(``dataset_kwargs.data_files``, ``config_source``, a local ``dataset_path``) by name and content hash
+(:func:`hubsoup.public.public_value`), never by path.
 
 Example:
     >>> from hubsoup.eval import TaskSpec
@@ -27,13 +29,17 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import re
+import subprocess
 import threading
 from typing import Any
 
 from hubsoup.errors import ParameterError
+from hubsoup.public import public_value
 from hubsoup.eval.run import TaskResult
 from hubsoup.eval.tasks import TaskSpec
 
@@ -216,21 +222,97 @@ def _metric_name(key: str) -> str:
     return metric if filt in ("", "none") else key
 
 
-def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, device: str) -> list:
+def _git_hash_quietly():
+    """lm-eval's ``get_git_commit_hash`` (it records the working folder's commit in its output, which hubsoup does
+    not keep) with git's stderr captured: outside a repository git says "fatal: not a git repository" once per
+    evaluation, which reads as an error. The same answer otherwise (lm-eval's fallback included)."""
+    from lm_eval.loggers.utils import get_commit_from_path  # lazy: optional extra (lm_eval)
+
+    try:
+        return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return get_commit_from_path(os.getcwd())
+
+
+def _quiet_git() -> None:
+    """Give lm-eval's evaluator :func:`_git_hash_quietly` (once per process; lm-eval calls it by that name)."""
+    import lm_eval.evaluator  # lazy: optional extra (lm_eval)
+
+    if getattr(lm_eval.evaluator, "get_git_commit_hash", None) is not _git_hash_quietly:
+        lm_eval.evaluator.get_git_commit_hash = _git_hash_quietly
+
+
+@contextlib.contextmanager
+def _quiet_libraries(quiet: bool):
+    """With ``quiet``: no progress bars or warnings from lm-eval, datasets and transformers while lm-eval runs
+    (each turned back as it was); ``-v`` (``quiet=False``) shows them."""
+    if not quiet:
+        yield
+        return
+    import datasets  # lazy: lm-eval imports it anyway; only an lm-eval task gets here
+    import lm_eval.api.model  # lazy: optional extra (lm_eval)
+    import lm_eval.api.task  # lazy: optional extra (lm_eval)
+    import lm_eval.models.huggingface  # lazy: optional extra (lm_eval)
+    import transformers  # lazy: lm-eval imports it anyway; only an lm-eval task gets here
+    from tqdm import tqdm  # lazy: as above
+
+    class _Hidden(tqdm):  # lm-eval's own bars (tokenizing, requests, building contexts) are plain tqdm
+        def __init__(self, *args: Any, **kwargs: Any):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    barred = [m for m in (lm_eval.api.model, lm_eval.api.task, lm_eval.models.huggingface)
+              if getattr(m, "tqdm", None) is tqdm]
+    loggers = [logging.getLogger(n) for n in ("lm-eval", "lm_eval")]
+    levels = [lg.level for lg in loggers]
+    bars = datasets.is_progress_bar_enabled(), transformers.utils.logging.is_progress_bar_enabled()
+    tf_level = transformers.utils.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    for m in barred:
+        m.tqdm = _Hidden
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+        for m in barred:
+            m.tqdm = tqdm
+        transformers.utils.logging.set_verbosity(tf_level)
+        if bars[1]:
+            transformers.utils.logging.enable_progress_bar()
+        if bars[0]:
+            datasets.enable_progress_bars()
+
+
+def public_config(config: dict[str, Any]) -> dict[str, Any]:
+    """An lm-eval task config as it is kept and published: every local file or folder it names (a custom task's
+    ``dataset_kwargs.data_files``, ``config_source``, a local ``dataset_path``) by name and content hash."""
+    return public_value(config)
+
+
+def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, device: str, quiet: bool = True) -> list:
     """Run the lm-eval tasks of ``task`` on ``model`` (a causal LM instance) with ``tokenizer``; one
-    :class:`~hubsoup.eval.TaskResult` per lm-eval task."""
+    :class:`~hubsoup.eval.TaskResult` per lm-eval task. lm-eval and its libraries print nothing (no bars, no
+    warnings) unless the root logger is at DEBUG (the CLI's ``-v``) and ``quiet`` is off."""
     _import()
     import lm_eval  # lazy: optional extra (lm_eval)
     from lm_eval.models.huggingface import HFLM  # lazy: optional extra (lm_eval)
 
     ex = task.extra
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=ex.get("batch_size", batch_size), device=device,
-              **ex.get("model_args", {}))
-    out = lm_eval.simple_evaluate(
-        model=lm, tasks=task_names(task), num_fewshot=ex.get("num_fewshot"),
-        limit=limit if limit is not None else task.limit, task_manager=task_manager(task),
-        apply_chat_template=ex.get("apply_chat_template", False), gen_kwargs=ex.get("gen_kwargs") or None,
-        log_samples=False, bootstrap_iters=0, verbosity="ERROR")
+    _quiet_git()
+    # lm-eval's and its libraries' bars and warnings are third-party noise: shown only when debugging (-v)
+    with _quiet_libraries(quiet or not logging.getLogger().isEnabledFor(logging.DEBUG)):
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=ex.get("batch_size", batch_size), device=device,
+                  **ex.get("model_args", {}))
+        out = lm_eval.simple_evaluate(
+            model=lm, tasks=task_names(task), num_fewshot=ex.get("num_fewshot"),
+            limit=limit if limit is not None else task.limit, task_manager=task_manager(task),
+            apply_chat_template=ex.get("apply_chat_template", False), gen_kwargs=ex.get("gen_kwargs") or None,
+            log_samples=False, bootstrap_iters=0, verbosity="ERROR")
     results = []
     for name in task_names(task):
         row = out["results"].get(name)
@@ -245,7 +327,7 @@ def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, devi
         if main not in metrics:
             raise ParameterError(f"task '{task.name}': lm-eval task '{name}' has no metric '{main}' "
                                  f"(it has: {', '.join(metrics)})")
-        cfg = (out.get("configs") or {}).get(name) or {}
+        cfg = public_config((out.get("configs") or {}).get(name) or {})  # no local path kept, none published
         spec = TaskSpec(kind=KIND, data=name, name=name, limit=task.limit,
                         split=str(cfg.get("test_split") or cfg.get("validation_split") or "validation"),
                         config=cfg.get("dataset_name"),

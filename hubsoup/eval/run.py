@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -14,7 +15,7 @@ from tqdm.auto import tqdm
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.eval.heads import head_labels, load_head, mean_pool
 from hubsoup.eval.tasks import TaskSpec
-from hubsoup.public import public_file_ref
+from hubsoup.public import looks_local, public_file_ref
 
 EVAL_FILE = "eval_results.json"
 _METRICS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics")
@@ -46,12 +47,13 @@ class TaskResult:
 
     @property
     def score(self) -> float:
-        """Higher is better: accuracy, minus perplexity, an lm-eval metric (negated where lm-eval says lower is
-        better)."""
+        """Higher is better, one convention everywhere a score is ranked or averaged (search, evolve, pipelines):
+        accuracy; ``-log(perplexity)`` (the mean log-likelihood per token: perplexities of different tasks average
+        as a geometric mean); an lm-eval metric (negated where lm-eval says lower is better)."""
         v = self.metrics[self.main_metric]
         if self.task.kind == "lm-eval":
             return -v if self.main_metric in (self.details.get("lower_is_better") or ()) else v
-        return v if self.task.kind == "classification" else -v
+        return v if self.task.kind == "classification" else -math.log(v)
 
     @property
     def head(self) -> dict[str, Any] | None:
@@ -90,12 +92,37 @@ METRIC_NAMES = {"accuracy": "Accuracy", "macro_f1": "Macro-F1", "perplexity": "P
 """Display names of the metrics hubsoup reports (``metric_type`` → the model-index ``name``)."""
 
 
+# datasets' packaged builders: lm-eval's ``dataset_path: json`` reads local files, it names no dataset
+_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas", "sql", "webdataset", "imagefolder",
+             "audiofolder", "videofolder", "xml"}
+
+
+def dataset_type(result: TaskResult) -> str:
+    """The model-index ``dataset.type`` of a result: the Hub dataset its scores come from (its repo ID; for an
+    lm-eval task, the ``dataset_path`` its config reads), else ``custom`` — a local file is never a dataset type
+    (the task's name is the model-index ``dataset.name``).
+
+    Example:
+        >>> dataset_type(TaskResult(TaskSpec(kind="perplexity", data="org/wiki-sample"), {}, 0))
+        'org/wiki-sample'
+        >>> dataset_type(TaskResult(TaskSpec(kind="classification", data="./val.csv", name="sst"), {}, 0))
+        'custom'
+    """
+    data = result.task.data
+    if result.task.kind == "lm-eval":  # the dataset lm-eval's task reads (its task name is the dataset's name)
+        data = str(((result.details.get("lm_eval") or {}).get("config") or {}).get("dataset_path") or "")
+    if (not data or looks_local(data) or os.path.exists(os.path.expanduser(data)) or "@sha256:" in data
+            or data.endswith("@local") or data.lower() in _BUILDERS):
+        return "custom"
+    return data
+
+
 def to_eval_results(results: Sequence[TaskResult]):
     """``huggingface_hub.EvalResult`` entries for a card's model-index.
 
     The metric ``type`` is exact (``macro_f1``, not ``f1``); a score computed through a frozen
     head from outside the model says so in its ``name`` (``Accuracy (frozen head sst.safetensors@sha256:...)``).
-    Local data files are still named by path here; the card names them by file name and hash.
+    ``dataset.type`` is a Hub dataset's ID or ``custom`` (:func:`dataset_type`), never a file.
     """
     out = []
     for r in results:
@@ -106,10 +133,7 @@ def to_eval_results(results: Sequence[TaskResult]):
             name = METRIC_NAMES.get(metric, metric)
             if head:
                 name = f"{name} (frozen head {head['file']})"
-            dataset_type = r.task.data
-            if r.task.kind == "lm-eval":  # the dataset lm-eval's task reads (its task name is the dataset's name)
-                dataset_type = (r.details.get("lm_eval") or {}).get("config", {}).get("dataset_path") or r.task.data
-            out.append(EvalResult(task_type=_TASK_TYPES[r.task.kind], dataset_type=dataset_type,
+            out.append(EvalResult(task_type=_TASK_TYPES[r.task.kind], dataset_type=dataset_type(r),
                                   dataset_name=r.task.name, dataset_split=r.task.split, dataset_config=r.task.config,
                                   metric_type=metric, metric_name=name, metric_value=round(float(value), 6)))
     return out
@@ -118,8 +142,8 @@ def to_eval_results(results: Sequence[TaskResult]):
 class _Models:
     """Loads each kind of model once per evaluation."""
 
-    def __init__(self, model: Any, device: str, tokenizer: str | None):
-        self.device, self.tokenizer_path = device, tokenizer
+    def __init__(self, model: Any, device: str, tokenizer: str | None, quiet: bool = False):
+        self.device, self.tokenizer_path, self.quiet = device, tokenizer, quiet
         self._cache: dict[str, Any] = {}
         self.instance = None if isinstance(model, (str, os.PathLike)) else model
         self.path = str(model) if self.instance is None else (tokenizer or "the model in memory")
@@ -133,10 +157,16 @@ class _Models:
 
             cls = {"encoder": transformers.AutoModel, "seqcls": transformers.AutoModelForSequenceClassification,
                    "causal": transformers.AutoModelForCausalLM}[kind]
+            bar = transformers.utils.logging.is_progress_bar_enabled()
+            if self.quiet:  # no "Loading weights" bar in a quiet run
+                transformers.utils.logging.disable_progress_bar()
             try:
                 model = cls.from_pretrained(self.path)
             except (OSError, ValueError) as e:
                 raise HubsoupError(f"cannot load {self.path} as {cls.__name__}: {e}") from e
+            finally:
+                if self.quiet and bar:
+                    transformers.utils.logging.enable_progress_bar()
             self._cache[kind] = model.to(self.device).eval()
         return self._cache[kind]
 
@@ -264,7 +294,7 @@ def evaluate_model(model: Any, tasks: Sequence[TaskSpec], *, batch_size: int = 3
         tokenizer: where to take the tokenizer from (default: the model's).
         before_task: called with (index, task) before each task (progress reports, cancellation).
     """
-    models = _Models(model, device, tokenizer)
+    models = _Models(model, device, tokenizer, quiet)
     results = []
     for i, task in enumerate(tasks):
         if before_task is not None:
@@ -275,7 +305,7 @@ def evaluate_model(model: Any, tasks: Sequence[TaskSpec], *, batch_size: int = 3
             from hubsoup.eval import lmeval  # lazy: eval.lmeval imports this module (cycle)
 
             results.extend(lmeval.evaluate(models.get("causal"), models.tokenizer(), task, limit=task.limit,
-                                           batch_size=batch_size, device=device))
+                                           batch_size=batch_size, device=device, quiet=quiet))
             continue
         ds = task.load()
         if len(ds) == 0:

@@ -53,7 +53,7 @@ from hubsoup.api import parse_method
 from hubsoup.card import template_path
 from hubsoup.errors import EvolveError, ParameterError
 from hubsoup.eval import TaskSpec
-from hubsoup.hub import check_repo_id
+from hubsoup.hub import check_repo_id, pushed_line
 from hubsoup.methods import get_method
 from hubsoup.options import MergeOptions
 from hubsoup.output.folder import OutputLock
@@ -208,7 +208,8 @@ class EvolveConfig:
                 raise ParameterError(f"{where} not found")
 
             with open(source, encoding="utf-8") as f:
-                source = load_yaml(f.read(MAX_YAML_BYTES + 1), where)  # bounded: size, aliases
+                loaded = load_yaml(f.read(MAX_YAML_BYTES + 1), where)  # bounded: size, aliases
+            source = config_relative(loaded, os.path.dirname(os.path.abspath(source)))
         if not isinstance(source, dict):
             raise ParameterError(f"{where}: expected a mapping (base, models, method, space, ...)")
         d = dict(source)
@@ -257,6 +258,7 @@ class EvolveConfig:
         bad = sorted(set(self.resources) - {"cpus", "gpus", "memory"})
         if bad:
             raise ParameterError(f"{where}: unknown key 'resources.{bad[0]}' (cpus, gpus, memory)")
+        check_population(self, where)
 
     @property
     def cpus(self) -> int:
@@ -282,6 +284,59 @@ class EvolveConfig:
                 "space": {k: v.describe() for k, v in self.space.items()}, "optimizer": self.optimizer,
                 "population": self.population, "seed": self.seed, "tasks": self.tasks, "metric": self.metric,
                 "limit": self.limit, "dtype": self.dtype, "threads": self.cpus}
+
+
+def config_relative(d: Any, root: str) -> Any:
+    """An evolve config file's paths taken relative to the file, as a pipeline's are: ``models`` and ``base``
+    folders, a task's local data and ``head=``, an lm-eval ``task_dir=``. A relative path that does not exist
+    there is left as written (a Hub ID such as ``org/name``, or a path relative to the working folder)."""
+    if not isinstance(d, dict):
+        return d
+
+    def local(value: Any) -> Any:
+        if not isinstance(value, str) or not value or os.path.isabs(os.path.expanduser(value)):
+            return value
+        there = os.path.join(root, value)
+        return there if os.path.exists(there) else value
+
+    out = dict(d)
+    if isinstance(out.get("models"), list):
+        out["models"] = [local(m) for m in out["models"]]
+    if out.get("base"):
+        out["base"] = local(out["base"])
+    ev = out.get("eval")
+    if isinstance(ev, dict) and isinstance(ev.get("tasks"), list):
+        out["eval"] = {**ev, "tasks": [_task_relative(t, local) if isinstance(t, str) else t for t in ev["tasks"]]}
+    return out
+
+
+def _task_relative(spec: str, local: Callable[[Any], Any]) -> str:
+    """A task spec with its local paths (DATA, ``head=``, ``task_dir=``) passed through ``local``."""
+    kind, sep, rest = spec.partition(":")
+    if not sep:
+        return spec
+    parts = rest.split(",")
+    for i, part in enumerate(parts):
+        key, eq, value = part.partition("=")
+        if eq and key.strip() in ("head", "task_dir"):
+            parts[i] = f"{key}={local(value)}"
+        elif i == 0 and not eq and kind.strip() != "lm-eval":  # lm-eval's first field is task names
+            parts[i] = local(part)
+    return f"{kind}:{','.join(parts)}"
+
+
+CMAES_MIN_POPULATION = 4
+"""The smallest CMA-ES population: below it CMA-ES keeps one parent (μ = 1) and its update divides by zero
+(``cmaes`` warns "divide by zero" at every generation), at 4 it keeps two."""
+
+
+def check_population(cfg: "EvolveConfig", where: str = "evolve config") -> None:
+    """A population CMA-ES cannot work with is refused, saying what can (a study's population is its identity:
+    raising it behind the user's back would make another study than the one written)."""
+    if cfg.optimizer == "cmaes" and cfg.population < CMAES_MIN_POPULATION:
+        raise ParameterError(f"{where}: population {cfg.population} is too small for CMA-ES, which needs at least "
+                             f"{CMAES_MIN_POPULATION} (with fewer it keeps one parent and its update divides by zero);"
+                             f" use population: {CMAES_MIN_POPULATION} or more, or optimizer: tpe or random")
 
 
 def param_names(cfg: EvolveConfig) -> dict[str, str]:
@@ -541,7 +596,7 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         if push:
             info = result.push_to_hub(push, private=private)
             if not quiet:
-                print(f"pushed to {push}: {info.commit_url}")
+                print(pushed_line(push, info))
         if monitor.reporting:
             monitor.finish(f"best trial {best['number']} (score {best['score']:.6g}) -> {out}")
         return EvolveResult(os.path.abspath(out), best["number"], best["params"], best["score"], table, result,
@@ -569,7 +624,7 @@ def public_task(spec: str) -> str:
 def _selection(cfg: EvolveConfig) -> str:
     if cfg.metric:
         return f"{cfg.metric} (maximised; a lower-is-better metric negated)"
-    return "mean over tasks of accuracy / -log(perplexity) / each lm-eval task's main metric"
+    return "the mean over tasks of each task's score (accuracy; -log(perplexity); an lm-eval task's main metric)"
 
 
 def _write_table(out: str, cfg: EvolveConfig, names: dict[str, str], table: list[dict[str, Any]]) -> dict[str, Any]:
@@ -624,6 +679,16 @@ def _plot(out: str, table: list[dict[str, Any]]) -> None:
     os.replace(tmp, os.path.join(out, PLOT_FILE))
 
 
+def _card_in_place(res: Any, out: str) -> Any:
+    """The best model's card, rendered where the model now is: titled (and its model-index named) by ``out``'s
+    name, its "How to use" loading ``out``; a push then retitles it by the repo and loads the repo ID. Never the
+    temporary folder the merge was written to (``.hubsoup-best-XXXX/model``)."""
+    res.path = os.path.abspath(out)
+    res.card_text = None
+    res.write_card(res.path)
+    return res
+
+
 def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None, best: dict[str, Any],
                 summary: dict[str, Any], quiet: bool):
     """Merge the best trial once into a temporary folder inside ``out`` (with evaluation and card), then move its
@@ -639,7 +704,6 @@ def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None
                                                     failed=sum(r["state"] == "fail" for r in summary["trials"]),
                                                     search_file=SEARCH_FILE, plot_file=PLOT_FILE)
         res.sections.append({"title": "Evolutionary search", "body": body.strip()})
-        res.write_card(model_dir)
         for name in os.listdir(out):  # the previous best model's files (a study extended with more trials)
             path = os.path.join(out, name)
             if name in _STUDY_FILES or name.startswith(".") or path == tmp:
@@ -650,9 +714,7 @@ def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None
                 os.remove(path)
         for name in os.listdir(model_dir):
             os.replace(os.path.join(model_dir, name), os.path.join(out, name))
-        res.path = os.path.abspath(out)
-        res.card_text = None
-        return res
+        return _card_in_place(res, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

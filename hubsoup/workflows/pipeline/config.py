@@ -100,7 +100,7 @@ class Select:
     """Which evaluated merges are published (the others are listed on the leaderboard as ``not selected``)."""
 
     metric: str = "score"
-    """``score`` (mean over tasks of accuracy, or of minus perplexity), a metric name (``accuracy``,
+    """``score`` (the mean over tasks of each one's score: accuracy, or -log(perplexity)), a metric name (``accuracy``,
     ``perplexity``: mean over the tasks that report it), or ``TASK/METRIC``."""
     goal: str | None = None
     """``max`` or ``min``; default ``min`` for perplexity, ``max`` otherwise."""

@@ -274,10 +274,11 @@ class _Runner:
 
     def check_data(self) -> None:
         """Read the local evaluation data once, before anything is planned: a bad row is one clear error
-        (exit status 2), not the same failure on every merge."""
+        (exit status 2), not the same failure on every merge. Read as :meth:`TaskSpec.check` reads it: no
+        datasets progress bars ("Generating validation split"), which a dry run's plan is no place for."""
         for spec in self.tasks:
             if spec.is_local:
-                spec.load()
+                spec.check()
 
     @property
     def eval_signature(self) -> str:
@@ -602,8 +603,9 @@ class _Runner:
             for t in tasks:
                 if f"{t}/accuracy" in scores:
                     vals.append(scores[f"{t}/accuracy"])
-                elif f"{t}/perplexity" in scores:
-                    vals.append(-scores[f"{t}/perplexity"])
+                elif f"{t}/perplexity" in scores:  # -log(perplexity), as TaskResult.score, search and evolve
+                    ppl = scores[f"{t}/perplexity"]
+                    vals.append(-math.log(ppl) if ppl > 0 else math.nan)
             return sum(vals) / len(vals) if vals else None
         if "/" in sel.metric:
             return scores.get(sel.metric)
