@@ -272,7 +272,7 @@ def test_interrupted_merge_push_then_retry(hub, zoo, tmp_path, monkeypatch, caps
     # the same merge once more: identical content, no new commit, and said so
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert out.startswith("nothing changed: soup-org/soup already has this content at ")
+    assert "\nnothing changed: soup-org/soup already has this content at " in out
     assert re.search(r"/commit/([0-9a-f]{40})", out).group(1) == first and len(hub.history("soup-org/soup")) == 2
 
     # with a local copy (--out): it is complete when the commit fails, and `hubsoup push` retries

@@ -180,10 +180,10 @@ def test_a_merge_larger_than_the_spaces_disk_is_streamed_to_the_hub(app, hub, zo
     monkeypatch.setattr(app, "SHARD_SIZE", "20kB")  # six shards
     real = app.merge_options
 
-    def options(token, progress, cancel, workdir):
+    def options(token, workdir):
         # the inputs' Hub cache on another disk: until inputs are streamed too (issue 45, item 1) they are downloaded
         # whole; what this test caps is the output's disk
-        return {**real(token, progress, cancel, workdir), "cache_dir": tempfile.mkdtemp(dir=tmp_path)}
+        return {**real(token, workdir), "cache_dir": tempfile.mkdtemp(dir=tmp_path)}
 
     monkeypatch.setattr(app, "merge_options", options)
     # the control: that disk cannot hold the output, written whole
