@@ -1,5 +1,8 @@
 """The Hub client rules every Hub request of hubsoup follows: timeouts, token scrubbing, HTTP-error reading.
 
+Scrubbing covers every secret a message or log line may carry: Hub tokens, and the credentials of a URL
+(a study's database) too.
+
 A leaf (it imports only :mod:`hubsoup.errors` and, inside the calls that need it, ``huggingface_hub``):
 sources (downloads), :mod:`hubsoup.hub` (the push) and the pipeline all use it, so none of them imports
 another for these rules.
@@ -16,6 +19,7 @@ import logging
 import os
 import re
 import time
+import warnings
 from typing import Any, Union
 
 from hubsoup.errors import PushError
@@ -115,6 +119,24 @@ _TOKEN_SHAPE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
 _AUTH_HEADER = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token)\s+)?[^\s\"',}]+")
 
 
+# a URL's user and password (``postgresql://u:p@db/x``; a password with an unescaped ``@`` too) and the
+# credentials a URL's query or a libpq connection string may carry (``?password=...``, ``password=... host=...``)
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s/?#'\"<>]*@")
+_KEY_SECRET = re.compile(r"(?i)\b(password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token|sslpassword)"
+                         r"(\s*=\s*)(?:'[^']*'|\"[^\"]*\"|[^\s&;'\",}]+)")
+
+
+def scrub_url_credentials(text: Any) -> str:
+    """``text`` without the credentials of any URL or connection string in it: ``scheme://user:password@host``
+    becomes ``scheme://***@host``, ``password=...`` (a URL's query, a libpq string) ``password=***``.
+
+    >>> scrub_url_credentials("cannot open postgresql://alice:s3cr@t@db:5432/studies?sslmode=require&password=x")
+    'cannot open postgresql://***@db:5432/studies?sslmode=require&password=***'
+    """
+    text = _URL_USERINFO.sub(lambda m: m.group(1) + "***@", str(text))
+    return _KEY_SECRET.sub(lambda m: m.group(1) + m.group(2) + "***", text)
+
+
 _stored_token: tuple[float, str | None] = (0.0, None)
 
 
@@ -147,12 +169,14 @@ def _tokens_in_use(token: Token = None) -> set[str]:
 
 def scrub_secrets(text: Any, token: Token = None) -> str:
     """``text`` without any Hub token: the tokens in use (``token``, ``HF_TOKEN``, the stored login),
-    anything shaped like one (``hf_`` + 20 or more characters) and ``Authorization`` header values."""
+    anything shaped like one (``hf_`` + 20 or more characters) and ``Authorization`` header values; nor
+    the credentials of a URL (a database's: :func:`scrub_url_credentials`)."""
     text = str(text)
     for tok in sorted(_tokens_in_use(token), key=len, reverse=True):
         text = text.replace(tok, "***")
     text = _TOKEN_SHAPE.sub("hf_***", text)
-    return _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "") + "***", text)
+    text = _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "") + "***", text)
+    return scrub_url_credentials(text) if ("@" in text or "=" in text) else text
 
 
 class SecretFilter:
@@ -193,6 +217,13 @@ def install_log_scrubber() -> None:
 
     scrubbed_record._hubsoup = True  # type: ignore[attr-defined]
     logging.setLogRecordFactory(scrubbed_record)
+    shown = warnings.formatwarning  # Python's warnings are printed, not logged: scrubbed as they are formatted
+    if not getattr(shown, "_hubsoup", False):
+        def scrubbed_warning(message, category, filename, lineno, line=None):
+            return scrub_secrets(shown(message, category, filename, lineno, line))
+
+        scrubbed_warning._hubsoup = True  # type: ignore[attr-defined]
+        warnings.formatwarning = scrubbed_warning
 
 
 def check_repo_id(repo_id: str) -> str:
