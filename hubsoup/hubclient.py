@@ -226,10 +226,43 @@ def install_log_scrubber() -> None:
         warnings.formatwarning = scrubbed_warning
 
 
+MAX_REPO_NAME = 96
+"""The longest namespace or name the Hub takes (huggingface_hub's rule: 96 characters each)."""
+
+
 def check_repo_id(repo_id: str) -> str:
-    """Refuse a target that is not ``namespace/name`` (before any merge or upload starts)."""
-    if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".", "-")):
-        raise PushError(f"push target '{repo_id}' is not a Hub repo ID; use NAMESPACE/NAME, e.g. my-org/my-soup")
+    r"""Refuse a target the Hub would refuse, before any merge or upload starts: not ``namespace/name``;
+    huggingface_hub's own rule (:func:`huggingface_hub.utils.validate_repo_id`: letters, digits, ``-``,
+    ``_``, ``.``, no ``--`` or ``..``, not ending in ``.git``, at most 96 characters a part); and what that
+    rule lets through but the Hub refuses: a trailing newline or space, letters beyond ASCII, a part
+    starting or ending with ``-`` or ``.``.
+
+    >>> check_repo_id("my-org/my-soup")
+    'my-org/my-soup'
+    >>> check_repo_id("my-org/soup\n")
+    Traceback (most recent call last):
+    ...
+    hubsoup.errors.PushError: push target 'my-org/soup\n' is not a Hub repo ID (letters, digits, '-', '_' and '.' only); use NAMESPACE/NAME, e.g. my-org/my-soup
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id  # lazy: keeps --help free of huggingface_hub
+
+    def refuse(why: str) -> PushError:
+        shown = repr(repo_id) if isinstance(repo_id, str) and len(repo_id) <= 120 else \
+            (repr(repo_id[:100]) + f"... ({len(repo_id)} characters)" if isinstance(repo_id, str) else type(repo_id).__name__)
+        return PushError(f"push target {shown} is not a Hub repo ID ({why}); use NAMESPACE/NAME, e.g. my-org/my-soup")
+
+    if not isinstance(repo_id, str) or repo_id.count("/") != 1:
+        raise refuse("one '/' between the namespace and the name")
+    if not repo_id.isascii() or not _REPO_ID.fullmatch(repo_id):  # fullmatch: "$" would let a trailing newline by
+        raise refuse("letters, digits, '-', '_' and '.' only")
+    if any(len(part) > MAX_REPO_NAME for part in repo_id.split("/")):
+        raise refuse(f"at most {MAX_REPO_NAME} characters before and after the '/'")
+    if "--" in repo_id or ".." in repo_id or any(p.endswith((".", "-")) for p in repo_id.split("/")):
+        raise refuse("no '--' or '..', no part ending in '-' or '.'")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise refuse(str(e).split(":")[0].rstrip(".")) from None
     return repo_id
 
 
