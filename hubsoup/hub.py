@@ -44,7 +44,7 @@ from huggingface_hub.utils import (
 from huggingface_hub.utils._runtime import is_xet_available
 
 from hubsoup.card import public_adapter_config, retarget_text
-from hubsoup.errors import MergeCancelled, PushError
+from hubsoup.errors import MergeCancelled, PrivateInputsError, PushError
 from hubsoup.public import _map_models, resign_state_json
 # the Hub client rules live in hubsoup.hubclient (sources and the pipeline use them too); re-exported here
 from hubsoup.hubclient import (  # noqa: F401
@@ -422,9 +422,10 @@ def _check_private_inputs(api, folder: str, repo_id: str, private: bool | None, 
         return
     what = ", ".join(f"'{r['repo']}' ({r['why']})" for r in restricted)
     if not allow:
-        raise PushError(f"push of '{folder}' to {repo_id} refused: {repo_id} is public and the merge contains "
-                        f"{what}: its weights would be published. Push to a private repo (--private), or pass "
-                        "--allow-private-inputs (allow_private_inputs=True) to publish it anyway")
+        raise PrivateInputsError(f"push of '{folder}' to {repo_id} refused: {repo_id} is public and the merge "
+                                 f"contains {what}: its weights would be published. Push to a private repo "
+                                 "(--private), or pass --allow-private-inputs (allow_private_inputs=True) to publish "
+                                 "it anyway", repo_id, [(r["repo"], r["why"]) for r in restricted])
     if card_writer is not None:
         card_writer(folder, repo_id, restricted)
 
