@@ -215,3 +215,26 @@ def _stop_ray_head(head: subprocess.Popen, folder: str) -> None:
     for p in alive:
         p.kill()
     shutil.rmtree(folder, ignore_errors=True)
+
+
+# --- what an interrupted push says --------------------------------------------------------------------
+
+def test_an_interrupted_push_says_the_folder_is_intact_and_the_push_one_commit(tmp_path, monkeypatch, capsys):
+    """``hubsoup push`` interrupted said "no output was left behind" (issue 44): the folder stays (a push
+    removes nothing) and the push is one commit, there or not; so says the line, and exit 130."""
+    import hubsoup.hub
+    from hubsoup.cli import main
+
+    folder = tmp_path / "soup"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hubsoup.hub, "push_folder", interrupted)
+    assert main(["push", str(folder), "alice/soup"]) == 130
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "no output was left behind" not in err[0], err
+    assert f"'{folder}' is intact" in err[0] and "one commit" in err[0] and "alice/soup" in err[0], err
+    assert (folder / "config.json").is_file()

@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     committed = len(folder_mod.COMMITTED) if folder_mod is not None else 0
 
     def left_behind() -> str:  # what an interrupted command says of its output
+        note = getattr(args, "interrupted_note", None)  # a command that makes no output (push) says its own
+        if note:
+            return note
         from hubsoup.output.folder import COMMITTED  # lazy: keeps hubsoup --help free of torch
 
         done = COMMITTED[committed:]
