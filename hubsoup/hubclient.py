@@ -226,6 +226,48 @@ def install_log_scrubber() -> None:
         warnings.formatwarning = scrubbed_warning
 
 
+# --- retries ------------------------------------------------------------------------------------
+
+_RETRY_MESSAGE = re.compile(r"thrown while requesting |^Retrying in \d|^Rate limited\. Waiting |^Retrying \(Retry\(")
+
+
+class RetryFilter(logging.Filter):
+    """Drops the warning huggingface_hub (and urllib3) log at each retry of a request, unless ``show``: a
+    dropped connection ends in one error line (the reason, the command to retry), not a warning per attempt
+    (72 of them before, for one download). The command line's ``-v`` shows them."""
+
+    show = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.WARNING or RetryFilter.show:
+            return True
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is logging's problem, not ours
+            return True
+        if _RETRY_MESSAGE.search(msg):
+            self.dropped += 1
+            return False
+        return True
+
+
+RETRY_LOGGERS = ("huggingface_hub.utils._http", "urllib3.connectionpool", "urllib3.util.retry")
+
+
+def quiet_retries(show: bool = False) -> None:
+    """No warning line per retried request (:class:`RetryFilter` on the loggers in :data:`RETRY_LOGGERS`)
+    unless ``show``; installed once per process, by the command line (``show``: its ``-v``)."""
+    RetryFilter.show = show
+    for name in RETRY_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RetryFilter) for f in logger.filters):
+            logger.addFilter(RetryFilter())
+
+
 MAX_REPO_NAME = 96
 """The longest namespace or name the Hub takes (huggingface_hub's rule: 96 characters each)."""
 

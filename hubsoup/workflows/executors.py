@@ -201,7 +201,8 @@ def check_ray_address(address: str, where: str = "the executor") -> None:
                              "head:6379), ray://HOST:PORT (its client server, e.g. ray://head:10001) or auto")
     if client:
         try:
-            import grpc  # noqa: F401 - lazy: what Ray's client needs (ray[client])
+            # lazy: optional extra (ray[client]: Ray's client needs grpcio)
+            import grpc  # noqa: F401
         except ImportError:
             raise ParameterError(f"{where} {short(address)} needs Ray's client, which is not installed: "
                                  "pip install 'hubsoup[ray]' (it brings ray[client])") from None
