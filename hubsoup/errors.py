@@ -104,6 +104,18 @@ class PushError(HubsoupError):
     """Uploading to the Hub failed; the local output is intact."""
 
 
+class PrivateInputsError(PushError):
+    """A public push of a merge whose inputs are private or gated, refused before anything was sent.
+
+    ``repo_id``: the public target; ``inputs``: ``(repo, why)`` of each such input (an app tells its visitor
+    from these, without the command line's advice or the server's folder)."""
+
+    def __init__(self, message: str, repo_id: str = "", inputs: "list[tuple[str, str]] | None" = None):
+        super().__init__(message)
+        self.repo_id = repo_id
+        self.inputs = list(inputs or [])
+
+
 class EvolveError(HubsoupError):
     """An evolutionary search could not give a model (every trial failed), or its storage holds another study."""
 

@@ -49,7 +49,7 @@ from huggingface_hub.utils import (
 from huggingface_hub.utils._runtime import is_xet_available
 
 from hubsoup.card import public_adapter_config, retarget_text
-from hubsoup.errors import MergeCancelled, ParameterError, PushError
+from hubsoup.errors import MergeCancelled, ParameterError, PrivateInputsError, PushError
 from hubsoup.output.shards import ShardLayout
 from hubsoup.progress import Monitor, upload_steps
 from hubsoup.public import _map_models, local_path_in_file, resign_state_json
@@ -763,9 +763,10 @@ class HubPush:
             return []
         what = ", ".join(f"'{r['repo']}' ({r['why']})" for r in restricted)
         if not self.allow:
-            raise PushError(f"{self.what} refused: {self.repo_id} is public and the merge contains "
-                            f"{what}: its weights would be published. Push to a private repo (--private), or pass "
-                            "--allow-private-inputs (allow_private_inputs=True) to publish it anyway")
+            raise PrivateInputsError(f"{self.what} refused: {self.repo_id} is public and the merge contains "
+                                     f"{what}: its weights would be published. Push to a private repo (--private), or "
+                                     "pass --allow-private-inputs (allow_private_inputs=True) to publish it anyway",
+                                     self.repo_id, [(r["repo"], r["why"]) for r in restricted])
         return restricted
 
 

@@ -84,23 +84,54 @@ def wheel_name() -> str:
     return f"hubsoup-{__version__}-py3-none-any.whl"
 
 
+PACKED_SUFFIXES = (".py", ".json", ".md", ".jinja")
+"""The package's own files by kind: modules, data (measured defaults, module tables), card and chat templates."""
+PACKED_NAMES = ("py.typed",)
+
+
+def packable(name: str) -> bool:
+    """Whether a file of the package folder goes into the Space's (public) wheel: the package's own kinds of
+    file only, never a dotfile (``.env``), a cache (``__pycache__``, ``*.pyc``) or anything else left there."""
+    return not name.startswith(".") and (name.endswith(PACKED_SUFFIXES) or name in PACKED_NAMES)
+
+
+def _installed_files() -> set[str] | None:
+    """The files an installed (not editable) hubsoup's RECORD lists under ``hubsoup/``, when it is the one
+    running; None for a source checkout or an editable install (their RECORD names no package file)."""
+    try:
+        dist = metadata.distribution("hubsoup")
+        if os.path.realpath(str(dist.locate_file("hubsoup/__init__.py"))) != os.path.realpath(
+                os.path.join(_HERE, "__init__.py")):
+            return None
+        known = {str(f).replace(os.sep, "/") for f in dist.files or [] if str(f).startswith("hubsoup/")}
+    except (metadata.PackageNotFoundError, OSError, ValueError):
+        return None
+    return known or None
+
+
 def _wheel_entries() -> list[tuple[str, str]]:
-    """(name in the wheel, local file) of the running hubsoup: its package, card templates and the Space app."""
+    """(name in the wheel, local file) of the running hubsoup: its package, card templates and the Space app.
+
+    Only the package's own files (:func:`packable`; of an installed hubsoup, those its RECORD lists): a
+    Space is public, and whatever else lies in the package folder (a planted ``.env``) must not go with it."""
     entries = []
+    known = _installed_files()
     for root, dirs, names in os.walk(_HERE):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
         for n in sorted(names):
-            if n.endswith((".pyc", ".pyo")):
-                continue
             path = os.path.join(root, n)
-            entries.append(("hubsoup/" + os.path.relpath(path, _HERE).replace(os.sep, "/"), path))
+            name = "hubsoup/" + os.path.relpath(path, _HERE).replace(os.sep, "/")
+            if packable(n) and os.path.isfile(path) and not os.path.islink(path) and (known is None or name in known):
+                entries.append((name, path))
     have = {name for name, _ in entries}
     top = os.path.dirname(_HERE)
     cards = os.path.join(top, "cards")
     if os.path.isdir(cards):  # a source checkout: the templates sit beside the package
         for n in sorted(os.listdir(cards)):
-            if os.path.isfile(os.path.join(cards, n)) and f"hubsoup/cards/{n}" not in have:
-                entries.append((f"hubsoup/cards/{n}", os.path.join(cards, n)))
+            path = os.path.join(cards, n)
+            if (packable(n) and os.path.isfile(path) and not os.path.islink(path)
+                    and f"hubsoup/cards/{n}" not in have):
+                entries.append((f"hubsoup/cards/{n}", path))
     if "hubsoup/space_app/app.py" not in have:
         entries.append(("hubsoup/space_app/app.py", app_path()))
     return entries

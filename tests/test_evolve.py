@@ -65,6 +65,22 @@ def test_config_space_genes_and_gradients(tiny):
     ({"eval": {"tasks": []}}, "'eval.tasks' must list at least one task spec"),
     # issue 48, item 6: below 4, CMA-ES keeps one parent and cmaes warns "divide by zero" every generation
     ({"optimizer": "cmaes", "population": 3}, "population 3 is too small for CMA-ES, which needs at least 4"),
+    # issue 44: each a traceback, a hang or silently accepted before
+    ({"space": {"density": {"range": [0.1, 0.9], "step": float("nan")}}}, "space.density: step must be a positive"),
+    ({"space": {"density": {"range": [0.1, 0.9], "step": float("inf")}}}, "space.density: step must be a positive"),
+    ({"space": {"density": {"range": [0.1, 0.9], "step": 2}}}, "step 2 is wider than the range"),
+    ({"space": {"density": {"range": [0.1, 0.9], "step": 0.1, "log": True}}}, "a log range takes no step"),
+    ({"space": {"density": {"range": [0.1, 0.9], "log": "no"}}}, "log must be true or false"),
+    ({"space": {"weight": {"range": [0, 1], "per": "input", "layer_groups": 1000000}}},
+     "layer_groups must be an integer from 1 to 1024"),
+    ({"space": {k: {"range": [0, 1], "per": "input", "layer_groups": 1024} for k in ("weight", "density", "lambda")}},
+     "the space has 6144 genes"),
+    ({"resources": {"cpus": "many"}}, r"'resources.cpus' .* from 1 to 1024, got 'many'"),
+    ({"resources": {"cpus": 1e9}}, r"'resources.cpus' .* got 1000000000.0"),
+    ({"resources": {"cpus": 0}}, r"'resources.cpus'"),
+    ({"resources": {"gpus": "x"}}, r"'resources.gpus' .* got 'x'"),
+    ({"resources": {"gpus": float("nan")}}, r"'resources.gpus'"),
+    ({"resources": {"memory": "lots"}}, r"'resources.memory' must be a size"),
 ])
 def test_bad_config_is_named(tiny, tmp_path, change, message):
     with pytest.raises(ParameterError, match=message):

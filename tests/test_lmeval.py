@@ -31,6 +31,10 @@ def test_parse_lm_eval_spec():
     ("lm-eval:arc_easy,model_args=trust_remote_code=true", "model_args 'trust_remote_code' cannot be set"),
     ("lm-eval:arc_easy,model_args=max_length", "model_args expects K=V pairs"),
     ("lm-eval:arc_easy,limit=3,hellaswag", "task names come first"),
+    # issue 44: a TypeError in lm-eval before (hubsoup passes these to HFLM itself)
+    ("lm-eval:arc_easy,model_args=batch_size=2", "model_args 'batch_size' cannot be set there: .*batch_size=N"),
+    ("lm-eval:arc_easy,model_args=device=cuda", "model_args 'device' cannot be set there"),
+    ("lm-eval:arc_easy,model_args=tokenizer=gpt2", "model_args 'tokenizer' cannot be set there"),
 ])
 def test_bad_lm_eval_spec_is_named(spec, message):
     with pytest.raises(ParameterError, match=message):
@@ -92,6 +96,17 @@ def test_unknown_lm_eval_task_is_named_without_indexing_lm_evals_own(toy):
     with pytest.raises(ParameterError, match="lm-eval has no task 'hellaswg' \\("):
         TaskSpec.parse("lm-eval:arc_easy,hellaswg").check()
     assert not [k for k in lmeval._MANAGERS if k[1]]  # no index with the built-in tasks was made
+
+
+def test_hubsoup_eval_checks_task_names_as_merge_eval_does(toy, tmp_path, capsys):
+    """``hubsoup eval`` with a misspelt lm-eval task: one line naming it, before the model is loaded (issue 44:
+    a KeyError traceback from lm-eval, after loading the model)."""
+    from hubsoup.cli import main
+
+    base, _, spec = toy
+    assert main(["eval", base, "--task", spec.replace("toy_choice", "toy_choise")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "lm-eval has no task 'toy_choise'" in err[0], err
 
 
 def test_a_task_dirs_name_from_an_included_file_outside_it_is_known(tmp_path):

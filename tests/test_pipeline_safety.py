@@ -339,11 +339,15 @@ def test_merges_pushed_without_evaluation_are_streamed_and_a_failed_push_resumes
     ({"merges": ["row"]}, "merges[0].(row)"),
     ({"merges": {"a": 1}}, "'merges' is a list"),
     ("{not json", "not valid JSON"),
+    # issue 44: someone's own file of that name was overwritten; it is kept and the run stops
+    ({"title": "our team's board", "rows": [1, 2]}, "has no 'merges': not a pipeline's leaderboard"),
+    ([1, 2], "must be a mapping"),
 ])
 def test_malformed_leaderboard_is_a_clear_error_before_anything(hub, zoo, tmp_path, capsys, board, where):
     publish(hub, zoo, "base", "ft-a", "ft-b")
     raw = board if isinstance(board, str) else json.dumps(board)
     hub.seed("soup-org/leaderboard", {"leaderboard.json": raw}, repo_type="dataset")
+    commits = len(hub.history("soup-org/leaderboard", repo_type="dataset"))
     hub.login("alice")
     path = example(tmp_path, select=None, eval=None, merges=LINEAR_PAIRS)
     assert main(["pipeline", path]) == 2
@@ -351,6 +355,7 @@ def test_malformed_leaderboard_is_a_clear_error_before_anything(hub, zoo, tmp_pa
     assert err.startswith("error: leaderboard soup-org/leaderboard (leaderboard.json)") and where in err, err
     assert "fix or delete" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert soup_repos(hub) == {} and not (tmp_path / "work" / "merges").exists()
+    assert len(hub.history("soup-org/leaderboard", repo_type="dataset")) == commits  # the file stays as it was
 
 
 def test_eval_rows_that_are_not_text_are_a_clear_error(hub, zoo, tmp_path, capsys):

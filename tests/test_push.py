@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 import hubsoup
 from hubsoup.cli import main
 from hubsoup.errors import InputError, PushError
-from hubsoup.hub import push_folder
+from hubsoup.hub import check_repo_id, push_folder
 from hubsoup.recipe import public_recipe_yaml
 from hubsoup.testing import make_finetune, write_card_metadata
 
@@ -329,6 +329,19 @@ def test_bad_targets_are_refused_before_merging(hub, zoo, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
     with pytest.raises(PushError, match="no such folder"):
         push_folder(str(tmp_path / "missing"), "alice/soup")
+
+
+@pytest.mark.parametrize("target", ["alice/soup\n", "alice/so--up", "alice/soupé", "alice/" + "s" * 97, "alice/soup.git",
+                                    "alice/soup-", "alice/so..up", " alice/soup"])
+def test_repo_ids_the_hub_refuses_are_refused_before_merging(zoo, tmp_path, monkeypatch, capsys, target):
+    """Each of these was accepted, merged, and failed only at the push with "network error" (issue 44): now one
+    line before any work, from huggingface_hub's own rule and the Hub's that it does not check."""
+    monkeypatch.chdir(tmp_path)
+    rc = main(["merge", zoo["ft-a"], zoo["ft-b"], "--base", zoo["base"], "--method", "linear", "--push", target])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1 and "is not a Hub repo ID" in err[0] and repr(target)[:60] in err[0], err
+    assert os.listdir(tmp_path) == []  # nothing merged, no ./NAME folder
+    assert check_repo_id("alice/" + "s" * 96) == "alice/" + "s" * 96  # 96 is the Hub's limit, inclusive
 
 
 # ---- the token stays secret ---------------------------------------------------------------------

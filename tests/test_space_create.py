@@ -118,6 +118,62 @@ def test_wheel_is_this_hubsoup_and_installable(wheel, tmp_path):
     assert (tmp_path / "t" / "hubsoup" / "py.typed").is_file()
 
 
+def test_the_wheel_packs_only_the_packages_own_files(tmp_path, monkeypatch):
+    """A Space is public: a ``.env``, a cache, a key or any other file left in the package folder stays out of
+    its wheel (issue 44: a planted ``.env`` went into a public Space); what goes in is what git tracks."""
+    import shutil
+
+    pkg = tmp_path / "src" / "hubsoup"
+    shutil.copytree(Path(space.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "cards", tmp_path / "src" / "cards")
+    planted = {".env": "HF_TOKEN=hf_secret", "__pycache__/space.cpython-311.pyc": "x", "secret.txt": "x",
+               "id_rsa": "x", ".git/config": "x", "methods/.netrc": "x", "methods/__pycache__/ties.cpython-311.pyc": "x",
+               "formats/notes.key": "x", "wandb/run.log": "x"}
+    for rel, text in planted.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    (tmp_path / "src" / "cards" / ".env").write_text("HF_TOKEN=hf_secret")
+    (tmp_path / "private.json").write_text("{}")
+    (pkg / "leak.json").symlink_to(tmp_path / "private.json")  # a link out: its name is fine, its target is not ours
+    monkeypatch.setattr(space, "_HERE", str(pkg))
+    names = {n for n, _ in space._wheel_entries()}
+    assert not [n for n in names if any(n.endswith(rel) for rel in planted) or n.endswith((".env", "leak.json"))]
+    assert "hubsoup/space.py" in names and "hubsoup/cards/merge.md" in names and "hubsoup/py.typed" in names
+    # of the real tree: exactly the files git tracks (package, card templates) and the app, nothing else
+    tracked = subprocess.run(["git", "ls-files", "hubsoup", "cards"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode == 0 and tracked.stdout:
+        monkeypatch.undo()
+        want = {("hubsoup/cards/" + t.split("/", 1)[1]) if t.startswith("cards/") else t
+                for t in tracked.stdout.split()} | {"hubsoup/space_app/app.py"}
+        assert {n for n, _ in space._wheel_entries()} == want
+
+
+def test_an_installed_hubsoup_packs_what_its_record_lists(tmp_path, monkeypatch):
+    """Installed from a wheel (not editable), the Space's wheel takes only the files hubsoup's RECORD lists."""
+    here = Path(space.__file__).parent
+
+    class Installed:
+        files = [Path("hubsoup/__init__.py"), Path("hubsoup/space.py"), Path("hubsoup-0.dist-info/RECORD")]
+
+        @staticmethod
+        def locate_file(name):
+            return here.parent / name
+
+    monkeypatch.setattr(space.metadata, "distribution", lambda name: Installed)
+    names = {n for n, _ in space._wheel_entries()}
+    assert {n for n in names if not n.startswith(("hubsoup/cards/", "hubsoup/space_app/"))} == \
+        {"hubsoup/__init__.py", "hubsoup/space.py"}
+
+
+@pytest.mark.parametrize("repo", ["alice/merger\n", "alice/mer--ger", "alice/mergér", "alice/" + "m" * 97])
+def test_space_names_the_hub_refuses_are_refused_before_any_work(repo, monkeypatch, capsys):
+    built = []
+    monkeypatch.setattr(space, "build_wheel", lambda: built.append(1) or ("w.whl", b""))
+    assert main(["space", "create", repo]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "is not a Hub repo ID" in err[0] and not built, err
+
+
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path

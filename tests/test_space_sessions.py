@@ -139,6 +139,41 @@ def test_every_run_ends_with_its_folder_removed(app, hub, zoo):
     assert state.get("url") and hub.exists("bob/done")
 
 
+def test_a_refused_public_push_tells_the_visitor_without_server_paths_or_flags(app, hub, zoo):
+    """alice's merge of her private fine-tune, to a public repo: refused before anything is sent, and what she
+    reads names her model and the box to tick, never the server's run folder or a command line's flags (issue 44)."""
+    from hubsoup.errors import PrivateInputsError, PushError
+
+    state = app.merge_and_push(["alice/private-ft"], "linear", base="alice/base", params={}, token=hub.token("alice"),
+                               repo_id="alice/public-soup", private=False, cancel=threading.Event())
+    error = state["error"]
+    assert isinstance(error, PrivateInputsError) and not hub.exists("alice/public-soup")
+    assert app.RUNS_DIR in str(error) and "--private" in str(error)  # the command line's message has both
+    msg = app.visitor_message(error, "alice/public-soup")
+    assert "`alice/private-ft`" in msg and 'Tick "Private repo"' in msg, msg
+    for leak in (app.RUNS_DIR, "/tmp", "--", "hubsoup push", "allow_private_inputs"):
+        assert leak not in msg, (leak, msg)
+    # any other push error that names the run's folder: not shown either
+    other = PushError(f"push of '{app.RUNS_DIR}/run-x/merge' to alice/s failed: network error (is "
+                      f"{app.RUNS_DIR}/run-x/merge/model.safetensors readable?). The local output is intact; retry "
+                      f"with: hubsoup push {app.RUNS_DIR}/run-x/merge alice/s")
+    msg = app.visitor_message(other, "alice/s")
+    assert app.RUNS_DIR not in msg and "hubsoup push" not in msg and "network error" in msg, msg
+
+
+def test_the_mergekit_tabs_valid_check_refuses_tokenizer_bombs(app):
+    """The "Valid" check reads the config as a merge does, under the same limits (issue 44: it said "Valid" for
+    ``pad_to_multiple_of: 1e12``, a MemoryError, and a 20,000-token section cost minutes, now linear)."""
+    head = app.EXAMPLE_CONFIG.rstrip("\n") + "\n"
+    # (the limit of tokenizer.tokens, read by the same function, is tests/test_mergekit_vocab.py's: a YAML of
+    # 65,537 entries takes seconds to parse)
+    for extra, why in [("tokenizer: {pad_to_multiple_of: 1.0e+12}\n", "at most 1024"),
+                       ("tokenizer: {pad_to_multiple_of: 2048}\n", "at most 1024")]:
+        shown = app.validate_config(head + extra)
+        assert shown.startswith("**Not valid:**") and why in shown, shown[:200]
+    assert app.validate_config(head + "tokenizer: {pad_to_multiple_of: 64}\n").startswith("**Valid**")
+
+
 def test_the_download_limit_holds_for_a_visitor(app, hub, zoo, monkeypatch):
     monkeypatch.setattr(app, "MAX_DOWNLOAD", "1kB")
     state = run(app, hub, "bob", ["bob/ft"], "big")

@@ -69,7 +69,7 @@ except ImportError:  # a private Space made by `hubsoup space create`: its build
 import gradio as gr
 from huggingface_hub import get_token
 
-from hubsoup.errors import HubsoupError, InputError, MergeCancelled, MethodError, PushError
+from hubsoup.errors import HubsoupError, InputError, MergeCancelled, MethodError, PrivateInputsError, PushError
 
 # what `hubsoup space create` chose (template, ZeroGPU); absent when run from a checkout
 try:
@@ -383,7 +383,14 @@ def visitor_message(error: BaseException, repo_id: str) -> str:
     text = str(error)
     for pattern in _CLI_ADVICE:
         text = pattern.sub("", text)
+    # the server's folders are nobody's business: "push of '<run folder>' to x" is "push to x"
+    text = re.sub(r"push of '[^']*' to ", "push to ", text)
+    text = re.sub(re.escape(RUNS_DIR) + r"[^\s'\"]*", "(this run's folder)", text)
     status = error_status(error)
+    if isinstance(error, PrivateInputsError):
+        names = ", ".join(f"`{repo}`" for repo, _ in error.inputs) or "private or gated models"
+        return (f"{repo_id} is public, and the merge contains private or gated models ({names}): pushing it would "
+                "publish their weights. Tick \"Private repo\" and merge again.")
     if isinstance(error, PushError):
         if status == 401:
             return f"The Hub refused your sign-in while pushing to {repo_id}: sign out, sign in again, and merge again."

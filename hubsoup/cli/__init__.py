@@ -315,8 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s: %(message)s")
     # lazy: keeps hubsoup --help free of torch
     from hubsoup.hub import install_log_scrubber, scrub_secrets  # no Hub token in any log line or message
+    from hubsoup.hubclient import quiet_retries  # lazy: beside the line above (the leaf is light; one place)
 
     install_log_scrubber()
+    quiet_retries(show=args.verbose)  # a dropped connection: one error line, not a warning per retried request (-v shows them)
     restore_signals = signals.catch()
     mark = signals.mark_now()
     # outputs committed before this command (main() may run several times in one process); read lazily: the
@@ -329,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def left_behind() -> str:  # what an interrupted command says of its output
         from hubsoup.hub import COMMITTING, PUSHED  # lazy: keeps hubsoup --help free of torch
+
+        note = getattr(args, "interrupted_note", None)  # a command that makes no output (push) says its own
+        if note and not PUSHED[pushed:]:
+            return note
         from hubsoup.output.folder import COMMITTED  # lazy: keeps hubsoup --help free of torch
 
         done = COMMITTED[committed:]

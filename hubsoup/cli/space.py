@@ -28,6 +28,8 @@ def cmd_space_create(args) -> int:
         return 0
     from huggingface_hub import constants  # lazy: keeps hubsoup --help free of huggingface_hub
 
+    args.interrupted_note = (f"the Space {args.repo_id} gets its files in one commit, there only if it landed before "
+                             "the interruption: run the command again with --update")
     info = space.create_space(args.repo_id, hardware=args.hardware, template=args.template, private=args.private,
                               exist_ok=args.update)
     print(f"Space {args.repo_id}: {constants.ENDPOINT}/spaces/{args.repo_id} (commit {info.commit_url})")

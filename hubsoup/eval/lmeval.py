@@ -127,6 +127,12 @@ def from_options(spec: str, tasks: list[str], kw: dict[str, Any]):
     if bad:
         raise ParameterError(f"task spec {spec!r}: model_args '{bad[0]}' cannot be set: the model is the merge "
                              f"itself, and remote code is never run")
+    # what hubsoup gives HFLM itself (twice: a TypeError deep in lm-eval)
+    own = {"batch_size": "give it as a key of its own: batch_size=N", "device": "the run's device is used",
+           "tokenizer": "the model's own tokenizer is used"}
+    bad = sorted(set(extra.get("model_args", {})) & set(own))
+    if bad:
+        raise ParameterError(f"task spec {spec!r}: model_args '{bad[0]}' cannot be set there: {own[bad[0]]}")
     return TaskSpec(kind=KIND, data=",".join(tasks), name=str(kw.get("name") or ",".join(tasks)), limit=limit,
                     extra=extra)
 

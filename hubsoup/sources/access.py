@@ -82,6 +82,17 @@ def require_hub_id(spec: Any, role: str) -> str:
     return spec
 
 
+def require_hub_model(spec: Any, role: str) -> str:
+    """``spec`` if it is a Hub repo ID or a ``model+adapter`` reference of two Hub repo IDs (a LoRA applied on
+    read, :mod:`hubsoup.sources.adapted`); else :func:`refusal`, by the text alone."""
+    if isinstance(spec, str) and spec.count("+") == 1:
+        model, adapter = (part.strip() for part in spec.split("+"))
+        if is_hub_id(model) and is_hub_id(adapter):
+            return spec
+        raise refusal(role, spec)
+    return require_hub_id(spec, role)
+
+
 def require_hub_dataset(spec: Any, role: str) -> str:
     if not is_hub_dataset(spec):
         raise refusal(role, spec, "Hub dataset IDs (org/name)")
@@ -207,9 +218,9 @@ def check_specs(*, inputs: Iterable[Any] = (), base: Any = None, soup: Any = Non
     if not hub_only():
         return
     for s in inputs:
-        require_hub_id(s, roles[0])
+        require_hub_model(s, roles[0])
     if isinstance(base, str) or (base is not None and not hasattr(base, "ref")):
-        require_hub_id(base, roles[1])
+        require_hub_model(base, roles[1])
     if soup is not None:
         require_hub_id(soup, "soup")
     for t in tasks or ():  # parsed task specs (hubsoup.eval.TaskSpec: sources sit below eval)
@@ -266,5 +277,5 @@ def check_offline(who: str) -> None:
 
 
 __all__ = ["Access", "current", "scope", "check_specs", "hub_only", "is_hub_id", "is_hub_dataset",
-           "require_hub_id",
+           "require_hub_id", "require_hub_model",
            "require_hub_dataset", "refusal", "check_offline", "load_hub_dataset"]

@@ -54,12 +54,13 @@ from hubsoup.card import template_path
 from hubsoup.errors import EvolveError, ParameterError
 from hubsoup.eval import TaskSpec
 from hubsoup.hub import check_repo_id, pushed_line
+from hubsoup.hubclient import scrub_url_credentials
 from hubsoup.methods import get_method
-from hubsoup.options import MergeOptions
+from hubsoup.options import MergeOptions, parse_size
 from hubsoup.output.folder import OutputLock
 from hubsoup.progress import Monitor
 from hubsoup.recipe import public_value
-from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
+from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml, short
 from hubsoup.workflows.executors import make_executor
 from hubsoup.workflows.study_lease import StudyLease
 from hubsoup.workflows.trial import pin_inputs
@@ -71,6 +72,14 @@ STUDY_FILE = "hubsoup_study.db"
 _STUDY_FILES = (STUDY_FILE, f"{STUDY_FILE}-journal", f"{STUDY_FILE}-wal", f"{STUDY_FILE}-shm", SEARCH_FILE, PLOT_FILE)
 _TOP_KEYS = {"base", "models", "method", "params", "space", "optimizer", "trials", "population", "seed", "eval",
              "dtype", "device", "storage", "study_name", "resources"}
+MAX_LAYER_GROUPS = 1024
+"""The most layer groups of one space entry (a gradient over the layers: models have at most a few hundred)."""
+MAX_GENES = 4096
+"""The most genes (Optuna parameters) of a study: inputs x layer groups add up; CMA-ES keeps a genes² matrix."""
+MAX_CPUS = 1024
+"""The most cores (and torch threads) one trial may ask for."""
+MAX_GPUS = 1024
+"""The most GPUs one trial may ask Ray for (a fraction is a share of one)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,7 @@ class Dimension:
             raw = {"range": list(raw)}
         if not isinstance(raw, dict):
             raise ParameterError(f"{where}: expected [low, high], {{range: [low, high], ...}} or {{choices: [...]}}, "
-                                 f"got {raw!r}")
+                                 f"got {short(raw)}")
         unknown = sorted(set(raw) - {"range", "choices", "log", "step", "int", "per", "layer_groups"})
         if unknown:
             raise ParameterError(f"{where}: unknown key '{unknown[0]}' (range, choices, log, step, int, per, "
@@ -103,10 +112,14 @@ class Dimension:
             raise ParameterError(f"{where}: give either range: [low, high] or choices: [...]")
         per = raw.get("per")
         if per not in (None, "input"):
-            raise ParameterError(f"{where}: per must be 'input', got {per!r}")
+            raise ParameterError(f"{where}: per must be 'input', got {short(per)}")
         groups = raw.get("layer_groups", 1)
-        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-            raise ParameterError(f"{where}: layer_groups must be a positive integer, got {groups!r}")
+        if isinstance(groups, bool) or not isinstance(groups, int) or not 1 <= groups <= MAX_LAYER_GROUPS:
+            raise ParameterError(f"{where}: layer_groups must be an integer from 1 to {MAX_LAYER_GROUPS} (a gradient "
+                                 f"over the layers; models have at most a few hundred), got {short(groups)}")
+        for flag in ("int", "log"):
+            if flag in raw and not isinstance(raw[flag], bool):
+                raise ParameterError(f"{where}: {flag} must be true or false, got {short(raw[flag])}")
         if "choices" in raw:
             choices = raw["choices"]
             if not isinstance(choices, list) or not choices:
@@ -119,7 +132,7 @@ class Dimension:
         rng = raw["range"]
         if (not isinstance(rng, list) or len(rng) != 2
                 or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in rng)):
-            raise ParameterError(f"{where}: range must be [low, high] numbers, got {rng!r}")
+            raise ParameterError(f"{where}: range must be [low, high] numbers, got {short(rng)}")
         low, high = float(rng[0]), float(rng[1])
         if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
             raise ParameterError(f"{where}: range [{rng[0]}, {rng[1]}] must have finite low < high")
@@ -128,8 +141,15 @@ class Dimension:
         if log and low <= 0:
             raise ParameterError(f"{where}: a log range needs low > 0, got {low}")
         step = raw.get("step")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0):
-            raise ParameterError(f"{where}: step must be a positive number, got {step!r}")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float))
+                                 or not math.isfinite(step) or step <= 0):
+            raise ParameterError(f"{where}: step must be a positive number, got {short(step)}")
+        if step is not None and step > high - low:
+            raise ParameterError(f"{where}: step {step} is wider than the range [{rng[0]}, {rng[1]}]")
+        if step is not None and log:
+            raise ParameterError(f"{where}: a log range takes no step (Optuna samples it continuously)")
+        if step is not None and is_int and not float(step).is_integer():
+            raise ParameterError(f"{where}: an integer range's step must be an integer, got {step}")
         if is_int and (groups != 1 or per):
             raise ParameterError(f"{where}: integer genes cannot be per input or per layer group")
         return cls(key, "int" if is_int else "float", low, high, log, float(step) if step else None,
@@ -243,15 +263,15 @@ class EvolveConfig:
 
     def validate(self, where: str = "evolve config") -> None:
         if self.optimizer not in OPTIMIZERS:
-            raise ParameterError(f"{where}: optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+            raise ParameterError(f"{where}: optimizer must be one of {', '.join(OPTIMIZERS)}, got {short(self.optimizer)}")
         for k in ("trials", "population", "batch_size"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ParameterError(f"{where}: '{k}' must be a positive integer, got {v!r}")
+                raise ParameterError(f"{where}: '{k}' must be a positive integer, got {short(v)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ParameterError(f"{where}: 'seed' must be a non-negative integer, got {self.seed!r}")
+            raise ParameterError(f"{where}: 'seed' must be a non-negative integer, got {short(self.seed)}")
         if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1):
-            raise ParameterError(f"{where}: 'eval.limit' must be a positive integer, got {self.limit!r}")
+            raise ParameterError(f"{where}: 'eval.limit' must be a positive integer, got {short(self.limit)}")
         clash = sorted(set(self.space) & set(self.params))
         if clash:
             raise ParameterError(f"{where}: '{clash[0]}' is both searched (space) and fixed (params)")
@@ -259,6 +279,25 @@ class EvolveConfig:
         if bad:
             raise ParameterError(f"{where}: unknown key 'resources.{bad[0]}' (cpus, gpus, memory)")
         check_population(self, where)
+        cpus, gpus = self.resources.get("cpus"), self.resources.get("gpus")
+        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or not 1 <= cpus <= MAX_CPUS):
+            raise ParameterError(f"{where}: 'resources.cpus' (each trial's cores and torch threads) must be an "
+                                 f"integer from 1 to {MAX_CPUS}, got {short(cpus)}")
+        if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not math.isfinite(gpus)
+                                 or not 0 <= gpus <= MAX_GPUS):
+            raise ParameterError(f"{where}: 'resources.gpus' (each trial's share of GPUs, for Ray) must be a number "
+                                 f"from 0 to {MAX_GPUS}, got {short(gpus)}")
+        if self.resources.get("memory") is not None:
+            try:
+                self.resources = {**self.resources, "memory": parse_size(self.resources["memory"])}
+            except ParameterError:
+                raise ParameterError(f"{where}: 'resources.memory' must be a size (bytes, or e.g. 8GB), got "
+                                     f"{short(self.resources['memory'])}") from None
+        n = len(self.models)
+        genes = sum(len(d.genes(n)) for d in self.space.values())
+        if genes > MAX_GENES:
+            raise ParameterError(f"{where}: the space has {genes} genes ({n} inputs; per-input and layer_groups "
+                                 f"multiply); at most {MAX_GENES} are searched (CMA-ES keeps a genes x genes matrix)")
 
     @property
     def cpus(self) -> int:
@@ -422,13 +461,19 @@ def _storage(cfg: EvolveConfig, out: str):
     try:
         return optuna.storages.RDBStorage(url)
     except Exception as e:  # noqa: BLE001 - one line naming the storage
-        raise EvolveError(f"cannot open the study storage {_public_url(url)}: {e}") from e
+        # the database driver's message may quote the URL (or the part with the password): scrubbed too
+        raise EvolveError(f"cannot open the study storage {_public_url(url)}: "
+                          f"{scrub_url_credentials(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)}"
+                          ) from None
 
 
 def _public_url(url: str) -> str:
-    """A storage URL as messages show it: no user or password (``postgresql://u:p@db/x`` -> ``postgresql://db/x``)."""
-    scheme, sep, rest = url.partition("://")
-    return scheme + sep + rest.rpartition("@")[2] if sep else url.rpartition("@")[2]
+    """A storage URL as messages show it: no user or password (``postgresql://u:p@db/x`` ->
+    ``postgresql://***@db/x``, ``?password=p`` -> ``?password=***``); text that is no URL is not shown (it may
+    be a password pasted in the wrong place)."""
+    if "://" not in url:
+        return "(not a database URL: DIALECT://[USER[:PASSWORD]@]HOST[:PORT]/DATABASE)"
+    return scrub_url_credentials(url)
 
 
 def _trial_row(t, n_inputs: int, names: dict[str, str], cfg: EvolveConfig) -> dict[str, Any]:

@@ -276,9 +276,12 @@ def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig,
         data = json.loads(raw.decode("utf-8"), parse_constant=lambda c: math.nan)
     except (UnicodeDecodeError, ValueError) as e:
         raise InputError(f"{where}: not valid JSON ({str(e)[:80]}); fix or delete that file") from None
-    if not isinstance(data, dict) or not isinstance(data.get("merges", []), list):
+    if isinstance(data, dict) and "merges" not in data:  # someone else's file of that name: never overwritten
+        raise InputError(f"{where}: has no 'merges': not a pipeline's leaderboard, and it is not replaced; choose "
+                         "another leaderboard repo, or fix or delete that file")
+    if not isinstance(data, dict) or not isinstance(data["merges"], list):
         raise InputError(f"{where}: must be a mapping whose 'merges' is a list; fix or delete that file")
-    return [check_row(r, f"{where}: merges[{i}]") for i, r in enumerate(data.get("merges", []))]
+    return [check_row(r, f"{where}: merges[{i}]") for i, r in enumerate(data["merges"])]
 
 
 def check_row(r: Any, where: str) -> dict:
