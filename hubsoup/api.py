@@ -13,11 +13,13 @@ from typing import Any, Callable, Mapping, ParamSpec, Sequence, TypeVar, cast
 
 from hubsoup.arch import peft_task_type
 from hubsoup.card import write_card
-from hubsoup.engine import Job, run
+from hubsoup.engine import Job, remote_bytes, run
+from hubsoup.engine.lowrank import reads_base as lowrank_reads_base
 # placement's one entry lives with the planner; re-exported for the CLI, trials and tests
 from hubsoup.engine.placement import place_blocks, start_device  # noqa: F401
 from hubsoup.errors import BaseNotNamedError, HubsoupError, ParameterError
 from hubsoup.eval import TaskSpec, evaluate_model
+from hubsoup.footprint import Footprint
 from hubsoup.eval.run import EVAL_FILE, read_results, write_results
 from hubsoup.hub import check_repo_id, push_folder, retarget_card
 from hubsoup.hubclient import Token
@@ -93,6 +95,9 @@ class MergeResult:
     """Made by a ``hub_only`` run: its card is never rendered from a local template file."""
     card_text: str | None = field(default=None, repr=False)
     """The model card as last rendered by :meth:`write_card` (None: not rendered in this process; see :attr:`card`)."""
+    network: dict[str, Any] = field(default_factory=dict, repr=False)
+    """What the merge read from the Hub: ``fetched`` and ``needed`` bytes (:mod:`hubsoup.sources.remote`), the files
+    ``verified`` against their sha256 and the ``unverified`` ones with why, and the ``predicted`` footprint."""
 
     def save_card_extras(self, folder: str | None = None) -> None:
         """Persist :attr:`notes`, :attr:`sections` and :attr:`search` beside the recipe (when there are any)."""
@@ -280,6 +285,8 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         '---'
     """
     t0 = time.perf_counter()
+    acc = current()
+    counted = (acc.fetched, acc.needed, len(acc.verified), len(acc.unverified))  # the run's share of the scope's
     opts, extra = MergeOptions.split(kwargs, options)
     if progress is not None or cancel is not None:
         opts = opts.replace(**{k: v for k, v in (("progress", progress), ("cancel", cancel)) if v is not None})
@@ -317,10 +324,15 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         if layout is not None and layout.reads:  # the models slices copy from, the tokenizer source: inputs too
             check_out_is_no_input(out, base_ckpt, layout.reads)
         place_blocks(plan, m, p, sources, opts, lora_output=sink_options is not None)
-        opened = [c for c in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
-                              *(layout.donors if layout is not None else ())) if c is not None]
-        if current().limited:  # the run's download budget, from the Hub's file sizes, before any weight moves
-            current().check_total(sum(c.weight_bytes() for c in opened if c.weight_bytes is not None))
+        if _needs_base_files(m, p) and base_ckpt.keep_files is not None:  # LOT runs the base model from its folder
+            base_ckpt.keep_files()
+        # the run's disk and network from its plan, before any weight moves: --max-disk, then the download budget
+        # (i45o's streamed push sets output_streamed: shards uploaded as written, without a local copy)
+        predicted = footprint(plan, base_ckpt, sources, m, p, opts, layout=layout,
+                              lora_output=sink_options is not None)
+        predicted.check(opts.max_disk_bytes)
+        if current().limited:
+            current().check_total(predicted.network_in - predicted.already_read)
         for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):  # the fit check passed: download
             if ckpt is not None:
                 ckpt.fetch()
@@ -330,7 +342,8 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         metadata = recipe.metadata()  # the public recipe: no local path in what may be pushed
         job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=opts.quiet, monitor=monitor,
                   donors=layout.donors if layout is not None else (), prefetch=opts.prefetch,
-                  device_map=opts.device_map, max_memory=opts.max_memory, scratch=folder.path)
+                  device_map=opts.device_map, max_memory=opts.max_memory, scratch=folder.path,
+                  read_ahead=opts.read_ahead_bytes)
         if sink_options is not None:
             # the base's architecture says which AutoPeftModelFor* loads the output; else the adapters' own
             task_types = {s.config.get("task_type") for s in sources if s.kind == "lora"}
@@ -355,6 +368,9 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
                              output_format, lora_report)
         result.restricted = _restricted([base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
                                          *(layout.reads if layout is not None else ())])
+        result.network = {"fetched": acc.fetched - counted[0], "needed": acc.needed - counted[1],
+                          "verified": acc.verified[counted[2]:], "unverified": acc.unverified[counted[3]:],
+                          "predicted": dataclasses.asdict(predicted)}
         result.allow_private_inputs = opts.allow_private_inputs
         if layout is not None:
             result.sections.append(layout.card_section())  # e.g. the mergekit config, as YAML
@@ -383,6 +399,50 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     if monitor.reporting:
         monitor.finish(f"merged into {folder.target}")
     return result
+
+
+def _needs_base_files(m: Method, p: Any) -> bool:
+    """Whether the method, or one a modifier wraps (LiNeS over LOT), builds the base model from its folder."""
+    while m is not None:
+        if m.needs_base_files:
+            return True
+        m, p = getattr(p, "inner", None), getattr(p, "inner_params", None)
+    return False
+
+
+def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method, p: Any, opts: MergeOptions, *,
+              layout: Any = None, lora_output: bool = False, push: bool = False,
+              local_copy: bool = True) -> Footprint:
+    """The run's predicted peak local disk and network (:class:`hubsoup.footprint.Footprint`), from its plan and
+    the inputs' headers and Hub file sizes, without reading a weight: what ``merge`` checks ``max_disk`` and
+    ``max_download`` against, and what ``hubsoup plan --push`` prints.
+
+    ``push``: the output goes to the Hub (its bytes count as network out); ``local_copy`` False: its shards are
+    uploaded as they are written and deleted (the disk holds the shards in flight only).
+
+    Example:
+        >>> f = footprint(plan, base, sources, m, p, MergeOptions())   # doctest: +SKIP
+        >>> f.peak_disk, f.network_in                                   # doctest: +SKIP
+    """
+    ckpts: dict[str, Any] = {}
+    for c in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources), *(layout.donors if layout is not None else ())):
+        if c is not None:
+            ckpts.setdefault(c.ref.public if c.ref.repo_id else f"local:{id(c)}", c)
+    out_dtype = opts.out_dtype
+    weights = sum(e.numel * ((out_dtype or e.dtype) if e.mergeable else e.dtype).itemsize
+                  for _, e in plan.output_entries())
+    small = int(getattr(base_ckpt, "metadata_bytes", 0) or 0)  # config, tokenizer, card: copied or written beside
+    cache = sum(c.weight_bytes() for c in ckpts.values() if c.weight_bytes is not None)
+    metadata = sum(int(getattr(c, "metadata_bytes", 0) or 0) for c in ckpts.values())
+    job = Job(plan, base_ckpt, sources, m, p, donors=layout.donors if layout is not None else ())
+    reads_base = (lambda work: lowrank_reads_base(work, lowrank_ok=True)) if lora_output else None
+    in_place = remote_bytes(job, reads_base)
+    passes = 1 + len(m.passes(p, len(sources)))
+    already = current().fetched  # the headers read so far (the run's counter)
+    return Footprint(output_bytes=weights + small, shard_bytes=opts.shard_bytes, output_streamed=push and not local_copy,
+                     output_bound=lora_output, cache_bytes=cache, metadata_bytes=metadata,
+                     network_in=in_place * passes + cache + already, passes=passes,
+                     network_out=weights + small if push else 0, in_place=in_place * passes, already_read=already)
 
 
 def _restricted(ckpts: Sequence[Any]) -> list[dict[str, str]]:

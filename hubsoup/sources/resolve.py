@@ -20,11 +20,13 @@ from huggingface_hub.errors import (
 )
 
 from hubsoup.errors import CorruptCheckpointError, HubsoupError, InputError, MergeCancelled, PickleRefusedError
-from hubsoup.hubclient import Token, ensure_timeouts, error_status, hub_timeout, is_timeout, scrub_secrets, server_detail
+from hubsoup.hubclient import (RETRY_STATUS, Token, ensure_timeouts, error_status, hub_timeout, is_timeout,  # noqa: F401
+                               scrub_secrets, server_detail, transient)
 from hubsoup.progress import Monitor, silent_tqdm
 from hubsoup.sources import access
 from hubsoup.sources.access import current
 from hubsoup.sources.checkpoint import ST_DTYPES, Checkpoint, InputRef, SAFETENSORS_INDEX, TensorInfo
+from hubsoup.sources.remote import RemoteFile, open_file
 
 METADATA_FILES = [
     "config.json",
@@ -194,6 +196,8 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
 
     files: list[str] = []
     sizes: dict[str, int | None] = {}
+    sha256s: dict[str, str] = {}
+    metadata_bytes = 0
     try:
         if constants.HF_HUB_OFFLINE:
             # offline: whatever the cache holds for that revision, pinned to its snapshot sha
@@ -202,12 +206,20 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         else:
             ensure_timeouts()
             # asked with this run's token first, always: a cached snapshot is never a way around the Hub's answer
+            # with the files' sizes and LFS sha256: the download budget, the disk plan and the check of files
+            # read whole in place need them
             info = HfApi().model_info(repo_id, revision=revision, token=token, timeout=hub_timeout(),
-                                      files_metadata=acc.limited)
+                                      files_metadata=True)
             sha = info.sha
             files = [s.rfilename for s in (info.siblings or [])]
             sizes = {s.rfilename: getattr(s, "size", None) for s in (info.siblings or [])}
+            for s in info.siblings or []:
+                lfs = getattr(s, "lfs", None)
+                digest = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+                if isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest):
+                    sha256s[s.rfilename] = digest
             patterns = METADATA_FILES + (TOKENIZER_FILES if with_tokenizer else [])
+            metadata_bytes = sum(int(sizes.get(n) or 0) for n in sizes if any(fnmatch.fnmatch(n, p) for p in patterns))
             acc.charge(repo_id, sha, sizes, patterns, who)
             folder = snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars, **cache)
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
@@ -221,6 +233,7 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
     if not constants.HF_HUB_OFFLINE:  # what the Hub said of the repo: a public push of a merge of it must know
         ckpt.visibility = {"private": bool(getattr(info, "private", False)),
                            "gated": bool(getattr(info, "gated", False))}
+    ckpt.metadata_bytes = metadata_bytes
 
     def weight_patterns() -> list[str]:
         index = os.path.join(folder, SAFETENSORS_INDEX)
@@ -251,15 +264,16 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         return patterns
 
     def weight_bytes() -> int:
-        """What fetching the weights would charge to the run's budget (0 without one)."""
-        if not acc.limited or constants.HF_HUB_OFFLINE:
+        """What fetching the weights would download into the Hub cache (0 when they are read in place: their
+        bytes are charged as they come, and the merge's plan predicts them)."""
+        if constants.HF_HUB_OFFLINE or in_place():
             return 0
         pats = weight_patterns()
         return sum(int(sizes.get(n) or 0) for n in sizes
                    if any(fnmatch.fnmatch(n, p) for p in pats) and not acc._cached(repo_id, sha, n, "model"))
 
     def fetch_weights() -> None:
-        if constants.HF_HUB_OFFLINE:
+        if constants.HF_HUB_OFFLINE or in_place():
             return
         patterns = weight_patterns()
         acc.charge(repo_id, sha, sizes, patterns, who)
@@ -281,43 +295,85 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
             return ["model.safetensors"]
         return sorted(f for f in top if f.endswith(".safetensors"))
 
+    def cached(fname: str) -> bool:
+        try:
+            hit = try_to_load_from_cache(repo_id, fname, revision=sha, **cache)
+        except Exception:  # noqa: BLE001 - an odd name: not cached
+            return False
+        return isinstance(hit, str) and os.path.isfile(hit)
+
+    opened: dict[str, RemoteFile] = {}
+
+    def remote_file(fname: str) -> RemoteFile:
+        """``fname`` read in place (its header read now, once per checkpoint)."""
+        if fname not in opened:
+            if files and fname not in files:
+                raise CorruptCheckpointError(f"{role} '{ckpt.label}': its weights name {fname}, which the repo does "
+                                             f"not hold at {sha[:12]}")
+
+            def fail_on(e: BaseException) -> BaseException:
+                return fail(e) if not isinstance(e, HubsoupError) else e
+
+            ensure_timeouts()
+            mon.check("before reading from the Hub")
+            opened[fname] = open_file(repo_id, sha, fname, size=sizes.get(fname), token=token,
+                                      who=f"{role} '{spec}' ({fname})", fail=fail_on, access=acc,
+                                      sha256=sha256s.get(fname), sleep=lambda t: _sleep(t))
+        return opened[fname]
+
+    def in_place_files() -> list[str]:
+        """The weight files a merge reads in place: safetensors only ([] for pickle weights)."""
+        if kind == "lora":
+            top = [f for f in files if "/" not in f]
+            return ["adapter_model.safetensors"] if "adapter_model.safetensors" in top or not files else []
+        return safetensors_files()
+
+    keep = {"files": False}
+
+    def in_place() -> bool:
+        """Whether the weights are read in place rather than downloaded (``cache_inputs`` not asked, online,
+        safetensors)."""
+        return not (acc.cache_inputs or keep["files"] or constants.HF_HUB_OFFLINE) and bool(in_place_files())
+
+    def streamed() -> dict[str, RemoteFile | None] | None:
+        if not in_place():
+            return None
+        return {f: None if cached(f) else remote_file(f) for f in in_place_files()}
+
     def remote_headers() -> dict[str, dict[str, TensorInfo]] | None:
         names = safetensors_files()
         if not names:
             return None
-
-        if all(isinstance(try_to_load_from_cache(repo_id, f, revision=sha, **cache), str) for f in names):
+        if all(cached(f) for f in names):
             return None  # every weight file is in the local cache at this commit: its headers are read there
-        api = HfApi()
         out: dict[str, dict[str, TensorInfo]] = {}
-        try:
-            ensure_timeouts()
-            for fname in names:  # two range requests at most per file: its header, never its data
-                meta = with_backoff(lambda: api.parse_safetensors_file_metadata(
-                    repo_id, fname, revision=sha, token=token, timeout=hub_timeout()), mon)
-                out[fname] = {}
-                for name, t in meta.tensors.items():
-                    dtype = ST_DTYPES.get(t.dtype)
-                    if dtype is None:
-                        raise CorruptCheckpointError(f"{role} '{ckpt.label}': tensor '{name}' in {fname} has "
-                                                     f"unsupported dtype {t.dtype}")
-                    out[fname][name] = TensorInfo(tuple(t.shape), dtype)
-        except Exception as e:  # noqa: BLE001 - one line naming the repo
-            if isinstance(e, HubsoupError):
-                raise
-            raise fail(e) from e
+        for fname in names:  # two range requests at most per file: its header, never its data
+            if cached(fname):
+                ckpt._open_safetensors(fname)
+                out[fname] = {n: ckpt._infos[n] for n, f in ckpt._files.items() if f == fname}
+                continue
+            rf = remote_file(fname)
+            out[fname] = {}
+            for name, (dtype_name, shape, _, _) in rf.tensors.items():
+                dtype = ST_DTYPES.get(dtype_name)
+                if dtype is None:
+                    raise CorruptCheckpointError(f"{role} '{ckpt.label}': tensor '{name}' in {fname} has "
+                                                 f"unsupported dtype {dtype_name}")
+                out[fname][name] = TensorInfo(tuple(shape), dtype)
         return out
 
     ckpt.fetch_weights = fetch_weights
     ckpt.weight_bytes = weight_bytes
+    if not constants.HF_HUB_OFFLINE:
+        ckpt.streamed = streamed
+        ckpt.downloads = lambda: not in_place()
+        ckpt.keep_files = lambda: keep.update(files=True)
     if headers_only and not constants.HF_HUB_OFFLINE:
         ckpt.remote_headers = remote_headers
         ckpt.remote_files = safetensors_files
     return ckpt
 
 
-RETRY_STATUS = (408, 429, 500, 502, 503, 504)
-"""The answers huggingface_hub's own downloads retry (``http_backoff``): header reads retry them the same way."""
 _sleep = time.sleep
 
 
@@ -330,12 +386,9 @@ def with_backoff(call, monitor: Monitor | None = None, *, tries: int = 6, first:
         try:
             return call()
         except Exception as e:  # noqa: BLE001 - re-raised unless transient
-            status = error_status(e)
-            dropped = status is None and any(c.__name__ in ("ConnectError", "RemoteProtocolError", "ReadError")
-                                             for c in type(e).__mro__)
-            if attempt == tries - 1 or is_timeout(e) or not (status in RETRY_STATUS or dropped):
+            if attempt == tries - 1 or not transient(e):
                 raise
-            log.debug("transient Hub answer (%s); trying again in %.0f s", status or type(e).__name__, wait)
+            log.debug("transient Hub answer (%s); trying again in %.0f s", error_status(e) or type(e).__name__, wait)
         if monitor is not None:
             monitor.check("before trying the Hub again")
         _sleep(wait)
