@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, ParamSpec, Sequence, TypeVar, cast
 
+import torch
+
 from hubsoup.arch import peft_task_type
 from hubsoup.card import write_card
 from hubsoup.engine import Job, remote_bytes, run
@@ -51,6 +53,20 @@ def scoped(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         opts, _ = MergeOptions.split({k: v for k, v in kwargs.items() if k in names},
                                      cast("MergeOptions | None", kwargs.get("options")))
         with scope(opts):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def keeps_inputs(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``fn`` (a workflow that merges the same inputs many times: search, sweeps, greedy soups, evolve) with
+    ``cache_inputs``: Hub inputs' weight files are downloaded into the Hub cache once and read there by every
+    merge, instead of being read in place again by each (:mod:`hubsoup.sources.remote`). Inside :func:`scoped`,
+    so the run's token, ``hub_only`` and budget carry over."""
+
+    @functools.wraps(fn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with scope(cache_inputs=True):
             return fn(*args, **kwargs)
 
     return run
@@ -443,6 +459,34 @@ def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method, p: 
                      output_bound=lora_output, cache_bytes=cache, metadata_bytes=metadata,
                      network_in=in_place * passes + cache + already, passes=passes,
                      network_out=weights + small if push else 0, in_place=in_place * passes, already_read=already)
+
+
+def measure_merge_seconds(plan: Plan, m: Method, p: Any, n_inputs: int, *, sample: tuple[int, int] = (2048, 2048)
+                          ) -> float | None:
+    """The merge's compute time on this machine, predicted: the method timed on one ``sample``-shaped float32 tensor
+    (its statistics passes over it included), scaled to the plan's mergeable entries. None when the method cannot
+    merge without the models themselves (LOT's exemplars)."""
+    from hubsoup.methods import TensorContext  # the method kit's context, as the engine makes it
+
+    numel = sample[0] * sample[1]
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(sample, generator=g)
+    stack = torch.randn((n_inputs, *sample), generator=g).mul_(0.01)
+    name = "model.layers.0.mlp.up_proj.weight"
+    stats: dict[str, Any] = {}
+    try:
+        t0 = time.perf_counter()
+        for sp in m.passes(p, n_inputs):
+            sp.update(TensorContext(name, None, n_inputs, stats, ""), base, stack)
+            sp.finish(stats)
+        work = stack.clone()  # what the engine hands: a fresh float32 stack of τᵢ
+        m.merge(base, work, p, TensorContext(name, None, n_inputs, stats, ""))
+        seconds = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - a method that needs more than tensors: not predicted
+        log.debug("merge time not measured: %s", e)
+        return None
+    total = sum(e.numel for _, e in plan.entries() if e.mergeable)
+    return seconds * total / numel
 
 
 def _restricted(ckpts: Sequence[Any]) -> list[dict[str, str]]:

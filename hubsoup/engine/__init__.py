@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -413,7 +414,8 @@ def _window(job: Job, blocks: Sequence[Block], streamed: list[list[TensorEntry]]
     if not any(reads):
         return None
     budget = job.read_ahead or current_access().read_ahead or remote.DEFAULT_READ_AHEAD
-    return remote.Window(reads, budget, check=job.monitor.check)
+    groups = list(itertools.accumulate(len(e) for e in streamed))  # where each block's tensors start
+    return remote.Window(reads, budget, check=job.monitor.check, groups=[0, *groups[:-1]])
 
 
 def remote_bytes(job: Job, reads_base: Callable[[TensorWork], bool] | None = None) -> int:
@@ -421,7 +423,8 @@ def remote_bytes(job: Job, reads_base: Callable[[TensorWork], bool] | None = Non
     a plan's network figure (:func:`hubsoup.api.footprint`). Inputs whose weights would be downloaded count 0."""
     with peeking():
         reads = _remote_reads(job, job.plan.blocks, [list(b.tensors) for b in job.plan.blocks], reads_base)
-    return sum(n for _, _, n in {(rf.key, off, n) for r in reads for rf, off, n in r})
+    return sum(off + n - rf.fetch_from(off, n) for _, off, n, rf in
+               {(rf.key, off, n): (rf.key, off, n, rf) for r in reads for rf, off, n in r}.values())
 
 
 def _remote_reads(job: Job, blocks: Sequence[Block], streamed: list[list[TensorEntry]],

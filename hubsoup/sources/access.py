@@ -110,6 +110,8 @@ class Access:
     """``repo@sha/file`` of every file read whole and found equal to the Hub's sha256 of it."""
     unverified: list = field(default_factory=list, repr=False)
     """``(repo@sha/file, why)`` of files read in place that could not be checked against a sha256."""
+    remote_files: dict = field(default_factory=dict, repr=False)
+    """``{(repo, sha, file, token): RemoteFile}``: the Hub files this run reads in place, opened once."""
     _charged: set = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

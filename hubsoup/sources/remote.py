@@ -40,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import queue
@@ -69,13 +70,12 @@ PART = 8 << 20
 """Bytes per range request of a span: a span's parts are fetched in parallel, each resumed on its own."""
 THREADS = 4
 """Background fetches per window: one connection is seldom the whole of a link (latency, per-stream limits)."""
-CHUNK = 256 << 10
-"""Bytes read from the connection at a time (a cancel or a window's end is seen between chunks)."""
 HEADER_LIMIT = 100 * 1024 * 1024
 """safetensors' own limit on a header."""
 KEY_PREFIX = "hf://"
 
 _sleep = time.sleep
+_SERIAL = itertools.count()
 _FILES: "weakref.WeakValueDictionary[str, RemoteFile]" = weakref.WeakValueDictionary()
 _ST_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
              "F8_E4M3": 1, "F8_E5M2": 1}
@@ -128,10 +128,13 @@ class RemoteFile:
     sleep: Callable[[float], None] | None = field(default=None, repr=False)
     """How a retry waits (None: ``time.sleep``); :mod:`hubsoup.sources.resolve` passes its own, which tests replace."""
     _windows: dict[int, "Window"] = field(default_factory=dict, repr=False)
+    _uid: int = field(default_factory=lambda: next(_SERIAL), repr=False)
 
     @property
     def key(self) -> str:
-        return f"{KEY_PREFIX}{self.repo_id}@{self.sha}/{self.name}"
+        """What :meth:`Checkpoint.byte_ranges` gives in place of a path: this object's own (two runs reading one
+        file, each with its token and counters, never share a window)."""
+        return f"{KEY_PREFIX}{self.repo_id}@{self.sha}/{self.name}#{self._uid}"
 
     @property
     def label(self) -> str:
@@ -156,13 +159,21 @@ class RemoteFile:
         return off + n <= len(self.prefix)
 
     def read(self, off: int, n: int) -> torch.Tensor:
-        """Bytes ``[off, off + n)`` now, in a new uint8 tensor (counted as needed)."""
+        """Bytes ``[off, off + n)`` now, in a new uint8 tensor (counted as needed; what the header read brought
+        is not fetched again)."""
         buf = torch.empty(n, dtype=torch.uint8)
-        if n:
-            fetch_into(self, off, buf)
+        lo = self.fetch_from(off, n)
+        if lo > off:
+            buf[:lo - off] = torch.frombuffer(bytearray(self.prefix[off:lo]), dtype=torch.uint8)
+        if off + n > lo:
+            fetch_into(self, lo, buf[lo - off:])
         if self.access is not None:
             self.access.asked(n)
         return buf
+
+    def fetch_from(self, off: int, n: int) -> int:
+        """Where a fetch of ``[off, off + n)`` starts: past the bytes the header read brought."""
+        return min(max(off, len(self.prefix)), off + n)
 
 
 def as_tensor(buf: torch.Tensor, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -242,6 +253,12 @@ def open_file(repo_id: str, sha: str, name: str, *, size: int | None, token: Any
                                          f"{shape} of {dtype})")
         rf.tensors[tname] = (dtype, tuple(shape), rf.data_start + offsets[0], offsets[1] - offsets[0])
     _FILES[rf.key] = rf
+    if len(head) >= rf.size and rf.sha256 and access is not None:  # the header read brought the whole file
+        v = _Verifier(rf, 0)
+        if v.error is not None:
+            raise v.error
+        with access._lock:
+            access.verified.append(rf.label)
     return rf
 
 
@@ -285,7 +302,7 @@ def fetch_into(rf: RemoteFile, start: int, out: torch.Tensor, stop: threading.Ev
                         raise CorruptCheckpointError(f"{rf.who}: the Hub answered {r.status_code} to a range read "
                                                      f"of {rf.name}")
                     before = pos
-                    for chunk in r.iter_raw(CHUNK):
+                    for chunk in r.iter_raw():  # as the connection gives them: a drop loses no byte received
                         if stop is not None and stop.is_set():
                             raise _Stopped()
                         if rf.access is not None:
@@ -325,6 +342,50 @@ def fetch_into(rf: RemoteFile, start: int, out: torch.Tensor, stop: threading.Ev
 
 class _Short(Exception):
     """A response body that ended before the range did (the connection dropped)."""
+
+
+def measure_bandwidth(files: Sequence[RemoteFile], most: int = 8 << 20, *, threads: int = THREADS,
+                      piece: int = 1 << 20) -> tuple[int, float]:
+    """``(bytes, seconds)`` of reading up to ``most`` bytes of ``files``' tensor data, in pieces of ``piece`` over
+    ``threads`` connections as a merge's read-ahead does (``hubsoup plan --push``'s measured bandwidth). The bytes
+    are counted by the run (``max_download``)."""
+    pieces: list[tuple[RemoteFile, int, int]] = []
+    left = most
+    for rf in sorted(files, key=lambda f: -f.size):
+        a = max(rf.data_start, len(rf.prefix))
+        while a < rf.size and left > 0:
+            n = min(piece, rf.size - a, left)
+            pieces.append((rf, a, n))
+            a, left = a + n, left - n
+    if not pieces:
+        return 0, 0.0
+    todo: queue.Queue[tuple[RemoteFile, int, int]] = queue.Queue()
+    for p in pieces:
+        todo.put(p)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while True:
+            try:
+                rf, a, n = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fetch_into(rf, a, torch.empty(n, dtype=torch.uint8))
+            except BaseException as e:  # noqa: BLE001 - the first is raised below
+                errors.append(e)
+                return
+
+    t0 = time.perf_counter()
+    workers = [threading.Thread(target=work, name="hubsoup-measure", daemon=True)
+               for _ in range(min(threads, len(pieces)))]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(n for _, _, n in pieces), time.perf_counter() - t0
 
 
 # --- the read-ahead window ---------------------------------------------------------------------------------------
@@ -416,34 +477,45 @@ class Window:
     """
 
     def __init__(self, reads: Sequence[Sequence[tuple[RemoteFile, int, int]]], budget: int, *,
-                 threads: int = THREADS, check: Callable[[], None] | None = None):
+                 threads: int = THREADS, check: Callable[[], None] | None = None, groups: Sequence[int] = ()):
         self.budget = max(1, int(budget))
         self.check = check
-        self.span_max = max(1 << 20, min(SPAN_MAX, self.budget // 4))
+        self.span_max = max(64 << 10, min(SPAN_MAX, self.budget // 4))
         self.part = min(PART, self.span_max)
         self.spans: list[_Span] = []
         self._where: dict[tuple[str, int, int], _Span] = {}
         open_: dict[str, _Span] = {}
-        for k, ranges in enumerate(reads):
-            for rf, off, n in sorted(ranges, key=lambda r: (r[0].key, r[1])):
+        # a group's ranges (a block's tensors: ``groups`` are the indices where blocks start) are joined in file
+        # order, whatever order the engine reads them in: a file holds a layer's tensors by name, not in forward order
+        starts = sorted({0, *groups, len(reads)})
+        for a, b in zip(starts, starts[1:]):
+            group = sorted(((rf, off, n, k) for k in range(a, b) for rf, off, n in reads[k]),
+                           key=lambda r: (r[0].key, r[1], r[3]))
+            for rf, off, n, k in group:
                 if n <= 0:
                     continue
                 known = self._where.get((rf.key, off, n))
                 if known is not None:  # read again later in the pass (a tied tensor): kept until then
-                    known.last = k
+                    known.first, known.last = min(known.first, k), max(known.last, k)
+                    continue
+                lo = rf.fetch_from(off, n)  # the header read's bytes are not fetched again
+                if lo >= off + n:
                     continue
                 sp = open_.get(rf.key)
-                if sp is not None and sp.end <= off <= sp.end + GAP and off + n - sp.start <= self.span_max:
-                    sp.end, sp.last = off + n, k
+                if sp is not None and sp.end <= lo <= sp.end + GAP and off + n - sp.start <= self.span_max:
+                    sp.end, sp.first, sp.last = off + n, min(sp.first, k), max(sp.last, k)
                 else:
-                    sp = _Span(rf, off, off + n, k, k)
+                    sp = _Span(rf, lo, off + n, k, k)
                     self.spans.append(sp)
                     open_[rf.key] = sp
                 self._where[(rf.key, off, n)] = sp
+        self.spans.sort(key=lambda sp: sp.first)  # fetched in the order the engine first needs them
         for sp in self.spans:
             sp.parts = [_Part(sp, a, min(a + self.part, sp.end)) for a in range(sp.start, sp.end, self.part)]
         self._next = 0
         self._held = 0
+        self.peak = 0
+        """The most bytes held at once (fetched or being fetched, not yet passed by the engine)."""
         self._cursor = -1
         self._admitted: list[_Span] = []
         self._lock = threading.RLock()
@@ -492,6 +564,7 @@ class Window:
         sp.admitted = True
         sp.buf = torch.empty(sp.size, dtype=torch.uint8)
         self._held += sp.size
+        self.peak = max(self.peak, self._held)
         self._admitted.append(sp)
         for p in sp.parts:
             self._seq += 1
@@ -532,8 +605,9 @@ class Window:
                 self._admit(force=sp)
             buf = sp.buf
         assert buf is not None
+        lo = rf.fetch_from(off, n)
         for p in sp.parts:
-            if p.end <= off or p.start >= off + n:
+            if p.end <= lo or p.start >= off + n:
                 continue
             while not p.done.wait(0.25):
                 if self.check is not None:
@@ -542,6 +616,11 @@ class Window:
                 raise p.error
         if rf.access is not None:
             rf.access.asked(n)
+        if lo > off:  # its first bytes came with the header read
+            out = torch.empty(n, dtype=torch.uint8)
+            out[:lo - off] = torch.frombuffer(bytearray(rf.prefix[off:lo]), dtype=torch.uint8)
+            out[lo - off:] = buf[lo - sp.start:off + n - sp.start]
+            return out
         return buf[off - sp.start:off - sp.start + n]
 
     def finish(self) -> None:
@@ -612,4 +691,5 @@ class Window:
 
 
 __all__ = ["RemoteFile", "Window", "open_file", "fetch_into", "as_tensor", "is_key", "lookup", "any_open",
+           "measure_bandwidth",
            "DEFAULT_READ_AHEAD"]

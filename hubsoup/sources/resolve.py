@@ -8,18 +8,21 @@ when the engine opens them, after the inputs were checked against the base.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import logging
 import os
 import re
 import time
+import warnings
 
 from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
 from huggingface_hub.errors import (
     GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
 )
 
-from hubsoup.errors import CorruptCheckpointError, HubsoupError, InputError, MergeCancelled, PickleRefusedError
+from hubsoup.errors import (CorruptCheckpointError, DiskFullError, HubsoupError, InputError, MergeCancelled,
+                            PickleRefusedError)
 from hubsoup.hubclient import (RETRY_STATUS, Token, ensure_timeouts, error_status, hub_timeout, is_timeout,  # noqa: F401
                                scrub_secrets, server_detail, transient)
 from hubsoup.progress import Monitor, silent_tqdm
@@ -162,6 +165,18 @@ def hub_failure(e: BaseException, who: str, repo_id: str, revision: str | None =
     return InputError(scrub_secrets(msg, token))  # a server may echo the token back
 
 
+def _disk_full(e: BaseException) -> OSError | None:
+    """The ``ENOSPC``/``EDQUOT`` error that ``e`` is or was raised from, if any."""
+    seen = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def _cancelled(e: BaseException) -> MergeCancelled | None:
     """The :class:`MergeCancelled` that ``e`` is or was raised from (huggingface_hub may wrap it), if any."""
     seen = set()
@@ -184,11 +199,18 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
     # an app's run (progress or cancel given): this call's bars are silent, and each update checks cancel
     bars = {"tqdm_class": silent_tqdm(mon)} if mon.active else {}
 
-    def fail(e: Exception) -> Exception:
+    def fail(e: BaseException, fname: str | None = None) -> BaseException:
+        """One line for a failed Hub request of this input (``fname``: the file it read, then named too)."""
         cancelled = _cancelled(e)
         if cancelled is not None:  # raised by the monitor inside huggingface_hub: not a Hub failure
             return cancelled
-        return hub_failure(e, f"{role} '{spec}'", repo_id, revision, token)
+        full = _disk_full(e)
+        if full is not None:  # the Hub cache's disk, while downloading: not a Hub failure either
+            where = acc.cache_dir or constants.HF_HUB_CACHE
+            return DiskFullError(f"{who}: disk full while downloading into the Hub cache ({where}): {full.strerror}; "
+                                 "nothing was merged. Free space, or read the inputs in place (leave out "
+                                 "--cache-inputs: only the output then needs disk)")
+        return hub_failure(e, f"{role} '{spec}'" + (f" ({fname})" if fname else ""), repo_id, revision, token)
 
     mon.check("before downloading")
     if not constants.HF_HUB_OFFLINE:
@@ -280,9 +302,15 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         try:
             ensure_timeouts()
             mon.check("before downloading")
-            snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars, **cache)
+            # huggingface_hub warns when the cache's disk looks too small, then tries: held back until it is known
+            # whether the disk did fill (then the one line below says it)
+            with warnings.catch_warnings(record=True) as held:
+                warnings.simplefilter("always")
+                snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars, **cache)
         except Exception as e:  # noqa: BLE001
             raise fail(e) from e
+        for w in held:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
     def safetensors_files() -> list[str]:
         """The safetensors files :func:`fetch_weights` would download ([] when it would fetch anything else)."""
@@ -312,13 +340,19 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
                                              f"not hold at {sha[:12]}")
 
             def fail_on(e: BaseException) -> BaseException:
-                return fail(e) if not isinstance(e, HubsoupError) else e
+                return fail(e, fname) if not isinstance(e, HubsoupError) else e
 
             ensure_timeouts()
             mon.check("before reading from the Hub")
-            opened[fname] = open_file(repo_id, sha, fname, size=sizes.get(fname), token=token,
-                                      who=f"{role} '{spec}' ({fname})", fail=fail_on, access=acc,
-                                      sha256=sha256s.get(fname), sleep=lambda t: _sleep(t))
+            # one RemoteFile per file, run and token: two checkpoints of one repo (a layout's base and input) share
+            # it, so the read-ahead fetches its bytes once
+            shared = acc.remote_files
+            key = (repo_id, sha, fname, token if isinstance(token, (str, bool)) else None)
+            if key not in shared:
+                shared[key] = open_file(repo_id, sha, fname, size=sizes.get(fname), token=token,
+                                        who=f"{role} '{spec}' ({fname})", fail=fail_on, access=acc,
+                                        sha256=sha256s.get(fname), sleep=lambda t: _sleep(t))
+            opened[fname] = shared[key]
         return opened[fname]
 
     def in_place_files() -> list[str]:
