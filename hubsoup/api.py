@@ -25,7 +25,7 @@ from hubsoup.footprint import Footprint
 from hubsoup.eval.run import EVAL_FILE, read_results, write_results
 from hubsoup.hub import check_repo_id, push_folder, retarget_card
 from hubsoup.hubclient import Token
-from hubsoup.methods import Method, get_method
+from hubsoup.methods import Method, TensorContext, get_method
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
 from hubsoup.output.checkpoint import CheckpointSink, copy_base_files
@@ -419,10 +419,11 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
 
 def _needs_base_files(m: Method, p: Any) -> bool:
     """Whether the method, or one a modifier wraps (LiNeS over LOT), builds the base model from its folder."""
-    while m is not None:
-        if m.needs_base_files:
+    cur: Any = m
+    while cur is not None:
+        if cur.needs_base_files:
             return True
-        m, p = getattr(p, "inner", None), getattr(p, "inner_params", None)
+        cur, p = getattr(p, "inner", None), getattr(p, "inner_params", None)
     return False
 
 
@@ -466,8 +467,6 @@ def measure_merge_seconds(plan: Plan, m: Method, p: Any, n_inputs: int, *, sampl
     """The merge's compute time on this machine, predicted: the method timed on one ``sample``-shaped float32 tensor
     (its statistics passes over it included), scaled to the plan's mergeable entries. None when the method cannot
     merge without the models themselves (LOT's exemplars)."""
-    from hubsoup.methods import TensorContext  # the method kit's context, as the engine makes it
-
     numel = sample[0] * sample[1]
     g = torch.Generator().manual_seed(0)
     base = torch.randn(sample, generator=g)
