@@ -512,6 +512,7 @@ class Window:
         self.spans.sort(key=lambda sp: sp.first)  # fetched in the order the engine first needs them
         for sp in self.spans:
             sp.parts = [_Part(sp, a, min(a + self.part, sp.end)) for a in range(sp.start, sp.end, self.part)]
+        self._asked: set[tuple[str, int, int]] = set()
         self._next = 0
         self._held = 0
         self.peak = 0
@@ -614,7 +615,8 @@ class Window:
                     self.check()
             if p.error is not None:
                 raise p.error
-        if rf.access is not None:
+        if rf.access is not None and (rf.key, off, n) not in self._asked:  # each range once per pass
+            self._asked.add((rf.key, off, n))
             rf.access.asked(n)
         if lo > off:  # its first bytes came with the header read
             out = torch.empty(n, dtype=torch.uint8)

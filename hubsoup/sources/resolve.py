@@ -13,8 +13,10 @@ import fnmatch
 import logging
 import os
 import re
+import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
 from huggingface_hub.errors import (
@@ -331,6 +333,7 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         return isinstance(hit, str) and os.path.isfile(hit)
 
     opened: dict[str, RemoteFile] = {}
+    opening = threading.Lock()
 
     def remote_file(fname: str) -> RemoteFile:
         """``fname`` read in place (its header read now, once per checkpoint)."""
@@ -348,11 +351,14 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
             # it, so the read-ahead fetches its bytes once
             shared = acc.remote_files
             key = (repo_id, sha, fname, token if isinstance(token, (str, bool)) else None)
-            if key not in shared:
-                shared[key] = open_file(repo_id, sha, fname, size=sizes.get(fname), token=token,
-                                        who=f"{role} '{spec}' ({fname})", fail=fail_on, access=acc,
-                                        sha256=sha256s.get(fname), sleep=lambda t: _sleep(t))
-            opened[fname] = shared[key]
+            rf = shared.get(key)
+            if rf is None:
+                rf = open_file(repo_id, sha, fname, size=sizes.get(fname), token=token,
+                               who=f"{role} '{spec}' ({fname})", fail=fail_on, access=acc,
+                               sha256=sha256s.get(fname), sleep=lambda t: _sleep(t))
+                with opening:  # two threads may have read it at once: one object is kept
+                    rf = shared.setdefault(key, rf)
+            opened[fname] = rf
         return opened[fname]
 
     def in_place_files() -> list[str]:
@@ -369,10 +375,25 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         safetensors)."""
         return not (acc.cache_inputs or keep["files"] or constants.HF_HUB_OFFLINE) and bool(in_place_files())
 
+    def open_remote(names: list[str]) -> None:
+        """The headers of ``names`` not yet open, read concurrently (one round trip each: a sharded model's
+        dozens of files would otherwise wait on each other)."""
+        todo = [f for f in names if f not in opened]
+        if len(todo) <= 1:
+            for f in todo:
+                remote_file(f)
+            return
+        with ThreadPoolExecutor(min(8, len(todo)), thread_name_prefix="hubsoup-headers") as pool:
+            for _ in pool.map(remote_file, todo):  # the first failure is raised
+                pass
+
     def streamed() -> dict[str, RemoteFile | None] | None:
         if not in_place():
             return None
-        return {f: None if cached(f) else remote_file(f) for f in in_place_files()}
+        names = in_place_files()
+        local = {f for f in names if cached(f)}
+        open_remote([f for f in names if f not in local])
+        return {f: None if f in local else remote_file(f) for f in names}
 
     def remote_headers() -> dict[str, dict[str, TensorInfo]] | None:
         names = safetensors_files()
@@ -381,6 +402,7 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         if all(cached(f) for f in names):
             return None  # every weight file is in the local cache at this commit: its headers are read there
         out: dict[str, dict[str, TensorInfo]] = {}
+        open_remote([f for f in names if not cached(f)])
         for fname in names:  # two range requests at most per file: its header, never its data
             if cached(fname):
                 ckpt._open_safetensors(fname)
