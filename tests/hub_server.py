@@ -305,6 +305,13 @@ class _RangedGets:
             self._ranged_failures.append(_Failure(n, status, "GET", re.compile(path) if path else None,
                                                   f"Injected failure ({status})", None, "before", drop, {}, hang))
 
+    def redirect_ranged(self, to: str, *, n: int = 1000, path: str | None = None) -> None:
+        """Answer the next ``n`` ranged GETs of a tensor's bytes (as :meth:`fail_ranged` picks them) with a
+        ``302`` to the same path on ``to`` (another server: a CDN, a Xet bridge), as the Hub redirects downloads."""
+        with self._lock:
+            self._ranged_failures.append(_Failure(n, 302, "GET", re.compile(path) if path else None, "Found", None,
+                                                  "before", False, {"X-Redirect-To": to}, None))
+
     def _take_ranged_failure(self, req: "_Req") -> "_Failure | None":
         rng = req.headers.get("Range") or ""
         if req.method != "GET" or "/resolve/" not in req.path or not rng or re.match(r"\s*bytes=0-", rng):
@@ -313,6 +320,10 @@ class _RangedGets:
             for f in self._ranged_failures:
                 if f.matches("GET", req.path, "before"):
                     f.remaining -= 1
+                    to = f.headers.get("X-Redirect-To")
+                    if to:  # this request's own Location
+                        return _Failure(1, f.status, "GET", None, f.message, None, "before", False,
+                                        {"Location": to + req.path})
                     return f
         return None
 

@@ -425,3 +425,43 @@ def test_search_keeps_its_inputs_in_the_cache(hub, published, tmp_path):
     assert all(isinstance(try_to_load_from_cache("alice/ft1", f, revision=sha), str) for f in files_bytes(published["ft1"]))
     # downloaded once, read by both points (and the best one's merge)
     assert hub.served_bytes(r"^/alice/ft1/resolve/.*\.safetensors$") <= 1.05 * sum(files_bytes(published["ft1"]).values())
+
+
+# ---- 5. the run's token: only to the Hub -----------------------------------------------------------------------
+
+def test_range_reads_carry_the_runs_token_and_never_to_another_host(hub, zoo, tmp_path):
+    """A private repo read in place with alice's token: the Hub gets it with every range read; a redirect to another
+    host (a CDN, a Xet bridge: ``localhost`` is another origin than ``127.0.0.1``) is followed without it, as
+    huggingface_hub's own downloads do. Two runs with two tokens never share a file read in place."""
+    from hub_server import HubServer
+
+    from hubsoup.sources.access import scope
+    from hubsoup.sources.resolve import open_input
+
+    hub.seed("alice/base", zoo["base"])
+    hub.seed("alice/ft1", zoo["ft1"], private=True)
+    with HubServer(port=0) as cdn:
+        cdn.seed("alice/ft1", zoo["ft1"])  # the storage behind the redirect: public, as a signed URL is
+        sha = hub.head("alice/ft1")
+        cdn.repos[("model", "alice/ft1")].commits[sha] = cdn.repos[("model", "alice/ft1")].commits[cdn.head("alice/ft1")]
+        hub.redirect_ranged(f"http://localhost:{cdn.port}", path=r"^/alice/ft1/resolve/")
+        res = hubsoup.merge(["alice/ft1"], "task_arithmetic", base="alice/base", out=str(tmp_path / "s"),
+                            token=hub.token("alice"), quiet=True)
+        on_hub = [c for c in weight_gets(hub, "alice/ft1")]
+        on_cdn = [c for c in cdn.calls("GET", r"/resolve/") if c["path"].endswith(".safetensors")]
+    assert on_hub and all(c["user"] == "alice" for c in on_hub)  # the Hub: the run's token, every request
+    assert on_cdn and all(c["user"] is None and c["status"] == 206 for c in on_cdn)  # the other host: no token
+    want = hubsoup.merge([zoo["ft1"]], "task_arithmetic", base=zoo["base"], out=str(tmp_path / "w"), quiet=True)
+    assert same_weights(res.path, want.path)
+    # two runs, two tokens: each opens its own file, with its own token's headers
+    hub.redirect_ranged("http://unused", n=0)
+    with scope(token=hub.token("alice")):
+        a = open_input("alice/base", token=hub.token("alice"))
+        a.keys()
+    with scope(token=hub.token("bob")):
+        b = open_input("alice/base", token=hub.token("bob"))
+        b.keys()
+    ra, rb = next(iter(a._remote.values())), next(iter(b._remote.values()))
+    assert ra is not rb and ra.key != rb.key
+    assert ra.headers["authorization"].endswith(hub.token("alice")) and rb.headers["authorization"].endswith(
+        hub.token("bob"))
