@@ -26,7 +26,8 @@ Writes ``benchmarks/results/hub_stream.{md,json}``.
 
 Usage::
 
-    python benchmarks/bench_hub_stream.py            # ~4 min on 2 idle cores (+1 min to build the models once)
+    python benchmarks/bench_hub_stream.py            # ~3 min on 2 idle cores (+1 min to build the models once)
+    python benchmarks/bench_hub_stream.py --repeat 3 # the fastest of 3 interleaved runs of each step (~6 min)
     python benchmarks/bench_hub_stream.py --quick    # a small model: a smoke test of the script (~1 min)
 """
 
@@ -210,9 +211,10 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "folders": folders}))
 
 MERGE_LOCAL = """
 import json, time, hubsoup
+merge = hubsoup.merge  # imports the API (torch, transformers) before the clock starts
 f = json.loads({folders!r})
 t0 = time.perf_counter()
-r = hubsoup.merge([f["ft1"], f["ft2"], f["ft3"]], "task_arithmetic", base=f["base"], out={out!r}, quiet=True)
+r = merge([f["ft1"], f["ft2"], f["ft3"]], "task_arithmetic", base=f["base"], out={out!r}, quiet=True)
 print(json.dumps({{"seconds": time.perf_counter() - t0}}))
 """
 
@@ -228,8 +230,9 @@ print(json.dumps({{"seconds": time.perf_counter() - t0}}))
 
 MERGE_STREAM = """
 import dataclasses, json, time, hubsoup
+merge = hubsoup.merge  # imports the API (torch, transformers) before the clock starts
 t0 = time.perf_counter()
-r = hubsoup.merge(["bench/ft1", "bench/ft2", "bench/ft3"], "task_arithmetic", base="bench/base", out={out!r},
+r = merge(["bench/ft1", "bench/ft2", "bench/ft3"], "task_arithmetic", base="bench/base", out={out!r},
                   quiet=True, max_disk={max_disk!r}, read_ahead={read_ahead!r}{extra})
 print(json.dumps({{"seconds": time.perf_counter() - t0, "network": r.network}}))
 """
@@ -268,6 +271,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a small model: a smoke test of the script")
     ap.add_argument("--bandwidth", type=float, default=30.0, help="the server's link, MB/s (default 30)")
     ap.add_argument("--read-ahead", default="64MB", help="the streamed merge's read-ahead window (default 64MB)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="interleaved runs of steps 1-3 and 5; the fastest of each is kept (default 1)")
     args = ap.parse_args()
     kind = "quick" if args.quick else "full"
     log = lambda msg: print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)  # noqa: E731
@@ -290,35 +295,45 @@ def main() -> None:
         def env(home: str) -> dict:
             return child_env(HF_ENDPOINT=server.endpoint, HF_HOME=home)
 
-        # 1. download only
-        home1 = os.path.join(work, "home-download")
-        server.clear()
-        down = run_child(DOWNLOAD, env(home1))
-        log(f"download only: {down['seconds']:.1f} s")
-        # 2. merge only, local files
-        out2 = os.path.join(work, "merged-local")
-        merge = run_child(MERGE_LOCAL.format(folders=json.dumps(down["folders"]), out=out2), env(home1))
-        log(f"merge only: {merge['seconds']:.1f} s")
-        # 3. upload only
-        up = run_child(UPLOAD.format(out=out2), env(home1))
-        log(f"upload only: {up['seconds']:.1f} s (the test server takes uploads unthrottled)")
-        shutil.rmtree(home1, ignore_errors=True)
-        result["download_only"], result["merge_only"], result["upload_only"] = (
-            down["seconds"], merge["seconds"], up["seconds"])
-        result["sequential"] = down["seconds"] + merge["seconds"] + up["seconds"]
-        largest = max(down["seconds"], merge["seconds"], up["seconds"])
-
-        # 5. streamed, local output
-        home5 = os.path.join(work, "home-stream")
-        parent5 = os.path.join(work, "stream-out")
-        os.makedirs(parent5)
-        os.makedirs(home5)
+        runs: dict[str, list] = {"download": [], "merge": [], "upload": [], "streamed": []}
         max_disk = output + 10 * MB  # the output stays local here: all of it counts (no push)
-        server.clear()
-        st = run_child(MERGE_STREAM.format(out=os.path.join(parent5, "soup"), max_disk=max_disk,
-                                           read_ahead=args.read_ahead, extra=""), env(home5),
-                       sample=[home5, parent5])
-        served = server.served()
+        for rep in range(args.repeat):  # interleaved: the machine's load moves the same for every step
+            # 1. download only
+            home1 = os.path.join(work, f"home-download-{rep}")
+            down = run_child(DOWNLOAD, env(home1))
+            runs["download"].append(down["seconds"])
+            # 2. merge only, local files
+            out2 = os.path.join(work, f"merged-local-{rep}")
+            merge = run_child(MERGE_LOCAL.format(folders=json.dumps(down["folders"]), out=out2), env(home1))
+            runs["merge"].append(merge["seconds"])
+            # 3. upload only
+            up = run_child(UPLOAD.format(out=out2), env(home1))
+            runs["upload"].append(up["seconds"])
+            shutil.rmtree(home1, ignore_errors=True)
+            shutil.rmtree(out2, ignore_errors=True)
+            # 5. streamed, local output
+            home5 = os.path.join(work, f"home-stream-{rep}")
+            parent5 = os.path.join(work, f"stream-out-{rep}")
+            os.makedirs(parent5)
+            os.makedirs(home5)
+            server.clear()
+            st = run_child(MERGE_STREAM.format(out=os.path.join(parent5, "soup"), max_disk=max_disk,
+                                               read_ahead=args.read_ahead, extra=""), env(home5),
+                           sample=[home5, parent5])
+            st["served"] = server.served()
+            runs["streamed"].append(st)
+            shutil.rmtree(parent5, ignore_errors=True)
+            log(f"run {rep + 1}: download only {down['seconds']:.1f} s, merge only {merge['seconds']:.1f} s, upload "
+                f"only {up['seconds']:.1f} s (the test server takes uploads unthrottled), streamed {st['seconds']:.1f} s")
+        result["runs"] = {k: [r if isinstance(r, float) else r["seconds"] for r in v] for k, v in runs.items()}
+        result["download_only"], result["merge_only"], result["upload_only"] = (
+            min(runs["download"]), min(runs["merge"]), min(runs["upload"]))
+        result["sequential"] = result["download_only"] + result["merge_only"] + result["upload_only"]
+        largest = max(result["download_only"], result["merge_only"], result["upload_only"])
+        st = min(runs["streamed"], key=lambda r: r["seconds"])  # the fastest, as for the other steps
+        served = st.pop("served")
+        for r in runs["streamed"]:
+            r.pop("served", None)
         fetched_server = sum(n for p, _, n in served if p.endswith(".safetensors"))
         needed = sum(tensor_bytes(models[n]) for n in models)
         st["fetched_server"] = fetched_server
@@ -333,7 +348,6 @@ def main() -> None:
         log(f"streamed: {st['seconds']:.1f} s ({st['wall_vs_largest']:.2f}× the largest of the three), peak disk "
             f"{st['peak_disk'] / MB:.1f} MB (output {output / MB:.1f} MB), fetched/needed "
             f"{st['fetched_vs_needed']:.4f}")
-        shutil.rmtree(parent5, ignore_errors=True)
 
         # 6. partial: slices over half the layers of ft1
         home6 = os.path.join(work, "home-slices")
@@ -436,7 +450,8 @@ def write(r: dict) -> None:
         f"Run {r['started']}, {m['kind']} model: bfloat16 Llama, {m['shards_per_model']} shards per model (largest "
         f"{mb(m['largest_shard'])}), base + 3 fine-tunes = {mb(m['input_bytes'])} on the test Hub server (its own "
         f"process), its link limited to {r['bandwidth'] / MB:g} MB/s; read-ahead {r['read_ahead']}. Load average "
-        f"{r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after ({r['machine']['cpus']} CPUs, shared).", "",
+        f"{r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after ({r['machine']['cpus']} CPUs, shared); "
+        f"the fastest of {len(r['runs']['streamed'])} interleaved runs of each step: {r['runs']}.", "",
         "| step | wall (s) |", "|---|---:|",
         f"| download only (`snapshot_download` of the 4 repos) | {r['download_only']:.1f} |",
         f"| merge only (local files, task arithmetic) | {r['merge_only']:.1f} |",

@@ -326,10 +326,10 @@ class Checkpoint:
         self._from_headers = True
 
     def fetch(self) -> None:
-        """Download (a Hub input) and open the weight files now.
+        """Open the weight files now (a Hub input's: read in place, or downloaded with ``cache_inputs``).
 
         A checkpoint opened with ``headers_only`` knows its tensors from the Hub's headers; a merge
-        calls this once its fit check has passed, so the downloads happen in its download stage.
+        calls this once its fit check has passed, so any download happens in its download stage.
 
         Example:
             >>> ckpt = open_input("org/model", headers_only=True)   # doctest: +SKIP

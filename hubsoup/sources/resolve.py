@@ -1,9 +1,13 @@
 """Turn an input spec (``org/name@rev`` or a folder) into a :class:`Checkpoint`.
 
 Hub inputs are pinned: the revision is resolved to a commit SHA once, and every
-file is then downloaded at that SHA, so a push to the repo during a merge cannot
+file is then read at that SHA, so a push to the repo during a merge cannot
 mix two versions. Metadata (config, card, index) is fetched first; weights only
-when the engine opens them, after the inputs were checked against the base.
+when the engine opens them, after the inputs were checked against the base: their
+safetensors files are read in place (:mod:`hubsoup.sources.remote`: headers, then the
+tensors the merge reads, by range requests), unless the run asks for ``cache_inputs``
+or the weights are pickle files (then downloaded into the Hub cache). A file the cache
+already holds at that SHA is read there.
 """
 
 from __future__ import annotations
