@@ -164,7 +164,7 @@ class Server:
 # --------------------------------------------------------------------------------------------
 # measured steps, each in a fresh process
 # --------------------------------------------------------------------------------------------
-def run_child(code: str, env: dict, sample: list[str] | None = None) -> dict:
+def run_child(code: str, env: dict, sample: list[str] | None = None, cwd: str | None = None) -> dict:
     """Run ``code`` (it prints one JSON line last); with ``sample``, the folders' allocated bytes are summed every
     50 ms while it runs and the peak is added as ``peak_disk``."""
     peak = [0]
@@ -187,7 +187,7 @@ def run_child(code: str, env: dict, sample: list[str] | None = None) -> dict:
     if sample:
         t.start()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=cwd)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     stop.set()
     if sample:
@@ -383,9 +383,12 @@ def main() -> None:
             max_disk7 = int(4 * shard * 1.05) + 2 * MB
             server.clear()
             extra = f", push_to_hub='soup-org/streamed', shard_size={shard_size!r}, token='hf_write_alice'"
-            p7 = run_child(MERGE_STREAM.format(out=os.path.join(parent7, "soup"), max_disk=max_disk7,
-                                               read_ahead=args.read_ahead, extra=extra), env(home7),
-                           sample=[home7, parent7])
+            code = MERGE_STREAM.format(out=os.path.join(parent7, "soup"), max_disk=max_disk7,
+                                       read_ahead=args.read_ahead, extra=extra)
+            if inspect.signature(hubsoup.merge).parameters["out"].default is not inspect.Parameter.empty:
+                code = code.replace(f"out={os.path.join(parent7, 'soup')!r},", "")  # no local copy asked
+            # the temporary folders of a merge without --out: the working folder's and the system's
+            p7 = run_child(code, {**env(home7), "TMPDIR": parent7}, sample=[home7, parent7], cwd=parent7)
             p7.update(max_disk=max_disk7, wall_vs_largest=p7["seconds"] / largest,
                       fetched_vs_needed=p7["network"]["fetched"] / p7["network"]["needed"],
                       shards_in_flight=OUTPUT_SHARDS_IN_FLIGHT)
