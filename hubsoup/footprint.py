@@ -22,7 +22,7 @@ Example:
     >>> f.check(5 * 10**9)
     Traceback (most recent call last):
     ...
-    hubsoup.errors.DiskLimitError: this run needs 6.0 GB of local disk at its peak (output: 3 shards of 2.0 GB in flight while they upload 6.0 GB; Hub cache: inputs' metadata 10.0 MB), over --max-disk (max_disk) 5.0 GB; nothing was downloaded
+    hubsoup.errors.DiskLimitError: this run needs 6.0 GB of local disk at its peak (output: 3 shards of 2.0 GB in flight while they upload 6.0 GB; Hub cache: inputs' metadata 10.0 MB), over --max-disk (max_disk) 5.0 GB; a smaller --shard-size; nothing was downloaded
 """
 
 from __future__ import annotations
