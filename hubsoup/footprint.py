@@ -66,7 +66,8 @@ class Footprint:
     metadata_bytes: int = 0
     """The Hub inputs' configs, cards, indexes and tokenizer files (in the Hub cache)."""
     scratch_bytes: int = 0
-    """Temporary files beside the output (a method's kept intermediates), when known."""
+    """Files beside the output that are not the model: a continual soup's state, a method's kept intermediates
+    (when known)."""
     network_in: int = 0
     """Bytes fetched from the Hub: the tensors the merge reads (once per pass over them) and the files' headers,
     or whole files for what is downloaded."""
@@ -106,7 +107,7 @@ class Footprint:
         if cache:
             out.append("Hub cache: " + ", ".join(cache))
         if self.scratch_bytes:
-            out.append(f"temporary files {fmt(self.scratch_bytes)}")
+            out.append(f"state and temporary files {fmt(self.scratch_bytes)}")
         return out
 
     def check(self, max_disk: int | None) -> None:

@@ -465,3 +465,12 @@ def test_range_reads_carry_the_runs_token_and_never_to_another_host(hub, zoo, tm
     assert ra is not rb and ra.key != rb.key
     assert ra.headers["authorization"].endswith(hub.token("alice")) and rb.headers["authorization"].endswith(
         hub.token("bob"))
+
+
+def test_continual_counts_its_state_against_max_disk(hub, published, tmp_path):
+    from hubsoup import continual
+
+    with pytest.raises(errors.DiskLimitError, match=r"output 2\.9 MB; .*state and temporary files 2\.9 MB"):
+        continual.init(["alice/ft1"], base="alice/base", out=str(tmp_path / "soup"), max_disk="5MB", quiet=True)
+    assert all(range_start(c) == 0 for c in weight_gets(hub)) and leftovers(tmp_path, "soup") == []
+    continual.init(["alice/ft1"], base="alice/base", out=str(tmp_path / "soup"), max_disk="7MB", quiet=True)
