@@ -11,19 +11,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, ParamSpec, Sequence, TypeVar, cast
 
-from huggingface_hub import HfApi
+import torch
 
 from hubsoup.arch import peft_task_type
 from hubsoup.card import write_card
-from hubsoup.engine import Job, run
+from hubsoup.engine import Job, remote_bytes, run
+from hubsoup.engine.lowrank import reads_base as lowrank_reads_base
 # placement's one entry lives with the planner; re-exported for the CLI, trials and tests
 from hubsoup.engine.placement import place_blocks, start_device  # noqa: F401
 from hubsoup.errors import BaseNotNamedError, HubsoupError, MergeCancelled, ParameterError, PushError
 from hubsoup.eval import TaskSpec, evaluate_model
+from hubsoup.footprint import Footprint, on_disk
 from hubsoup.eval.run import EVAL_FILE, read_results, write_results
 from hubsoup.hub import HubPush, PushTarget, check_repo_id, push_folder, retarget_card, retry_command
 from hubsoup.hubclient import Token
-from hubsoup.methods import Method, get_method
+from hubsoup.methods import Method, TensorContext, get_method
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
 from hubsoup.output.checkpoint import BASE_FILES, CheckpointSink, copy_base_files
@@ -35,7 +37,6 @@ from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import InputRef
 from hubsoup.sources.access import check_specs, current, scope
 from hubsoup.sources.compat import _is_local, check_out_is_no_input, open_models
-from hubsoup.sources.resolve import download_size, hub_failure
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
@@ -53,6 +54,20 @@ def scoped(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         opts, _ = MergeOptions.split({k: v for k, v in kwargs.items() if k in names},
                                      cast("MergeOptions | None", kwargs.get("options")))
         with scope(opts):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def keeps_inputs(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``fn`` (a workflow that merges the same inputs many times: search, sweeps, greedy soups, evolve) with
+    ``cache_inputs``: Hub inputs' weight files are downloaded into the Hub cache once and read there by every
+    merge, instead of being read in place again by each (:mod:`hubsoup.sources.remote`). Inside :func:`scoped`,
+    so the run's token, ``hub_only`` and budget carry over."""
+
+    @functools.wraps(fn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with scope(cache_inputs=True):
             return fn(*args, **kwargs)
 
     return run
@@ -102,6 +117,9 @@ class MergeResult:
     ``commit_url``, ``oid``, ``pr_url``). Without ``out`` nothing stays on disk and :attr:`path` is empty."""
     repo_id: str | None = field(default=None, repr=False)
     """The Hub repo the merge was pushed to (with :attr:`pushed`)."""
+    network: dict[str, Any] = field(default_factory=dict, repr=False)
+    """What the merge read from the Hub: ``fetched`` and ``needed`` bytes (:mod:`hubsoup.sources.remote`), the files
+    ``verified`` against their sha256 and the ``unverified`` ones with why, and the ``predicted`` footprint."""
 
     def save_card_extras(self, folder: str | None = None) -> None:
         """Persist :attr:`notes`, :attr:`sections` and :attr:`search` beside the recipe (when there are any)."""
@@ -316,6 +334,8 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     if out is None and target is None:
         raise ParameterError("give the output folder (out=), a Hub repo to stream the output to (push=), or both")
     keep_local = out is not None
+    acc = current()
+    counted = (acc.fetched, acc.needed, len(acc.verified), len(acc.unverified))  # the run's share of the scope's
     opts, extra = MergeOptions.split(kwargs, options)
     if progress is not None or cancel is not None:
         opts = opts.replace(**{k: v for k, v in (("progress", progress), ("cancel", cancel)) if v is not None})
@@ -358,24 +378,31 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         if layout is not None and layout.reads and out is not None:  # the models slices copy from: inputs too
             check_out_is_no_input(out, base_ckpt, layout.reads)
         place_blocks(plan, m, p, sources, opts, lora_output=sink_options is not None)
-        opened = [c for c in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
-                              *(layout.donors if layout is not None else ())) if c is not None]
-        if current().limited:  # the run's download budget, from the Hub's file sizes, before any weight moves
-            current().check_total(sum(c.weight_bytes() for c in opened if c.weight_bytes is not None))
-        for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):  # the fit check passed: download
-            if ckpt is not None:
-                ckpt.fetch()
+        if _needs_base_files(m, p) and base_ckpt.keep_files is not None:  # LOT runs the base model from its folder
+            base_ckpt.keep_files()
+        # the run's disk and network from its plan, before any weight moves: --max-disk, then the download budget
+        # (a streamed push without a local copy holds SHARDS_IN_FLIGHT + 1 shards; evaluation keeps them all)
         recipe = recipe_for(method, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources], dtype=opts.dtype,
                             options=opts, layout=layout,
                             output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
         metadata = recipe.metadata()  # the public recipe: no local path in what may be pushed
+        predicted = footprint(plan, base_ckpt, sources, m, p, opts, layout=layout,
+                              lora_output=sink_options is not None, push=target is not None,
+                              local_copy=keep_local or bool(tasks), metadata=metadata)
+        predicted.check(opts.max_disk_bytes)
+        if current().limited:
+            current().check_total(predicted.network_in - predicted.already_read)
+        for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):  # the fit check passed: download
+            if ckpt is not None:
+                ckpt.fetch()
         if target is not None:  # before the first upload: the checks, then the repo (created if needed)
             hub_push = _hub_push(target, opts, monitor, keep_files=keep_local or bool(tasks))
             hub_push.prepare(folder.path, recipe)
             hub_push.begin()
         job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=opts.quiet, monitor=monitor,
                   donors=layout.donors if layout is not None else (), prefetch=opts.prefetch,
-                  device_map=opts.device_map, max_memory=opts.max_memory, scratch=folder.path)
+                  device_map=opts.device_map, max_memory=opts.max_memory, scratch=folder.path,
+                  read_ahead=opts.read_ahead_bytes)
         if sink_options is not None:
             # the base's architecture says which AutoPeftModelFor* loads the output; else the adapters' own
             task_types = {s.config.get("task_type") for s in sources if s.kind == "lora"}
@@ -403,6 +430,9 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
                              output_format, lora_report, repo_id=target.repo_id if target is not None else None)
         result.restricted = _restricted([base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
                                          *(layout.reads if layout is not None else ())])
+        result.network = {"fetched": acc.fetched - counted[0], "needed": acc.needed - counted[1],
+                          "verified": acc.verified[counted[2]:], "unverified": acc.unverified[counted[3]:],
+                          "predicted": dataclasses.asdict(predicted)}
         result.allow_private_inputs = opts.allow_private_inputs
         if layout is not None:
             result.sections.append(layout.card_section())  # e.g. the mergekit config, as YAML
@@ -454,63 +484,54 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
 
 @scoped  # hub_only, cache_dir hold for every spec opened
 def push_figures(inputs: Sequence[str], *, base: str | None = None, push: bool = True, bandwidth: float | None = None,
-                 options: MergeOptions | None = None, **kwargs: Any) -> dict[str, float | int | None]:
+                 options: MergeOptions | None = None, method: str = "task_arithmetic",
+                 **kwargs: Any) -> dict[str, float | int | None]:
     """What a merge of ``inputs`` would need, before it starts: ``{"disk", "download", "upload", "seconds"}``.
 
-    ``disk``: peak bytes on local disk; ``download``: the weight bytes fetched from the Hub; ``upload``: the output's
-    bytes sent to the Hub (0 without ``push``); ``seconds``: ``(download + upload) / bandwidth`` (bytes per second;
-    None when no bandwidth is given). Read from the Hub's file sizes and the models' safetensors headers only
-    (range requests): nothing is downloaded but configs and cards. The output is the base's tensors in the output
-    dtype (``options.dtype``, else each tensor's own), in shards of ``options.shard_size``.
-
-    This first version counts what a merge does today: the inputs' weight files downloaded whole into the Hub
-    cache (their bytes on disk), plus the output's shards: with ``push`` at most
-    :data:`~hubsoup.output.shards.SHARDS_IN_FLIGHT` + 1 of them at once (each deleted once uploaded), without it
-    the whole output. (Streamed inputs and the planner's own figures will replace these sums: same signature.)
+    The figures of the merge's own plan (:func:`footprint`, what ``merge`` checks ``max_disk`` against and
+    ``hubsoup plan --push`` prints), read from the Hub's file sizes and the models' safetensors headers only
+    (range requests): nothing is downloaded but configs and cards. ``disk``: peak bytes on local disk (the output's
+    shards in flight with ``push``, its whole size without; the Hub cache's metadata; the inputs' weights only when
+    ``cache_inputs`` keeps them); ``download``: the bytes fetched from the Hub (the tensors ``method`` reads, once
+    per pass, and the headers); ``upload``: the output's bytes sent to the Hub (0 without ``push``); ``seconds``:
+    the larger of ``download`` and ``upload`` over ``bandwidth`` (bytes per second each way: they overlap; None
+    when no bandwidth is given). A ``push`` figure is for a push without a local copy.
 
     Example:
         >>> push_figures(["org/ft-a", "org/ft-b"], base="org/base", shard_size="2GB")   # doctest: +SKIP
-        {'disk': 10200547328, 'download': 9000000000, 'upload': 3000000000, 'seconds': None}
+        {'disk': 6010547328, 'download': 9000000000, 'upload': 3000000000, 'seconds': None}
     """
     opts, extra = MergeOptions.split(kwargs, options)
     if extra:
         raise ParameterError(f"push_figures: unknown option(s) {', '.join(sorted(extra))}")
     check_specs(inputs=inputs, base=base)
+    m, p = parse_method(method, {})
     base_ckpt, sources = open_models(inputs, base=base, allow_pickle=opts.allow_pickle, token=opts.token,
                                      ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch,
                                      headers_only=True)
-    download = 0
-    for c in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):
-        size = download_size(c, opts.token) if c is not None else None
-        download += size[0] if size is not None else 0
-    out_dtype = opts.out_dtype
-    entries = [(name, tuple(e.shape), out_dtype if (out_dtype and e.mergeable) else e.dtype)
-               for name, e in Plan.of(base_ckpt, "cpu").output_entries()]
-    shards = shard_layout(entries, opts.shard_bytes)
-    output = sum(shard.size for shard in shards)
-    # the files beside the shards: the base's config and tokenizer, and what hubsoup writes (card, recipe, index)
-    extras = _CARD_ALLOWANCE + _base_files_bytes(base_ckpt, opts.token)
-    held = sum(sorted((shard.size for shard in shards), reverse=True)[:SHARDS_IN_FLIGHT + 1]) if push else output
-    upload = output + extras if push else 0
-    return {"disk": download + held + extras, "download": download, "upload": upload,
-            "seconds": (download + upload) / bandwidth if bandwidth else None}
+    plan = Plan.of(base_ckpt, "cpu")
+    predicted = footprint(plan, base_ckpt, sources, m, p, opts, push=push, local_copy=not push)
+    down, up = predicted.network_in, predicted.network_out
+    return {"disk": predicted.peak_disk, "download": down, "upload": up,
+            "seconds": max(down, up) / bandwidth if bandwidth else None}
 
 
-def _base_files_bytes(base: Any, token: Token) -> int:
-    """The bytes of the base's config and tokenizer files an output copies (the Hub's sizes for a Hub base)."""
-    ref = base.ref
-    if ref.repo_id:
-        try:
-            infos = HfApi().get_paths_info(ref.repo_id, list(BASE_FILES), revision=ref.sha, token=token)
-        except Exception as e:  # noqa: BLE001
-            raise hub_failure(e, f"base '{ref.spec}'", ref.repo_id, ref.revision, token) from e
-        return sum(int(getattr(i, "size", 0) or 0) for i in infos)
-    return sum(os.path.getsize(os.path.join(base.folder, f)) for f in BASE_FILES
-               if os.path.isfile(os.path.join(base.folder, f)))
+def _small_output_bytes(base: Any, shards: Sequence[Any]) -> int:
+    """The disk an output's files beside its weight shards take (whole blocks each): the base's config and tokenizer
+    files (the Hub's sizes for a Hub base), the index of ``shards`` (their layout) and the card and recipe."""
+    if base.ref.repo_id:
+        copied = sum(on_disk(size) for f, size in (getattr(base, "metadata_files", None) or {}).items()
+                     if f in BASE_FILES)
+    else:
+        copied = sum(on_disk(os.path.getsize(os.path.join(base.folder, f))) for f in BASE_FILES
+                     if os.path.isfile(os.path.join(base.folder, f)))
+    # the index: a line per tensor naming its shard
+    index = 0 if len(shards) <= 1 else on_disk(64 + sum(len(n) + len(sh.file) + 12 for sh in shards for n in sh.names))
+    return copied + index + _CARD_ALLOWANCE
 
 
-_CARD_ALLOWANCE = 64 * 1024
-"""Bytes counted for the card, the recipe and the index an output holds beside the base's files (a few kB each)."""
+_CARD_ALLOWANCE = 12 * 1024
+"""Disk counted for the card and the recipe an output holds beside the base's files (a few kB each)."""
 
 
 def _push_scratch(target: PushTarget) -> str:
@@ -535,6 +556,87 @@ def _hub_push(target: PushTarget, opts: MergeOptions, monitor: Monitor, *, keep_
                    what=f"push to {target.repo_id}",
                    after="Nothing was committed; run the same merge again: it resumes (the shards already on the "
                          "Hub are neither merged nor uploaded again)")
+def _needs_base_files(m: Method, p: Any) -> bool:
+    """Whether the method, or one a modifier wraps (LiNeS over LOT), builds the base model from its folder."""
+    cur: Any = m
+    while cur is not None:
+        if cur.needs_base_files:
+            return True
+        cur, p = getattr(p, "inner", None), getattr(p, "inner_params", None)
+    return False
+
+
+def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method, p: Any, opts: MergeOptions, *,
+              layout: Any = None, lora_output: bool = False, push: bool = False,
+              local_copy: bool = True, metadata: Mapping[str, str] | None = None) -> Footprint:
+    """The run's predicted peak local disk and network (:class:`hubsoup.footprint.Footprint`), from its plan and
+    the inputs' headers and Hub file sizes, without reading a weight: what ``merge`` checks ``max_disk`` and
+    ``max_download`` against, what ``hubsoup plan --push`` prints and :func:`push_figures` returns.
+
+    ``push``: the output goes to the Hub (its bytes count as network out); without ``local_copy`` its shards are
+    uploaded as they are written and deleted: the disk holds the largest ``SHARDS_IN_FLIGHT + 1`` shards of its
+    layout at most (:data:`hubsoup.output.shards.SHARDS_IN_FLIGHT`; a LoRA adapter is written whole, then pushed).
+    ``metadata``: the shards' ``__metadata__`` (the recipe's; None: the recipe of ``m``, ``p`` and ``opts``).
+
+    Example:
+        >>> f = footprint(plan, base, sources, m, p, MergeOptions(), push=True, local_copy=False)  # doctest: +SKIP
+        >>> f.peak_disk, f.network_in, f.network_out                                               # doctest: +SKIP
+    """
+    ckpts: dict[str, Any] = {}
+    for c in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources), *(layout.donors if layout is not None else ())):
+        if c is not None:
+            ckpts.setdefault(c.ref.public if c.ref.repo_id else f"local:{id(c)}", c)
+    out_dtype = opts.out_dtype
+    # the output's shards as the writer lays them out (headers included): what goes up, and what a streamed
+    # push holds on disk at once
+    if metadata is None:  # each shard's header holds the recipe
+        metadata = recipe_for(m.name, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources],
+                              dtype=opts.dtype, options=opts, layout=layout).metadata()
+    layout_ = shard_layout([(name, tuple(e.shape), (out_dtype or e.dtype) if e.mergeable else e.dtype)
+                            for name, e in plan.output_entries()], opts.shard_bytes, dict(metadata))
+    shards = [on_disk(shard.size) for shard in layout_]  # on disk: whole blocks
+    weights = sum(shards)
+    sent = sum(shard.size for shard in layout_)
+    small = _small_output_bytes(base_ckpt, layout_)  # config, tokenizer, card, recipe, index: copied or written
+    streamed = push and not local_copy and not lora_output
+    cache = sum(c.weight_bytes() for c in ckpts.values() if c.weight_bytes is not None)
+    metadata = sum(int(getattr(c, "metadata_bytes", 0) or 0) for c in ckpts.values())
+    job = Job(plan, base_ckpt, sources, m, p, donors=layout.donors if layout is not None else ())
+    reads_base = (lambda work: lowrank_reads_base(work, lowrank_ok=True)) if lora_output else None
+    in_place = remote_bytes(job, reads_base)
+    passes = 1 + len(m.passes(p, len(sources)))
+    already = current().fetched  # the headers read so far (the run's counter)
+    return Footprint(output_bytes=weights + small, shard_bytes=opts.shard_bytes, output_streamed=streamed,
+                     held_shards=tuple(sorted(shards, reverse=True)[:SHARDS_IN_FLIGHT + 1]) if streamed else (),
+                     output_small=small, output_bound=lora_output, cache_bytes=cache, metadata_bytes=metadata,
+                     network_in=in_place * passes + cache + already, passes=passes,
+                     network_out=sent + small if push else 0, in_place=in_place * passes, already_read=already)
+
+
+def measure_merge_seconds(plan: Plan, m: Method, p: Any, n_inputs: int, *, sample: tuple[int, int] = (2048, 2048)
+                          ) -> float | None:
+    """The merge's compute time on this machine, predicted: the method timed on one ``sample``-shaped float32 tensor
+    (its statistics passes over it included), scaled to the plan's mergeable entries. None when the method cannot
+    merge without the models themselves (LOT's exemplars)."""
+    numel = sample[0] * sample[1]
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(sample, generator=g)
+    stack = torch.randn((n_inputs, *sample), generator=g).mul_(0.01)
+    name = "model.layers.0.mlp.up_proj.weight"
+    stats: dict[str, Any] = {}
+    try:
+        t0 = time.perf_counter()
+        for sp in m.passes(p, n_inputs):
+            sp.update(TensorContext(name, None, n_inputs, stats, ""), base, stack)
+            sp.finish(stats)
+        work = stack.clone()  # what the engine hands: a fresh float32 stack of τᵢ
+        m.merge(base, work, p, TensorContext(name, None, n_inputs, stats, ""))
+        seconds = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - a method that needs more than tensors: not predicted
+        log.debug("merge time not measured: %s", e)
+        return None
+    total = sum(e.numel for _, e in plan.entries() if e.mergeable)
+    return seconds * total / numel
 
 
 def _restricted(ckpts: Sequence[Any]) -> list[dict[str, str]]:

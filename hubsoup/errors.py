@@ -96,6 +96,11 @@ class DiskFullError(HubsoupError):
     """The disk (or quota) filled up while writing the output; the temporary folder was removed."""
 
 
+class DiskLimitError(HubsoupError):
+    """The run's predicted peak local disk exceeds ``max_disk``: refused before any weight was downloaded; the
+    message says what it needs, part by part."""
+
+
 class OutputNotWritableError(HubsoupError):
     """The output's folder is on a read-only file system or not writable by this user."""
 

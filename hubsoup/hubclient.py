@@ -114,6 +114,30 @@ def error_status(e: BaseException | None) -> int | None:
     return None
 
 
+RETRY_STATUS = (408, 429, 500, 502, 503, 504)
+"""The answers huggingface_hub's own downloads retry (``http_backoff``); hubsoup's range reads retry them too."""
+
+
+def transient(e: BaseException) -> bool:
+    """Whether a Hub request that raised ``e`` may be tried again: a 5xx, 408 or 429 answer, or a connection that
+    dropped (refused, reset, closed before the answer or the body ended). A timeout is not: the request already
+    waited ``HUBSOUP_HUB_TIMEOUT``."""
+    if is_timeout(e):
+        return False
+    status = error_status(e)
+    if status is not None:
+        return status in RETRY_STATUS
+    seen = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if any(c.__name__ in ("ConnectError", "RemoteProtocolError", "ReadError", "ConnectionError",
+                              "IncompleteRead") for c in type(cur).__mro__):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 # --- secrets -------------------------------------------------------------------------------------
 
 _TOKEN_SHAPE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")

@@ -500,6 +500,171 @@ class _LfsStore:
 def short_text(value: str) -> str:
     return value if len(value) <= 80 else value[:77] + "..."
 
+# Ranged GETs (issue 45, the input side): a bandwidth limit, faults mid-body, bytes served, LFS sha256
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _BodyFault:
+    remaining: int
+    path: re.Pattern | None
+    after: int
+    drop: bool
+    hang: float | None
+    ranged: bool
+
+
+class _RangedGets:
+    """What :class:`HubServer` does for the bodies of file downloads (``GET .../resolve/...``), for the tests and
+    the benchmark of Hub inputs read in place:
+
+    * ``limit_bandwidth(rate)``: bodies are sent at most ``rate`` bytes/s, all connections together (a link;
+      ``per_connection=True``: each connection on its own), in chunks of :attr:`BODY_CHUNK`; ``None`` lifts it;
+    * ``fail_body(n, path=..., after=N, drop=True | hang=SECONDS, ranged=True)``: the next ``n`` matching bodies
+      stop after ``N`` bytes, the connection closed (``drop``) or held then closed (``hang``; ``reset()``/``stop()``
+      end it early); ``ranged``: only requests with a ``Range`` that does not start at byte 0 (a tensor's bytes,
+      not a header read);
+    * ``served``: ``(path, first byte, bytes sent)`` of every file body, ``served_bytes(path)`` their sum,
+      ``wait_served(n)`` waits (on a condition, not a sleep) until that many bytes were sent;
+    * LFS fields (the sha256 a file read whole is verified against) come from the LFS section above: every
+      ``*.safetensors`` file is an LFS object there, reported as the Hub reports one.
+    """
+
+    BODY_CHUNK = 16 << 10
+
+    def _reset_ranged(self) -> None:
+        self.bandwidth: float | None = None
+        self._per_connection = False
+        self._link_free = 0.0  # when the shared link is next free (time.monotonic)
+        self._body_faults: list[_BodyFault] = []
+        self.served: list[tuple[str, int, int]] = []
+        self._served_total = 0
+        self._served_cond = threading.Condition()
+        self._ranged_failures: list[_Failure] = []
+
+    def limit_bandwidth(self, rate: float | None, *, per_connection: bool = False) -> None:
+        """Send file bodies at most ``rate`` bytes/s (``None``: as fast as possible)."""
+        if rate is not None and rate <= 0:
+            raise ValueError("rate must be positive (or None)")
+        self.bandwidth, self._per_connection, self._link_free = rate, per_connection, 0.0
+
+    def fail_body(self, n: int = 1, *, path: str | None = None, after: int = 0, drop: bool = True,
+                  hang: float | None = None, ranged: bool = True) -> None:
+        """Stop the next ``n`` file bodies matching ``path`` (a regex searched in the request path) after ``after``
+        bytes: the connection closed (``drop``) or held ``hang`` seconds first (at most ``MAX_HANG``)."""
+        if hang is not None and not (0 < hang <= MAX_HANG):
+            raise ValueError(f"hang must be in (0, {MAX_HANG}] seconds")
+        with self._lock:
+            self._body_faults.append(_BodyFault(n, re.compile(path) if path else None, after, drop, hang, ranged))
+
+    def fail_ranged(self, n: int = 1, status: int = 503, *, path: str | None = None, drop: bool = False,
+                    hang: float | None = None) -> None:
+        """Answer the next ``n`` GETs of a file with a ``Range`` that does not start at byte 0 (a tensor's bytes,
+        never a header read) and whose path matches ``path`` with ``status`` (or drop / hang, as ``fail_next``)."""
+        with self._lock:
+            self._ranged_failures.append(_Failure(n, status, "GET", re.compile(path) if path else None,
+                                                  f"Injected failure ({status})", None, "before", drop, {}, hang))
+
+    def redirect_ranged(self, to: str, *, n: int = 1000, path: str | None = None) -> None:
+        """Answer the next ``n`` ranged GETs of a tensor's bytes (as :meth:`fail_ranged` picks them) with a
+        ``302`` to the same path on ``to`` (another server: a CDN, a Xet bridge), as the Hub redirects downloads."""
+        with self._lock:
+            self._ranged_failures.append(_Failure(n, 302, "GET", re.compile(path) if path else None, "Found", None,
+                                                  "before", False, {"X-Redirect-To": to}, None))
+
+    def _take_ranged_failure(self, req: "_Req") -> "_Failure | None":
+        rng = req.headers.get("Range") or ""
+        if req.method != "GET" or "/resolve/" not in req.path or not rng or re.match(r"\s*bytes=0-", rng):
+            return None
+        with self._lock:
+            for f in self._ranged_failures:
+                if f.matches("GET", req.path, "before"):
+                    f.remaining -= 1
+                    to = f.headers.get("X-Redirect-To")
+                    if to:  # this request's own Location
+                        return _Failure(1, f.status, "GET", None, f.message, None, "before", False,
+                                        {"Location": to + req.path})
+                    return f
+        return None
+
+    def served_bytes(self, path: str | None = None) -> int:
+        """Bytes of file bodies sent so far whose request path matches ``path`` (a regex; all when None)."""
+        rx = re.compile(path) if path else None
+        with self._served_cond:
+            return sum(n for p, _, n in self.served if rx is None or rx.search(p))
+
+    def wait_served(self, n: int, timeout: float = 60.0) -> bool:
+        """Wait until at least ``n`` bytes of file bodies were sent (True) or ``timeout`` passed (False)."""
+        with self._served_cond:
+            return self._served_cond.wait_for(lambda: self._served_total >= n, timeout)
+
+    def _take_body_fault(self, req: "_Req") -> _BodyFault | None:
+        rng = req.headers.get("Range") or ""
+        with self._lock:
+            for f in self._body_faults:
+                if f.remaining <= 0 or (f.path is not None and not f.path.search(req.path)):
+                    continue
+                if f.ranged and (not rng or re.match(r"\s*bytes=0-", rng)):
+                    continue
+                f.remaining -= 1
+                return f
+        return None
+
+    def _pace(self, n: int, conn: dict) -> None:
+        """Wait until ``n`` more bytes may go out (a slot on the shared link, or on this connection)."""
+        rate = self.bandwidth
+        if not rate:
+            return
+        import time
+
+        now = time.monotonic()
+        with self._lock if not self._per_connection else threading.Lock():
+            if self._per_connection:
+                start = max(now, conn.get("free", 0.0))
+                conn["free"] = start + n / rate
+                until = conn["free"]
+            else:
+                start = max(now, self._link_free)
+                self._link_free = start + n / rate
+                until = self._link_free
+        if until > now:
+            self._wake.wait(until - now)
+
+    def _write_body(self, handler: "BaseHTTPRequestHandler", req: "_Req", status: int, data: bytes) -> None:
+        """Send a response body: file bodies paced, counted and maybe cut (see the class doc); others at once."""
+        if "/resolve/" not in req.path or status >= 400:
+            handler.wfile.write(data)
+            return
+        fault = self._take_body_fault(req)
+        m = re.match(r"\s*bytes=(\d+)-", req.headers.get("Range") or "")
+        first = int(m.group(1)) if m and status == 206 else 0
+        limit = len(data) if fault is None else min(fault.after, len(data))
+        conn: dict = {}
+        sent = 0
+        try:
+            while sent < limit:
+                chunk = data[sent:min(limit, sent + self.BODY_CHUNK)]
+                self._pace(len(chunk), conn)
+                handler.wfile.write(chunk)
+                sent += len(chunk)
+        except OSError:  # the client went away (a cancelled run)
+            fault = fault or _BodyFault(0, None, 0, True, None, False)
+        finally:
+            with self._served_cond:
+                self.served.append((req.path, first, sent))
+                self._served_total += sent
+                self._served_cond.notify_all()
+        if fault is not None:
+            handler.wfile.flush()
+            if fault.hang:
+                self._wake.wait(min(fault.hang, MAX_HANG))
+            handler.close_connection = True
+            try:
+                import socket
+
+                handler.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -507,7 +672,7 @@ def short_text(value: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-class HubServer(_LfsStore):
+class HubServer(_LfsStore, _RangedGets):
     """In-memory Hub.  ``HubServer(port).start()``; ``stop()``; ``reset()`` empties it."""
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1",
@@ -578,6 +743,7 @@ class HubServer(_LfsStore):
             #: False: a Hub that reports no file hashes (no ``oid`` in pre-upload answers, no ``blobId``
             #: in repo info), so a client cannot tell an unchanged file from a changed one by hash
             self.file_hashes = self._file_hashes
+            self._reset_ranged()  # bandwidth, body faults, bytes served (the section below)
 
     def _release_hangs(self) -> None:
         wake = getattr(self, "_wake", None)
@@ -1454,7 +1620,7 @@ class _Handler(BaseHTTPRequestHandler):
         delay = hub._take_delay(method, path)
         if delay:
             hub._wake.wait(delay)  # outside the lock: the rest of the Hub answers meanwhile
-        failure = hub._take_failure(method, path, "before")
+        failure = hub._take_failure(method, path, "before") or hub._take_ranged_failure(req)
         if failure is not None:
             resp = None
         elif bad_token:
@@ -1488,7 +1654,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("X-Request-Id", f"test-{uuid.uuid4().hex[:12]}")
         self.end_headers()
         if method != "HEAD":
-            self.wfile.write(data)
+            hub._write_body(self, req, status, data)
 
     @staticmethod
     def _log(hub: HubServer, req: _Req, status: int) -> None:

@@ -414,20 +414,33 @@ dtype: float32
 
 
 def test_push_figures_before_a_merge_starts(hub, zoo, tmp_path):
-    from hubsoup.output.shards import SHARDS_IN_FLIGHT
+    """push_figures is the merge's own footprint: inputs read in place (fetched, never on disk), the output's K + 1
+    largest shards on disk with a push, all of it without; the figures a merge then checks max_disk against."""
+    from hubsoup.errors import DiskLimitError
 
     hub.seed("alice/base", zoo["base"])
     hub.seed("alice/a", zoo["a"])
     pushed = hubsoup.push_figures(["alice/a", zoo["b"]], base="alice/base", shard_size=SHARD, token=False)
     local = hubsoup.push_figures([zoo["a"], zoo["b"]], base=zoo["base"], push=False, shard_size=SHARD,
                                  bandwidth=1e6, token=False)
-    weights = sum(len(v) for k, v in local_files(merge(zoo, out=str(tmp_path / "o")).path).items()
-                  if k.endswith(".safetensors"))
+    out = local_files(merge(zoo, out=str(tmp_path / "o")).path)
+    weights = sum(len(v) for k, v in out.items() if k.endswith(".safetensors"))
+    blocks = sorted((-(-len(v) // 4096) * 4096 for k, v in out.items() if k.endswith(".safetensors")), reverse=True)
     hub_inputs = sum(len(v) for r in ("alice/base", "alice/a") for k, v in hub.files(r).items()
                      if k.endswith(".safetensors"))
-    assert pushed["download"] == hub_inputs and local["download"] == 0  # what a merge fetches: the Hub inputs
+    assert pushed["download"] == hub_inputs and local["download"] == 0  # what a merge fetches: the Hub inputs' tensors
     assert local["upload"] == 0 and weights < pushed["upload"] < weights + 100_000  # the output and its small files
-    assert local["disk"] - weights == pushed["upload"] - weights  # without a push: the whole output on disk
-    on_disk = pushed["disk"] - pushed["download"] - (pushed["upload"] - weights)
-    assert 2 * 20_000 < on_disk <= (SHARDS_IN_FLIGHT + 1) * 20_000 + 3 * 1024  # with it: K + 1 shards at most
-    assert local["seconds"] == pytest.approx((local["download"] + local["upload"]) / 1e6) and pushed["seconds"] is None
+    # without a push: the whole output (in whole blocks) and its small files; with it, K + 1 shards of it, and the
+    # Hub inputs' configs in the cache (never their weights)
+    assert sum(blocks) < local["disk"] < sum(blocks) + 48 * 1024
+    held = sum(blocks[:SHARDS_IN_FLIGHT + 1])
+    assert held < pushed["disk"] < held + 80 * 1024 and pushed["disk"] < local["disk"]
+    assert local["seconds"] == 0 and pushed["seconds"] is None  # nothing to move: local inputs, no push
+    # the merge checks the same figure: a max_disk just under it is refused before anything is read or created
+    with pytest.raises(DiskLimitError, match="over --max-disk"):
+        hubsoup.merge(["alice/a", zoo["b"]], method="task_arithmetic", base="alice/base", shard_size=SHARD,
+                      push="alice/tight", max_disk=pushed["disk"] - 1, token=hub.token("alice"), quiet=True)
+    assert not hub.exists("alice/tight")
+    res = hubsoup.merge(["alice/a", zoo["b"]], method="task_arithmetic", base="alice/base", shard_size=SHARD,
+                        push="alice/fits", max_disk=pushed["disk"], token=hub.token("alice"), quiet=True)
+    assert res.network["predicted"]["output_streamed"] and hub.exists("alice/fits")

@@ -172,8 +172,11 @@ def test_local_folder_naming_a_file_outside_is_refused(zoo, tmp_path, capsys, op
 def test_hub_cache_links_are_inside_but_not_into_another_repo(hub, zoo, tmp_path, capsys):
     hub.seed("alice/ft-a", zoo["ft-a"])
     hub.seed("alice/ft-b", zoo["ft-b"])
-    a, b = hubsoup.sources.open_input("alice/ft-a"), hubsoup.sources.open_input("alice/ft-b")
-    a.keys(), b.keys()  # weights downloaded: the snapshot's files are links into ../../blobs
+    from hubsoup.sources.access import scope
+
+    with scope(cache_inputs=True):  # downloaded (not read in place): the snapshot's files are links into ../../blobs
+        a, b = hubsoup.sources.open_input("alice/ft-a"), hubsoup.sources.open_input("alice/ft-b")
+        a.keys(), b.keys()
     assert os.path.islink(os.path.join(a.folder, "model.safetensors"))
     # the snapshot folder given as a local folder is fine: its links stay in models--alice--ft-a
     local = hubsoup.sources.open_input(a.folder)

@@ -34,8 +34,11 @@ token (``HF_TOKEN`` or ``hf auth login``), whose ``whoami`` gives the profile.
 A visitor's text never names a file of the Space (SECURITY.md, "Hosting hubsoup"): every run is
 ``hub_only`` (Hub repo IDs only, refused by their text before the disk is looked at), downloads into
 a Hub cache of its own (another visitor's token never opens it) limited to ``HUBSOUP_SPACE_MAX_DOWNLOAD``
-(default 20GB, checked from the Hub's file sizes before downloading), and its folder (output and
-cache) is removed when it ends, whether it succeeded, failed or was cancelled. Stopping the app
+(default 100GB, checked from the Hub's file sizes before anything moves), and its folder (output and
+cache) is removed when it ends, whether it succeeded, failed or was cancelled. The inputs' tensors are read
+from the Hub in place (range requests, in memory: that cache holds their configs and tokenizers only), and a
+run whose predicted peak disk exceeds ``HUBSOUP_SPACE_MAX_DISK`` (default 40GB of a free CPU Space's 50 GB) is
+refused before any weight moves. Stopping the app
 (Ctrl-C, SIGTERM) cancels the running jobs and removes the app's temporary folder.
 """
 
@@ -94,8 +97,13 @@ models:
 dtype: float32
 """
 
-MAX_DOWNLOAD = os.environ.get("HUBSOUP_SPACE_MAX_DOWNLOAD", "20GB")
-"""What one run may download (the Hub's file sizes are checked before any download)."""
+MAX_DOWNLOAD = os.environ.get("HUBSOUP_SPACE_MAX_DOWNLOAD", "100GB")
+"""What one run may fetch from the Hub (predicted from the Hub's file sizes and the merge's plan before any weight
+moves, and counted as the bytes arrive). The inputs no longer take the Space's disk (they are read in place), so
+this bounds the network, not the disk: 100 GB holds two 13B bfloat16 fine-tunes and their base (78 GB)."""
+MAX_DISK = os.environ.get("HUBSOUP_SPACE_MAX_DISK", "40GB")
+"""The most local disk one run may use at its peak (``max_disk``: checked from the merge's plan before any weight
+moves). A free CPU Space has 50 GB of disk; 40 GB leaves room for the app, its Python packages and the system."""
 
 # session hash -> the cancel event of that session's running job (one job per browser tab)
 RUNNING: dict[str, threading.Event] = {}
@@ -520,9 +528,11 @@ def show_figures(models: str, base: str, oauth: gr.OAuthToken | None) -> str:
 def merge_options(token: str, workdir: str) -> dict[str, Any]:
     """What every merge of this app is given, whichever tab started it: the visitor's token, Hub repos only
     (``hub_only``: no path of this server is ever opened), a Hub cache of the run's own (removed with it) and a
-    download limit checked from the Hub's file sizes before anything is downloaded. Plain data (a ZeroGPU job)."""
+    download limit checked from the Hub's file sizes before anything is downloaded, and a disk limit checked from
+    the merge's plan (its inputs are read in place, never downloaded whole: the cache holds their configs and
+    tokenizers). Plain data (a ZeroGPU job)."""
     return {"token": token, "hub_only": True, "cache_dir": os.path.join(workdir, "hub-cache"),
-            "max_download": MAX_DOWNLOAD, "shard_size": SHARD_SIZE}
+            "max_download": MAX_DOWNLOAD, "max_disk": MAX_DISK, "shard_size": SHARD_SIZE}
 
 
 def run_job(job: dict[str, Any], name: str, private: bool, profile: gr.OAuthProfile,

@@ -222,6 +222,21 @@ def _cmd_plan(args, opts) -> int:
           f"{len(plan.blocks)} blocks on {len(placement.devices)} device(s)")
     print(placement.summary())
     downloads([base, *(getattr(t, "ckpt", None) for t in sources)])
+    # the run's disk and network (and with --push, its time from a measured bandwidth): before any weight moves
+    from hubsoup.api import footprint, measure_merge_seconds  # lazy: keeps hubsoup --help free of torch
+    from hubsoup.sources.access import current  # lazy: as above
+    from hubsoup.sources.remote import measure_bandwidth  # lazy: as above
+
+    lora = args.output_format == "lora"
+    predicted = footprint(plan, base, sources, m, p, opts, lora_output=lora, push=bool(args.push), local_copy=False)
+    bandwidth = merge_seconds = None
+    if args.push:
+        got, seconds = measure_bandwidth(list(current().remote_files.values()))
+        bandwidth = got / seconds if seconds > 0 else None
+        merge_seconds = measure_merge_seconds(plan, m, p, len(sources))
+    print()
+    for line in predicted.lines(bandwidth=bandwidth, merge_seconds=merge_seconds, max_disk=opts.max_disk_bytes):
+        print(line)
     return 0
 
 
@@ -290,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_params(pl)
     add_merge_options(pl)
     add_output_format(pl)
+    pl.add_argument("--push", metavar="ORG/NAME",
+                    help="plan a merge pushed to this repo as it is written: its disk (the shards in flight), network "
+                         "in and out, and wall time from a bandwidth measured now (reads up to 8 MB of the inputs)")
     pl.set_defaults(func=cmd_plan)
 
     d = sub.add_parser("demo", help="fine-tune MiniLM on 3 small real-text tasks, merge, evaluate (no network; its time: the README's first command)")

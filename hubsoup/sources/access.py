@@ -109,8 +109,37 @@ class Access:
     spent: int = 0
     token: str | bool | None = field(default=None, repr=False)
     """The run's Hub token (None: ``HF_TOKEN`` or the stored login), for what opens Hub datasets. Never shown."""
+    cache_inputs: bool = False
+    """Hub inputs' weight files are downloaded into the cache (False: read in place, :mod:`hubsoup.sources.remote`)."""
+    read_ahead: int | None = None
+    """Bytes a stream fetches ahead of the merge from Hub inputs read in place (None: the default, 256 MiB)."""
+    fetched: int = 0
+    """Bytes of weight files received from the Hub by range requests in this run (headers included)."""
+    needed: int = 0
+    """Of those, the bytes the run asked for: its tensors' (each once per pass) and the files' headers."""
+    verified: list = field(default_factory=list, repr=False)
+    """``repo@sha/file`` of every file read whole and found equal to the Hub's sha256 of it."""
+    unverified: list = field(default_factory=list, repr=False)
+    """``(repo@sha/file, why)`` of files read in place that could not be checked against a sha256."""
+    remote_files: dict = field(default_factory=dict, repr=False)
+    """``{(repo, sha, file, token): RemoteFile}``: the Hub files this run reads in place, opened once."""
     _charged: set = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def spend(self, n: int, who: str) -> None:
+        """Count ``n`` bytes just received by a range read; past ``max_download`` it raises :class:`InputError`
+        (what the plan predicted was checked before; this is the hard stop)."""
+        with self._lock:
+            self.fetched += n
+            if self.limited and self.spent + n > self.max_download:
+                raise InputError(f"{who}: this run may download at most {_fmt(self.max_download)}, and reading on "
+                                 f"would bring it to {_fmt(self.spent + n)}; stopped")
+            self.spent += n
+
+    def asked(self, n: int) -> None:
+        """Count ``n`` bytes the run needed (see :attr:`needed`)."""
+        with self._lock:
+            self.needed += n
 
     @property
     def limited(self) -> bool:
@@ -190,19 +219,25 @@ def scope(options: Any = None, **kw: Any) -> Iterator[Access]:
     cache_dir = kw.get("cache_dir", getattr(options, "cache_dir", None))
     limit = kw.get("max_download", getattr(options, "max_download_bytes", None))
     token = kw.get("token", getattr(options, "token", None))
+    cache_inputs = bool(kw.get("cache_inputs", getattr(options, "cache_inputs", False)))
+    read_ahead = kw.get("read_ahead", getattr(options, "read_ahead_bytes", None))
     outer = _CURRENT.get()
     if outer is not None:
         stricter = (want_hub_only and not outer.hub_only) or (cache_dir and not outer.cache_dir) or (
-            limit is not None and (outer.max_download is None or limit < outer.max_download - outer.spent))
+            limit is not None and (outer.max_download is None or limit < outer.max_download - outer.spent)) or (
+            cache_inputs and not outer.cache_inputs)
         if not stricter:
             yield outer
             return
         want_hub_only = want_hub_only or outer.hub_only
         cache_dir = outer.cache_dir or cache_dir
+        cache_inputs = cache_inputs or outer.cache_inputs  # a search inside a run keeps its inputs, as asked
+        read_ahead = outer.read_ahead if outer.read_ahead is not None else read_ahead
         if outer.max_download is not None and (limit is None or outer.max_download - outer.spent < limit):
             limit = outer.max_download - outer.spent
     access = Access(hub_only=want_hub_only, cache_dir=cache_dir, max_download=limit,
-                    token=outer.token if outer is not None and token is None else token)
+                    token=outer.token if outer is not None and token is None else token,
+                    cache_inputs=cache_inputs, read_ahead=read_ahead)
     token = _CURRENT.set(access)
     try:
         yield access

@@ -149,7 +149,9 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     :class:`~hubsoup.errors.HubsoupError`), ``seconds`` (``merge``, ``build`` (the model from the merged
     tensors), ``eval``, ``total``) and ``host``/``pid``.
     """
-    with scope(hub_only=bool(payload.get("hub_only"))):  # a scope only ever gets stricter: a no-op where it was
+    # a scope only ever gets stricter: a no-op where it was; a trial's inputs come from the Hub cache (downloaded once
+    # per machine, read by every trial), not read in place again by each
+    with scope(hub_only=bool(payload.get("hub_only")), cache_inputs=True):
         return _run_trial(payload)
 
 

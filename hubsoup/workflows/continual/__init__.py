@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import torch
 
 from hubsoup import __version__
-from hubsoup.api import MergeResult, parse_method, scoped
+from hubsoup.api import MergeResult, footprint, parse_method, scoped
 from hubsoup.engine import Copy, Dense, Job, stream
 from hubsoup.engine.placement import place_blocks
 from hubsoup.errors import ContinualStateError, InputError, ParameterError
@@ -226,6 +226,10 @@ def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, f
     m = get_method(METHOD)
     prev_state = prev.state if prev is not None else None
     opts = setup.options
+    # --max-disk before any tensor is read: the merged model, the new state S (float32) and what the Hub cache gets
+    predicted = footprint(setup.plan, setup.base, list(setup.sources), m, params, opts)
+    predicted.scratch_bytes = sum(e.numel * 4 for _, e in setup.plan.entries() if e.mergeable)
+    predicted.check(opts.max_disk_bytes)
     sdir = os.path.join(folder.path, STATE_DIR)
     os.makedirs(sdir)
     setup.monitor.stage("merge", "continual merging (OPCM)", parts=2)  # the state's pass, then the weights'
