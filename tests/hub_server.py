@@ -318,6 +318,7 @@ class _LfsStore:
         self.lfs_uploads: list[dict] = []
         self._lfs_tickets: dict[str, _LfsTicket] = {}
         self._lfs_repos: dict[tuple[str, str], set[str]] = {}  # (type, id) -> the objects it holds
+        self._lfs_misreported: dict[str, str] = {}  # sha256 of an object -> the sha256 the Hub says it has
         self.lfs_multipart_chunk = None
 
     @property
@@ -329,6 +330,14 @@ class _LfsStore:
     def lfs_uploaded_objects(self) -> int:
         with self._lock:
             return len(self.lfs_uploads)
+
+    def misreport_sha256(self, repo_id: str, path: str, sha256: str = "0" * 64) -> None:
+        """From now on the Hub reports ``sha256`` for ``path``'s LFS object (repo info, paths-info, tree,
+        ``X-Linked-Etag``) while it serves the same bytes: a client that checks what it read must notice."""
+        with self._lock:
+            repo = self.repos[("model", repo_id)]
+            oid = repo.commits[repo.branches["main"]].tree[path]
+            self._lfs_misreported[self.lfs_pointers[oid]] = sha256
 
     def lfs_held(self, repo_id: str, repo_type: str = "model") -> set[str]:
         """The sha256 of every object ``repo_id`` holds (uploaded or committed), committed or not."""
@@ -347,7 +356,8 @@ class _LfsStore:
         sha = self.lfs_pointers.get(oid)
         if sha is None:
             return None
-        return {"oid": sha, "size": len(self.lfs_objects[sha]), "pointerSize": len(self.blobs[oid])}
+        return {"oid": self._lfs_misreported.get(sha, sha), "size": len(self.lfs_objects[sha]),
+                "pointerSize": len(self.blobs[oid])}
 
     def _lfs_headers(self, oid: str) -> dict[str, str]:
         """``resolve``'s headers for an LFS file (none for a regular one)."""
@@ -519,7 +529,10 @@ class _RangedGets:
     the benchmark of Hub inputs read in place:
 
     * ``limit_bandwidth(rate)``: bodies are sent at most ``rate`` bytes/s, all connections together (a link;
-      ``per_connection=True``: each connection on its own), in chunks of :attr:`BODY_CHUNK`; ``None`` lifts it;
+      ``per_connection=True``: each connection on its own), in chunks of :attr:`BODY_CHUNK`; ``None`` lifts it.
+      The LFS upload endpoints (``PUT /_test-lfs/upload/...`` and ``.../part/...``, the URLs the batch API hands
+      out) receive their bodies at the same rate, on the link's other direction (a link is full duplex: an upload
+      and a download go on at once, each at ``rate``); ``received`` counts the upload bytes taken in;
     * ``fail_body(n, path=..., after=N, drop=True | hang=SECONDS, ranged=True)``: the next ``n`` matching bodies
       stop after ``N`` bytes, the connection closed (``drop``) or held then closed (``hang``; ``reset()``/``stop()``
       end it early); ``ranged``: only requests with a ``Range`` that does not start at byte 0 (a tensor's bytes,
@@ -536,6 +549,8 @@ class _RangedGets:
         self.bandwidth: float | None = None
         self._per_connection = False
         self._link_free = 0.0  # when the shared link is next free (time.monotonic)
+        self._up_free = 0.0  # when its upload direction is next free
+        self.received = 0
         self._body_faults: list[_BodyFault] = []
         self.served: list[tuple[str, int, int]] = []
         self._served_total = 0
@@ -546,7 +561,7 @@ class _RangedGets:
         """Send file bodies at most ``rate`` bytes/s (``None``: as fast as possible)."""
         if rate is not None and rate <= 0:
             raise ValueError("rate must be positive (or None)")
-        self.bandwidth, self._per_connection, self._link_free = rate, per_connection, 0.0
+        self.bandwidth, self._per_connection, self._link_free, self._up_free = rate, per_connection, 0.0, 0.0
 
     def fail_body(self, n: int = 1, *, path: str | None = None, after: int = 0, drop: bool = True,
                   hang: float | None = None, ranged: bool = True) -> None:
@@ -629,6 +644,29 @@ class _RangedGets:
                 until = self._link_free
         if until > now:
             self._wake.wait(until - now)
+
+    def _pace_up(self, n: int, conn: dict) -> None:
+        """Wait until ``n`` more upload bytes may come in (the upload direction of the link, or this connection)."""
+        rate = self.bandwidth
+        if rate:
+            import time
+
+            now = time.monotonic()
+            with self._lock:
+                if self._per_connection:
+                    conn["free"] = until = max(now, conn.get("free", 0.0)) + n / rate
+                else:
+                    self._up_free = until = max(now, self._up_free) + n / rate
+                self.received += n
+            if until > now:
+                self._wake.wait(until - now)
+        else:
+            with self._lock:
+                self.received += n
+
+    def _paced_upload(self, method: str, path: str) -> bool:
+        """Whether a request's body is an LFS upload, received at the link's rate."""
+        return method == "PUT" and path.startswith("/_test-lfs/")
 
     def _write_body(self, handler: "BaseHTTPRequestHandler", req: "_Req", status: int, data: bytes) -> None:
         """Send a response body: file bodies paced, counted and maybe cut (see the class doc); others at once."""
@@ -1586,7 +1624,25 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PATCH(self):
         self._dispatch("PATCH")
 
-    def _read_body(self) -> bytes:
+    def _read_body(self, method: str = "") -> bytes:
+        hub = self.server.hub
+        paced = hub._paced_upload(method, urlsplit(self.path).path)  # an LFS upload: at the link's rate
+        conn: dict = {}
+
+        def read(n: int) -> bytes:
+            if not paced:
+                return self.rfile.read(n)
+            parts = []
+            while n > 0:
+                step = min(n, hub.BODY_CHUNK)
+                hub._pace_up(step, conn)
+                got = self.rfile.read(step)
+                if not got:
+                    break
+                parts.append(got)
+                n -= len(got)
+            return b"".join(parts)
+
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
             chunks = []
             while True:
@@ -1595,15 +1651,15 @@ class _Handler(BaseHTTPRequestHandler):
                     while self.rfile.readline() not in (b"\r\n", b"\n", b""):
                         pass
                     break
-                chunks.append(self.rfile.read(size))
+                chunks.append(read(size))
                 self.rfile.readline()
             return b"".join(chunks)
         length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else b""
+        return read(length) if length else b""
 
     def _dispatch(self, method: str) -> None:
         hub = self.server.hub
-        body = self._read_body()
+        body = self._read_body(method)
         split = urlsplit(self.path)
         path = split.path
         query = parse_qs(split.query, keep_blank_values=True)

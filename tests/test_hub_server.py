@@ -491,6 +491,46 @@ def test_multipart_lfs_upload(hub):
     assert hub.files("alice/big")["model.safetensors"] == data and hub.lfs_uploaded_bytes == len(data)
 
 
+def test_lfs_uploads_are_received_at_the_links_rate_on_its_other_direction(hub):
+    """limit_bandwidth paces LFS upload bodies as it paces downloads (the benchmark's upload time); an upload and a
+    download each have the link's rate (full duplex). Only lower bounds on time: a loaded machine is slower, never
+    faster."""
+    import threading
+    import time
+
+    from huggingface_hub import CommitOperationAdd, hf_hub_download
+
+    api = hub.api("alice")
+    api.create_repo("alice/up")
+    api.create_repo("alice/down")
+    served = bytes(range(256)) * 4096  # 1 MiB
+    api.create_commit("alice/down", [CommitOperationAdd("model.safetensors", served)], commit_message="seed")
+    hub.limit_bandwidth(1_000_000)
+    data = bytes(reversed(range(256))) * 4096  # 1 MiB
+    before = hub.received
+    got: dict = {}
+
+    def download() -> None:
+        t = time.monotonic()
+        path = hf_hub_download("alice/down", "model.safetensors", token=hub.token("alice"), force_download=True)
+        got["seconds"] = time.monotonic() - t
+        with open(path, "rb") as f:
+            got["data"] = f.read()
+
+    t0 = time.monotonic()
+    reader = threading.Thread(target=download)
+    reader.start()
+    api.create_commit("alice/up", [CommitOperationAdd("model.safetensors", data)], commit_message="up")
+    upload_seconds = time.monotonic() - t0
+    reader.join(60)
+    assert hub.files("alice/up")["model.safetensors"] == data and got["data"] == served
+    assert hub.received - before >= len(data)
+    assert upload_seconds >= 0.95 * len(data) / 1e6 and got["seconds"] >= 0.95 * len(served) / 1e6
+    hub.limit_bandwidth(None)
+    api.create_commit("alice/up", [CommitOperationAdd("other.safetensors", served)], commit_message="fast")
+    assert hub.received - before >= 2 * len(data)  # counted when unpaced too
+
+
 # ---- datasets ---------------------------------------------------------------------------------
 
 
