@@ -876,8 +876,11 @@ class HubServer(_LfsStore, _RangedGets):
         self.fail_next(n, status, method="POST", path=r"^/api/[a-z]+/[^/]+/[^/]+/commit/", **kw)
 
     def clear_failures(self) -> None:
+        """Drop every injected failure not yet taken: ``fail_next``'s, ``fail_ranged``'s and ``fail_body``'s."""
         with self._lock:
             self._failures.clear()
+            self._ranged_failures.clear()
+            self._body_faults.clear()
 
     @property
     def pending_failures(self) -> int:

@@ -474,3 +474,104 @@ def test_continual_counts_its_state_against_max_disk(hub, published, tmp_path):
         continual.init(["alice/ft1"], base="alice/base", out=str(tmp_path / "soup"), max_disk="5MB", quiet=True)
     assert all(range_start(c) == 0 for c in weight_gets(hub)) and leftovers(tmp_path, "soup") == []
     continual.init(["alice/ft1"], base="alice/base", out=str(tmp_path / "soup"), max_disk="7MB", quiet=True)
+
+
+# ---- 6. Hub to Hub: inputs read in place, the output pushed as it is written -----------------------------------
+
+PUSH_SHARD = "400KB"  # the output (2.9 MB) in 8 shards
+
+
+def pushed_tensors(hub, repo: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    out: dict[str, torch.Tensor] = {}
+    for path, data in hub.files(repo).items():
+        if path.endswith(".safetensors"):
+            out.update(load(data))
+    return out
+
+
+def same_as_local(hub, repo: str, published, tmp_path, inputs=("ft1", "ft2")) -> bool:
+    """The pushed weights equal, tensor for tensor, a merge of the same models from local folders."""
+    want = hubsoup.merge([published[i] for i in inputs], "task_arithmetic", base=published["base"],
+                         out=str(tmp_path / "local-control"), shard_size=PUSH_SHARD, quiet=True)
+    got = pushed_tensors(hub, repo)
+    ref = {}
+    for f in sorted(os.listdir(want.path)):
+        if f.endswith(".safetensors"):
+            ref.update(load_file(os.path.join(want.path, f)))
+    return got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)
+
+
+def test_hub_to_hub_sigint_at_a_random_moment_then_a_rerun_resumes(hub, published, tmp_path):
+    """Both inputs read in place and the output pushed as written; SIGINT at a random moment of the reading
+    (seeded: the seed is in the message): one line, nothing committed, nothing left; the rerun uploads no shard
+    twice, reads none of the uploaded shards' inputs again, and the repo's weights are a local merge's."""
+    import random
+
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    token = hub.login("alice")
+    needed = sum(sum(files_bytes(published[r]).values()) for r in ("base", "ft1", "ft2"))
+    at = int(needed * rng.uniform(0.1, 0.9))
+    hub.limit_bandwidth(2_000_000)  # about 4.5 s of reading: the signal lands in the middle of the run
+    args = [sys.executable, "-m", "hubsoup", "merge", "alice/ft1", "alice/ft2", "--base", "alice/base", "--method",
+            "task_arithmetic", "--shard-size", PUSH_SHARD, "--push", "alice/soup", "-q"]
+    # faulthandler: a crash at exit shows its threads (a daemon thread in torch's C++ code once aborted the exit)
+    proc = subprocess.Popen(args, cwd=tmp_path, env={**_env(), "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert hub.wait_served(at, timeout=120), f"the run never read {at} bytes (seed {seed})"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 130 and lines == [
+        "interrupted; no output was left behind; nothing was committed to alice/soup (run the same command again: "
+        "it resumes)"], (seed, err)
+    assert len(hub.history("alice/soup")) == 1 and os.listdir(tmp_path) == [], seed  # the empty repo the push made
+    first = [u["oid"] for u in hub.lfs_uploads if u["repo"] == "alice/soup"]
+    hub.limit_bandwidth(None)
+    served = hub.served_bytes(r"/resolve/")
+    again = subprocess.run(args, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, (seed, again.stderr)
+    uploads = [u["oid"] for u in hub.lfs_uploads if u["repo"] == "alice/soup"]
+    assert len(uploads) == len(set(uploads)) == 8, (seed, first, uploads)  # each shard uploaded once, in all
+    reread = hub.served_bytes(r"/resolve/") - served
+    if first:  # the shards already up: their tensors are not read again
+        assert reread < needed, (seed, len(first), reread, needed)
+    assert len(hub.history("alice/soup")) == 2 and os.listdir(tmp_path) == []
+    assert same_as_local(hub, "alice/soup", published, tmp_path / "control"), seed
+    assert token not in out + err + again.stdout + again.stderr
+
+
+def test_a_5xx_on_a_ranged_read_during_a_streamed_push_commits_nothing(hub, published, tmp_path, monkeypatch):
+    """A Hub input's tensor bytes answered 500 for good while shards of the output are already uploaded: one line
+    naming the input and its file, no commit, nothing left in the working folder; the rerun resumes."""
+    import hubsoup.sources.resolve as resolve
+    from hubsoup.hub import PushTarget
+
+    monkeypatch.setattr(resolve, "_sleep", lambda s: None)  # the retries' waits (1, 2, 4, 8, 8 s)
+    token = hub.token("alice")
+    work = tmp_path / "work"
+    work.mkdir()
+    # the last input shard: read when the first output shards are written, and uploading
+    hub.fail_ranged(1000, 500, path=r"^/alice/ft2/resolve/.*model-00008-of-00008\.safetensors$")
+    with pytest.raises(errors.InputError) as e:
+        hubsoup.merge(["alice/ft1", "alice/ft2"], "task_arithmetic", base="alice/base", shard_size=PUSH_SHARD,
+                      push=PushTarget("alice/soup", work_dir=str(work)), token=token, quiet=True)
+    msg = str(e.value)
+    assert "\n" not in msg and "input 'alice/ft2' (model-00008-of-00008.safetensors)" in msg, msg
+    assert "Hub server error 500" in msg, msg
+    assert len(hub.history("alice/soup")) == 1 and os.listdir(work) == []  # nothing committed, nothing left
+    assert not any(p.endswith(".safetensors") for p in hub.files("alice/soup"))
+    first = [u["oid"] for u in hub.lfs_uploads if u["repo"] == "alice/soup"]
+    hub.clear_failures()
+    res = hubsoup.merge(["alice/ft1", "alice/ft2"], "task_arithmetic", base="alice/base", shard_size=PUSH_SHARD,
+                        push=PushTarget("alice/soup", work_dir=str(work)), token=token, quiet=True)
+    uploads = [u["oid"] for u in hub.lfs_uploads if u["repo"] == "alice/soup"]
+    assert len(uploads) == len(set(uploads)) == 8 and set(first) <= set(uploads)
+    assert res.pushed.oid == hub.head("alice/soup") and os.listdir(work) == []
+    assert same_as_local(hub, "alice/soup", published, tmp_path / "control")

@@ -39,6 +39,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import itertools
 import json
@@ -51,6 +52,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from hubsoup.errors import CorruptCheckpointError, HubsoupError
@@ -74,6 +76,9 @@ link (latency, per-connection limits; measured on the test server under load, 4 
 HEADER_LIMIT = 100 * 1024 * 1024
 """safetensors' own limit on a header."""
 KEY_PREFIX = "hf://"
+
+EXIT_WAIT = 5.0
+"""Seconds the process's exit waits, in all, for the fetching threads of windows still open (see :class:`Window`)."""
 
 _sleep = time.sleep
 _SERIAL = itertools.count()
@@ -265,16 +270,18 @@ def open_file(repo_id: str, sha: str, name: str, *, size: int | None, token: Any
 
 # --- one range --------------------------------------------------------------------------------------------------
 
-def fetch_into(rf: RemoteFile, start: int, out: torch.Tensor, stop: threading.Event | None = None,
+def fetch_into(rf: RemoteFile, start: int, out: torch.Tensor | np.ndarray, stop: threading.Event | None = None,
                active: set | None = None, tries: int = 6) -> int | None:
-    """Bytes ``[start, start + len(out))`` of ``rf`` into ``out`` (uint8, contiguous); returns the file's size as
-    the server gave it (``Content-Range``). See the module doc for the retries; ``stop`` ends it early
+    """Bytes ``[start, start + len(out))`` of ``rf`` into ``out`` (uint8, contiguous: a tensor, or a numpy array
+    as the background fetches use: they never touch torch, see :class:`Window`); returns the file's size as the
+    server gave it (``Content-Range``). See the module doc for the retries; ``stop`` ends it early
     (:class:`_Stopped`); ``active`` holds the open response, so a closing window may close it."""
     from huggingface_hub import get_session  # lazy: keeps hubsoup --help free of huggingface_hub
     from huggingface_hub.utils import hf_raise_for_status  # lazy: as above
 
-    n = out.numel()
-    view = memoryview(out.numpy()) if n else memoryview(b"")
+    arr = out.numpy() if isinstance(out, torch.Tensor) else out
+    n = arr.size
+    view = memoryview(arr) if n else memoryview(b"")
     pos, failures, wait, total, failed_at = 0, 0, 1.0, None, -1
     while pos < n:
         if stop is not None and stop.is_set():
@@ -372,7 +379,7 @@ def measure_bandwidth(files: Sequence[RemoteFile], most: int = 8 << 20, *, threa
             except queue.Empty:
                 return
             try:
-                fetch_into(rf, a, torch.empty(n, dtype=torch.uint8))
+                fetch_into(rf, a, np.empty(n, dtype=np.uint8))
             except BaseException as e:  # noqa: BLE001 - the first is raised below
                 errors.append(e)
                 return
@@ -408,7 +415,8 @@ class _Span:
     first: int
     last: int
     parts: list[_Part] = field(default_factory=list)
-    buf: torch.Tensor | None = None
+    buf: np.ndarray | None = None
+    """Its bytes: a numpy array, which the fetching threads fill (the engine's thread makes tensors of them)."""
     admitted: bool = False
     freed: bool = False
 
@@ -475,6 +483,11 @@ class Window:
     ``check``: called while waiting for bytes (the run's cancel check). The creating thread's
     :meth:`RemoteFile.tensor` reads go through it; :meth:`at` moves it, :meth:`finish` checks what it verified,
     :meth:`close` stops it.
+
+    Its threads are daemons that never touch torch (their buffers are numpy arrays; the engine's thread makes the
+    tensors): a daemon thread that the interpreter's exit finds inside torch's C++ code (a tensor freed as its
+    frame ends) is ended by ``pthread_exit`` there, and C++ then aborts the process ("terminate called without an
+    active exception") after a Ctrl-C's one line. The exit also waits for them (:data:`EXIT_WAIT`).
     """
 
     def __init__(self, reads: Sequence[Sequence[tuple[RemoteFile, int, int]]], budget: int, *,
@@ -528,6 +541,7 @@ class Window:
         self._n_threads = max(1, threads)
         self._active: set = set()
         self._owner = threading.get_ident()
+        _WINDOWS.add(self)
         files = {sp.rf.key: sp.rf for sp in self.spans}
         self.files = list(files.values())
         self.verifiers: dict[str, _Verifier] = {}
@@ -564,7 +578,7 @@ class Window:
 
     def _start(self, sp: _Span, priority: int) -> None:
         sp.admitted = True
-        sp.buf = torch.empty(sp.size, dtype=torch.uint8)
+        sp.buf = np.empty(sp.size, dtype=np.uint8)
         self._held += sp.size
         self.peak = max(self.peak, self._held)
         self._admitted.append(sp)
@@ -622,9 +636,9 @@ class Window:
         if lo > off:  # its first bytes came with the header read
             out = torch.empty(n, dtype=torch.uint8)
             out[:lo - off] = torch.frombuffer(bytearray(rf.prefix[off:lo]), dtype=torch.uint8)
-            out[lo - off:] = buf[lo - sp.start:off + n - sp.start]
+            out[lo - off:] = torch.from_numpy(buf[lo - sp.start:off + n - sp.start])
             return out
-        return buf[off - sp.start:off - sp.start + n]
+        return torch.from_numpy(buf[off - sp.start:off - sp.start + n])
 
     def finish(self) -> None:
         """The stream ended: raise if a file fetched whole did not match its sha256; record what was checked."""
@@ -684,13 +698,31 @@ class Window:
                 fetch_into(sp.rf, part.start, piece, self._stop, self._active)
                 v = self.verifiers.get(sp.rf.key)
                 if v is not None:
-                    v.add(part.start, memoryview(piece.numpy()))
+                    v.add(part.start, memoryview(piece))
             except _Stopped:
                 return
             except BaseException as e:  # noqa: BLE001 - handed to the engine when it takes these bytes
                 part.error = e
             finally:
                 part.done.set()
+
+
+_WINDOWS: "weakref.WeakSet[Window]" = weakref.WeakSet()
+
+
+def _stop_windows() -> None:
+    """At the process's exit: stop every window still open and wait for its threads (at most :data:`EXIT_WAIT`
+    seconds in all: one blocked on a silent connection is left to the interpreter)."""
+    deadline = time.monotonic() + EXIT_WAIT
+    windows = list(_WINDOWS)
+    for w in windows:
+        w.close()
+    for w in windows:
+        for t in w._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_stop_windows)
 
 
 __all__ = ["RemoteFile", "Window", "open_file", "fetch_into", "as_tensor", "is_key", "lookup", "any_open",
