@@ -29,7 +29,7 @@ Writes ``benchmarks/results/hub_stream.{md,json}``.
 
 Usage (one command; what the results file was made with)::
 
-    python benchmarks/bench_hub_stream.py --repeat 3   # ~8 min on 2 idle cores (+1 min to build the models once)
+    python benchmarks/bench_hub_stream.py --repeat 3   # ~7 min on 2 cores (+1 min to build the models once)
     python benchmarks/bench_hub_stream.py --quick      # a small model: a smoke test of the script (~1 min)
 
 mergekit runs from ``benchmarks/.work/mergekit-venv`` (created if missing with ``pip install -c constraints.txt

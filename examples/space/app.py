@@ -501,8 +501,12 @@ def figures(inputs: list[str], base: str | None, token: str | bool) -> dict[str,
     Hub repos only, a Hub cache of its own (removed)."""
     workdir = tempfile.mkdtemp(prefix="figures-", dir=RUNS_DIR)
     try:
-        return hubsoup.push_figures(inputs, base=base, push=True, bandwidth=BANDWIDTH, token=token, hub_only=True,
-                                    cache_dir=os.path.join(workdir, "hub-cache"), shard_size=SHARD_SIZE, quiet=True)
+        kw = dict(base=base, bandwidth=BANDWIDTH, token=token, hub_only=True,
+                  cache_dir=os.path.join(workdir, "hub-cache"), shard_size=SHARD_SIZE, quiet=True)
+        f = hubsoup.push_figures(inputs, push=True, **kw)
+        if ZEROGPU:  # the worker writes the output whole, then this process pushes it: all of it on the disk
+            f["disk"] = hubsoup.push_figures(inputs, push=False, **kw)["disk"]
+        return f
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
