@@ -474,6 +474,12 @@ def test_continual_counts_its_state_against_max_disk(hub, published, tmp_path):
         continual.init(["alice/ft1"], base="alice/base", out=str(tmp_path / "soup"), max_disk="5MB", quiet=True)
     assert all(range_start(c) == 0 for c in weight_gets(hub)) and leftovers(tmp_path, "soup") == []
     continual.init(["alice/ft1"], base="alice/base", out=str(tmp_path / "soup"), max_disk="7MB", quiet=True)
+    # with --cache-inputs the weights would go to the Hub cache: refused before any of them is downloaded
+    before = cached_weights()
+    with pytest.raises(errors.DiskLimitError, match=r"Hub cache: weights 5\.\d MB \(--cache-inputs"):
+        continual.add(str(tmp_path / "soup"), ["alice/ft2"], out=str(tmp_path / "soup2"), max_disk="7MB",
+                      cache_inputs=True, quiet=True)
+    assert cached_weights() == before and leftovers(tmp_path, "soup2") == []
 
 
 # ---- 6. Hub to Hub: inputs read in place, the output pushed as it is written -----------------------------------
