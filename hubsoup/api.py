@@ -600,7 +600,7 @@ def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method, p: 
     small = _small_output_bytes(base_ckpt, layout_)  # config, tokenizer, card, recipe, index: copied or written
     streamed = push and not local_copy and not lora_output
     cache = sum(c.weight_bytes() for c in ckpts.values() if c.weight_bytes is not None)
-    metadata = sum(int(getattr(c, "metadata_bytes", 0) or 0) for c in ckpts.values())
+    inputs_metadata = sum(int(getattr(c, "metadata_bytes", 0) or 0) for c in ckpts.values())  # in the Hub cache
     job = Job(plan, base_ckpt, sources, m, p, donors=layout.donors if layout is not None else ())
     reads_base = (lambda work: lowrank_reads_base(work, lowrank_ok=True)) if lora_output else None
     in_place = remote_bytes(job, reads_base)
@@ -608,7 +608,7 @@ def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method, p: 
     already = current().fetched  # the headers read so far (the run's counter)
     return Footprint(output_bytes=weights + small, shard_bytes=opts.shard_bytes, output_streamed=streamed,
                      held_shards=tuple(sorted(shards, reverse=True)[:SHARDS_IN_FLIGHT + 1]) if streamed else (),
-                     output_small=small, output_bound=lora_output, cache_bytes=cache, metadata_bytes=metadata,
+                     output_small=small, output_bound=lora_output, cache_bytes=cache, metadata_bytes=inputs_metadata,
                      network_in=in_place * passes + cache + already, passes=passes,
                      network_out=sent + small if push else 0, in_place=in_place * passes, already_read=already)
 
