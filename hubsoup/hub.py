@@ -60,7 +60,8 @@ log = logging.getLogger(__name__)
 
 # never uploaded: VCS folders, huggingface_hub's local metadata, our own temp files
 IGNORE_PATTERNS = [".git/*", "*/.git/*", ".cache/*", "*.tmp", "*.partial", ".DS_Store",
-                   "hubsoup_study.db*"]  # an evolve study's local store (it names local paths): never uploaded
+                   "hubsoup_study.db*",  # an evolve study's local store (it names local paths): never uploaded
+                   ".hubsoup", "*/.hubsoup"]  # hubsoup's marker of a folder it made (output.folder.MARKER): local
 
 
 # text files whose local paths are replaced by public names in what is uploaded

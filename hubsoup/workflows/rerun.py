@@ -17,17 +17,18 @@ import os
 from typing import Any
 
 from hubsoup.api import merge, scoped
-from hubsoup.errors import ParameterError
+from hubsoup.errors import OutputExistsError, ParameterError
 from hubsoup.formats import mergekit, stages
 from hubsoup.formats.mergekit import check_hub_only, load_text, read_config
 from hubsoup.formats.mergekit_modules import plain_as_modules, run_modules, several_modules
 from hubsoup.formats.stages import Stage, read_stages
 from hubsoup.methods import get_method
 from hubsoup.options import DTYPES
+from hubsoup.output.folder import check_output, replace_problem, write_marker
 from hubsoup.public import _map_models, dump_config, public_config_text
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources.access import check_specs, hub_only
-from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml, short
+from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml, owned_path, short
 
 
 def recipe_merge_args(recipe) -> tuple[list[str], dict[str, Any]]:
@@ -170,6 +171,47 @@ def run_config(source: str, out: str, *, pins: dict[str, str] | None = None, cop
     return one(text, out, **options)
 
 
+def _check_stage_targets(stages: list[Stage], paths: dict[str, str], out: str, inter: str, overwrite: bool) -> None:
+    """Before any stage is merged: every folder the stages will replace may be replaced (one line otherwise).
+
+    A stage's folder is replaced when an earlier run made it (its marker says ``stage``), or, with
+    ``overwrite``, when hubsoup made it at all (:func:`hubsoup.output.folder.replace_problem`); never another
+    folder, the working folder, an input or the base, or a folder that holds one. In a ``hub_only`` run a stage
+    cannot read another's output (a local folder): such a stream is refused here, before anything is written.
+    """
+    if hub_only():
+        for st in stages:
+            if st.needs:
+                raise ParameterError(f"mergekit config: stage {short(st.name or 'final')} merges the output of stage "
+                                     f"{short(st.needs[0])}, a local folder, which a hub_only run does not read; run "
+                                     "each stage on its own, pushing it to the Hub, and name it by its repo ID")
+        check_output(out, overwrite)
+        return  # a hub_only run's folders: below its own output's, and its models are Hub repos
+    check_output(out, overwrite)
+    if inter == out or inter.startswith(out.rstrip(os.sep) + os.sep):
+        raise ParameterError(f"the intermediate folder '{inter}' is inside the output '{out}', which the final stage "
+                             "replaces: choose another --intermediate-dir")
+    names = {s.name for s in stages if s.name is not None}
+    local: list[str] = []
+    for st in stages:  # the models the stages read that are folders here (never a stage's own output)
+        _map_models(st.data, lambda ref: local.extend(
+            p for p in str(ref).split("+") if p.split("@")[0] not in names and os.path.isdir(os.path.expanduser(p)))
+            or ref)
+    for name, target in paths.items():
+        if target != out:
+            why = replace_problem(target, True, kind="stage", legacy=False)  # an earlier run's stage: replaced
+            if why is not None and overwrite:  # --overwrite: any folder hubsoup made
+                why = replace_problem(target, True)
+            if why is not None:
+                raise OutputExistsError(f"stage {short(name)}: {why}")
+        real = os.path.realpath(target)
+        for ref in local:
+            got = os.path.realpath(os.path.expanduser(ref))
+            if got == real or got.startswith(real.rstrip(os.sep) + os.sep):
+                raise ParameterError(f"stage {short(name)}'s folder '{target}' {'is' if got == real else 'holds'} the "
+                                     f"model '{ref}', which a stage reads; choose another --intermediate-dir or --out")
+
+
 def run_stages(text: str, out: str, *, intermediate_dir: str | None = None, **options: Any):
     """Merge every stage of a multi-stage config; returns the final stage's :class:`hubsoup.MergeResult`.
 
@@ -177,14 +219,16 @@ def run_stages(text: str, out: str, *, intermediate_dir: str | None = None, **op
     ``options``: as for :func:`run_config` (each stage is run with them,
     an intermediate stage always replacing an earlier run's).
     """
-    stages = read_stages(text)
+    stages = read_stages(text)  # every name a label, refused here: nothing is written before
     out_abs = os.path.abspath(out)
     inter = os.path.abspath(intermediate_dir or os.path.join(os.path.dirname(out_abs),
                                                              f".{os.path.basename(out_abs)}.stages"))
-    paths = {s.name: os.path.join(inter, s.name) for s in stages if s.name is not None}
+    # a stage's name is a label (checked by read_stages): its folder is derived inside the intermediate folder
+    paths = {s.name: owned_path(inter, s.name, what="stage name") for s in stages if s.name is not None}
     final = stages[-1]
     if final.name is not None:
         paths[final.name] = out_abs
+    _check_stage_targets(stages, paths, out_abs, inter, bool(options.get("overwrite")))
 
     def patch(ref: str) -> str:
         head, sep, lora = ref.partition("+")
@@ -196,8 +240,10 @@ def run_stages(text: str, out: str, *, intermediate_dir: str | None = None, **op
     for st in stages:
         config = dump_config(_map_models(st.data, patch))
         target = out_abs if st is final else paths[st.name]
-        opts = dict(options) if st is final else {**options, "overwrite": True}
+        opts = dict(options) if st is final else {**options, "overwrite": True}  # checked above: a stage's folder
         result = run_config(config, target, **opts)
+        if st is not final:  # hubsoup's stage: a later run replaces it without --overwrite (and nothing else)
+            write_marker(target, "stage", stage=st.name)
         done.append((st, result, config))
     assert result is not None
     body = ["This model was merged in stages from one multi-stage mergekit config (mergekit-multi), each stage "
