@@ -1,4 +1,10 @@
-"""The ``hubsoup`` command line. Every command calls the Python API."""
+"""The ``hubsoup`` command line. Every command calls the Python API.
+
+Signals first: when this process is the ``hubsoup`` command (its console script or ``python -m hubsoup``), a
+Ctrl-C or SIGTERM is recorded from the package's first line on (``hubsoup/__init__.py``), before the other
+imports, and :func:`main` installs the raising handlers before anything else: a signal at any moment ends the
+command with one line (exit 130 / 143); see :mod:`hubsoup.cli.signals`.
+"""
 
 from __future__ import annotations
 
@@ -266,27 +272,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.verbose = args.top_verbose or getattr(args, "verbose", False)
-    args.quiet = args.top_quiet or getattr(args, "quiet", False)
-    level = logging.DEBUG if args.verbose else (logging.ERROR if args.quiet else logging.WARNING)
-    logging.basicConfig(level=level, format="%(levelname)s: %(message)s")
-    # lazy: keeps hubsoup --help free of torch
-    from hubsoup.hub import install_log_scrubber, scrub_secrets  # no Hub token in any log line or message
-
-    install_log_scrubber()
+    # first of all: a signal from now on unwinds through the cleanup and ends as one line (see cli.signals)
     restore_signals = signals.catch()
-    mark = signals.mark_now()
-    # outputs committed before this command (main() may run several times in one process); read lazily: the
-    # output module imports torch, which a command such as `hubsoup methods` need not
+    mark = signals.start_mark()  # a signal recorded while the command imported its modules counts too
+    verbose = False
+    # outputs committed before this command (main() may run several times in one process); read without importing
+    # the output module (it imports torch, which a command such as `hubsoup methods` need not)
     folder_mod = sys.modules.get("hubsoup.output.folder")
     committed = len(folder_mod.COMMITTED) if folder_mod is not None else 0
 
     def left_behind() -> str:  # what an interrupted command says of its output
-        from hubsoup.output.folder import COMMITTED  # lazy: keeps hubsoup --help free of torch
-
-        done = COMMITTED[committed:]
+        mod = sys.modules.get("hubsoup.output.folder")  # not imported: nothing was committed
+        done = mod.COMMITTED[committed:] if mod is not None else []
         return f"the output written before it is complete: {done[-1]}" if done else "no output was left behind"
 
     def interrupted(sig: int) -> int:
@@ -295,6 +292,18 @@ def main(argv: list[str] | None = None) -> int:
         return signals.EXIT_CODES[sig]
 
     try:
+        if signals.received(mark) is not None:  # it came while the command was starting
+            raise KeyboardInterrupt
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        args.verbose = verbose = args.top_verbose or getattr(args, "verbose", False)
+        args.quiet = args.top_quiet or getattr(args, "quiet", False)
+        level = logging.DEBUG if args.verbose else (logging.ERROR if args.quiet else logging.WARNING)
+        logging.basicConfig(level=level, format="%(levelname)s: %(message)s")
+        # lazy: keeps hubsoup --help free of torch
+        from hubsoup.hubclient import install_log_scrubber  # no Hub token in any log line or message
+
+        install_log_scrubber()
         rc = args.func(args)
     except BaseException as e:
         # a signal first: it may arrive as another error (see hubsoup.cli.signals)
@@ -303,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
             return interrupted(sig)
         if not isinstance(e, HubsoupError):
             raise
-        if args.verbose:
+        from hubsoup.hubclient import scrub_secrets  # lazy: keeps hubsoup --help free of torch
+
+        if verbose:
             print(scrub_secrets(traceback.format_exc()), file=sys.stderr, end="")
         print(f"error: {scrub_secrets(e)}", file=sys.stderr)
         return 2

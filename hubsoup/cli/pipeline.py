@@ -32,7 +32,8 @@ def cmd_pipeline(args) -> int:
     mark = signals.mark_now()
     try:
         report = run_pipeline(args.pipeline, dry_run=args.dry_run, token=token, work_dir=args.work_dir,
-                              on_event=on_event, hub_only=args.hub_only, executor=args.executor)
+                              on_event=on_event, hub_only=args.hub_only, executor=args.executor,
+                              allow_task_code=args.allow_task_code)
     except BaseException as e:  # what was published stays published: say so, not "nothing was left"
         sig = signals.received(mark, e)  # a signal may arrive as another error (see hubsoup.cli.signals)
         if sig is None:
@@ -85,6 +86,9 @@ def register(sub) -> None:
     p.add_argument("--work-dir", metavar="DIR", help="overrides the pipeline's work_dir (merges and the leaderboard)")
     p.add_argument("--hub-only", action="store_true",
                    help="models and evaluation data are Hub IDs only: no local path is looked at (for servers)")
+    p.add_argument("--allow-task-code", action="store_true",
+                   help="with --hub-only: let an lm-eval task_dir fetched from the Hub run its Python (!function, "
+                        ".py files; it runs code!)")
     p.add_argument("--executor", default="local",
                    help="where merges are evaluated: local (default), ray (RAY_ADDRESS or a local cluster) or "
                         "ray://HOST:PORT (each merge a Ray task, merged in memory and scored there; only the merges "

@@ -366,8 +366,8 @@ def _check_dir(out: str, cfg: "EvolveConfig") -> None:
     marker = read_marker(out)
     if (marker is not None and marker.get("kind") == "evolve") or not os.listdir(out):
         return  # a study hubsoup made (resumed), or an empty folder (the study starts there)
-    raise ParameterError(f"--out '{out}' exists and is not an evolve study hubsoup made (no {MARKER} marker of one; "
-                         f"a file named {SEARCH_FILE} is not one); choose an empty or new folder")
+    raise ParameterError(f"--out '{out}' exists and holds no hubsoup study (no {MARKER} marker of an evolve study "
+                         f"hubsoup made; a file named {SEARCH_FILE} is not one); choose an empty or new folder")
 
 
 def _pin_inputs(cfg: EvolveConfig, opts, point: dict[str, Any]) -> tuple[list[str], str | None, int]:
@@ -678,11 +678,11 @@ def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None
                                   "the study wrote; move it away and run again (the study is saved)")
         marker = read_marker(out) or {}
         # the previous best model's files (a study extended with more trials): only those the marker lists
-        old = [n for n in marker.get("best") or [] if isinstance(n, str) and _is_name(n) and n not in _STUDY_FILES
-               and n != MARKER]
-        for name in old:
-            path = os.path.join(out, name)
-            if name not in new and os.path.isfile(path) and not os.path.islink(path):
+        old = [f for f in marker.get("best") or [] if isinstance(f, str) and _is_name(f) and f not in _STUDY_FILES
+               and f != MARKER]
+        for stale in old:
+            path = os.path.join(out, stale)
+            if stale not in new and os.path.isfile(path) and not os.path.islink(path):
                 os.remove(path)
         for name in new:
             os.replace(os.path.join(model_dir, name), os.path.join(out, name))

@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from hubsoup.api import merge, scoped
-from hubsoup.errors import OutputExistsError, ParameterError
+from hubsoup.errors import HubsoupError, OutputExistsError, ParameterError
 from hubsoup.formats import mergekit, stages
 from hubsoup.formats.mergekit import check_hub_only, load_text, read_config
 from hubsoup.formats.mergekit_modules import plain_as_modules, run_modules, several_modules
@@ -28,6 +28,7 @@ from hubsoup.output.folder import check_output, replace_problem, write_marker
 from hubsoup.public import _map_models, dump_config, public_config_text
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources.access import check_specs, hub_only
+from hubsoup.sources.resolve import open_input
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml, owned_path, short
 
 
@@ -101,7 +102,32 @@ def run_recipe(path: str, out: str, **overrides: Any):
     return _rerun(recipe, out, overrides, mk)
 
 
+def check_digests(recipe: "Recipe", *, allow_pickle: bool = False) -> None:
+    """Before a rerun: every local input (and base, and adapter) the recipe names by path is still the folder it
+    recorded: its content digest now (:meth:`hubsoup.sources.Checkpoint.content_digest`, headers and samples of
+    the weights) is the recorded one, else one line naming the input. The recipe's hash is not changed by this
+    (it seeds random choices, and outputs repeat byte for byte): the digest is checked on its own."""
+    for i, ref in enumerate([recipe.base, *recipe.inputs]):
+        what = "base" if i == 0 else f"inputs[{i - 1}]"
+        for where, r in ((what, ref), (f"{what}.adapter", ref.adapter)):
+            if r is None or r.repo_id or not r.path or not r.digest:
+                continue
+            try:
+                ckpt = open_input(r.path, allow_pickle=allow_pickle, role=where)
+                ckpt.keys()  # opens the weights: the digest is computed as it was at the merge
+                now = ckpt.ref.digest
+                ckpt.release()
+            except HubsoupError as e:
+                raise ParameterError(f"recipe: '{where}' {short(r.spec or r.path)} cannot be opened to check its "
+                                     f"digest: {e}") from e
+            if now != r.digest:
+                raise ParameterError(f"recipe: '{where}' {short(r.spec or r.path)} is not the folder the recipe "
+                                     f"recorded: its digest is {now}, the recipe's '{where}.digest' is "
+                                     f"{short(r.digest)}; merge again instead of rerunning it")
+
+
 def _rerun(recipe: "Recipe", out: str, overrides: dict[str, Any], mk: dict[str, Any] | None = None):
+    check_digests(recipe, allow_pickle=bool(overrides.get("allow_pickle")))
     if recipe.mergekit.get("config"):  # repeat the mergekit config, its Hub models pinned to the recorded SHAs
         refs = [*(recipe.base, *recipe.inputs), *(r.adapter for r in (recipe.base, *recipe.inputs) if r.adapter)]
         pins = {r.spec: dataclasses.replace(r, adapter=None).pinned_spec for r in refs if r.spec and r.repo_id}
