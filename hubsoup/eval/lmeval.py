@@ -272,8 +272,8 @@ def task_folder(task) -> Iterator[str | None]:
     if not hub_only():
         yield _local_task_dir(task)
         return
-    who = f"task '{short(task.name)}' task_dir '{short(task.extra['task_dir'])[1:-1]}'"
-    kind, repo_id, revision = require_task_repo(task.extra["task_dir"], f"task '{short(task.name)}' task_dir")
+    who = f"task {short(task.name)} task_dir {short(task.extra['task_dir'])}"
+    kind, repo_id, revision = require_task_repo(task.extra["task_dir"], f"task {short(task.name)} task_dir")
     with fetched_repo(kind, repo_id, revision, who) as folder:
         check_task_folder(folder, who, allow_code=current().allow_task_code)
         yield folder
@@ -415,6 +415,22 @@ class _GuardedDatasets:
                 shutil.rmtree(cache, ignore_errors=True)
 
 
+def _plain(value: Any, folder: str | None = None, repo: str | None = None) -> Any:
+    """lm-eval's task config as JSON: a ``!function`` (a Python function) by its name only (lm-eval names the
+    module by its file's path, a folder of this machine); a fetched task repo's folder (``folder``) by the repo's
+    name (``repo``): a server's paths never go into the results."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v, folder, repo) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, folder, repo) for v in value]
+    if callable(value):
+        return f"!function {getattr(value, '__name__', type(value).__name__)}"
+    if folder and isinstance(value, str):
+        for form in sorted({folder, os.path.realpath(folder)}, key=len, reverse=True):
+            value = value.replace(form, str(repo))
+    return value
+
+
 def _metric_name(key: str) -> str:
     metric, _, filt = key.partition(",")
     return metric if filt in ("", "none") else key
@@ -464,7 +480,7 @@ def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, devi
         lm_out = {"results": row, "n-shot": (out.get("n-shot") or {}).get(name),
                   "higher_is_better": (out.get("higher_is_better") or {}).get(name),
                   "n-samples": (out.get("n-samples") or {}).get(name), "versions": (out.get("versions") or {}).get(name),
-                  "config": cfg}
+                  "config": _plain(cfg, folder if hub_only() else None, ex.get("task_dir"))}
         n = (out.get("n-samples") or {}).get(name, {}).get("effective") or 0
         results.append(TaskResult(spec, metrics, int(n), {
             "lm_eval": lm_out, "main_metric": main,

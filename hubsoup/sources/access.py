@@ -246,7 +246,7 @@ def check_specs(*, inputs: Iterable[Any] = (), base: Any = None, soup: Any = Non
         if getattr(t, "kind", None) == "lm-eval":  # lm-eval's task names (labels); a task folder is a Hub repo
             task_dir = (getattr(t, "extra", None) or {}).get("task_dir")
             if task_dir:
-                require_task_repo(task_dir, f"task '{short(t.name)}' task_dir")
+                require_task_repo(task_dir, f"task {short(t.name)} task_dir")
             continue
         require_hub_dataset(getattr(t, "data", None), "evaluation data")
         if getattr(t, "head", None):

@@ -274,7 +274,9 @@ class _Runner:
         """Read the local evaluation data once, before anything is planned: a bad row is one clear error
         (exit status 2), not the same failure on every merge."""
         for spec in self.tasks:
-            if spec.is_local:
+            if spec.kind == "lm-eval":  # its names (and a hub_only run's task repo, fetched and checked for code) now
+                spec.check()
+            elif spec.is_local:
                 spec.load()
 
     @property
