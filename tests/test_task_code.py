@@ -82,6 +82,8 @@ def server(hub, lm_zoo, tmp_path, monkeypatch):
     planted.mkdir(parents=True)
     (planted / "toy.yaml").write_text(TASK.format(data="org/data"))
     (planted / "utils.py").write_text(UTILS.format(who="cwd"))
+    (work / "org" / "data").mkdir()  # and a folder named like the data: two rows, where the Hub's dataset has six
+    (work / "org" / "data" / "data.jsonl").write_text("".join(lm_zoo["rows"].splitlines(True)[:2]))
     monkeypatch.chdir(work)
     sentinel = tmp_path / "sentinel"
     monkeypatch.setenv("HUBSOUP_SENTINEL", str(sentinel))
@@ -166,7 +168,7 @@ def test_with_allow_task_code_the_repos_own_python_runs_never_the_working_folder
                        repo_type="dataset")
     res = merge(server, "org/tasks", allow_task_code=True, quiet=True)
     [r] = res.evaluation
-    assert r.task.name == "toy_hub" and r.n_examples == 6
+    assert r.task.name == "toy_hub" and r.n_examples == 6  # the Hub's dataset, not the working folder's org/data
     assert os.path.exists(server["sentinel"].with_suffix(".hub"))
     assert not os.path.exists(server["sentinel"].with_suffix(".cwd"))
     assert not [p for p in os.listdir(server["cache"]) if p.startswith("hubsoup-tasks-")]
@@ -214,6 +216,34 @@ def test_a_fetched_task_repo_of_data_and_prompts_passes(tmp_path):
     (tmp_path / "u.yaml").write_text("task: u\nprocess_docs: !function utils.proc\n")
     (tmp_path / "utils.py").write_text("def proc(d):\n    return d\n")
     check_task_folder(str(tmp_path), "task_dir 'org/tasks'", allow_code=True)
+
+
+def test_a_hub_only_evaluation_renders_prompts_in_the_sandbox_and_reads_data_from_the_hub_only(monkeypatch):
+    """lm-eval renders a task's Jinja prompts with a plain environment (a template reaches Python's classes); once a
+    hub_only evaluation ran, the process renders them in jinja2's sandbox, and a hub_only task's dataset is asked
+    of the Hub (hf://datasets/...) with the run's token: never a packaged builder over local files."""
+    import jinja2.exceptions
+    import lm_eval.api.task
+    import lm_eval.utils
+
+    from hubsoup.eval import lmeval
+    from hubsoup.sources.access import scope
+
+    lmeval._guard_lm_eval()
+    assert lm_eval.utils.apply_template("{{q}} {{ q|upper }}", {"q": "w1"}) == "w1 W1"
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        lm_eval.utils.apply_template("{{ q.__class__.__mro__[1].__subclasses__() }}", {"q": "w1"})
+    asked = []
+    monkeypatch.setattr(lm_eval.api.task.datasets._module, "load_dataset",
+                        lambda path, name=None, **kw: asked.append((path, kw.get("token"))) or "ds")
+    with scope(hub_only=True, token="hf_runs_own"):
+        assert lm_eval.api.task.datasets.load_dataset(path="org/data", name=None) == "ds"
+        for bad in ({"path": "json", "data_files": "/etc/passwd"}, {"path": "./data"}, {"path": "csv"}):
+            with pytest.raises(InputError):
+                lm_eval.api.task.datasets.load_dataset(**bad)
+    assert asked == [("hf://datasets/org/data", "hf_runs_own")]
+    lm_eval.api.task.datasets.load_dataset(path="json", data_files="x.json")  # other runs: lm-eval's own
+    assert asked[-1] == ("json", None)
 
 
 def test_lm_eval_task_names_are_labels_never_files():

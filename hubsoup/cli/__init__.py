@@ -320,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         restore_signals()
+        if signals.the_command():  # its end is decided: a signal while the interpreter exits is not a second ending
+            signals.ignore()
     sig = signals.received(mark)  # a signal whose exception something swallowed: the command still ran to its end
     return interrupted(sig) if sig is not None else rc
 

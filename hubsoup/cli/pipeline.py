@@ -44,26 +44,22 @@ def cmd_pipeline(args) -> int:
 
 
 def interrupted_message(sigterm: bool, pushed: list[str], pushing: str | None) -> str:
-    """What an interrupted pipeline run leaves: the merges it pushed, the push in flight, nothing else on the Hub.
+    """What an interrupted pipeline run leaves, in one line (every interrupted command ends with one): the merges it
+    pushed, the push in flight, nothing else on the Hub.
 
     Example:
         >>> print(interrupted_message(True, ["org/a"], "org/b"))
-        terminated (SIGTERM): 1 merge(s) were published by this run and stay on the Hub:
-          org/a
-        the push of org/b was in flight: a push is one commit, so it is on the Hub whole or not at all;
-        the leaderboard was not updated; finished merges not yet pushed stay in the work folder.
-        Run the pipeline again to finish: what is published is found on the Hub and not made again.
+        terminated (SIGTERM): 1 merge(s) were published by this run and stay on the Hub: org/a; the push of org/b was in flight: a push is one commit, so it is on the Hub whole or not at all; the leaderboard was not updated and finished merges not yet pushed stay in the work folder: run the pipeline again to finish (what is published is found on the Hub and not made again)
     """
     head = "terminated (SIGTERM)" if sigterm else "interrupted"
-    lines = [f"{head}: {len(pushed)} merge(s) were published by this run and stay on the Hub:" if pushed
-             else f"{head}: no merge was published by this run"]
-    lines += [f"  {r}" for r in pushed]
+    parts = [f"{head}: {len(pushed)} merge(s) were published by this run and stay on the Hub: {', '.join(pushed)}"
+             if pushed else f"{head}: no merge was published by this run"]
     if pushing:
-        lines.append(f"the push of {pushing} was in flight: a push is one commit, so it is on the Hub whole or not "
-                     "at all;")
-    lines.append("the leaderboard was not updated; finished merges not yet pushed stay in the work folder.")
-    lines.append("Run the pipeline again to finish: what is published is found on the Hub and not made again.")
-    return "\n".join(lines)
+        parts.append(f"the push of {pushing} was in flight: a push is one commit, so it is on the Hub whole or not at "
+                     "all")
+    parts.append("the leaderboard was not updated and finished merges not yet pushed stay in the work folder: run the "
+                 "pipeline again to finish (what is published is found on the Hub and not made again)")
+    return "; ".join(parts)
 
 
 def register(sub) -> None:

@@ -53,6 +53,20 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
+def the_command() -> bool:
+    """This process is the ``hubsoup`` command (not a program that imports the package and calls ``main``)."""
+    return _the_command()
+
+
+def ignore() -> None:
+    """SIGINT and SIGTERM ignored from now on (main thread only): the command's end is decided (its line printed,
+    its exit status chosen), and a signal while the interpreter exits (Python resets its own handlers to the
+    default, which would kill the process without a word, but leaves an ignored signal ignored) changes nothing."""
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+
+
 def start_mark() -> int:
     """The mark a command starts from: the process's first (0: a signal recorded while the command was starting
     belongs to it), once; later commands in the same process :func:`mark_now`."""
