@@ -323,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         if signals.the_command():  # its end is decided: a signal while the interpreter exits is not a second ending
             signals.ignore()
     sig = signals.received(mark)  # a signal whose exception something swallowed: the command still ran to its end
-    return interrupted(sig) if sig is not None else rc
+    if sig is not None and rc != signals.EXIT_CODES[sig]:  # (a command that said it itself returns its code)
+        return interrupted(sig)
+    return rc
 
 if __name__ == "__main__":
     sys.exit(main())

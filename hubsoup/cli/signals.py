@@ -28,11 +28,11 @@ import sys
 import threading
 from typing import Callable
 
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
-"""What a shell reports for a process its signal ended: 128 + the signal's number."""
-
 from hubsoup import _SIGNALS as _RECEIVED  # the same list the package's first-instant handlers record into
 from hubsoup import _the_command
+
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+"""What a shell reports for a process its signal ended: 128 + the signal's number."""
 
 _STARTED: list[bool] = []
 """Whether a command's :func:`start_mark` took the first instant's signals (once per process)."""
