@@ -167,7 +167,8 @@ def _local_paths(folder: str, repo_id: str) -> dict[str, str]:
     if os.path.isfile(recipe_path):
         try:
             with open(recipe_path, encoding="utf-8") as f:
-                paths.update(Recipe.from_yaml(f.read()).local_paths())
+                # every path it names, whatever else it says (verify=False: an edited recipe is still scanned)
+                paths.update(Recipe.from_yaml(f.read(), verify=False).local_paths())
         except Exception:  # noqa: BLE001 - not a hubsoup recipe: the leak check still runs
             pass
     evals = os.path.join(folder, "eval_results.json")
@@ -285,7 +286,7 @@ def restricted_inputs(folder: str, token: Token = None) -> list[dict[str, str]]:
         return []
     try:
         with open(path, encoding="utf-8") as f:
-            recipe = Recipe.from_yaml(f.read())
+            recipe = Recipe.from_yaml(f.read(), verify=False)  # every repo it names, even in an edited recipe
     except Exception:  # noqa: BLE001 - not a hubsoup recipe: nothing to check it by
         return []
     repos = {r.repo_id for r in (recipe.base, *recipe.inputs) if r.repo_id}
