@@ -129,7 +129,10 @@ def leftovers(folder: str) -> list[str]:
 def check_left(name: str, folder: str, line: str) -> None:
     """Nothing left: per command, what it may keep; never a partial or temporary file, a lock, a TMPDIR entry."""
     assert leftovers(folder) == [], (name, leftovers(folder))
-    assert os.listdir(os.path.join(folder, "tmp")) == [], (name, [(n, os.path.isdir(os.path.join(folder, "tmp", n)), os.listdir(os.path.join(folder, "tmp", n)) if os.path.isdir(os.path.join(folder, "tmp", n)) else None) for n in os.listdir(os.path.join(folder, "tmp"))], line)
+    tmp = os.path.join(folder, "tmp")
+    in_tmp = {n: sorted(os.listdir(os.path.join(tmp, n))) if os.path.isdir(os.path.join(tmp, n)) else "file"
+              for n in os.listdir(tmp)}
+    assert in_tmp == {}, (name, in_tmp, line)
     kept = sorted(set(os.listdir(folder)) - {"tmp"})
     if name in ("merge", "run"):
         if "the output written before it is complete" in line:
