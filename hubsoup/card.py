@@ -298,7 +298,7 @@ def _recipe_base(folder: str):
 
     try:
         with open(os.path.join(folder, RECIPE_FILE), encoding="utf-8") as f:
-            return Recipe.from_yaml(f.read()).base
+            return Recipe.from_yaml(f.read(), verify=False).base
     except Exception:  # noqa: BLE001 - any folder may be pushed: no recipe, no base to rename
         return None
 

@@ -205,6 +205,11 @@ class MergeOptions:
     allow_private_inputs: bool = flag(
         False, "allow pushing a merge of private or gated inputs to a public repo (the card says so)", compare=False)
     """Let a merge of private or gated Hub inputs be pushed to a public repo (its card then says so)."""
+    allow_task_code: bool = flag(
+        False, "with --hub-only: let an lm-eval task_dir fetched from the Hub run its Python (!function, .py "
+               "files; it runs code!)", compare=False)
+    """In a ``hub_only`` run, an lm-eval ``task_dir`` is a Hub repo fetched into a fresh folder, and its Python
+    (``!function`` tags, ``.py`` files) is refused unless the operator sets this (SECURITY.md)."""
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPE_NAMES:

@@ -417,6 +417,17 @@ def test_overwrite_never_deletes_an_input_or_the_base(zoo, tmp_path, capsys):
     for name in ("base", "ft-a", "ft-b"):
         shutil.copytree(zoo[name], work / name)
     before = snapshot(work)
+    for out in (work / "ft-a", work / "base", work):  # model folders: hubsoup did not make them (issue 44)
+        rc, _, err = cli(capsys, "merge", work / "ft-a", work / "ft-b", "--base", work / "base",
+                         "--method", "linear", "--out", out, "--overwrite")
+        line = one_line_error(err)
+        assert rc == 2 and "hubsoup did not make it" in line, line
+        assert snapshot(work) == before
+    from hubsoup.output.folder import write_marker
+
+    for name in ("ft-a", "base", ""):  # even folders hubsoup made (an earlier merge as an input)
+        write_marker(str(work / name), "merge")
+    before = snapshot(work)
     for out, what in ((work / "ft-a", "is input"), (work / "base", "is the base"), (work, "contains")):
         rc, _, err = cli(capsys, "merge", work / "ft-a", work / "ft-b", "--base", work / "base",
                          "--method", "linear", "--out", out, "--overwrite")

@@ -57,10 +57,10 @@ from hubsoup.hub import check_repo_id, pushed_line
 from hubsoup.hubclient import scrub_url_credentials
 from hubsoup.methods import get_method
 from hubsoup.options import MergeOptions, parse_size
-from hubsoup.output.folder import OutputLock
+from hubsoup.output.folder import MARKER, OutputLock, holds_cwd, read_marker, write_marker
 from hubsoup.progress import Monitor
 from hubsoup.recipe import public_value
-from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml, short
+from hubsoup.untrusted import MAX_YAML_BYTES, label, load_yaml, short
 from hubsoup.workflows.executors import make_executor
 from hubsoup.workflows.study_lease import StudyLease
 from hubsoup.workflows.trial import pin_inputs
@@ -438,14 +438,30 @@ def _gene_point(trial) -> dict[str, Any]:
     return dict(trial.params)
 
 
-def _check_dir(out: str) -> None:
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ParameterError(f"--out '{out}' is a file, not a folder")
-    if os.path.isdir(out):
-        names = set(os.listdir(out))
-        if names and not names & {STUDY_FILE, SEARCH_FILE}:
-            raise ParameterError(f"--out '{out}' exists and holds no hubsoup study ({STUDY_FILE}); choose an empty "
-                                 f"or new folder")
+def _check_dir(out: str, cfg: "EvolveConfig") -> None:
+    """``out`` is new, empty, or a study folder hubsoup made (its marker says ``evolve``); never a file, a link, the
+    working folder, an input's or the base's folder or one that holds it. A file named like a study's
+    (``hubsoup_search.json``) makes no folder a study. Nothing is written before."""
+    for spec in [*cfg.models, *([cfg.base] if cfg.base else [])]:  # --out must never be (or hold) an input
+        for part in dict.fromkeys([spec, *spec.split("+")]):
+            local = os.path.expanduser(part)
+            if not os.path.isdir(local):
+                continue
+            real, target = os.path.realpath(local), os.path.realpath(out)
+            if real == target or real.startswith(target.rstrip(os.sep) + os.sep):
+                raise ParameterError(f"--out '{out}' {'is' if real == target else 'holds'} the model '{spec}'; the "
+                                     "study writes its best model there: choose another --out")
+    if not os.path.lexists(out):
+        return
+    if os.path.islink(out) or not os.path.isdir(out):
+        raise ParameterError(f"--out '{out}' is {'a link' if os.path.islink(out) else 'a file'}, not a study folder")
+    if holds_cwd(out):
+        raise ParameterError(f"--out '{out}' is the working folder or holds it; choose an empty or new folder")
+    marker = read_marker(out)
+    if (marker is not None and marker.get("kind") == "evolve") or not os.listdir(out):
+        return  # a study hubsoup made (resumed), or an empty folder (the study starts there)
+    raise ParameterError(f"--out '{out}' exists and holds no hubsoup study (no {MARKER} marker of an evolve study "
+                         f"hubsoup made; a file named {SEARCH_FILE} is not one); choose an empty or new folder")
 
 
 def _pin_inputs(cfg: EvolveConfig, opts, point: dict[str, Any]) -> tuple[list[str], str | None, int]:
@@ -535,10 +551,16 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
                 parse_method(cfg.method, cfg.method_params({**mid, g: c}, names))
             except ParameterError as e:
                 raise ParameterError(f"space.{g}: choice {c!r}: {e}") from None
-    _check_dir(out)
+    _check_dir(out, cfg)
     os.makedirs(out, exist_ok=True)
     lock = OutputLock(out, "evolve study")
     lock.acquire()
+    if read_marker(out) is None:  # a new (or empty) folder: the study's, made by hubsoup from now on
+        try:
+            write_marker(out, "evolve", best=[])
+        except BaseException:
+            lock.release()
+            raise
     exe = lease = None
     try:
         inputs, base, memory = _pin_inputs(cfg, opts, cfg.method_params(mid, names))
@@ -654,6 +676,14 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         lock.release()
 
 
+def _is_name(name: str) -> bool:
+    try:
+        label(name, "file")
+    except ParameterError:
+        return False
+    return True
+
+
 def public_task(spec: str) -> str:
     """A task spec as it may be published: a local data file, task folder or head by name and content hash.
 
@@ -749,16 +779,23 @@ def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None
                                                     failed=sum(r["state"] == "fail" for r in summary["trials"]),
                                                     search_file=SEARCH_FILE, plot_file=PLOT_FILE)
         res.sections.append({"title": "Evolutionary search", "body": body.strip()})
-        for name in os.listdir(out):  # the previous best model's files (a study extended with more trials)
-            path = os.path.join(out, name)
-            if name in _STUDY_FILES or name.startswith(".") or path == tmp:
-                continue
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            else:
+        new = sorted(n for n in os.listdir(model_dir) if n != MARKER)
+        for name in new:  # a file of the study's own, or one the user put there, is never replaced
+            there = os.path.join(out, name)
+            if name in _STUDY_FILES or (os.path.lexists(there) and (os.path.isdir(there) or os.path.islink(there))):
+                raise EvolveError(f"the best model's file '{name}' would replace '{there}', which is not a file "
+                                  "the study wrote; move it away and run again (the study is saved)")
+        marker = read_marker(out) or {}
+        # the previous best model's files (a study extended with more trials): only those the marker lists
+        old = [f for f in marker.get("best") or [] if isinstance(f, str) and _is_name(f) and f not in _STUDY_FILES
+               and f != MARKER]
+        for stale in old:
+            path = os.path.join(out, stale)
+            if stale not in new and os.path.isfile(path) and not os.path.islink(path):
                 os.remove(path)
-        for name in os.listdir(model_dir):
+        for name in new:
             os.replace(os.path.join(model_dir, name), os.path.join(out, name))
+        write_marker(out, "evolve", best=new)
         return _card_in_place(res, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

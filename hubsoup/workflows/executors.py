@@ -34,7 +34,7 @@ import torch
 from hubsoup.engine import shared
 from hubsoup.engine.shared import shared_statistics
 from hubsoup.errors import ParameterError
-from hubsoup.sources.access import hub_only
+from hubsoup.sources.access import current, hub_only
 from hubsoup.untrusted import short
 from hubsoup.workflows.trial import run_trial
 
@@ -137,7 +137,9 @@ class RayExecutor:
         t0 = time.perf_counter()
 
         strict = hub_only()  # the driver's rule travels with each task (a worker has no scope of its own)
-        index = {self._task.remote({**p, "hub_only": bool(p.get("hub_only")) or strict}): i
+        code = current().allow_task_code
+        index = {self._task.remote({**p, "hub_only": bool(p.get("hub_only")) or strict,
+                                    "allow_task_code": code}): i
                  for i, p in enumerate(payloads)}
         results: list[dict[str, Any] | None] = [None] * len(payloads)
         pending = list(index)

@@ -149,7 +149,8 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     :class:`~hubsoup.errors.HubsoupError`), ``seconds`` (``merge``, ``build`` (the model from the merged
     tensors), ``eval``, ``total``) and ``host``/``pid``.
     """
-    with scope(hub_only=bool(payload.get("hub_only"))):  # a scope only ever gets stricter: a no-op where it was
+    # a scope only ever gets stricter: a no-op where it was; task code only where the driver's operator allowed it
+    with scope(hub_only=bool(payload.get("hub_only")), allow_task_code=bool(payload.get("allow_task_code"))):
         return _run_trial(payload)
 
 
