@@ -348,6 +348,8 @@ ALLOWED = {
         "a classifier head file relative to the pipeline file; refused in hub_only before this line",
     ("hubsoup/workflows/pipeline/run.py", "_run_pipeline", "os.makedirs(os.path.dirname(work), exist_ok=True)"):
         "the same work_dir",
+    ("hubsoup/workflows/pipeline/run.py", "_merge_streamed", "os.makedirs(target.work_dir, exist_ok=True)"):
+        "'merges' under the same work_dir: where a streamed push keeps the shards on their way (a fixed name)",
     ("hubsoup/eval/lmeval.py", "check_task_folder", "os.path.join(dirpath, inc)"):
         "an include of a fetched task repo, refused unless relative without '..' and then checked (realpath) to lie "
         "inside the repo's folder",
