@@ -24,7 +24,7 @@ def tiny(tmp_path_factory):
     base, fts, data = tiny_lm_zoo(tmp_path_factory.mktemp("evolve_ray"))
     return {"base": base, "models": fts, "method": "ties",
             "space": {"density": [0.1, 0.9], "weight": {"range": [0.0, 1.0], "per": "input", "layer_groups": 2}},
-            "optimizer": "cmaes", "trials": 4, "population": 2, "seed": 0,
+            "optimizer": "cmaes", "trials": 6, "population": 4, "seed": 0,
             "eval": {"tasks": [f"perplexity:{data}"]}}
 
 
@@ -42,7 +42,7 @@ def test_ray_gives_the_local_study_even_when_a_worker_node_dies(ray_cluster, tin
         from hubsoup.workflows.executors import _ray_trial
 
         open(os.path.join(str(marks), f"{payload['number']}-{os.getpid()}"), "w").close()
-        if payload["number"] >= 2:
+        if payload["number"] >= 4:
             time.sleep(4)
         return _ray_trial(payload)  # what a task runs by default
 
@@ -57,7 +57,7 @@ def test_ray_gives_the_local_study_even_when_a_worker_node_dies(ray_cluster, tin
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
     deadline = time.time() + 300  # once a trial of generation 1 is running: kill its node, start another
-    while time.time() < deadline and not any(n.startswith("2-") for n in os.listdir(marks)):
+    while time.time() < deadline and not any(n.startswith("4-") for n in os.listdir(marks)):
         time.sleep(0.1)
     [node] = list(cluster.worker_nodes)
     cluster.remove_node(node, allow_graceful=False)
@@ -66,9 +66,9 @@ def test_ray_gives_the_local_study_even_when_a_worker_node_dies(ray_cluster, tin
     assert "error" not in done, done.get("error")
     res = done["res"]
     attempts = sorted(os.listdir(marks))
-    tries_of_2 = [a for a in attempts if a.startswith("2-")]
-    assert len(tries_of_2) == 2 and len({a.split("-")[1] for a in tries_of_2}) == 2  # retried, in another process
-    assert [s["number"] for s in res.seconds] == [0, 1, 2, 3]  # each trial told once
+    tries_of_4 = [a for a in attempts if a.startswith("4-")]
+    assert len(tries_of_4) == 2 and len({a.split("-")[1] for a in tries_of_4}) == 2  # retried, in another process
+    assert [s["number"] for s in res.seconds] == [0, 1, 2, 3, 4, 5]  # each trial told once
     with open(os.path.join(local, SEARCH_FILE), "rb") as a, open(os.path.join(far, SEARCH_FILE), "rb") as b:
         assert a.read() == b.read()  # the same study, bit for bit, as the local executor's
     with open(os.path.join(local, "model.safetensors"), "rb") as a, \

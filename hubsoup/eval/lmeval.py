@@ -216,21 +216,95 @@ def _metric_name(key: str) -> str:
     return metric if filt in ("", "none") else key
 
 
+class Runner:
+    """lm-eval's tasks of ``task`` built once (lm-eval's ``TaskManager.load``, with the overrides ``simple_evaluate``
+    applies), then run on any number of models: each :meth:`evaluate` is ``lm_eval.evaluator.evaluate`` with
+    ``simple_evaluate``'s seeds set again, so each model gets the numbers ``simple_evaluate`` would give it
+    (``tests/test_lmeval.py`` compares them), without rebuilding the tasks and their datasets, without the run's
+    environment report (a ``pip list`` subprocess) and git probe. The ``HFLM`` wrapper is built once per model
+    instance (a search's candidate model has its weights replaced in place). An lm-eval without
+    ``TaskManager.load`` (before 0.4.10) gets ``simple_evaluate`` each time.
+
+    Example:
+        >>> runner = Runner(TaskSpec.parse("lm-eval:wordppl,task_dir=tasks"), tok, limit=None, batch_size=1,
+        ...                 device="cpu")                                            # doctest: +SKIP
+        >>> runner.evaluate(model)[0].metrics["word_perplexity"]                     # doctest: +SKIP
+        323.8477304254
+    """
+
+    def __init__(self, task, tokenizer, *, limit: int | None, batch_size: int, device: str):
+        _import()
+        self.task, self.tokenizer, self.device = task, tokenizer, device
+        self.limit = limit if limit is not None else task.limit
+        self.batch_size = task.extra.get("batch_size", batch_size)
+        self._lm: Any = None
+        self._model: Any = None
+        self._loaded: Any = None
+        manager = task_manager(task)
+        if hasattr(manager, "load"):
+            from lm_eval.defaults import DEFAULT_OTHER_SEED  # lazy: optional extra (lm_eval)
+
+            ex = task.extra
+            self._loaded = manager.load(task_names(task))
+            gen_kwargs = ex.get("gen_kwargs") or None
+            for obj in self._loaded["tasks"].values():  # simple_evaluate's overrides, applied once
+                if gen_kwargs is not None and obj.get_config("output_type") == "generate_until":
+                    obj.set_config(key="generation_kwargs", value=gen_kwargs, update=True)
+                num_fewshot = ex.get("num_fewshot")
+                if num_fewshot is not None:
+                    if obj.get_config("num_fewshot") != 0:
+                        obj.set_config(key="num_fewshot", value=num_fewshot)
+                elif obj.get_config("num_fewshot") is None:
+                    obj.set_config(key="num_fewshot", value=0)
+            self._fewshot_seed = DEFAULT_OTHER_SEED
+
+    def _wrapper(self, model):
+        if self._model is not model:
+            from lm_eval.models.huggingface import HFLM  # lazy: optional extra (lm_eval)
+
+            self._lm = HFLM(pretrained=model, tokenizer=self.tokenizer, batch_size=self.batch_size,
+                            device=self.device, **self.task.extra.get("model_args", {}))
+            self._model = model
+        return self._lm
+
+    def evaluate(self, model) -> list:
+        """The lm-eval tasks on ``model`` (a causal LM instance): one :class:`~hubsoup.eval.TaskResult` per task."""
+        import lm_eval  # lazy: optional extra (lm_eval)
+
+        ex, lm = self.task.extra, self._wrapper(model)
+        if self._loaded is None:  # an older lm-eval: its tasks built on every call
+            out = lm_eval.simple_evaluate(
+                model=lm, tasks=task_names(self.task), num_fewshot=ex.get("num_fewshot"), limit=self.limit,
+                task_manager=task_manager(self.task), apply_chat_template=ex.get("apply_chat_template", False),
+                gen_kwargs=ex.get("gen_kwargs") or None, log_samples=False, bootstrap_iters=0, verbosity="ERROR")
+            return _results(out, self.task)
+        import random
+
+        import numpy as np
+        from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED  # lazy: optional extra (lm_eval)
+        from lm_eval.evaluator import evaluate  # lazy: optional extra (lm_eval)
+        from lm_eval.utils import set_torch_seed  # lazy: optional extra (lm_eval)
+
+        random.seed(DEFAULT_RANDOM_SEED)  # what simple_evaluate sets before each run
+        np.random.seed(DEFAULT_OTHER_SEED)
+        set_torch_seed(DEFAULT_OTHER_SEED)
+        for obj in self._loaded["tasks"].values():
+            obj.set_fewshot_seed(seed=self._fewshot_seed)
+        chat = ex.get("apply_chat_template", False)
+        out = evaluate(lm=lm, task_dict=self._loaded, limit=self.limit, bootstrap_iters=0, log_samples=False,
+                       apply_chat_template=chat, fewshot_as_multiturn=True)
+        return _results(out, self.task)
+
+
 def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, device: str) -> list:
     """Run the lm-eval tasks of ``task`` on ``model`` (a causal LM instance) with ``tokenizer``; one
-    :class:`~hubsoup.eval.TaskResult` per lm-eval task."""
-    _import()
-    import lm_eval  # lazy: optional extra (lm_eval)
-    from lm_eval.models.huggingface import HFLM  # lazy: optional extra (lm_eval)
+    :class:`~hubsoup.eval.TaskResult` per lm-eval task (a :class:`Runner` used once)."""
+    return Runner(task, tokenizer, limit=limit, batch_size=batch_size, device=device).evaluate(model)
 
+
+def _results(out: dict, task) -> list:
+    """One :class:`~hubsoup.eval.TaskResult` per lm-eval task of ``task`` from lm-eval's output ``out``."""
     ex = task.extra
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=ex.get("batch_size", batch_size), device=device,
-              **ex.get("model_args", {}))
-    out = lm_eval.simple_evaluate(
-        model=lm, tasks=task_names(task), num_fewshot=ex.get("num_fewshot"),
-        limit=limit if limit is not None else task.limit, task_manager=task_manager(task),
-        apply_chat_template=ex.get("apply_chat_template", False), gen_kwargs=ex.get("gen_kwargs") or None,
-        log_samples=False, bootstrap_iters=0, verbosity="ERROR")
     results = []
     for name in task_names(task):
         row = out["results"].get(name)

@@ -39,10 +39,18 @@ class MemorySink:
         return self.out_dtype or entry.dtype
 
     def put(self, work: TensorWork, outcome: Outcome) -> None:
+        out = self.output(work, outcome)
+        for name in (work.entry.name, *work.entry.aliases):
+            self.tensors[name] = out
+
+    def output(self, work: TensorWork, outcome: Outcome) -> torch.Tensor:
+        """The tensor a checkpoint would hold for this outcome (the output dtype, on the CPU, checked)."""
         work.settle()  # on a device: a NaN input is named before the output's own check
         entry = work.entry
         if isinstance(outcome, Copy):
-            out = work.raw_base().clone()  # the base's file is unmapped after the block
+            out = work.raw_base()
+            if self.copies:
+                out = out.clone()  # the base's file is unmapped after the block
         elif isinstance(outcome, Weights):
             out = outcome.theta
         else:
@@ -55,10 +63,12 @@ class MemorySink:
             out = merged.to(self.out_dtype or entry.dtype)
             check_output_tensor(entry.name, out, merged)
         out = out.detach().to("cpu")
-        if isinstance(outcome, Unchanged):
+        if isinstance(outcome, Unchanged) and self.copies:
             out = out.clone()  # the base's tensor may be a view of its file, which is unmapped after the block
-        for name in (entry.name, *entry.aliases):
-            self.tensors[name] = out
+        return out
+
+    copies = True
+    """Whether :meth:`output` must own what it returns (a sink that copies it elsewhere at once need not)."""
 
     def close(self) -> None:
         return None
@@ -92,6 +102,37 @@ class MemorySink:
         model.load_state_dict({k: v for k, v in self.tensors.items() if k in state}, strict=False, assign=True)
         model.tie_weights()
         return model.eval()
+
+
+class ModelSink(MemorySink):
+    """A search's next candidate written into the model an earlier :class:`MemorySink` built (:meth:`MemorySink.model`):
+    each tensor cast as a checkpoint would be and copied into the model's own tensor in place, so a process keeps
+    one model for all its trials and scores each exactly as the written merge would score.
+
+    Example:
+        >>> model = first.model(base_folder)                                 # doctest: +SKIP
+        >>> engine.run(job, ModelSink(plan, model, dtype=None))              # doctest: +SKIP
+    """
+
+    copies = False  # each output is copied into the model at once
+
+    def __init__(self, plan: Plan, model: torch.nn.Module, *, dtype: str | None = None):
+        super().__init__(plan, dtype=dtype)
+        self.targets = model.state_dict()  # the model's tensors themselves (state_dict shares their storage)
+
+    def put(self, work: TensorWork, outcome: Outcome) -> None:
+        out = self.output(work, outcome)
+        done: set[int] = set()
+        for name in (work.entry.name, *work.entry.aliases):
+            target = self.targets.get(name)
+            if target is None:
+                raise HubsoupError(f"the merged model (in memory) has no tensor '{name}' to receive the merge")
+            if target.dtype != out.dtype or target.shape != out.shape:
+                raise HubsoupError(f"the merged model (in memory) holds '{name}' as {target.dtype} "
+                                   f"{list(target.shape)}, the merge gives {out.dtype} {list(out.shape)}")
+            if target.data_ptr() not in done:  # tied names share one tensor
+                done.add(target.data_ptr())
+                target.copy_(out)
 
 
 def _no_init_weights():

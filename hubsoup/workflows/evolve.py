@@ -57,10 +57,12 @@ from hubsoup.hub import check_repo_id
 from hubsoup.methods import get_method
 from hubsoup.options import MergeOptions
 from hubsoup.output.folder import OutputLock
+from hubsoup.output.folder import _umask as umask  # the mode every other output file gets
 from hubsoup.progress import Monitor
 from hubsoup.recipe import public_value
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 from hubsoup.workflows.executors import make_executor
+from hubsoup.workflows.proposals import MIN_POPULATION, trial_sampler
 from hubsoup.workflows.study_lease import StudyLease
 from hubsoup.workflows.trial import pin_inputs
 
@@ -251,6 +253,11 @@ class EvolveConfig:
             raise ParameterError(f"{where}: 'seed' must be a non-negative integer, got {self.seed!r}")
         if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1):
             raise ParameterError(f"{where}: 'eval.limit' must be a positive integer, got {self.limit!r}")
+        if (self.optimizer == "cmaes" and self.population < MIN_POPULATION
+                and any(d.kind != "choice" for d in self.space.values())):
+            # cmaes' weights divide by zero below this (and a smaller population hardly estimates a covariance)
+            raise ParameterError(f"{where}: CMA-ES needs a population of at least {MIN_POPULATION}, got "
+                                 f"{self.population}; raise 'population' or use optimizer tpe or random")
         clash = sorted(set(self.space) & set(self.params))
         if clash:
             raise ParameterError(f"{where}: '{clash[0]}' is both searched (space) and fixed (params)")
@@ -302,19 +309,11 @@ def param_names(cfg: EvolveConfig) -> dict[str, str]:
     return out
 
 
-def make_sampler(cfg: EvolveConfig, number: int):
+def make_sampler(cfg: EvolveConfig, number: int, study: Any = None):
     """The sampler that proposes trial ``number``, seeded from ``(seed, number)``: what it proposes depends only
-    on the seed, the number and the finished trials, never on this process' history (resumption, executors)."""
-    import optuna  # lazy: optional extra (optuna)
-
-    seed = int(np.random.SeedSequence([cfg.seed, number]).generate_state(1)[0] % (2**31 - 1))
-    if cfg.optimizer == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if cfg.optimizer == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.population, multivariate=True)
-    # the CMA-ES generation is the population; no random start-up: the first generation is CMA-ES's own
-    return optuna.samplers.CmaEsSampler(seed=seed, popsize=cfg.population, n_startup_trials=0,
-                                        warn_independent_sampling=False)
+    on the seed, the number and the finished trials, never on this process' history (resumption, executors).
+    ``cmaes`` proposes from the study's finished trials (:mod:`hubsoup.workflows.proposals`): pass ``study``."""
+    return trial_sampler(cfg.optimizer, cfg.distributions(), cfg.population, cfg.seed, number, study)
 
 
 @dataclass
@@ -356,7 +355,7 @@ def _check_dir(out: str) -> None:
 
 def _pin_inputs(cfg: EvolveConfig, opts, point: dict[str, Any]) -> tuple[list[str], str | None, int]:
     """The inputs and base pinned once on the driver, and the memory a trial needs (:func:`trial.pin_inputs`)."""
-    inputs, base, memory, _, _ = pin_inputs(cfg.models, cfg.base, cfg.method, point, opts, cfg.dtype)
+    inputs, base, memory, _, _ = pin_inputs(cfg.models, cfg.base, cfg.method, point, opts, cfg.dtype, keep=True)
     return inputs, base, memory
 
 
@@ -374,6 +373,21 @@ def _public_url(url: str) -> str:
     """A storage URL as messages show it: no user or password (``postgresql://u:p@db/x`` -> ``postgresql://db/x``)."""
     scheme, sep, rest = url.partition("://")
     return scheme + sep + rest.rpartition("@")[2] if sep else url.rpartition("@")[2]
+
+
+def _tell(study, trial, r: dict[str, Any]) -> None:
+    """Record trial ``r``'s result (metrics, timings, a failure's reason) and tell the study."""
+    import optuna  # lazy: optional extra (optuna)
+
+    sid = trial._trial_id
+    if r.get("metrics"):
+        study._storage.set_trial_user_attr(sid, "metrics", r["metrics"])
+    study._storage.set_trial_user_attr(sid, "seconds", r.get("seconds") or {})
+    if r["state"] == "complete":
+        study.tell(trial.number, float(r["score"]))
+    else:
+        study._storage.set_trial_user_attr(sid, "reason", r.get("reason") or "unknown")
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
 
 
 def _trial_row(t, n_inputs: int, names: dict[str, str], cfg: EvolveConfig) -> dict[str, Any]:
@@ -466,7 +480,8 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         exe = make_executor(executor, cfg)
         payload_base = {"inputs": inputs, "base": base, "method": cfg.method, "tasks": cfg.tasks,
                         "metric": cfg.metric, "limit": cfg.limit, "batch_size": cfg.batch_size,
-                        "options": {"device": cfg.device, "dtype": cfg.dtype}, "threads": cfg.cpus}
+                        "options": {"device": cfg.device, "dtype": cfg.dtype}, "threads": cfg.cpus,
+                        "keep": True}  # each process keeps the inputs, one candidate model and the evaluator
         seconds: list[dict[str, Any]] = []
         resumed = 0
         t_study = time.perf_counter()
@@ -483,8 +498,8 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
                     break
                 gen = len(trials) // cfg.population
             end = min((gen + 1) * cfg.population, cfg.trials)
-            while len(study.get_trials(deepcopy=False)) < end:
-                study.sampler = make_sampler(cfg, len(study.get_trials(deepcopy=False)))
+            while (n := len(study.get_trials(deepcopy=False))) < end:
+                study.sampler = make_sampler(cfg, n, study)
                 study.ask(dists)
             batch = sorted((t for t in study.get_trials(deepcopy=False) if not t.state.is_finished()),
                            key=lambda t: t.number)
@@ -496,9 +511,16 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
             total = cfg.trials
             if not quiet:
                 print(f"generation {gen}: trials {batch[0].number}-{batch[-1].number} of {total}")
+            finished = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+            pending = {t.number: t for t in batch}
 
             def on_result(r: dict[str, Any]) -> None:
-                done = len([t for t in trials if t.state.is_finished()]) + 1
+                # told as it arrives: a run killed later keeps it (a resumed run evaluates only what never finished)
+                t = pending.pop(r["number"], None)
+                if t is None:
+                    return
+                _tell(study, t, r)
+                done = finished + len(batch) - len(pending)
                 msg = (f"trial {r['number']}: " + (f"score {r['score']:.6g}" if r["state"] == "complete"
                                                       else f"failed ({r.get('reason', '')[:120]})"))
                 if monitor.reporting:
@@ -507,17 +529,9 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
                     print("  " + msg)
 
             results = exe.run(payloads, on_result=on_result, monitor=monitor)
-            rows = []
-            for t, r in zip(batch, results):  # told in trial order, whatever order they finished in
-                sid = t._trial_id
-                if r.get("metrics"):
-                    study._storage.set_trial_user_attr(sid, "metrics", r["metrics"])
-                study._storage.set_trial_user_attr(sid, "seconds", r.get("seconds") or {})
-                if r["state"] == "complete":
-                    study.tell(t.number, float(r["score"]))
-                else:
-                    study._storage.set_trial_user_attr(sid, "reason", r.get("reason") or "unknown")
-                    study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            for t, r in zip(batch, results):  # an executor that did not report a result as it arrived
+                if t.number in pending:
+                    on_result(r)
                 seconds.append({"number": t.number, **(r.get("seconds") or {}), "wall": r.get("wall")})
             all_trials = study.get_trials(deepcopy=False)
             table = [_trial_row(t, len(inputs), names, cfg) for t in all_trials if t.state.is_finished()]
@@ -530,6 +544,8 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
             reasons = [r.get("reason") for r in table if r.get("reason")]
             raise EvolveError(f"every trial of the study failed; the first: {reasons[0] if reasons else 'unknown'}")
         best = max(done, key=lambda r: (r["score"], -r["number"]))  # a tie: the earlier trial
+        exe.close()  # what the trials kept (inputs, a model) is freed before the best model is written
+        exe = None
         t_write = time.perf_counter()
         study_seconds = t_write - t_study
         summary = _write_table(out, cfg, names, table)
@@ -586,6 +602,7 @@ def _write_table(out: str, cfg: EvolveConfig, names: dict[str, str], table: list
     fd, tmp = tempfile.mkstemp(prefix=f".{SEARCH_FILE}.", dir=out)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, default=str)
+    os.chmod(tmp, 0o666 & ~umask())  # mkstemp's 0600 would make it the only private file of the folder
     os.replace(tmp, os.path.join(out, SEARCH_FILE))
     return data
 

@@ -32,7 +32,7 @@ from hubsoup.engine import shared
 from hubsoup.engine.shared import shared_statistics
 from hubsoup.errors import ParameterError
 from hubsoup.sources.access import hub_only
-from hubsoup.workflows.trial import run_trial
+from hubsoup.workflows.trial import TrialSessions, run_trial
 
 
 class LocalExecutor:
@@ -45,6 +45,7 @@ class LocalExecutor:
         self._scratch = tempfile.mkdtemp(prefix=".hubsoup-evolve-", dir=scratch)
         self._block = shared_statistics(scratch=self._scratch)
         self._block.__enter__()
+        self._sessions = TrialSessions()  # inputs, candidate model and evaluator kept from one trial to the next
 
     def run(self, payloads: Sequence[dict[str, Any]], *, on_result: Callable[[dict[str, Any]], None] | None = None,
             monitor: Any = None) -> list[dict[str, Any]]:
@@ -56,7 +57,8 @@ class LocalExecutor:
                     monitor.check("between trials (the study is saved; run again to resume)")
                 t0 = time.perf_counter()
                 r = run_trial({**p, "scratch": self._scratch,
-                               "cancel": monitor.cancelled if monitor is not None and monitor.active else None})
+                               "cancel": monitor.cancelled if monitor is not None and monitor.active else None},
+                              self._sessions)
                 r["wall"] = round(time.perf_counter() - t0, 4)
                 out.append(r)
                 if on_result is not None:
@@ -66,6 +68,7 @@ class LocalExecutor:
         return out
 
     def close(self) -> None:
+        self._sessions.close()
         try:
             self._block.__exit__(None, None, None)
         finally:
@@ -74,7 +77,12 @@ class LocalExecutor:
 
 def _ray_trial(payload: dict[str, Any]) -> dict[str, Any]:
     _worker_shared_statistics()
-    return run_trial(payload)
+    return run_trial(payload, _WORKER_SESSIONS)
+
+
+_WORKER_SESSIONS = TrialSessions()
+"""A Ray worker process' session (inputs, candidate model, evaluator), kept between the trials it runs: Ray runs a
+search's tasks in a pool of worker processes, each one session (one model) for its life."""
 
 
 def _worker_shared_statistics() -> None:
