@@ -266,6 +266,40 @@ def test_progress_per_trial_and_cancel(tiny, tmp_path):
     assert len(steps) == 6 and steps == sorted(set(steps))  # a distinct fraction per trial
 
 
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_study_and_says_how_to_resume(tiny, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "evolve.yml"
+    cfg.write_text(yaml.safe_dump(config(tiny, trials=8)))
+    out = str(tmp_path / "out")
+    cmd = [sys.executable, "-m", "hubsoup", "evolve", str(cfg), "--out", out]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                          os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in proc.stdout:  # once a trial is told
+            if line.strip().startswith("trial 0:"):
+                proc.send_signal(signal.SIGINT)
+                break
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"interrupted; the study in {out} is kept") and "no output was left behind" not in err
+    assert f"run the same command again to resume: hubsoup evolve {cfg} --out {out}" in last
+    done = [t for t in optuna.load_study(study_name="hubsoup-evolve", storage=f"sqlite:///{out}/hubsoup_study.db")
+            .trials if t.state.name == "COMPLETE"]
+    assert done  # trial 0 at least: kept
+    res = evolve(str(cfg), out, quiet=True)  # resumed: what finished is not run again
+    assert len(table(out)["trials"]) == 8 and len(res.seconds) == 8 - len(done)
+
+
 def test_example_config_parses():
     here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "evolve.yml")
     cfg = EvolveConfig.load(here)
