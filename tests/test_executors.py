@@ -102,6 +102,62 @@ def test_a_trial_keeps_the_drivers_hub_only_rule_in_a_worker_process(tiny):
     assert r["state"] == "fail" and "only Hub repo IDs" in r["reason"], r["reason"]
 
 
+def test_a_session_scores_each_trial_as_a_fresh_process_from_inputs_kept_in_memory(tiny, tmp_path):
+    """A process' session (inputs opened once and kept in memory, one model whose weights each merge replaces, one
+    evaluator) gives every trial exactly what a trial that opens and builds everything itself gives; once the first
+    trial has read the weights, the files are not read again (they are moved away here)."""
+    import shutil
+
+    from hubsoup.workflows.trial import TrialSessions, run_trial
+
+    base, fts, data = tiny
+    payloads = [{"number": i, "inputs": fts, "base": base, "method": "ties", "params": params,
+                 "tasks": [f"perplexity:{data}", f"perplexity:{data}"], "keep": True, "batch_size": 4}
+                for i, params in enumerate([{"density": 0.3}, {"density": 0.8, "merge": "sum"},
+                                            {"density": 0.5, "weights": [[0.2, 0.9], [0.7, 0.1]]},
+                                            {"density": 0.3}])]
+    fresh = [run_trial(p) for p in payloads]
+    sessions = TrialSessions()
+    kept = [run_trial(payloads[0], sessions)]
+    away = tmp_path / "away"
+    moved = []
+    for folder in (base, *fts):  # the weights only: the tokenizer and config stay
+        for name in os.listdir(folder):
+            if name.endswith(".safetensors"):
+                (away / os.path.basename(folder)).mkdir(parents=True, exist_ok=True)
+                moved.append((os.path.join(folder, name), str(away / os.path.basename(folder) / name)))
+                shutil.move(*moved[-1])
+    try:
+        kept += [run_trial(p, sessions) for p in payloads[1:]]
+    finally:
+        for src, dst in moved:
+            shutil.move(dst, src)
+        sessions.close()
+    for a, b in zip(fresh, kept):
+        assert b["state"] == "complete", b.get("reason")
+        assert (a["score"], a["metrics"]) == (b["score"], b["metrics"])
+    assert len({r["score"] for r in kept}) == 3  # the points differ (the last repeats the first)
+    assert [r["session"] for r in kept] == [{"new": True, "kept": True, "built": True}] + \
+        [{"new": False, "kept": True, "built": False}] * 3
+    assert all(r["session"]["new"] and r["session"]["built"] for r in fresh)
+
+
+def test_a_session_is_replaced_by_another_searchs_trial(tiny):
+    from hubsoup.workflows.trial import TrialSessions, run_trial
+
+    base, fts, data = tiny
+    p = {"number": 0, "inputs": fts, "base": base, "method": "ties", "params": {"density": 0.5},
+         "tasks": [f"perplexity:{data}"]}
+    sessions = TrialSessions()
+    a = run_trial(p, sessions)
+    b = run_trial({**p, "inputs": fts[:1] * 2}, sessions)  # other inputs: a new session
+    c = run_trial(p, sessions)
+    sessions.close()
+    assert [r["session"]["new"] for r in (a, b, c)] == [True, True, True]
+    assert a["score"] == c["score"] != b["score"]
+    assert not a["session"]["kept"]  # kept in memory only when the payload asks (evolve does)
+
+
 # ---- pipelines ---------------------------------------------------------------------------------------
 
 
