@@ -130,6 +130,19 @@ def test_choice_genes_are_learnt_by_tpe_not_drawn_at_random():
         assert later.count("mean") >= 0.75 * len(later), later
 
 
+def test_a_point_written_at_once_is_the_point_the_sampler_gives():
+    """evolve records a CMA-ES trial in one write (``propose`` + ``Study.add_trial``); ``study.ask`` with the
+    sampler gives the same genes."""
+    space = {"weight": {"range": [0, 1], "per": "input", "layer_groups": 2}, "merge": {"choices": ["sum", "mean"]},
+             "k": {"range": [1, 9], "int": True}}
+    c = cfg(population=4, seed=3, space=space)
+    study = drive(c, lambda p, n: -(p["weight.i0.g0"] - 0.3) ** 2 - (p["merge"] == "sum") - p["k"] / 10, 8)
+    for n in (8, 9):
+        point = proposals.propose(c.distributions(), 4, 3, n, study)
+        study.sampler = make_sampler(c, n, study)
+        assert study.ask(c.distributions()).params == point
+
+
 def test_cma_es_needs_a_population_of_four():
     with pytest.raises(ParameterError, match="CMA-ES needs a population of at least 4, got 2"):
         cfg(population=2)

@@ -62,7 +62,7 @@ from hubsoup.progress import Monitor
 from hubsoup.recipe import public_value
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 from hubsoup.workflows.executors import make_executor
-from hubsoup.workflows.proposals import MIN_POPULATION, trial_sampler
+from hubsoup.workflows.proposals import MIN_POPULATION, propose, trial_sampler
 from hubsoup.workflows.study_lease import StudyLease
 from hubsoup.workflows.trial import pin_inputs
 
@@ -375,14 +375,29 @@ def _public_url(url: str) -> str:
     return scheme + sep + rest.rpartition("@")[2] if sep else url.rpartition("@")[2]
 
 
+def _ask(study, cfg: EvolveConfig, dists: dict[str, Any], names: dict[str, str], number: int) -> None:
+    """Add trial ``number`` to the study: CMA-ES's point written at once (one transaction, with the method parameters
+    it means), the other samplers' through ``study.ask`` (one write per gene)."""
+    import optuna  # lazy: optional extra (optuna)
+
+    if cfg.optimizer != "cmaes":
+        study.sampler = make_sampler(cfg, number, study)
+        study.ask(dists)
+        return
+    point = propose(dists, cfg.population, cfg.seed, number, study)
+    params = json.loads(json.dumps(cfg.method_params(point, names)))
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, params=point,
+                                              distributions=dists, user_attrs={"params": params}))
+
+
 def _tell(study, trial, r: dict[str, Any]) -> None:
-    """Record trial ``r``'s result (metrics, timings, a failure's reason) and tell the study."""
+    """Record trial ``r``'s result (metrics, a failure's reason) and tell the study (its timings are this run's:
+    in :attr:`EvolveResult.seconds`, not in the study)."""
     import optuna  # lazy: optional extra (optuna)
 
     sid = trial._trial_id
     if r.get("metrics"):
         study._storage.set_trial_user_attr(sid, "metrics", r["metrics"])
-    study._storage.set_trial_user_attr(sid, "seconds", r.get("seconds") or {})
     if r["state"] == "complete":
         study.tell(trial.number, float(r["score"]))
     else:
@@ -499,15 +514,15 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
                 gen = len(trials) // cfg.population
             end = min((gen + 1) * cfg.population, cfg.trials)
             while (n := len(study.get_trials(deepcopy=False))) < end:
-                study.sampler = make_sampler(cfg, n, study)
-                study.ask(dists)
+                _ask(study, cfg, dists, names, n)
             batch = sorted((t for t in study.get_trials(deepcopy=False) if not t.state.is_finished()),
                            key=lambda t: t.number)
             payloads = []
             for t in batch:
                 params = cfg.method_params(_gene_point(t), names)
                 payloads.append({**payload_base, "number": t.number, "params": params})
-                study._storage.set_trial_user_attr(t._trial_id, "params", json.loads(json.dumps(params)))
+                if "params" not in t.user_attrs:
+                    study._storage.set_trial_user_attr(t._trial_id, "params", json.loads(json.dumps(params)))
             total = cfg.trials
             if not quiet:
                 print(f"generation {gen}: trials {batch[0].number}-{batch[-1].number} of {total}")

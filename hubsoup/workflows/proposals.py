@@ -191,14 +191,50 @@ def trial_sampler(optimizer: str, dists: dict[str, Any], population: int, seed: 
         raise ValueError(f"unknown optimizer {optimizer!r}")
     if study is None:
         raise ValueError("CMA-ES proposes from the study's finished trials: pass the study")
-    choices = optuna.samplers.TPESampler(seed=s, n_startup_trials=population)  # the choice genes, each on its own
+    return _sampler_class()(_cma_genes(dists, population, seed, number, study), _choice_sampler(population, s))
+
+
+def _choice_sampler(population: int, seed: int) -> Any:
+    import optuna  # lazy: optional extra (optuna)
+
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=population)  # each choice on its own
+
+
+def _cma_genes(dists: dict[str, Any], population: int, seed: int, number: int, study: Any) -> dict[str, Any]:
     genes = _numeric(dists)
-    fixed: dict[str, Any] = {}
-    if genes:
-        gen, k = divmod(number, population)
-        x = cma_points(dists, population, seed, study.get_trials(deepcopy=False), gen)[k]
-        fixed = {g: decode(dists[g], u) for g, u in zip(genes, x)}
-    return _sampler_class()(fixed, choices)
+    if not genes:
+        return {}
+    gen, k = divmod(number, population)
+    x = cma_points(dists, population, seed, study.get_trials(deepcopy=False), gen)[k]
+    return {g: decode(dists[g], u) for g, u in zip(genes, x)}
 
 
-__all__ = ["trial_sampler", "cma_points", "decode", "MIN_POPULATION", "SIGMA0"]
+def propose(dists: dict[str, Any], population: int, seed: int, number: int, study: Any) -> dict[str, Any]:
+    """Trial ``number``'s genes under CMA-ES (what :func:`trial_sampler` makes ``study.ask`` give), computed without
+    asking: the caller records the trial at once (``Study.add_trial``: one write instead of one per gene).
+
+    >>> params = propose(dists, 8, 0, 12, study)                                     # doctest: +SKIP
+    >>> study.add_trial(optuna.trial.create_trial(state=TrialState.RUNNING, params=params,
+    ...                                           distributions=dists))               # doctest: +SKIP
+    """
+    import datetime
+
+    import optuna  # lazy: optional extra (optuna)
+
+    fixed = _cma_genes(dists, population, seed, number, study)
+    others = [g for g in dists if g not in fixed]
+    if not others:
+        return fixed
+    choices = _choice_sampler(population, _seed(seed, number))
+    stand_in = optuna.trial.FrozenTrial(  # the trial to be: TPE reads its number (finished trials are the data)
+        number=number, state=optuna.trial.TrialState.RUNNING, value=None, values=None,
+        datetime_start=datetime.datetime.now(), datetime_complete=None, params={}, distributions={},
+        user_attrs={}, system_attrs={}, intermediate_values={}, trial_id=-1)
+    out = dict(fixed)
+    for g in dists:  # in the order study.ask samples them
+        if g not in fixed:
+            out[g] = choices.sample_independent(study, stand_in, g, dists[g])
+    return {g: out[g] for g in dists}
+
+
+__all__ = ["trial_sampler", "propose", "cma_points", "decode", "MIN_POPULATION", "SIGMA0"]
