@@ -53,7 +53,9 @@ PATCHES = os.path.join(WORK, "mergekit-evolve-patches")
 MERGEKIT_SPEC = "mergekit[evolve]==0.1.5"
 SIZE = dict(vocab_size=12000, hidden_size=512, intermediate_size=1392, num_hidden_layers=8, num_attention_heads=8,
             num_key_value_heads=8, tie_word_embeddings=False, max_position_embeddings=512)
-DOCS, WORDS = 24, 96
+EVALS = {"standard": (24, 96), "light": (8, 32)}
+"""The lm-eval task's texts: (how many, words each). Both tools evaluate at batch 1 on one thread: the forward passes
+are the same work for both, so the lighter the evaluation, the more the rest of a trial shows."""
 TRIALS, POPULATION, MAX_FEVALS = 9, 4, 5  # mergekit: generations of 4 while evaluations < 5, then the mean: 4, 4, 1
 
 SITECUSTOMIZE = '''"""mergekit-evolve 0.1.5 on a CPU-only machine: workarounds applied as the modules they patch are imported
@@ -250,13 +252,18 @@ def build(root: str) -> dict:
     model.save_pretrained(base)
     save_tiny_tokenizer(base, vocab=SIZE["vocab_size"])
     fts = [make_finetune(base, os.path.join(root, f"ft{i}"), seed=i, scale=0.01) for i in (1, 2)]
-    tasks = os.path.join(root, "tasks")
+    return {"base": base, "fts": fts, "params_m": round(params / 1e6, 2),
+            "tasks": {name: write_task(os.path.join(root, f"tasks-{name}"), *size) for name, size in EVALS.items()}}
+
+
+def write_task(tasks: str, docs: int, words: int) -> str:
+    """The custom lm-eval task ``wordppl`` (rolling log-likelihood: word perplexity) in folder ``tasks``."""
     os.makedirs(tasks)
     data = os.path.join(tasks, "val.jsonl")
     with open(data, "w") as f:
-        for i in range(DOCS):
+        for i in range(docs):
             f.write(json.dumps({"text": " ".join(f"w{(i * 37 + j * 11 + (j * j) % 7) % 11000}"
-                                                 for j in range(WORDS))}) + "\n")
+                                                 for j in range(words))}) + "\n")
     with open(os.path.join(tasks, "wordppl.yaml"), "w") as f:
         f.write(f"""task: wordppl
 dataset_path: json
@@ -280,7 +287,7 @@ metric_list:
 metadata:
   version: 1.0
 """)
-    return {"base": base, "fts": fts, "tasks": tasks, "params_m": round(params / 1e6, 2)}
+    return tasks
 
 
 def ensure_venv() -> str:
@@ -365,7 +372,7 @@ def run(cmd: list[str], environ: dict, out_log: str, timeout: float) -> tuple[fl
     return t0, time.time() - t0, rc, peak, one
 
 
-def fixed_merge(models: dict, py_mk: str | None, mk_cfg: str, spec: str) -> dict:
+def fixed_merge(models: dict, py_mk: str | None, mk_cfg: str, spec: str, tasks: str) -> dict:
     """Both tools score one fixed merge, mergekit's merge of the point where every weight is 0.5 (mergekit-evolve's
     start): mergekit's in-memory evaluator, and hubsoup's evaluation of that merge as mergekit writes it to disk;
     the word perplexities must be equal. (hubsoup's own merge of the point computes in float32 and rounds once,
@@ -377,7 +384,7 @@ def fixed_merge(models: dict, py_mk: str | None, mk_cfg: str, spec: str) -> dict
     if py_mk:
         storage = os.path.join(WORK, "evolve-bench", "mk-fixed")
         shutil.rmtree(storage, ignore_errors=True)
-        r = subprocess.run([py_mk, "-W", "ignore", "-c", MERGEKIT_FIXED, mk_cfg, models["tasks"], storage,
+        r = subprocess.run([py_mk, "-W", "ignore", "-c", MERGEKIT_FIXED, mk_cfg, tasks, storage,
                             json.dumps(weights)], capture_output=True, text=True, env=env(mergekit=True), cwd=WORK)
         line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
@@ -399,16 +406,21 @@ def fixed_merge(models: dict, py_mk: str | None, mk_cfg: str, spec: str) -> dict
 
 
 def summarize(t0: float, starts: list[float], ends: list[float], merges: list[float], evals: list[float]) -> dict:
+    """``starts``/``ends``/``merges``/``evals`` in trial order (the first trial first)."""
     n = len(ends)
     span = max(ends) - min(starts)
-    return {"trials": n, "startup_s": round(min(starts) - t0, 2), "search_s": round(span, 2),
-            "trials_per_hour": round(3600 * n / span, 1), "merge_s": round(statistics.mean(merges), 3),
-            "eval_s": round(statistics.mean(evals), 3),
-            "trial_s": round(statistics.mean(e - s for s, e in zip(starts, ends)), 3)}
+    later = sorted(ends)
+    return {"trials": n, "startup_s": round(min(starts) - t0, 2), "first_result_s": round(later[0] - t0, 2),
+            "search_s": round(span, 2), "trials_per_hour": round(3600 * n / span, 1),
+            # after the first trial (which builds what the others reuse): n - 1 trials from its end to the last end
+            "steady_trials_per_hour": round(3600 * (n - 1) / (later[-1] - later[0]), 1),
+            "first_trial_s": round(ends[0] - starts[0], 3), "first_merge_s": round(merges[0], 3),
+            "merge_s": round(statistics.mean(merges[1:]), 3), "eval_s": round(statistics.mean(evals[1:]), 3),
+            "trial_s": round(statistics.mean(e - s for s, e in list(zip(starts, ends))[1:]), 3)}
 
 
-def run_hubsoup(models: dict, spec: str, i: int) -> dict:
-    folder = os.path.join(WORK, "evolve-bench", f"hubsoup-{i}")
+def run_hubsoup(models: dict, spec: str, i: int, label: str) -> dict:
+    folder = os.path.join(WORK, "evolve-bench", f"hubsoup-{label}-{i}")
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     cfg = {"base": models["base"], "models": models["fts"], "method": "task_arithmetic", "params": {"scale": 1.0},
@@ -429,24 +441,26 @@ def run_hubsoup(models: dict, spec: str, i: int) -> dict:
     ends = {e["number"]: e for e in ev if e["event"] == "end"}
     secs = {e["number"]: e for e in ev if e["event"] == "seconds"}
     order = sorted(ends)
-    starts = [ends[n]["t"] - secs[n]["total"] for n in order]  # a trial's own time, measured where it ran
+    # a trial's own time, measured where it ran; the session's opening (once: the inputs read into memory, the model
+    # and lm-eval's tasks built, the imports they need) is setup before the first trial, as mergekit's is at startup
+    starts = [ends[n]["t"] - secs[n]["total"] + secs[n].get("open", 0.0) for n in order]
     row = summarize(t0, starts, [ends[n]["t"] for n in order], [secs[n]["merge"] for n in order],
                     [secs[n]["eval"] for n in order])
     row.update(tool="hubsoup", wall_s=round(wall, 2), peak_rss_mb=round(peak / 2**20), peak_single_rss_mb=round(one / 2**20),
                best_score=max(e["score"] for e in ends.values() if e["score"] is not None),
-               scores=[ends[n]["score"] for n in order], first_merge_s=round(secs[order[0]]["merge"], 3))
+               scores=[ends[n]["score"] for n in order], setup_s=round(secs[order[0]].get("open", 0.0), 2))
     return row
 
 
-def run_mergekit(py: str, models: dict, mk_cfg: str, i: int) -> dict:
-    folder = os.path.join(WORK, "evolve-bench", f"mergekit-{i}")
+def run_mergekit(py: str, models: dict, mk_cfg: str, i: int, label: str, tasks: str) -> dict:
+    folder = os.path.join(WORK, "evolve-bench", f"mergekit-{label}-{i}")
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     events = os.path.join(folder, "events.jsonl")
     cmd = [os.path.join(VENV, "bin", "mergekit-evolve"), mk_cfg, "--storage-path", os.path.join(folder, "storage"),
            "--in-memory", "--no-merge-cuda", "--num-gpus", "1", "--max-fevals", str(MAX_FEVALS),
            "--force-population-size", str(POPULATION), "--batch-size", "1", "--random-seed", "0",
-           "--task-search-path", models["tasks"]]
+           "--task-search-path", tasks]
     t0, wall, rc, peak, one = run(cmd, env({"HUBSOUP_BENCH_TIMINGS": events, "RAY_DEDUP_LOGS": "0"}, mergekit=True),
                                   os.path.join(folder, "log.txt"), 1800)
     if rc != 0:
@@ -469,13 +483,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=1, help="runs of each tool, interleaved (default 1)")
     ap.add_argument("--no-mergekit", action="store_true", help="hubsoup alone")
+    ap.add_argument("--evals", default="standard,light", help=f"evaluation sizes, of {', '.join(EVALS)}")
     args = ap.parse_args()
     sys.path.insert(0, ROOT)
     os.makedirs(os.path.join(WORK, "evolve-bench"), exist_ok=True)
     load = [os.getloadavg()[0]]
     log("building the models ...")
     models = build(os.path.join(WORK, "evolve-bench", "models"))
-    spec = f"lm-eval:wordppl,task_dir={models['tasks']},metric=word_perplexity"
     mk_cfg = os.path.join(WORK, "evolve-bench", "mergekit-evolve.yml")
     with open(mk_cfg, "w") as f:
         json.dump({"genome": {"models": models["fts"], "merge_method": "task_arithmetic", "base_model": models["base"],
@@ -483,31 +497,46 @@ def main() -> None:
                    "tasks": [{"name": "wordppl", "metric": "word_perplexity,none", "weight": -1.0}],
                    "apply_chat_template": False, "fewshot_as_multiturn": False}, f)  # JSON is YAML
     py_mk = None if args.no_mergekit else ensure_venv()
+
+    def spec(label: str) -> str:
+        return f"lm-eval:wordppl,task_dir={models['tasks'][label]},metric=word_perplexity"
+
     log("scoring one fixed merge with both tools ...")
-    fixed = fixed_merge(models, py_mk, mk_cfg, spec)
+    fixed = fixed_merge(models, py_mk, mk_cfg, spec("standard"), models["tasks"]["standard"])
     log(f"  {fixed}")
     if py_mk and not fixed["equal"]:
         raise SystemExit("the tools score the same merge differently: not equal work")
     rows = []
-    for i in range(args.rounds):
-        for tool in ("hubsoup", "mergekit") if py_mk else ("hubsoup",):
-            before = os.getloadavg()[0]
-            log(f"round {i + 1}: {tool} ...")
-            row = run_hubsoup(models, spec, i) if tool == "hubsoup" else run_mergekit(py_mk, models, mk_cfg, i)
-            row.update(round=i + 1, load_before=round(before, 2), load_after=round(os.getloadavg()[0], 2))
-            load.append(row["load_after"])
-            log(f"  {row['trials_per_hour']} trials/h, startup {row['startup_s']} s, merge {row['merge_s']} s, "
-                f"eval {row['eval_s']} s, peak {row['peak_rss_mb']} MB, best {row['best_score']:.6g}, "
-                f"load {row['load_before']} -> {row['load_after']}")
-            rows.append(row)
-    hs = [r for r in rows if r["tool"] == "hubsoup"]
-    mk = [r for r in rows if r["tool"] == "mergekit-evolve"]
-    pairs = [round(h["trials_per_hour"] / m["trials_per_hour"], 2) for h, m in zip(hs, mk)]
+    for label in args.evals.split(","):
+        for i in range(args.rounds):
+            for tool in ("hubsoup", "mergekit") if py_mk else ("hubsoup",):
+                before = os.getloadavg()[0]
+                log(f"{label} evaluation, round {i + 1}: {tool} ...")
+                row = run_hubsoup(models, spec(label), i, label) if tool == "hubsoup" else \
+                    run_mergekit(py_mk, models, mk_cfg, i, label, models["tasks"][label])
+                row.update(eval=label, round=i + 1, load_before=round(before, 2),
+                           load_after=round(os.getloadavg()[0], 2))
+                load.append(row["load_after"])
+                log(f"  {row['trials_per_hour']} trials/h ({row['steady_trials_per_hour']} after the first), "
+                    f"startup {row['startup_s']} s, first trial {row['first_trial_s']} s, merge {row['merge_s']} s, "
+                    f"eval {row['eval_s']} s, peak {row['peak_rss_mb']} MB, best {row['best_score']:.6g}, "
+                    f"load {row['load_before']} -> {row['load_after']}")
+                rows.append(row)
+    ratios = {}
+    for label in args.evals.split(","):
+        hs = [r for r in rows if r["tool"] == "hubsoup" and r["eval"] == label]
+        mk = [r for r in rows if r["tool"] == "mergekit-evolve" and r["eval"] == label]
+        ratios[label] = {
+            "trials_per_hour": [round(h["trials_per_hour"] / m["trials_per_hour"], 2) for h, m in zip(hs, mk)],
+            "steady_trials_per_hour": [round(h["steady_trials_per_hour"] / m["steady_trials_per_hour"], 2)
+                                       for h, m in zip(hs, mk)],
+            "time_to_first_result": [round(m["first_result_s"] / h["first_result_s"], 2) for h, m in zip(hs, mk)],
+            "peak_rss": [round(h["peak_rss_mb"] / m["peak_rss_mb"], 2) for h, m in zip(hs, mk)]}
     res = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": "python benchmarks/bench_evolve.py " +
            " ".join(sys.argv[1:]), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
            "load_average_1min": load, "model": {**SIZE, "params_m": models["params_m"], "dtype": "bfloat16"},
-           "eval": {"docs": DOCS, "words": WORDS, "batch_size": 1, "threads": 1}, "fixed_merge": fixed, "runs": rows,
-           "ratio_trials_per_hour": pairs, "versions": {"hubsoup venv": versions(sys.executable, [
+           "evals": {k: {"docs": d, "words": w} for k, (d, w) in EVALS.items()}, "batch_size": 1, "threads": 1,
+           "fixed_merge": fixed, "runs": rows, "ratios": ratios, "versions": {"hubsoup venv": versions(sys.executable, [
                "torch", "transformers", "lm_eval", "optuna", "cmaes"])}}
     if py_mk:
         res["versions"]["mergekit venv"] = versions(py_mk, ["mergekit", "torch", "transformers", "lm_eval", "cma",
@@ -530,31 +559,42 @@ def report(res: dict) -> str:
          f"Work: a Llama of {m['params_m']}M parameters ({m['num_hidden_layers']} layers, hidden {m['hidden_size']}, "
          f"vocabulary {m['vocab_size']}, {m['dtype']}, random weights), 2 fine-tunes, task arithmetic over 8 genes "
          f"(4 layer groups x 2 models, weights in [0, 1] from 0.5, CMA-ES step 1/6), {TRIALS} trials in generations of "
-         f"4, 4, 1, scored by one custom lm-eval task (rolling log-likelihood of {res['eval']['docs']} texts of "
-         f"{res['eval']['words']} words; score = minus word perplexity) at evaluation batch size 1, one thread per "
-         "trial. Both tools score one fixed merge, mergekit's merge of the point where every weight is 0.5 "
-         "(in memory, and as mergekit writes it to disk for hubsoup): "
+         f"4, 4, 1, scored by one custom lm-eval task (rolling log-likelihood; score = minus word perplexity) at "
+         "evaluation batch size 1, one thread per trial, in two sizes: "
+         + "; ".join(f"**{k}**, {v['docs']} texts of {v['words']} words" for k, v in res["evals"].items())
+         + " (the forward passes are the same work for both tools; the lighter evaluation shows more of the rest "
+         "of a trial). Both tools score one fixed merge (standard evaluation), mergekit's merge of the point where "
+         "every weight is 0.5 (in memory, and as mergekit writes it to disk for hubsoup): "
          + (f"word perplexity {fixed['mergekit']!r} (mergekit) and {fixed['hubsoup']!r} (hubsoup): "
             f"{'equal' if fixed.get('equal') else 'NOT equal'}. hubsoup's own merge of that point scores "
             f"{fixed['hubsoup_own_merge']!r}: it computes task arithmetic in float32 and rounds once to bfloat16, "
             "mergekit step by step in bfloat16, so a few weights differ in the last bit.\n" if "mergekit" in fixed
             else f"hubsoup's merge of that point: {fixed['hubsoup_own_merge']!r} (mergekit not run).\n"),
-         "| round | tool | trials/hour | startup to first trial (s) | merge per trial (s) | eval per trial (s) | "
-         "trial (s) | peak RSS, process tree (MB) | largest process (MB) | best score | wall (s) | load before/after |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "| evaluation | round | tool | trials/hour (9) | after the first (8) | startup (s) | first trial (s) | first result (s) | "
+         "later trials: merge / eval / trial (s) | peak RSS, process tree (MB) | largest process (MB) | best score | "
+         "wall (s) | load before/after |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        L.append(f"| {r['round']} | {r['tool']} | **{r['trials_per_hour']}** | {r['startup_s']} | {r['merge_s']} | "
-                 f"{r['eval_s']} | {r['trial_s']} | {r['peak_rss_mb']} | {r['peak_single_rss_mb']} | "
-                 f"{r['best_score']:.6g} | {r['wall_s']} | {r['load_before']} / {r['load_after']} |")
-    if res["ratio_trials_per_hour"]:
-        L.append(f"\n**hubsoup / mergekit-evolve trials per hour: {', '.join(map(str, res['ratio_trials_per_hour']))}** "
-                 "(per interleaved pair; target >= 3).\n")
+        L.append(f"| {r['eval']} | {r['round']} | {r['tool']} | **{r['trials_per_hour']}** | {r['steady_trials_per_hour']} | "
+                 f"{r['startup_s']} | {r['first_trial_s']} | {r['first_result_s']} | {r['merge_s']} / {r['eval_s']} / "
+                 f"{r['trial_s']} | {r['peak_rss_mb']} | {r['peak_single_rss_mb']} | {r['best_score']:.6g} | "
+                 f"{r['wall_s']} | {r['load_before']} / {r['load_after']} |")
+    for label, r in res["ratios"].items():
+        if r["trials_per_hour"]:
+            L.append(f"\n**{label} evaluation, hubsoup / mergekit-evolve per interleaved pair: trials per hour "
+                     f"{', '.join(map(str, r['trials_per_hour']))} (target >= 3); after the first trial "
+                     f"{', '.join(map(str, r['steady_trials_per_hour']))}; time to the first result "
+                     f"{', '.join(map(str, r['time_to_first_result']))}x shorter; peak memory "
+                     f"{', '.join(map(str, r['peak_rss']))}x.**")
     L.append("""
-Timings: a trial runs from its start (hubsoup: its result's arrival minus the trial's own time, measured where it
+Columns: trials/hour over all 9 trials (first start to last end); after the first: the 8 later trials, from the
+first trial's end to the last's; startup: launch to the first trial's start; first result: launch to the first
+trial's end. Timings: a trial runs from its start (hubsoup: its result's arrival minus the trial's own time, measured where it
 ran; mergekit: its genotype turned into a merge config, in the evaluator actor) to its score; trials/hour counts the
 9 trials over the first start to the last end, the driver's asking and telling between generations included.
-hubsoup's first trial also builds the candidate model (later ones replace its weights in place) and reads the
-inputs into memory. mergekit's merge ends when its weights are in the model; its evaluation is `simple_evaluate`
+hubsoup's setup before the first trial (its session: the inputs read into memory, the candidate model built from
+the config, lm-eval's tasks built, and the imports these need) counts in its startup, as mergekit's imports do in
+its own; every trial writes the merge into that model in place. mergekit's merge ends when its weights are in the model; its evaluation is `simple_evaluate`
 (tasks and datasets built, the environment report, the evaluation), hubsoup's is lm-eval's `evaluate` on tasks
 built once. mergekit's tree includes Ray (GCS, raylet, dashboard agent, the actor).
 

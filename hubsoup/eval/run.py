@@ -312,6 +312,26 @@ class Evaluator:
         self._data: dict[int, _TaskData] = {}
         self._runners: dict[int, Any] = {}
 
+    def prepare(self, model: Any = None) -> None:
+        """Build now what :meth:`evaluate` would build on its first call: the tokenizer, each task's data, its
+        encoding and metric modules, lm-eval's tasks (and its wrapper of ``model``, a model instance)."""
+        models = _Models(model, self.device, self.tokenizer, self._tok)
+        for i, task in enumerate(self.tasks):
+            if task.kind == "lm-eval":
+                runner = self._runner(i, task, models)
+                if model is not None:
+                    runner._wrapper(models.get("causal"))
+                continue
+            if i not in self._data:
+                self._data[i] = _TaskData(task)
+            data, tok = self._data[i], models.tokenizer()
+            pairs = data.column(task.text_pair) if task.kind == "classification" and task.text_pair else None
+            data.encoded(tok, data.column(task.text), pairs)
+            for name in ("accuracy", "macro_f1") if task.kind == "classification" else ("perplexity",):
+                load_metric(name)
+        if self.tokenizer is not None and "tok" in models._cache:
+            self._tok = models._cache["tok"]
+
     def evaluate(self, model: Any, *, before_task: Callable[[int, TaskSpec], None] | None = None
                  ) -> list[TaskResult]:
         """Evaluate ``model`` (a folder or Hub repo ID, or a model instance) on every task (see :func:`evaluate_model`)."""

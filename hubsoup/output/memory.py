@@ -6,6 +6,9 @@ same outcomes as :class:`~hubsoup.output.checkpoint.CheckpointSink`, cast to the
 checked the same way, so the model :meth:`MemorySink.model` builds holds exactly the tensors a
 checkpoint of the same merge would hold: its scores are those of the written model, bit for bit.
 
+A search's process keeps one model and writes each candidate into it (:class:`ModelSink`, into
+:func:`empty_model`).
+
 Example:
     >>> sink = MemorySink(plan, dtype=None)               # doctest: +SKIP
     >>> engine.run(job, sink); model = sink.model(base_folder)   # doctest: +SKIP
@@ -82,8 +85,7 @@ class MemorySink:
         Built without random initialisation (every weight is assigned from the merge); a tensor the
         model expects but the merge lacks, or one it does not know, is an error naming it.
         """
-        cls = {"causal": transformers.AutoModelForCausalLM, "encoder": transformers.AutoModel,
-               "seqcls": transformers.AutoModelForSequenceClassification}[kind]
+        cls = _model_class(kind)
         config = transformers.AutoConfig.from_pretrained(config_folder)
         if self.dtype_name is not None:
             config.dtype = self.out_dtype
@@ -105,12 +107,12 @@ class MemorySink:
 
 
 class ModelSink(MemorySink):
-    """A search's next candidate written into the model an earlier :class:`MemorySink` built (:meth:`MemorySink.model`):
-    each tensor cast as a checkpoint would be and copied into the model's own tensor in place, so a process keeps
-    one model for all its trials and scores each exactly as the written merge would score.
+    """A merge written into a model in place (:func:`empty_model`, or one :meth:`MemorySink.model` built): each tensor
+    cast as a checkpoint would be and copied into the model's own tensor, so that a search keeps one model for all its
+    candidates and scores each exactly as its written merge would score.
 
     Example:
-        >>> model = first.model(base_folder)                                 # doctest: +SKIP
+        >>> model = empty_model(base_folder, plan)                           # doctest: +SKIP
         >>> engine.run(job, ModelSink(plan, model, dtype=None))              # doctest: +SKIP
     """
 
@@ -133,6 +135,46 @@ class ModelSink(MemorySink):
             if target.data_ptr() not in done:  # tied names share one tensor
                 done.add(target.data_ptr())
                 target.copy_(out)
+
+
+def empty_model(config_folder: str, plan: Plan, *, dtype: str | None = None, kind: str = "causal"):
+    """The model a merge of ``plan`` fills in place (:class:`ModelSink`): built from ``config_folder``'s config without
+    initialisation, each tensor the merge writes allocated as a checkpoint of the merge holds it (``dtype``, the
+    merge's output dtype, for merged tensors; the stored dtype for the others), so it is the model
+    :meth:`MemorySink.model` would build from the same merge. A tensor the model expects but the plan lacks, or one it
+    does not know, is an error naming it."""
+    cls = _model_class(kind)
+    config = transformers.AutoConfig.from_pretrained(config_folder)
+    out_dtype = DTYPES[dtype] if dtype else None
+    if out_dtype is not None:
+        config.dtype = out_dtype
+    entries = {n: e for _, e in plan.entries() for n in (e.name, *e.aliases)}
+    first = out_dtype or next((e.dtype for e in entries.values() if e.dtype.is_floating_point), torch.float32)
+    with _no_init_weights():
+        model = cls.from_config(config, dtype=first)
+    state = model.state_dict()
+    tied = _tied_names(model)
+    missing = [k for k in state if k not in entries and k not in tied]
+    unknown = [k for k in entries if k not in state]
+    if missing or unknown:
+        what = f"lacks tensor '{missing[0]}'" if missing else f"has tensor '{unknown[0]}' the model does not know"
+        raise HubsoupError(f"the merged model (in memory) {what} for {cls.__name__}")
+    for name, e in entries.items():
+        want = (out_dtype or e.dtype) if e.mergeable else e.dtype
+        if state[name].dtype != want:  # a tensor kept in another dtype than the rest (a float32 norm, an int buffer)
+            module, _, leaf = name.rpartition(".")
+            owner = model.get_submodule(module)
+            held = getattr(owner, leaf)
+            if isinstance(held, torch.nn.Parameter):
+                held.data = torch.empty(held.shape, dtype=want)  # the same parameter object: ties stay
+            else:
+                setattr(owner, leaf, torch.empty(held.shape, dtype=want))
+    return model.eval()
+
+
+def _model_class(kind: str):
+    return {"causal": transformers.AutoModelForCausalLM, "encoder": transformers.AutoModel,
+            "seqcls": transformers.AutoModelForSequenceClassification}[kind]
 
 
 def _no_init_weights():

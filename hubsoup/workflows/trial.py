@@ -33,7 +33,7 @@ from hubsoup.engine import Job, run
 from hubsoup.errors import HubsoupError, MergeCancelled, ParameterError
 from hubsoup.eval import Evaluator, TaskSpec
 from hubsoup.options import DTYPES, MergeOptions
-from hubsoup.output.memory import MemorySink, ModelSink
+from hubsoup.output.memory import MemorySink, ModelSink, empty_model
 from hubsoup.plan import Plan
 from hubsoup.recipe import Recipe
 from hubsoup.sources.access import scope
@@ -108,9 +108,10 @@ class TrialSession:
     """What a process keeps between the trials of one search (same inputs, base, method, options and tasks): the
     inputs opened once; their weights read once and kept in memory when ``keep`` and they fit
     (:data:`KEEP_FRACTION`; :meth:`~hubsoup.sources.checkpoint.Checkpoint.keep`: the engine streams them from there);
-    one candidate model, built by the first trial, whose weights every later merge replaces in place
+    one candidate model (:func:`~hubsoup.output.memory.empty_model`) whose weights every merge replaces in place
     (:class:`~hubsoup.output.memory.ModelSink`); one :class:`~hubsoup.eval.Evaluator` (tokenizer, data, lm-eval's
-    tasks). A trial then costs its merge and its evaluation, and scores exactly what a fresh process would.
+    tasks), all made when the session opens. A trial then costs its merge and its evaluation, and scores exactly
+    what a fresh process would.
 
     Example:
         >>> session = TrialSession(payload, keep=True)                                 # doctest: +SKIP
@@ -127,14 +128,20 @@ class TrialSession:
         self.base_ckpt, self.sources = _open_inputs(inputs, payload.get("base"), m, p, self.opts, headers_only=True)
         _fetch(self.base_ckpt, self.sources)
         self.kept = keep and self._fits()
-        if self.kept:  # read once by the first trial, then served from memory
+        if self.kept:  # read once, now, then served from memory
             for ckpt in checkpoints_of(self.base_ckpt, *self.sources):
                 ckpt.keep()
+                for name in ckpt.keys():
+                    ckpt.tensor(name)
+                ckpt.release()
+        # the model every trial's merge fills in place, and the evaluator, built before the first trial
+        self.model: Any = empty_model(self.base_ckpt.folder, Plan.of(self.base_ckpt, self.opts.device),
+                                      dtype=self.opts.dtype).to(self.opts.device)
         tasks = [TaskSpec.parse(t) if isinstance(t, str) else t for t in payload.get("tasks") or ()]
         self.evaluator = Evaluator(tasks, tokenizer=self.base_ckpt.folder, limit=payload.get("limit"),
                                    batch_size=int(payload.get("batch_size") or 32), device=self.opts.device,
                                    quiet=True)
-        self.model: Any = None
+        self.evaluator.prepare(self.model)
 
     def _fits(self) -> bool:
         import psutil  # lazy: installed with accelerate (its memory budgets); only a kept session asks
@@ -146,16 +153,12 @@ class TrialSession:
         return stored + model <= KEEP_FRACTION * psutil.virtual_memory().available
 
     def merge(self, payload: dict[str, Any]) -> Any:
-        """The payload's candidate merged into this session's model (built by the first merge); returns the model."""
-        opts, plan = self.opts, Plan.of(self.base_ckpt, self.opts.device)
-        sink: Any = MemorySink(plan, dtype=opts.dtype) if self.model is None else \
-            ModelSink(plan, self.model, dtype=opts.dtype)
+        """The payload's candidate merged into this session's model, in place; returns the model."""
+        opts = self.opts
+        sink = ModelSink(Plan.of(self.base_ckpt, opts.device), self.model, dtype=opts.dtype)
         _merge(self.base_ckpt, self.sources, payload["method"], payload.get("params") or {}, opts, sink,
                cancel=payload.get("cancel"), scratch=payload.get("scratch"),
                prefetch=False if self.kept else None)  # in memory: nothing to read ahead
-        if self.model is None:
-            self.model = sink.model(self.base_ckpt.folder)
-            sink.tensors = {}
         return self.model
 
     def close(self) -> None:
@@ -264,10 +267,9 @@ def run_trial(payload: dict[str, Any], sessions: "TrialSessions | None" = None) 
     Returns ``number``, ``state`` (``complete``/``fail``), ``score``, ``metrics`` ({task: {metric: value}}),
     ``results`` (with ``results``: :meth:`TaskResult.to_dict` rows, as ``eval_results.json`` holds them),
     ``reason`` and ``error`` (a failed trial's: ``type``, ``message``, ``hubsoup``: whether it is a
-    :class:`~hubsoup.errors.HubsoupError`), ``seconds`` (``open`` (the inputs opened, checked and pinned: once
-    per session), ``merge`` (the first time with the model built from the merged tensors), ``eval``, ``total``),
-    ``session`` (``new``, ``kept``: the inputs held in memory, ``built``: the model built by this trial) and
-    ``host``/``pid``.
+    :class:`~hubsoup.errors.HubsoupError`), ``seconds`` (``open``: the session opened (once per process and
+    search: inputs opened, checked and kept, the model built, the evaluator prepared), ``merge``, ``eval``,
+    ``total``), ``session`` (``new``; ``kept``: the inputs held in memory) and ``host``/``pid``.
 
     ``sessions``: this process' :class:`TrialSessions`: the trial uses its session (inputs, model, evaluator) and
     leaves it for the next one (``payload["keep"]``: the inputs' weights kept in memory, when they fit); None: the
@@ -289,12 +291,11 @@ def _run_trial(payload: dict[str, Any], sessions: "TrialSessions | None" = None)
         session = TrialSession(payload) if sessions is None else sessions.get(payload)
         t1 = time.perf_counter()
         seconds["open"] = t1 - t0
-        built = session.model is None
         try:
             model = session.merge(payload)
             t2 = time.perf_counter()
             seconds["merge"] = t2 - t1
-            out["session"] = {"new": fresh, "kept": session.kept, "built": built}
+            out["session"] = {"new": fresh, "kept": session.kept}
             results = session.evaluator.evaluate(model)
             del model
         finally:
