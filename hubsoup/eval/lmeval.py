@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -232,9 +233,9 @@ class Runner:
         323.8477304254
     """
 
-    def __init__(self, task, tokenizer, *, limit: int | None, batch_size: int, device: str):
+    def __init__(self, task, tokenizer, *, limit: int | None, batch_size: int, device: str, quiet: bool = False):
         _import()
-        self.task, self.tokenizer, self.device = task, tokenizer, device
+        self.task, self.tokenizer, self.device, self.quiet = task, tokenizer, device, quiet
         self.limit = limit if limit is not None else task.limit
         self.batch_size = task.extra.get("batch_size", batch_size)
         self._lm: Any = None
@@ -291,9 +292,24 @@ class Runner:
         for obj in self._loaded["tasks"].values():
             obj.set_fewshot_seed(seed=self._fewshot_seed)
         chat = ex.get("apply_chat_template", False)
-        out = evaluate(lm=lm, task_dict=self._loaded, limit=self.limit, bootstrap_iters=0, log_samples=False,
-                       apply_chat_template=chat, fewshot_as_multiturn=True)
+        with _bars(not self.quiet):
+            out = evaluate(lm=lm, task_dict=self._loaded, limit=self.limit, bootstrap_iters=0, log_samples=False,
+                           apply_chat_template=chat, fewshot_as_multiturn=True)
         return _results(out, self.task)
+
+
+@contextlib.contextmanager
+def _bars(shown: bool):
+    """lm-eval's progress bars, or none (tqdm's ``TQDM_DISABLE``): quiet, a search's trial prints nothing, and at
+    batch size 1 lm-eval draws one bar per batch, each a write to the terminal."""
+    if shown or os.environ.get("TQDM_DISABLE"):
+        yield
+        return
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("TQDM_DISABLE", None)
 
 
 def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, device: str) -> list:

@@ -356,10 +356,10 @@ class Evaluator:
 
         if self.tokenizer is None:  # each model its own tokenizer: nothing lm-eval builds can be kept
             return lmeval.Runner(task, models.tokenizer(), limit=task.limit, batch_size=self.batch_size,
-                                 device=self.device)
+                                 device=self.device, quiet=self.quiet)
         if i not in self._runners:
             self._runners[i] = lmeval.Runner(task, models.tokenizer(), limit=task.limit,
-                                             batch_size=self.batch_size, device=self.device)
+                                             batch_size=self.batch_size, device=self.device, quiet=self.quiet)
         return self._runners[i]
 
 
