@@ -189,14 +189,18 @@ class _TaskData:
         return self._encoded[1]
 
 
-def _batches(tok, task: TaskSpec, data: _TaskData, texts: list, pairs: list | None, batch_size: int, quiet: bool):
+def _batches(tok, task: TaskSpec, texts: list, pairs: list | None, batch_size: int, quiet: bool,
+             data: _TaskData | None = None):
     """(indices, encoding) per batch, the examples taken shortest first.
 
     Batches of similar lengths pad little (a third less compute on the quality benchmark's
     texts). An example's result does not depend on its batch beyond rounding (padding is
-    masked); callers put the results back in dataset order by the indices.
+    masked); callers put the results back in dataset order by the indices. ``data``: where the
+    encoding is kept between calls (an :class:`Evaluator`'s).
     """
-    encoded = data.encoded(tok, texts, pairs)  # once; batches only pad
+    # once; batches only pad
+    encoded = data.encoded(tok, texts, pairs) if data is not None else \
+        tok(texts, pairs, truncation=True, max_length=task.max_length)
     order = sorted(range(len(texts)), key=lambda i: (len(encoded["input_ids"][i]), i))
     for start in tqdm(range(0, len(order), batch_size), desc=f"eval {task.name}", disable=quiet, leave=False):
         idx = order[start:start + batch_size]
@@ -218,7 +222,7 @@ def _classify(models: _Models, task: TaskSpec, data: _TaskData, batch_size: int,
     refs = _label_ids(data.column(task.label), names, task)
     preds: list[int] = [0] * len(refs)
     pairs = data.column(task.text_pair) if task.text_pair else None
-    for idx, enc in _batches(tok, task, data, data.column(task.text), pairs, batch_size, quiet):
+    for idx, enc in _batches(tok, task, data.column(task.text), pairs, batch_size, quiet, data):
         enc = enc.to(models.device)
         with torch.no_grad():
             if task.head:
@@ -253,7 +257,7 @@ def _perplexity(models: _Models, task: TaskSpec, data: _TaskData, batch_size: in
     ds = data.ds
     nlls, counts = [0.0] * len(ds), [0] * len(ds)
     informative = False
-    for idx, enc in _batches(tok, task, data, data.column(task.text), None, batch_size, quiet):
+    for idx, enc in _batches(tok, task, data.column(task.text), None, batch_size, quiet, data):
         enc = enc.to(models.device)
         with torch.no_grad():
             logits = model(**enc).logits[:, :-1].float()
