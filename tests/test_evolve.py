@@ -162,6 +162,7 @@ def test_killed_driver_resumes_without_repeating_finished_trials(tiny, tmp_path)
     res = evolve(config(tiny, trials=10, population=4), out, quiet=True)
     assert res.resumed == 2
     assert [s["number"] for s in res.seconds] == [6, 7, 8, 9]  # 4 and 5 were finished: not run again
+    assert [s["session"]["new"] for s in res.seconds] == [True, False, False, False]  # one session per process
     with open(os.path.join(ref, SEARCH_FILE), "rb") as fa, open(os.path.join(out, SEARCH_FILE), "rb") as fb:
         assert fa.read() == fb.read()  # the study an uninterrupted run gives
 

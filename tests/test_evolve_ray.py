@@ -69,6 +69,10 @@ def test_ray_gives_the_local_study_even_when_a_worker_node_dies(ray_cluster, tin
     tries_of_4 = [a for a in attempts if a.startswith("4-")]
     assert len(tries_of_4) == 2 and len({a.split("-")[1] for a in tries_of_4}) == 2  # retried, in another process
     assert [s["number"] for s in res.seconds] == [0, 1, 2, 3, 4, 5]  # each trial told once
+    # the worker process keeps its session (inputs in memory, one model, the evaluator) from trial to trial
+    assert [s["session"] for s in res.seconds[:4]] == [{"new": True, "kept": True}] + [{"new": False, "kept": True}] * 3
+    # generation 1 ran (again) on the new node: a new process, whose first trial opened a session for both
+    assert sorted(s["session"]["new"] for s in res.seconds[4:]) == [False, True]
     with open(os.path.join(local, SEARCH_FILE), "rb") as a, open(os.path.join(far, SEARCH_FILE), "rb") as b:
         assert a.read() == b.read()  # the same study, bit for bit, as the local executor's
     with open(os.path.join(local, "model.safetensors"), "rb") as a, \

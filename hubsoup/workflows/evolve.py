@@ -328,9 +328,10 @@ class EvolveResult:
     result: Any = None
     """The :class:`hubsoup.MergeResult` of the best model written to ``path``."""
     seconds: list[dict[str, Any]] = field(default_factory=list)
-    """Per trial evaluated in this run: ``number``, ``merge``, ``eval``, ``total`` (the trial, where it ran) and
-    ``wall`` (from dispatch to result on the driver). Not in ``hubsoup_search.json``, which stays the same on
-    every run of the same study."""
+    """Per trial evaluated in this run: ``number``, ``open`` (its process' session opened: once per process),
+    ``merge``, ``eval``, ``total`` (the trial, where it ran), ``wall`` (from dispatch to result on the driver) and
+    ``session`` (``new``: this trial opened its process' session; ``kept``: the inputs are held in memory). Not in
+    ``hubsoup_search.json``, which stays the same on every run of the same study."""
     resumed: int = 0
     """Trials that were asked by an earlier, killed run and evaluated again by this one."""
     study_seconds: float = 0.0
@@ -547,7 +548,8 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
             for t, r in zip(batch, results):  # an executor that did not report a result as it arrived
                 if t.number in pending:
                     on_result(r)
-                seconds.append({"number": t.number, **(r.get("seconds") or {}), "wall": r.get("wall")})
+                seconds.append({"number": t.number, **(r.get("seconds") or {}), "wall": r.get("wall"),
+                                "session": r.get("session")})
             all_trials = study.get_trials(deepcopy=False)
             table = [_trial_row(t, len(inputs), names, cfg) for t in all_trials if t.state.is_finished()]
             _write_table(out, cfg, names, table)
