@@ -1,20 +1,25 @@
 """Evolutionary search over merge recipes: ``hubsoup evolve CONFIG.yml --out DIR`` / :func:`evolve`.
 
 The search space is any method parameter as a range or a choice, and per-input × per-layer-group
-genes written as mergekit gradients; Optuna's samplers (CMA-ES, TPE, random) propose the points and
-its storage (an SQLite file in ``DIR`` by default, any database URL for a cluster) holds the study.
+genes written as mergekit gradients; CMA-ES (told every finished trial, TPE for the choice genes:
+:mod:`hubsoup.workflows.proposals`), Optuna's TPE or random sampler propose the points, and Optuna's
+storage (an SQLite file in ``DIR`` by default, any database URL for a cluster) holds the study.
 
-* **Generation-synchronous.** A whole population is asked, evaluated (by an executor: this process,
-  or Ray tasks, :mod:`hubsoup.workflows.executors`), and told in trial order. Every trial's sampler is
-  seeded from ``(seed, trial number)``, so a seed gives the same study whatever runs the trials and
-  in whatever order they finish, and a resumed study proposes what an uninterrupted one would have.
+* **Generation-synchronous.** A whole population is asked, then evaluated (by an executor: this process,
+  or Ray tasks, :mod:`hubsoup.workflows.executors`), each trial told as its result arrives. A trial's
+  proposal depends only on the seed, its number and the results told (samplers seeded from
+  ``(seed, trial number)``; CMA-ES replayed from the study), so a seed gives the same study whatever runs
+  the trials and in whatever order they finish, and a resumed study proposes what an uninterrupted one would.
 * **Resumable.** A killed run is run again with the same command: finished trials are read from the
-  storage, the unfinished ones (asked, never told) are evaluated again, nothing else repeats.
+  storage (those of an interrupted generation too), the unfinished ones (asked, never told) are evaluated
+  again, nothing else repeats.
+* **Cheap trials.** Each process keeps its inputs in memory, one model filled in place by every merge and
+  its evaluator (:class:`hubsoup.workflows.trial.TrialSession`).
 * **One driver per study.** A second driver on the same storage (any host) is refused at once, naming the
   first one's host and pid; a killed driver's lease is taken over (:mod:`hubsoup.workflows.study_lease`).
 * **A failing trial** (a point the method refuses, NaN weights, out of memory) is recorded ``FAIL``
   with its reason; the study goes on.
-* **Cheap candidates.** A trial merges into memory and is scored there (:mod:`hubsoup.workflows.trial`);
+* **Nothing written per trial.** A trial merges into memory and is scored there (:mod:`hubsoup.workflows.trial`);
   only the best is written, once, at the end: weights, ``hubsoup_recipe.yaml`` (``hubsoup run`` repeats
   it bit for bit), the card (space, optimizer, trials, best parameters and scores, with a link to the
   trial table ``hubsoup_search.json`` and its plot ``hubsoup_search.png``).

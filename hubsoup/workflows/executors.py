@@ -2,8 +2,10 @@
 
 An executor takes a generation's trial payloads and returns their results in the payloads' order,
 calling ``on_result`` as each arrives (in whatever order they finish); the driver alone talks to the
-study's storage and tells the results in trial order. A trial is :func:`hubsoup.workflows.trial.run_trial`
-everywhere, so where it ran never changes its result.
+study's storage and tells each result as it arrives. A trial is :func:`hubsoup.workflows.trial.run_trial`
+everywhere, so where it ran never changes its result; each process running trials keeps its
+:class:`~hubsoup.workflows.trial.TrialSession` (inputs in memory, one model, the evaluator) between them: this
+process for the executor's life, each Ray worker process for its own.
 
 Ray (``pip install hubsoup[ray]``): ``executor="ray"`` joins the cluster ``RAY_ADDRESS`` names, or starts
 a local one; ``"ray://HOST:PORT"`` joins that one. Each trial is one task requesting the config's

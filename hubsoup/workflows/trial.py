@@ -2,9 +2,10 @@
 
 :func:`run_trial` is what every executor runs (in this process, or as a Ray task on another node):
 its argument and its result are plain data (picklable, JSON-able), so a trial is the same function
-call wherever it runs. The candidate is merged by the one engine into a
-:class:`~hubsoup.output.memory.MemorySink` with the same recipe hash (so the same random draws) as
-``hubsoup.merge`` would use, and scored in memory: nothing is written to disk. A trial that fails
+call wherever it runs. The candidate is merged by the one engine into a model in memory
+(:class:`~hubsoup.output.memory.ModelSink`) with the same recipe hash (so the same random draws) as
+``hubsoup.merge`` would use, and scored there: nothing is written to disk. A process that runs many trials
+keeps a :class:`TrialSession` between them (inputs kept in memory, the model, the evaluator). A trial that fails
 (a point the method refuses, NaN weights, out of memory) returns ``state: "fail"`` with the reason
 instead of raising, so the study goes on.
 
