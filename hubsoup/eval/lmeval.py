@@ -30,9 +30,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import re
 import threading
 from typing import Any
+
+import numpy as np
 
 from hubsoup.errors import ParameterError
 from hubsoup.eval.run import TaskResult
@@ -279,9 +282,6 @@ class Runner:
                 task_manager=task_manager(self.task), apply_chat_template=ex.get("apply_chat_template", False),
                 gen_kwargs=ex.get("gen_kwargs") or None, log_samples=False, bootstrap_iters=0, verbosity="ERROR")
             return _results(out, self.task)
-        import random
-
-        import numpy as np
         from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED  # lazy: optional extra (lm_eval)
         from lm_eval.evaluator import evaluate  # lazy: optional extra (lm_eval)
         from lm_eval.utils import set_torch_seed  # lazy: optional extra (lm_eval)

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import datetime
 import functools
 import math
 from typing import Any, Sequence
@@ -217,8 +218,6 @@ def propose(dists: dict[str, Any], population: int, seed: int, number: int, stud
     >>> study.add_trial(optuna.trial.create_trial(state=TrialState.RUNNING, params=params,
     ...                                           distributions=dists))               # doctest: +SKIP
     """
-    import datetime
-
     import optuna  # lazy: optional extra (optuna)
 
     fixed = _cma_genes(dists, population, seed, number, study)
