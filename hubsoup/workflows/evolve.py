@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jinja2
-import numpy as np
 import yaml
 
 import hubsoup
