@@ -129,12 +129,9 @@ class TrialSession:
         self.base_ckpt, self.sources = _open_inputs(inputs, payload.get("base"), m, p, self.opts, headers_only=True)
         _fetch(self.base_ckpt, self.sources)
         self.kept = keep and self._fits()
-        if self.kept:  # read once, now, then served from memory
+        if self.kept:  # read once, by the first merge's stream, then served from memory
             for ckpt in checkpoints_of(self.base_ckpt, *self.sources):
                 ckpt.keep()
-                for name in ckpt.keys():
-                    ckpt.tensor(name)
-                ckpt.release()
         # the model every trial's merge fills in place, and the evaluator, built before the first trial
         self.model: Any = empty_model(self.base_ckpt.folder, Plan.of(self.base_ckpt, self.opts.device),
                                       dtype=self.opts.dtype).to(self.opts.device)
