@@ -484,7 +484,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="runs of each tool, interleaved (default 1)")
     ap.add_argument("--no-mergekit", action="store_true", help="hubsoup alone")
     ap.add_argument("--evals", default="standard,light", help=f"evaluation sizes, of {', '.join(EVALS)}")
+    ap.add_argument("--report", action="store_true", help="write the .md again from the .json, run nothing")
     args = ap.parse_args()
+    if args.report:
+        with open(os.path.join(RESULTS, "evolve_bench.json")) as f:
+            res = json.load(f)
+        with open(os.path.join(RESULTS, "evolve_bench.md"), "w") as f:
+            f.write(report(res))
+        return
     sys.path.insert(0, ROOT)
     os.makedirs(os.path.join(WORK, "evolve-bench"), exist_ok=True)
     load = [os.getloadavg()[0]]
@@ -580,6 +587,15 @@ def report(res: dict) -> str:
                  f"{r['trial_s']} | {r['peak_rss_mb']} | {r['peak_single_rss_mb']} | {r['best_score']:.6g} | "
                  f"{r['wall_s']} | {r['load_before']} / {r['load_after']} |")
     for label, r in res["ratios"].items():
+        pairs = list(zip([x for x in rows if x["tool"] == "hubsoup" and x["eval"] == label],
+                         [x for x in rows if x["tool"] == "mergekit-evolve" and x["eval"] == label]))
+        if pairs:  # the rest of a trial: beyond the evaluation hubsoup runs (lm-eval's evaluate on tasks built once)
+            rest = [(round(h["trial_s"] - h["eval_s"], 3), round(m["trial_s"] - h["eval_s"], 3)) for h, m in pairs]
+            L.append(f"\n{label} evaluation: of a later trial, lm-eval's evaluation on prebuilt tasks takes "
+                     f"{', '.join(str(h['eval_s']) for h, _ in pairs)} s (hubsoup's); the rest of the trial takes "
+                     f"hubsoup {', '.join(str(a) for a, _ in rest)} s and mergekit "
+                     f"{', '.join(str(b) for _, b in rest)} s (its merge, and `simple_evaluate` building its tasks "
+                     "again and reporting its environment).")
         if r["trials_per_hour"]:
             L.append(f"\n**{label} evaluation, hubsoup / mergekit-evolve per interleaved pair: trials per hour "
                      f"{', '.join(map(str, r['trials_per_hour']))} (target >= 3); after the first trial "
