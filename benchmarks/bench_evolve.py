@@ -26,7 +26,7 @@ trial's merge and evaluation, peak memory (the process tree's RSS sampled every 
 processes, which it needs), the best score (minus word perplexity), total wall. Writes
 benchmarks/results/evolve_bench.{md,json}.
 
-    python benchmarks/bench_evolve.py                # one round: ~4 min on 2 idle cores (+ the mergekit venv once)
+    python benchmarks/bench_evolve.py                # one round per size: ~5 min on 2 shared cores (+ the venv once)
     python benchmarks/bench_evolve.py --rounds 3     # hubsoup, mergekit, hubsoup, ... (interleaved)
     python benchmarks/bench_evolve.py --no-mergekit  # hubsoup alone
 """
