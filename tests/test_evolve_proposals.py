@@ -144,7 +144,7 @@ def test_a_point_written_at_once_is_the_point_the_sampler_gives():
 
 
 def test_cma_es_needs_a_population_of_four():
-    with pytest.raises(ParameterError, match="CMA-ES needs a population of at least 4, got 2"):
+    with pytest.raises(ParameterError, match="population 2 is too small for CMA-ES, which needs at least 4"):
         cfg(population=2)
     cfg("tpe", population=2)  # other samplers take any population
     cfg(population=2, space={"merge": {"choices": ["sum", "mean"]}})  # no numeric gene: no CMA-ES
