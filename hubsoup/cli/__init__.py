@@ -345,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def interrupted(sig: int) -> int:
         head = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted"
-        print(f"{head}; {left_behind()}", file=sys.stderr)
+        # a command that keeps state on purpose (an evolve study) says what it kept and how to go on
+        kept = getattr(args, "interrupted_note", None)
+        print(f"{head}; {(kept() if kept else None) or left_behind()}", file=sys.stderr)
         return signals.EXIT_CODES[sig]
 
     try:

@@ -41,12 +41,14 @@ import contextlib
 import logging
 import math
 import os
+import random
 import re
 import subprocess
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+import numpy as np
 import yaml
 
 from hubsoup.errors import InputError, ParameterError
@@ -520,31 +522,145 @@ def public_config(config: dict[str, Any]) -> dict[str, Any]:
     return public_value(config)
 
 
+class Runner:
+    """lm-eval's tasks of ``task`` built once (lm-eval's ``TaskManager.load``, with the overrides ``simple_evaluate``
+    applies), then run on any number of models: each :meth:`evaluate` is ``lm_eval.evaluator.evaluate`` with
+    ``simple_evaluate``'s seeds set again, so each model gets the numbers ``simple_evaluate`` would give it
+    (``tests/test_lmeval.py`` compares them), without rebuilding the tasks and their datasets, without the run's
+    environment report (a ``pip list`` subprocess) and git probe. The ``HFLM`` wrapper is built once per model
+    instance (a search's candidate model has its weights replaced in place). An lm-eval without
+    ``TaskManager.load`` (before 0.4.10) gets ``simple_evaluate`` each time.
+
+    In a ``hub_only`` run the task repo is fetched into a fresh folder and checked (:func:`task_folder`), lm-eval's
+    data loading guarded, and the folder kept until :meth:`close` (a ``with`` block closes it); lm-eval and its
+    libraries print nothing (no bars, no warnings) unless the root logger is at DEBUG (``-v``) and ``quiet`` is off.
+
+    Example:
+        >>> runner = Runner(TaskSpec.parse("lm-eval:wordppl,task_dir=tasks"), tok, limit=None, batch_size=1,
+        ...                 device="cpu")                                            # doctest: +SKIP
+        >>> runner.evaluate(model)[0].metrics["word_perplexity"]                     # doctest: +SKIP
+        323.8477304254
+    """
+
+    def __init__(self, task, tokenizer, *, limit: int | None, batch_size: int, device: str, quiet: bool = False):
+        _import()
+        self.task, self.tokenizer, self.device, self.quiet = task, tokenizer, device, quiet
+        self.limit = limit if limit is not None else task.limit
+        self.batch_size = task.extra.get("batch_size", batch_size)
+        self._lm: Any = None
+        self._model: Any = None
+        self._loaded: Any = None
+        self._stack = contextlib.ExitStack()
+        _quiet_git()
+        if hub_only():
+            _guard_lm_eval()
+        try:
+            self.folder = self._stack.enter_context(task_folder(task))
+            with self._quieted():
+                self.manager = task_manager(task, self.folder)
+                unknown = [n for n in task_names(task) if n not in self.manager.all_tasks]
+                if unknown:  # never a "name" lm-eval would read as a file of the working folder
+                    raise ParameterError(f"task '{task.name}': lm-eval has no task '{unknown[0]}'")
+                if hasattr(self.manager, "load"):
+                    self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self) -> None:
+        from lm_eval.defaults import DEFAULT_OTHER_SEED  # lazy: optional extra (lm_eval)
+
+        ex = self.task.extra
+        self._loaded = self.manager.load(task_names(self.task))
+        gen_kwargs = ex.get("gen_kwargs") or None
+        for obj in self._loaded["tasks"].values():  # simple_evaluate's overrides, applied once
+            if gen_kwargs is not None and obj.get_config("output_type") == "generate_until":
+                obj.set_config(key="generation_kwargs", value=gen_kwargs, update=True)
+            num_fewshot = ex.get("num_fewshot")
+            if num_fewshot is not None:
+                if obj.get_config("num_fewshot") != 0:
+                    obj.set_config(key="num_fewshot", value=num_fewshot)
+            elif obj.get_config("num_fewshot") is None:
+                obj.set_config(key="num_fewshot", value=0)
+        self._fewshot_seed = DEFAULT_OTHER_SEED
+
+    def _quieted(self):
+        # lm-eval's and its libraries' bars and warnings are third-party noise: shown only when debugging (-v)
+        return _quiet_libraries(self.quiet or not logging.getLogger().isEnabledFor(logging.DEBUG))
+
+    def close(self) -> None:
+        """Remove what the runner fetched (a ``hub_only`` run's task repo)."""
+        self._stack.close()
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _wrapper(self, model):
+        if self._model is not model:
+            from lm_eval.models.huggingface import HFLM  # lazy: optional extra (lm_eval)
+
+            self._lm = HFLM(pretrained=model, tokenizer=self.tokenizer, batch_size=self.batch_size,
+                            device=self.device, **self.task.extra.get("model_args", {}))
+            self._model = model
+        return self._lm
+
+    def evaluate(self, model) -> list:
+        """The lm-eval tasks on ``model`` (a causal LM instance): one :class:`~hubsoup.eval.TaskResult` per task."""
+        import lm_eval  # lazy: optional extra (lm_eval)
+
+        ex = self.task.extra
+        with self._quieted():
+            lm = self._wrapper(model)
+            if self._loaded is None:  # an older lm-eval: its tasks built on every call
+                out = lm_eval.simple_evaluate(
+                    model=lm, tasks=task_names(self.task), num_fewshot=ex.get("num_fewshot"), limit=self.limit,
+                    task_manager=self.manager, apply_chat_template=ex.get("apply_chat_template", False),
+                    gen_kwargs=ex.get("gen_kwargs") or None, log_samples=False, bootstrap_iters=0, verbosity="ERROR")
+                return _results(out, self.task, self.folder)
+            from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED  # lazy: optional extra (lm_eval)
+            from lm_eval.evaluator import evaluate  # lazy: optional extra (lm_eval)
+            from lm_eval.utils import set_torch_seed  # lazy: optional extra (lm_eval)
+
+            random.seed(DEFAULT_RANDOM_SEED)  # what simple_evaluate sets before each run
+            np.random.seed(DEFAULT_OTHER_SEED)
+            set_torch_seed(DEFAULT_OTHER_SEED)
+            for obj in self._loaded["tasks"].values():
+                obj.set_fewshot_seed(seed=self._fewshot_seed)
+            chat = ex.get("apply_chat_template", False)
+            with _bars(not self.quiet):
+                out = evaluate(lm=lm, task_dict=self._loaded, limit=self.limit, bootstrap_iters=0, log_samples=False,
+                               apply_chat_template=chat, fewshot_as_multiturn=True)
+        return _results(out, self.task, self.folder)
+
+
+@contextlib.contextmanager
+def _bars(shown: bool):
+    """lm-eval's progress bars, or none (tqdm's ``TQDM_DISABLE``): quiet, a search's trial prints nothing, and at
+    batch size 1 lm-eval draws one bar per batch, each a write to the terminal."""
+    if shown or os.environ.get("TQDM_DISABLE"):
+        yield
+        return
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("TQDM_DISABLE", None)
+
+
 def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, device: str, quiet: bool = True) -> list:
     """Run the lm-eval tasks of ``task`` on ``model`` (a causal LM instance) with ``tokenizer``; one
-    :class:`~hubsoup.eval.TaskResult` per lm-eval task. lm-eval and its libraries print nothing (no bars, no
-    warnings) unless the root logger is at DEBUG (the CLI's ``-v``) and ``quiet`` is off."""
-    _import()
-    import lm_eval  # lazy: optional extra (lm_eval)
-    from lm_eval.models.huggingface import HFLM  # lazy: optional extra (lm_eval)
+    :class:`~hubsoup.eval.TaskResult` per lm-eval task (a :class:`Runner` used once)."""
+    with Runner(task, tokenizer, limit=limit, batch_size=batch_size, device=device, quiet=quiet) as runner:
+        return runner.evaluate(model)
 
+
+def _results(out: dict, task, folder: str | None = None) -> list:
+    """One :class:`~hubsoup.eval.TaskResult` per lm-eval task of ``task`` from lm-eval's output ``out`` (``folder``:
+    where a ``hub_only`` run fetched the task repo; its path is never kept)."""
     ex = task.extra
-    _quiet_git()
-    if hub_only():
-        _guard_lm_eval()
-    # lm-eval's and its libraries' bars and warnings are third-party noise: shown only when debugging (-v)
-    with _quiet_libraries(quiet or not logging.getLogger().isEnabledFor(logging.DEBUG)), task_folder(task) as folder:
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=ex.get("batch_size", batch_size), device=device,
-                  **ex.get("model_args", {}))
-        manager = task_manager(task, folder)
-        unknown = [n for n in task_names(task) if n not in manager.all_tasks]
-        if unknown:  # never a "name" lm-eval would read as a file of the working folder
-            raise ParameterError(f"task '{task.name}': lm-eval has no task '{unknown[0]}'")
-        out = lm_eval.simple_evaluate(
-            model=lm, tasks=task_names(task), num_fewshot=ex.get("num_fewshot"),
-            limit=limit if limit is not None else task.limit, task_manager=manager,
-            apply_chat_template=ex.get("apply_chat_template", False), gen_kwargs=ex.get("gen_kwargs") or None,
-            log_samples=False, bootstrap_iters=0, verbosity="ERROR")
     results = []
     for name in task_names(task):
         row = out["results"].get(name)
