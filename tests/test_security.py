@@ -317,7 +317,8 @@ def test_nothing_local_is_pushed(hub, model_dir, tmp_path, capsys, monkeypatch, 
     if fmt == "full":
         assert "wiki.jsonl@sha256:" in pushed["eval_results.json"].decode()  # the data by name and content hash
         meta = yaml.safe_load(card.split("---\n")[1])  # the model-index: a local file is no dataset type
-        assert {r["dataset"]["type"] for r in meta["model-index"][0]["results"]} == {"custom"}
+        rows = meta["model-index"][0]["results"]  # the task's name, never the file
+        assert [r["dataset"]["type"] for r in rows] == [r["dataset"]["name"] for r in rows]
     else:
         # the folder name peft can load (run beside it), never the path; its digest is in the card (issue 32)
         assert json.loads(pushed["adapter_config.json"])["base_model_name_or_path"] == "base"

@@ -330,7 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         hub = sys.modules.get("hubsoup.hub")  # not imported: nothing was pushed
         done = folder.COMMITTED[committed:] if folder is not None else []
         pushes = hub.PUSHED[pushed:] if hub is not None else []
-        note = getattr(args, "interrupted_note", None)  # a command that makes no output (push) says its own
+        # a command that makes no output (push) or keeps state on purpose (an evolve study) says its own: a line,
+        # or a function giving it (None: nothing to add)
+        note = getattr(args, "interrupted_note", None)
+        note = note() if callable(note) else note
         if note and not pushes:
             return note
         said = f"the output written before it is complete: {done[-1]}" if done else "no output was left behind"
@@ -345,9 +348,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def interrupted(sig: int) -> int:
         head = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted"
-        # a command that keeps state on purpose (an evolve study) says what it kept and how to go on
-        kept = getattr(args, "interrupted_note", None)
-        print(f"{head}; {(kept() if kept else None) or left_behind()}", file=sys.stderr)
+        print(f"{head}; {left_behind()}", file=sys.stderr)
         return signals.EXIT_CODES[sig]
 
     try:

@@ -102,22 +102,29 @@ _BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas", "sql", "webdat
 
 def dataset_type(result: TaskResult) -> str:
     """The model-index ``dataset.type`` of a result: the Hub dataset its scores come from (its repo ID; for an
-    lm-eval task, the ``dataset_path`` its config reads), else ``custom`` — a local file is never a dataset type
-    (the task's name is the model-index ``dataset.name``).
+    lm-eval task, the ``dataset_path`` its config reads), else the task's name — a local file is never a dataset
+    type. (huggingface_hub groups a model-index's results by ``dataset.type``: one shared word for every local task
+    would fold them into one entry, so each keeps its own name.)
 
     Example:
         >>> dataset_type(TaskResult(TaskSpec(kind="perplexity", data="org/wiki-sample"), {}, 0))
         'org/wiki-sample'
         >>> dataset_type(TaskResult(TaskSpec(kind="classification", data="./val.csv", name="sst"), {}, 0))
-        'custom'
+        'sst'
     """
     data = result.task.data
     if result.task.kind == "lm-eval":  # the dataset lm-eval's task reads (its task name is the dataset's name)
         data = str(((result.details.get("lm_eval") or {}).get("config") or {}).get("dataset_path") or "")
     if (not data or looks_local(data) or os.path.exists(os.path.expanduser(data)) or "@sha256:" in data
             or data.endswith("@local") or data.lower() in _BUILDERS):
-        return "custom"
+        return local_dataset_type(result.task.name)
     return data
+
+
+def local_dataset_type(name: str | None) -> str:
+    """``dataset.type`` for data that is no Hub dataset: the task's name (a label, never a path), else ``custom``."""
+    name = os.path.basename(str(name or "").rstrip("/\\"))
+    return name if name and not looks_local(name) else "custom"
 
 
 def to_eval_results(results: Sequence[TaskResult]):
@@ -125,7 +132,7 @@ def to_eval_results(results: Sequence[TaskResult]):
 
     The metric ``type`` is exact (``macro_f1``, not ``f1``); a score computed through a frozen
     head from outside the model says so in its ``name`` (``Accuracy (frozen head sst.safetensors@sha256:...)``).
-    ``dataset.type`` is a Hub dataset's ID or ``custom`` (:func:`dataset_type`), never a file.
+    ``dataset.type`` is a Hub dataset's ID or the task's name (:func:`dataset_type`), never a file.
     """
     out = []
     for r in results:
