@@ -21,6 +21,7 @@ from hubsoup import REPOSITORY
 from hubsoup.arch import auto_class
 from hubsoup.errors import ParameterError
 from hubsoup.eval import to_eval_results
+from hubsoup.eval.run import local_dataset_type
 from hubsoup.methods import get_method
 from hubsoup.methods import describe
 from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref, public_value
@@ -68,8 +69,8 @@ def upstream_model(ref) -> str | None:
 
 
 def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[EvalResult] | None:
-    """Eval results as published: a ``dataset.type`` that is a local file (a caller's own ``EvalResult``) is
-    ``custom``, as :func:`hubsoup.eval.run.dataset_type` makes it; the file is never named there."""
+    """Eval results as published: a ``dataset.type`` that is a local file (a caller's own ``EvalResult``) is the
+    result's dataset name, as :func:`hubsoup.eval.run.dataset_type` makes it; the file is never named there."""
     if not eval_results:
         return eval_results
 
@@ -77,7 +78,7 @@ def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[Eval
     for r in eval_results:
         kind = getattr(r, "dataset_type", None)
         if isinstance(kind, str) and (looks_local(kind) or "@sha256:" in kind or kind.endswith("@local")):
-            r = dataclasses.replace(r, dataset_type="custom")
+            r = dataclasses.replace(r, dataset_type=local_dataset_type(r.dataset_name))
         out.append(r)
     return out
 
@@ -298,7 +299,7 @@ def _recipe_base(folder: str):
 
     try:
         with open(os.path.join(folder, RECIPE_FILE), encoding="utf-8") as f:
-            return Recipe.from_yaml(f.read()).base
+            return Recipe.from_yaml(f.read(), verify=False).base
     except Exception:  # noqa: BLE001 - any folder may be pushed: no recipe, no base to rename
         return None
 

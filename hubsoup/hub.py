@@ -67,7 +67,8 @@ log = logging.getLogger(__name__)
 
 # never uploaded: VCS folders, huggingface_hub's local metadata, our own temp files
 IGNORE_PATTERNS = [".git/*", "*/.git/*", ".cache/*", "*.tmp", "*.partial", ".DS_Store",
-                   "hubsoup_study.db*"]  # an evolve study's local store (it names local paths): never uploaded
+                   "hubsoup_study.db*",  # an evolve study's local store (it names local paths): never uploaded
+                   ".hubsoup", "*/.hubsoup"]  # hubsoup's marker of a folder it made (output.folder.MARKER): local
 
 
 # text files whose local paths are replaced by public names in what is uploaded
@@ -197,13 +198,14 @@ def _local_paths(folder: str, repo_id: str, recipe: Recipe | None = None) -> dic
 
 
 def _folder_recipe(folder: str) -> Recipe | None:
-    """The recipe a merge output holds (None: none, or not one of hubsoup's)."""
+    """The recipe a merge output holds (None: none, or not one of hubsoup's), read for what it names whatever else
+    it says (``verify=False``: an edited recipe is still scanned for local paths and private inputs)."""
     path = os.path.join(folder, RECIPE_FILE)
     if not os.path.isfile(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            return Recipe.from_yaml(f.read())
+            return Recipe.from_yaml(f.read(), verify=False)
     except Exception:  # noqa: BLE001 - not a hubsoup recipe
         return None
 

@@ -222,6 +222,11 @@ class MergeOptions:
     """The most local disk the run may use at its peak (``"20GB"`` or bytes): the output (all of it, or the shards
     in flight when they stream to the Hub), the Hub cache it fills and its temporary files. Checked from the plan
     before any weight is downloaded (:mod:`hubsoup.footprint`)."""
+    allow_task_code: bool = flag(
+        False, "with --hub-only: let an lm-eval task_dir fetched from the Hub run its Python (!function, .py "
+               "files; it runs code!)", compare=False)
+    """In a ``hub_only`` run, an lm-eval ``task_dir`` is a Hub repo fetched into a fresh folder, and its Python
+    (``!function`` tags, ``.py`` files) is refused unless the operator sets this (SECURITY.md)."""
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPE_NAMES:

@@ -213,8 +213,8 @@ def test_eval_results_name_the_metric_exactly(outputs):
     _, results = model_index_to_eval_results(index)
     assert {(r.metric_type, r.metric_name) for r in results} == {("accuracy", "Accuracy"), ("macro_f1", "Macro-F1")}
     assert all(r.dataset_name == "toy" and r.task_type == "text-classification" for r in results)
-    # a local data file is no dataset type: ``custom``, the task's name as the dataset's name (issue 48, item 8)
-    assert all(r.dataset_type == "custom" for r in results)
+    # a local data file is no dataset type: the task's name is (and the dataset's name) (issue 48, item 8)
+    assert all(r.dataset_type == "toy" for r in results)
     assert "val.csv" not in json.dumps(index)
     assert "private-data" not in card.text and "private-data" not in json.dumps(index)
     assert "| text-classification | toy | validation | Macro-F1 (`macro_f1`) |" in card.text

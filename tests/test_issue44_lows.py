@@ -37,7 +37,7 @@ def tiny(tmp_path_factory):
 def evolve_config(tiny, **over) -> dict:
     base, fts, data = tiny
     cfg = {"base": base, "models": fts, "method": "ties", "space": {"density": [0.1, 0.9]}, "trials": 2,
-           "population": 2, "eval": {"tasks": [f"perplexity:{data}"]}}
+           "population": 2, "optimizer": "tpe", "eval": {"tasks": [f"perplexity:{data}"]}}
     cfg.update(over)
     return cfg
 

@@ -172,6 +172,44 @@ def test_scores_are_lm_evals_own(toy):
 
 
 @pytest.mark.slow
+def test_tasks_built_once_give_simple_evaluates_numbers_for_every_model(toy):
+    """An Evaluator builds lm-eval's tasks once and scores model after model (a search's candidates) with them:
+    each gets exactly what a fresh ``simple_evaluate`` gives it, few-shot examples (seeded) included."""
+    import torch
+    import transformers
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from hubsoup.eval import Evaluator, lmeval
+
+    base, fts, spec = toy
+    spec = spec + ",num_fewshot=2"
+    task_dir = spec.split("task_dir=")[1].split(",")[0]
+    models = [transformers.AutoModelForCausalLM.from_pretrained(p).eval() for p in (fts[0], fts[1], base)]
+    tok = transformers.AutoTokenizer.from_pretrained(fts[0])
+    tok.pad_token = tok.pad_token or tok.eos_token
+    theirs = [lm_eval.simple_evaluate(model=HFLM(pretrained=m, tokenizer=tok, batch_size=4, device="cpu"),
+                                      tasks=["toy_choice"], num_fewshot=2, bootstrap_iters=0, log_samples=False,
+                                      task_manager=TaskManager(include_path=task_dir, include_defaults=False))
+              for m in models]
+    ev = Evaluator([TaskSpec.parse(spec)], tokenizer=fts[0])
+    ours = [ev.evaluate(m)[0] for m in models]
+    # one model instance whose weights change in place, as a search's session does
+    with torch.no_grad():
+        for p, q in zip(models[0].parameters(), models[1].parameters()):
+            p.copy_(q)
+    again = ev.evaluate(models[0])[0]
+    for out, r in zip(theirs, ours):
+        row = out["results"]["toy_choice"]
+        assert r.metrics == {"acc": row["acc,none"], "acc_norm": row["acc_norm,none"]}
+        assert r.details["lm_eval"]["results"] == row and r.details["lm_eval"]["n-shot"] == 2
+        # lm-eval's config as hubsoup keeps it: its local files by name and content hash (nothing local published)
+        assert r.details["lm_eval"]["config"] == lmeval.public_config(out["configs"]["toy_choice"])
+    assert again.metrics == ours[1].metrics
+    assert len({tuple(r.metrics.values()) for r in ours}) > 1  # the models score differently
+
+
+@pytest.mark.slow
 def test_merge_eval_writes_lm_eval_output_and_model_index(toy, tmp_path):
     import hubsoup
     from huggingface_hub import ModelCard
@@ -246,4 +284,5 @@ def test_a_custom_tasks_local_files_are_never_kept_or_pushed_and_git_says_nothin
     for name, data in pushed.items():
         assert local_path_in_file(name, data) is None, name
     meta = yaml.safe_load(pushed["README.md"].decode().split("---\n")[1])
-    assert {r["dataset"]["type"] for r in meta["model-index"][0]["results"]} == {"custom"}  # lm-eval's `json`: no file
+    rows = meta["model-index"][0]["results"]  # lm-eval's `json`: no file, the task's name
+    assert [r["dataset"]["type"] for r in rows] == [r["dataset"]["name"] for r in rows]

@@ -592,10 +592,19 @@ def test_overwrite_never_deletes_a_slice_donor(models, tmp_path, monkeypatch):
     import hubsoup
     from hubsoup.errors import ParameterError
 
+    from hubsoup.errors import OutputExistsError
+    from hubsoup.output.folder import MARKER, write_marker
+
     monkeypatch.chdir(models)
     donor = os.path.join(models, "tiny-llama", "ft-b")
-    with pytest.raises(ParameterError, match="would delete it"):
+    with pytest.raises(OutputExistsError, match="hubsoup did not make it"):  # a model folder: not hubsoup's (issue 44)
         hubsoup.run_recipe(os.path.join(FIX, "passthrough_frankenmerge.yml"), donor, overwrite=True, quiet=True)
+    write_marker(donor, "merge")  # even a folder hubsoup made, when a slice copies from it
+    try:
+        with pytest.raises(ParameterError, match="would delete it"):
+            hubsoup.run_recipe(os.path.join(FIX, "passthrough_frankenmerge.yml"), donor, overwrite=True, quiet=True)
+    finally:
+        os.remove(os.path.join(donor, MARKER))
     assert os.path.isfile(os.path.join(donor, "model.safetensors"))
 
 

@@ -464,7 +464,8 @@ def test_sigterm_during_the_pushes_says_what_was_published(hub, zoo, tmp_path):
     assert "no output was left behind" not in proc.stderr
     [first] = soup_repos(hub)
     assert "terminated (SIGTERM): 1 merge(s) were published by this run and stay on the Hub" in proc.stderr
-    assert f"  {first}\n" in proc.stderr and "the push of soup-org/" in proc.stderr and "was in flight" in proc.stderr
+    assert f"stay on the Hub: {first}; the push of soup-org/" in proc.stderr and "was in flight" in proc.stderr
+    assert len([ln for ln in proc.stderr.splitlines() if ln.strip()]) == 1, proc.stderr  # one line (issue 44)
     report, out, events = run(path)
     assert report.exit_code == 0, out
     assert len(soup_repos(hub)) == 3 and all(len(t) == 2 for t in soup_repos(hub).values())  # one commit each

@@ -57,9 +57,12 @@ def tensors(folder) -> dict[str, torch.Tensor]:
 
 
 def local_files(folder) -> dict[str, bytes]:
+    """What a push uploads of ``folder``: its files but hubsoup's marker (``.hubsoup``, local only: issue 44)."""
     out = {}
     for dirpath, _, names in os.walk(folder):
         for n in names:
+            if n == ".hubsoup":
+                continue
             p = os.path.join(dirpath, n)
             out[os.path.relpath(p, folder)] = open(p, "rb").read()
     return out

@@ -320,7 +320,8 @@ def test_nothing_local_is_pushed(hub, model_dir, tmp_path, capsys, monkeypatch, 
     if fmt == "full":
         assert "wiki.jsonl@sha256:" in pushed["eval_results.json"].decode()  # the data by name and content hash
         meta = yaml.safe_load(card.split("---\n")[1])  # the model-index: a local file is no dataset type
-        assert {r["dataset"]["type"] for r in meta["model-index"][0]["results"]} == {"custom"}
+        rows = meta["model-index"][0]["results"]  # the task's name, never the file
+        assert [r["dataset"]["type"] for r in rows] == [r["dataset"]["name"] for r in rows]
     else:
         # the folder name peft can load (run beside it), never the path; its digest is in the card (issue 32)
         assert json.loads(pushed["adapter_config.json"])["base_model_name_or_path"] == "base"
@@ -419,6 +420,17 @@ def test_overwrite_never_deletes_an_input_or_the_base(zoo, tmp_path, capsys):
     work = tmp_path / "work"
     for name in ("base", "ft-a", "ft-b"):
         shutil.copytree(zoo[name], work / name)
+    before = snapshot(work)
+    for out in (work / "ft-a", work / "base", work):  # model folders: hubsoup did not make them (issue 44)
+        rc, _, err = cli(capsys, "merge", work / "ft-a", work / "ft-b", "--base", work / "base",
+                         "--method", "linear", "--out", out, "--overwrite")
+        line = one_line_error(err)
+        assert rc == 2 and "hubsoup did not make it" in line, line
+        assert snapshot(work) == before
+    from hubsoup.output.folder import write_marker
+
+    for name in ("ft-a", "base", ""):  # even folders hubsoup made (an earlier merge as an input)
+        write_marker(str(work / name), "merge")
     before = snapshot(work)
     for out, what in ((work / "ft-a", "is input"), (work / "base", "is the base"), (work, "contains")):
         rc, _, err = cli(capsys, "merge", work / "ft-a", work / "ft-b", "--base", work / "base",

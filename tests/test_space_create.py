@@ -457,7 +457,7 @@ def test_app_one_visitors_run_never_shows_anothers(app_module):
     app = app_module
     both_running = threading.Barrier(2, timeout=30)
 
-    def merge_job(job, progress, cancel):  # the merge a job describes, here one that fails as its visitor's
+    def merge_job(job, progress, cancel, before_push=None):  # the merge a job describes, here one that fails as its visitor's
         user = job["inputs"][0]
         progress(0.5, "merge", f"merging for {user}")
         both_running.wait()  # the other visitor's run is at the same point

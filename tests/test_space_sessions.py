@@ -148,8 +148,7 @@ def test_a_refused_public_push_tells_the_visitor_without_server_paths_or_flags(a
                                repo_id="alice/public-soup", private=False, cancel=threading.Event())
     error = state["error"]
     assert isinstance(error, PrivateInputsError) and not hub.exists("alice/public-soup")
-    # the command line's message has the flags (a streamed push names no folder; other push errors do: below)
-    assert "--private" in str(error)
+    assert "--private" in str(error)  # the command line's message names the flag (a streamed push: no folder)
     msg = app.visitor_message(error, "alice/public-soup")
     assert "`alice/private-ft`" in msg and 'Tick "Private repo"' in msg, msg
     for leak in (app.RUNS_DIR, "/tmp", "--", "hubsoup push", "allow_private_inputs"):

@@ -152,23 +152,30 @@ def merge_job(job: dict[str, Any], progress: Callable[[float, str, str], None], 
     return pushed.commit_url if job.get("push") and pushed is not None else job["out"]
 
 
-def error_info(error: BaseException) -> dict[str, str]:
-    """An error as plain data (it crosses the ZeroGPU boundary; a traceback's objects may not pickle)."""
-    return {"type": type(error).__name__, "message": str(error),
-            "hubsoup": "yes" if isinstance(error, HubsoupError) else ""}
+def error_info(error: BaseException) -> dict[str, Any]:
+    """An error as plain data (it crosses the ZeroGPU boundary; a traceback's objects may not pickle): its class,
+    message, and what :func:`visitor_message` reads of it (a refused public push's target and inputs)."""
+    info: dict[str, Any] = {"type": type(error).__name__, "message": str(error),
+                            "hubsoup": "yes" if isinstance(error, HubsoupError) else ""}
+    if isinstance(error, PrivateInputsError):
+        info.update(repo_id=error.repo_id, inputs=[list(x) for x in error.inputs])
+    return info
 
 
-def error_from(info: dict[str, str]) -> BaseException:
+def error_from(info: dict[str, Any]) -> BaseException:
     """The error :func:`error_info` described: hubsoup's own class again, anything else as a HubsoupError."""
     import hubsoup.errors
 
     cls = getattr(hubsoup.errors, info["type"], None) if info.get("hubsoup") else None
+    if isinstance(cls, type) and issubclass(cls, PrivateInputsError):
+        return cls(info["message"], info.get("repo_id", ""), [tuple(x) for x in info.get("inputs") or []])
     if isinstance(cls, type) and issubclass(cls, HubsoupError):
         return cls(info["message"])
     return HubsoupError(f"{info['type']}: {info['message']}")
 
 
-def merge_events(job: dict[str, Any], before_push: Callable[[Any, str], None] | None = None) -> Iterator[tuple[Any, ...]]:
+def merge_events(job: dict[str, Any], before_push: Callable[[Any, str], None] | None = None, *,
+                 local: bool = False) -> Iterator[tuple[Any, ...]]:
     """The merge of ``job`` as a stream of plain tuples: ``("progress", done, stage, message)`` as it advances,
     ``("alive",)`` every :data:`HEARTBEAT` seconds when nothing changed, then ``("done", folder)`` or
     ``("error", error_info)``. Closing the generator cancels the merge and returns once it has unwound (its
@@ -186,7 +193,8 @@ def merge_events(job: dict[str, Any], before_push: Callable[[Any, str], None] | 
         try:
             end: tuple[Any, ...] = ("done", merge_job(job, progress, cancel, before_push))
         except BaseException as e:  # noqa: BLE001 - reported as data; a cancel is a MergeCancelled
-            end = ("error", error_info(e))
+            # in this process (``local``) the error itself too: its causes say what the Hub answered
+            end = ("error", error_info(e), e) if local else ("error", error_info(e))
         with changed:
             outcome.append(end)
             changed.notify()
@@ -227,7 +235,7 @@ def run_merge(job: dict[str, Any], report: Callable[[float, str, str], None], ca
     """Run ``job`` (on ZeroGPU in the GPU worker, else in this process), forwarding its progress to ``report`` and
     ``cancel`` to it; returns the output folder (a streamed push: the commit's URL). Raises the merge's error, or
     MergeCancelled."""
-    events = merge_on_gpu(job) if ZEROGPU else merge_events(job, before_push)
+    events = merge_on_gpu(job) if ZEROGPU else merge_events(job, before_push, local=True)
     try:
         for event in events:
             if cancel.is_set():
@@ -237,7 +245,7 @@ def run_merge(job: dict[str, Any], report: Callable[[float, str, str], None], ca
             elif event[0] == "done":
                 return str(event[1])
             elif event[0] == "error":
-                raise error_from(event[1])
+                raise event[2] if len(event) > 2 else error_from(event[1])
     finally:
         events.close()  # on a cancel: the merge stops at its next check; this returns once it has cleaned up
     if cancel.is_set():

@@ -1,4 +1,10 @@
-"""The ``hubsoup`` command line. Every command calls the Python API."""
+"""The ``hubsoup`` command line. Every command calls the Python API.
+
+Signals first: when this process is the ``hubsoup`` command (its console script or ``python -m hubsoup``), a
+Ctrl-C or SIGTERM is recorded from the package's first line on (``hubsoup/__init__.py``), before the other
+imports, and :func:`main` installs the raising handlers before anything else: a signal at any moment ends the
+command with one line (exit 130 / 143); see :mod:`hubsoup.cli.signals`.
+"""
 
 from __future__ import annotations
 
@@ -325,22 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.verbose = args.top_verbose or getattr(args, "verbose", False)
-    args.quiet = args.top_quiet or getattr(args, "quiet", False)
-    level = logging.DEBUG if args.verbose else (logging.ERROR if args.quiet else logging.WARNING)
-    logging.basicConfig(level=level, format="%(levelname)s: %(message)s")
-    # lazy: keeps hubsoup --help free of torch
-    from hubsoup.hub import install_log_scrubber, scrub_secrets  # no Hub token in any log line or message
-    from hubsoup.hubclient import quiet_retries  # lazy: beside the line above (the leaf is light; one place)
-
-    install_log_scrubber()
-    quiet_retries(show=args.verbose)  # a dropped connection: one error line, not a warning per retried request (-v shows them)
+    # first of all: a signal from now on unwinds through the cleanup and ends as one line (see cli.signals)
     restore_signals = signals.catch()
-    mark = signals.mark_now()
-    # outputs committed before this command (main() may run several times in one process); read lazily: the
-    # output module imports torch, which a command such as `hubsoup methods` need not
+    mark = signals.start_mark()  # a signal recorded while the command imported its modules counts too
+    verbose, args = False, None
+    # outputs committed before this command (main() may run several times in one process); read without importing
+    # the output module (it imports torch, which a command such as `hubsoup methods` need not)
     folder_mod = sys.modules.get("hubsoup.output.folder")
     committed = len(folder_mod.COMMITTED) if folder_mod is not None else 0
     hub_mod = sys.modules.get("hubsoup.hub")
@@ -348,21 +344,23 @@ def main(argv: list[str] | None = None) -> int:
     sent = len(hub_mod.COMMITTING) if hub_mod is not None else 0
 
     def left_behind() -> str:  # what an interrupted command says of its output
-        from hubsoup.hub import COMMITTING, PUSHED  # lazy: keeps hubsoup --help free of torch
-
-        note = getattr(args, "interrupted_note", None)  # a command that makes no output (push) says its own
-        if note and not PUSHED[pushed:]:
+        folder = sys.modules.get("hubsoup.output.folder")  # not imported: nothing was committed
+        hub = sys.modules.get("hubsoup.hub")  # not imported: nothing was pushed
+        done = folder.COMMITTED[committed:] if folder is not None else []
+        pushes = hub.PUSHED[pushed:] if hub is not None else []
+        # a command that makes no output (push) or keeps state on purpose (an evolve study) says its own: a line,
+        # or a function giving it (None: nothing to add)
+        note = getattr(args, "interrupted_note", None)
+        note = note() if callable(note) else note
+        if note and not pushes:
             return note
-        from hubsoup.output.folder import COMMITTED  # lazy: keeps hubsoup --help free of torch
-
-        done = COMMITTED[committed:]
         said = f"the output written before it is complete: {done[-1]}" if done else "no output was left behind"
         repo = getattr(args, "push", None)
-        if PUSHED[pushed:]:
-            said += f"; pushed: {PUSHED[-1]}"
-        elif COMMITTING[sent:]:  # a commit went out unanswered: the Hub applies it whole or not at all
-            said += f"; the one commit to {COMMITTING[-1]} was on its way: the repo holds all of it or none"
-        elif repo and args.command in ("merge", "run"):
+        if pushes:
+            said += f"; pushed: {pushes[-1]}"
+        elif hub is not None and hub.COMMITTING[sent:]:  # a commit went out unanswered: the Hub applies it whole or not
+            said += f"; the one commit to {hub.COMMITTING[-1]} was on its way: the repo holds all of it or none"
+        elif repo and getattr(args, "command", None) in ("merge", "run"):
             said += f"; nothing was committed to {repo} (run the same command again: it resumes)"
         return said
 
@@ -372,6 +370,19 @@ def main(argv: list[str] | None = None) -> int:
         return signals.EXIT_CODES[sig]
 
     try:
+        if signals.received(mark) is not None:  # it came while the command was starting
+            raise KeyboardInterrupt
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        args.verbose = verbose = args.top_verbose or getattr(args, "verbose", False)
+        args.quiet = args.top_quiet or getattr(args, "quiet", False)
+        level = logging.DEBUG if args.verbose else (logging.ERROR if args.quiet else logging.WARNING)
+        logging.basicConfig(level=level, format="%(levelname)s: %(message)s")
+        # lazy: keeps hubsoup --help free of torch
+        from hubsoup.hubclient import install_log_scrubber, quiet_retries  # no Hub token in any log line or message
+
+        install_log_scrubber()
+        quiet_retries(show=args.verbose)  # a dropped connection: one error line, not a warning per retried request (-v shows them)
         rc = args.func(args)
     except BaseException as e:
         # a signal first: it may arrive as another error (see hubsoup.cli.signals)
@@ -380,14 +391,20 @@ def main(argv: list[str] | None = None) -> int:
             return interrupted(sig)
         if not isinstance(e, HubsoupError):
             raise
-        if args.verbose:
+        from hubsoup.hubclient import scrub_secrets  # lazy: keeps hubsoup --help free of torch
+
+        if verbose:
             print(scrub_secrets(traceback.format_exc()), file=sys.stderr, end="")
         print(f"error: {scrub_secrets(e)}", file=sys.stderr)
         return 2
     finally:
         restore_signals()
+        if signals.the_command():  # its end is decided: a signal while the interpreter exits is not a second ending
+            signals.ignore()
     sig = signals.received(mark)  # a signal whose exception something swallowed: the command still ran to its end
-    return interrupted(sig) if sig is not None else rc
+    if sig is not None and rc != signals.EXIT_CODES[sig]:  # (a command that said it itself returns its code)
+        return interrupted(sig)
+    return rc
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -99,6 +99,32 @@ def require_hub_dataset(spec: Any, role: str) -> str:
     return spec
 
 
+TASK_REPOS = "Hub dataset or Space repos (org/name, hf://datasets/org/name, hf://spaces/org/name)"
+
+
+def require_task_repo(spec: Any, role: str) -> tuple[str, str, str | None]:
+    """``(repo_type, repo_id, revision)`` of a Hub repo that holds lm-eval tasks (a ``task_dir`` in a ``hub_only``
+    run), by its text alone: ``org/name[@rev]`` (a dataset), ``hf://datasets/org/name[@rev]`` or
+    ``hf://spaces/org/name[@rev]``; anything else is :func:`refusal` (nothing on the disk is looked at).
+
+    >>> require_task_repo("hf://spaces/org/tasks@v1", "task_dir")
+    ('space', 'org/tasks', 'v1')
+    >>> require_task_repo("./tasks", "task_dir")
+    Traceback (most recent call last):
+    ...
+    hubsoup.errors.InputError: task_dir './tasks': only Hub dataset or Space repos (org/name, hf://datasets/org/name, hf://spaces/org/name) are accepted here, not local paths
+    """
+    text, kind = spec if isinstance(spec, str) else "", "dataset"
+    for prefix, k in (("hf://datasets/", "dataset"), ("hf://spaces/", "space")):
+        if text.startswith(prefix):
+            text, kind = text[len(prefix):], k
+            break
+    if not is_hub_id(text):
+        raise refusal(role, spec, TASK_REPOS)
+    repo_id, _, revision = text.partition("@")
+    return kind, repo_id, revision or None
+
+
 @dataclass
 class Access:
     """The rules of one run (see the module's docstring). ``spent``: bytes charged to ``max_download`` so far."""
@@ -123,6 +149,8 @@ class Access:
     """``(repo@sha/file, why)`` of files read in place that could not be checked against a sha256."""
     remote_files: dict = field(default_factory=dict, repr=False)
     """``{(repo, sha, file, token): RemoteFile}``: the Hub files this run reads in place, opened once."""
+    allow_task_code: bool = False
+    """In a ``hub_only`` run: the operator lets an lm-eval task repo's Python (``!function``, ``.py`` files) run."""
     _charged: set = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -221,6 +249,7 @@ def scope(options: Any = None, **kw: Any) -> Iterator[Access]:
     token = kw.get("token", getattr(options, "token", None))
     cache_inputs = bool(kw.get("cache_inputs", getattr(options, "cache_inputs", False)))
     read_ahead = kw.get("read_ahead", getattr(options, "read_ahead_bytes", None))
+    allow_code = bool(kw.get("allow_task_code", getattr(options, "allow_task_code", False)))
     outer = _CURRENT.get()
     if outer is not None:
         stricter = (want_hub_only and not outer.hub_only) or (cache_dir and not outer.cache_dir) or (
@@ -237,7 +266,8 @@ def scope(options: Any = None, **kw: Any) -> Iterator[Access]:
             limit = outer.max_download - outer.spent
     access = Access(hub_only=want_hub_only, cache_dir=cache_dir, max_download=limit,
                     token=outer.token if outer is not None and token is None else token,
-                    cache_inputs=cache_inputs, read_ahead=read_ahead)
+                    cache_inputs=cache_inputs, read_ahead=read_ahead,
+                    allow_task_code=outer.allow_task_code if outer is not None else allow_code)
     token = _CURRENT.set(access)
     try:
         yield access
@@ -259,6 +289,11 @@ def check_specs(*, inputs: Iterable[Any] = (), base: Any = None, soup: Any = Non
     if soup is not None:
         require_hub_id(soup, "soup")
     for t in tasks or ():  # parsed task specs (hubsoup.eval.TaskSpec: sources sit below eval)
+        if getattr(t, "kind", None) == "lm-eval":  # lm-eval's task names (labels); a task folder is a Hub repo
+            task_dir = (getattr(t, "extra", None) or {}).get("task_dir")
+            if task_dir:
+                require_task_repo(task_dir, f"task {short(t.name)} task_dir")
+            continue
         require_hub_dataset(getattr(t, "data", None), "evaluation data")
         if getattr(t, "head", None):
             raise refusal(f"task '{short(t.name)}' head", t.head, "Hub datasets")
@@ -312,5 +347,5 @@ def check_offline(who: str) -> None:
 
 
 __all__ = ["Access", "current", "scope", "check_specs", "hub_only", "is_hub_id", "is_hub_dataset",
-           "require_hub_id", "require_hub_model",
+           "require_hub_id", "require_hub_model", "require_task_repo",
            "require_hub_dataset", "refusal", "check_offline", "load_hub_dataset"]

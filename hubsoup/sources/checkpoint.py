@@ -9,6 +9,7 @@ import fnmatch
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -232,6 +233,7 @@ class Checkpoint:
     keep_files: Callable[[], None] | None = None
     """A Hub input: have its weight files downloaded into the Hub cache rather than read in place (before it is
     opened: a method that builds the model from the folder, :attr:`hubsoup.methods.Method.needs_base_files`)."""
+    _kept: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # keep(): tensors read, in memory
 
     # --- metadata -------------------------------------------------------------------
     @property
@@ -516,8 +518,42 @@ class Checkpoint:
         self._meta()
         return name in self._infos
 
+    def keep(self) -> int:
+        """Keep every tensor in memory once read (a copy, off the file's mapping): read once, then served from
+        memory, and :meth:`release` no longer drops it. For a process that streams the same model many times (a
+        search's trials). Returns the bytes it will hold once every tensor was read (their stored size).
+
+        Example:
+            >>> ckpt.keep()                                  # doctest: +SKIP
+            75194368
+        """
+        if self._kept is None:
+            self._kept = {}
+        return self.stored_bytes()
+
+    def stored_bytes(self) -> int:
+        """The size of every tensor as stored (from the headers)."""
+        return sum(math.prod(self.info(k).shape) * self.info(k).dtype.itemsize for k in self.keys())
+
+    def forget(self) -> None:
+        """Undo :meth:`keep`: the tensors held are dropped, and later reads go to the files again."""
+        self._kept = None
+
+    @property
+    def kept(self) -> bool:
+        """Whether :meth:`keep` was called: tensors are served from memory once read."""
+        return self._kept is not None
+
     def tensor(self, name: str) -> torch.Tensor:
-        """Read one tensor, in its stored dtype."""
+        """Read one tensor, in its stored dtype (from memory after :meth:`keep`: never modify it)."""
+        if self._kept is not None:
+            t = self._kept.get(name)
+            if t is None:
+                t = self._kept[name] = self._read(name).clone()
+            return t
+        return self._read(name)
+
+    def _read(self, name: str) -> torch.Tensor:
         self._open()
         fname = self._files.get(name)
         if fname is None:
@@ -554,6 +590,8 @@ class Checkpoint:
         self._open()
         out = []
         for name in names:
+            if self._kept is not None and name in self._kept:
+                continue  # in memory: nothing to read ahead
             fname = self._files.get(name)
             if fname is not None and fname in self._remote:  # read in place: the file's key, not a path
                 rf = self._remote[fname]

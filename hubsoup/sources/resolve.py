@@ -17,10 +17,14 @@ import fnmatch
 import logging
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Iterator
 
 from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
 from huggingface_hub.errors import (
@@ -440,6 +444,47 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
 
 
 _sleep = time.sleep
+
+
+MAX_REPO_FILES = 2000
+"""The most files a fetched task repo (:func:`fetched_repo`) may hold."""
+
+
+@contextmanager
+def fetched_repo(repo_type: str, repo_id: str, revision: str | None, who: str) -> Iterator[str]:
+    """A Hub repo's files (an lm-eval task repo of a ``hub_only`` run) in a fresh folder, removed when the block
+    ends: asked of the Hub with the run's token, charged to its download budget, written inside the run's
+    ``cache_dir`` (or a temporary folder), never a folder of the host nor the shared Hub cache.
+
+    Raises :class:`~hubsoup.errors.InputError` (one line, ``who`` and the repo only) when the Hub refuses it.
+    """
+    acc = current()
+    if constants.HF_HUB_OFFLINE:
+        raise InputError(f"{who}: {repo_id} is fetched from the Hub with this run's token, and the Hub is offline "
+                         "(HF_HUB_OFFLINE=1)")
+    if acc.cache_dir:
+        os.makedirs(acc.cache_dir, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="hubsoup-tasks-", dir=acc.cache_dir or None)
+    try:
+        try:
+            ensure_timeouts()
+            info = HfApi().repo_info(repo_id, repo_type=repo_type, revision=revision, token=acc.token,
+                                     timeout=hub_timeout(), files_metadata=True)
+            siblings = info.siblings or []
+            if len(siblings) > MAX_REPO_FILES:
+                raise InputError(f"{who}: {repo_id} holds {len(siblings)} files, more than the {MAX_REPO_FILES} a task "
+                                 "repo may hold")
+            acc.charge(repo_id, info.sha, {f.rfilename: getattr(f, "size", None) for f in siblings}, None, who,
+                       repo_type=repo_type)
+            snapshot_download(repo_id, repo_type=repo_type, revision=info.sha, token=acc.token, local_dir=folder,
+                              tqdm_class=silent_tqdm(Monitor(None, None)))
+        except HubsoupError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one clear line, naming the repo only
+            raise hub_failure(e, who, repo_id, revision, acc.token) from e
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def with_backoff(call, monitor: Monitor | None = None, *, tries: int = 6, first: float = 1.0, most: float = 8.0):

@@ -2,8 +2,10 @@
 
 An executor takes a generation's trial payloads and returns their results in the payloads' order,
 calling ``on_result`` as each arrives (in whatever order they finish); the driver alone talks to the
-study's storage and tells the results in trial order. A trial is :func:`hubsoup.workflows.trial.run_trial`
-everywhere, so where it ran never changes its result.
+study's storage and tells each result as it arrives. A trial is :func:`hubsoup.workflows.trial.run_trial`
+everywhere, so where it ran never changes its result; each process running trials keeps its
+:class:`~hubsoup.workflows.trial.TrialSession` (inputs in memory, one model, the evaluator) between them: this
+process for the executor's life, each Ray worker process for its own.
 
 Ray (``pip install hubsoup[ray]``): ``executor="ray"`` joins the cluster ``RAY_ADDRESS`` names, or starts
 a local one; ``"ray://HOST:PORT"`` joins that one. Each trial is one task requesting the config's
@@ -34,9 +36,9 @@ import torch
 from hubsoup.engine import shared
 from hubsoup.engine.shared import shared_statistics
 from hubsoup.errors import ParameterError
-from hubsoup.sources.access import hub_only
+from hubsoup.sources.access import current, hub_only
 from hubsoup.untrusted import short
-from hubsoup.workflows.trial import run_trial
+from hubsoup.workflows.trial import TrialSessions, run_trial
 
 
 class LocalExecutor:
@@ -49,6 +51,7 @@ class LocalExecutor:
         self._scratch = tempfile.mkdtemp(prefix=".hubsoup-evolve-", dir=scratch)
         self._block = shared_statistics(scratch=self._scratch)
         self._block.__enter__()
+        self._sessions = TrialSessions()  # inputs, candidate model and evaluator kept from one trial to the next
 
     def run(self, payloads: Sequence[dict[str, Any]], *, on_result: Callable[[dict[str, Any]], None] | None = None,
             monitor: Any = None) -> list[dict[str, Any]]:
@@ -60,7 +63,8 @@ class LocalExecutor:
                     monitor.check("between trials (the study is saved; run again to resume)")
                 t0 = time.perf_counter()
                 r = run_trial({**p, "scratch": self._scratch,
-                               "cancel": monitor.cancelled if monitor is not None and monitor.active else None})
+                               "cancel": monitor.cancelled if monitor is not None and monitor.active else None},
+                              self._sessions)
                 r["wall"] = round(time.perf_counter() - t0, 4)
                 out.append(r)
                 if on_result is not None:
@@ -70,6 +74,7 @@ class LocalExecutor:
         return out
 
     def close(self) -> None:
+        self._sessions.close()
         try:
             self._block.__exit__(None, None, None)
         finally:
@@ -78,7 +83,12 @@ class LocalExecutor:
 
 def _ray_trial(payload: dict[str, Any]) -> dict[str, Any]:
     _worker_shared_statistics()
-    return run_trial(payload)
+    return run_trial(payload, _WORKER_SESSIONS)
+
+
+_WORKER_SESSIONS = TrialSessions()
+"""A Ray worker process' session (inputs, candidate model, evaluator), kept between the trials it runs: Ray runs a
+search's tasks in a pool of worker processes, each one session (one model) for its life."""
 
 
 def _worker_shared_statistics() -> None:
@@ -137,7 +147,9 @@ class RayExecutor:
         t0 = time.perf_counter()
 
         strict = hub_only()  # the driver's rule travels with each task (a worker has no scope of its own)
-        index = {self._task.remote({**p, "hub_only": bool(p.get("hub_only")) or strict}): i
+        code = current().allow_task_code
+        index = {self._task.remote({**p, "hub_only": bool(p.get("hub_only")) or strict,
+                                    "allow_task_code": code}): i
                  for i, p in enumerate(payloads)}
         results: list[dict[str, Any] | None] = [None] * len(payloads)
         pending = list(index)

@@ -173,7 +173,8 @@ class PipelineReport:
 def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_run: bool = False,
                  token: Token = None, work_dir: str | None = None, stream: TextIO | None = None,
                  on_event: Callable[[str, PlannedMerge], None] | None = None, hub_only: bool = False,
-                 executor: Any = None, resources: dict[str, Any] | None = None) -> PipelineReport:
+                 executor: Any = None, resources: dict[str, Any] | None = None,
+                 allow_task_code: bool = False) -> PipelineReport:
     """Run (or with ``dry_run`` only plan) a pipeline; see :mod:`hubsoup.workflows.pipeline.run`.
 
     Args:
@@ -186,7 +187,8 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
         on_event: called as ``on_event(kind, merge)`` with kind ``merged``, ``pushed``, ``failed``
             or ``skipped``, for apps and tests.
         hub_only: every model and evaluation dataset must be a Hub ID (no local path is looked at;
-            :mod:`hubsoup.sources.access`), as for a server.
+            :mod:`hubsoup.sources.access`), as for a server; an lm-eval ``task_dir`` is a Hub repo, its Python
+            refused unless ``allow_task_code`` (:mod:`hubsoup.eval.lmeval`).
         executor: ``None``/``"local"`` (this process, the default), ``"ray"`` (``RAY_ADDRESS`` or a local
             cluster), ``"ray://HOST:PORT"`` or an executor object (:mod:`hubsoup.workflows.executors`). With
             Ray and ``eval`` tasks, every merge to make is a task (merged in memory and evaluated on its node,
@@ -209,7 +211,7 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
         >>> [m.url for m in report.by_status("published")]                         # doctest: +SKIP
     """
     check_executor(executor)
-    with scope(hub_only=hub_only):
+    with scope(hub_only=hub_only, allow_task_code=allow_task_code):
         return _run_pipeline(source, dry_run, token, work_dir, stream, on_event, executor, resources)
 
 
@@ -277,8 +279,8 @@ class _Runner:
         (exit status 2), not the same failure on every merge. Read as :meth:`TaskSpec.check` reads it: no
         datasets progress bars ("Generating validation split"), which a dry run's plan is no place for."""
         for spec in self.tasks:
-            if spec.is_local:
-                spec.check()
+            if spec.kind == "lm-eval" or spec.is_local:  # lm-eval: its names (and a hub_only run's task repo,
+                spec.check()                               # fetched and checked for code) now
 
     @property
     def eval_signature(self) -> str:
