@@ -378,6 +378,14 @@ def main(argv: list[str] | None = None) -> int:
         args.quiet = args.top_quiet or getattr(args, "quiet", False)
         level = logging.DEBUG if args.verbose else (logging.ERROR if args.quiet else logging.WARNING)
         logging.basicConfig(level=level, format="%(levelname)s: %(message)s")
+        if signals.the_command():
+            # torch, before the command's code imports it: a signal during its import (Python called back from C++)
+            # is recorded, then raised here; raised inside, it would abort the process (see signals.recorded)
+            with signals.recorded():
+                # lazy: keeps hubsoup --help free of torch (every command imports it)
+                import torch  # noqa: F401
+            if signals.received(mark) is not None:
+                raise KeyboardInterrupt
         # lazy: keeps hubsoup --help free of torch
         from hubsoup.hubclient import install_log_scrubber, quiet_retries  # no Hub token in any log line or message
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from hubsoup import _SIGNALS as _RECEIVED  # the same list the package's first-instant handlers record into
 from hubsoup import _the_command
@@ -95,6 +96,34 @@ def catch() -> Callable[[], None]:
         sys.unraisablehook = hook
 
     return restore
+
+
+@contextmanager
+def recorded() -> Iterator[None]:
+    """For the block, SIGINT and SIGTERM are recorded, never raised (main thread only; else nothing changes).
+
+    For an import of native code that calls back into Python: torch's import runs Python callbacks from C++, and
+    an exception raised there by a handler cannot cross the C++ frames: the process aborts (SIGABRT, pybind11's
+    ``terminate called after throwing an instance of 'pybind11::error_already_set'``) instead of printing its one
+    line. Ask :func:`received` afterwards.
+
+    Example:
+        >>> with recorded():
+        ...     import json
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def record(signum, frame) -> None:
+        _RECEIVED.append(signum)
+
+    previous = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 def mark_now() -> int:
