@@ -310,6 +310,7 @@ class Feed:
         self.seq = 0
         """The tensor being fed (the engine calls :meth:`next_tensor` per tensor); checks are grouped by it."""
         self.handed_bytes = 0
+        self.loads = 0
         """Bytes handed to the device (stored bytes only: never a float32 copy of a narrower tensor)."""
         self.returned_bytes = 0
         self.staged_bytes = 0
@@ -371,6 +372,7 @@ class Feed:
         """
         nbytes = t.numel() * t.element_size()
         self.handed_bytes += nbytes
+        self.loads += 1
         if not self.stage_host:  # mps, meta: no pinned memory to stage in
             return t.to(self.device)
         t0 = time.perf_counter()
