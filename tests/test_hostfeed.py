@@ -524,3 +524,26 @@ def test_on_stream_switches_and_restores_as_torch_cuda_stream_does_without_count
     assert got["hubsoup"][:2] == got["torch"][:2]
     assert got["hubsoup"][0][0] == on and got["hubsoup"][0][1][on] == "copy"
     assert got["torch"][2] >= 1 and got["hubsoup"][2] == 0
+
+
+@pytest.mark.parametrize("method,params", [("ties", {"density": 0.3}), ("slerp", {})])
+def test_tiny_rings_through_the_feed_give_the_cpus_bytes(zoo, tmp_path, monkeypatch, method, params):
+    """Rings of one or two buffers (every buffer reused as soon as nothing holds it, one-off buffers when all are
+    held): the writer's queued outputs are never overwritten, the bytes are the CPU's."""
+    root, base, fts = zoo
+    inputs = fts[:2] if method == "slerp" else fts
+    plain = hubsoup.merge(inputs, method, base=base, out=str(tmp_path / "plain"), params=params, quiet=True)
+    monkeypatch.setattr(hostfeed, "STAGE_SLOTS", 2)
+    monkeypatch.setattr(hostfeed, "OUT_SLOTS", 1)
+    feeds = []
+
+    def make(device):
+        feeds.append(hostfeed.Feed(device, transfer=lambda t: t.clone()))
+        return feeds[-1]
+
+    monkeypatch.setattr(hostfeed, "for_device", make)
+    fed = hubsoup.merge(inputs, method, base=base, out=str(tmp_path / "fed"), params=params, quiet=True)
+    assert files(fed.path) == files(plain.path)
+    out = feeds[-1]
+    assert out._out.allocations == 1 and out.one_off_pins > 0  # the writer held the one output buffer at times
+    assert out._ahead.allocations <= 2
