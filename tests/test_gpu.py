@@ -313,7 +313,7 @@ def test_a_merge_counts_the_cuda_devices_a_constant_number_of_times(depth_zoo, t
                       device="cuda", overwrite=True)
         monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", real)
         counts[layers] = calls[0]
-    assert counts[4] == counts[2] and counts[4] <= 20, counts
+    assert counts[4] == counts[2] and counts[4] <= 30, counts  # a few per merge (one per feed), none per tensor
 
 
 def test_the_feed_pins_a_bounded_number_of_buffers(depth_zoo, tmp_path, monkeypatch):

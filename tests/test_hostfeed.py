@@ -320,8 +320,6 @@ def test_the_cuda_branch_runs_with_stand_in_streams(zoo, tmp_path, monkeypatch):
     """The feed's CUDA code (copy streams, events, record_stream, flags read back on a side stream) run on the
     CPU with stand-ins for CUDA's streams and events: the merge gives the CPU's bytes. (Its real timing and
     pinned copies are tests/test_gpu.py's.)"""
-    import contextlib
-
     root, base, fts = zoo
     plain = hubsoup.merge(fts, "ties", base=base, out=str(tmp_path / "plain"), params={"density": 0.3}, quiet=True)
     current, recorded = _FakeStream(), []
