@@ -545,3 +545,10 @@ def test_tiny_rings_through_the_feed_give_the_cpus_bytes(zoo, tmp_path, monkeypa
     out = feeds[-1]
     assert out._out.allocations == 1 and out.one_off_pins > 0  # the writer held the one output buffer at times
     assert out._ahead.allocations <= 2
+
+
+def test_without_torchs_use_count_a_ring_buffer_is_never_reused(monkeypatch):
+    monkeypatch.setattr(hostfeed, "_USE_COUNT", None)  # a torch without torch._C._storage_Use_Count
+    ring = hostfeed.PinnedRing(2, pin=False)
+    a, b = ring.take(8), ring.take(8)
+    assert a is not b and ring.take(8) is None  # one-off buffers from then on, as before the ring

@@ -96,9 +96,12 @@ RING_FLOOR = 1 << 20
 """Smallest ring buffer: a buffer grows in powers of two from here, so it is regrown a few times at most."""
 
 
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)  # torch's own (cudagraph trees use it); absent: no reuse
+
+
 def _storage_uses(t: torch.Tensor) -> int:
     """How many references the memory of ``t`` has (tensors and views over it, numpy arrays of them)."""
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+    return _USE_COUNT(t.untyped_storage()._cdata) if _USE_COUNT is not None else 0
 
 
 @dataclass(eq=False)  # compared by identity (a field-wise == would compare the buffers' bytes)
@@ -111,7 +114,9 @@ class _Slot:
 
     def held(self) -> bool:
         """True while a view of the buffer lives outside the ring (a staged read, a pending output, the writer)."""
-        return self.buf is not None and _storage_uses(self.buf) > self.uses
+        if self.buf is None:
+            return False
+        return _USE_COUNT is None or _storage_uses(self.buf) > self.uses  # unknowable: held (a one-off instead)
 
 
 class PinnedRing:
