@@ -152,9 +152,19 @@ class PinnedRing:
         if self.cap is not None and nbytes > self.cap:
             return None
         n = len(self.slots)
-        free = [s for s in (self.slots[(self._next + k) % n] for k in range(n)) if not s.held()]
-        ready = [s for s in free if s.done is None or s.done.query()]
-        slot = next((s for s in ready if s.buf is not None and s.buf.numel() >= nbytes), None)
+        free: list[_Slot] = []  # not held, in turn
+        ready: list[_Slot] = []  # of those, with their last copy over (too small so far)
+        slot = None
+        for k in range(n):
+            s = self.slots[(self._next + k) % n]
+            if s.held():
+                continue
+            free.append(s)
+            if s.done is None or s.done.query():
+                if s.buf is not None and s.buf.numel() >= nbytes:
+                    slot = s  # usually the first one looked at
+                    break
+                ready.append(s)
         if slot is None and n < self.max_slots:
             slot = _Slot()
             self.slots.append(slot)
