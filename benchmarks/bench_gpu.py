@@ -12,6 +12,10 @@ bf16). Input GB/s = bytes of every input read (base + fine-tunes) / wall time of
     python benchmarks/bench_gpu.py --out benchmarks/results            # on a machine with a GPU
     python benchmarks/bench_gpu.py --quick --budget 300 --out "$OUT"   # a lent device's few minutes
 
+Two versions of hubsoup on the same machine and inputs (``benchmarks/gpu_before_after.sh``): ``--tree DIR`` times
+the ``hubsoup`` package in DIR (it comes first on the merges' path, and they run there), ``--reuse`` takes the
+models already in ``--work``, ``--name`` names the result files, ``--no-mergekit`` leaves mergekit out.
+
 **Host feed** (``--cpu-feed``; any machine): what the host side of a device merge costs. A bf16
 model is streamed through the engine with the merge device ``meta`` (no arithmetic) and an
 instrumented :class:`~hubsoup.engine.hostfeed.Feed`: the rate at which the host hands stored bytes,
@@ -91,10 +95,33 @@ def make_models(work: str, layers: int, *, device: str = "cuda", hidden: int = 2
     return folders[0], folders[1:], n_params
 
 
+TREE = ROOT
+"""The folder whose ``hubsoup`` package the merges time (``--tree``): first on their path, and their working
+directory (``python -m`` puts the working directory first on ``sys.path``)."""
+
+
 def child_env() -> dict:
-    """This checkout first on PYTHONPATH, what was there after it (a device's carried wheels)."""
+    """The timed tree first on PYTHONPATH, what was there after it (a device's carried wheels)."""
     old = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, "PYTHONPATH": ROOT + (os.pathsep + old if old else ""), "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, "PYTHONPATH": TREE + (os.pathsep + old if old else ""), "PYTHONUNBUFFERED": "1"}
+
+
+def existing_models(work: str) -> tuple[str, list[str], int] | None:
+    """The base + 3 fine-tunes a previous run saved in ``work`` (``--reuse``): (base, fine-tunes, parameters)."""
+    folders = [os.path.join(work, "base" if j == 0 else f"ft{j}") for j in range(4)]
+    files = [os.path.join(d, "model.safetensors") for d in folders]
+    if not all(os.path.isfile(f) and os.path.isfile(os.path.join(os.path.dirname(f), "config.json")) for f in files):
+        return None
+    with open(files[0], "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    n_params = 0
+    for k, v in header.items():
+        if k != "__metadata__":
+            n = 1
+            for d in v["shape"]:
+                n *= d
+            n_params += n
+    return folders[0], folders[1:], n_params
 
 
 def plain_read(paths: list[str], chunk: int = 64 << 20) -> tuple[int, float]:
@@ -233,7 +260,7 @@ def timed(cmd: list[str], timeout: float, env: dict | None = None) -> tuple[floa
     t = time.perf_counter()
     try:
         r = subprocess.run(cmd, env={**child_env(), **(env or {})}, capture_output=True, text=True,
-                           timeout=max(1.0, timeout), cwd=ROOT)
+                           timeout=max(1.0, timeout), cwd=TREE)
         return time.perf_counter() - t, r.returncode, r.stdout, r.stderr
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -249,7 +276,11 @@ def run_gpu(args) -> dict:
     layers = args.layers or (8 if args.quick else 16)
     t0 = time.perf_counter()
     cuda = args.device == "cuda"
-    if cuda:
+    have = existing_models(args.work) if args.reuse else None
+    if have is not None:
+        base, fts, n_params = have
+        print(f"models: reused from {args.work}", flush=True)
+    elif cuda:
         base, fts, n_params = make_models(args.work, layers)
         torch.cuda.synchronize()
     else:  # a dry run of the whole comparison on the CPU (small shapes): commands, configs, results
@@ -259,8 +290,10 @@ def run_gpu(args) -> dict:
     paths = weight_files([base, *fts])
     plain_read(paths)  # warm the page cache
     read_bytes, read_s = plain_read(paths)
-    start_s, rc, _, err = timed([sys.executable, "-c", "import torch, hubsoup.api; torch.zeros(1, device='cuda')"
-                                 "; torch.cuda.synchronize()" if cuda else "import torch, hubsoup.api"], 120)
+    start_s, rc, which, err = timed([sys.executable, "-c", "import torch, hubsoup.api; torch.zeros(1, device='cuda')"
+                                     "; torch.cuda.synchronize(); print(hubsoup.api.__file__)" if cuda else
+                                     "import torch, hubsoup.api; print(hubsoup.api.__file__)"], 120)
+    print(f"timed hubsoup: {which.strip() or '?'} (rc={rc}){err[-300:] if rc else ''}", flush=True)
     print(f"models: {n_params / 1e9:.2f}B params, {size / 1e9:.2f} GB each, made in {made_s:.1f} s; page cache read "
           f"{read_bytes / read_s / 1e9:.1f} GB/s; interpreter + imports + CUDA start {start_s:.1f} s", flush=True)
     mk_py = args.mergekit_python
@@ -269,7 +302,8 @@ def run_gpu(args) -> dict:
     res = {"device": torch.cuda.get_device_name(0) if cuda else "cpu (dry run)", "torch": torch.__version__, "python": platform.python_version(),
            "params": n_params, "layers": layers, "model_gb": size / 1e9, "made_s": made_s,
            "page_cache_gb_s": read_bytes / read_s / 1e9, "startup_s": start_s, "rows": rows, "ratios": ratios,
-           "mergekit_python": mk_py, "mergekit": mergekit_version(mk_py)}
+           "mergekit_python": mk_py, "mergekit": mergekit_version(mk_py), "hubsoup": which.strip(),
+           "tree": TREE}
     for label, hub_args, mk_body, inputs in PLAN:
         if args.methods and label not in args.methods:
             continue
@@ -347,6 +381,8 @@ def feed_summary(path: str) -> dict | None:
             "back_wait_s": sum(r.get("back_wait_s", 0.0) for r in recs),
             "writer_wait_s": sum(w["wait_s"] for w in writer), "writer_close_s": sum(w["close_s"] for w in writer),
             "host_gb_per_s": handed / 1e9 / host if host else None,
+            "pinned_buffers": sum(r.get("pinned_buffers", 0) for r in recs) if any("pinned_buffers" in r for r in recs)
+            else None,
             "pass_s": sum(r["open_seconds"] for r in recs)}
 
 
@@ -390,7 +426,7 @@ def mergekit_version(python: str) -> str | None:
 
 def write_gpu_results(args, res: dict) -> None:
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_bench.json"), "w") as f:
+    with open(os.path.join(args.out, f"{args.name}.json"), "w") as f:
         json.dump(res, f, indent=2)
     lines = ["# Merge throughput on a GPU, hubsoup vs mergekit", "",
              f"{res['device']}, torch {res['torch']}, mergekit {res.get('mergekit') or '?'}. A "
@@ -400,7 +436,7 @@ def write_gpu_results(args, res: dict) -> None:
              f"{res['page_cache_gb_s']:.1f} GB/s by a plain read). hubsoup: `hubsoup merge --device cuda`; mergekit: "
              "`python -m mergekit.scripts.run_yaml CFG OUT --cuda` (dtype float32, out_dtype bfloat16). Interpreter, "
              f"imports and CUDA start cost {res['startup_s']:.1f} s of every process; *merge GB/s* leaves them out "
-             "(hubsoup's own merge time).", "",
+             f"(hubsoup's own merge time). Timed hubsoup: `{res.get('hubsoup') or '?'}`.", "",
              "| method | tool | wall (s) | input GB | input GB/s | merge GB/s | hubsoup / mergekit wall | target | "
              "host feed |", "|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
@@ -416,6 +452,8 @@ def write_gpu_results(args, res: dict) -> None:
         if fd and "read_wait_s" in fd:
             feed += (f"; waited {fd['read_wait_s']:.1f} s for reads, {fd['back_wait_s']:.1f} s for outputs, "
                      f"{fd['writer_wait_s']:.1f} s for the writer, {fd['writer_close_s']:.1f} s closing (sync)")
+        if fd and fd.get("pinned_buffers") is not None:
+            feed += f"; {fd['pinned_buffers']} page-locked buffers"
         lines.append(f"| {r['method']} | {r['tool']} | {r['wall_s']:.1f} | {r['input_gb']:.1f} | "
                      f"{r['input_gb_per_s']:.2f} | {r.get('merge_gb_per_s', float('nan')):.2f} | "
                      f"{'' if ratio is None else f'{ratio:.2f}×'} | {target} | {feed} |" + ("" if r["ok"] else " (failed)"))
@@ -431,7 +469,7 @@ def write_gpu_results(args, res: dict) -> None:
                                                         for m, d in agree) + "."]
     lines += ["", f"Whole run {res.get('total_s', 0):.0f} s. Reproduce: `python benchmarks/bench_gpu.py"
               f"{' --quick' if args.quick else ''}` on a machine with a GPU and mergekit importable."]
-    with open(os.path.join(args.out, "gpu_bench.md"), "w") as f:
+    with open(os.path.join(args.out, f"{args.name}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
@@ -447,6 +485,9 @@ def main() -> None:
     ap.add_argument("--mergekit-python", default=sys.executable,
                     help="the interpreter that imports mergekit (default: this one, e.g. mergekit on PYTHONPATH)")
     ap.add_argument("--no-mergekit", action="store_true")
+    ap.add_argument("--tree", default=ROOT, help="the folder whose hubsoup package is timed (default: this checkout)")
+    ap.add_argument("--reuse", action="store_true", help="take the models already saved in --work, if complete")
+    ap.add_argument("--name", default="gpu_bench", help="result files' name: NAME.md and NAME.json in --out")
     ap.add_argument("--variant", action="append", metavar="LABEL:ENV=VALUE",
                     help="an extra hubsoup run of LABEL with an environment variable set, e.g. "
                          "ties:HUBSOUP_DEVICE_SELECT=histogram (repeatable)")
@@ -456,6 +497,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=32000, help="--cpu-feed: vocabulary")
     ap.add_argument("--repeat", type=int, default=3, help="--cpu-feed: best of this many")
     args = ap.parse_args()
+    global TREE
+    TREE = os.path.abspath(args.tree)
+    args.work, args.out = os.path.abspath(args.work), os.path.abspath(args.out)  # the merges run in TREE
     sys.path.insert(0, ROOT)
     if args.cpu_feed:
         args.layers = args.layers or 4

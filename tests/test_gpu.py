@@ -260,3 +260,100 @@ def test_sftm_gram_triplets_on_cuda_match_the_cpus_float64_svds():
     want, _ = superpose([singular_features(M) for M in mats], out_dtype=torch.float32)
     got, _ = superpose(singular_features_gram(mats.cuda()), out_dtype=torch.float32)
     assert float((got.cpu().double() - want.double()).norm() / want.double().norm()) <= 1e-6
+
+
+# --- the feed's fixed costs: device counts and page-locked buffers (issue 50) -------------------------------
+
+def _spy_feeds(monkeypatch):
+    from hubsoup.engine import hostfeed
+
+    feeds, real = [], hostfeed.for_device
+
+    def spy(device):
+        f = real(device)
+        if f is not None:
+            feeds.append(f)
+        return f
+
+    monkeypatch.setattr(hostfeed, "for_device", spy)
+    return feeds
+
+
+@pytest.fixture(scope="module")
+def depth_zoo(tmp_path_factory):
+    """bf16 base + 3 at two depths: what a merge does per tensor shows as the difference between them."""
+    root = tmp_path_factory.mktemp("gpu-depth")
+    out = {}
+    for layers in (2, 4):
+        base = make_base("llama", str(root / f"base{layers}"), dtype=torch.bfloat16, layers=layers)
+        out[layers] = (base, [make_finetune(base, str(root / f"ft{layers}-{i}"), seed=i) for i in (1, 2, 3)])
+    return root, out
+
+
+@pytest.mark.parametrize("method,params", [("task_arithmetic", {}), ("ties", {"density": 0.3}),
+                                           ("dare", {"p": 0.5, "then": "ties", "convention": "mergekit"})])
+def test_a_merge_counts_the_cuda_devices_a_constant_number_of_times(depth_zoo, tmp_path, monkeypatch, method,
+                                                                   params):
+    """No CUDA device count per tensor (torch.cuda.stream's StreamContext made two per stream switch: ~2 650
+    per TIES merge of a 1B base + 3): a model twice as deep makes as many ``_cuda_getDeviceCount`` calls."""
+    root, zoo = depth_zoo
+    calls = [0]
+    real = torch._C._cuda_getDeviceCount
+
+    def counting():
+        calls[0] += 1
+        return real()
+
+    counts = {}
+    for layers in (2, 2, 4):  # the first run warms CUDA and the caches up
+        base, fts = zoo[layers]
+        monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", counting)
+        calls[0] = 0
+        hubsoup.merge(fts, method, base=base, out=str(tmp_path / f"o{layers}"), params=params, quiet=True,
+                      device="cuda", overwrite=True)
+        monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", real)
+        counts[layers] = calls[0]
+    assert counts[4] == counts[2] and counts[4] <= 30, counts  # a few per merge (one per feed), none per tensor
+
+
+def test_the_feed_pins_a_bounded_number_of_buffers(depth_zoo, tmp_path, monkeypatch):
+    """Staging, read-ahead and output buffers come from rings made once per feed: a merge of 39 tensors × 4
+    inputs pins a few dozen buffers at most, not a few per tensor (run 3: 2 640 ``torch.empty`` calls)."""
+    from hubsoup.engine import hostfeed
+
+    root, zoo = depth_zoo
+    base, fts = zoo[4]
+    feeds = _spy_feeds(monkeypatch)
+    hubsoup.merge(fts, "ties", base=base, out=str(tmp_path / "o"), params={"density": 0.3}, quiet=True,
+                  device="cuda")
+    assert feeds and all(f.loads >= 4 * 39 for f in feeds)
+    for f in feeds:
+        # the tiny model's tensors all fit the rings' first buffers (1 MB): each slot pinned once
+        assert f._ahead.allocations <= hostfeed.STAGE_SLOTS and f._out.allocations <= hostfeed.OUT_SLOTS
+        assert f._in.allocations <= 2
+        assert f.one_off_pins <= f.loads // 10, (f.one_off_pins, f.loads)  # a reader thread's late release
+        assert f.pinned_buffers < f.loads // 3
+
+
+@pytest.mark.parametrize("method,params", [("task_arithmetic", {}), ("ties", {"density": 0.3}),
+                                           ("dare", {"p": 0.5, "then": "ties", "convention": "mergekit"}),
+                                           ("slerp", {}), ("sftm", {})])
+def test_tiny_rings_give_the_same_bytes(depth_zoo, tmp_path, monkeypatch, method, params):
+    """With rings of one or two buffers and two flag entries (every buffer reused as soon as the rules allow,
+    one-off buffers when all are held), the output is the plain device path's, byte for byte: a buffer is never
+    written while a copy or the writer still reads it."""
+    from hubsoup.engine import hostfeed
+
+    root, zoo = depth_zoo
+    base, fts = zoo[4]
+    inputs = fts[:2] if method == "slerp" else fts
+    kw = dict(base=base, params=params, quiet=True, device="cuda")
+    monkeypatch.setattr(hostfeed, "STAGE_SLOTS", 2)
+    monkeypatch.setattr(hostfeed, "OUT_SLOTS", 1)
+    monkeypatch.setattr(hostfeed, "FLAG_SLOTS", 2)
+    feeds = _spy_feeds(monkeypatch)
+    tiny = hubsoup.merge(inputs, method, out=str(tmp_path / "tiny"), **kw)
+    assert feeds and sum(f.one_off_pins for f in feeds) > 0  # the rings were full at times: exercised
+    monkeypatch.setattr(hostfeed, "for_device", lambda device: None)  # the device path without the feed
+    plain = hubsoup.merge(inputs, method, out=str(tmp_path / "plain"), **kw)
+    assert files(tiny.path) == files(plain.path)
