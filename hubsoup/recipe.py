@@ -19,8 +19,7 @@ import yaml
 from hubsoup import __version__
 from hubsoup.errors import ParameterError
 from hubsoup.options import MergeOptions
-# the publishing rules live in hubsoup.public; re-exported here for their old importers
-from hubsoup.public import looks_local, public_config_text, public_file_ref, public_value  # noqa: F401
+from hubsoup.public import looks_local, public_config_text, public_file_ref, public_value
 from hubsoup.sources.checkpoint import InputRef
 from hubsoup.untrusted import load_yaml, short
 

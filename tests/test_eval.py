@@ -162,7 +162,7 @@ def test_one_score_convention_wherever_scores_are_ranked_or_averaged():
     (not "accuracy / -log(perplexity)", which reads as a division)."""
     import types
 
-    from hubsoup.eval.run import TaskResult
+    from hubsoup.eval.tasks import TaskResult
     from hubsoup.workflows.evolve import EvolveConfig, _selection
     from hubsoup.workflows.pipeline.config import Select
     from hubsoup.workflows.pipeline.run import _Runner

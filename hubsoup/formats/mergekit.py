@@ -70,10 +70,10 @@ from hubsoup.formats.mergekit_vocab import VocabLayout, VocabSpec, parse_vocab
 from hubsoup.hubclient import Token
 from hubsoup.methods import available, get_method
 from hubsoup.methods.task_arithmetic import default_scale
-from hubsoup.output.checkpoint import _COPY_FROM_BASE
+from hubsoup.output.checkpoint import BASE_FILES
 from hubsoup.plan import Plan, TensorSource, block_of, build_plan, layout_plan
 # a config's model references and public text: in hubsoup.public (the recipe and the push need them too)
-from hubsoup.public import _map_models, dump_config, public_config_text  # noqa: F401
+from hubsoup.public import dump_config, map_models, public_config_text  # noqa: F401
 from hubsoup.sources.access import hub_only, require_hub_id
 from hubsoup.sources.adapted import open_adapted
 from hubsoup.sources.compat import open_models
@@ -1052,7 +1052,7 @@ class MergekitLayout:
 def _remove_tokenizer_files(folder: str) -> None:
     """Remove the tokenizer files copied from the base into an output folder (its config stays)."""
 
-    for fname in _COPY_FROM_BASE:
+    for fname in BASE_FILES:
         if fname not in ("config.json", "generation_config.json", "preprocessor_config.json"):
             p = os.path.join(folder, fname)
             if os.path.isfile(p):
@@ -1215,7 +1215,7 @@ def check_hub_only(data: Any) -> None:
                 require_hub_id(part, "mergekit config: model")
         return ref
 
-    _map_models(data, check)
+    map_models(data, check)
 
 
 # --- writing: a hubsoup recipe as a mergekit config -------------------------------------------------

@@ -49,7 +49,7 @@ TOKENIZER_FILES = [
     "preprocessor_config.json",
 ]
 log = logging.getLogger(__name__)
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
@@ -92,7 +92,7 @@ def open_input(spec: str, *, allow_pickle: bool = False, token: Token = None,
         raise InputError(f"{role} {spec!r}: not a folder or a Hub repo ID")
     repo_id, revision = parse_spec(spec)
     if hub_only or access.hub_only():
-        if (spec.startswith((".", "/", "~", "\\")) or repo_id.count("/") > 1 or not _REPO_ID.match(repo_id)
+        if (spec.startswith((".", "/", "~", "\\")) or repo_id.count("/") > 1 or not REPO_ID.match(repo_id)
                 or ".." in repo_id or re.match(r"^[A-Za-z]:", spec)):
             raise InputError(f"{role} '{spec}' is not a Hub repo ID (org/name[@revision])")
         ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role, monitor, headers_only)
@@ -102,7 +102,7 @@ def open_input(spec: str, *, allow_pickle: bool = False, token: Token = None,
             ckpt = _local(spec, expanded, allow_pickle, role)
         elif os.path.exists(expanded):
             raise InputError(f"{role} '{spec}': is a file; give the folder that holds config.json and the weights")
-        elif spec.startswith((".", "/", "~")) or repo_id.count("/") > 1 or not _REPO_ID.match(repo_id):
+        elif spec.startswith((".", "/", "~")) or repo_id.count("/") > 1 or not REPO_ID.match(repo_id):
             raise InputError(f"{role} '{spec}': no such local folder, and not a valid Hub repo ID (org/name[@revision])")
         else:
             ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role, monitor, headers_only)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -47,24 +46,22 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jinja2
-import yaml
 
 import hubsoup
 from hubsoup.api import parse_method
 from hubsoup.card import template_path
 from hubsoup.errors import EvolveError, ParameterError
 from hubsoup.eval import TaskSpec
-from hubsoup.hub import check_repo_id, pushed_line
-from hubsoup.hubclient import scrub_url_credentials
+from hubsoup.hubclient import check_repo_id, pushed_line, scrub_url_credentials
 from hubsoup.methods import get_method
 from hubsoup.options import MergeOptions, parse_size
 from hubsoup.output.folder import MARKER, OutputLock, holds_cwd, read_marker, write_marker
-from hubsoup.output.folder import _umask as umask  # the mode every other output file gets
+from hubsoup.output.folder import umask  # the mode every other output file gets
 from hubsoup.progress import Monitor
-from hubsoup.recipe import public_value
+from hubsoup.public import public_value
 from hubsoup.untrusted import MAX_YAML_BYTES, label, load_yaml, short
 from hubsoup.workflows.executors import make_executor
 from hubsoup.workflows.proposals import MIN_POPULATION, propose, trial_sampler

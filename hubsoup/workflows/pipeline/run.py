@@ -58,13 +58,12 @@ from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.eval import TaskSpec, evaluate_model
 from hubsoup.eval.run import EVAL_FILE, write_results
 from hubsoup.formats import stages
-from hubsoup.formats.mergekit import _map_models
 from hubsoup.formats.stages import is_multi_stage, read_stages
 from hubsoup.hub import PushTarget as StreamTarget
-from hubsoup.hub import check_repo_id, ensure_timeouts, scrub_secrets
-from hubsoup.hubclient import Token
+from hubsoup.hubclient import Token, check_repo_id, ensure_timeouts, scrub_secrets
 from hubsoup.options import MergeOptions
 from hubsoup.output.folder import OutputLock
+from hubsoup.public import map_models
 from hubsoup.recipe import recipe_for
 from hubsoup.sources import InputRef, open_input
 from hubsoup.sources.access import check_specs, hub_only, scope
@@ -430,7 +429,7 @@ class _Runner:
             return ref
 
         for d in docs:
-            _map_models(d, collect)
+            map_models(d, collect)
         inputs: list[RepoInfo] = []
         problem = None
         for ref in refs:
@@ -448,7 +447,7 @@ class _Runner:
             if all(x.repo_id != info.repo_id for x in inputs):
                 inputs.append(info)
         pins = {ref: info.pinned for ref in refs for info in inputs if info.repo_id == parse_spec(ref)[0]}
-        pinned = [json.dumps(_map_models(d, lambda r: "+".join(pins.get(x, x) for x in r.split("+"))),
+        pinned = [json.dumps(map_models(d, lambda r: "+".join(pins.get(x, x) for x in r.split("+"))),
                              sort_keys=True, default=str) for d in docs]
         key = hashlib.sha256(json.dumps([pinned, self.opts.hashed, __version__], default=str).encode()).hexdigest()
         decision = combine([(base.repo_id, base.terms), *((x.repo_id, x.terms) for x in inputs)],
