@@ -20,7 +20,7 @@ from hubsoup.api import merge, scoped
 from hubsoup.errors import HubsoupError, OutputExistsError, ParameterError
 from hubsoup.formats import mergekit, stages
 from hubsoup.formats.mergekit import check_hub_only, load_text, read_config
-from hubsoup.formats.mergekit_modules import plain_as_modules, run_modules, several_modules
+from hubsoup.formats.mergekit.modules import plain_as_modules, run_modules, several_modules
 from hubsoup.formats.stages import Stage, read_stages
 from hubsoup.methods import get_method
 from hubsoup.options import DTYPES
