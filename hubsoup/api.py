@@ -637,4 +637,4 @@ def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["merge", "MergeResult", "PushTarget", "push_figures", "HubsoupError"]
+__all__ = ["merge", "MergeResult", "push_figures"]

@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 import hubsoup
 from hubsoup import continual
 from hubsoup.cli import main as cli_main
-from hubsoup.workflows.continual import STATE_DIR, ContinualStateError
-from hubsoup.errors import HubsoupError, NonFiniteTensorError, ParameterError
+from hubsoup.workflows.continual import STATE_DIR
+from hubsoup.errors import ContinualStateError, HubsoupError, NonFiniteTensorError, ParameterError
 from hubsoup.methods import get_method
 from hubsoup.methods.opcm import opcm_lambda, opcm_update, project, split_rank
 from hubsoup.public import json_digest

@@ -884,4 +884,4 @@ def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-__all__ = ["evolve", "EvolveConfig", "EvolveResult", "EvolveError", "Dimension", "make_sampler", "param_names"]
+__all__ = ["evolve", "EvolveConfig", "EvolveResult", "Dimension", "make_sampler", "param_names"]

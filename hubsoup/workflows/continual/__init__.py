@@ -424,4 +424,4 @@ def _export(soup: str, folder: OutputFolder, base: str | None, opts: MergeOption
     return result
 
 
-__all__ = ["init", "add", "export", "load_state", "ContinualState", "ContinualStateError", "STATE_DIR"]
+__all__ = ["init", "add", "export", "load_state", "ContinualState", "STATE_DIR"]
