@@ -22,10 +22,10 @@ from hubsoup.formats import mergekit, stages
 from hubsoup.formats.mergekit import check_hub_only, load_text, read_config
 from hubsoup.formats.mergekit.modules import plain_as_modules, run_modules, several_modules
 from hubsoup.formats.stages import Stage, read_stages
-from hubsoup.methods import get_method
+from hubsoup.methods import check_plugins, get_method
 from hubsoup.options import DTYPES
 from hubsoup.output.folder import check_output, replace_problem, write_marker
-from hubsoup.public import map_models, dump_config, public_config_text
+from hubsoup.public import dump_config, map_models, public_config_text
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources.access import check_specs, hub_only
 from hubsoup.sources.resolve import open_input
@@ -100,6 +100,7 @@ def run_recipe(path: str, out: str | None, **overrides: Any):
         raise ParameterError(f"{where} cannot be read: {short(str(e))}") from e
     if hub_only():
         check_specs(inputs=[r.pinned_spec for r in recipe.inputs], base=recipe.base.pinned_spec)
+    check_plugins(recipe.plugins)  # a method from a package not installed here: which one to install
     if mk and not recipe.mergekit.get("config"):
         raise ParameterError(f"{', '.join(sorted(mk))}: mergekit-yaml's options apply to mergekit configs; "
                              f"{where} is a hubsoup recipe")
