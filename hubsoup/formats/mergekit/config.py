@@ -26,14 +26,14 @@ CONFIG_FILE = "mergekit_config.yml"
 """The name mergekit gives the config it writes beside a merge."""
 
 TOP_KEYS = {"merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
-             "tokenizer_source", "tokenizer", "chat_template", "modules"}
+            "tokenizer_source", "tokenizer", "chat_template", "modules"}
 
 UNSUPPORTED_TOP: dict[str, str] = {}
 
 IGNORED_SLICE_KEYS = {"residual_weight": "mergekit 0.1.5 reads it but never uses it"}
 
 DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16": "float16",
-           "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+          "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
 @dataclass
@@ -67,6 +67,7 @@ def load_text(path: str) -> str:
 
 
 def key_path(path: list) -> str:
+    """A key's place in the config as messages name it (``slices[0].sources[1]``)."""
     out = ""
     for p in path:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
@@ -74,7 +75,7 @@ def key_path(path: list) -> str:
 
 
 def check_keys(d: Any, allowed: set[str], where: list, dropped: list[str],
-                unsupported: dict[str, str] | None = None) -> dict:
+               unsupported: dict[str, str] | None = None) -> dict:
     """``d`` as a mapping; a key mergekit does not know is dropped (mergekit's config classes drop it too) and
     recorded in ``dropped`` for the warning; a key mergekit uses and hubsoup cannot reproduce is refused."""
     if not isinstance(d, dict):
@@ -88,6 +89,7 @@ def check_keys(d: Any, allowed: set[str], where: list, dropped: list[str],
 
 
 def model_ref(value: Any, where: list) -> str:
+    """The model reference at ``where`` (``org/name[@revision]``, a folder, ``model+adapter``), stripped."""
     if not isinstance(value, str) or not value.strip():
         raise ParameterError(f"mergekit config: '{key_path(where)}' must be a model reference (org/name[@revision] "
                              f"or a folder), got {short(value)}")
@@ -98,6 +100,7 @@ def model_ref(value: Any, where: list) -> str:
 
 
 def params_map(d: Any, where: list) -> dict[str, Any]:
+    """The ``parameters`` mapping at ``where`` (none: ``{}``), its keys parameter names."""
     if d is None:
         return {}
     if not isinstance(d, dict) or not all(isinstance(k, str) for k in d):

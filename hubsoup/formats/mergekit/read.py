@@ -151,7 +151,7 @@ def _read_slices(data: dict, dropped: list[str]) -> list[Slice]:
     for i, s in enumerate(data["slices"]):
         w = ["slices", i]
         s = check_keys(s, {"sources", "parameters"} | set(IGNORED_SLICE_KEYS), w, dropped,
-                        {"base_model": "a per-slice base_model is not supported; use the top-level base_model"})
+                       {"base_model": "a per-slice base_model is not supported; use the top-level base_model"})
         dropped.extend(key_path(w + [k]) for k in IGNORED_SLICE_KEYS if k in s)
         if not isinstance(s.get("sources"), list) or not s["sources"]:
             raise ParameterError(f"mergekit config: '{key_path(w + ['sources'])}' must be a non-empty list")
