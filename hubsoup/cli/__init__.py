@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         head = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted"
         # a command that keeps state on purpose (an evolve study) says what it kept and how to go on
         kept = getattr(args, "interrupted_note", None)
-        print(f"{head}; {(kept() if kept else None) or left_behind()}", file=sys.stderr)
+        print(f"{head}; {(kept() if callable(kept) else None) or left_behind()}", file=sys.stderr)  # a text: left_behind says it
         return signals.EXIT_CODES[sig]
 
     try:
