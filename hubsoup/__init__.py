@@ -16,36 +16,11 @@ Example:
     >>> print(result)                                                 # doctest: +SKIP
 """
 
-import os as _os  # noqa: I001 - the signal hook below runs before anything else of the package
-import signal as _signal
-import sys as _sys
+# first of all: in the `hubsoup` command, a Ctrl-C or SIGTERM from now on is recorded, never raised (a traceback out of
+# an import), until cli.main installs the handlers that unwind through the cleanup (hubsoup.startup, cli.signals)
+from hubsoup import startup as _startup  # noqa: I001 - before anything else of the package
 
-_SIGNALS: list[int] = []
-"""SIGINT / SIGTERM received by the ``hubsoup`` command (:mod:`hubsoup.cli.signals` records there too)."""
-
-
-def _the_command() -> bool:
-    """This process is the ``hubsoup`` command (its console script, or ``python -m hubsoup``), not a program that
-    imports the package."""
-    argv = list(getattr(_sys, "orig_argv", None) or [])
-    if "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "hubsoup":
-        return True
-    script = getattr(_sys.modules.get("__main__"), "__file__", None) or ""
-    return _os.path.basename(script) in ("hubsoup", "hubsoup.exe", "hubsoup-script.py")
-
-
-def _record_signal(signum, frame) -> None:
-    _SIGNALS.append(signum)
-
-
-# The command's first instant: until its main() installs the handlers that unwind through the cleanup, a Ctrl-C or
-# SIGTERM is recorded, never raised (a traceback out of an import), and main() ends the command as signalled with
-# one line (hubsoup.cli.signals). Only where the signal has its default disposition; never in an importing program.
-if _the_command():
-    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
-        _signal.signal(_signal.SIGINT, _record_signal)
-    if _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL:
-        _signal.signal(_signal.SIGTERM, _record_signal)
+_startup.record_signals()
 
 __version__ = "0.2.0"
 """The one place the version is written (``pyproject.toml`` reads it); ``CHANGELOG.md`` dates each one."""

@@ -17,14 +17,13 @@ from hubsoup.arch import peft_task_type
 from hubsoup.card import write_card
 from hubsoup.engine import Job, remote_bytes, run
 from hubsoup.engine.lowrank import reads_base as lowrank_reads_base
-# placement's one entry lives with the planner; re-exported for the CLI, trials and tests
-from hubsoup.engine.placement import place_blocks, start_device  # noqa: F401
+from hubsoup.engine.placement import place_blocks, start_device
 from hubsoup.errors import BaseNotNamedError, HubsoupError, MergeCancelled, ParameterError, PushError
 from hubsoup.eval import TaskSpec, evaluate_model
 from hubsoup.footprint import Footprint, on_disk
 from hubsoup.eval.run import EVAL_FILE, read_results, write_results
-from hubsoup.hub import HubPush, PushTarget, check_repo_id, push_folder, retarget_card, retry_command
-from hubsoup.hubclient import Token
+from hubsoup.hub import HubPush, PushTarget, push_folder, retarget_card, retry_command
+from hubsoup.hubclient import Token, check_repo_id
 from hubsoup.methods import Method, TensorContext, get_method
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
@@ -36,7 +35,7 @@ from hubsoup.progress import Cancel, Monitor, Progress
 from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import InputRef
 from hubsoup.sources.access import check_specs, current, scope
-from hubsoup.sources.compat import _is_local, check_out_is_no_input, open_models
+from hubsoup.sources.compat import check_out_is_no_input, is_local, open_models
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
@@ -653,7 +652,7 @@ def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, t
                    push: bool = False) -> dict[str, float]:
     """The stages a merge will go through, weighted by their rough cost (for ``progress``'s ``done``)."""
     weights: dict[str, float] = {}
-    if base is None or not _is_local(base) or not all(_is_local(s) for s in inputs):
+    if base is None or not is_local(base) or not all(is_local(s) for s in inputs):
         weights["download"] = 2.0
     n_passes = len(m.passes(p, len(inputs)))
     if n_passes or type(m).prepare is not Method.prepare:
@@ -740,4 +739,4 @@ def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["merge", "MergeResult", "PushTarget", "push_figures", "HubsoupError"]
+__all__ = ["merge", "MergeResult", "push_figures"]

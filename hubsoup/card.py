@@ -24,7 +24,8 @@ from hubsoup.eval import to_eval_results
 from hubsoup.eval.run import local_dataset_type
 from hubsoup.methods import get_method
 from hubsoup.methods import describe
-from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref, public_value
+from hubsoup.public import looks_local, public_value
+from hubsoup.recipe import RECIPE_FILE, Recipe
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # installed wheels carry the templates inside the package; a source checkout has them at the top

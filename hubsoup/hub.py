@@ -52,13 +52,12 @@ from hubsoup.card import public_adapter_config, retarget_text
 from hubsoup.errors import MergeCancelled, ParameterError, PrivateInputsError, PushError
 from hubsoup.output.shards import ShardLayout
 from hubsoup.progress import Monitor, upload_steps
-from hubsoup.public import _map_models, local_path_in_file, resign_state_json
-# the Hub client rules live in hubsoup.hubclient (sources and the pipeline use them too); re-exported here
-from hubsoup.hubclient import (  # noqa: F401
-    DEFAULT_TIMEOUT, TIMEOUT_ENV, SecretFilter, Token, check_repo_id, commit_was_skipped, ensure_timeouts, error_status,
-    expect_commit, hub_timeout, install_log_scrubber, is_timeout, pushed_line, scrub_secrets, server_detail,
+from hubsoup.public import local_path_in_file, looks_local, map_models, public_file_ref, resign_state_json
+from hubsoup.hubclient import (
+    TIMEOUT_ENV, Token, check_repo_id, ensure_timeouts, error_status, expect_commit, hub_timeout,
+    is_timeout, scrub_secrets, server_detail,
 )
-from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref, public_recipe_yaml
+from hubsoup.recipe import RECIPE_FILE, Recipe, public_recipe_yaml
 from hubsoup.sources.access import is_hub_id
 from hubsoup.sources.resolve import parse_spec
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
@@ -342,7 +341,7 @@ def restricted_inputs(folder: str, token: Token = None, recipe: Recipe | None = 
     if isinstance(config, str):
         named: list[str] = []
         try:
-            _map_models(load_yaml(config, "mergekit config"), lambda r: named.extend(str(r).split("+")) or r)
+            map_models(load_yaml(config, "mergekit config"), lambda r: named.extend(str(r).split("+")) or r)
         except Exception:  # noqa: BLE001
             pass
         repos |= {parse_spec(n)[0] for n in named if is_hub_id(n)}
@@ -853,5 +852,4 @@ def _no_xet_bars(quiet: bool):
                 enable_progress_bars()
 
 
-__all__ = ["push_folder", "HubPush", "PushTarget", "resume_dir", "retarget_card", "retry_command", "check_repo_id", "upload_plan", "scrub_secrets",
-           "install_log_scrubber", "ensure_timeouts", "hub_timeout"]
+__all__ = ["push_folder", "HubPush", "PushTarget", "resume_dir", "retarget_card", "retry_command", "upload_plan"]

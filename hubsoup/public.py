@@ -160,7 +160,7 @@ def public_config_text(text: str) -> str:
         data = load_yaml(text, "mergekit config")
     except ParameterError:
         return text
-    pub = _map_models(data, lambda ref: public_value(ref) if isinstance(ref, str) else ref)
+    pub = map_models(data, lambda ref: public_value(ref) if isinstance(ref, str) else ref)
     if pub == data:
         return text
     return dump_config(pub)
@@ -179,13 +179,13 @@ def dump_config(data: dict) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
 
 
-def _map_models(data: Any, fn: Callable[[str], str]) -> Any:
+def map_models(data: Any, fn: Callable[[str], str]) -> Any:
     """``data`` (a parsed config) with ``fn`` applied to every model reference."""
     if not isinstance(data, dict):
         return data
     out = dict(data)
     if isinstance(out.get("modules"), dict):  # each module is a config of its own shape
-        out["modules"] = {k: _map_models(v, fn) for k, v in out["modules"].items()}
+        out["modules"] = {k: map_models(v, fn) for k, v in out["modules"].items()}
     for key in ("base_model", "tokenizer_source"):
         if isinstance(out.get(key), str) and out[key] not in ("base", "union"):
             out[key] = fn(out[key])
@@ -223,9 +223,9 @@ def resign_state_json(text: str) -> str:
     """``state.json`` text whose fields were rewritten (local paths made public at push time), checksummed again."""
     d = json.loads(text)
     d.pop("checksum", None)
-    d["checksum"] = _json_digest(d)
+    d["checksum"] = json_digest(d)
     return json.dumps(d, indent=2)
 
 
-def _json_digest(d: dict) -> str:
+def json_digest(d: dict) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()

@@ -18,13 +18,15 @@ import yaml
 
 from hubsoup import __version__
 from hubsoup.errors import ParameterError
+from hubsoup.methods import plugin_distributions
 from hubsoup.options import MergeOptions
-# the publishing rules live in hubsoup.public; re-exported here for their old importers
-from hubsoup.public import looks_local, public_config_text, public_file_ref, public_value  # noqa: F401
+from hubsoup.public import looks_local, public_config_text, public_file_ref, public_value
 from hubsoup.sources.checkpoint import InputRef
 from hubsoup.untrusted import load_yaml, short
 
 RECIPE_FILE = "hubsoup_recipe.yaml"
+_EXTRA = ("options", "output", "continual", "mergekit", "plugins")
+"""The recipe's entries under ``extra:`` (none of them in the hash but ``options``)."""
 
 
 @dataclass
@@ -50,6 +52,10 @@ class Recipe:
     mergekit: dict[str, Any] = field(default_factory=dict)
     """A merge run from a mergekit config: ``{"config": its YAML text}`` (outside the hash; its effect,
     the layout and tokenizer source, is in ``options``). ``hubsoup run`` repeats it from the config."""
+    plugins: dict[str, Any] = field(default_factory=dict)
+    """The methods that come from installed packages (entry points), by name: ``{"distribution", "version"}`` of
+    each (:func:`hubsoup.methods.plugin_distributions`; outside the hash). ``hubsoup run`` on a machine without
+    the package names the one to install."""
 
     def __post_init__(self):
         self.base = _ref(self.base)
@@ -76,7 +82,8 @@ class Recipe:
              "inputs": [i.to_dict() for i in self.inputs], "dtype": self.dtype,
              "hubsoup_version": self.hubsoup_version}
         extra = {k: v for k, v in (("options", self.options), ("output", self.output),
-                                   ("continual", self.continual), ("mergekit", self.mergekit)) if v}
+                                   ("continual", self.continual), ("mergekit", self.mergekit),
+                                   ("plugins", self.plugins)) if v}
         d["extra"] = extra  # the file layout of hubsoup 0.1 (the hash is unchanged)
         d["hash"] = self.hash
         return d
@@ -162,7 +169,7 @@ class Recipe:
         extra = d.pop("extra", None) or {}
         if not isinstance(extra, dict):
             raise ParameterError("recipe: 'extra' must be a mapping")
-        unknown = sorted(set(extra) - {"options", "output", "continual", "mergekit"})
+        unknown = sorted(set(extra) - set(_EXTRA))
         if unknown:
             raise ParameterError(f"recipe: unknown entry 'extra.{unknown[0]}'")
         fields_ = {"method", "params", "base", "inputs", "dtype", "hubsoup_version"}
@@ -192,12 +199,16 @@ class Recipe:
             for k in ("spec", "repo_id", "revision", "sha", "path", "kind", "digest", "name"):
                 if ref.get(k) is not None and not isinstance(ref[k], str):
                     raise ParameterError(f"recipe: '{what}.{k}' must be a string, got {short(ref[k])}")
-        for k in ("options", "output", "continual", "mergekit"):
+        for k in _EXTRA:
             if not isinstance(extra.get(k) or {}, dict):
                 raise ParameterError(f"recipe: 'extra.{k}' must be a mapping, got {short(extra[k])}")
         if not isinstance((extra.get("mergekit") or {}).get("config", ""), str):
             raise ParameterError("recipe: 'extra.mergekit.config' must be the config's YAML text")
-        recipe = cls(**d, **{k: extra.get(k) or {} for k in ("options", "output", "continual", "mergekit")})
+        for name, rec in (extra.get("plugins") or {}).items():
+            if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in ("distribution", "version")):
+                raise ParameterError(f"recipe: 'extra.plugins' entry {short(name)} must name a package: "
+                                     f"{{distribution: NAME, version: VERSION}}, got {short(rec)}")
+        recipe = cls(**d, **{k: extra.get(k) or {} for k in _EXTRA})
         if verify:
             recipe.verify(recorded)
         return recipe
@@ -263,6 +274,8 @@ def recipe_for(method: str, params: dict[str, Any], base: InputRef, inputs: Sequ
     (:attr:`MergeOptions.hashed`; None for a continual soup, whose state holds them); ``layout``: a mergekit
     config's layout (its hashed options and its config text, outside the hash); ``output``: how the result is
     stored (a LoRA adapter's format, rank, energy; outside the hash); ``continual``: a continual soup's count and λ.
+    A method from an installed package is recorded with the package's name and version (``plugins``, outside the
+    hash).
 
     Example:
         >>> r = recipe_for("linear", {"weights": None}, InputRef("org/base", "org/base", sha="1" * 40),
@@ -274,7 +287,7 @@ def recipe_for(method: str, params: dict[str, Any], base: InputRef, inputs: Sequ
     return Recipe(method=method, params=params, base=base, inputs=list(inputs), dtype=dtype,
                   hubsoup_version=__version__, options=hashed,
                   mergekit=layout.recipe_extra() if layout is not None else {},
-                  output=output or {}, continual=continual or {})
+                  output=output or {}, continual=continual or {}, plugins=plugin_distributions(method, params))
 
 
 def _ref(r: InputRef | dict) -> InputRef:

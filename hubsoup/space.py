@@ -37,7 +37,7 @@ from typing import Any
 
 from hubsoup import REPOSITORY, __version__
 from hubsoup.errors import ParameterError, PushError
-from hubsoup.hubclient import Token
+from hubsoup.hubclient import Token, check_repo_id, ensure_timeouts, scrub_secrets, server_detail
 
 HARDWARE_CPU = ("cpu-basic", "cpu-upgrade")
 HARDWARE_ZERO = ("zero-a10g",)
@@ -244,8 +244,6 @@ def check_hardware(hardware: str) -> None:
 
 
 def check(repo_id: str, hardware: str, template: str) -> None:
-    from hubsoup.hub import check_repo_id  # lazy: keeps hubsoup --help free of torch
-
     check_repo_id(repo_id)
     check_hardware(hardware)
     if template not in TEMPLATES:
@@ -298,8 +296,6 @@ def create_space(repo_id: str, *, hardware: str = "cpu-basic", template: str = "
     """
     from huggingface_hub import CommitOperationAdd, HfApi  # lazy: keeps hubsoup --help free of huggingface_hub
     from huggingface_hub.errors import HfHubHTTPError  # lazy: keeps hubsoup --help free of huggingface_hub
-
-    from hubsoup.hub import ensure_timeouts, scrub_secrets, server_detail  # lazy: keeps hubsoup --help free of torch
 
     files = space_files(repo_id, hardware=hardware, template=template, private=private)
     api = HfApi(token=token)

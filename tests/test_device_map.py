@@ -17,8 +17,9 @@ from method_helpers import state  # noqa: E402  (tests/ is on sys.path)
 import hubsoup
 from hubsoup import continual
 from hubsoup.cli import main as cli_main
-from hubsoup.engine.placement import parse_max_memory, place
+from hubsoup.engine.placement import place
 from hubsoup.errors import PlacementError
+from hubsoup.options import parse_max_memory
 from hubsoup.plan import Plan
 from hubsoup.sources import open_input
 from hubsoup.testing import make_base, make_finetune
@@ -75,11 +76,8 @@ def test_map_file_and_continual_add(zoo, tmp_path):
 def test_continual_places_through_the_one_entry(zoo, tmp_path, monkeypatch):
     """Continual merging places its blocks through ``place_blocks`` like merge and ``hubsoup plan``: the
     method's declared workspace counts (continual's own placement ignored it), and its refusal is theirs."""
-    from hubsoup.api import place_blocks as api_entry
-    from hubsoup.engine import placement
     from hubsoup.methods.opcm import Opcm
 
-    assert api_entry is placement.place_blocks  # the API's name is a re-export, not a second entry
     base, fts = zoo
     ok = continual.init(fts[:2], base=base, out=str(tmp_path / "ok"), quiet=True, max_memory={"cpu": "1GiB"})
     assert {b.device for b in ok.plan.blocks} == {"cpu"}
@@ -121,7 +119,8 @@ def test_plan_command_prints_the_placement(zoo, capsys):
 def test_planner_and_merge_resolve_a_tensors_parameters_alike(zoo, tmp_path, monkeypatch):
     """Per-layer schedules have one owner (``lowrank.tensor_params``): the planner's workspace of each tensor is
     asked with the numbers the merge then uses for it, never with the schedule itself."""
-    from hubsoup.api import parse_method, place_blocks
+    from hubsoup.api import parse_method
+    from hubsoup.engine.placement import place_blocks
     from hubsoup.engine import lowrank
     from hubsoup.methods.ties import Ties
     from hubsoup.options import MergeOptions

@@ -323,7 +323,8 @@ def test_an_extended_study_replaces_only_the_best_models_files(lm, tmp_path):
 
 _SINKS = {("os", "path", "join"), ("os", "replace"), ("os", "rename"), ("os", "remove"), ("os", "unlink"),
           ("os", "makedirs"), ("os", "mkdir"), ("shutil", "rmtree"), ("shutil", "move"), ("shutil", "copy"),
-          ("shutil", "copy2"), ("shutil", "copyfile"), ("shutil", "copytree"), ("open",), ("rmtree",), ("_remove",)}
+          ("shutil", "copy2"), ("shutil", "copyfile"), ("shutil", "copytree"), ("open",), ("rmtree",), ("_remove",),
+          ("workfolder", "remove")}
 # what reads text someone else wrote (a config, recipe, card, Hub file), and the names that hold such text
 _SOURCES = {"load_yaml", "load_yaml_all", "read_stages", "load", "loads", "from_yaml", "from_dict", "safe_load",
             "load_pipeline", "read_config", "parse", "read_marker"}
@@ -342,24 +343,24 @@ ALLOWED = {
     ("hubsoup/workflows/pipeline/run.py", "_run_pipeline", "os.path.join(p.root, work_dir or p.work_dir)"):
         "the operator's work_dir (a path by design, relative to the pipeline file; hub_only tests use absolute "
         "ones); hubsoup replaces nothing in it it did not make",
-    ("hubsoup/workflows/pipeline/run.py", "_tasks", "os.path.join(self.p.root, os.path.expanduser(spec.data))"):
+    ("hubsoup/workflows/pipeline/context.py", "_tasks", "os.path.join(self.p.root, os.path.expanduser(spec.data))"):
         "evaluation data relative to the pipeline file; refused in hub_only before this line",
-    ("hubsoup/workflows/pipeline/run.py", "_tasks", "os.path.join(self.p.root, spec.head)"):
+    ("hubsoup/workflows/pipeline/context.py", "_tasks", "os.path.join(self.p.root, spec.head)"):
         "a classifier head file relative to the pipeline file; refused in hub_only before this line",
     ("hubsoup/workflows/pipeline/run.py", "_run_pipeline", "os.makedirs(os.path.dirname(work), exist_ok=True)"):
         "the same work_dir",
-    ("hubsoup/workflows/pipeline/run.py", "_merge_streamed", "os.makedirs(target.work_dir, exist_ok=True)"):
+    ("hubsoup/workflows/pipeline/execute.py", "_merge_streamed", "os.makedirs(target.work_dir, exist_ok=True)"):
         "'merges' under the same work_dir: where a streamed push keeps the shards on their way (a fixed name)",
     ("hubsoup/eval/lmeval.py", "check_task_folder", "os.path.join(dirpath, inc)"):
         "an include of a fetched task repo, refused unless relative without '..' and then checked (realpath) to lie "
         "inside the repo's folder",
-    ("hubsoup/workflows/pipeline/run.py", "leaderboard", "os.path.join(self.work, p.leaderboard.folder)"):
+    ("hubsoup/workflows/pipeline/leaderboard.py", "leaderboard", "os.path.join(run.work, p.leaderboard.folder)"):
         "leaderboard.folder is a label (load_pipeline checks it with untrusted.label)",
-    ("hubsoup/workflows/pipeline/run.py", "leaderboard", "os.makedirs(folder, exist_ok=True)"): "the same folder",
-    ("hubsoup/workflows/pipeline/run.py", "leaderboard", "os.path.join(folder, f'.{name}.tmp')"): "the same folder",
-    ("hubsoup/workflows/pipeline/run.py", "leaderboard", "open(tmp, 'w', encoding='utf-8')"): "the same folder",
-    ("hubsoup/workflows/pipeline/run.py", "leaderboard", "os.path.join(folder, name)"): "the same folder",
-    ("hubsoup/workflows/pipeline/run.py", "leaderboard", "os.replace(tmp, os.path.join(folder, name))"):
+    ("hubsoup/workflows/pipeline/leaderboard.py", "leaderboard", "os.makedirs(folder, exist_ok=True)"): "the same folder",
+    ("hubsoup/workflows/pipeline/leaderboard.py", "leaderboard", "os.path.join(folder, f'.{name}.tmp')"): "the same folder",
+    ("hubsoup/workflows/pipeline/leaderboard.py", "leaderboard", "open(tmp, 'w', encoding='utf-8')"): "the same folder",
+    ("hubsoup/workflows/pipeline/leaderboard.py", "leaderboard", "os.path.join(folder, name)"): "the same folder",
+    ("hubsoup/workflows/pipeline/leaderboard.py", "leaderboard", "os.replace(tmp, os.path.join(folder, name))"):
         "the same folder",
     ("hubsoup/workflows/search.py", "_search_remote", "os.path.join(folder.path, f'point-{best_i:03d}')"):
         "an index (the best point's number)",
@@ -390,7 +391,7 @@ def config_text_reaching_paths() -> set[tuple[str, str, str]]:
     """Every call of a path function (``os.path.join``'s parts after the first, ``open``, ``os.replace``,
     ``shutil.rmtree``, ...) in the package whose argument holds text read from a config, recipe, card or Hub file:
     a taint walk inside each function, from the readers (``load_yaml``, ``read_stages``, ``from_yaml``, ...) and the
-    names that hold their data (``cfg``, ``spec``, ``stage``, ``recipe``, ``data``, ``self.p``), through assignments,
+    names that hold their data (``cfg``, ``spec``, ``stage``, ``recipe``, ``data``, a pipeline run's ``p``), through assignments,
     loops and comprehensions, stopped by ``label`` / ``owned_path`` (and by what turns text into a number or digest)."""
     hits = set()
     for dirpath, _, files in os.walk(os.path.join(REPO, "hubsoup")):
@@ -420,7 +421,7 @@ def config_text_reaching_paths() -> set[tuple[str, str, str]]:
                     if isinstance(e, ast.Name):
                         return e.id in tainted or e.id in _ROOTS
                     if isinstance(e, ast.Attribute):
-                        return _dotted(e)[:2] == ("self", "p") or is_tainted(e.value)
+                        return _dotted(e)[:2] in (("self", "p"), ("run", "p")) or is_tainted(e.value)
                     if isinstance(e, ast.Subscript):
                         return is_tainted(e.value)
                     return any(is_tainted(c) for c in ast.iter_child_nodes(e) if isinstance(c, ast.expr))

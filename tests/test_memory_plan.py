@@ -66,7 +66,8 @@ def server():
 
 def _predicted_mib(base: str, fts: list[str], method: str, params: dict) -> float:
     """The planner's peak for the CPU, from the headers only (as ``hubsoup plan``)."""
-    from hubsoup.api import parse_method, place_blocks
+    from hubsoup.api import parse_method
+    from hubsoup.engine.placement import place_blocks
     from hubsoup.options import MergeOptions
     from hubsoup.plan import Plan
     from hubsoup.sources.compat import open_models

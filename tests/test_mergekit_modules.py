@@ -143,7 +143,7 @@ def test_modules_mergekit_cannot_merge_are_refused_before_anything_is_read(root,
 
 def test_t5_modules_split_as_mergekit_defines_them():
     """T5's modules: encoder and decoder blocks by prefix, ``shared`` = the embeddings and the head (mergekit's t5.json)."""
-    from hubsoup.formats.mergekit_modules import ARCHITECTURES
+    from hubsoup.formats.mergekit.modules import ARCHITECTURES
 
     t5 = ARCHITECTURES["T5ForConditionalGeneration"]
     owner = {n: [m for m, mod in t5.items() if mod.holds(n)] for n in

@@ -202,7 +202,7 @@ def test_the_legacy_model_spelling_is_refused_naming_it_and_its_replacement(tmp_
 
 def test_sections_parse_as_mergekit_reads_them():
     from hubsoup.formats.mergekit import read_config
-    from hubsoup.formats.mergekit_vocab import TokenSetting, TokenSource
+    from hubsoup.formats.mergekit.vocab import TokenSetting, TokenSource
 
     head = "merge_method: ties\nbase_model: a/b\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\n"
     m = read_config(head + "tokenizer: {}\n", resolve=False)
@@ -284,7 +284,7 @@ def test_tokenizer_bombs_are_refused_at_once_with_one_line(tmp_path, capsys):
     from hubsoup.cli import main
     from hubsoup.errors import ParameterError
     from hubsoup.formats.mergekit import read_config
-    from hubsoup.formats.mergekit_vocab import MAX_PAD_TO_MULTIPLE_OF, MAX_SECTION_TOKENS, parse_vocab
+    from hubsoup.formats.mergekit.vocab import MAX_PAD_TO_MULTIPLE_OF, MAX_SECTION_TOKENS, parse_vocab
 
     head = "merge_method: linear\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\n"
     for extra, match in [("tokenizer: {pad_to_multiple_of: 1.0e+12}\n", "at most 1024"),
@@ -433,7 +433,7 @@ def test_a_300k_token_union_is_one_warning_and_linear_work(tmp_path, monkeypatch
 
 def test_vocabularies_over_the_limit_are_refused_before_any_tokenizer_is_read(tmp_path, monkeypatch):
     from hubsoup.errors import ParameterError
-    from hubsoup.formats import mergekit_vocab
+    from hubsoup.formats.mergekit import vocab as mergekit_vocab
 
     root = str(tmp_path)
     text = _big_vocab_models(root, 100)

@@ -198,7 +198,7 @@ def test_slerp_blockwise_float64_reductions_match_the_formula():
 
 
 def test_one_topk_trim_with_named_tie_rules():
-    """The one top-k trim (TIES, mergekit's magnitude pruning, SFTM): the tie rule decides which of the entries
+    """The one top-k trim (TIES, mergekit's magnitude pruning, SFTM, SCE): the tie rule decides which of the entries
     tying at the k-th largest magnitude stay; the in-place form keeps exactly the mask's entries."""
     from hubsoup.methods._kernels import keep_topk_, topk_mask
 
@@ -214,7 +214,11 @@ def test_one_topk_trim_with_named_tie_rules():
     want = torch.zeros(x.numel(), dtype=torch.bool)
     want[torch.argsort(x.abs(), descending=True)[:k]] = True
     assert torch.equal(sort, want)
-    for rule in ("keep_ties", "first_index", "mergekit_sort"):
+    for t in (x, x.to(torch.bfloat16)):  # SCE's: as torch.topk picks among ties, in the tensor's own dtype
+        want = torch.zeros(x.numel(), dtype=torch.bool)
+        want[torch.topk(t.abs(), k).indices] = True
+        assert torch.equal(topk_mask(t, k, ties="mergekit_topk"), want) and int(want.sum()) == k
+    for rule in ("keep_ties", "first_index", "mergekit_sort", "mergekit_topk"):
         mask = topk_mask(x, k, ties=rule)
         assert torch.equal(keep_topk_(x.clone(), k, ties=rule), x.masked_fill(~mask, 0.0)), rule
         assert topk_mask(x, 0, ties=rule).sum() == 0 and bool(topk_mask(x, x.numel(), ties=rule).all())

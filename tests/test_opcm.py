@@ -13,11 +13,11 @@ from safetensors.torch import load_file
 import hubsoup
 from hubsoup import continual
 from hubsoup.cli import main as cli_main
-from hubsoup.workflows.continual import STATE_DIR, ContinualStateError
-from hubsoup.workflows.continual import state as continual_state
-from hubsoup.errors import HubsoupError, NonFiniteTensorError, ParameterError
+from hubsoup.workflows.continual import STATE_DIR
+from hubsoup.errors import ContinualStateError, HubsoupError, NonFiniteTensorError, ParameterError
 from hubsoup.methods import get_method
 from hubsoup.methods.opcm import opcm_lambda, opcm_update, project, split_rank
+from hubsoup.public import json_digest
 from hubsoup.testing import make_base, make_finetune
 
 D = torch.float64
@@ -168,7 +168,7 @@ def test_opcm_norm_invariant_order_and_determinism(llama, tmp_path):
 
 
 def test_the_merge_reads_S_from_the_statistics_pass_instead_of_repeating_its_svds(llama, tmp_path, monkeypatch):
-    from hubsoup.engine import kept as kept_mod
+    from hubsoup.methods import _kept as kept_mod
     from hubsoup.methods.opcm import Opcm
 
     base, fts = llama
@@ -328,7 +328,7 @@ def test_corrupt_or_missing_state_is_refused(private_llama, tmp_path):
         continual.add(soup, [c], quiet=True)
     d["lambda"] /= 2
     d["tensors"] = ["not", "a", "dict"]
-    d["checksum"] = continual_state._json_digest({k: v for k, v in d.items() if k != "checksum"})
+    d["checksum"] = json_digest({k: v for k, v in d.items() if k != "checksum"})
     open(jfile, "w").write(json.dumps(d))
     with pytest.raises(ContinualStateError, match="malformed"):
         continual.add(soup, [c], quiet=True)

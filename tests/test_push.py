@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 import hubsoup
 from hubsoup.cli import main
 from hubsoup.errors import InputError, PushError
-from hubsoup.hub import check_repo_id, push_folder
+from hubsoup.hub import push_folder
+from hubsoup.hubclient import check_repo_id
 from hubsoup.recipe import public_recipe_yaml
 from hubsoup.testing import make_finetune, write_card_metadata
 

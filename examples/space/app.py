@@ -394,7 +394,7 @@ _CLI_ADVICE = [re.compile(r"\s*\([^()]*(hf auth login|HF_TOKEN|token=)[^()]*\)")
 def visitor_message(error: BaseException, repo_id: str) -> str:
     """What went wrong, said as what a visitor of the Space can do about it (sign in, request access, check a
     repo name) — never a command to run."""
-    from hubsoup.hub import error_status
+    from hubsoup.hubclient import error_status
 
     text = str(error)
     for pattern in _CLI_ADVICE:
@@ -439,7 +439,7 @@ def _inputs_from_form(values: dict) -> tuple[list[str], str | None]:
 def check_config(text: str) -> tuple[Any, str]:
     """A pasted mergekit config, read without touching the Hub: (the merge, what the page shows)."""
     from hubsoup.formats.mergekit import read_config
-    from hubsoup.recipe import looks_local
+    from hubsoup.public import looks_local
 
     if not (text or "").strip():
         return None, "Paste a mergekit YAML config (merge_method, base_model, models or slices, parameters)."

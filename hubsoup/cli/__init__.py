@@ -20,7 +20,7 @@ from hubsoup.cli import evolve, export_config, manners, signals, space
 from hubsoup.cli.manners import HelpFormatter
 from hubsoup.cli.options import add_merge_options, add_output_format, add_params, merge_options, output_format, params
 from hubsoup.errors import HubsoupError, OutputExistsError, ParameterError
-from hubsoup.hubclient import pushed_line
+from hubsoup.hubclient import check_repo_id, install_log_scrubber, pushed_line, quiet_retries, scrub_secrets
 
 
 def _push_prepare(args) -> str | None:
@@ -29,8 +29,6 @@ def _push_prepare(args) -> str | None:
     if not args.push and (args.private or args.create_pr or args.commit_message):
         raise ParameterError("--private, --create-pr and --commit-message need --push ORG/NAME")
     if args.push:
-        from hubsoup.hub import check_repo_id  # lazy: keeps hubsoup --help free of torch
-
         check_repo_id(args.push)
     if args.card_template and getattr(args, "hub_only", False):
         raise ParameterError("--card-template names a local file, and --hub-only accepts no local path")
@@ -213,7 +211,8 @@ def _cmd_plan(args, opts) -> int:
         print(Plan.of(ckpt, opts.device).summary())
         downloads([ckpt])
         return 0
-    from hubsoup.api import parse_method, place_blocks  # lazy: keeps hubsoup --help free of torch
+    from hubsoup.api import parse_method  # lazy: keeps hubsoup --help free of torch
+    from hubsoup.engine.placement import place_blocks  # lazy: keeps hubsoup --help free of torch
     from hubsoup.sources.compat import open_models  # lazy: keeps hubsoup --help free of torch
 
     m, p = parse_method(args.method, params(args.param))
@@ -324,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     # lazy: binds eval, which at module level would shadow the builtin
     from hubsoup.cli import continual, eval, pipeline, push, run, sweep
 
-    for mod in (eval, push, run, sweep, continual, pipeline, export_config, evolve, space, manners):
+    for mod in (eval, push, run, sweep, continual, pipeline, export_config, evolve, space):
         mod.register(sub)
+    manners.register(sub, p)  # completion: the script of this whole parser
     manners.polish(p)  # examples in every --help, -v/-q after the command too
     return p
 
@@ -386,10 +386,7 @@ def main(argv: list[str] | None = None) -> int:
                 import torch  # noqa: F401
             if signals.received(mark) is not None:
                 raise KeyboardInterrupt
-        # lazy: keeps hubsoup --help free of torch
-        from hubsoup.hubclient import install_log_scrubber, quiet_retries  # no Hub token in any log line or message
-
-        install_log_scrubber()
+        install_log_scrubber()  # no Hub token in any log line or message
         quiet_retries(show=args.verbose)  # a dropped connection: one error line, not a warning per retried request (-v shows them)
         rc = args.func(args)
     except BaseException as e:
@@ -399,8 +396,6 @@ def main(argv: list[str] | None = None) -> int:
             return interrupted(sig)
         if not isinstance(e, HubsoupError):
             raise
-        from hubsoup.hubclient import scrub_secrets  # lazy: keeps hubsoup --help free of torch
-
         if verbose:
             print(scrub_secrets(traceback.format_exc()), file=sys.stderr, end="")
         print(f"error: {scrub_secrets(e)}", file=sys.stderr)

@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 
 from hubsoup.cli.options import add_merge_options, add_params, merge_options, params
-from hubsoup.hubclient import pushed_line
+from hubsoup.hubclient import check_repo_id, pushed_line
 
 
 def _check_push(args) -> None:
     if getattr(args, "push", None):
-        from hubsoup.hub import check_repo_id  # lazy: keeps hubsoup --help free of torch
-
         check_repo_id(args.push)  # before any merging
 
 

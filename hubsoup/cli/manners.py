@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 
 EXAMPLES: dict[str, str] = {
@@ -183,18 +184,19 @@ complete -o default -F _hubsoup hubsoup
 """
 
 
-def cmd_completion(args) -> int:
-    from hubsoup.cli import build_parser  # lazy: hubsoup.cli imports this module (cycle)
+def cmd_completion(args, parser: argparse.ArgumentParser) -> int:
+    """Print the completion script of ``parser`` (the whole ``hubsoup`` parser)."""
     from hubsoup.methods import list_methods  # lazy: keeps hubsoup --help free of torch
 
-    print(bash_script(build_parser(), [m["name"] for m in list_methods()]), end="")
+    print(bash_script(parser, [m["name"] for m in list_methods()]), end="")
     return 0
 
 
-def register(sub) -> None:
+def register(sub, parser: argparse.ArgumentParser) -> None:
+    """The ``completion`` command, which describes ``parser`` (the root parser, complete once it is built)."""
     p = sub.add_parser("completion", help="print the shell completion script (bash)",
                        description="Print a bash completion script for hubsoup: commands, options, their choices, "
                                    "the merge methods after --method, and paths. Load it with eval, or save it "
                                    "where bash-completion looks.")
     p.add_argument("shell", choices=["bash"], help="the shell (bash)")
-    p.set_defaults(func=cmd_completion)
+    p.set_defaults(func=functools.partial(cmd_completion, parser=parser))

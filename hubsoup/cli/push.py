@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 
+from hubsoup.hubclient import check_repo_id, pushed_line
+
 
 def cmd_push(args) -> int:
     from hubsoup.api import note_restricted_inputs  # lazy: keeps hubsoup --help free of torch
-    from hubsoup.hub import check_repo_id, push_folder, pushed_line, retarget_card
+    from hubsoup.hub import push_folder, retarget_card  # lazy: keeps hubsoup --help free of torch
 
     check_repo_id(args.repo_id)
     # what a Ctrl-C says: a push removes nothing, and its one commit is on the Hub whole or not at all

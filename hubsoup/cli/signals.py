@@ -9,7 +9,7 @@ lost where Python cannot raise it (a weakref or ``__del__`` callback run by the 
 as "Exception ignored in ...": the signal is recorded, and the command ends as signalled with its one line.
 
 **From the first instant.** When the process is the ``hubsoup`` command, the package's first lines
-(``hubsoup/__init__.py``, before any other import of it) install handlers that only record a signal, never
+(``hubsoup/__init__.py`` and :mod:`hubsoup.startup`, before any other import of it) install handlers that only record a signal, never
 raise it: a Ctrl-C while the command imports its modules cannot become a traceback. ``main()`` installs the
 raising handlers first of all (:func:`catch`), then asks :func:`received` whether one came meanwhile
 (:func:`start_mark`). Only the interpreter's own start-up (``site``, the console script's first line) is
@@ -29,8 +29,8 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from hubsoup import _SIGNALS as _RECEIVED  # the same list the package's first-instant handlers record into
-from hubsoup import _the_command
+from hubsoup import startup
+from hubsoup.startup import SIGNALS as _RECEIVED  # the same list the package's first-instant handlers record into
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 """What a shell reports for a process its signal ended: 128 + the signal's number."""
@@ -56,7 +56,7 @@ def _on_sigterm(signum, frame):
 
 def the_command() -> bool:
     """This process is the ``hubsoup`` command (not a program that imports the package and calls ``main``)."""
-    return _the_command()
+    return startup.the_command()
 
 
 def ignore() -> None:
@@ -73,7 +73,7 @@ def start_mark() -> int:
     belongs to it), once; later commands in the same process :func:`mark_now`."""
     if not _STARTED:
         _STARTED.append(True)
-        return 0 if _the_command() else mark_now()
+        return 0 if startup.the_command() else mark_now()
     return mark_now()
 
 

@@ -28,7 +28,7 @@ import itertools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Hashable, Iterator, Protocol, Sequence
 
 import torch
@@ -40,7 +40,7 @@ from hubsoup.engine import shared as shared_statistics
 from hubsoup.engine.lowrank import (Copy, Dense, LowRank, Outcome, Unchanged, Weights, decide, piece_size,
                                     reads_base, tensor_position)
 from hubsoup.errors import NonFiniteTensorError
-from hubsoup.methods import InputInfo, Method, PrepareContext, StatsPass, TensorContext
+from hubsoup.methods import InputInfo, Method, PrepareContext, TensorContext
 from hubsoup.plan import Block, Plan, TensorEntry
 from hubsoup.progress import Monitor, shared_segment
 from hubsoup.sources import remote
@@ -508,7 +508,7 @@ def gather_stats(job: Job) -> dict[str, Any]:
                 p.update(work.context(), work.base(), work.deltas())
                 continue
             # a piecewise pass over full fine-tunes: no float32 stack, the pieces in lanes when p forks
-            feed(forks, work.context(), sweep)
+            lanes.feed(forks, work.context(), sweep)
         for f in forks[1:]:
             p.join(f)
         p.finish(stats)
@@ -516,18 +516,6 @@ def gather_stats(job: Job) -> dict[str, Any]:
         shared.put(key, method, job.params, stats)
         job.shared_stats = True
     return stats
-
-
-def feed(forks: list[StatsPass], ctx: TensorContext, sweep: PieceSweep) -> None:
-    """Every piece of ``sweep`` to a statistics pass: lane j's pieces to ``forks[j]`` (one lane per fork)."""
-    n = max(1, min(len(forks), len(sweep.starts)))  # the forks were made for the lanes wanted
-    queue = lanes.Shared(sweep.starts) if n > 1 else None
-
-    def lane(j: int) -> None:
-        for start, _, b, stack in sweep(only=queue):
-            forks[j].update(replace(ctx, offset=start), b, stack)
-
-    lanes.run(lane, n, stop=queue.stop if queue is not None else None)
 
 
 def _stats_key(job: Job) -> tuple[Hashable, ...]:

@@ -18,11 +18,15 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from concurrent.futures import Future
-from typing import Callable, Sequence, TypeVar
+from dataclasses import replace
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 import torch
 
-from hubsoup.methods import StatsPass
+from hubsoup.methods import StatsPass, TensorContext
+
+if TYPE_CHECKING:
+    from hubsoup.engine import PieceSweep
 
 T = TypeVar("T")
 
@@ -67,6 +71,18 @@ def forked(p: StatsPass, n: int) -> list[StatsPass]:
             return [p]
         out.append(f)
     return out
+
+
+def feed(forks: list[StatsPass], ctx: TensorContext, sweep: "PieceSweep") -> None:
+    """Every piece of ``sweep`` to a statistics pass: lane j's pieces to ``forks[j]`` (one lane per fork)."""
+    n = max(1, min(len(forks), len(sweep.starts)))  # the forks were made for the lanes wanted
+    queue = Shared(sweep.starts) if n > 1 else None
+
+    def lane(j: int) -> None:
+        for start, _, b, stack in sweep(only=queue):
+            forks[j].update(replace(ctx, offset=start), b, stack)
+
+    run(lane, n, stop=queue.stop if queue is not None else None)
 
 
 def run(fn: Callable[[int], T], n: int, stop: Callable[[], None] | None = None) -> list[T]:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Union
 
 import torch
 
+from hubsoup.engine import lanes
 from hubsoup.methods._schedule import layer_position, resolve_params
 from hubsoup.plan import Block, TensorEntry
 
@@ -178,15 +179,13 @@ def merge_in_pieces(work: "TensorWork", params: Any, dtype: torch.dtype) -> torc
     pieces = work.pieces(method.piece_multiple(params))
     if pieces is None:
         return None
-    from hubsoup.engine import feed, lanes  # lazy: the engine imports this module (cycle)
-
     ctx = work.context()
     ctx.stats = ChainMap({}, ctx.stats)  # this tensor's statistics over the merge's
     want = lanes.count(work.job.lanes, len(pieces.starts))
     during = [p for p in passes if p.during_merge]
     for p in (p for p in passes if not p.during_merge):
         accumulators = lanes.forked(p, want)
-        feed(accumulators, ctx, pieces)
+        lanes.feed(accumulators, ctx, pieces)
         for other in accumulators[1:]:
             p.join(other)
         p.finish(ctx.stats)

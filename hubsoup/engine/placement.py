@@ -28,8 +28,7 @@ import torch
 from hubsoup.engine import lanes
 from hubsoup.engine.lowrank import piece_size, tensor_params
 from hubsoup.errors import PlacementError
-# parsed where the option is (hubsoup.options); re-exported for the engine's callers
-from hubsoup.options import DTYPES, STRATEGIES, MergeOptions, parse_device_map, parse_max_memory  # noqa: F401
+from hubsoup.options import DTYPES, MergeOptions, parse_device_map, parse_max_memory
 from hubsoup.plan import Block, Plan, TensorEntry
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ Example:
     {'accuracy': 0.91, 'macro_f1': 0.90}
 """
 
-from hubsoup.eval.run import METRIC_NAMES, Evaluator, TaskResult, evaluate_model, load_metric, read_results, to_eval_results
-from hubsoup.eval.tasks import TaskSpec
+from hubsoup.eval.run import METRIC_NAMES, Evaluator, evaluate_model, load_metric, read_results, to_eval_results
+from hubsoup.eval.tasks import TaskResult, TaskSpec
 
 __all__ = ["TaskSpec", "TaskResult", "Evaluator", "evaluate_model", "load_metric", "read_results", "to_eval_results", "METRIC_NAMES"]

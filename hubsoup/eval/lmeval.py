@@ -53,8 +53,7 @@ import yaml
 
 from hubsoup.errors import InputError, ParameterError
 from hubsoup.public import public_value
-from hubsoup.eval.run import TaskResult
-from hubsoup.eval.tasks import TaskSpec
+from hubsoup.eval.tasks import TaskKind, TaskResult, TaskSpec, add_kind
 from hubsoup.sources.access import current, hub_only, is_hub_dataset, refusal, require_task_repo
 from hubsoup.sources.resolve import fetched_repo
 from hubsoup.untrusted import MAX_YAML_BYTES, label, load_yaml, short
@@ -360,6 +359,9 @@ def check(task) -> None:
         where = f" or in {task.extra['task_dir']}" if task.extra.get("task_dir") else ""
         raise ParameterError(f"task '{task.name}': lm-eval has no task '{unknown[0]}'{where} "
                              f"(`lm-eval ls tasks` lists them; custom tasks go in task_dir=DIR)")
+
+
+add_kind("lm-eval", TaskKind(parse=parse, check=check))  # ``lm-eval:TASKS[,key=value...]``
 
 
 _GUARD_LOCK = threading.Lock()

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -15,7 +13,8 @@ from tqdm.auto import tqdm
 
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.eval.heads import head_labels, load_head, mean_pool
-from hubsoup.eval.tasks import TaskSpec
+from hubsoup.eval import lmeval
+from hubsoup.eval.tasks import TaskResult, TaskSpec
 from hubsoup.public import looks_local, public_file_ref
 
 EVAL_FILE = "eval_results.json"
@@ -33,62 +32,6 @@ def load_metric(name: str):
     if not os.path.isdir(path):
         raise ParameterError(f"no shipped metric {name!r} (have: {', '.join(sorted(os.listdir(_METRICS_DIR)))})")
     return evaluate.load(path)
-
-
-@dataclass
-class TaskResult:
-    task: TaskSpec
-    metrics: dict[str, float]
-    n_examples: int
-    details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def main_metric(self) -> str:
-        if self.task.kind == "lm-eval":  # the spec's metric=, else the lm-eval task's first metric
-            return self.details.get("main_metric") or self.task.extra.get("main_metric") or next(iter(self.metrics))
-        return "accuracy" if self.task.kind == "classification" else "perplexity"
-
-    @property
-    def score(self) -> float:
-        """Higher is better, one convention everywhere a score is ranked or averaged (search, evolve, pipelines):
-        accuracy; ``-log(perplexity)`` (the mean log-likelihood per token: perplexities of different tasks average
-        as a geometric mean); an lm-eval metric (negated where lm-eval says lower is better)."""
-        v = self.metrics[self.main_metric]
-        if self.task.kind == "lm-eval":
-            return -v if self.main_metric in (self.details.get("lower_is_better") or ()) else v
-        return v if self.task.kind == "classification" else -math.log(v)
-
-    @property
-    def head(self) -> dict[str, Any] | None:
-        """The frozen head the scores were computed with (``{"file", "pooling", "source"}``), or None.
-
-        ``file`` is the head file's public name (``name@sha256:...``), never its path.
-        """
-        return self.details.get("head")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"task": self.task.name, "kind": self.task.kind, "data": self.task.data, "split": self.task.split,
-               "config": self.task.config, "n_examples": self.n_examples, "metrics": self.metrics}
-        if self.head:
-            out["head"] = self.head
-        if "lm_eval" in self.details:  # lm-eval's own output for this task
-            out["main_metric"] = self.main_metric
-            out["lm_eval"] = self.details["lm_eval"]
-        return out
-
-    @classmethod
-    def from_dict(cls, row: dict[str, Any]) -> "TaskResult":
-        """A result read back from ``eval_results.json``; files written before 0.1.1 named macro-F1 ``f1``."""
-        metrics = {("macro_f1" if k == "f1" and row.get("kind") == "classification" else k): float(v)
-                   for k, v in (row.get("metrics") or {}).items()}
-        task = TaskSpec(kind=row["kind"], data=row["data"], name=row.get("task") or "",
-                        split=row.get("split") or "validation", config=row.get("config"))
-        details: dict[str, Any] = {"head": row["head"]} if isinstance(row.get("head"), dict) else {}
-        if row.get("kind") == "lm-eval" and isinstance(row.get("lm_eval"), dict):
-            hib = row["lm_eval"].get("higher_is_better") or {}
-            details.update(lm_eval=row["lm_eval"], main_metric=row.get("main_metric"),
-                           lower_is_better=[k.split(",")[0] for k, v in hib.items() if v is False])
-        return cls(task, metrics, int(row.get("n_examples") or 0), details)
 
 
 METRIC_NAMES = {"accuracy": "Accuracy", "macro_f1": "Macro-F1", "perplexity": "Perplexity"}
@@ -401,8 +344,6 @@ class Evaluator:
         return results
 
     def _runner(self, i: int, task: TaskSpec, models: _Models):
-        from hubsoup.eval import lmeval  # lazy: eval.lmeval imports this module (cycle)
-
         if self.tokenizer is None:  # each model its own tokenizer: nothing lm-eval builds can be kept
             return lmeval.Runner(task, models.tokenizer(), limit=task.limit, batch_size=self.batch_size,
                                  device=self.device, quiet=self.quiet)

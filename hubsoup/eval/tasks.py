@@ -1,15 +1,40 @@
-"""Task specs: what to evaluate, on which data, how."""
+"""Task specs and results: what to evaluate, on which data, how, and what it scored.
+
+A task's kind (``classification``, ``perplexity``, ``lm-eval``) is a row of :data:`KINDS`: how its spec is read
+after ``KIND:`` and how its data is checked before a merge. The built-in kinds are here; :mod:`hubsoup.eval.lmeval`
+adds its own row (:func:`add_kind`) when the package imports it.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields
+from typing import Any, Callable
 
 from hubsoup.errors import InputError, ParameterError
 from hubsoup.eval.heads import load_head
 from hubsoup.sources.access import hub_only, load_hub_dataset, require_hub_dataset, require_task_repo
 
-KINDS = ("classification", "perplexity", "lm-eval")
+
+@dataclass(frozen=True)
+class TaskKind:
+    """How one kind of task is read and checked (a row of :data:`KINDS`)."""
+
+    parse: Callable[[str, str], "TaskSpec"] | None = None
+    """``parse(spec, rest)``: the spec from the text after ``KIND:`` (None: ``DATA[,key=value...]``)."""
+    check: Callable[["TaskSpec"], None] | None = None
+    """``check(task)``: read what the task needs now, so that a bad task fails before a merge (None: its data)."""
+
+
+KINDS: dict[str, TaskKind] = {"classification": TaskKind(), "perplexity": TaskKind()}
+"""Every kind of task by name: :meth:`TaskSpec.parse` and :meth:`TaskSpec.check` dispatch through it."""
+
+
+def add_kind(name: str, kind: TaskKind) -> None:
+    """Add a kind of task (``lm-eval``: :mod:`hubsoup.eval.lmeval`, imported with :mod:`hubsoup.eval`)."""
+    KINDS[name] = kind
+
 _LOCAL_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
@@ -67,10 +92,9 @@ class TaskSpec:
         if ":" not in spec:
             raise ParameterError(f"task spec {spec!r}: expected KIND:DATA[,key=value...] with KIND one of {', '.join(KINDS)}")
         kind, rest = spec.split(":", 1)
-        if kind.strip() == "lm-eval":
-            from hubsoup.eval import lmeval  # lazy: eval.lmeval imports this module (cycle)
-
-            return lmeval.parse(spec, rest)
+        own = KINDS.get(kind.strip())
+        if own is not None and own.parse is not None:
+            return own.parse(spec, rest)
         parts = [p for p in rest.split(",") if p]
         if not parts:
             raise ParameterError(f"task spec {spec!r}: no data given")
@@ -98,10 +122,9 @@ class TaskSpec:
         Raises :class:`~hubsoup.errors.ParameterError` naming the task: data that cannot be
         loaded, a missing column, no examples, an unreadable ``head``.
         """
-        if self.kind == "lm-eval":
-            from hubsoup.eval import lmeval  # lazy: eval.lmeval imports this module (cycle)
-
-            return lmeval.check(self)
+        own = KINDS[self.kind]
+        if own.check is not None:
+            return own.check(self)
         import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only an evaluation's data needs it
 
         shown = datasets.is_progress_bar_enabled()
@@ -156,3 +179,59 @@ class TaskSpec:
                 raise ParameterError(f"task '{self.name}': row {bad[0] + 1} of {self.data}: {col!r} must be text, got "
                                      f"{shown[:40] + '...' if len(shown) > 40 else shown}")
         return ds
+
+
+@dataclass
+class TaskResult:
+    task: TaskSpec
+    metrics: dict[str, float]
+    n_examples: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def main_metric(self) -> str:
+        if self.task.kind == "lm-eval":  # the spec's metric=, else the lm-eval task's first metric
+            return self.details.get("main_metric") or self.task.extra.get("main_metric") or next(iter(self.metrics))
+        return "accuracy" if self.task.kind == "classification" else "perplexity"
+
+    @property
+    def score(self) -> float:
+        """Higher is better, one convention everywhere a score is ranked or averaged (search, evolve, pipelines):
+        accuracy; ``-log(perplexity)`` (the mean log-likelihood per token: perplexities of different tasks average
+        as a geometric mean); an lm-eval metric (negated where lm-eval says lower is better)."""
+        v = self.metrics[self.main_metric]
+        if self.task.kind == "lm-eval":
+            return -v if self.main_metric in (self.details.get("lower_is_better") or ()) else v
+        return v if self.task.kind == "classification" else -math.log(v)
+
+    @property
+    def head(self) -> dict[str, Any] | None:
+        """The frozen head the scores were computed with (``{"file", "pooling", "source"}``), or None.
+
+        ``file`` is the head file's public name (``name@sha256:...``), never its path.
+        """
+        return self.details.get("head")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"task": self.task.name, "kind": self.task.kind, "data": self.task.data, "split": self.task.split,
+               "config": self.task.config, "n_examples": self.n_examples, "metrics": self.metrics}
+        if self.head:
+            out["head"] = self.head
+        if "lm_eval" in self.details:  # lm-eval's own output for this task
+            out["main_metric"] = self.main_metric
+            out["lm_eval"] = self.details["lm_eval"]
+        return out
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> "TaskResult":
+        """A result read back from ``eval_results.json``; files written before 0.1.1 named macro-F1 ``f1``."""
+        metrics = {("macro_f1" if k == "f1" and row.get("kind") == "classification" else k): float(v)
+                   for k, v in (row.get("metrics") or {}).items()}
+        task = TaskSpec(kind=row["kind"], data=row["data"], name=row.get("task") or "",
+                        split=row.get("split") or "validation", config=row.get("config"))
+        details: dict[str, Any] = {"head": row["head"]} if isinstance(row.get("head"), dict) else {}
+        if row.get("kind") == "lm-eval" and isinstance(row.get("lm_eval"), dict):
+            hib = row["lm_eval"].get("higher_is_better") or {}
+            details.update(lm_eval=row["lm_eval"], main_metric=row.get("main_metric"),
+                           lower_is_better=[k.split(",")[0] for k, v in hib.items() if v is False])
+        return cls(task, metrics, int(row.get("n_examples") or 0), details)

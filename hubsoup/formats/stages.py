@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hubsoup.errors import ParameterError
-from hubsoup.formats.mergekit import _map_models, is_mergekit_config
+from hubsoup.formats.mergekit import is_mergekit_config
+from hubsoup.public import map_models
 from hubsoup.untrusted import label, load_yaml_all
 
 
@@ -81,7 +82,7 @@ def read_stages(text: str) -> list[Stage]:
     names = {n for n in stages if n is not None}
     for st in stages.values():
         seen: list[str] = []
-        _map_models(st.data, lambda ref: seen.append(_model_name(ref)) or ref)
+        map_models(st.data, lambda ref: seen.append(_model_name(ref)) or ref)
         st.needs = list(dict.fromkeys(n for n in seen if n in names))
 
     order: list[Stage] = []

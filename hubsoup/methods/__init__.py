@@ -27,7 +27,10 @@ from hubsoup.methods._base import (
     StatsPass,
     TensorContext,
     available,
+    check_plugins,
     get_method,
+    method_distribution,
+    plugin_distributions,
     register,
 )
 from hubsoup.methods._params import describe, param, parse_params, to_dict
@@ -86,4 +89,5 @@ for _mod in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_mod.name}")
 
 __all__ = ["InputInfo", "Method", "PrepareContext", "StatsPass", "TensorContext", "available", "get_method", "register",
-           "param", "parse_params", "to_dict", "describe", "list_methods", "measured"]
+           "method_distribution", "plugin_distributions", "check_plugins", "param", "parse_params", "to_dict", "describe",
+           "list_methods", "measured"]

@@ -20,7 +20,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable, ClassVar, Hashable, MutableMapping, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Mapping, MutableMapping, Sequence
 
 import torch
 
@@ -370,12 +370,16 @@ ENTRY_POINT_GROUP = "hubsoup.methods"
 
 _plugins_loaded = False
 
+_DISTRIBUTIONS: dict[str, dict[str, str]] = {}
+"""Method name -> ``{"distribution", "version"}`` of the installed package whose entry point registered it."""
+
 
 def load_plugins() -> None:
     """Register the methods of installed packages (entry-point group ``hubsoup.methods``), once per process.
 
     A plug-in that fails to load, or takes a name already registered, is left out with a warning naming its
-    entry point: the built-in methods always stay usable.
+    entry point: the built-in methods always stay usable. Each method a package registers is recorded with the
+    package's name and version (:func:`method_distribution`): recipes name it.
     """
     global _plugins_loaded
     if _plugins_loaded:
@@ -383,12 +387,64 @@ def load_plugins() -> None:
     _plugins_loaded = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
+            before = dict(_REGISTRY)
             obj = ep.load()
             if isinstance(obj, type) and issubclass(obj, Method):
                 register(obj)
         except Exception as e:  # noqa: BLE001 - someone else's package: say which and go on
             log.warning("method plug-in %r (%s, entry point group %s) not loaded: %s: %s", ep.name, ep.value,
                         ENTRY_POINT_GROUP, type(e).__name__, e)
+            continue
+        dist = getattr(ep, "dist", None)
+        if dist is None or not getattr(dist, "name", None):
+            continue
+        mine = [n for n, c in _REGISTRY.items() if before.get(n) is not c]  # what loading it registered
+        if isinstance(obj, type) and issubclass(obj, Method):
+            mine.append(obj.name)  # the class it names, even if imported (and registered) before
+        for n in mine:
+            _DISTRIBUTIONS[n] = {"distribution": dist.name, "version": dist.version}
+
+
+def method_distribution(name: str) -> dict[str, str] | None:
+    """The installed package a method comes from, ``{"distribution", "version"}``, when an entry point of the group
+    ``hubsoup.methods`` registered it; None for a built-in method (or one registered by importing its module).
+
+    Example:
+        >>> method_distribution("ties") is None
+        True
+    """
+    load_plugins()
+    return dict(_DISTRIBUTIONS[name]) if name in _DISTRIBUTIONS else None
+
+
+def plugin_distributions(method: str, params: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """The installed packages a merge's methods come from, by method name: ``method`` and, for a modifier (LiNeS,
+    LwPTV), each method of its ``base_method`` chain; built-in methods are not listed (what a recipe records).
+
+    Example:
+        >>> plugin_distributions("lines", {"base_method": "ties"})
+        {}
+    """
+    names = [method, *(n.strip() for n in str(params.get("base_method") or "").split("+") if n.strip())]
+    found = {n: method_distribution(n) for n in dict.fromkeys(names)}
+    return {n: d for n, d in found.items() if d is not None}
+
+
+def check_plugins(plugins: Mapping[str, Any]) -> None:
+    """Before a merge is made again from its recipe: every method it records as coming from an installed package
+    (:func:`plugin_distributions`) is registered here, else a :class:`MethodError` names the package and version to
+    install; one installed at another version is merged with a warning."""
+    for name, rec in plugins.items():
+        rec = rec if isinstance(rec, Mapping) else {}
+        dist, version = str(rec.get("distribution") or "?"), str(rec.get("version") or "")
+        pinned = f"{dist}=={version}" if version else dist
+        if name not in available():
+            raise MethodError(f"method '{name}' comes from the package {dist}" + (f" {version}" if version else "")
+                              + f", which is not installed here: pip install '{pinned}', then run it again")
+        have = method_distribution(name)
+        if have is not None and version and have.get("version") != version:
+            log.warning("method '%s': the recipe was made with %s %s, this is %s %s: the merge may differ",
+                        name, dist, version, have.get("distribution"), have.get("version"))
 
 
 def get_method(name: str) -> Method:

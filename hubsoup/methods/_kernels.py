@@ -213,7 +213,7 @@ own selection) or ``"histogram"`` (two radix passes counted with ``index_add_``:
 bins). Both are exact; the environment variable is a measurement aid (``benchmarks/bench_gpu.py``)."""
 
 
-TieRule = Literal["keep_ties", "first_index", "mergekit_sort"]
+TieRule = Literal["keep_ties", "first_index", "mergekit_sort", "mergekit_topk"]
 """Which entries a top-k trim keeps when magnitudes tie at the k-th largest (:func:`topk_mask`, :func:`keep_topk_`):
 
 * ``"keep_ties"``: every entry with |x| ≥ the k-th largest magnitude: k or more (the TIES paper's trim). The one
@@ -222,6 +222,8 @@ TieRule = Literal["keep_ties", "first_index", "mergekit_sort"]
   count, reruns identical).
 * ``"mergekit_sort"``: exactly k; of the tied entries, those ``torch.argsort(|x|, descending=True)`` puts first:
   the sort mergekit's magnitude pruning calls, so ties fall as in its output.
+* ``"mergekit_topk"``: exactly k; of the tied entries, those ``torch.topk(|x|, k)`` returns, in ``x``'s own dtype:
+  the call mergekit's SCE makes on the variances, so ties fall as in its output.
 """
 
 
@@ -229,7 +231,8 @@ def topk_mask(x: torch.Tensor, k: int | None = None, *, ties: TieRule,
               threshold: "float | torch.Tensor | None" = None) -> torch.Tensor:
     """Boolean mask (``x``'s shape) of the ``k`` largest magnitudes of ``x``, ties at the cut-off by ``ties``.
 
-    The one top-k trim: TIES' trim, mergekit's magnitude pruning and SFTM's trim are this with their tie rule.
+    The one top-k trim: TIES' trim, mergekit's magnitude pruning, SFTM's trim and SCE's selection of the
+    highest-variance entries are this with their tie rule.
 
     Args:
         x: any tensor (only read).
@@ -271,7 +274,11 @@ def topk_mask(x: torch.Tensor, k: int | None = None, *, ties: TieRule,
         else:  # equal magnitudes at the cut-off: keep those mergekit keeps, by calling the sort it calls
             mask[torch.argsort(a, descending=True)[:k]] = True
         return mask.reshape(x.shape)
-    raise ValueError(f"unknown tie rule {ties!r} (one of keep_ties, first_index, mergekit_sort)")
+    if ties == "mergekit_topk":
+        mask = torch.zeros(n, dtype=torch.bool, device=x.device)
+        mask[torch.topk(x.abs().flatten(), k).indices] = True
+        return mask.reshape(x.shape)
+    raise ValueError(f"unknown tie rule {ties!r} (one of keep_ties, first_index, mergekit_sort, mergekit_topk)")
 
 
 def keep_topk_(x: torch.Tensor, k: int | None = None, *, ties: TieRule,

@@ -2,7 +2,8 @@
 
 Wan et al. (2024), as mergekit's ``sce``: **select** the entries whose variance across the
 task vectors is in the top ``select_topk`` fraction of the entries with non-zero variance
-(``k = int(nonzero · select_topk)``; ``select_topk >= 1`` keeps all); **calculate** each
+(``k = int(nonzero · select_topk)``; ``select_topk >= 1`` keeps all; ties at the cut-off as mergekit's
+``torch.topk``: :func:`~hubsoup.methods._kernels.topk_mask` with ``ties="mergekit_topk"``); **calculate** each
 task vector's weight as its mean squared entry (after selection) over the sum of them
 (uniform if the sum is below 1e-6); **erase** the entries whose sign disagrees with the
 elected sign (sign of the sum, + at 0); the merged task vector is
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from hubsoup.methods import Method, param, register
+from hubsoup.methods._kernels import topk_mask
 from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
 
 
@@ -46,10 +48,7 @@ class Sce(Method):
             else:
                 var = deltas.var(dim=0, unbiased=False)
                 k = int(int(torch.count_nonzero(var)) * k_frac)
-                mask = torch.zeros(var.numel(), dtype=torch.bool, device=var.device)
-                if k > 0:
-                    mask[torch.topk(var.flatten(), k).indices] = True
-                deltas.mul_(mask.reshape(var.shape))
+                deltas.mul_(topk_mask(var, k, ties="mergekit_topk"))
         energy = deltas.square().reshape(n, -1).mean(dim=1)
         total = float(energy.sum())
         w = torch.full_like(energy, 1.0 / n) if abs(total) < 1e-6 else energy / total
@@ -67,10 +66,7 @@ def sce_in_dtype(base: torch.Tensor, deltas: torch.Tensor, dtype: torch.dtype, s
     if select_topk < 1:
         var = torch.var(tvs, dim=0, unbiased=False)
         k = int(int(torch.count_nonzero(var)) * select_topk) if select_topk > 0 else 0
-        mask = torch.zeros_like(var)
-        if k > 0:
-            mask.view(-1)[torch.topk(var.abs().view(-1), k=k, largest=True).indices] = 1
-        tvs = tvs * mask.unsqueeze(0)
+        tvs = tvs * topk_mask(var, k, ties="mergekit_topk").to(var.dtype).unsqueeze(0)
     sign = tvs.sign()
     agree = sign == (tvs.sum(dim=0) >= 0).to(dtype) * 2 - 1
     energy = tvs.square().reshape(len(tvs), -1).mean(dim=1)

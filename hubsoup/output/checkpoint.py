@@ -16,7 +16,7 @@ from hubsoup.output.shards import ShardedWriter, ShardHandoff
 from hubsoup.plan import Plan, TensorEntry
 from hubsoup.sources.checkpoint import Checkpoint
 
-BASE_FILES = _COPY_FROM_BASE = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+BASE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja",
                    "chat_template.json", "preprocessor_config.json")
@@ -30,7 +30,7 @@ def copy_base_files(base: Checkpoint, dest: str, tokenizer_only: bool = False) -
     (:class:`~hubsoup.errors.UnsafePathError`, checked for every file before any is copied),
     so that it is never copied into the output and pushed.
     """
-    wanted = [f for f in _COPY_FROM_BASE
+    wanted = [f for f in BASE_FILES
               if not (tokenizer_only and f in ("config.json", "generation_config.json"))]  # an adapter folder with
     # a config.json would look like a full model
     sources = {}

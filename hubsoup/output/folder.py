@@ -51,7 +51,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from hubsoup.errors import DiskFullError, HubsoupError, OutputExistsError, OutputLockedError, OutputNotWritableError
-from hubsoup.options import parse_size  # noqa: F401 - parsed where the option is; re-exported
 
 try:
     import fcntl
@@ -537,7 +536,7 @@ def _raise_for(e: BaseException, folder: str) -> BaseException:
     return err
 
 
-def _umask() -> int:
+def umask() -> int:
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
@@ -642,7 +641,7 @@ class OutputFolder:
             check_output(target, overwrite, legacy=legacy, what=what)
             self.path = tempfile.mkdtemp(prefix=f".{os.path.basename(self.target)}.partial-",
                                          dir=os.path.dirname(self.target))
-            os.chmod(self.path, 0o777 & ~_umask())  # mkdtemp's 0700 would make the output private
+            os.chmod(self.path, 0o777 & ~umask())  # mkdtemp's 0700 would make the output private
         except BaseException as e:
             raise self.fail(e)
 

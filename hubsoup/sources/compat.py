@@ -18,7 +18,7 @@ from hubsoup.sources.access import hub_only
 from hubsoup.sources.adapted import open_adapted
 from hubsoup.sources.checkpoint import Checkpoint
 from hubsoup.sources.lora import lora_source
-from hubsoup.sources.resolve import _REPO_ID, open_input, parse_spec
+from hubsoup.sources.resolve import REPO_ID, open_input, parse_spec
 from hubsoup.sources.taskvector import FullDelta, shape_message
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def resolve_base_spec(inputs: list[Checkpoint]) -> tuple[str, bool]:
             remote = True
             repo_id = parse_spec(claim)[0] if isinstance(claim, str) else ""
             if (not isinstance(claim, str) or claim.startswith((".", "/", "~", "\\")) or os.path.isabs(claim)
-                    or repo_id.count("/") > 1 or ".." in repo_id or not _REPO_ID.match(repo_id)):
+                    or repo_id.count("/") > 1 or ".." in repo_id or not REPO_ID.match(repo_id)):
                 raise BaseModelError(
                     f"input '{ckpt.label}' names its base as {claim!r}, which is not a Hub repo ID; a Hub repo "
                     "cannot choose a local folder as the base: pass --base ORG/NAME or a folder")
@@ -204,8 +204,8 @@ def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pi
     (planning): Hub models' tensors are known from their safetensors headers on the Hub, so nothing here
     downloads a weight (:func:`hubsoup.sources.resolve.open_input`).
     """
-    hub = [s for s in specs if isinstance(s, str) and not _is_local(s)]
-    base_hub = base is None or (isinstance(base, str) and not _is_local(base))
+    hub = [s for s in specs if isinstance(s, str) and not is_local(s)]
+    base_hub = base is None or (isinstance(base, str) and not is_local(base))
     if monitor is not None:  # metadata, then weights, per Hub model (entered at the first download)
         monitor.expect("download", 2 * (len(hub) + int(base_hub)))
 
@@ -231,7 +231,7 @@ def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pi
                                    shape_mismatch=shape_mismatch) for c in ckpts]
 
 
-def _is_local(spec: Any) -> bool:
+def is_local(spec: Any) -> bool:
     # a hub_only run never looks at the disk for a spec (open_input refuses any that is not a repo ID)
     return not hub_only() and isinstance(spec, str) and os.path.isdir(os.path.expanduser(spec))
 

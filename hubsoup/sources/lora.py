@@ -35,7 +35,8 @@ import logging
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -405,17 +406,28 @@ def lora_source(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos:
     check_supported(ckpt, cfg)
     check_config_values(ckpt, cfg)
     check_base_claim(ckpt, cfg, base, strict=base_claim == "check")  # "warn": a model+adapter reference
-    keys = ckpt.keys()
-    label = ckpt.label
     layout = model_layout(os.path.abspath(base.folder))
-    ties = tie_heads(layout, base_keys)
-    have = set(base_keys)
+    on = _OnBase(ckpt, cfg, base, infos, layout, tie_heads(layout, base_keys), set(base_keys), ignore_extra)
+    lora, full, tokens = _group_keys(ckpt)
+    # one consistent renaming onto the base's tensor names
+    on.choose_renaming([f"{m}.weight" for m in lora] + list(full) + [f"{m}.weight" for m in tokens])
+    modules, bias = _lora_modules(on, lora)
+    replace = _saved_tensors(on, full)
+    rows = _trainable_rows(on, tokens, modules)
+    if not modules and not replace and not rows:
+        raise IncompatibleInputError(
+            f"adapter '{ckpt.label}': none of its modules exist in the base '{base.label}'; "
+            "is it an adapter of this base?")
+    return LoraDelta(ckpt, cfg, modules, bias, replace, rows)
 
-    # group the adapter's keys by module
+
+def _group_keys(ckpt: Checkpoint) -> tuple[dict[str, dict[str, str]], dict[str, str], dict[str, str]]:
+    """The adapter's keys by module: ``(LoRA factors: module -> role -> key, saved tensors: path -> key,
+    trainable tokens: module -> key)``; a LoRA variant hubsoup does not know is refused."""
     lora: dict[str, dict[str, str]] = {}
     full: dict[str, str] = {}  # adapter param path -> key
     tokens: dict[str, str] = {}
-    for key in keys:
+    for key in ckpt.keys():
         path = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
         mod, role = _split_key(path)
         if role == "tokens":
@@ -426,143 +438,182 @@ def lora_source(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos:
             continue  # peft loads neither into the merged model (the original copy, a stray duplicate)
         elif "lora_" in path:
             raise UnsupportedAdapterError(
-                f"adapter '{label}': tensor '{key}' is a LoRA variant hubsoup does not know; "
+                f"adapter '{ckpt.label}': tensor '{key}' is a LoRA variant hubsoup does not know; "
                 "supported are lora_A/lora_B, lora_embedding_A/B, lora_B.bias and lora_magnitude_vector (DoRA)")
         else:
             full[path.replace(".base_layer.", ".")] = key
     if not lora and not full and not tokens:
-        raise IncompatibleInputError(f"adapter '{label}': its weights file holds no tensors")
+        raise IncompatibleInputError(f"adapter '{ckpt.label}': its weights file holds no tensors")
+    return lora, full, tokens
 
-    # one consistent renaming onto the base's tensor names
-    targets = [f"{m}.weight" for m in lora] + list(full) + [f"{m}.weight" for m in tokens]
 
-    def resolve(n: str, f) -> str | None:
-        t = f(n)
-        t = ties.get(t, t)
-        return t if t in have else None
+@dataclass
+class _OnBase:
+    """An adapter read against its base: what each step of :func:`lora_source` checks with."""
 
-    best, best_hits = None, -1
-    for f in _prefix_maps(targets, have):
-        hits = sum(resolve(n, f) is not None for n in targets)
-        if hits > best_hits:
-            best, best_hits = f, hits
-        if hits == len(targets):
-            break
-    rename = best
+    ckpt: Checkpoint
+    cfg: dict
+    base: Checkpoint
+    infos: dict
+    layout: Any
+    ties: dict[str, str]
+    have: set[str]
+    ignore_extra: bool
+    rename: Callable[[str], str] = field(default=lambda n: n)
+    """Adapter name → base name (:meth:`choose_renaming`)."""
 
-    def missing(what: str, name: str) -> None:
-        msg = (f"adapter '{label}' {what} '{name}', which the base '{base.label}' does not have; "
+    @property
+    def label(self) -> str:
+        return self.ckpt.label
+
+    def resolve(self, name: str, f: Callable[[str], str] | None = None) -> str | None:
+        """The base tensor an adapter name lands on (through a tie), or None."""
+        t = (f or self.rename)(name)
+        t = self.ties.get(t, t)
+        return t if t in self.have else None
+
+    def choose_renaming(self, targets: list[str]) -> None:
+        """The renaming under which most of ``targets`` exist in the base (the first that finds them all)."""
+        best, best_hits = None, -1
+        for f in _prefix_maps(targets, self.have):
+            hits = sum(self.resolve(n, f) is not None for n in targets)
+            if hits > best_hits:
+                best, best_hits = f, hits
+            if hits == len(targets):
+                break
+        self.rename = best
+
+    def missing(self, what: str, name: str) -> None:
+        """The adapter names something the base lacks: refused, or with ``ignore_extra`` left out with a warning."""
+        msg = (f"adapter '{self.label}' {what} '{name}', which the base '{self.base.label}' does not have; "
                "is it an adapter of this base?")
-        if ignore_extra:
+        if self.ignore_extra:
             log.warning("%s (ignored)", msg)
         else:
             raise IncompatibleInputError(msg + " (pass --ignore-extra to leave such tensors out)")
 
-    r_default, alpha_default = cfg.get("r", 8), cfg.get("lora_alpha", 8)
-    rslora = bool(cfg.get("use_rslora", False))
+
+def _lora_modules(on: _OnBase, lora: dict[str, dict[str, str]]) -> tuple[dict[str, list[LoraModule]],
+                                                                          dict[str, LoraModule]]:
+    """The LoRA modules by the base tensor each updates, and the ``lora_B.bias`` ones by the base bias."""
     modules: dict[str, list[LoraModule]] = {}
     bias: dict[str, LoraModule] = {}
     for mod, roles in lora.items():
-        if "A" not in roles or "B" not in roles:
-            raise IncompatibleInputError(
-                f"adapter '{label}': module '{mod}' has {'lora_B' if 'A' not in roles else 'lora_A'} but no "
-                f"{'lora_A' if 'A' not in roles else 'lora_B'}; the adapter file is incomplete")
-        target = resolve(f"{mod}.weight", rename)
-        if target is None:
-            missing("adapts module", mod)
+        m = _lora_module(on, mod, roles)
+        if m is None:
             continue
-        a_info, b_info = ckpt.info(roles["A"]), ckpt.info(roles["B"])
-        w_shape = tuple(infos[target].shape)
-        if len(a_info.shape) != 2 or len(b_info.shape) != 2:
-            raise UnsupportedAdapterError(
-                f"adapter '{label}': module '{mod}' has {len(a_info.shape)}-D LoRA factors (a convolution?); "
-                "only Linear, Conv1D and Embedding LoRAs are supported")
-        embedding = roles["A"].endswith("lora_embedding_A")
-        r_a, r_b = (a_info.shape[0], b_info.shape[1])
-        if r_a != r_b:
-            raise IncompatibleInputError(
-                f"adapter '{label}': module '{mod}' has lora_A of rank {r_a} ({list(a_info.shape)}) but lora_B of "
-                f"rank {r_b} ({list(b_info.shape)}); the adapter is corrupt")
-        r = int(_pattern_value(cfg.get("rank_pattern"), mod, r_default))
-        alpha = float(_pattern_value(cfg.get("alpha_pattern"), mod, alpha_default))
-        if r_a != r:
-            raise IncompatibleInputError(
-                f"adapter '{label}': module '{mod}' has LoRA rank {r_a} but adapter_config.json says r={r}; "
-                "the scale lora_alpha/r would be wrong, so the adapter is refused")
-        out_f, in_f = b_info.shape[0], a_info.shape[1]
-        # the adapted module's own type (for a tied name, e.g. lm_head, not the type of the tensor's owner)
-        kind = "embedding" if embedding else module_kind(layout, rename(f"{mod}.weight")[: -len(".weight")], w_shape)
-        if embedding:
-            transpose = True
-        elif kind == "conv1d":
-            transpose = True
-        elif kind == "linear":
-            transpose = False
-        else:  # unknown layer type: the shapes decide, the config flag breaks a square tie
-            transpose = (w_shape == (in_f, out_f) and (w_shape != (out_f, in_f) or bool(cfg.get("fan_in_fan_out"))))
-        want = (in_f, out_f) if transpose else (out_f, in_f)
-        if w_shape != want:
-            raise IncompatibleInputError(
-                f"adapter '{label}': module '{mod}' gives a {list(want)} update but the base tensor '{target}' is "
-                f"{list(w_shape)}; the adapter belongs to a different base model (or its lora_A/lora_B are swapped)")
-        scale = alpha / math.sqrt(r) if rslora else alpha / r
-        m = LoraModule(mod, target, roles["A"], roles["B"], r, alpha, scale, transpose)
-        if "magnitude" in roles:
-            mag = tuple(ckpt.info(roles["magnitude"]).shape)
-            if mag != (out_f,):
-                raise IncompatibleInputError(
-                    f"adapter '{label}': DoRA magnitude of '{mod}' has shape {list(mag)}, expected [{out_f}]")
-            m.magnitude_key = roles["magnitude"]
         if "B_bias" in roles:
-            btarget = resolve(f"{mod}.bias", rename)
+            btarget = on.resolve(f"{mod}.bias")
             if btarget is None:
                 raise IncompatibleInputError(
-                    f"adapter '{label}': module '{mod}' has lora_B.bias (lora_bias=True) but the base tensor "
-                    f"'{target}' has no bias, so it cannot be merged (peft refuses it as well)")
+                    f"adapter '{on.label}': module '{mod}' has lora_B.bias (lora_bias=True) but the base tensor "
+                    f"'{m.target}' has no bias, so it cannot be merged (peft refuses it as well)")
             m.bias_key = roles["B_bias"]
             bias[btarget] = m
-        modules.setdefault(target, []).append(m)
+        modules.setdefault(m.target, []).append(m)
     for target, mods in modules.items():
         if len(mods) > 1 and any(m.dora for m in mods):
             raise UnsupportedAdapterError(
-                f"adapter '{label}': DoRA on several tied modules sharing '{target}' "
+                f"adapter '{on.label}': DoRA on several tied modules sharing '{target}' "
                 f"({', '.join(m.path for m in mods)}) is not supported")
+    return modules, bias
 
+
+def _lora_module(on: _OnBase, mod: str, roles: dict[str, str]) -> LoraModule | None:
+    """One adapted module, its factors' ranks and shapes checked against the config and the base tensor (None: the
+    base lacks it and ``ignore_extra`` leaves it out)."""
+    label, cfg = on.label, on.cfg
+    if "A" not in roles or "B" not in roles:
+        raise IncompatibleInputError(
+            f"adapter '{label}': module '{mod}' has {'lora_B' if 'A' not in roles else 'lora_A'} but no "
+            f"{'lora_A' if 'A' not in roles else 'lora_B'}; the adapter file is incomplete")
+    target = on.resolve(f"{mod}.weight")
+    if target is None:
+        on.missing("adapts module", mod)
+        return None
+    a_info, b_info = on.ckpt.info(roles["A"]), on.ckpt.info(roles["B"])
+    w_shape = tuple(on.infos[target].shape)
+    if len(a_info.shape) != 2 or len(b_info.shape) != 2:
+        raise UnsupportedAdapterError(
+            f"adapter '{label}': module '{mod}' has {len(a_info.shape)}-D LoRA factors (a convolution?); "
+            "only Linear, Conv1D and Embedding LoRAs are supported")
+    embedding = roles["A"].endswith("lora_embedding_A")
+    r_a, r_b = (a_info.shape[0], b_info.shape[1])
+    if r_a != r_b:
+        raise IncompatibleInputError(
+            f"adapter '{label}': module '{mod}' has lora_A of rank {r_a} ({list(a_info.shape)}) but lora_B of "
+            f"rank {r_b} ({list(b_info.shape)}); the adapter is corrupt")
+    r = int(_pattern_value(cfg.get("rank_pattern"), mod, cfg.get("r", 8)))
+    alpha = float(_pattern_value(cfg.get("alpha_pattern"), mod, cfg.get("lora_alpha", 8)))
+    if r_a != r:
+        raise IncompatibleInputError(
+            f"adapter '{label}': module '{mod}' has LoRA rank {r_a} but adapter_config.json says r={r}; "
+            "the scale lora_alpha/r would be wrong, so the adapter is refused")
+    out_f, in_f = b_info.shape[0], a_info.shape[1]
+    # the adapted module's own type (for a tied name, e.g. lm_head, not the type of the tensor's owner)
+    kind = "embedding" if embedding else module_kind(on.layout, on.rename(f"{mod}.weight")[: -len(".weight")], w_shape)
+    if embedding:
+        transpose = True
+    elif kind == "conv1d":
+        transpose = True
+    elif kind == "linear":
+        transpose = False
+    else:  # unknown layer type: the shapes decide, the config flag breaks a square tie
+        transpose = (w_shape == (in_f, out_f) and (w_shape != (out_f, in_f) or bool(cfg.get("fan_in_fan_out"))))
+    want = (in_f, out_f) if transpose else (out_f, in_f)
+    if w_shape != want:
+        raise IncompatibleInputError(
+            f"adapter '{label}': module '{mod}' gives a {list(want)} update but the base tensor '{target}' is "
+            f"{list(w_shape)}; the adapter belongs to a different base model (or its lora_A/lora_B are swapped)")
+    scale = alpha / math.sqrt(r) if bool(cfg.get("use_rslora", False)) else alpha / r
+    m = LoraModule(mod, target, roles["A"], roles["B"], r, alpha, scale, transpose)
+    if "magnitude" in roles:
+        mag = tuple(on.ckpt.info(roles["magnitude"]).shape)
+        if mag != (out_f,):
+            raise IncompatibleInputError(
+                f"adapter '{label}': DoRA magnitude of '{mod}' has shape {list(mag)}, expected [{out_f}]")
+        m.magnitude_key = roles["magnitude"]
+    return m
+
+
+def _saved_tensors(on: _OnBase, full: dict[str, str]) -> dict[str, str]:
+    """Tensors the adapter saves whole (``modules_to_save``): base tensor -> adapter key, floating point only."""
     replace: dict[str, str] = {}
     for path, key in full.items():
-        target = resolve(path, rename)
+        target = on.resolve(path)
         if target is None:
-            missing("saves tensor", key)
+            on.missing("saves tensor", key)
             continue
-        shape, want = tuple(ckpt.info(key).shape), tuple(infos[target].shape)
+        shape, want = tuple(on.ckpt.info(key).shape), tuple(on.infos[target].shape)
         if shape != want:
             raise IncompatibleInputError(
-                f"adapter '{label}': saved tensor '{key}' has shape {list(shape)} but the base's '{target}' is "
+                f"adapter '{on.label}': saved tensor '{key}' has shape {list(shape)} but the base's '{target}' is "
                 f"{list(want)}; the adapter belongs to a different base (or a resized vocabulary)")
-        if infos[target].dtype.is_floating_point:
+        if on.infos[target].dtype.is_floating_point:
             replace[target] = key
+    return replace
 
+
+def _trainable_rows(on: _OnBase, tokens: dict[str, str],
+                    modules: dict[str, list[LoraModule]]) -> dict[str, tuple[str, list[int]]]:
+    """Trainable tokens (peft's ``trainable_token_indices``): base tensor -> (adapter key, the rows it replaces)."""
+    cfg = on.cfg
     rows: dict[str, tuple[str, list[int]]] = {}
     for mod, key in tokens.items():
-        target = resolve(f"{mod}.weight", rename)
+        target = on.resolve(f"{mod}.weight")
         if target is None:
-            missing("trains tokens of", mod)
+            on.missing("trains tokens of", mod)
             continue
         idx = cfg.get("trainable_token_indices")
         if isinstance(idx, dict):
             idx = _pattern_value(idx, mod, None) or next((v for k, v in idx.items() if mod.endswith(k)), None)
-        shape = tuple(ckpt.info(key).shape)
-        if not isinstance(idx, list) or shape != (len(idx), infos[target].shape[-1]):
+        shape = tuple(on.ckpt.info(key).shape)
+        if not isinstance(idx, list) or shape != (len(idx), on.infos[target].shape[-1]):
             raise IncompatibleInputError(
-                f"adapter '{label}': trainable tokens of '{mod}' ({list(shape)}) do not match "
+                f"adapter '{on.label}': trainable tokens of '{mod}' ({list(shape)}) do not match "
                 f"trainable_token_indices={cfg.get('trainable_token_indices')!r}")
         if target in modules:
             raise UnsupportedAdapterError(
-                f"adapter '{label}': '{mod}' has both a LoRA and trainable tokens; not supported")
+                f"adapter '{on.label}': '{mod}' has both a LoRA and trainable tokens; not supported")
         rows[target] = (key, [int(i) for i in idx])
-
-    if not modules and not replace and not rows:
-        raise IncompatibleInputError(
-            f"adapter '{label}': none of its modules exist in the base '{base.label}'; "
-            "is it an adapter of this base?")
-    return LoraDelta(ckpt, cfg, modules, bias, replace, rows)
+    return rows

@@ -6,7 +6,7 @@ demand by ``make(name)`` (from the wrapped checkpoint's own tensors, or others')
 tensor, file and attribute is the wrapped checkpoint's. The engine, the compatibility checks and
 the sinks take it for the checkpoint itself, so a re-mapped input streams through the one engine
 like any other. It knows nothing about merging: what the re-mapping is, its maker decides (a
-mergekit config's merged vocabulary: :mod:`hubsoup.formats.mergekit_vocab`).
+mergekit config's merged vocabulary: :mod:`hubsoup.formats.mergekit.vocab`).
 
 Example:
     >>> import torch

@@ -57,6 +57,7 @@ import torch
 
 from hubsoup.errors import CorruptCheckpointError, HubsoupError
 from hubsoup.hubclient import hub_timeout, transient
+from hubsoup.sources.checkpoint import ST_DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +185,6 @@ class RemoteFile:
 
 def as_tensor(buf: torch.Tensor, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
     """The tensor a safetensors entry's bytes ``buf`` (uint8) hold: a view when aligned, else a copy."""
-    from hubsoup.sources.checkpoint import ST_DTYPES  # lazy: checkpoint imports this module (cycle)
-
     want = ST_DTYPES[dtype]
     size = _ST_SIZES[dtype]
     if buf.numel() == 0:

@@ -34,8 +34,8 @@ from huggingface_hub.errors import (
 from hubsoup.errors import (CorruptCheckpointError, DiskFullError, HubsoupError, InputError, MergeCancelled,
                             PickleRefusedError)
 from hubsoup.footprint import on_disk
-from hubsoup.hubclient import (RETRY_STATUS, Token, ensure_timeouts, error_status, hub_timeout, is_timeout,  # noqa: F401
-                               scrub_secrets, server_detail, transient)
+from hubsoup.hubclient import (Token, ensure_timeouts, error_status, hub_timeout, is_timeout, scrub_secrets,
+                               server_detail, transient)
 from hubsoup.progress import Monitor, silent_tqdm
 from hubsoup.sources import access
 from hubsoup.sources.access import current
@@ -61,7 +61,7 @@ TOKENIZER_FILES = [
     "preprocessor_config.json",
 ]
 log = logging.getLogger(__name__)
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
@@ -104,7 +104,7 @@ def open_input(spec: str, *, allow_pickle: bool = False, token: Token = None,
         raise InputError(f"{role} {spec!r}: not a folder or a Hub repo ID")
     repo_id, revision = parse_spec(spec)
     if hub_only or access.hub_only():
-        if (spec.startswith((".", "/", "~", "\\")) or repo_id.count("/") > 1 or not _REPO_ID.match(repo_id)
+        if (spec.startswith((".", "/", "~", "\\")) or repo_id.count("/") > 1 or not REPO_ID.match(repo_id)
                 or ".." in repo_id or re.match(r"^[A-Za-z]:", spec)):
             raise InputError(f"{role} '{spec}' is not a Hub repo ID (org/name[@revision])")
         ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role, monitor, headers_only)
@@ -114,7 +114,7 @@ def open_input(spec: str, *, allow_pickle: bool = False, token: Token = None,
             ckpt = _local(spec, expanded, allow_pickle, role)
         elif os.path.exists(expanded):
             raise InputError(f"{role} '{spec}': is a file; give the folder that holds config.json and the weights")
-        elif spec.startswith((".", "/", "~")) or repo_id.count("/") > 1 or not _REPO_ID.match(repo_id):
+        elif spec.startswith((".", "/", "~")) or repo_id.count("/") > 1 or not REPO_ID.match(repo_id):
             raise InputError(f"{role} '{spec}': no such local folder, and not a valid Hub repo ID (org/name[@revision])")
         else:
             ckpt = _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role, monitor, headers_only)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -47,24 +46,22 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jinja2
-import yaml
 
 import hubsoup
 from hubsoup.api import parse_method
 from hubsoup.card import template_path
 from hubsoup.errors import EvolveError, ParameterError
 from hubsoup.eval import TaskSpec
-from hubsoup.hub import check_repo_id, pushed_line
-from hubsoup.hubclient import scrub_url_credentials
+from hubsoup.hubclient import check_repo_id, pushed_line, scrub_url_credentials
 from hubsoup.methods import get_method
 from hubsoup.options import MergeOptions, parse_size
 from hubsoup.output.folder import MARKER, OutputLock, holds_cwd, read_marker, write_marker
-from hubsoup.output.folder import _umask as umask  # the mode every other output file gets
+from hubsoup.output.folder import umask  # the mode every other output file gets
 from hubsoup.progress import Monitor
-from hubsoup.recipe import public_value
+from hubsoup.public import public_value
 from hubsoup.untrusted import MAX_YAML_BYTES, label, load_yaml, short
 from hubsoup.workflows.executors import make_executor
 from hubsoup.workflows.proposals import MIN_POPULATION, propose, trial_sampler
@@ -568,28 +565,9 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
     for t in tasks:  # missing data fails now, not in every trial
         t.check()
     opts = MergeOptions(quiet=True, device=cfg.device, dtype=cfg.dtype)
-    # the space's keys and choices are the method's (a typo'd choice fails now, by name)
-
     dists = cfg.distributions()
-    # the lower corner: a range that reaches past what the method accepts only fails those trials
-    mid = {g: (d.choices[0] if hasattr(d, "choices") else d.low) for g, d in dists.items()}
-    parse_method(cfg.method, cfg.method_params(mid, names))
-    for g, d in dists.items():
-        for c in getattr(d, "choices", ())[1:]:
-            try:
-                parse_method(cfg.method, cfg.method_params({**mid, g: c}, names))
-            except ParameterError as e:
-                raise ParameterError(f"space.{g}: choice {c!r}: {e}") from None
-    _check_dir(out, cfg)
-    os.makedirs(out, exist_ok=True)
-    lock = OutputLock(out, "evolve study")
-    lock.acquire()
-    if read_marker(out) is None:  # a new (or empty) folder: the study's, made by hubsoup from now on
-        try:
-            write_marker(out, "evolve", best=[])
-        except BaseException:
-            lock.release()
-            raise
+    mid = _check_space(cfg, dists, names)
+    lock = _claim_folder(out, cfg)
     exe = lease = None
     try:
         inputs, base, memory = _pin_inputs(cfg, opts, cfg.method_params(mid, names))
@@ -601,87 +579,20 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = _storage(cfg, out)
         name = cfg.study_name or "hubsoup-evolve"
-
         # one driver per study, also across hosts on a shared database (a killed driver's lease is taken over)
         lease = StudyLease(storage.engine, name, _public_url(storage.url))
         lease.acquire()
-        study = optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True)
-        ident = json.loads(json.dumps(cfg.identity(), default=str))
-        held = study.user_attrs.get("hubsoup_config")
-        if held is None:
-            study.set_user_attr("hubsoup_config", ident)
-        elif held != ident:
-            diff = next(k for k in ident if held.get(k) != ident.get(k))
-            raise EvolveError(f"the study '{name}' in {out} was started with another '{diff}' "
-                              f"({held.get(diff)!r}, now {ident.get(diff)!r}); use a new --out or study_name")
+        study = _open_study(optuna, storage, name, cfg, out)
         exe = make_executor(executor, cfg)
         payload_base = {"inputs": inputs, "base": base, "method": cfg.method, "tasks": cfg.tasks,
                         "metric": cfg.metric, "limit": cfg.limit, "batch_size": cfg.batch_size,
                         "options": {"device": cfg.device, "dtype": cfg.dtype}, "threads": cfg.cpus,
                         "keep": True}  # each process keeps the inputs, one candidate model and the evaluator
-        seconds: list[dict[str, Any]] = []
-        resumed = 0
         t_study = time.perf_counter()
-        while True:
-            monitor.check("between generations (the study is saved; run again to resume)")
-            lease.check()
-            trials = study.get_trials(deepcopy=False)
-            open_ = [t for t in trials if not t.state.is_finished()]
-            if open_:  # a killed run's generation: finish asking it, then evaluate what was never told
-                gen = min(t.number for t in open_) // cfg.population
-                resumed += len(open_)
-            else:
-                if len(trials) >= cfg.trials:
-                    break
-                gen = len(trials) // cfg.population
-            end = min((gen + 1) * cfg.population, cfg.trials)
-            while (n := len(study.get_trials(deepcopy=False))) < end:
-                _ask(study, cfg, dists, names, n)
-            batch = sorted((t for t in study.get_trials(deepcopy=False) if not t.state.is_finished()),
-                           key=lambda t: t.number)
-            payloads = []
-            for t in batch:
-                params = cfg.method_params(_gene_point(t), names)
-                payloads.append({**payload_base, "number": t.number, "params": params})
-                if "params" not in t.user_attrs:
-                    study._storage.set_trial_user_attr(t._trial_id, "params", json.loads(json.dumps(params)))
-            total = cfg.trials
-            if not quiet:
-                print(f"generation {gen}: trials {batch[0].number}-{batch[-1].number} of {total}")
-            finished = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
-            pending = {t.number: t for t in batch}
-
-            def on_result(r: dict[str, Any]) -> None:
-                # told as it arrives: a run killed later keeps it (a resumed run evaluates only what never finished)
-                t = pending.pop(r["number"], None)
-                if t is None:
-                    return
-                _tell(study, t, r)
-                done = finished + len(batch) - len(pending)
-                msg = (f"trial {r['number']}: " + (f"score {r['score']:.6g}" if r["state"] == "complete"
-                                                      else f"failed ({r.get('reason', '')[:120]})"))
-                if monitor.reporting:
-                    monitor.child(0.0, 0.97)(min(done / total, 1.0), "eval", msg)
-                if not quiet:
-                    print("  " + msg)
-
-            results = exe.run(payloads, on_result=on_result, monitor=monitor)
-            for t, r in zip(batch, results):  # an executor that did not report a result as it arrived
-                if t.number in pending:
-                    on_result(r)
-                seconds.append({"number": t.number, **(r.get("seconds") or {}), "wall": r.get("wall"),
-                                "session": r.get("session")})
-            all_trials = study.get_trials(deepcopy=False)
-            table = [_trial_row(t, len(inputs), names, cfg) for t in all_trials if t.state.is_finished()]
-            _write_table(out, cfg, names, table)
-            if on_generation is not None:
-                on_generation(gen, [row for row in table if row["number"] in {t.number for t in batch}])
+        seconds, resumed = _run_generations(study, cfg, dists, names, out, len(inputs), payload_base, exe, lease,
+                                            monitor, quiet, on_generation)
         table = [_trial_row(t, len(inputs), names, cfg) for t in study.get_trials(deepcopy=False)]
-        done = [r for r in table if r["state"] == "complete"]
-        if not done:
-            reasons = [r.get("reason") for r in table if r.get("reason")]
-            raise EvolveError(f"every trial of the study failed; the first: {reasons[0] if reasons else 'unknown'}")
-        best = max(done, key=lambda r: (r["score"], -r["number"]))  # a tie: the earlier trial
+        best = _best(table)
         exe.close()  # what the trials kept (inputs, a model) is freed before the best model is written
         exe = None
         t_write = time.perf_counter()
@@ -706,6 +617,145 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         if lease is not None:
             lease.release()
         lock.release()
+
+
+def _check_space(cfg: EvolveConfig, dists: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """The space's keys and choices are the method's (a typo'd choice fails now, by name); returns its lower
+    corner (a range that reaches past what the method accepts only fails those trials)."""
+    mid = {g: (d.choices[0] if hasattr(d, "choices") else d.low) for g, d in dists.items()}
+    parse_method(cfg.method, cfg.method_params(mid, names))
+    for g, d in dists.items():
+        for c in getattr(d, "choices", ())[1:]:
+            try:
+                parse_method(cfg.method, cfg.method_params({**mid, g: c}, names))
+            except ParameterError as e:
+                raise ParameterError(f"space.{g}: choice {c!r}: {e}") from None
+    return mid
+
+
+def _claim_folder(out: str, cfg: EvolveConfig) -> OutputLock:
+    """``out`` checked (:func:`_check_dir`), made, locked for this driver and marked as a study hubsoup made."""
+    _check_dir(out, cfg)
+    os.makedirs(out, exist_ok=True)
+    lock = OutputLock(out, "evolve study")
+    lock.acquire()
+    if read_marker(out) is None:  # a new (or empty) folder: the study's, made by hubsoup from now on
+        try:
+            write_marker(out, "evolve", best=[])
+        except BaseException:
+            lock.release()
+            raise
+    return lock
+
+
+def _open_study(optuna: Any, storage: Any, name: str, cfg: EvolveConfig, out: str) -> Any:
+    """The study ``name`` in ``storage`` (made, or resumed when it was started with the same config)."""
+    study = optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True)
+    ident = json.loads(json.dumps(cfg.identity(), default=str))
+    held = study.user_attrs.get("hubsoup_config")
+    if held is None:
+        study.set_user_attr("hubsoup_config", ident)
+    elif held != ident:
+        diff = next(k for k in ident if held.get(k) != ident.get(k))
+        raise EvolveError(f"the study '{name}' in {out} was started with another '{diff}' "
+                          f"({held.get(diff)!r}, now {ident.get(diff)!r}); use a new --out or study_name")
+    return study
+
+
+def _run_generations(study: Any, cfg: EvolveConfig, dists: dict[str, Any], names: dict[str, str], out: str,
+                     n_inputs: int, payload_base: dict[str, Any], exe: Any, lease: StudyLease, monitor: Monitor,
+                     quiet: bool, on_generation: Callable[[int, list[dict[str, Any]]], None] | None
+                     ) -> tuple[list[dict[str, Any]], int]:
+    """Generation after generation until the study holds ``cfg.trials`` told trials (a killed run's generation
+    finished first), the trial table written after each; returns the trials' timings and how many a killed run
+    had asked."""
+    seconds: list[dict[str, Any]] = []
+    resumed = 0
+    while True:
+        monitor.check("between generations (the study is saved; run again to resume)")
+        lease.check()
+        gen, again = _next_generation(study, cfg)
+        if gen is None:
+            return seconds, resumed
+        resumed += again
+        batch = _ask_generation(study, cfg, dists, names, gen)
+        if not quiet:
+            print(f"generation {gen}: trials {batch[0].number}-{batch[-1].number} of {cfg.trials}")
+        seconds += _evaluate_generation(study, cfg, batch, payload_base, names, exe, monitor, quiet)
+        table = [_trial_row(t, n_inputs, names, cfg) for t in study.get_trials(deepcopy=False)
+                 if t.state.is_finished()]
+        _write_table(out, cfg, names, table)
+        if on_generation is not None:
+            on_generation(gen, [row for row in table if row["number"] in {t.number for t in batch}])
+
+
+def _next_generation(study: Any, cfg: EvolveConfig) -> tuple[int | None, int]:
+    """``(the generation to run, trials of it a killed run asked and this one evaluates again)``; None: done."""
+    trials = study.get_trials(deepcopy=False)
+    open_ = [t for t in trials if not t.state.is_finished()]
+    if open_:  # a killed run's generation: finish asking it, then evaluate what was never told
+        return min(t.number for t in open_) // cfg.population, len(open_)
+    if len(trials) >= cfg.trials:
+        return None, 0
+    return len(trials) // cfg.population, 0
+
+
+def _ask_generation(study: Any, cfg: EvolveConfig, dists: dict[str, Any], names: dict[str, str],
+                    gen: int) -> list[Any]:
+    """Every trial of generation ``gen`` asked (those a killed run asked are kept); returns those not told yet,
+    each with the method parameters it means recorded."""
+    end = min((gen + 1) * cfg.population, cfg.trials)
+    while (n := len(study.get_trials(deepcopy=False))) < end:
+        _ask(study, cfg, dists, names, n)
+    batch = sorted((t for t in study.get_trials(deepcopy=False) if not t.state.is_finished()),
+                   key=lambda t: t.number)
+    for t in batch:
+        if "params" not in t.user_attrs:
+            params = cfg.method_params(_gene_point(t), names)
+            study._storage.set_trial_user_attr(t._trial_id, "params", json.loads(json.dumps(params)))
+    return batch
+
+
+def _evaluate_generation(study: Any, cfg: EvolveConfig, batch: list[Any], payload_base: dict[str, Any],
+                         names: dict[str, str], exe: Any, monitor: Monitor, quiet: bool) -> list[dict[str, Any]]:
+    """The trials of ``batch`` run by the executor, each told as its result arrives; returns their timings."""
+    payloads = [{**payload_base, "number": t.number, "params": cfg.method_params(_gene_point(t), names)}
+                for t in batch]
+    total = cfg.trials
+    finished = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+    pending = {t.number: t for t in batch}
+
+    def on_result(r: dict[str, Any]) -> None:
+        # told as it arrives: a run killed later keeps it (a resumed run evaluates only what never finished)
+        t = pending.pop(r["number"], None)
+        if t is None:
+            return
+        _tell(study, t, r)
+        done = finished + len(batch) - len(pending)
+        msg = (f"trial {r['number']}: " + (f"score {r['score']:.6g}" if r["state"] == "complete"
+                                              else f"failed ({r.get('reason', '')[:120]})"))
+        if monitor.reporting:
+            monitor.child(0.0, 0.97)(min(done / total, 1.0), "eval", msg)
+        if not quiet:
+            print("  " + msg)
+
+    results = exe.run(payloads, on_result=on_result, monitor=monitor)
+    seconds = []
+    for t, r in zip(batch, results):  # an executor that did not report a result as it arrived
+        if t.number in pending:
+            on_result(r)
+        seconds.append({"number": t.number, **(r.get("seconds") or {}), "wall": r.get("wall"),
+                        "session": r.get("session")})
+    return seconds
+
+
+def _best(table: list[dict[str, Any]]) -> dict[str, Any]:
+    """The best complete trial (a tie: the earlier one); every trial failed: :class:`EvolveError`."""
+    done = [r for r in table if r["state"] == "complete"]
+    if not done:
+        reasons = [r.get("reason") for r in table if r.get("reason")]
+        raise EvolveError(f"every trial of the study failed; the first: {reasons[0] if reasons else 'unknown'}")
+    return max(done, key=lambda r: (r["score"], -r["number"]))  # a tie: the earlier trial
 
 
 def _is_name(name: str) -> bool:
@@ -834,4 +884,4 @@ def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-__all__ = ["evolve", "EvolveConfig", "EvolveResult", "EvolveError", "Dimension", "make_sampler", "param_names"]
+__all__ = ["evolve", "EvolveConfig", "EvolveResult", "Dimension", "make_sampler", "param_names"]

@@ -20,12 +20,12 @@ from hubsoup.api import merge, scoped
 from hubsoup.errors import HubsoupError, OutputExistsError, ParameterError
 from hubsoup.formats import mergekit, stages
 from hubsoup.formats.mergekit import check_hub_only, load_text, read_config
-from hubsoup.formats.mergekit_modules import plain_as_modules, run_modules, several_modules
+from hubsoup.formats.mergekit.modules import plain_as_modules, run_modules, several_modules
 from hubsoup.formats.stages import Stage, read_stages
-from hubsoup.methods import get_method
+from hubsoup.methods import check_plugins, get_method
 from hubsoup.options import DTYPES
 from hubsoup.output.folder import check_output, replace_problem, write_marker
-from hubsoup.public import _map_models, dump_config, public_config_text
+from hubsoup.public import dump_config, map_models, public_config_text
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources.access import check_specs, hub_only
 from hubsoup.sources.resolve import open_input
@@ -100,6 +100,7 @@ def run_recipe(path: str, out: str | None, **overrides: Any):
         raise ParameterError(f"{where} cannot be read: {short(str(e))}") from e
     if hub_only():
         check_specs(inputs=[r.pinned_spec for r in recipe.inputs], base=recipe.base.pinned_spec)
+    check_plugins(recipe.plugins)  # a method from a package not installed here: which one to install
     if mk and not recipe.mergekit.get("config"):
         raise ParameterError(f"{', '.join(sorted(mk))}: mergekit-yaml's options apply to mergekit configs; "
                              f"{where} is a hubsoup recipe")
@@ -171,7 +172,7 @@ def run_config(source: str, out: str | None, *, pins: dict[str, str] | None = No
     if pins:
         data = load_yaml(text, "mergekit config")
         # each part of a model+adapter reference pinned on its own
-        text = dump_config(_map_models(data, lambda r: "+".join(pins.get(x, x) for x in r.split("+"))))
+        text = dump_config(map_models(data, lambda r: "+".join(pins.get(x, x) for x in r.split("+"))))
     token, allow_pickle = options.get("token"), bool(options.get("allow_pickle"))
     shard_size, dtype = options.get("shard_size"), options.pop("dtype", None)
 
@@ -231,7 +232,7 @@ def _check_stage_targets(stages: list[Stage], paths: dict[str, str], out: str, i
     names = {s.name for s in stages if s.name is not None}
     local: list[str] = []
     for st in stages:  # the models the stages read that are folders here (never a stage's own output)
-        _map_models(st.data, lambda ref: local.extend(
+        map_models(st.data, lambda ref: local.extend(
             p for p in str(ref).split("+") if p.split("@")[0] not in names and os.path.isdir(os.path.expanduser(p)))
             or ref)
     for name, target in paths.items():
@@ -289,7 +290,7 @@ def run_stages(text: str, out: str | None, *, intermediate_dir: str | None = Non
 
     result = None
     for st in stages:
-        config = dump_config(_map_models(st.data, patch))
+        config = dump_config(map_models(st.data, patch))
         if st is not final:  # checked above: a stage's folder; a later run replaces it without --overwrite (only it)
             result = run_config(config, paths[st.name], **{**options, "overwrite": True})
             write_marker(paths[st.name], "stage", stage=st.name)

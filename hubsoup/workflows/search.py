@@ -50,7 +50,7 @@ from hubsoup.workflows.executors import check_executor, is_local, make_executor
 from hubsoup.workflows.trial import pin_inputs
 
 
-def _frange(lo: float, hi: float, step: float) -> list[float]:
+def frange(lo: float, hi: float, step: float) -> list[float]:
     if not all(math.isfinite(v) for v in (lo, hi, step)):
         raise ParameterError(f"grid {lo}:{hi}:{step}: bounds and step must be finite numbers")
     if step <= 0:
@@ -83,7 +83,7 @@ def parse_grid(*specs: str, method: str | None = None) -> dict[str, list]:
                 lo, hi, step = (float(v) for v in values.split(":"))
             except ValueError:
                 raise ParameterError(f"--search {spec!r}: expected lo:hi:step numbers") from None
-            grid[key] = _frange(lo, hi, step)
+            grid[key] = frange(lo, hi, step)
         else:
             grid[key] = [v.strip() for v in values.split(",") if v.strip()]
         if not grid[key]:

@@ -32,7 +32,7 @@ from hubsoup.errors import ParameterError
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
 from hubsoup.sources.access import check_specs
-from hubsoup.workflows.search import _frange
+from hubsoup.workflows.search import frange
 
 INDEX_FILE = "sweep.json"
 _OUTPUT_KEYS = ("output_format", "rank", "energy", "evaluate", "eval_limit")
@@ -54,7 +54,7 @@ def parse_grid(spec: str | Sequence[float]) -> list[float]:
             raise ParameterError(f"grid {spec!r}: expected START:STOP:STEP, e.g. 0:1:0.1")
         if step <= 0 or stop < start:
             raise ParameterError(f"grid {spec!r}: need STEP > 0 and STOP ≥ START")
-        values = _frange(start, stop, step)
+        values = frange(start, stop, step)
         if abs(values[-1] - stop) > 1e-9 * max(1.0, abs(stop)):
             raise ParameterError(f"grid {spec!r}: STOP - START is not a multiple of STEP")
     else:

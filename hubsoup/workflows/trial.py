@@ -29,7 +29,8 @@ from typing import Any, Sequence
 import torch
 
 from hubsoup import __version__
-from hubsoup.api import _open_inputs, parse_method, place_blocks
+from hubsoup.api import _open_inputs, parse_method
+from hubsoup.engine.placement import place_blocks
 from hubsoup.engine import Job, run
 from hubsoup.errors import HubsoupError, MergeCancelled, ParameterError
 from hubsoup.eval import Evaluator, TaskSpec

@@ -1,11 +1,11 @@
-"""Write ``hubsoup/formats/mergekit_modules.json``: the tensors mergekit 0.1.5 lists for each module of its modular architectures.
+"""Write ``hubsoup/formats/mergekit/modules.json``: the tensors mergekit 0.1.5 lists for each module of its modular architectures.
 
 mergekit merges a modular model (``_data/architectures/*.json`` of ``kind: modular``: Mistral3,
 Gemma3, Llama4, Qwen2/2.5/3-VL, T5, Whisper) module by module, and plans exactly the tensors each
 module's definition lists (``pre_weights``, ``layer_templates``, ``post_weights``, each name under the
 module's ``weight_prefix``): a checkpoint tensor the list lacks is not written, an optional one only
 when some input stores it, a tied one read from its tie source (``tied_names``) where a model does
-not store it. hubsoup reads this table (:mod:`hubsoup.formats.mergekit_modules`); it never imports
+not store it. hubsoup reads this table (:mod:`hubsoup.formats.mergekit.modules`); it never imports
 mergekit. The table is data taken from the installed mergekit, nothing else: regenerate it when
 mergekit's definitions change::
 
@@ -22,7 +22,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TABLE = os.path.join(HERE, "hubsoup", "formats", "mergekit_modules.json")
+TABLE = os.path.join(HERE, "hubsoup", "formats", "mergekit", "modules.json")
 MERGEKIT_VERSION = "0.1.5"
 
 

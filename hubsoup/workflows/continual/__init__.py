@@ -60,7 +60,7 @@ from hubsoup.progress import Monitor
 from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import Checkpoint, InputRef
 from hubsoup.sources.access import check_specs, hub_only
-from hubsoup.sources.compat import _is_local, open_base, open_models
+from hubsoup.sources.compat import is_local, open_base, open_models
 from hubsoup.workflows.continual.state import (
     STATE_DIR,
     STATE_FILE,
@@ -110,7 +110,7 @@ def _monitor(opts: MergeOptions, models: Sequence[str], soup: str | None = None)
         opts = opts.replace(quiet=True)
     monitor = opts.monitor()
     monitor.check("before the merge")
-    local = all(_is_local(m) for m in [*models, *([soup] if soup else [])])
+    local = all(is_local(m) for m in [*models, *([soup] if soup else [])])
     monitor.plan({**({} if local else {"download": 1.0}), "merge": 2.0})
     return opts, monitor
 
@@ -335,7 +335,7 @@ def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base:
     opts, monitor = _monitor(opts, models, soup)
     # an add in place replaces the soup: lock it before its state is read, for the whole run (an add to
     # another --out only reads it, and the in-place replacement is an atomic rename)
-    local = _is_local(soup)
+    local = is_local(soup)
     same = local and out is not None and (os.path.abspath(os.path.expanduser(out))
                                           == os.path.abspath(os.path.expanduser(soup)))
     soup_lock = _lock_soup(soup) if out is None or same else None
@@ -366,7 +366,7 @@ def _add(soup: str, models: Sequence[str], folder: OutputFolder, base: str | Non
     opts = opts.replace(dtype=opts.dtype if opts.dtype is not None else st.dtype,
                         ignore_extra=st.ignore_extra, shape_mismatch=st.shape_mismatch)
     base_ref = InputRef.from_dict(st.base)
-    from_hub = not _is_local(soup)
+    from_hub = not is_local(soup)
     if base is None and from_hub and not base_ref.repo_id:
         # a state downloaded from the Hub must not choose a folder on this machine as the base
         raise ContinualStateError(f"soup '{soup}': its continual state names a local base, not a Hub repo; pass "
@@ -432,4 +432,4 @@ def _export(soup: str, folder: OutputFolder, base: str | None, opts: MergeOption
     return result
 
 
-__all__ = ["init", "add", "export", "load_state", "ContinualState", "ContinualStateError", "STATE_DIR"]
+__all__ = ["init", "add", "export", "load_state", "ContinualState", "STATE_DIR"]

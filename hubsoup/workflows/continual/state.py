@@ -18,9 +18,8 @@ from huggingface_hub import HfApi, constants, snapshot_download
 from safetensors import SafetensorError, safe_open
 
 from hubsoup.errors import ContinualStateError, InputError
-from hubsoup.hub import ensure_timeouts, hub_timeout
-from hubsoup.hubclient import Token
-from hubsoup.public import _json_digest, resign_state_json  # noqa: F401 - the push re-signs with it too
+from hubsoup.hubclient import Token, ensure_timeouts, hub_timeout
+from hubsoup.public import json_digest
 from hubsoup.sources import InputRef, access
 from hubsoup.sources.resolve import hub_failure, parse_spec
 from hubsoup.sources.taskvector import all_finite
@@ -63,7 +62,7 @@ class ContinualState:
         d = asdict(self)
         d["count"] = self.count
         d["lambda"] = d.pop("lam")
-        d["checksum"] = _json_digest(d)
+        d["checksum"] = json_digest(d)
         return json.dumps(d, indent=2)
 
     @classmethod
@@ -75,7 +74,7 @@ class ContinualState:
                                       "the state is corrupt") from e
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ContinualStateError(f"continual state {where}: {STATE_FILE} is not a hubsoup continual state")
-        if d.pop("checksum", None) != _json_digest(d):
+        if d.pop("checksum", None) != json_digest(d):
             raise ContinualStateError(f"continual state {where}: {STATE_FILE} does not match its own checksum "
                                       "(edited or corrupt); the state cannot be trusted")
         if d.get("version") != FORMAT_VERSION:

@@ -12,6 +12,7 @@ Example:
 """
 
 from hubsoup.workflows.pipeline.config import Pipeline, load_pipeline
-from hubsoup.workflows.pipeline.run import PipelineReport, PlannedMerge, run_pipeline
+from hubsoup.workflows.pipeline.report import PipelineReport, PlannedMerge
+from hubsoup.workflows.pipeline.run import run_pipeline
 
 __all__ = ["run_pipeline", "load_pipeline", "Pipeline", "PipelineReport", "PlannedMerge"]

@@ -27,7 +27,7 @@ from hubsoup.errors import ParameterError
 from hubsoup.eval import TaskSpec
 from hubsoup.formats.mergekit import is_mergekit_config
 from hubsoup.formats.stages import is_multi_stage, read_stages
-from hubsoup.hub import check_repo_id
+from hubsoup.hubclient import check_repo_id
 from hubsoup.methods import get_method
 from hubsoup.sources.access import hub_only
 from hubsoup.sources.resolve import parse_spec

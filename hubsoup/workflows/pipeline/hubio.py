@@ -24,8 +24,7 @@ from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError,
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from hubsoup.errors import HubsoupError, InputError
-from hubsoup.hub import ensure_timeouts, error_status, hub_timeout, is_timeout
-from hubsoup.hubclient import Token
+from hubsoup.hubclient import Token, ensure_timeouts, error_status, hub_timeout, is_timeout
 from hubsoup.public import local_path_in_file
 from hubsoup.sources.resolve import hub_failure, parse_spec
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml

@@ -24,7 +24,7 @@ its config key (``text_config.num_hidden_layers``); tensors of no module are not
 warning names them); the base model (else the first model named) gives the config and tokenizer.
 
 A module holds the tensors mergekit's definition lists (:data:`ARCHITECTURES`, with mergekit
-0.1.5's lists in ``mergekit_modules.json``, written by ``tests/tools/make_mergekit_module_table.py``;
+0.1.5's lists in ``modules.json``, written by ``tests/tools/make_mergekit_module_table.py``;
 T5's ``shared`` module is ``shared.weight`` and ``lm_head.weight``): a checkpoint tensor under a
 module's prefix that the list lacks is not written (one warning names it), as with mergekit. Each
 model of a module's merge is seen as that module's tensors only, a tied tensor it does not store read
@@ -35,7 +35,7 @@ mergekit reads it as (:func:`plain_as_modules`), and a merged vocabulary (``toke
 re-mapped to it.
 
 Example:
-    >>> from hubsoup.formats.mergekit_modules import ARCHITECTURES, module_config
+    >>> from hubsoup.formats.mergekit.modules import ARCHITECTURES, module_config
     >>> ARCHITECTURES["Mistral3ForConditionalGeneration"]["vision_tower"].holds("vision_tower.ln_pre.weight")
     True
     >>> cfg = module_config({"merge_method": "linear", "parameters": {"weight": 1.0},
@@ -60,8 +60,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hubsoup.errors import HubsoupError, ParameterError
-from hubsoup.formats.mergekit import _check_keys, _model_ref, _params_map, dump_config
+from hubsoup.formats.mergekit.config import check_keys, model_ref, params_map
 from hubsoup.output.folder import OutputFolder
+from hubsoup.public import dump_config
 from hubsoup.recipe import RECIPE_FILE
 from hubsoup.sources.resolve import open_input
 from hubsoup.untrusted import owned_path
@@ -170,7 +171,7 @@ ARCHITECTURES: dict[str, dict[str, Module]] = {
 }
 """mergekit 0.1.5's modular architectures (``kind: modular``) that hubsoup merges module by module."""
 
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "mergekit_modules.json"), encoding="utf-8") as _f:
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "modules.json"), encoding="utf-8") as _f:
     _TABLE: dict[str, Any] = json.load(_f)["architectures"]
 """mergekit 0.1.5's lists of each module's tensors (``tests/tools/make_mergekit_module_table.py`` writes them)."""
 
@@ -243,15 +244,15 @@ def module_config(data: dict, name: str, dropped: list[str]) -> dict:
     mods = data.get("modules")
     if data.get("models") is not None or data.get("slices") is not None:
         raise ParameterError("mergekit config: give exactly one of 'models', 'slices' and 'modules'")
-    mod = _check_keys(mods[name], {"slices", "models", "parameters"}, ["modules", name], dropped)
+    mod = check_keys(mods[name], {"slices", "models", "parameters"}, ["modules", name], dropped)
     if (mod.get("models") is None) == (mod.get("slices") is None):
         raise ParameterError(f"mergekit config: module '{name}': give exactly one of 'models' and 'slices'")
     out = {k: v for k, v in data.items() if k != "modules"}
     for k in ("slices", "models"):
         if mod.get(k) is not None:
             out[k] = mod[k]
-    top = dict(_params_map(data.get("parameters"), ["parameters"]))
-    for k, v in _params_map(mod.get("parameters"), ["modules", name, "parameters"]).items():
+    top = dict(params_map(data.get("parameters"), ["parameters"]))
+    for k, v in params_map(mod.get("parameters"), ["modules", name, "parameters"]).items():
         if k in top:
             top[k] = _as_entries(v) + _as_entries(top[k])
         else:
@@ -280,7 +281,7 @@ def architecture_modules(data: dict, token: Any = None, allow_pickle: bool = Fal
             ref = entry.get("model")
         except (AttributeError, KeyError, IndexError, TypeError):
             ref = None
-    ref = _model_ref(ref, ["base_model"])
+    ref = model_ref(ref, ["base_model"])
     ckpt = open_input(ref.split("+")[0], allow_pickle=allow_pickle, token=token, headers_only=True)
     archs = ckpt.config.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and len(archs) == 1 else None
@@ -359,7 +360,7 @@ def _referenced(data: dict) -> list[str]:
             refs.append(m.get("model") if isinstance(m, dict) else m)
         for sl in mod.get("slices") or []:
             refs.extend(src.get("model") if isinstance(src, dict) else src for src in (sl or {}).get("sources") or [])
-    return list(dict.fromkeys(_model_ref(r, ["modules"]) for r in refs))
+    return list(dict.fromkeys(model_ref(r, ["modules"]) for r in refs))
 
 
 def _whole(results: list, names: list[str]):

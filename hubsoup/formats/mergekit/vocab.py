@@ -79,10 +79,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from hubsoup.errors import ParameterError
-from hubsoup.output.checkpoint import _COPY_FROM_BASE
+from hubsoup.output.checkpoint import BASE_FILES
 from hubsoup.sources.adapted import open_adapted
 from hubsoup.sources.checkpoint import TensorInfo
-from hubsoup.sources.compat import _is_local
+from hubsoup.sources.compat import is_local
 from hubsoup.sources.remap import RemappedCheckpoint
 from hubsoup.sources.resolve import open_input
 from hubsoup.untrusted import short
@@ -698,7 +698,7 @@ class VocabLayout:
         physical = list(dict.fromkeys(self.order))  # a model+adapter reference: the model, adapter applied on read
         extra = [] if self.spec.source in ("union", "base") else [self.spec.source.split("+")[0]]
         if monitor is not None:
-            monitor.expect("download", 2 * sum(not _is_local(r.split("+")[0]) for r in physical + extra))
+            monitor.expect("download", 2 * sum(not is_local(r.split("+")[0]) for r in physical + extra))
         raw = {r: open_adapted(r, open_input, allow_pickle=opts.allow_pickle, token=opts.token, with_tokenizer=True,
                                monitor=monitor, headers_only=True, role="base" if r == self.merge.base else "input")
                for r in physical}
@@ -765,7 +765,7 @@ class VocabLayout:
 
     def finish(self, folder: str) -> None:
         """The output's tokenizer (saved as mergekit saves it) and ``config.json``'s ``vocab_size``."""
-        for fname in (*_COPY_FROM_BASE, "tokenizer.model", "added_tokens.json", "vocab.json", "merges.txt",
+        for fname in (*BASE_FILES, "tokenizer.model", "added_tokens.json", "vocab.json", "merges.txt",
                       "vocab.txt", "chat_template.jinja", "chat_template.json"):
             if fname not in ("config.json", "generation_config.json", "preprocessor_config.json"):
                 p = os.path.join(folder, fname)
