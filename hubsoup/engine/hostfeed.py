@@ -170,7 +170,7 @@ class PinnedRing:
             self.slots.append(slot)
         if slot is None:  # every slot held or still copying: the oldest free one, waited for (regrown if small)
             slot = next((s for s in free if s.buf is not None and s.buf.numel() >= nbytes), None) or \
-                (ready or free or [None])[0]
+                next(iter(ready or free), None)
         if slot is None:
             return None
         self._next = (next(i for i, s in enumerate(self.slots) if s is slot) + 1) % len(self.slots)
@@ -227,7 +227,8 @@ class on_stream:
     def __exit__(self, *exc: object) -> None:
         if self.dst_prev is not None:
             torch.cuda.set_stream(self.dst_prev)
-        torch.cuda.set_stream(self.src_prev)
+        if self.src_prev is not None:  # set by __enter__
+            torch.cuda.set_stream(self.src_prev)
 
 
 class _Flags:
@@ -361,7 +362,8 @@ class Feed:
             if r in self._staged or r[2] <= 0 or r[2] > STAGE_MAX:
                 continue
             slot = self._ahead.take(r[2])
-            buf = slot.buf[:r[2]] if slot is not None else self._one_off(r[2])  # held (by _Staged) till loaded
+            # held (by _Staged) till loaded
+            buf = slot.buf[:r[2]] if slot is not None and slot.buf is not None else self._one_off(r[2])
             self._staged[r] = _Staged(self.seq, buf, [_readers().submit(self._read_piece, r, buf, a, k)
                                                       for a, k in _pieces(r[2])], slot)
         self.host_seconds += time.perf_counter() - t0
@@ -404,7 +406,7 @@ class Feed:
             self.staged_bytes += nbytes
         else:
             slot = self._in.take(nbytes)
-            staged = slot.buf[:nbytes] if slot is not None else self._one_off(nbytes)
+            staged = slot.buf[:nbytes] if slot is not None and slot.buf is not None else self._one_off(nbytes)
             if where is None or where[2] != nbytes or not self._read(where, staged):
                 staged.view(t.dtype).view(t.shape).copy_(t)  # through the mapping
         staged = staged.view(t.dtype).view(t.shape)  # the host's one touch: stored bytes → staging
@@ -527,7 +529,7 @@ class Feed:
             return Pending(t.to("cpu"), ready)
         # a buffer the writer may hold while the merge goes on: a ring slot not held by anyone else, else a one-off
         slot = self._out.take(nbytes)
-        raw = slot.buf[:nbytes] if slot is not None else self._one_off(nbytes)
+        raw = slot.buf[:nbytes] if slot is not None and slot.buf is not None else self._one_off(nbytes)
         host = raw.view(t.dtype).view(t.shape)
         del raw
         if not self.cuda or t.device.type != self.device.type:  # an instrumented feed; a result left on the host
