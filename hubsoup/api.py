@@ -36,6 +36,7 @@ from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import InputRef
 from hubsoup.sources.access import check_specs, current, scope
 from hubsoup.sources.compat import check_out_is_no_input, is_local, open_models
+from hubsoup.untrusted import read_json
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
@@ -140,8 +141,8 @@ class MergeResult:
         """
         with open(os.path.join(path, RECIPE_FILE), encoding="utf-8") as f:
             recipe = Recipe.from_yaml(f.read())
-        lora = _read_json(os.path.join(path, "hubsoup_lora_report.json"))
-        extras = _read_json(os.path.join(path, CARD_EXTRAS_FILE)) or {}
+        lora = read_json(os.path.join(path, "hubsoup_lora_report.json"))
+        extras = read_json(os.path.join(path, CARD_EXTRAS_FILE)) or {}
         result = cls(os.path.abspath(path), recipe, recipe.method, dict(recipe.params), recipe.base,
                      list(recipe.inputs), None, output_format=recipe.output.get("format", "full"), lora=lora,
                      notes=extras.get("notes") or [], sections=extras.get("sections") or [],
@@ -719,13 +720,6 @@ def _tasks(evaluate: Sequence[Any] | None) -> list[Any]:
         return []
 
     return [TaskSpec.parse(t) if isinstance(t, str) else t for t in evaluate]
-
-
-def _read_json(path: str) -> Any:
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
