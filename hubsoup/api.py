@@ -370,7 +370,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         if getattr(layout, "opens_inputs", False):  # a mergekit merged vocabulary: the inputs re-mapped to it
             base_ckpt, sources = layout.open_inputs(inputs, base, opts, monitor=monitor)
         else:
-            base_ckpt, sources = _open_inputs(inputs, base, m, p, opts, monitor=monitor, headers_only=True)
+            base_ckpt, sources = open_inputs(inputs, base, m, p, opts, monitor=monitor, headers_only=True)
         if out is not None:
             check_out_is_no_input(out, base_ckpt, sources)  # --overwrite must never delete an input or the base
         # a layout (a mergekit config's slices, tokenizer_source) plans the output itself: the one engine streams it
@@ -666,9 +666,9 @@ def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, t
     return weights
 
 
-def _open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opts: MergeOptions,
-                 **kw: Any) -> tuple[Any, list[Any]]:
-    """The base and the inputs' task vectors; a method that needs no base (``Method.needs_base``) and
+def open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opts: MergeOptions,
+                **kw: Any) -> tuple[Any, list[Any]]:
+    """The base and the inputs' task vectors, opened with ``opts`` as :func:`merge` opens them (trials too); a method that needs no base (``Method.needs_base``) and
     whose inputs' cards name none takes the first input as the layout reference (its task vector is 0)."""
     kw.update(allow_pickle=opts.allow_pickle, token=opts.token, ignore_extra=opts.ignore_extra,
               shape_mismatch=opts.shape_mismatch)
