@@ -36,6 +36,7 @@ from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import InputRef
 from hubsoup.sources.access import check_specs, current, scope
 from hubsoup.sources.compat import check_out_is_no_input, is_local, open_models
+from hubsoup.untrusted import read_json
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
@@ -140,8 +141,8 @@ class MergeResult:
         """
         with open(os.path.join(path, RECIPE_FILE), encoding="utf-8") as f:
             recipe = Recipe.from_yaml(f.read())
-        lora = _read_json(os.path.join(path, "hubsoup_lora_report.json"))
-        extras = _read_json(os.path.join(path, CARD_EXTRAS_FILE)) or {}
+        lora = read_json(os.path.join(path, "hubsoup_lora_report.json"))
+        extras = read_json(os.path.join(path, CARD_EXTRAS_FILE)) or {}
         result = cls(os.path.abspath(path), recipe, recipe.method, dict(recipe.params), recipe.base,
                      list(recipe.inputs), None, output_format=recipe.output.get("format", "full"), lora=lora,
                      notes=extras.get("notes") or [], sections=extras.get("sections") or [],
@@ -369,7 +370,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         if getattr(layout, "opens_inputs", False):  # a mergekit merged vocabulary: the inputs re-mapped to it
             base_ckpt, sources = layout.open_inputs(inputs, base, opts, monitor=monitor)
         else:
-            base_ckpt, sources = _open_inputs(inputs, base, m, p, opts, monitor=monitor, headers_only=True)
+            base_ckpt, sources = open_inputs(inputs, base, m, p, opts, monitor=monitor, headers_only=True)
         if out is not None:
             check_out_is_no_input(out, base_ckpt, sources)  # --overwrite must never delete an input or the base
         # a layout (a mergekit config's slices, tokenizer_source) plans the output itself: the one engine streams it
@@ -665,9 +666,9 @@ def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, t
     return weights
 
 
-def _open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opts: MergeOptions,
-                 **kw: Any) -> tuple[Any, list[Any]]:
-    """The base and the inputs' task vectors; a method that needs no base (``Method.needs_base``) and
+def open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opts: MergeOptions,
+                **kw: Any) -> tuple[Any, list[Any]]:
+    """The base and the inputs' task vectors, opened with ``opts`` as :func:`merge` opens them (trials too); a method that needs no base (``Method.needs_base``) and
     whose inputs' cards name none takes the first input as the layout reference (its task vector is 0)."""
     kw.update(allow_pickle=opts.allow_pickle, token=opts.token, ignore_extra=opts.ignore_extra,
               shape_mismatch=opts.shape_mismatch)
@@ -719,13 +720,6 @@ def _tasks(evaluate: Sequence[Any] | None) -> list[Any]:
         return []
 
     return [TaskSpec.parse(t) if isinstance(t, str) else t for t in evaluate]
-
-
-def _read_json(path: str) -> Any:
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from hubsoup.methods import get_method
 from hubsoup.methods import describe
 from hubsoup.public import looks_local, public_value
 from hubsoup.recipe import RECIPE_FILE, Recipe
+from hubsoup.untrusted import read_json
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # installed wheels carry the templates inside the package; a source checkout has them at the top
@@ -84,17 +85,6 @@ def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[Eval
     return out
 
 
-def _read_json(path: str | None) -> dict[str, Any] | None:
-    if not path or not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-        return value if isinstance(value, dict) else None
-    except (OSError, ValueError):  # an unreadable config says nothing about the class
-        return None
-
-
 # peft's task types (adapter_config.json) -> the Auto class of the model they adapt: only used when the
 # base's config.json is not at hand (a card rendered again from a published recipe)
 _PEFT_TASK_AUTO = {"CAUSAL_LM": ("AutoModelForCausalLM", "text-generation"),
@@ -114,12 +104,14 @@ def _load_view(result, folder: str | None, lora: bool) -> dict[str, Any]:
     here = [d for d in (folder, result.path) if d]
     base_dir = result.base.path if result.base.path and os.path.isdir(result.base.path) else None
     where = ([base_dir] if lora else [*here, base_dir])
-    config = next((c for c in (_read_json(os.path.join(d, "config.json")) for d in where if d) if c), None)
+    # an unreadable config says nothing about the class
+    config = next((c for c in (read_json(os.path.join(d, "config.json"), lenient=True) for d in where if d)
+                   if isinstance(c, dict) and c), None)
     auto = auto_class(config)
     cls, tag = auto.name, auto.pipeline_tag
     if config is None and lora:
-        task = next((c.get("task_type") for c in (_read_json(os.path.join(d, "adapter_config.json")) for d in here)
-                     if c), None)
+        task = next((c.get("task_type") for c in (read_json(os.path.join(d, "adapter_config.json"), lenient=True)
+                                                  for d in here) if isinstance(c, dict) and c), None)
         cls, tag = _PEFT_TASK_AUTO.get(str(task), (cls, tag))
     seen = [d for d in [*here, base_dir] if d and os.path.isdir(d)]
     tokenizer = not seen or any(os.path.isfile(os.path.join(d, f)) for d in seen for f in _TOKENIZER_FILES)

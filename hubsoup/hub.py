@@ -40,8 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
 
-from huggingface_hub import CommitOperationAdd, HfApi, constants
-from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub import CommitOperationAdd, constants
 from huggingface_hub.lfs import UploadInfo, post_lfs_batch_info
 from huggingface_hub.utils import (
     are_progress_bars_disabled, disable_progress_bars, enable_progress_bars, filter_repo_objects,
@@ -54,12 +53,10 @@ from hubsoup.output.shards import ShardLayout
 from hubsoup.progress import Monitor, upload_steps
 from hubsoup.public import local_path_in_file, looks_local, map_models, public_file_ref, resign_state_json
 from hubsoup.hubclient import (
-    TIMEOUT_ENV, Token, check_repo_id, ensure_timeouts, error_status, expect_commit, hub_timeout,
-    is_timeout, scrub_secrets, server_detail,
+    Token, check_repo_id, ensure_timeouts, error_status, expect_commit, hub_api, hub_timeout, is_hub_id, parse_spec,
+    push_failure,
 )
 from hubsoup.recipe import RECIPE_FILE, Recipe, public_recipe_yaml
-from hubsoup.sources.access import is_hub_id
-from hubsoup.sources.resolve import parse_spec
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 
 log = logging.getLogger(__name__)
@@ -122,49 +119,6 @@ def retarget_card(folder: str, repo_id: str) -> bool:
     with open(path, "w", encoding="utf-8") as f:
         f.write(new)
     return True
-
-
-def _scrub(text: str, token: Token) -> str:
-    """Remove any token from a message (a server may echo it back in an error body)."""
-    return scrub_secrets(text, token)
-
-
-_server_detail = server_detail
-
-
-def _explain(e: Exception, repo_id: str, token: Token) -> str:
-    """What went wrong, in words a user can act on."""
-    status = error_status(e)
-    detail = _server_detail(e)
-    if isinstance(e, ValueError) and "metadata" in str(e).lower():
-        first = str(e).strip().splitlines()
-        why = "; ".join(s.lstrip("- ").strip() for s in first[1:] if s.strip()) or first[0]
-        return f"the Hub refused the model card's metadata (README.md): {why}"
-    if constants.HF_HUB_OFFLINE and not isinstance(e, HfHubHTTPError):
-        return "offline mode is on (HF_HUB_OFFLINE=1); unset it to push"
-    if is_timeout(e):
-        return (f"the Hub at {constants.ENDPOINT} did not answer within {hub_timeout():g}s (timed out; "
-                f"{TIMEOUT_ENV} sets the limit)")
-    if isinstance(e, RevisionNotFoundError):
-        return f"revision not found{detail}"
-    if status == 401:
-        return ("authentication failed: no valid token (log in with `hf auth login`, set HF_TOKEN, "
-                "or pass token=)")
-    if status == 403:
-        return (f"permission denied: the token may not write to {repo_id} (use a write token of a user "
-                "who owns the namespace or belongs to the organisation, or open a pull request with --create-pr)")
-    if isinstance(e, RepositoryNotFoundError) or status == 404:
-        return (f"repo not found on {constants.ENDPOINT}, or no access to it with this token "
-                "(is it private? is the namespace yours?)")
-    if status is not None and status >= 500:
-        return f"Hub server error {status}{detail}; try again later"
-    if isinstance(e, HfHubHTTPError):
-        return f"Hub request failed with HTTP {status}{detail}"
-    root = e
-    while root.__cause__ is not None and root.__cause__ is not root:  # huggingface_hub wraps an upload's error
-        root = root.__cause__  # type: ignore[assignment]
-    first = str(root).strip().splitlines()[0] if str(root).strip() else ""
-    return f"network error: cannot reach {constants.ENDPOINT} ({type(root).__name__}: {first[:200]})"
 
 
 # --- what goes up --------------------------------------------------------------------------------
@@ -346,15 +300,14 @@ def restricted_inputs(folder: str, token: Token = None, recipe: Recipe | None = 
             pass
         repos |= {parse_spec(n)[0] for n in named if is_hub_id(n)}
     out = []
-    api = HfApi(token=token)
-    ensure_timeouts()
+    api = hub_api(token)
     for repo in sorted(repos):
         try:
             info = api.model_info(repo, token=token, timeout=hub_timeout())
         except Exception as e:  # noqa: BLE001 - a repo this token cannot read is not public to it
             status = error_status(e)
             if status is None or status >= 500:
-                raise PushError(f"cannot check whether input '{repo}' is public: {_explain(e, repo, token)}") from e
+                raise PushError(f"cannot check whether input '{repo}' is public: {push_failure(e, repo, token)}") from e
             out.append({"repo": repo, "why": "not readable with this token"})
             continue
         if getattr(info, "private", False) or getattr(info, "gated", False):
@@ -526,7 +479,7 @@ class HubPush:
         self.what = what or f"push to {repo_id}"
         self.after = after
         """What a failure's message ends with (how to retry)."""
-        self.api = HfApi(token=token)
+        self.api = hub_api(token)
         self.created = False
         self.restricted: list[dict[str, str]] = []
         self.shards: dict[str, CommitOperationAdd] = {}
@@ -741,7 +694,7 @@ class HubPush:
     def _error_for(self, e: BaseException) -> BaseException:
         if isinstance(e, (MergeCancelled, PushError)):
             return e
-        what = _scrub(_explain(e, self.repo_id, self.token), self.token)  # type: ignore[arg-type]
+        what = push_failure(e, self.repo_id, self.token)
         err = PushError(f"{self.what} failed: {what}.{' ' + self.after if self.after else ''}")
         err.__cause__ = e
         return err
@@ -758,7 +711,7 @@ class HubPush:
         except PushError as e:
             raise PushError(f"{self.what} failed: {e}.{after}") from None
         except Exception as e:  # noqa: BLE001
-            raise PushError(f"{self.what} failed: {_scrub(_explain(e, self.repo_id, self.token), self.token)}."
+            raise PushError(f"{self.what} failed: {push_failure(e, self.repo_id, self.token)}."
                             f"{after}") from e
         if not public:
             return []

@@ -15,15 +15,16 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 import threading
 import time
 import warnings
-from typing import Any, Union
+from typing import Any, Iterator, TypeVar, Union
 
-from hubsoup.errors import PushError
+from hubsoup.errors import InputError, PushError
 
 Token = Union[str, bool, None]
 """A Hub token, as huggingface_hub takes it: the token itself, False (send none), or None (the usual sources:
@@ -88,34 +89,96 @@ def ensure_timeouts() -> None:
     _add_timeout_hook(get_session())
 
 
-def is_timeout(e: BaseException | None) -> bool:
-    """Whether ``e`` (or an exception it was raised from) is a timeout."""
-    seen = set()
+def causes(e: BaseException | None, *, context: bool = True) -> Iterator[BaseException]:
+    """``e``, then each exception it was raised from (``__cause__``, else ``__context__`` unless not ``context``),
+    each once: the one walk over a chain that every reading of a Hub failure uses (huggingface_hub wraps the
+    HTTP library's errors, and an upload's error in its own).
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise TimeoutError("read")
+        ...     except TimeoutError as inner:
+        ...         raise RuntimeError("upload failed") from inner
+        ... except RuntimeError as outer:
+        ...     [type(c).__name__ for c in causes(outer)]
+        ['RuntimeError', 'TimeoutError']
+    """
+    seen: set[int] = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, TimeoutError) or any(c.__name__ in ("TimeoutException", "Timeout", "ReadTimeout",
-                                                             "WriteTimeout", "ConnectTimeout", "PoolTimeout")
-                                              for c in type(e).__mro__):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+        yield e
+        e = e.__cause__ or (e.__context__ if context else None)
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def caused_by(e: BaseException | None, kind: type[_E]) -> _E | None:
+    """The first exception of ``kind`` in ``e``'s chain (:func:`causes`), or None."""
+    return next((c for c in causes(e) if isinstance(c, kind)), None)
+
+
+def _named(e: BaseException | None, names: tuple[str, ...]) -> bool:
+    """Whether an exception of ``e``'s chain is of a class named in ``names`` (the HTTP libraries' classes, matched by
+    name: httpx, requests and urllib3 are not imported to be told apart)."""
+    return any(c.__name__ in names for cur in causes(e) for c in type(cur).__mro__)
+
+
+_TIMEOUTS = ("TimeoutError", "TimeoutException", "Timeout", "ReadTimeout", "WriteTimeout", "ConnectTimeout",
+             "PoolTimeout")
+
+
+# --- the client ----------------------------------------------------------------------------------
+
+def hub_api(token: Token = None) -> Any:
+    """The :class:`huggingface_hub.HfApi` of ``token`` on the current endpoint (``HF_ENDPOINT``): one per token and
+    endpoint in a process, built on first use; every Hub call of hubsoup that is not a plain file download goes
+    through one. (huggingface_hub's own HTTP session is shared by all of them; :func:`ensure_timeouts` is in place.)
+
+    Example:
+        >>> hub_api("hf_" + "x" * 30) is hub_api("hf_" + "x" * 30)      # doctest: +SKIP
+        True
+    """
+    from huggingface_hub import constants  # lazy: keeps hubsoup --help free of huggingface_hub
+
+    ensure_timeouts()
+    return _client(token, constants.ENDPOINT)
+
+
+@functools.lru_cache(maxsize=32)
+def _client(token: Token, endpoint: str) -> Any:
+    from huggingface_hub import HfApi  # lazy: keeps hubsoup --help free of huggingface_hub
+
+    return HfApi(endpoint=endpoint, token=token)
+
+
+def is_timeout(e: BaseException | None) -> bool:
+    """Whether ``e`` (or an exception it was raised from) is a timeout."""
+    return _named(e, _TIMEOUTS)
+
+
+def error_response(e: BaseException | None) -> Any:
+    """The HTTP response of ``e`` (or of an exception it was raised from) that carries a status, if any."""
+    for c in causes(e):
+        resp = getattr(c, "response", None)
+        if resp is not None and isinstance(getattr(resp, "status_code", None), int):
+            return resp
+    return None
 
 
 def error_status(e: BaseException | None) -> int | None:
     """The HTTP status of ``e``'s response (or of an exception it was raised from), if any."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        resp = getattr(e, "response", None)
-        status = getattr(resp, "status_code", None) if resp is not None else None
-        if isinstance(status, int):
-            return status
-        e = e.__cause__ or e.__context__
-    return None
+    resp = error_response(e)
+    return resp.status_code if resp is not None else None
 
 
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 """The answers huggingface_hub's own downloads retry (``http_backoff``); hubsoup's range reads retry them too."""
+
+DROPPED = ("ConnectError", "RemoteProtocolError", "ReadError", "WriteError", "NetworkError", "ConnectionError",
+           "IncompleteRead")
+"""The HTTP libraries' errors of a connection that dropped (refused, reset, closed before the answer or body ended)."""
 
 
 def transient(e: BaseException) -> bool:
@@ -127,15 +190,7 @@ def transient(e: BaseException) -> bool:
     status = error_status(e)
     if status is not None:
         return status in RETRY_STATUS
-    seen = set()
-    cur: BaseException | None = e
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if any(c.__name__ in ("ConnectError", "RemoteProtocolError", "ReadError", "ConnectionError",
-                              "IncompleteRead") for c in type(cur).__mro__):
-            return True
-        cur = cur.__cause__ or cur.__context__
-    return False
+    return _named(e, DROPPED)
 
 
 # --- secrets -------------------------------------------------------------------------------------
@@ -342,6 +397,43 @@ def pushed_line(repo_id: str, info: Any) -> str:
     return f"pushed to {repo_id}: {info.commit_url}"
 
 
+_NAME = r"[A-Za-z0-9][\w.\-]*"
+_HUB_ID = re.compile(rf"^{_NAME}(/{_NAME})?$")
+_REVISION = re.compile(r"^[\w.\-]+(/[\w.\-]+)*$")  # a branch, tag, sha or refs/pr/N
+
+
+def is_hub_id(spec: Any) -> bool:
+    """Whether ``spec`` is a Hub repo ID (``name``, ``org/name``, optionally ``@revision``), by its text alone.
+
+    >>> is_hub_id("org/model@v1.0"), is_hub_id("./org/model"), is_hub_id("org/../x")
+    (True, False, False)
+    """
+    if not isinstance(spec, str) or not spec or len(spec) > 200 or spec != spec.strip():
+        return False
+    repo_id, _, revision = spec.partition("@")
+    if "@" in spec and not revision:
+        return False
+    if ".." in spec or "\\" in spec or "\x00" in spec or spec.startswith(("~", ".", "/")):
+        return False
+    if not _HUB_ID.match(repo_id) or repo_id.endswith((".", "-")):
+        return False
+    return not revision or bool(_REVISION.match(revision))
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """Split ``org/name@revision`` into ``(repo_id, revision)``.
+
+    >>> parse_spec("org/model@v1.0")
+    ('org/model', 'v1.0')
+    >>> parse_spec("org/model")
+    ('org/model', None)
+    """
+    if "@" in spec:
+        repo_id, rev = spec.rsplit("@", 1)
+        return repo_id, rev or None
+    return spec, None
+
+
 def check_repo_id(repo_id: str) -> str:
     r"""Refuse a target the Hub would refuse, before any merge or upload starts: not ``namespace/name``;
     huggingface_hub's own rule (:func:`huggingface_hub.utils.validate_repo_id`: letters, digits, ``-``,
@@ -391,3 +483,84 @@ def server_detail(e: BaseException) -> str:
         return ""
     line = str(msg).strip().splitlines()[0]
     return f" ({line[:200]}{'...' if len(line) > 200 else ''})"
+
+
+# --- what a failed Hub request means -------------------------------------------------------------
+# The one mapping of Hub and HTTP errors to hubsoup's words: reading (an input, a base, a soup, a task repo) and
+# writing (a push). Callers catch, then raise what these return; each message is scrubbed (a server may echo the
+# token back).
+
+def hub_failure(e: BaseException, who: str, repo_id: str, revision: str | None = None,
+                token: Token = None) -> InputError:
+    """One line saying why reading ``repo_id`` from the Hub failed (``who``: ``input 'spec'``, ``base 'spec'``)."""
+    # lazy: keeps hubsoup --help free of huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (  # lazy: as above
+        GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
+    )
+
+    if caused_by(e, GatedRepoError):
+        msg = f"{who}: the repo is gated; accept its terms on the Hub and log in (hf auth login or HF_TOKEN)"
+    elif caused_by(e, RevisionNotFoundError):
+        msg = f"{who}: revision '{revision}' not found in {repo_id}"
+    elif caused_by(e, RepositoryNotFoundError):
+        msg = (f"{who}: repo {repo_id} not found on {constants.ENDPOINT} "
+               "(or it is private and no valid token was given: log in with `hf auth login` or set HF_TOKEN)")
+    elif constants.HF_HUB_OFFLINE:
+        msg = (f"{who}: not a local folder, and {repo_id}{'@' + revision if revision else ''} is not in the "
+               "local Hub cache while offline (HF_HUB_OFFLINE=1)")
+    elif is_timeout(e):
+        msg = (f"{who}: the Hub at {constants.ENDPOINT} did not answer within {hub_timeout():g}s (timed out); "
+               "try again later (HUBSOUP_HUB_TIMEOUT sets the limit)")
+    elif (status := error_status(e)) is not None and status >= 500:
+        msg = (f"{who}: Hub server error {status}{server_detail(caused_by(e, HfHubHTTPError) or e)} while fetching "
+               f"{repo_id}; try again later")
+    elif status is not None:
+        msg = f"{who}: Hub request for {repo_id} failed with HTTP {status}{server_detail(caused_by(e, HfHubHTTPError) or e)}"
+    elif caused_by(e, LocalEntryNotFoundError):
+        msg = f"{who}: cannot reach the Hub at {constants.ENDPOINT} to fetch {repo_id}, and it is not in the local cache"
+    else:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        msg = f"{who}: cannot reach the Hub at {constants.ENDPOINT} ({type(e).__name__}: {first})"
+    return InputError(scrub_secrets(msg, token))
+
+
+def push_failure(e: BaseException, repo_id: str, token: Token = None) -> str:
+    """What went wrong with a push to ``repo_id`` (or a check before it), in words a user can act on."""
+    return scrub_secrets(_push_words(e, repo_id), token)
+
+
+def _push_words(e: BaseException, repo_id: str) -> str:
+    # lazy: keeps hubsoup --help free of huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError  # lazy: as above
+
+    status = error_status(e)
+    detail = server_detail(e)
+    if isinstance(e, ValueError) and "metadata" in str(e).lower():
+        first = str(e).strip().splitlines()
+        why = "; ".join(s.lstrip("- ").strip() for s in first[1:] if s.strip()) or first[0]
+        return f"the Hub refused the model card's metadata (README.md): {why}"
+    if constants.HF_HUB_OFFLINE and not isinstance(e, HfHubHTTPError):
+        return "offline mode is on (HF_HUB_OFFLINE=1); unset it to push"
+    if is_timeout(e):
+        return (f"the Hub at {constants.ENDPOINT} did not answer within {hub_timeout():g}s (timed out; "
+                f"{TIMEOUT_ENV} sets the limit)")
+    if isinstance(e, RevisionNotFoundError):
+        return f"revision not found{detail}"
+    if status == 401:
+        return ("authentication failed: no valid token (log in with `hf auth login`, set HF_TOKEN, "
+                "or pass token=)")
+    if status == 403:
+        return (f"permission denied: the token may not write to {repo_id} (use a write token of a user "
+                "who owns the namespace or belongs to the organisation, or open a pull request with --create-pr)")
+    if isinstance(e, RepositoryNotFoundError) or status == 404:
+        return (f"repo not found on {constants.ENDPOINT}, or no access to it with this token "
+                "(is it private? is the namespace yours?)")
+    if status is not None and status >= 500:
+        return f"Hub server error {status}{detail}; try again later"
+    if isinstance(e, HfHubHTTPError):
+        return f"Hub request failed with HTTP {status}{detail}"
+    root = list(causes(e, context=False))[-1]  # huggingface_hub wraps an upload's error
+    first = str(root).strip().splitlines()[0] if str(root).strip() else ""
+    return f"network error: cannot reach {constants.ENDPOINT} ({type(root).__name__}: {first[:200]})"

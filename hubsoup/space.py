@@ -37,7 +37,7 @@ from typing import Any
 
 from hubsoup import REPOSITORY, __version__
 from hubsoup.errors import ParameterError, PushError
-from hubsoup.hubclient import Token, check_repo_id, ensure_timeouts, scrub_secrets, server_detail
+from hubsoup.hubclient import Token, check_repo_id, hub_api, scrub_secrets, server_detail
 
 HARDWARE_CPU = ("cpu-basic", "cpu-upgrade")
 HARDWARE_ZERO = ("zero-a10g",)
@@ -294,12 +294,11 @@ def create_space(repo_id: str, *, hardware: str = "cpu-basic", template: str = "
     Raises:
         PushError: what the Hub refused (the repo exists, no permission, ...), naming the Space.
     """
-    from huggingface_hub import CommitOperationAdd, HfApi  # lazy: keeps hubsoup --help free of huggingface_hub
+    from huggingface_hub import CommitOperationAdd  # lazy: keeps hubsoup --help free of huggingface_hub
     from huggingface_hub.errors import HfHubHTTPError  # lazy: keeps hubsoup --help free of huggingface_hub
 
     files = space_files(repo_id, hardware=hardware, template=template, private=private)
-    api = HfApi(token=token)
-    ensure_timeouts()
+    api = hub_api(token)
     try:
         if api.repo_exists(repo_id, repo_type="space") and not exist_ok:
             raise PushError(f"Space {repo_id} already exists; pass --update to upload the app to it again")

@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any
@@ -178,6 +179,25 @@ _CountingAnyTag.add_constructor(None, lambda loader, node: None)
 
 class _TooBig(Exception):
     pass
+
+
+def read_json(path: str | None, *, lenient: bool = False) -> Any:
+    """The value of the JSON file at ``path``, or None when there is no such file; ``lenient``: None too when it
+    cannot be read or is not JSON (a file read only for a hint, such as a config read for its class), else the
+    error is raised. The one reader of a JSON file of a folder (an output's reports, a model's configs).
+
+    >>> read_json("/no/such/file.json") is None
+    True
+    """
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        if lenient:
+            return None
+        raise
 
 
 def load_yaml(text: str | bytes, what: str, *, max_bytes: int = MAX_YAML_BYTES, max_nodes: int = MAX_YAML_NODES,

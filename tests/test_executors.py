@@ -151,7 +151,7 @@ def test_a_merge_written_in_place_is_the_model_a_merge_builds(tmp_path):
 
     from hubsoup.output.memory import MemorySink, ModelSink, empty_model
     from hubsoup.testing import make_base, make_finetune
-    from hubsoup.api import _open_inputs, parse_method
+    from hubsoup.api import open_inputs, parse_method
     from hubsoup.workflows.trial import _fetch, _merge, _options
     from hubsoup.plan import Plan
 
@@ -165,7 +165,7 @@ def test_a_merge_written_in_place_is_the_model_a_merge_builds(tmp_path):
                    "options": {"dtype": dtype}}
         opts = _options(payload)
         m, p = parse_method("ties", {"density": 0.5})
-        ckpt, sources = _open_inputs(fts, base, m, p, opts, headers_only=True)
+        ckpt, sources = open_inputs(fts, base, m, p, opts, headers_only=True)
         _fetch(ckpt, sources)
         built = MemorySink(Plan.of(ckpt, "cpu"), dtype=dtype)
         _merge(ckpt, sources, "ties", {"density": 0.5}, opts, built)

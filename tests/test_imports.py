@@ -21,8 +21,8 @@ re-exported names (10 imported and unused, among them the review's ``noqa: F401`
 ``engine/placement``, ``continual/state``, ``output/folder``; 10 in an ``__all__`` that does not own them) and 33
 imports through a module that only passes the name on (``hub`` for ``hubclient``, ``recipe`` for ``public``, ``api``
 for ``engine.placement``, ``formats.mergekit`` for ``public``, ``output.folder`` for ``options``); 20 imports of
-private names across modules. After: none, but ``workflows/trial.py``'s import of ``api._open_inputs``, which part B
-of issue 47 removes (one owner of "open, plan, place, recipe"; :data:`PENDING`).
+private names across modules. After: none (``api.open_inputs``, which trials use, is public since part B's first
+step; :data:`PENDING` is empty).
 """
 
 from __future__ import annotations
@@ -32,10 +32,7 @@ import os
 
 from test_layers import PKG, ROOT, _facade_out, module_edges, modules, sccs
 
-PENDING = {
-    ("hubsoup/workflows/trial.py", "hubsoup.api", "_open_inputs"):
-        "issue 47 part B: the merge session (hubsoup/session.py) owns opening the inputs; trials call it",
-}
+PENDING: dict[tuple[str, str, str], str] = {}
 """Private imports known and planned away, each with why it is still here; an entry that is gone fails the test."""
 
 

@@ -89,3 +89,36 @@ def test_the_checker_fails_on_an_unexplained_import():
 @pytest.mark.parametrize("line", ["    import json  # lazy: optional extra (x)", "    # lazy: cycle\n    import json"])
 def test_the_checker_accepts_a_lazy_comment(line):
     assert unexplained_imports(f"def f():\n{line}\n") == []
+
+
+# What needs only the Hub client rules (repo-ID checks, specs, scrubbing): never torch (issue 47, item 2). The
+# command line's modules and the Space's import these at their top; ``hubclient`` itself not even huggingface_hub.
+LIGHT = ["hubsoup.hubclient", "hubsoup.errors", "hubsoup.public", "hubsoup.untrusted", "hubsoup.startup",
+         "hubsoup.options", "hubsoup.cli", "hubsoup.cli.push", "hubsoup.cli.space", "hubsoup.space"]
+
+
+def _imports_after(code: str) -> set[str]:
+    import json
+    import subprocess
+    import sys
+
+    probe = code + "\nimport json, sys\nprint(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return set(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_the_hub_client_rules_import_no_torch():
+    assert not {"torch", "huggingface_hub"} & _imports_after("import hubsoup.hubclient")
+    loaded = _imports_after(
+        "import " + ", ".join(LIGHT) + "\n"
+        "from hubsoup.hubclient import check_repo_id, is_hub_id, parse_spec, scrub_secrets\n"
+        "assert check_repo_id('org/name') == 'org/name' and is_hub_id('org/name@v1')\n"
+        "assert parse_spec('org/name@v1') == ('org/name', 'v1')\n"
+        "assert scrub_secrets('hf_' + 'a' * 24) == 'hf_***'")
+    assert not {"torch", "transformers", "safetensors"} & loaded
+
+
+def test_the_torch_probe_can_fail():
+    assert "torch" in _imports_after("import hubsoup.hub")  # the push module: card, methods, torch

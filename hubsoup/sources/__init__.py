@@ -7,6 +7,6 @@ their shapes and dtypes (read from file headers only), and *give me tensor
 """
 
 from hubsoup.sources.checkpoint import Checkpoint, InputRef
-from hubsoup.sources.resolve import open_input, parse_spec
+from hubsoup.sources.resolve import open_input
 
-__all__ = ["Checkpoint", "InputRef", "open_input", "parse_spec"]
+__all__ = ["Checkpoint", "InputRef", "open_input"]

@@ -14,9 +14,7 @@ one place where a spec becomes a checkpoint, asks :func:`current` — so a spec 
 path (a mergekit slice, ``tokenizer_source``, a card naming its base) is held to the same rule.
 
 Example:
-    >>> from hubsoup.sources.access import is_hub_id, require_hub_id
-    >>> is_hub_id("org/model@v1"), is_hub_id("./model"), is_hub_id("/srv/cache/models--a--b")
-    (True, False, False)
+    >>> from hubsoup.sources.access import require_hub_id
     >>> require_hub_id("../secret", "input")
     Traceback (most recent call last):
     ...
@@ -28,7 +26,6 @@ from __future__ import annotations
 import contextvars
 import fnmatch
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -39,26 +36,10 @@ from typing import Any, Iterable, Iterator
 from huggingface_hub import constants, try_to_load_from_cache
 
 from hubsoup.errors import InputError
+from hubsoup.hubclient import Token, is_hub_id
 from hubsoup.untrusted import short
 
-_NAME = r"[A-Za-z0-9][\w.\-]*"
-_REPO = re.compile(rf"^{_NAME}(/{_NAME})?$")
-_REVISION = re.compile(r"^[\w.\-]+(/[\w.\-]+)*$")  # a branch, tag, sha or refs/pr/N
 _DATA_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet", ".txt", ".arrow")
-
-
-def is_hub_id(spec: Any) -> bool:
-    """Whether ``spec`` is a Hub repo ID (``name``, ``org/name``, optionally ``@revision``), by its text alone."""
-    if not isinstance(spec, str) or not spec or len(spec) > 200 or spec != spec.strip():
-        return False
-    repo_id, _, revision = spec.partition("@")
-    if "@" in spec and not revision:
-        return False
-    if ".." in spec or "\\" in spec or "\x00" in spec or spec.startswith(("~", ".", "/")):
-        return False
-    if not _REPO.match(repo_id) or repo_id.endswith((".", "-")):
-        return False
-    return not revision or bool(_REVISION.match(revision))
 
 
 def is_hub_dataset(spec: Any) -> bool:
@@ -133,8 +114,9 @@ class Access:
     cache_dir: str | None = None
     max_download: int | None = None
     spent: int = 0
-    token: str | bool | None = field(default=None, repr=False)
-    """The run's Hub token (None: ``HF_TOKEN`` or the stored login), for what opens Hub datasets. Never shown."""
+    token: Token = field(default=None, repr=False)
+    """The run's Hub token (None: ``HF_TOKEN`` or the stored login), for the Hub datasets and task repos a ``hub_only``
+    run opens from code no argument reaches (lm-eval's tasks, a method's exemplars). Never shown."""
     cache_inputs: bool = False
     """Hub inputs' weight files are downloaded into the cache (False: read in place, :mod:`hubsoup.sources.remote`)."""
     read_ahead: int | None = None
@@ -268,11 +250,11 @@ def scope(options: Any = None, **kw: Any) -> Iterator[Access]:
                     token=outer.token if outer is not None and token is None else token,
                     cache_inputs=cache_inputs, read_ahead=read_ahead,
                     allow_task_code=outer.allow_task_code if outer is not None else allow_code)
-    token = _CURRENT.set(access)
+    entered = _CURRENT.set(access)
     try:
         yield access
     finally:
-        _CURRENT.reset(token)
+        _CURRENT.reset(entered)
 
 
 def check_specs(*, inputs: Iterable[Any] = (), base: Any = None, soup: Any = None, tasks: Iterable[Any] = (),
@@ -346,6 +328,6 @@ def check_offline(who: str) -> None:
                          "the shared Hub cache is not opened without asking the Hub with this run's token")
 
 
-__all__ = ["Access", "current", "scope", "check_specs", "hub_only", "is_hub_id", "is_hub_dataset",
+__all__ = ["Access", "current", "scope", "check_specs", "hub_only", "is_hub_dataset",
            "require_hub_id", "require_hub_model", "require_task_repo",
            "require_hub_dataset", "refusal", "check_offline", "load_hub_dataset"]

@@ -13,12 +13,12 @@ import os
 from typing import Any, Sequence
 
 from hubsoup.errors import BaseModelError, BaseNotNamedError, IncompatibleInputError, ParameterError
-from hubsoup.hubclient import Token
+from hubsoup.hubclient import Token, parse_spec
 from hubsoup.sources.access import hub_only
 from hubsoup.sources.adapted import open_adapted
 from hubsoup.sources.checkpoint import Checkpoint
 from hubsoup.sources.lora import lora_source
-from hubsoup.sources.resolve import REPO_ID, open_input, parse_spec
+from hubsoup.sources.resolve import REPO_ID, open_input
 from hubsoup.sources.taskvector import FullDelta, shape_message
 
 log = logging.getLogger(__name__)

@@ -24,18 +24,15 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
-from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
-from huggingface_hub.errors import (
-    GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
-)
+from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 
 from hubsoup.errors import (CorruptCheckpointError, DiskFullError, HubsoupError, InputError, MergeCancelled,
                             PickleRefusedError)
 from hubsoup.footprint import on_disk
-from hubsoup.hubclient import (Token, ensure_timeouts, error_status, hub_timeout, is_timeout, scrub_secrets,
-                               server_detail, transient)
+from hubsoup.hubclient import (Token, caused_by, causes, ensure_timeouts, error_status, hub_api, hub_failure,
+                               hub_timeout, parse_spec, transient)
 from hubsoup.progress import Monitor, silent_tqdm
 from hubsoup.sources import access
 from hubsoup.sources.access import current
@@ -62,21 +59,6 @@ TOKENIZER_FILES = [
 ]
 log = logging.getLogger(__name__)
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
-
-
-def parse_spec(spec: str) -> tuple[str, str | None]:
-    """Split ``org/name@revision`` into ``(repo_id, revision)``.
-
-    >>> parse_spec("org/model@v1.0")
-    ('org/model', 'v1.0')
-    >>> parse_spec("org/model")
-    ('org/model', None)
-    """
-    if "@" in spec:
-        repo_id, rev = spec.rsplit("@", 1)
-        return repo_id, rev or None
-    return spec, None
-
 
 
 def open_input(spec: str, *, allow_pickle: bool = False, token: Token = None,
@@ -139,308 +121,290 @@ def _pickle_refused(label: str, role: str = "input") -> PickleRefusedError:
         "(allow_pickle=True) if you trust this source, or convert it to safetensors")
 
 
-def hub_failure(e: BaseException, who: str, repo_id: str, revision: str | None = None,
-                token: Token = None) -> InputError:
-    """One line saying why reading ``repo_id`` from the Hub failed (``who``: ``input 'spec'``, ``base 'spec'``)."""
-    def find(kind):
-        seen, cur = set(), e
-        while cur is not None and id(cur) not in seen:
-            if isinstance(cur, kind):
-                return cur
-            seen.add(id(cur))
-            cur = cur.__cause__ or cur.__context__
-        return None
-
-    if find(GatedRepoError):
-        msg = f"{who}: the repo is gated; accept its terms on the Hub and log in (hf auth login or HF_TOKEN)"
-    elif find(RevisionNotFoundError):
-        msg = f"{who}: revision '{revision}' not found in {repo_id}"
-    elif find(RepositoryNotFoundError):
-        msg = (f"{who}: repo {repo_id} not found on {constants.ENDPOINT} "
-               "(or it is private and no valid token was given: log in with `hf auth login` or set HF_TOKEN)")
-    elif constants.HF_HUB_OFFLINE:
-        msg = (f"{who}: not a local folder, and {repo_id}{'@' + revision if revision else ''} is not in the "
-               "local Hub cache while offline (HF_HUB_OFFLINE=1)")
-    elif is_timeout(e):
-        msg = (f"{who}: the Hub at {constants.ENDPOINT} did not answer within {hub_timeout():g}s (timed out); "
-               "try again later (HUBSOUP_HUB_TIMEOUT sets the limit)")
-    elif (status := error_status(e)) is not None and status >= 500:
-        msg = f"{who}: Hub server error {status}{server_detail(find(HfHubHTTPError) or e)} while fetching {repo_id}; try again later"
-    elif status is not None:
-        msg = f"{who}: Hub request for {repo_id} failed with HTTP {status}{server_detail(find(HfHubHTTPError) or e)}"
-    elif find(LocalEntryNotFoundError):
-        msg = f"{who}: cannot reach the Hub at {constants.ENDPOINT} to fetch {repo_id}, and it is not in the local cache"
-    else:
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        msg = f"{who}: cannot reach the Hub at {constants.ENDPOINT} ({type(e).__name__}: {first})"
-    return InputError(scrub_secrets(msg, token))  # a server may echo the token back
-
-
 def _disk_full(e: BaseException) -> OSError | None:
     """The ``ENOSPC``/``EDQUOT`` error that ``e`` is or was raised from, if any."""
-    seen = set()
-    cur: BaseException | None = e
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-            return cur
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return None
-
-
-def _cancelled(e: BaseException) -> MergeCancelled | None:
-    """The :class:`MergeCancelled` that ``e`` is or was raised from (huggingface_hub may wrap it), if any."""
-    seen = set()
-    cur: BaseException | None = e
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, MergeCancelled):
-            return cur
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return None
+    return next((c for c in causes(e) if isinstance(c, OSError) and c.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))),
+                None)
 
 
 def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="input",
          monitor: Monitor | None = None, headers_only: bool = False) -> Checkpoint:
-    acc = access.current()  # this run's cache and download budget (kept by the closures below)
-    cache = {"cache_dir": acc.cache_dir} if acc.cache_dir else {}
-    who = f"{role} '{spec}'"
-    access.check_offline(who)
-    mon = monitor or Monitor()
-    # an app's run (progress or cancel given): this call's bars are silent, and each update checks cancel
-    bars = {"tqdm_class": silent_tqdm(mon)} if mon.active else {}
+    """A Hub input as a :class:`Checkpoint`: its metadata files fetched, its weights downloaded or read in place when
+    the merge asks (:class:`_HubInput`)."""
+    hub = _HubInput(spec, repo_id, revision, allow_pickle, token, role, monitor)
+    hub.open(with_tokenizer)
+    return hub.checkpoint(headers_only)
 
-    def fail(e: BaseException, fname: str | None = None) -> BaseException:
+
+class _HubInput:
+    """One Hub input of a run: what the Hub said of it at its pinned commit (files, sizes, sha256s), its metadata
+    files in the Hub cache, and how its weights are got: downloaded into the cache, or read in place
+    (:mod:`hubsoup.sources.remote`). Its checkpoint calls back into it (:meth:`checkpoint`)."""
+
+    kind: str
+    """``full`` or ``lora``, once :meth:`checkpoint` made the checkpoint."""
+    ckpt: Checkpoint
+
+    def __init__(self, spec: str, repo_id: str, revision: str | None, allow_pickle: bool, token: Token, role: str,
+                 monitor: Monitor | None) -> None:
+        self.spec, self.repo_id, self.revision, self.allow_pickle, self.token, self.role = (
+            spec, repo_id, revision, allow_pickle, token, role)
+        self.acc = access.current()  # this run's cache and download budget
+        self.cache = {"cache_dir": self.acc.cache_dir} if self.acc.cache_dir else {}
+        self.who = f"{role} '{spec}'"
+        self.mon = monitor or Monitor()
+        # an app's run (progress or cancel given): this call's bars are silent, and each update checks cancel
+        self.bars = {"tqdm_class": silent_tqdm(self.mon)} if self.mon.active else {}
+        self.files: list[str] = []
+        self.sizes: dict[str, int | None] = {}
+        self.sha256s: dict[str, str] = {}
+        self.metadata_bytes = 0
+        self.metadata_files: dict[str, int] = {}
+        self.info: Any = None
+        self.sha = ""
+        self.folder = ""
+        self.keep = False  # the weights are downloaded even where they could be read in place (LOT's base)
+        self.opened: dict[str, RemoteFile] = {}
+        self.opening = threading.Lock()
+
+    def fail(self, e: BaseException, fname: str | None = None) -> BaseException:
         """One line for a failed Hub request of this input (``fname``: the file it read, then named too)."""
-        cancelled = _cancelled(e)
+        cancelled = caused_by(e, MergeCancelled)
         if cancelled is not None:  # raised by the monitor inside huggingface_hub: not a Hub failure
             return cancelled
         full = _disk_full(e)
         if full is not None:  # the Hub cache's disk, while downloading: not a Hub failure either
-            where = acc.cache_dir or constants.HF_HUB_CACHE
-            return DiskFullError(f"{who}: disk full while downloading into the Hub cache ({where}): {full.strerror}; "
-                                 "nothing was merged. Free space, or read the inputs in place (leave out "
-                                 "--cache-inputs: only the output then needs disk)")
-        return hub_failure(e, f"{role} '{spec}'" + (f" ({fname})" if fname else ""), repo_id, revision, token)
+            where = self.acc.cache_dir or constants.HF_HUB_CACHE
+            return DiskFullError(f"{self.who}: disk full while downloading into the Hub cache ({where}): "
+                                 f"{full.strerror}; nothing was merged. Free space, or read the inputs in place "
+                                 "(leave out --cache-inputs: only the output then needs disk)")
+        return hub_failure(e, f"{self.role} '{self.spec}'" + (f" ({fname})" if fname else ""), self.repo_id,
+                           self.revision, self.token)
 
-    mon.check("before downloading")
-    if not constants.HF_HUB_OFFLINE:
-        mon.enter("download", f"fetching {repo_id}")
+    def open(self, with_tokenizer: bool) -> None:
+        """Ask the Hub for the repo at its revision and fetch its metadata files (offline: the cache's snapshot)."""
+        access.check_offline(self.who)
+        self.mon.check("before downloading")
+        if not constants.HF_HUB_OFFLINE:
+            self.mon.enter("download", f"fetching {self.repo_id}")
+        try:
+            if constants.HF_HUB_OFFLINE:
+                # offline: whatever the cache holds for that revision, pinned to its snapshot sha
+                self.folder = snapshot_download(self.repo_id, revision=self.revision, token=self.token,
+                                                local_files_only=True, **self.cache)
+                self.sha = os.path.basename(self.folder.rstrip("/"))
+            else:
+                self._ask(with_tokenizer)
+        except Exception as e:  # noqa: BLE001 - mapped to one clear line
+            if isinstance(e, HubsoupError) and caused_by(e, MergeCancelled) is None:
+                raise
+            raise self.fail(e) from e
 
-    files: list[str] = []
-    sizes: dict[str, int | None] = {}
-    sha256s: dict[str, str] = {}
-    metadata_bytes = 0
-    metadata_files: dict[str, int] = {}
-    try:
-        if constants.HF_HUB_OFFLINE:
-            # offline: whatever the cache holds for that revision, pinned to its snapshot sha
-            folder = snapshot_download(repo_id, revision=revision, token=token, local_files_only=True, **cache)
-            sha = os.path.basename(folder.rstrip("/"))
-        else:
-            ensure_timeouts()
-            # asked with this run's token first, always: a cached snapshot is never a way around the Hub's answer
-            # with the files' sizes and LFS sha256: the download budget, the disk plan and the check of files
-            # read whole in place need them
-            info = HfApi().model_info(repo_id, revision=revision, token=token, timeout=hub_timeout(),
-                                      files_metadata=True)
-            sha = info.sha
-            files = [s.rfilename for s in (info.siblings or [])]
-            sizes = {s.rfilename: getattr(s, "size", None) for s in (info.siblings or [])}
-            for s in info.siblings or []:
-                lfs = getattr(s, "lfs", None)
-                digest = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
-                if isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest):
-                    sha256s[s.rfilename] = digest
-            patterns = METADATA_FILES + (TOKENIZER_FILES if with_tokenizer else [])
-            metadata_files = {n: int(sizes.get(n) or 0) for n in sizes if any(fnmatch.fnmatch(n, p) for p in patterns)}
-            # on disk: each file in whole blocks, and the cache's ref of the commit
-            metadata_bytes = on_disk(0) + sum(on_disk(n) for n in metadata_files.values())
-            acc.charge(repo_id, sha, sizes, patterns, who)
-            folder = snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars, **cache)
-    except Exception as e:  # noqa: BLE001 - mapped to one clear line
-        if isinstance(e, HubsoupError) and _cancelled(e) is None:
-            raise
-        raise fail(e) from e
+    def _ask(self, with_tokenizer: bool) -> None:
+        # asked with this run's token first, always: a cached snapshot is never a way around the Hub's answer
+        # with the files' sizes and LFS sha256: the download budget, the disk plan and the check of files
+        # read whole in place need them
+        info = self.info = hub_api(self.token).model_info(self.repo_id, revision=self.revision,
+                                                          timeout=hub_timeout(), files_metadata=True)
+        self.sha = sha = info.sha
+        self.files = [s.rfilename for s in (info.siblings or [])]
+        self.sizes = sizes = {s.rfilename: getattr(s, "size", None) for s in (info.siblings or [])}
+        for s in info.siblings or []:
+            lfs = getattr(s, "lfs", None)
+            digest = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+            if isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest):
+                self.sha256s[s.rfilename] = digest
+        patterns = METADATA_FILES + (TOKENIZER_FILES if with_tokenizer else [])
+        self.metadata_files = {n: int(sizes.get(n) or 0) for n in sizes if any(fnmatch.fnmatch(n, p) for p in patterns)}
+        # on disk: each file in whole blocks, and the cache's ref of the commit
+        self.metadata_bytes = on_disk(0) + sum(on_disk(n) for n in self.metadata_files.values())
+        self.acc.charge(self.repo_id, sha, sizes, patterns, self.who)
+        self.folder = snapshot_download(self.repo_id, revision=sha, token=self.token, allow_patterns=patterns,
+                                        **self.bars, **self.cache)
 
-    kind = "lora" if os.path.isfile(os.path.join(folder, "adapter_config.json")) else "full"
-    ref = InputRef(spec=spec, repo_id=repo_id, revision=revision, sha=sha, path=folder, kind=kind)
-    ckpt = Checkpoint(ref=ref, folder=folder, allow_pickle=allow_pickle, role=role)
-    if not constants.HF_HUB_OFFLINE:  # what the Hub said of the repo: a public push of a merge of it must know
-        ckpt.visibility = {"private": bool(getattr(info, "private", False)),
-                           "gated": bool(getattr(info, "gated", False))}
-    ckpt.metadata_bytes = metadata_bytes
-    ckpt.metadata_files = metadata_files
+    def checkpoint(self, headers_only: bool) -> Checkpoint:
+        """The input's :class:`Checkpoint`, its weights got through this object's methods."""
+        self.kind = kind = "lora" if os.path.isfile(os.path.join(self.folder, "adapter_config.json")) else "full"
+        ref = InputRef(spec=self.spec, repo_id=self.repo_id, revision=self.revision, sha=self.sha, path=self.folder,
+                       kind=kind)
+        ckpt = self.ckpt = Checkpoint(ref=ref, folder=self.folder, allow_pickle=self.allow_pickle, role=self.role)
+        if not constants.HF_HUB_OFFLINE:  # what the Hub said of the repo: a public push of a merge of it must know
+            ckpt.visibility = {"private": bool(getattr(self.info, "private", False)),
+                               "gated": bool(getattr(self.info, "gated", False))}
+        ckpt.metadata_bytes = self.metadata_bytes
+        ckpt.metadata_files = self.metadata_files
+        ckpt.fetch_weights = self.fetch_weights
+        ckpt.weight_bytes = self.weight_bytes
+        if not constants.HF_HUB_OFFLINE:
+            ckpt.streamed = self.streamed
+            ckpt.downloads = lambda: not self.in_place()
+            ckpt.keep_files = self.keep_files
+        if headers_only and not constants.HF_HUB_OFFLINE:
+            ckpt.remote_headers = self.remote_headers
+            ckpt.remote_files = self.safetensors_files
+        return ckpt
 
-    def weight_patterns() -> list[str]:
-        index = os.path.join(folder, SAFETENSORS_INDEX)
-        top = [f for f in files if "/" not in f]
-        if os.path.isfile(index):
+    def keep_files(self) -> None:
+        self.keep = True
+
+    def _top(self) -> list[str]:
+        return [f for f in self.files if "/" not in f]
+
+    def weight_patterns(self) -> list[str]:
+        """The weight files to download, as ``allow_patterns``; pickle weights only when allowed."""
+        top, ckpt, role = self._top(), self.ckpt, self.role
+        if os.path.isfile(os.path.join(self.folder, SAFETENSORS_INDEX)):
             # exactly the shards the index names (repos often carry other *.safetensors too); every
             # entry is checked to be a file of this repo before anything is downloaded
-            patterns = sorted(set(ckpt.weight_map(SAFETENSORS_INDEX).values()))
-        elif kind == "lora":
-            if "adapter_model.safetensors" in top or not files:
-                patterns = ["adapter_model.safetensors"]
-            elif "adapter_model.bin" in top and not allow_pickle:
+            return sorted(set(ckpt.weight_map(SAFETENSORS_INDEX).values()))
+        if self.kind == "lora":
+            if "adapter_model.safetensors" in top or not self.files:
+                return ["adapter_model.safetensors"]
+            if "adapter_model.bin" in top and not self.allow_pickle:
                 raise _pickle_refused(ckpt.label, role)
-            else:
-                patterns = ["adapter_model.bin"]
-        elif "model.safetensors" in top:
-            patterns = ["model.safetensors"]
-        elif any(f.endswith(".safetensors") for f in top):
-            patterns = ["*.safetensors"]
-        elif any(f.startswith("pytorch_model") and f.endswith(".bin") for f in top):
-            if not allow_pickle:  # pickle only: fetched only when the user allows loading it
+            return ["adapter_model.bin"]
+        if "model.safetensors" in top:
+            return ["model.safetensors"]
+        if any(f.endswith(".safetensors") for f in top):
+            return ["*.safetensors"]
+        if any(f.startswith("pytorch_model") and f.endswith(".bin") for f in top):
+            if not self.allow_pickle:  # pickle only: fetched only when the user allows loading it
                 raise _pickle_refused(ckpt.label, role)
-            patterns = ["pytorch_model*.bin"]
-        else:
-            raise CorruptCheckpointError(
-                f"{role} '{ckpt.label}': the repo holds no weights (no model.safetensors, "
-                f"{SAFETENSORS_INDEX} or pytorch_model.bin)")
-        return patterns
+            return ["pytorch_model*.bin"]
+        raise CorruptCheckpointError(
+            f"{role} '{ckpt.label}': the repo holds no weights (no model.safetensors, "
+            f"{SAFETENSORS_INDEX} or pytorch_model.bin)")
 
-    def weight_bytes() -> int:
+    def weight_bytes(self) -> int:
         """What fetching the weights would download into the Hub cache (0 when they are read in place: their
         bytes are charged as they come, and the merge's plan predicts them)."""
-        if constants.HF_HUB_OFFLINE or in_place():
+        if constants.HF_HUB_OFFLINE or self.in_place():
             return 0
-        pats = weight_patterns()
-        return sum(int(sizes.get(n) or 0) for n in sizes
-                   if any(fnmatch.fnmatch(n, p) for p in pats) and not acc._cached(repo_id, sha, n, "model"))
+        pats = self.weight_patterns()
+        return sum(int(self.sizes.get(n) or 0) for n in self.sizes
+                   if any(fnmatch.fnmatch(n, p) for p in pats)
+                   and not self.acc._cached(self.repo_id, self.sha, n, "model"))
 
-    def fetch_weights() -> None:
-        if constants.HF_HUB_OFFLINE or in_place():
+    def fetch_weights(self) -> None:
+        if constants.HF_HUB_OFFLINE or self.in_place():
             return
-        patterns = weight_patterns()
-        acc.charge(repo_id, sha, sizes, patterns, who)
+        patterns = self.weight_patterns()
+        self.acc.charge(self.repo_id, self.sha, self.sizes, patterns, self.who)
         try:
             ensure_timeouts()
-            mon.check("before downloading")
+            self.mon.check("before downloading")
             # huggingface_hub warns when the cache's disk looks too small, then tries: held back until it is known
             # whether the disk did fill (then the one line below says it)
             with warnings.catch_warnings(record=True) as held:
                 warnings.simplefilter("always")
-                snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars, **cache)
+                snapshot_download(self.repo_id, revision=self.sha, token=self.token, allow_patterns=patterns,
+                                  **self.bars, **self.cache)
         except Exception as e:  # noqa: BLE001
-            raise fail(e) from e
+            raise self.fail(e) from e
         for w in held:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
-    def safetensors_files() -> list[str]:
-        """The safetensors files :func:`fetch_weights` would download ([] when it would fetch anything else)."""
-        top = [f for f in files if "/" not in f]
-        if kind != "full":
+    def safetensors_files(self) -> list[str]:
+        """The safetensors files :meth:`fetch_weights` would download ([] when it would fetch anything else)."""
+        top = self._top()
+        if self.kind != "full":
             return []
-        if os.path.isfile(os.path.join(folder, SAFETENSORS_INDEX)):
-            return sorted(set(ckpt.weight_map(SAFETENSORS_INDEX).values()))
+        if os.path.isfile(os.path.join(self.folder, SAFETENSORS_INDEX)):
+            return sorted(set(self.ckpt.weight_map(SAFETENSORS_INDEX).values()))
         if "model.safetensors" in top:
             return ["model.safetensors"]
         return sorted(f for f in top if f.endswith(".safetensors"))
 
-    def cached(fname: str) -> bool:
+    def cached(self, fname: str) -> bool:
         try:
-            hit = try_to_load_from_cache(repo_id, fname, revision=sha, **cache)
+            hit = try_to_load_from_cache(self.repo_id, fname, revision=self.sha, **self.cache)
         except Exception:  # noqa: BLE001 - an odd name: not cached
             return False
         return isinstance(hit, str) and os.path.isfile(hit)
 
-    opened: dict[str, RemoteFile] = {}
-    opening = threading.Lock()
-
-    def remote_file(fname: str) -> RemoteFile:
+    def remote_file(self, fname: str) -> RemoteFile:
         """``fname`` read in place (its header read now, once per checkpoint)."""
-        if fname not in opened:
-            if files and fname not in files:
-                raise CorruptCheckpointError(f"{role} '{ckpt.label}': its weights name {fname}, which the repo does "
-                                             f"not hold at {sha[:12]}")
+        if fname not in self.opened:
+            if self.files and fname not in self.files:
+                raise CorruptCheckpointError(f"{self.role} '{self.ckpt.label}': its weights name {fname}, which the "
+                                             f"repo does not hold at {self.sha[:12]}")
 
             def fail_on(e: BaseException) -> BaseException:
-                return fail(e, fname) if not isinstance(e, HubsoupError) else e
+                return self.fail(e, fname) if not isinstance(e, HubsoupError) else e
 
             ensure_timeouts()
-            mon.check("before reading from the Hub")
+            self.mon.check("before reading from the Hub")
             # one RemoteFile per file, run and token: two checkpoints of one repo (a layout's base and input) share
             # it, so the read-ahead fetches its bytes once
-            shared = acc.remote_files
-            key = (repo_id, sha, fname, token if isinstance(token, (str, bool)) else None)
+            shared = self.acc.remote_files
+            token = self.token
+            key = (self.repo_id, self.sha, fname, token if isinstance(token, (str, bool)) else None)
             rf = shared.get(key)
             if rf is None:
-                rf = open_file(repo_id, sha, fname, size=sizes.get(fname), token=token,
-                               who=f"{role} '{spec}' ({fname})", fail=fail_on, access=acc,
-                               sha256=sha256s.get(fname), sleep=lambda t: _sleep(t))
-                with opening:  # two threads may have read it at once: one object is kept
+                rf = open_file(self.repo_id, self.sha, fname, size=self.sizes.get(fname), token=token,
+                               who=f"{self.role} '{self.spec}' ({fname})", fail=fail_on, access=self.acc,
+                               sha256=self.sha256s.get(fname), sleep=lambda t: _sleep(t))
+                with self.opening:  # two threads may have read it at once: one object is kept
                     rf = shared.setdefault(key, rf)
-            opened[fname] = rf
-        return opened[fname]
+            self.opened[fname] = rf
+        return self.opened[fname]
 
-    def in_place_files() -> list[str]:
+    def in_place_files(self) -> list[str]:
         """The weight files a merge reads in place: safetensors only ([] for pickle weights)."""
-        if kind == "lora":
-            top = [f for f in files if "/" not in f]
-            return ["adapter_model.safetensors"] if "adapter_model.safetensors" in top or not files else []
-        return safetensors_files()
+        if self.kind == "lora":
+            return ["adapter_model.safetensors"] if "adapter_model.safetensors" in self._top() or not self.files else []
+        return self.safetensors_files()
 
-    keep = {"files": False}
-
-    def in_place() -> bool:
+    def in_place(self) -> bool:
         """Whether the weights are read in place rather than downloaded (``cache_inputs`` not asked, online,
         safetensors)."""
-        return not (acc.cache_inputs or keep["files"] or constants.HF_HUB_OFFLINE) and bool(in_place_files())
+        return not (self.acc.cache_inputs or self.keep or constants.HF_HUB_OFFLINE) and bool(self.in_place_files())
 
-    def open_remote(names: list[str]) -> None:
+    def open_remote(self, names: list[str]) -> None:
         """The headers of ``names`` not yet open, read concurrently (one round trip each: a sharded model's
         dozens of files would otherwise wait on each other)."""
-        todo = [f for f in names if f not in opened]
+        todo = [f for f in names if f not in self.opened]
         if len(todo) <= 1:
             for f in todo:
-                remote_file(f)
+                self.remote_file(f)
             return
         with ThreadPoolExecutor(min(8, len(todo)), thread_name_prefix="hubsoup-headers") as pool:
-            for _ in pool.map(remote_file, todo):  # the first failure is raised
+            for _ in pool.map(self.remote_file, todo):  # the first failure is raised
                 pass
 
-    def streamed() -> dict[str, RemoteFile | None] | None:
-        if not in_place():
+    def streamed(self) -> dict[str, RemoteFile | None] | None:
+        if not self.in_place():
             return None
-        names = in_place_files()
-        local = {f for f in names if cached(f)}
-        open_remote([f for f in names if f not in local])
-        return {f: None if f in local else remote_file(f) for f in names}
+        names = self.in_place_files()
+        local = {f for f in names if self.cached(f)}
+        self.open_remote([f for f in names if f not in local])
+        return {f: None if f in local else self.remote_file(f) for f in names}
 
-    def remote_headers() -> dict[str, dict[str, TensorInfo]] | None:
-        names = safetensors_files()
+    def remote_headers(self) -> dict[str, dict[str, TensorInfo]] | None:
+        names = self.safetensors_files()
         if not names:
             return None
-        if all(cached(f) for f in names):
+        if all(self.cached(f) for f in names):
             return None  # every weight file is in the local cache at this commit: its headers are read there
         out: dict[str, dict[str, TensorInfo]] = {}
-        open_remote([f for f in names if not cached(f)])
+        self.open_remote([f for f in names if not self.cached(f)])
         for fname in names:  # two range requests at most per file: its header, never its data
-            if cached(fname):
-                ckpt._open_safetensors(fname)
-                out[fname] = {n: ckpt._infos[n] for n, f in ckpt._files.items() if f == fname}
+            if self.cached(fname):
+                self.ckpt._open_safetensors(fname)
+                out[fname] = {n: self.ckpt._infos[n] for n, f in self.ckpt._files.items() if f == fname}
                 continue
-            rf = remote_file(fname)
-            out[fname] = {}
-            for name, (dtype_name, shape, _, _) in rf.tensors.items():
-                dtype = ST_DTYPES.get(dtype_name)
-                if dtype is None:
-                    raise CorruptCheckpointError(f"{role} '{ckpt.label}': tensor '{name}' in {fname} has "
-                                                 f"unsupported dtype {dtype_name}")
-                out[fname][name] = TensorInfo(tuple(shape), dtype)
+            out[fname] = self._header_infos(fname)
         return out
 
-    ckpt.fetch_weights = fetch_weights
-    ckpt.weight_bytes = weight_bytes
-    if not constants.HF_HUB_OFFLINE:
-        ckpt.streamed = streamed
-        ckpt.downloads = lambda: not in_place()
-        ckpt.keep_files = lambda: keep.update(files=True)
-    if headers_only and not constants.HF_HUB_OFFLINE:
-        ckpt.remote_headers = remote_headers
-        ckpt.remote_files = safetensors_files
-    return ckpt
+    def _header_infos(self, fname: str) -> dict[str, TensorInfo]:
+        out = {}
+        for name, (dtype_name, shape, _, _) in self.remote_file(fname).tensors.items():
+            dtype = ST_DTYPES.get(dtype_name)
+            if dtype is None:
+                raise CorruptCheckpointError(f"{self.role} '{self.ckpt.label}': tensor '{name}' in {fname} has "
+                                             f"unsupported dtype {dtype_name}")
+            out[name] = TensorInfo(tuple(shape), dtype)
+        return out
 
 
 _sleep = time.sleep
@@ -467,9 +431,8 @@ def fetched_repo(repo_type: str, repo_id: str, revision: str | None, who: str) -
     folder = tempfile.mkdtemp(prefix="hubsoup-tasks-", dir=acc.cache_dir or None)
     try:
         try:
-            ensure_timeouts()
-            info = HfApi().repo_info(repo_id, repo_type=repo_type, revision=revision, token=acc.token,
-                                     timeout=hub_timeout(), files_metadata=True)
+            info = hub_api(acc.token).repo_info(repo_id, repo_type=repo_type, revision=revision,
+                                                timeout=hub_timeout(), files_metadata=True)
             siblings = info.siblings or []
             if len(siblings) > MAX_REPO_FILES:
                 raise InputError(f"{who}: {repo_id} holds {len(siblings)} files, more than the {MAX_REPO_FILES} a task "
@@ -526,8 +489,7 @@ def download_size(ckpt: Checkpoint, token: Token = None) -> tuple[int, int] | No
 
     cache = {"cache_dir": current().cache_dir} if current().cache_dir else {}
     try:
-        ensure_timeouts()
-        infos = HfApi().get_paths_info(ref.repo_id, names, revision=ref.sha, token=token)
+        infos = hub_api(token).get_paths_info(ref.repo_id, names, revision=ref.sha)
     except Exception as e:  # noqa: BLE001
         raise hub_failure(e, f"{ckpt.role} '{ref.spec}'", ref.repo_id, ref.revision, token) from e
     sizes = {i.path: int(getattr(i, "size", 0) or 0) for i in infos}

@@ -28,8 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from hubsoup import __version__
-from hubsoup.api import _open_inputs, parse_method
+from hubsoup.api import open_inputs, parse_method
 from hubsoup.engine.placement import place_blocks
 from hubsoup.engine import Job, run
 from hubsoup.errors import HubsoupError, MergeCancelled, ParameterError
@@ -37,7 +36,7 @@ from hubsoup.eval import Evaluator, TaskSpec
 from hubsoup.options import DTYPES, MergeOptions
 from hubsoup.output.memory import MemorySink, ModelSink, empty_model
 from hubsoup.plan import Plan
-from hubsoup.recipe import Recipe
+from hubsoup.recipe import Recipe, recipe_for
 from hubsoup.sources.access import scope
 from hubsoup.sources.taskvector import checkpoints_of
 
@@ -60,7 +59,7 @@ def merge_in_memory(inputs: Sequence[str], method: str, *, base: str | None, par
     m, p = parse_method(method, dict(params))
     if not inputs:
         raise ParameterError("no input models given")
-    base_ckpt, sources = _open_inputs(inputs, base, m, p, opts, headers_only=True)
+    base_ckpt, sources = open_inputs(inputs, base, m, p, opts, headers_only=True)
     _fetch(base_ckpt, sources)
     sink = MemorySink(Plan.of(base_ckpt, opts.device), dtype=opts.dtype)
     recipe = _merge(base_ckpt, sources, method, params, opts, sink, cancel=cancel, scratch=scratch)
@@ -86,8 +85,8 @@ def _merge(base_ckpt, sources, method: str, params: dict[str, Any], opts: Any, s
     plan = Plan.of(base_ckpt, opts.device)
     place_blocks(plan, m, p, sources, opts)
     # the recipe hash seeds every random choice (DARE's masks): the same as the written merge's
-    recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref, inputs=[s.ref for s in sources],
-                    dtype=opts.dtype, hubsoup_version=__version__, options=dict(opts.hashed))
+    recipe = recipe_for(method, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources], dtype=opts.dtype,
+                        options=opts)
     tmp = tempfile.mkdtemp(prefix=".hubsoup-trial-", dir=scratch)
     job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=True, monitor=monitor,
               prefetch=opts.prefetch if prefetch is None else prefetch, device_map=opts.device_map,
@@ -127,7 +126,7 @@ class TrialSession:
         if not inputs:
             raise ParameterError("no input models given")
         m, p = parse_method(payload["method"], dict(payload.get("params") or {}))
-        self.base_ckpt, self.sources = _open_inputs(inputs, payload.get("base"), m, p, self.opts, headers_only=True)
+        self.base_ckpt, self.sources = open_inputs(inputs, payload.get("base"), m, p, self.opts, headers_only=True)
         _fetch(self.base_ckpt, self.sources)
         self.kept = keep and self._fits()
         if self.kept:  # read once, by the first merge's stream, then served from memory
@@ -210,7 +209,7 @@ def pin_inputs(models: Sequence[str], base: str | None, method: str, params: dic
     Returns ``(inputs, base, memory, base_ref, input_refs)`` (the refs: :class:`~hubsoup.sources.InputRef`).
     """
     m, p = parse_method(method, dict(params))
-    base_ckpt, sources = _open_inputs(list(models), base, m, p, options, headers_only=True)
+    base_ckpt, sources = open_inputs(list(models), base, m, p, options, headers_only=True)
     plan = Plan.of(base_ckpt, options.device)
     placement = place_blocks(plan, m, p, sources, options)
     held = sum(math.prod(e.shape) * (DTYPES[dtype] if dtype and e.mergeable else e.dtype).itemsize

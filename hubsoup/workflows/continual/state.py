@@ -14,14 +14,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from huggingface_hub import HfApi, constants, snapshot_download
+from huggingface_hub import constants, snapshot_download
 from safetensors import SafetensorError, safe_open
 
 from hubsoup.errors import ContinualStateError, InputError
-from hubsoup.hubclient import Token, ensure_timeouts, hub_timeout
+from hubsoup.hubclient import Token, hub_api, hub_failure, hub_timeout, parse_spec
 from hubsoup.public import json_digest
 from hubsoup.sources import InputRef, access
-from hubsoup.sources.resolve import hub_failure, parse_spec
 from hubsoup.sources.taskvector import all_finite
 
 STATE_DIR = "continual_state"
@@ -202,9 +201,8 @@ def state_folder(soup: str, token: Token = None) -> tuple[str, str]:
     patterns = [f"{STATE_DIR}/*"]
     try:
         if not constants.HF_HUB_OFFLINE:  # asked with this run's token (and sizes for its budget) first
-            ensure_timeouts()
-            info = HfApi().model_info(repo_id, revision=revision, token=token, timeout=hub_timeout(),
-                                      files_metadata=acc.limited)
+            info = hub_api(token).model_info(repo_id, revision=revision, timeout=hub_timeout(),
+                                             files_metadata=acc.limited)
             revision = info.sha
             acc.charge(repo_id, info.sha, {s.rfilename: getattr(s, "size", None) for s in info.siblings or []},
                        patterns, f"soup '{soup}'")

@@ -27,10 +27,9 @@ from hubsoup.errors import ParameterError
 from hubsoup.eval import TaskSpec
 from hubsoup.formats.mergekit import is_mergekit_config
 from hubsoup.formats.stages import is_multi_stage, read_stages
-from hubsoup.hubclient import check_repo_id
+from hubsoup.hubclient import check_repo_id, parse_spec
 from hubsoup.methods import get_method
 from hubsoup.sources.access import hub_only
-from hubsoup.sources.resolve import parse_spec
 from hubsoup.untrusted import MAX_YAML_BYTES, label, load_yaml, short
 
 COMBINATIONS = ("all", "pairs", "each", "with")

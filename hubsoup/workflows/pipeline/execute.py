@@ -15,6 +15,7 @@ from hubsoup.eval import evaluate_model
 from hubsoup.eval.run import EVAL_FILE, write_results
 from hubsoup.formats import stages
 from hubsoup.hub import PushTarget as StreamTarget
+from hubsoup.untrusted import read_json
 from hubsoup.workflows.executors import make_executor
 from hubsoup.workflows.pipeline import hubio, plan, publish, select, workfolder
 from hubsoup.workflows.pipeline.context import Run
@@ -157,7 +158,7 @@ def _merge(run: Run, m: PlannedMerge) -> str | None:
         m.recipe_hash = result.recipe.hash
     m.path = result.path
     try:
-        m.scores = hubio.flatten_scores(workfolder.read_json(os.path.join(out, hubio.EVAL_FILE)) or [])
+        m.scores = hubio.flatten_scores(read_json(os.path.join(out, hubio.EVAL_FILE)) or [])
     except ValueError:
         m.scores = {}
     return _scored(run, m)

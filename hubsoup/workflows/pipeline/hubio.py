@@ -24,9 +24,9 @@ from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError,
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from hubsoup.errors import HubsoupError, InputError
-from hubsoup.hubclient import Token, ensure_timeouts, error_status, hub_timeout, is_timeout
+from hubsoup.hubclient import (RETRY_STATUS, Token, ensure_timeouts, error_response, error_status, hub_failure,
+                               hub_timeout, is_timeout, parse_spec, transient)
 from hubsoup.public import local_path_in_file
-from hubsoup.sources.resolve import hub_failure, parse_spec
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 from hubsoup.workflows.pipeline.config import Query, RetryConfig
 from hubsoup.workflows.pipeline.licenses import read
@@ -34,7 +34,6 @@ from hubsoup.workflows.pipeline.licenses import read
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 RECIPE_FILE = "hubsoup_recipe.yaml"
 EVAL_FILE = "eval_results.json"
 LEADERBOARD_JSON = "leaderboard.json"
@@ -42,35 +41,21 @@ LEADERBOARD_MD = "leaderboard.md"
 
 
 def retryable(e: BaseException) -> bool:
-    """A transient Hub failure: 408/429/5xx, a timeout or a connection lost on the way."""
+    """A transient Hub failure: 408/429/5xx, a timeout or a connection lost on the way (unlike a download's
+    :func:`hubsoup.hubclient.transient`, a timeout too: these calls are small and a pipeline runs unattended)."""
     status = error_status(e)
-    if status is not None:
-        return status in RETRY_STATUS
-    if is_timeout(e):
-        return True
-    seen, cur = set(), e
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if any(c.__name__ in ("NetworkError", "RemoteProtocolError", "ConnectError", "ReadError", "WriteError")
-               for c in type(cur).__mro__):
-            return True
-        cur = cur.__cause__ or cur.__context__
-    return False
+    return status in RETRY_STATUS if status is not None else is_timeout(e) or transient(e)
 
 
 def _retry_after(e: BaseException) -> float | None:
-    seen, cur = set(), e
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        resp = getattr(cur, "response", None)
-        if resp is not None:
-            try:
-                value = resp.headers.get("Retry-After")
-                return float(value) if value is not None else None
-            except (TypeError, ValueError, AttributeError):
-                return None
-        cur = cur.__cause__ or cur.__context__
-    return None
+    resp = error_response(e)
+    if resp is None:
+        return None
+    try:
+        value = resp.headers.get("Retry-After")
+        return float(value) if value is not None else None
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 def with_retry(fn: Callable[[], T], what: str, policy: RetryConfig, *, sleep: Callable[[float], None] = time.sleep) -> T:

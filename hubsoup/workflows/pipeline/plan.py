@@ -13,13 +13,12 @@ from hubsoup import __version__
 from hubsoup.api import parse_method
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.formats.stages import is_multi_stage, read_stages
-from hubsoup.hubclient import check_repo_id
+from hubsoup.hubclient import check_repo_id, parse_spec
 from hubsoup.options import MergeOptions
 from hubsoup.public import map_models
 from hubsoup.recipe import recipe_for
 from hubsoup.sources import InputRef, open_input
 from hubsoup.sources.compat import check_config
-from hubsoup.sources.resolve import parse_spec
 from hubsoup.untrusted import load_yaml
 from hubsoup.workflows.pipeline import hubio
 from hubsoup.workflows.pipeline.config import MergeSpec

@@ -50,9 +50,8 @@ import os
 import sys
 from typing import Any, Callable, TextIO
 
-from huggingface_hub import HfApi
 
-from hubsoup.hubclient import Token, ensure_timeouts
+from hubsoup.hubclient import Token, hub_api
 from hubsoup.output.folder import OutputLock
 from hubsoup.sources.access import scope
 from hubsoup.workflows.executors import check_executor
@@ -114,8 +113,7 @@ def _run_pipeline(source, dry_run, token, work_dir, stream, on_event, executor=N
     out = stream or sys.stdout
     emit = on_event or (lambda kind, m: None)
     work = os.path.abspath(os.path.join(p.root, work_dir or p.work_dir))
-    ensure_timeouts()
-    api = HfApi(token=token)
+    api = hub_api(token)
     run = Run(p, api, token, work, out, emit)
     run.executor, run.resources = executor, resources
     run.check_data()

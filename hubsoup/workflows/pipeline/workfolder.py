@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any
 
 from hubsoup.workflows.pipeline.context import Run
 from hubsoup.workflows.pipeline.report import PlannedMerge
@@ -83,11 +82,3 @@ def remove(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-def read_json(path: str) -> Any:
-    """A JSON file's content (None when there is no such file)."""
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
