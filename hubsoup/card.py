@@ -21,7 +21,7 @@ from hubsoup.arch import auto_class
 from hubsoup.errors import ParameterError
 from hubsoup.eval import to_eval_results
 from hubsoup.methods import get_method
-from hubsoup.methods import describe
+from hubsoup.methods import describe, measured_harms
 from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref, public_value
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -266,6 +266,9 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         base_on_hub=bool(upstream),
         load=load,
         heads=heads,
+        # what the quality benchmarks saw this method at its defaults do to single tasks with inputs of this kind
+        # and number (issue 46: every harm is disclosed)
+        measured_harms=measured_harms(result.method, result.params, [r.kind for r in result.inputs]),
     )
     return card
 
