@@ -382,3 +382,27 @@ def test_backfilled_defaults_minus_tuned_intervals_are_what_guard_options_comput
     assert _failing(res["guard"]) == {("x-2", "TIES"), ("x-2", "SFTM")}  # TIES on a; SFTM: no tuned run to tell
     assert [f for f in res["guard"] if "TIES" in f and " on b " in f] == []  # b's harm is the method's: disclosed
     assert {(h["row"], h["task"]) for h in P.harms(res)} == {("TIES", "a"), ("TIES", "b"), ("SFTM", "a")}
+
+
+def test_lm_validation_sweep_scores_each_domain_and_picks_the_best_harmless_point():
+    """benchmarks/quality_lm/val_sweep.py (issue 46: a default must hold on both benchmarks' validation): per
+    domain the change of −log perplexity against the base, the share of the fine-tunes' gain, and the best point
+    among those that make no domain worse than the base."""
+    from benchmarks.quality_lm import val_sweep
+
+    def ev(nll_a, nll_b, n=40):  # per-sequence summed NLL over 100 tokens, with a little spread
+        return {"a": {"nll": [nll_a + (i % 5) for i in range(n)], "counts": [100] * n},
+                "b": {"nll": [nll_b + (i % 5) for i in range(n)], "counts": [100] * n}}
+
+    out = {"references": {"base": ev(300, 300), "lora fine-tunes": ev(200, 200)},
+           "settings": {"lora": {"SFTM": {"key": "gamma", "points": {
+               "0.3": ev(250, 290),   # gains on both
+               "0.4": ev(200, 320),   # gains more in all, but b worse than the base
+               "0.8": ev(320, 330)}}}}}
+    table = val_sweep.analyse(out)
+    pts = table["lora"]["SFTM"]
+    assert pts["0.3"]["gain"]["value"] == pytest.approx((0.5 + 0.1) / 2)
+    assert pts["0.4"]["gain"]["value"] > pts["0.3"]["gain"]["value"] and pts["0.4"]["harms"] == ["b"]
+    assert pts["0.8"]["harms"] == ["a", "b"]
+    text = val_sweep.render(out, table)
+    assert "| SFTM | 0.3 (0.4) |" in text and "| SFTM | gamma=0.4 |" in text
