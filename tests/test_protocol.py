@@ -196,7 +196,7 @@ def _failing(failures: list[str]) -> set:
 @pytest.mark.parametrize("path", RESULTS, ids=os.path.basename)
 def test_committed_results_pass_the_guard_at_todays_defaults(path):
     """The guard over the measured results (issue 46's reading, from the defaults − tuned intervals the results
-    store): every method at its defaults passes in every setting, with no known failures, and the defaults
+    store): every method at its defaults passes in every setting, with no exemption, and the defaults
     measured are today's (changing one without re-running the benchmark fails)."""
     assert os.path.isfile(path), f"{path} is missing: run its benchmark (benchmarks/README.md)"
     with open(path, encoding="utf-8") as f:
