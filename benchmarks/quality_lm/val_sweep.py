@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kinds", default="lora,full")
     ap.add_argument("--rows", default="SFTM")
+    ap.add_argument("--values", help="comma-separated grid values, instead of each row's own grid (GRIDS)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "val_sweep_lm"))
     args = ap.parse_args(argv)
     tmp_home = tempfile.mkdtemp(prefix="val_sweep_lm_hf_")
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
                 row = setting.setdefault(label, {"key": key, "points": {}})
                 # the points of one row share their statistics (SFTM: one superposition per matrix, γ scales last)
                 with shared_statistics(scratch=os.path.join(scratch, "shared")):
-                    for v in grids[kind]:
+                    for v in ([float(x) for x in args.values.split(",")] if args.values else grids[kind]):
                         if str(v) in row["points"]:
                             continue
                         t0 = time.perf_counter()
