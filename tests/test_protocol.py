@@ -406,3 +406,21 @@ def test_lm_validation_sweep_scores_each_domain_and_picks_the_best_harmless_poin
     assert pts["0.8"]["harms"] == ["a", "b"]
     text = val_sweep.render(out, table)
     assert "| SFTM | 0.3 (0.4) |" in text and "| SFTM | gamma=0.4 |" in text
+
+
+def test_every_measured_harm_is_in_the_readmes_method_table():
+    """Issue 46: each task a method at its defaults made worse than the base (hubsoup/methods/measured.json) is
+    named in the README's method table, on its method's row, with the setting's number and kind of inputs and the
+    size."""
+    from hubsoup.methods import measured
+
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        rows = {line.split("`")[1]: line for line in f if line.startswith("| `")}
+    kinds = {"lora": "LoRA adapters", "full": "full fine-tunes"}
+    harms = [(method, e, h) for method, by_row in measured().items() for entries in by_row.values()
+             for e in entries for h in e.get("harms", [])]
+    for method, e, h in harms:
+        row = rows[method]
+        assert "**Harm at its defaults**" in row and f"{e['n_inputs']} {kinds[e['kind']]}:" in row, (method, e)
+        number, unit = h["size"].split(" ", 1)
+        assert f"{h['task']} −{number}" in row and unit.split()[0] in row, (method, h)
