@@ -37,7 +37,7 @@ RESULTS = os.path.join(REPO, "benchmarks", "results")
 
 # finer than the LM search's thinned grids, around the defaults in question
 GRIDS = {
-    "SFTM": ("sftm", {}, "gamma", {"lora": [0.2, 0.3, 0.4, 0.5, 0.6, 0.8], "full": [0.4, 0.6, 0.8, 1.0, 1.2]}),
+    "SFTM": ("sftm", {}, "gamma", {"lora": [0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6], "full": [0.4, 0.6, 0.8, 1.0, 1.2]}),
 }
 
 
