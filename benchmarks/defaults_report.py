@@ -144,7 +144,8 @@ DECIDED: list[tuple[str, str, str]] = [
     # (default, value, which benchmark decided it and how): issue 46 asks each default to hold beyond the
     # benchmark that chose it, so each names the benchmarks whose validation results it was read from
     ("task arithmetic `scale` (λ)", "1/N", "both: the validation curves of the encoder's full fine-tunes and of "
-     "the LM's LoRA and full ones (`ta_scale_rule.md`), then both benchmarks' guards on test"),
+     "the LM's LoRA and full ones (`ta_scale_rule.md`), then both benchmarks' guards on test; 1/√N, best on those "
+     "curves, lost on test at 8 encoder LoRA adapters (−0.13 of the gain against 0.10; `issue46/ta_rule_check.md`)"),
     ("TIES `scale` (λ), convention=paper", "0.7", "both: chosen on validation in the encoder's lora-8, lora-4 and "
      "full-4 and the LM's LoRA setting; harm-free on the encoder's per-task validation (`val_sweep.md`)"),
     ("DARE `scale` for then=sum", "task arithmetic's λ", "follows task arithmetic (both)"),
