@@ -23,7 +23,7 @@ from hubsoup.errors import ParameterError
 from hubsoup.eval import to_eval_results
 from hubsoup.eval.run import local_dataset_type
 from hubsoup.methods import get_method
-from hubsoup.methods import describe
+from hubsoup.methods import describe, measured_harms
 from hubsoup.public import looks_local, public_value
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.untrusted import read_json
@@ -267,6 +267,9 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         base_on_hub=bool(upstream),
         load=load,
         heads=heads,
+        # what the quality benchmarks saw this method at its defaults do to single tasks with inputs of this kind
+        # and number (issue 46: every harm is disclosed)
+        measured_harms=measured_harms(result.method, result.params, [r.kind for r in result.inputs]),
     )
     return card
 

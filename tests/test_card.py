@@ -186,3 +186,66 @@ def test_custom_template_from_python_and_cli(folders, local_result, tmp_path, ca
     assert not (tmp_path / "never").exists()
     with pytest.raises(ParameterError, match="not found"):
         render(local_result, template=str(tmp_path / "nope.md"))
+
+
+def _harm_data(rows: dict, methods: dict) -> dict:
+    return {"about": "test", "rows": rows, "methods": methods}
+
+
+def _with_inputs(result, kind: str, n: int, method: str | None = None, **params):
+    """``result`` as if it had merged ``n`` inputs of ``kind`` (with ``method`` and structural ``params``)."""
+    ref = _as_hub(result).inputs[0]
+    inputs = [dataclasses.replace(ref, spec=f"alice/ft-{i}", repo_id=f"alice/ft-{i}", kind=kind) for i in range(n)]
+    return dataclasses.replace(_as_hub(result), inputs=inputs, method=method or result.method,
+                               params={**result.params, **params})
+
+
+def test_card_discloses_a_harm_measured_at_the_merges_method_kind_and_count(local_result, monkeypatch):
+    """Issue 46: a merge whose method (a modifier's base method included) and inputs' kind and number match a
+    setting where hubsoup's benchmark saw the defaults lower a task carries one sentence under the eval results;
+    any other merge does not."""
+    import hubsoup.methods as M
+
+    harm = {"task": "pydoc_sys", "size": "3.5 points", "range": "0.8 to 6.1 points", "tuned_too": True}
+    entry = {"setting": "encoder lora-8", "model": "MiniLM-L6 encoder, text classification", "kind": "lora",
+             "n_inputs": 8, "defaults": 0.12, "interval": [0.0, 0.2], "harms": [harm]}
+    data = _harm_data({"TIES": {"method": "ties", "params": {}},
+                       "LiNeS + TIES": {"method": "lines", "params": {"base_method": "ties"}}},
+                      {"ties": {"TIES": [entry, {**entry, "setting": "encoder lora-4", "n_inputs": 4,
+                                                 "harms": []}]},
+                       "lines": {"LiNeS + TIES": [{**entry, "harms": [{**harm, "task": "deb_dev"}]}]}})
+    monkeypatch.setattr(M, "_measured_file", lambda: data)
+    sentence = ("In hubsoup's quality benchmark (MiniLM-L6 encoder, text classification), this method at its "
+                "defaults lowered one task of 8 below the base model at 8 LoRA adapters: pydoc_sys by 3.5 points "
+                "(95 % interval 0.8 to 6.1 points); tuned on validation, it did no better there.")
+    text = render(_with_inputs(local_result, "lora", 8), repo_id="soup-org/soup").text
+    assert sentence in text
+    assert text.index("## Evaluation") < text.index(sentence) < text.index("## How to use")  # under the eval results
+    for other in (_with_inputs(local_result, "full", 8), _with_inputs(local_result, "lora", 4),
+                  _with_inputs(local_result, "lora", 7), local_result):  # exact count and kind only
+        assert "In hubsoup's quality benchmark" not in render(other, repo_id="soup-org/soup").text
+    mixed = _with_inputs(local_result, "lora", 8)
+    mixed = dataclasses.replace(mixed, inputs=[*mixed.inputs[:7], dataclasses.replace(mixed.inputs[7], kind="full")])
+    assert "In hubsoup's quality benchmark" not in render(mixed, repo_id="soup-org/soup").text
+    # a modifier matches the row of its base method, not the base method's own row
+    assert M.measured_harms("lines", {"base_method": "ties"}, ["lora"] * 8)[0]["harms"][0]["task"] == "deb_dev"
+    assert M.measured_harms("lines", {"base_method": "task_arithmetic"}, ["lora"] * 8) == []
+    two = {**entry, "harms": [harm, {**harm, "task": "deb_sys", "size": "2.6 points", "tuned_too": False}]}
+    monkeypatch.setattr(M, "_measured_file", lambda: _harm_data({"TIES": {"method": "ties", "params": {}}},
+                                                                 {"ties": {"TIES": [two]}}))
+    text = render(_with_inputs(local_result, "lora", 8), repo_id="soup-org/soup").text
+    assert "lowered two tasks of 8 below the base model at 8 LoRA adapters: pydoc_sys by 3.5 points" in text
+    assert "deb_sys by 2.6 points (95 % interval 0.8 to 6.1 points). Check" in text  # tuning avoided one: not said
+
+
+def test_cards_disclose_every_harm_the_shipped_measurements_hold(local_result):
+    """The shipped hubsoup/methods/measured.json: a TIES merge of inputs like each harmed TIES setting names each
+    harmed task in its card (the data behind the sentence is what the benchmarks measured)."""
+    from hubsoup.methods import measured
+
+    for e in measured()["ties"]["TIES"]:
+        if not e.get("harms"):
+            continue
+        text = render(_with_inputs(local_result, e["kind"], e["n_inputs"]), repo_id="soup-org/soup").text
+        for h in e["harms"]:
+            assert f"{h['task']} by {h['size']} (95 % interval {h['range']})" in text

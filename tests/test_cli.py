@@ -46,6 +46,17 @@ def test_methods_lists_every_method_with_defaults(capsys):
     for name in available():
         assert f"{name}:" in out
     assert "--param density=0.2" in out and "arxiv.org/abs/2306.01708" in out
+    # issue 46: every task the benchmarks saw a method at its defaults make worse than the base is a caveat naming
+    # the setting (kind and number of inputs), the task and the size
+    from hubsoup.methods import measured
+
+    kinds = {"lora": "LoRA adapters", "full": "full fine-tunes"}
+    harms = [(row, e, h) for rows in measured().values() for row, entries in rows.items() for e in entries
+             for h in e.get("harms", [])]
+    for row, e, h in harms:
+        assert (f"caveat, {row} at {e['n_inputs']} {kinds[e['kind']]} ({e['setting']}): {h['task']} {h['size']} "
+                f"worse than the base model (95 % interval {h['range']})") in out
+    assert out.count("worse than the base model (95 % interval") == len(harms)
     # issue 48, item 8: an open range is no range; a help text says nothing a given value would contradict
     assert "None]" not in out and "[None" not in out
     assert "(float ≥ 0.0)" in out  # consensus' lambdas: bounded below only

@@ -66,9 +66,11 @@ def test_claim_verdicts():
     assert P.claim("in_loss", bad, good, base, fts, ["a", "b"], ["c"], b=200)["verdict"] == "does not hold"
 
 
-def _results(gain, worst_hi, defaults=None, tuned=None, benchmark="toy", width=0.1):
+def _results(gain, worst_hi, defaults=None, tuned=None, benchmark="toy", width=0.1, vs_tuned_hi=0.0):
     summary = {"gain": {"value": gain, "lo": gain - width, "hi": gain + width},
                "worst_task_vs_base": {"a": {"value": worst_hi - 0.01, "lo": worst_hi - 0.02, "hi": worst_hi}}}
+    if tuned is not None and vs_tuned_hi is not None:  # defaults − tuned on task a (the guard's (b))
+        summary["vs_tuned"] = {"a": {"value": vs_tuned_hi - 0.01, "lo": vs_tuned_hi - 0.02, "hi": vs_tuned_hi}}
     row = {"defaults": {"summary": summary}}
     if tuned is not None:
         row["tuned"] = {"summary": {"gain": {"value": tuned, "lo": tuned - 0.1, "hi": tuned + 0.1},
@@ -84,8 +86,18 @@ def test_guard_fails_on_a_weak_or_harmful_default():
     low = P.guard(_results(0.4, 0.01, tuned=0.9, width=0.05))  # 0.45 < 0.8 × 0.9 = 0.72
     assert len(low) == 1 and "toy / lora / TIES" in low[0] and "0.40" in low[0] and "0.72" in low[0]
     assert P.guard(_results(0.4, 0.01, tuned=0.9, width=0.4)) == []  # its interval reaches 0.72: not told apart
-    harm = P.guard(_results(0.7, -0.001, tuned=0.7))  # worse than the base on task a, the whole interval below 0
-    assert len(harm) == 1 and "worse than the base on a" in harm[0]
+    # (b), issue 46: worse than the base on task a (the whole interval below 0) fails only where the tuned method
+    # is better there (defaults − tuned below 0), or where no tuned run can tell
+    harm = P.guard(_results(0.7, -0.001, tuned=0.7, vs_tuned_hi=-0.001))
+    assert len(harm) == 1 and "worse than the base on a" in harm[0] and "and worse than tuned there" in harm[0]
+    assert P.guard(_results(0.7, -0.001, tuned=0.7, vs_tuned_hi=0.0)) == []  # tuned harms a as much: disclosed only
+    assert P.guard(_results(0.7, 0.001, tuned=0.7, vs_tuned_hi=-0.01)) == []  # worse than tuned, not than the base
+    untold = P.guard(_results(0.7, -0.001))
+    assert len(untold) == 1 and "no tuned run" in untold[0]
+    unstored = P.guard(_results(0.7, -0.001, tuned=0.7, vs_tuned_hi=None))
+    assert len(unstored) == 1 and "not stored" in unstored[0] and "benchmarks.vs_tuned" in unstored[0]
+    assert [h["task"] for h in P.harms(_results(0.7, -0.001, tuned=0.7))] == ["a"]  # every harm is disclosed
+    assert P.harms(_results(0.7, 0.001, tuned=0.7)) == []
     lm = P.guard(_results(0.45, 0.01, tuned=0.5, benchmark="decoder-lm"))  # passes (a), not (c)
     assert len(lm) == 1 and "< 0.5 on the LM" in lm[0]
 
@@ -159,29 +171,22 @@ def test_measured_findings_ship_with_the_package_and_leave_out_stale_rows():
     with open(defaults_report.MEASURED, encoding="utf-8") as f:
         assert f.read() == defaults_report.measured_text(defaults_report.load()), \
             "hubsoup/methods/measured.json is out of date: run python -m benchmarks.defaults_report"
-    harm = _results(0.7, -0.001, tuned=0.7)
-    got = defaults_report.measured({"toy": harm})["methods"]["ties"]["TIES"]
-    assert got == [{"setting": "toy lora", "defaults": 0.7,
-                    "interval": [0.6, 0.8], "tuned": 0.7, "tuned_values": "",
-                    "guard": [P.guard(harm)[0].split(" at its defaults: ")[1]]}]
+    harm = _results(0.7, -0.001, tuned=0.7, vs_tuned_hi=-0.001)  # a harm the tuned method avoids: the guard fails
+    harm["settings"]["lora"].update(kind="lora", n_tasks=8)
+    got = defaults_report.measured({"toy": harm})
+    assert got["methods"]["ties"]["TIES"] == [{
+        "setting": "toy lora", "model": "toy", "kind": "lora", "n_inputs": 8, "defaults": 0.7,
+        "interval": [0.6, 0.8], "tuned": 0.7, "tuned_values": "",
+        "harms": [{"task": "a", "size": "1.1 points", "range": "0.1 to 2.1 points",
+                   "change": [-0.011, -0.021, -0.001], "tuned_too": False}],
+        "guard": [P.guard(harm)[0].split(" at its defaults: ")[1]]}]
+    assert got["rows"] == {"TIES": {"method": "ties", "params": {}}}  # what a card matches a merge against
+    shared = _results(0.7, -0.001, tuned=0.7)  # the tuned method harms task a as much: disclosed, the guard passes
+    entry = defaults_report.measured({"toy": shared})["methods"]["ties"]["TIES"][0]
+    assert "guard" not in entry and entry["harms"][0]["tuned_too"] is True
     old = json.loads(json.dumps(harm))
     old["defaults"]["TIES"]["density"] = 0.5
     assert defaults_report.measured({"toy": old})["methods"] == {}
-
-
-# What the guard finds in the committed results today (test data v5): the open part of issue 35. Its (b) flags
-# TIES, SFTM and OPCM with 8 LoRA adapters, OPCM with 4 and LOT at 8 full fine-tunes: worse than the base on one
-# or two tasks by 2.6-5.9 points. On validation, scored task by task (benchmarks/results/val_sweep.md), every
-# value of these methods at lora-8 costs deb_dev 2.5-8 points: no default on the grids avoids it (hubsoup methods
-# shows it as a caveat); which reading of (b) applies awaits the filer (benchmarks/results/guard_options.md). A
-# change that fixes one, or a regression that adds one, changes this set and fails here.
-KNOWN_FAILURES: dict[str, set] = {"quality_lm.json": set(), "quality.json": {
-    ('lora-8', 'TIES'),
-    ('lora-8', 'SFTM'),
-    ('lora-8', 'OPCM'),
-    ('lora-4', 'OPCM'),
-    ('full-8', 'LOT'),
-}}
 
 
 def _failing(failures: list[str]) -> set:
@@ -190,14 +195,19 @@ def _failing(failures: list[str]) -> set:
 
 @pytest.mark.parametrize("path", RESULTS, ids=os.path.basename)
 def test_committed_results_pass_the_guard_at_todays_defaults(path):
-    """The guard over the measured results: every method at its defaults recovers ≥ half of the
-    fine-tunes' gain and is not worse than the base on any in-domain task, except the known failures
-    above, and the defaults measured are today's (changing one without re-running the benchmark fails)."""
+    """The guard over the measured results (issue 46's reading, from the defaults − tuned intervals the results
+    store): every method at its defaults passes in every setting, with no exemption, and the defaults
+    measured are today's (changing one without re-running the benchmark fails)."""
     assert os.path.isfile(path), f"{path} is missing: run its benchmark (benchmarks/README.md)"
     with open(path, encoding="utf-8") as f:
         res = json.load(f)
     assert P.stale_defaults(res) == []
-    assert _failing(P.guard(res)) == KNOWN_FAILURES[os.path.basename(path)]
+    assert P.guard(res) == [], _failing(P.guard(res))
+    # (b) read what it needs: every defaults run with a tuned run beside it holds its defaults − tuned intervals
+    for s in res["settings"].values():
+        for label, v in s["rows"].items():
+            if "tests" in (v.get("defaults") or {}) and "tests" in (v.get("tuned") or {}):
+                assert set(v["defaults"]["summary"]["vs_tuned"]) == set(s["in_domain"]), label
     rows = {label for s in res["settings"].values() for label, v in s["rows"].items() if v.get("defaults")}
     assert rows, "no method's defaults were measured"
 
@@ -340,3 +350,102 @@ def test_guard_options_tell_a_large_harm_from_a_small_one_and_from_the_methods_o
     assert recs["b"]["family"]["lo"] < recs["b"]["change"]["lo"]  # the family interval is the wider one
     text = "\n".join(G.render("x", list(recs.values())))
     assert "Failing checks per rule: 95 %: 2, 2 pts: 1, family: 2, vs tuned: 1" in text
+
+
+def test_backfilled_defaults_minus_tuned_intervals_are_what_guard_options_computes():
+    """benchmarks/vs_tuned.py stores, from the per-example outcomes, the defaults − tuned interval the guard's (b)
+    reads: the same numbers as guard_options' "vs tuned" reading, the same verdicts; a defaults run without a
+    tuned run gets none."""
+    from benchmarks import guard_options as G
+    from benchmarks import vs_tuned
+
+    n = 400
+    ev = lambda wrong: {"correct": "0" * wrong + "1" * (n - wrong)}  # noqa: E731
+    res = {"benchmark": "encoder", "meta": {"references": {"base": {"a": ev(0), "b": ev(0)}}},
+           "settings": {"x-2": {"in_domain": ["a", "b"], "rows": {
+               # a: the defaults lose 10 points, tuned 1 (tuning avoids most of it); b: both lose 5 (the method's)
+               "TIES": {"defaults": {"tests": {"a": ev(40), "b": ev(20)}}, "tuned": {"tests": {"a": ev(4), "b": ev(20)}}},
+               "SFTM": {"defaults": {"tests": {"a": ev(40), "b": ev(0)}}}}}}}
+    scores = vs_tuned.scorer(res)
+    base = scores(res["meta"]["references"]["base"])
+    for row in res["settings"]["x-2"]["rows"].values():
+        for run in row.values():
+            run["summary"] = P.summarize(scores(run["tests"]), base, {"a": {"a": base["a"]}, "b": {"b": base["b"]}},
+                                         ["a", "b"], [])
+    vs_tuned.backfill(res)
+    rows = res["settings"]["x-2"]["rows"]
+    assert "vs_tuned" not in rows["SFTM"]["defaults"]["summary"]
+    stored = rows["TIES"]["defaults"]["summary"]["vs_tuned"]
+    recs = {(r["row"], r["task"]): r for r in G.decide(res)}
+    assert stored["a"] == recs[("TIES", "a")]["vs_tuned"] and stored["b"] == recs[("TIES", "b")]["vs_tuned"]
+    assert stored["a"]["value"] == pytest.approx(-0.09) and stored["a"]["hi"] < 0 and stored["b"]["value"] == 0
+    assert _failing(res["guard"]) == {("x-2", "TIES"), ("x-2", "SFTM")}  # TIES on a; SFTM: no tuned run to tell
+    assert [f for f in res["guard"] if "TIES" in f and " on b " in f] == []  # b's harm is the method's: disclosed
+    assert {(h["row"], h["task"]) for h in P.harms(res)} == {("TIES", "a"), ("TIES", "b"), ("SFTM", "a")}
+
+
+def test_lm_validation_sweep_scores_each_domain_and_picks_the_best_harmless_point():
+    """benchmarks/quality_lm/val_sweep.py (issue 46: a default must hold on both benchmarks' validation): per
+    domain the change of −log perplexity against the base, the share of the fine-tunes' gain, and the best point
+    among those that make no domain worse than the base."""
+    from benchmarks.quality_lm import val_sweep
+
+    def ev(nll_a, nll_b, n=40):  # per-sequence summed NLL over 100 tokens, with a little spread
+        return {"a": {"nll": [nll_a + (i % 5) for i in range(n)], "counts": [100] * n},
+                "b": {"nll": [nll_b + (i % 5) for i in range(n)], "counts": [100] * n}}
+
+    out = {"references": {"base": ev(300, 300), "lora fine-tunes": ev(200, 200)},
+           "settings": {"lora": {"SFTM": {"key": "gamma", "points": {
+               "0.3": ev(250, 290),   # gains on both
+               "0.4": ev(200, 320),   # gains more in all, but b worse than the base
+               "0.8": ev(320, 330)}}}}}
+    table = val_sweep.analyse(out)
+    pts = table["lora"]["SFTM"]
+    assert pts["0.3"]["gain"]["value"] == pytest.approx((0.5 + 0.1) / 2)
+    assert pts["0.4"]["gain"]["value"] > pts["0.3"]["gain"]["value"] and pts["0.4"]["harms"] == ["b"]
+    assert pts["0.8"]["harms"] == ["a", "b"]
+    text = val_sweep.render(out, table)
+    assert "| SFTM | 0.3 (0.4) |" in text and "| SFTM | gamma=0.4 |" in text
+
+
+def test_every_measured_harm_is_in_the_readmes_method_table():
+    """Issue 46: each task a method at its defaults made worse than the base (hubsoup/methods/measured.json) is
+    named in the README's method table, on its method's row, with the setting's number and kind of inputs and the
+    size."""
+    from hubsoup.methods import measured
+
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        rows = {line.split("`")[1]: line for line in f if line.startswith("| `")}
+    kinds = {"lora": "LoRA adapters", "full": "full fine-tunes"}
+    harms = [(method, e, h) for method, by_row in measured().items() for entries in by_row.values()
+             for e in entries for h in e.get("harms", [])]
+    for method, e, h in harms:
+        row = rows[method]
+        assert "**Harm at its defaults**" in row and f"{e['n_inputs']} {kinds[e['kind']]}:" in row, (method, e)
+        number, unit = h["size"].split(" ", 1)
+        assert f"{h['task']} −{number}" in row and unit.split()[0] in row, (method, h)
+
+
+def test_task_arithmetic_rule_decision_holds_on_the_committed_results():
+    """Issue 46: λ = 1/√N lands only with an equal or higher minimum share of the gain than today's 1/N and the
+    guard passing. The committed partial re-run at 1/√N (encoder LoRA settings) already has a lower minimum than
+    1/N's over every setting of both benchmarks (a setting it did not reach can only lower it), so the default
+    stays 1/N; this fails if the committed results or the default stop saying so."""
+    from benchmarks import ta_rule_check
+    from hubsoup.methods.task_arithmetic import default_scale
+
+    def load(p):
+        with open(os.path.join(REPO, "benchmarks", "results", p), encoding="utf-8") as f:
+            return json.load(f)
+
+    sqrt_run = load("issue46/quality_ta_sqrt.json")
+    sqrt_run["settings"] = {k: v for k, v in sqrt_run["settings"].items() if k in ("lora-8", "lora-4")}
+    lam = sqrt_run["settings"]["lora-8"]["rows"]["task arithmetic"]["defaults"]["effective"]["λ at N=8"]
+    assert lam == pytest.approx(8 ** -0.5)  # the run is the rule's
+    table = ta_rule_check.compare({"1/√N": [sqrt_run], "1/N": [load("quality.json"), load("quality_lm.json")]})
+    assert table["1/√N"]["min_share"] < table["1/N"]["min_share"]
+    assert table["1/N"]["min_share"] > 0 and not any(rec["fails"] for rows in table["1/N"]["settings"].values()
+                                                     for rec in rows.values())
+    assert default_scale(8) == pytest.approx(1 / 8) and default_scale(4) == pytest.approx(1 / 4)
+    text = ta_rule_check.render(table, {"1/√N": ["a.json"], "1/N": ["b.json"]})
+    assert "| 1/√N | -0.13 |" in text and "| 1/N | 0.10 |" in text

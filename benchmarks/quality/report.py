@@ -170,8 +170,6 @@ def render(results: dict) -> str:
         lines += ["", "<details><summary>Test accuracy per task (%)</summary>", ""]
         lines += _per_task(s, meta["references"])
         lines += ["", "</details>"]
-    lines += ["", "## Guard (issue 16)", "",
-              "Fails when a method at its defaults recovers less than half of the fine-tunes' gain on average, or is "
-              "worse than the base on an in-domain task beyond the noise (paired 95% interval below 0).", ""]
+    lines += ["", "## Guard (issues 35 and 46)", "", f"Per setting: {protocol.GUARD_READING}.", ""]
     lines += [f"- FAIL: {f}" for f in results["guard"]] or ["- passes: every method at its defaults, in every setting"]
     return "\n".join(lines) + "\n"

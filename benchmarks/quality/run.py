@@ -598,6 +598,8 @@ def main(argv=None) -> int:
                             run["summary"] = protocol.summarize(
                                 to_scores(run["tests"]), ctx["base_scores"], ctx["ft_scores"][setting["kind"]],
                                 setting["in_domain"], ctx["controls"])
+                # the guard's (b): each defaults run against its row's tuned run, task by task
+                protocol.add_versus_tuned(setting, to_scores, ctx["base_scores"])
                 setting["claims"] = claims_of(setting, ctx)
         timings["claims"] = time.perf_counter() - t_phase
     finally:

@@ -109,6 +109,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--settings", default="lora-8,lora-4,full-8,full-4")
     ap.add_argument("--rows", default="TIES,SFTM,OPCM")
+    ap.add_argument("--values", help="comma-separated grid values, instead of each row's own grid (GRIDS)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "val_sweep"))
     args = ap.parse_args(argv)
     tmp_home = tempfile.mkdtemp(prefix="val_sweep_hf_")
@@ -164,6 +165,8 @@ def main(argv=None) -> int:
             setting = out["settings"].setdefault(name, {})
             for label in [r.strip() for r in args.rows.split(",") if r.strip()]:
                 method, fixed, key, grid = GRIDS[label]
+                if args.values:
+                    grid = [float(v) for v in args.values.split(",")]
                 row = setting.setdefault(label, {"key": key, "points": {}})
                 for v in grid:
                     if str(v) in row["points"]:

@@ -352,8 +352,7 @@ def render(results: dict) -> str:
             L.append(f"- **{c['claim']}**: {c['verdict']} — {what} {c['value']:+.3f} "
                      f"[{c['lo']:+.3f}, {c['hi']:+.3f}] ({c['row']} {c['variants'][0]} vs {c['ref']} {c['variants'][1]}).")
         L.append("")
-    L += ["## Guard (issue 16: every method at its defaults recovers ≥ 0.5 of the gain and is not worse than the "
-          "base on any in-domain domain beyond the noise)", ""]
+    L += ["## Guard (issues 35 and 46)", "", f"Per setting: {protocol.GUARD_READING}.", ""]
     L += [f"- FAIL: {f}" for f in results["guard"]] or ["- passes: every method at its defaults."]
     L += ["", "Commands: every merge's command line is in `quality_lm.json` (`settings.KIND.rows.LABEL.VARIANT.command`).",
           ""]
@@ -588,6 +587,8 @@ def main(argv=None) -> int:
                             run["summary"] = protocol.summarize(to_scores(run["tests"]), ctx["base_scores"],
                                                                 ctx["ft_scores"][setting["kind"]],
                                                                 setting["in_domain"], ctx["controls"])
+                # the guard's (b): each defaults run against its row's tuned run, domain by domain
+                protocol.add_versus_tuned(setting, to_scores, ctx["base_scores"])
                 setting["claims"] = claims_of(setting, ctx)
     finally:
         server.stop()

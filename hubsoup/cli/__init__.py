@@ -155,15 +155,19 @@ def cmd_methods(args) -> int:
 
 
 def measured_lines(found: dict[str, list[dict]]) -> list[str]:
-    """``hubsoup methods``' lines on what the quality benchmarks measured of a method at its defaults.
+    """``hubsoup methods``' lines on what the quality benchmarks measured of a method at its defaults: the share
+    of the fine-tunes' gain per setting, and a caveat for every task the defaults made worse than the base
+    (``harms``, issue 46) and every failure of the defaults guard (``guard``).
 
     Example:
         >>> print("\\n".join(measured_lines({"TIES": [
-        ...     {"setting": "encoder lora-8", "defaults": 0.05, "interval": [-0.16, 0.22], "tuned": 0.13,
-        ...      "tuned_values": "scale=0.7", "guard": ["worse than the base on deb_sys (-0.0280, 95% CI ...)"]}]})))
+        ...     {"setting": "encoder lora-8", "kind": "lora", "n_inputs": 8, "defaults": 0.05,
+        ...      "interval": [-0.16, 0.22], "tuned": 0.13, "tuned_values": "scale=0.7",
+        ...      "harms": [{"task": "pydoc_sys", "size": "3.5 points", "range": "0.8 to 6.1 points",
+        ...                 "tuned_too": True}]}]})))
         measured, share of the fine-tunes' gain at the defaults (tuned on validation), benchmarks/results/defaults.md:
           TIES: encoder lora-8 0.05 (0.13 at scale=0.7)
-          caveat, encoder lora-8: worse than the base on deb_sys (-0.0280, 95% CI ...): check per-task scores, tune with --search
+          caveat, TIES at 8 LoRA adapters (encoder lora-8): pydoc_sys 3.5 points worse than the base model (95 % interval 0.8 to 6.1 points), so does the method tuned: check per-task scores
     """
     if not found:
         return []
@@ -175,10 +179,18 @@ def measured_lines(found: dict[str, list[dict]]) -> list[str]:
         for e in entries:
             tuned = f" ({e['tuned']:.2f} at {e['tuned_values']})" if e.get("tuned") is not None else ""
             cells.append(f"{e['setting']} {e['defaults']:.2f}{tuned}")
+            inputs = f"{e.get('n_inputs')} {_KINDS.get(e.get('kind'), 'inputs')}"
+            for h in e.get("harms", []):
+                how = "so does the method tuned" if h.get("tuned_too") else "tuning avoids it"
+                caveats.append(f"caveat, {row} at {inputs} ({e['setting']}): {h['task']} {h['size']} worse than the "
+                               f"base model (95 % interval {h['range']}), {how}: check per-task scores")
             caveats += [f"caveat, {e['setting']}: {g}: check per-task scores, tune with --search"
                         for g in e.get("guard", [])]
         out.append(f"  {row}: " + "; ".join(cells))
     return out + [f"  {c}" for c in caveats]
+
+
+_KINDS = {"lora": "LoRA adapters", "full": "full fine-tunes"}
 
 
 def cmd_plan(args) -> int:

@@ -19,6 +19,7 @@ import importlib
 import importlib.resources
 import json
 import pkgutil
+from typing import Any, Sequence
 
 from hubsoup.methods._base import (
     InputInfo,
@@ -68,11 +69,14 @@ def _measured_file() -> dict:
 def measured() -> dict[str, dict[str, list[dict]]]:
     """The quality benchmarks' findings on each method's defaults, shipped with the package.
 
-    ``{method: {benchmark row: [{"setting", "defaults", "interval", "tuned", "tuned_values", "guard"}]}}``: per
-    setting (``"encoder full-8"``: 8 full fine-tunes of MiniLM-L6; ``"LM lora"``: 4 LoRA fine-tunes of
-    SmolLM2-135M), the share of the fine-tunes' gain recovered at the defaults with its 95 % interval, the
-    share and values tuned on validation, and where the defaults fail hubsoup's guard (``guard``: worse than
-    the base model on a task, or well below the tuned share). Written by ``python -m benchmarks.defaults_report``.
+    ``{method: {benchmark row: [{"setting", "model", "kind", "n_inputs", "defaults", "interval", "tuned",
+    "tuned_values", "harms", "guard"}]}}``: per setting (``"encoder full-8"``: 8 full fine-tunes of MiniLM-L6;
+    ``"LM lora"``: 4 LoRA fine-tunes of SmolLM2-135M; ``kind`` and ``n_inputs`` say which), the share of the
+    fine-tunes' gain recovered at the defaults with its 95 % interval, the share and values tuned on validation,
+    every task the defaults made worse than the base model beyond the noise (``harms``: ``task``, ``size``,
+    its 95 % ``range``, and ``tuned_too`` when the tuned method did no better there; disclosed whatever the guard
+    says) and where the defaults fail hubsoup's guard (``guard``: a harm tuning avoids, or well below the tuned
+    share). Written by ``python -m benchmarks.defaults_report``.
 
     Example:
         >>> from hubsoup.methods import measured
@@ -84,10 +88,46 @@ def measured() -> dict[str, dict[str, list[dict]]]:
     return json.loads(json.dumps(_measured_file()["methods"]))  # a copy: callers may change theirs
 
 
+def measured_harms(method: str, params: dict[str, Any], kinds: Sequence[str]) -> list[dict]:
+    """The tasks hubsoup's quality benchmarks saw a merge like this one make worse than the base model at the
+    method's defaults (issue 46: every harm is disclosed, in the card of a merge that matches a harmed setting).
+
+    A benchmark row matches when its method is ``method`` and its structural parameters (``base_method`` of a
+    modifier such as LiNeS or LwPTV, DARE's ``then``) are the merge's: LiNeS over TIES matches "LiNeS + TIES",
+    not "TIES". A setting matches when every input is of its kind (``kinds``: each input's ``"lora"`` or
+    ``"full"``; a mix matches none) and their number is exactly its number of inputs (no nearest setting: a
+    harm measured at 8 inputs says nothing measured about 6). The values of the other parameters are not
+    compared: what was measured is the defaults, and the card says so.
+
+    Returns one entry per matching (row, setting) with harms: ``{"row", "setting", "model", "kind",
+    "n_inputs", "harms": [{"task", "size", "range", "tuned_too"}]}``.
+
+    Example:
+        >>> from hubsoup.methods import measured_harms
+        >>> measured_harms("linear", {"normalize": True}, ["lora"] * 8)  # the uniform soup harmed no task
+        []
+    """
+    kind = kinds[0] if kinds and all(k == kinds[0] for k in kinds) else None
+    if kind is None:
+        return []
+    shipped = _measured_file()
+    out = []
+    for label, entries in shipped["methods"].get(method, {}).items():
+        row = shipped.get("rows", {}).get(label, {})
+        if any(str(params.get(k)) != str(v) for k, v in row.get("params", {}).items()):
+            continue
+        for e in entries:
+            if e.get("harms") and e.get("kind") == kind and e.get("n_inputs") == len(kinds):
+                out.append({"row": label, **{k: e.get(k) for k in ("setting", "model", "kind", "n_inputs")},
+                            "harms": json.loads(json.dumps(e["harms"]))})
+    return out
+
+
 for _mod in pkgutil.iter_modules(__path__):
     if not _mod.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_mod.name}")
 
 __all__ = ["InputInfo", "Method", "PrepareContext", "StatsPass", "TensorContext", "available", "get_method", "register",
            "method_distribution", "plugin_distributions", "check_plugins", "param", "parse_params", "to_dict", "describe",
-           "list_methods", "measured"]
+           "list_methods", "measured",
+           "measured_harms"]
