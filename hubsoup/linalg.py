@@ -136,6 +136,77 @@ def mm_chunked(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.cat([c.double() @ v for c in x.split(CHUNK, dim=0)], dim=0)
 
 
+# --- thin SVDs from the smaller Gram matrix's eigen-decomposition, in float64 ---------------------------------
+
+GRAM_CHUNK = 1024
+"""Columns of the long side converted to float64 at a time by :func:`small_gram` and :func:`other_side`."""
+
+
+def small_gram(X: torch.Tensor, chunk: int = GRAM_CHUNK) -> torch.Tensor:
+    """The lower triangle of X Xᵀ (X: p × q, p ≤ q) in float64, X converted ``chunk`` columns at a time, in 2×2
+    blocks: three of the four products (LAPACK's ``syevd`` reads one triangle). The upper triangle is 0.
+
+    Example:
+        >>> X = torch.randn(5, 9)
+        >>> K = small_gram(X)
+        >>> torch.allclose(K, torch.tril(X.double() @ X.double().T))
+        True
+    """
+    p = X.shape[0]
+    h = p // 2
+    K = torch.zeros(p, p, dtype=torch.float64, device=X.device)
+    for a in range(0, X.shape[1], chunk):
+        c = X[:, a:a + chunk].double()
+        if h:
+            K[:h, :h].addmm_(c[:h], c[:h].mT)
+            K[h:, :h].addmm_(c[h:], c[:h].mT)
+            K[h:, h:].addmm_(c[h:], c[h:].mT)
+        else:
+            K.addmm_(c, c.mT)
+    return K.tril_() if h else K
+
+
+def eigh_descending(K: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """σ = √λ (clamped at 0) and the eigenvectors of the symmetric ``K`` (lower triangle read), largest first."""
+    lam, W = torch.linalg.eigh(K, UPLO="L")
+    return lam.flip(0).clamp_(min=0).sqrt_(), W.flip(1)
+
+
+def other_side(X: torch.Tensor, W: torch.Tensor, s: torch.Tensor, dtype: torch.dtype,
+               chunk: int = GRAM_CHUNK) -> torch.Tensor:
+    """Xᵀ W Σ⁻¹ (q × k) in float64, returned in ``dtype``: the other side's singular vectors; columns with σ = 0
+    are 0."""
+    inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))
+    O = torch.empty(X.shape[1], W.shape[1], dtype=dtype, device=X.device)
+    for a in range(0, X.shape[1], chunk):
+        O[a:a + chunk] = (X[:, a:a + chunk].double().mT @ W).mul_(inv)
+    return O
+
+
+def thin_svd_gram(A: torch.Tensor, dtype: torch.dtype | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``U, s, V`` (A ≈ U diag(s) Vᵀ; U: m × p, V: n × p, p = min(m, n); s float64, descending) from the float64
+    eigen-decomposition of A's smaller Gram matrix, the vectors in ``dtype`` (default A's).
+
+    Half a float64 SVD's time on the CPU (``benchmarks/results/seed_methods_cpu.md``); squaring costs the σ's
+    below ~1e-8·σ_max their accuracy (their vectors are noise), so it serves callers that cut singular values at
+    a float32 tolerance (max(m, n)·eps of float32 ≫ 1e-8), where the kept triplets are a float64 SVD's to ~1e-12.
+
+    Example:
+        >>> A = torch.randn(7, 4, dtype=torch.float64)
+        >>> U, s, V = thin_svd_gram(A)
+        >>> torch.allclose((U * s) @ V.T, A), torch.allclose(s, torch.linalg.svdvals(A))
+        (True, True)
+    """
+    dtype = dtype or A.dtype
+    wide = A.shape[0] <= A.shape[1]
+    X = A if wide else A.mT
+    s, W = eigh_descending(small_gram(X))
+    O = other_side(X, W, s, dtype)
+    W = W.to(dtype)
+    return (W, s, O) if wide else (O, s, W)
+
+
 # --- independent linear algebra side by side -----------------------------------------------------
 
 @dataclass

@@ -42,7 +42,7 @@ from typing import Literal, Sequence
 import torch
 
 from hubsoup.arch import tensor_role
-from hubsoup.linalg import Job, cg_solve, run_jobs, single_thread
+from hubsoup.linalg import Job, cg_solve, eigh_descending, other_side, run_jobs, single_thread, small_gram
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._kernels import keep_topk_
 
@@ -143,9 +143,6 @@ FLOAT32_SVD_TOL = 5e-5
 3e-6 to 7e-6 on the CPU)."""
 
 
-GRAM_CHUNK = 1024
-"""Columns of the long side converted to float64 at a time by :class:`_EighTriplets` (bounds the float64 copies)."""
-
 F32_GRAM_KAPPA = 2.0
 """κ(G) up to which :func:`superpose_eigh` keeps the Gram matrix's blocks from float32 products (twice as fast as
 float64): each entry is then off by float32 rounding (~1e-7 relative), and β = G⁻¹σ by at most κ times that.
@@ -162,16 +159,17 @@ CG_MIN_RANK = 1024
 
 
 class _EighTriplets:
-    """One task matrix's kept singular triplets from the float64 eigen-decomposition of its smaller Gram matrix,
-    in three steps that :func:`superpose_eigh` runs as separate jobs: ``gram`` (X Xᵀ, X the matrix or its
-    transpose with the short side first, lower triangle only, in 2×2 blocks: three of four products), ``eigen``
-    (LAPACK's ``syevd``; σ = √λ, the rank cut of :func:`singular_features` on σ in the matrix's dtype) and
-    ``other`` (the other side's vectors, Xᵀ W Σ⁻¹, in float64).
+    """One task matrix's kept singular triplets from the float64 eigen-decomposition of its smaller Gram matrix
+    (:func:`hubsoup.linalg.thin_svd_gram`), in three steps that :func:`superpose_eigh` runs as separate jobs:
+    ``gram`` (X Xᵀ, X the matrix or its transpose with the short side first), ``eigen`` (LAPACK's ``syevd``;
+    σ = √λ, the rank cut of :func:`singular_features` on σ in the matrix's dtype) and ``other`` (the other side's
+    vectors, Xᵀ W Σ⁻¹, in float64).
 
     Accuracy: squaring costs σ's below ~1e-8·σ_max, far under the rank cut-off (max(m, n)·eps of float32: the
     triplets dropped and kept are a float64 SVD's), and the kept triplets are a float64 SVD's to ~1e-12
-    (``tests/test_sftm.py``). Cost on one core of the 1B benchmark's machine, 2048 × 5632: 3.2 s against 6.8 s
-    for the float64 SVD (of which ``syevd`` 1.8 s, each float64 product 0.6-0.8 s)."""
+    (``tests/test_sftm.py``). A float64 matrix (this package's exact tests) takes :func:`singular_features`: its
+    cut (max(m, n)·eps of float64) lies below what squaring resolves. Cost on one core of the 1B benchmark's
+    machine, 2048 × 5632: 3.2 s against 6.8 s for the float64 SVD (``syevd`` 1.8 s, each product 0.6-0.8 s)."""
 
     def __init__(self, A: torch.Tensor, rank_tol: float | None):
         self.A, self.rank_tol = A, rank_tol
@@ -180,41 +178,31 @@ class _EighTriplets:
         self.features: Features | None = None
 
     def gram(self) -> None:
-        X = self.X
-        p = X.shape[0]
-        h = p // 2
-        K = torch.zeros(p, p, dtype=torch.float64)
-        for a in range(0, X.shape[1], GRAM_CHUNK):
-            c = X[:, a:a + GRAM_CHUNK].double()
-            if h:  # the lower triangle's blocks: syevd reads no other
-                K[:h, :h].addmm_(c[:h], c[:h].mT)
-                K[h:, :h].addmm_(c[h:], c[:h].mT)
-                K[h:, h:].addmm_(c[h:], c[h:].mT)
-            else:
-                K.addmm_(c, c.mT)
-        self.K = K
+        if self.A.dtype != torch.float64:
+            self.K = small_gram(self.X)
 
     def eigen(self) -> None:
-        lam, W = torch.linalg.eigh(self.K, UPLO="L")  # ascending
-        del self.K
-        s64 = lam.flip(0).clamp_(min=0).sqrt_()
         dtype = self.A.dtype
+        if dtype == torch.float64:
+            self.features = singular_features(self.A, self.rank_tol)
+            return
+        s64, W = eigh_descending(self.K)
+        del self.K
         s = s64.to(dtype)
         if s.numel() == 0 or float(s[0]) == 0.0:
             keep = torch.zeros(s.numel(), dtype=torch.bool)
         else:  # as _drop_small: the cut on σ in the matrix's dtype
             tol = self.rank_tol if self.rank_tol is not None else max(self.A.shape) * torch.finfo(dtype).eps
             keep = s > tol * s[0]
-        self.W = W.flip(1)[:, keep]
+        self.W = W[:, keep]
         self.s64, self.s = s64[keep], s[keep]
 
     def other(self) -> None:
-        X, W, dtype = self.X, self.W, self.A.dtype
-        inv = 1.0 / self.s64
-        O = torch.empty(X.shape[1], W.shape[1], dtype=dtype)
-        for a in range(0, X.shape[1], GRAM_CHUNK):
-            O[a:a + GRAM_CHUNK] = (X[:, a:a + GRAM_CHUNK].double().mT @ W).mul_(inv)
-        Wd = W.to(dtype)
+        if self.features is not None:
+            return
+        dtype = self.A.dtype
+        O = other_side(self.X, self.W, self.s64, dtype)
+        Wd = self.W.to(dtype)
         U, V = (Wd, O) if self.wide else (O, Wd)
         self.features = Features(U, self.s, V)
         del self.W
