@@ -446,6 +446,10 @@ def test_cpu_eigh_path_in_float64_keeps_the_exact_properties():
         f = singular_features(A)
         assert float(((f.U.T @ M @ f.V).diagonal() - f.s).abs().max()) < 1e-10
     torch.testing.assert_close(M, sftm_matrices(mats), rtol=0, atol=1e-10)
+    low = torch.stack([rand(8, 2, seed=s) @ rand(2, 7, seed=s + 10) for s in range(3)])  # float64's rank cut
+    M, info = superpose_eigh(low.clone())
+    assert info["rank"] == 6
+    torch.testing.assert_close(M, sftm_matrices(low), rtol=0, atol=1e-10)
 
 
 def test_the_merge_takes_the_eigh_path_on_the_cpu_and_the_svd_path_when_asked(monkeypatch):

@@ -124,9 +124,12 @@ def sq_norm(x: torch.Tensor) -> float:
 
 
 def sequential_update(deltas: torch.Tensor, name: str, params: Any) -> torch.Tensor:
-    S = None
-    for tau in deltas:
-        S = opcm_update(S, tau, name, params)
+    """S_T of the stack ``deltas`` (only read): :func:`opcm_update` step by step, S added to in place (the same
+    bits as ``S + ...``, one copy of the tensor fewer at a time)."""
+    S = deltas[0].clone()
+    projected = _projected(name, S)
+    for tau in deltas[1:]:
+        S.add_(project(S, tau, params.alpha, params.zero_diagonal, params.rank_tol) if projected else tau)
     return S
 
 
@@ -156,10 +159,9 @@ class _NormPass(StatsPass):
         self.sq_S = 0.0
 
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
-        S = None
         for i, tau in enumerate(deltas):
             self.sq_tau[i] += sq_norm(tau)
-            S = opcm_update(S, tau, ctx.name, self.params)
+        S = sequential_update(deltas, ctx.name, self.params)
         self.sq_S += sq_norm(S)
         kept = ctx.stats.get("opcm.kept")
         if kept is not None and _projected(ctx.name, S):  # the rest costs a sum: recomputed in the merge
