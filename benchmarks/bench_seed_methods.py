@@ -66,6 +66,36 @@ METHODS: list[tuple[str, list[str]]] = [
     ("lot", ["--method", "lot", *LOT_PARAMS]),
 ]
 SFTM_BEFORE = "sftm (before: float64 SVDs)"
+
+# Why a method costs what it costs against task arithmetic (printed under the tables; TA itself streams each
+# tensor once in cache-sized pieces, in lanes: ~4 element-wise passes per entry, no whole-tensor copy).
+WHY = {
+    "ties": "a statistics pass over every input (the model-wide magnitude threshold) before the merge: two sweeps "
+            "of the inputs, each with radix-select histograms and the sign election.",
+    "dare_ties": "a per-tensor pass sums each task vector's L1 norm before and after its drop (mergekit's rescale), "
+                 "then the merge draws the same masks again: two hashed draws per entry and input.",
+    "consensus": "a statistics-free merge, but TALL masks need each input's task vector against the sum: a few "
+                 "more element-wise passes per input.",
+    "lwptv": "a statistics pass (each layer's saliency) reads every input once more before its base method merges.",
+    "sftm": "its linear algebra, by design (no cheaper exact route exists): per linear weight and input a float64 "
+            "eigen-decomposition of the p × p Gram matrix (p = min(m, n)) and two float64 products; per weight a "
+            "Gram system of r = T·p unknowns (blocks between tasks: T(T−1)/2 products over the long side), solved "
+            "by conjugate gradients, and M = U diag(β) Vᵀ (m·n·r multiply-adds). At the 1.1B shape that is "
+            "~65 CPU-seconds per layer, 40 % of it in LAPACK's `syevd`, where task arithmetic spends ~0.3. Memory: "
+            "whole-tensor stacks (the trim needs the whole tensor: the embedding and head stacks, 3 × 262 MB at "
+            "1.1B, are the largest), the float64 Gram matrix (r² · 8 B: 302 MB at r = 6144) and the concatenated "
+            "singular vectors (189 MB for a 5632 × 2048 weight).",
+    SFTM_BEFORE: "as SFTM, with one float64 SVD per task matrix (twice the eigen-decomposition's time), a Cholesky "
+                 "factor of G and LAPACK on torch's threads (which spin on a loaded machine).",
+    "opcm": "by design sequential linear algebra: for each input after the first, a thin SVD of the merged update S "
+            "of every projected weight (float64 Gram eigen-decompositions) and the projection's products, each "
+            "step needing the one before; adaptive λ adds a statistics pass over the model (S kept on disk for "
+            "the merge). Memory: whole-tensor stacks (the projection needs whole matrices; OPCM declares no "
+            "element-wise path, so the unprojected embedding is merged whole too), and the head's triplets.",
+    "lot": "running the three experts forward on their exemplars to capture each op's input Gram (the 1.1B "
+           "model held once as a skeleton, float32), then per linear weight a float64 eigen-decomposition of the "
+           "Gram sum: the model in memory is most of its peak.",
+}
 RESULTS = os.path.join(HERE, "results", "seed_methods_cpu")
 
 
@@ -130,7 +160,8 @@ def command(label: str, args: list[str], base: str, fts: list[str], out: str) ->
     cmd = [sys.executable, "-m", "hubsoup", "merge", *fts, "--base", base, *args, "--out", out, "--overwrite",
            "--quiet", "--shard-size", str(bm.SHARD_BYTES)]
     if label == "lot":
-        cmd += ["--exemplars", *[f"{os.path.basename(ft)}={ft}.exemplars.jsonl" for ft in fts]]
+        for ft in fts:  # one --exemplars per input
+            cmd += ["--exemplars", f"{os.path.basename(ft)}={ft}.exemplars.jsonl"]
     return cmd
 
 
@@ -300,6 +331,12 @@ def write_report(res: dict, path: str) -> None:
                          f"{flag(r.get('x_wall'), 5)} | {r.get('x_cpu', '—')} | {flag(r.get('x_rss'), 1.5)} | "
                          f"{r['load1']} | {r['date']} |")
             L.append("")
+            flagged = [r for r in rows if r["rc"] == 0 and ((r.get("x_wall") or 0) > 5 or (r.get("x_rss") or 0) > 1.5)]
+            if flagged:
+                L += ["Above 5× TA's wall or 1.5× its peak RSS, and why:", ""]
+                L += [f"- **{r['label']}** ({r.get('x_wall')}× wall, {r.get('x_rss')}× RSS): {WHY.get(r['label'], '')}"
+                      for r in flagged]
+                L.append("")
         for lab, p in entry.get("profiles", {}).items():
             if "error" in p:
                 L += [f"### Profile: {lab} — failed", "", "```", p["error"], "```", ""]
