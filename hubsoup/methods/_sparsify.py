@@ -167,9 +167,10 @@ def counter_bits(seed: int, start: int, count: int, device: str | torch.device =
     first, last = start // MASK_BLOCK, (start + count - 1) // MASK_BLOCK
     keys = _block_keys(seed, first, last + 1 - first, device)
     j = torch.arange(start, start + count, dtype=torch.int64, device=device)
-    x = keys[torch.div(j, MASK_BLOCK, rounding_mode="floor").sub_(first)]  # each entry's block key
-    x ^= j.bitwise_and_(MASK_BLOCK - 1).to(torch.int32)  # t ^ K_b
-    tmp = torch.empty_like(x)
+    tmp = j.bitwise_and(MASK_BLOCK - 1).to(torch.int32)  # t, each entry's place in its block
+    x = keys[j.bitwise_right_shift_(MASK_BLOCK.bit_length() - 1).sub_(first)]  # each entry's block key
+    del j
+    x ^= tmp  # t ^ K_b
     _lowbias32_(x, tmp)
     return torch.bitwise_right_shift(x, 8, out=tmp).bitwise_and_((1 << 24) - 1)
 
