@@ -41,8 +41,8 @@ def merge(tree: str, svd: bool, base: str, fts: list[str], out: str, log_path: s
     cmd = [sys.executable, "-m", "hubsoup", "merge", *fts, "--base", base, "--method", "sftm", "--dtype", "float32",
            "--out", out, "--overwrite", "--quiet"]
     t0 = time.perf_counter()
-    with open(log_path, "w") as f:
-        subprocess.run(cmd, env=env, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, check=True)
+    with open(log_path, "w") as f:  # run from the tree: `python -m` puts the working folder first on sys.path
+        subprocess.run(cmd, env=env, cwd=tree, stdout=f, stderr=subprocess.STDOUT, check=True)
     return time.perf_counter() - t0
 
 
