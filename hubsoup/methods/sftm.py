@@ -291,6 +291,9 @@ def superpose_eigh(mats: torch.Tensor, *, rank_tol: float | None = None, ridge: 
     del G
     U = torch.cat([f.U for f in feats], dim=1).mul_(beta.to(dtype))  # one product over every triplet, as
     V = torch.cat([f.V for f in feats], dim=1)  # superpose takes it: its rounding, not a sum of T products
+    del feats
+    for t in tasks:  # the per-task copies, now in U and V
+        t.features = None
     M = torch.empty(m, n, dtype=dtype)
     half = m // 2  # fixed halves: the same products whatever the thread count
     run_jobs([Job(lambda: torch.mm(U[:half], V.mT, out=M[:half])),
