@@ -348,6 +348,14 @@ def write_report(res: dict, path: str) -> None:
             for t in p["top"][:15]:
                 L.append(f"| `{t['function']}` | {t['calls']} | {t['own_s']} | {t['cumulative_s']} | {t['share']:.1%} |")
             L.append("")
+    for size, entry in res.get("before", {}).items():  # rows of an earlier code, kept for the comparison
+        rows = summarize(entry)
+        L += [f"## Before: {size}, {entry.get('code', '')}", "",
+              "| method | wall s | CPU s | peak RSS MB | × TA wall | × TA CPU | × TA RSS | load |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        L += [f"| {r['label']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['maxrss_mb']:.0f} | {r.get('x_wall')} | "
+              f"{r.get('x_cpu')} | {r.get('x_rss')} | {r['load1']} |" for r in rows if r["rc"] == 0]
+        L.append("")
     notes = res.get("notes", [])
     if notes:
         L += ["## Notes", ""] + [f"- {n}" for n in notes]
