@@ -21,6 +21,7 @@ CLI equivalent:
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import shutil
 import tempfile
@@ -41,10 +42,14 @@ def show(soup: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Continual merging (OPCM): add a model to a soup later.")
-    parser.add_argument("--out", help="folder for everything this example writes (default: a new temporary folder)")
+    parser.add_argument("--out", help="folder for everything this example writes (default: a temporary folder, removed at exit)")
     args = parser.parse_args(argv)
     root = args.out or tempfile.mkdtemp(prefix="hubsoup-example-continual-")
     os.makedirs(root, exist_ok=True)
+    if not args.out:  # a temporary folder, removed at exit (--out DIR keeps everything)
+        atexit.register(shutil.rmtree, root, True)
+    # torch makes its compile cache in TMPDIR when torch._dynamo is first imported: here, under root
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, ".torch-cache"))
 
     base = make_base("llama", os.path.join(root, "base"))
     ft_a, ft_b, ft_c = (make_finetune(base, os.path.join(root, f"ft-{x}"), seed=i) for i, x in enumerate("abc", 1))

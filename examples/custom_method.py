@@ -56,7 +56,9 @@ class Median(Method):
 def main(argv: list[str] | None = None) -> int:
     """Merge two similar fine-tunes and one outlier with ``median`` and with the plain average."""
     import argparse
+    import atexit
     import os
+    import shutil
     import tempfile
 
     from safetensors.torch import load_file
@@ -65,9 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     from hubsoup.testing import make_base, make_finetune
 
     parser = argparse.ArgumentParser(description="The example 'median' method on three tiny fine-tunes.")
-    parser.add_argument("--out", help="folder for everything this example writes (default: a new temporary folder)")
-    root = parser.parse_args(argv).out or tempfile.mkdtemp(prefix="hubsoup-example-median-")
+    parser.add_argument("--out", help="folder for everything this example writes (default: a temporary folder, removed at exit)")
+    out = parser.parse_args(argv).out
+    root = out or tempfile.mkdtemp(prefix="hubsoup-example-median-")
     os.makedirs(root, exist_ok=True)
+    if not out:  # a temporary folder, removed at exit (--out DIR keeps everything)
+        atexit.register(shutil.rmtree, root, True)
+    # torch makes its compile cache in TMPDIR when torch._dynamo is first imported: here, under root
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, ".torch-cache"))
     base = make_base("llama", os.path.join(root, "base"))
     fts = [make_finetune(base, os.path.join(root, f"ft-{i}"), seed=i, scale=s)
            for i, s in ((1, 0.02), (2, 0.02), (3, 0.5))]  # ft-3 moved 25 times further: an outlier

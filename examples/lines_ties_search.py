@@ -11,7 +11,7 @@ the best as the output, whose card records the grid and every score. On a toy th
 small the search may well pick β = 0 (plain TIES scaled by α): finding that out is what
 the validation data is for.
 
-Everything is built here (model, tokenizer, data, heads); no network; a few seconds on CPU.
+Everything is built here (model, tokenizer, data, heads); no network; on a CPU.
 
 Run:
     python examples/lines_ties_search.py [--out DIR]
@@ -25,8 +25,10 @@ CLI equivalent:
 from __future__ import annotations
 
 import argparse
+import atexit
 import csv
 import os
+import shutil
 import random
 import tempfile
 
@@ -87,10 +89,14 @@ def fine_tune(base: str, out: str, train_csv: str, head: str, *, steps: int = 40
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="LiNeS over TIES with a β search on validation data.")
-    parser.add_argument("--out", help="folder for everything this example writes (default: a new temporary folder)")
+    parser.add_argument("--out", help="folder for everything this example writes (default: a temporary folder, removed at exit)")
     args = parser.parse_args(argv)
     root = args.out or tempfile.mkdtemp(prefix="hubsoup-example-lines-")
     os.makedirs(root, exist_ok=True)
+    if not args.out:  # a temporary folder, removed at exit (--out DIR keeps everything)
+        atexit.register(shutil.rmtree, root, True)
+    # torch makes its compile cache in TMPDIR when torch._dynamo is first imported: here, under root
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, ".torch-cache"))
     base = make_base("bert", os.path.join(root, "base"), layers=4)
     save_tiny_tokenizer(base)
     fine_tunes, tasks = [], []

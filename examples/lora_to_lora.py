@@ -19,8 +19,10 @@ CLI equivalent:
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import tempfile
 
 import torch
@@ -31,10 +33,14 @@ from hubsoup.testing import make_adapter, make_base
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Merge LoRA adapters into one LoRA adapter.")
-    parser.add_argument("--out", help="folder for everything this example writes (default: a new temporary folder)")
+    parser.add_argument("--out", help="folder for everything this example writes (default: a temporary folder, removed at exit)")
     args = parser.parse_args(argv)
     root = args.out or tempfile.mkdtemp(prefix="hubsoup-example-lora-")
     os.makedirs(root, exist_ok=True)
+    if not args.out:  # a temporary folder, removed at exit (--out DIR keeps everything)
+        atexit.register(shutil.rmtree, root, True)
+    # torch makes its compile cache in TMPDIR when torch._dynamo is first imported: here, under root
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, ".torch-cache"))
 
     # a tiny Llama and two adapters of it that touch partly different modules, with different ranks
     base = make_base("llama", os.path.join(root, "base"))

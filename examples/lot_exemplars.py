@@ -24,8 +24,10 @@ CLI equivalent:
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import random
 import tempfile
 
@@ -61,10 +63,14 @@ def hidden_states(model_dir: str, tokenizer_dir: str, texts_file: str) -> torch.
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="LOT Merging with a few unlabelled exemplars per task.")
-    parser.add_argument("--out", help="folder for everything this example writes (default: a new temporary folder)")
+    parser.add_argument("--out", help="folder for everything this example writes (default: a temporary folder, removed at exit)")
     args = parser.parse_args(argv)
     root = args.out or tempfile.mkdtemp(prefix="hubsoup-example-lot-")
     os.makedirs(root, exist_ok=True)
+    if not args.out:  # a temporary folder, removed at exit (--out DIR keeps everything)
+        atexit.register(shutil.rmtree, root, True)
+    # torch makes its compile cache in TMPDIR when torch._dynamo is first imported: here, under root
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, ".torch-cache"))
 
     base = make_base("llama", os.path.join(root, "base"))
     save_tiny_tokenizer(base)

@@ -9,7 +9,7 @@ counting down through another); ``hubsoup.sweep`` writes one model per λ =
 (perplexity, lower is better) and lists them in ``sweep.json``. The printed table is
 the front: moving λ trades one style for the other.
 
-Everything is built here (model, tokenizer, text); no network; a few seconds on CPU.
+Everything is built here (model, tokenizer, text); no network; on a CPU.
 
 Run:
     python examples/rewarded_soups_sweep.py [--out DIR]
@@ -21,8 +21,10 @@ CLI equivalent:
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import random
 import tempfile
 
@@ -70,11 +72,15 @@ def fine_tune(base: str, out: str, texts: str, *, steps: int = 20, seed: int = 0
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Rewarded Soups: one merged model per preference vector.")
-    parser.add_argument("--out", help="folder for everything this example writes (default: a new temporary folder)")
+    parser.add_argument("--out", help="folder for everything this example writes (default: a temporary folder, removed at exit)")
     parser.add_argument("--grid", default="0:1:0.25", help="preference grid START:STOP:STEP (default 0:1:0.25)")
     args = parser.parse_args(argv)
     root = args.out or tempfile.mkdtemp(prefix="hubsoup-example-rewarded-soups-")
     os.makedirs(root, exist_ok=True)
+    if not args.out:  # a temporary folder, removed at exit (--out DIR keeps everything)
+        atexit.register(shutil.rmtree, root, True)
+    # torch makes its compile cache in TMPDIR when torch._dynamo is first imported: here, under root
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, ".torch-cache"))
 
     sft = make_base("llama", os.path.join(root, "sft"))  # the shared starting point of both policies
     save_tiny_tokenizer(sft)

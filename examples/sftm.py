@@ -21,8 +21,10 @@ CLI equivalent:
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import tempfile
 
 import torch
@@ -51,10 +53,14 @@ def weight_delta(model: str, base: str, module: str) -> torch.Tensor:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="SFTM merge of three LoRA adapters.")
-    parser.add_argument("--out", help="folder for everything this example writes (default: a new temporary folder)")
+    parser.add_argument("--out", help="folder for everything this example writes (default: a temporary folder, removed at exit)")
     args = parser.parse_args(argv)
     root = args.out or tempfile.mkdtemp(prefix="hubsoup-example-sftm-")
     os.makedirs(root, exist_ok=True)
+    if not args.out:  # a temporary folder, removed at exit (--out DIR keeps everything)
+        atexit.register(shutil.rmtree, root, True)
+    # torch makes its compile cache in TMPDIR when torch._dynamo is first imported: here, under root
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, ".torch-cache"))
 
     base = make_base("llama", os.path.join(root, "base"))
     adapters = [make_adapter(os.path.join(root, f"adapter-{name}"), "llama", seed=seed, r=2, lora_alpha=4,

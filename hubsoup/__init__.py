@@ -16,7 +16,41 @@ Example:
     >>> print(result)                                                 # doctest: +SKIP
 """
 
-__version__ = "0.1.0"
+import os as _os  # noqa: I001 - the signal hook below runs before anything else of the package
+import signal as _signal
+import sys as _sys
+
+_SIGNALS: list[int] = []
+"""SIGINT / SIGTERM received by the ``hubsoup`` command (:mod:`hubsoup.cli.signals` records there too)."""
+
+
+def _the_command() -> bool:
+    """This process is the ``hubsoup`` command (its console script, or ``python -m hubsoup``), not a program that
+    imports the package."""
+    argv = list(getattr(_sys, "orig_argv", None) or [])
+    if "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "hubsoup":
+        return True
+    script = getattr(_sys.modules.get("__main__"), "__file__", None) or ""
+    return _os.path.basename(script) in ("hubsoup", "hubsoup.exe", "hubsoup-script.py")
+
+
+def _record_signal(signum, frame) -> None:
+    _SIGNALS.append(signum)
+
+
+# The command's first instant: until its main() installs the handlers that unwind through the cleanup, a Ctrl-C or
+# SIGTERM is recorded, never raised (a traceback out of an import), and main() ends the command as signalled with
+# one line (hubsoup.cli.signals). Only where the signal has its default disposition; never in an importing program.
+if _the_command():
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+        _signal.signal(_signal.SIGINT, _record_signal)
+    if _signal.getsignal(_signal.SIGTERM) == _signal.SIG_DFL:
+        _signal.signal(_signal.SIGTERM, _record_signal)
+
+__version__ = "0.2.0"
+"""The one place the version is written (``pyproject.toml`` reads it); ``CHANGELOG.md`` dates each one."""
+REPOSITORY = "https://github.com/hubsoup/hubsoup"
+"""hubsoup's source repository (``pyproject.toml``'s ``Repository`` URL): where cards and Spaces link to."""
 
 import importlib  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
@@ -29,6 +63,8 @@ _LAZY = {
     "merge": ("hubsoup.api", "merge"),
     "MergeResult": ("hubsoup.api", "MergeResult"),
     "MergeOptions": ("hubsoup.options", "MergeOptions"),
+    "PushTarget": ("hubsoup.hub", "PushTarget"),
+    "push_figures": ("hubsoup.api", "push_figures"),
     "continual": ("hubsoup.workflows.continual", None),
     "search": ("hubsoup.workflows.search", "search"),
     "sweep": ("hubsoup.workflows.sweep", "sweep"),
@@ -41,7 +77,8 @@ _LAZY = {
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
-    from hubsoup.api import MergeResult, merge
+    from hubsoup.api import MergeResult, merge, push_figures
+    from hubsoup.hub import PushTarget
     from hubsoup.options import MergeOptions
 
 
@@ -53,4 +90,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hubsoup' has no attribute {name!r}")
 
 
-__all__ = ["HubsoupError", "__version__", *_LAZY]
+__all__ = ["HubsoupError", "__version__", "REPOSITORY", *_LAZY]

@@ -11,21 +11,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, ParamSpec, Sequence, TypeVar, cast
 
+import torch
+
 from hubsoup.arch import peft_task_type
 from hubsoup.card import write_card
-from hubsoup.engine import Job, run
+from hubsoup.engine import Job, remote_bytes, run
+from hubsoup.engine.lowrank import reads_base as lowrank_reads_base
 # placement's one entry lives with the planner; re-exported for the CLI, trials and tests
 from hubsoup.engine.placement import place_blocks, start_device  # noqa: F401
-from hubsoup.errors import BaseNotNamedError, HubsoupError, ParameterError
+from hubsoup.errors import BaseNotNamedError, HubsoupError, MergeCancelled, ParameterError, PushError
 from hubsoup.eval import TaskSpec, evaluate_model
+from hubsoup.footprint import Footprint, on_disk
 from hubsoup.eval.run import EVAL_FILE, read_results, write_results
-from hubsoup.hub import check_repo_id, push_folder, retarget_card
+from hubsoup.hub import HubPush, PushTarget, check_repo_id, push_folder, retarget_card, retry_command
 from hubsoup.hubclient import Token
-from hubsoup.methods import Method, get_method
+from hubsoup.methods import Method, TensorContext, get_method
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
-from hubsoup.output.checkpoint import CheckpointSink, copy_base_files
+from hubsoup.output.checkpoint import BASE_FILES, CheckpointSink, copy_base_files
 from hubsoup.output.lora import LoraOptions, LoraSink
+from hubsoup.output.shards import SHARDS_IN_FLIGHT, shard_layout
 from hubsoup.plan import Plan
 from hubsoup.progress import Cancel, Monitor, Progress
 from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
@@ -49,6 +54,20 @@ def scoped(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         opts, _ = MergeOptions.split({k: v for k, v in kwargs.items() if k in names},
                                      cast("MergeOptions | None", kwargs.get("options")))
         with scope(opts):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def keeps_inputs(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``fn`` (a workflow that merges the same inputs many times: search, sweeps, greedy soups, evolve) with
+    ``cache_inputs``: Hub inputs' weight files are downloaded into the Hub cache once and read there by every
+    merge, instead of being read in place again by each (:mod:`hubsoup.sources.remote`). Inside :func:`scoped`,
+    so the run's token, ``hub_only`` and budget carry over."""
+
+    @functools.wraps(fn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with scope(cache_inputs=True):
             return fn(*args, **kwargs)
 
     return run
@@ -93,6 +112,14 @@ class MergeResult:
     """Made by a ``hub_only`` run: its card is never rendered from a local template file."""
     card_text: str | None = field(default=None, repr=False)
     """The model card as last rendered by :meth:`write_card` (None: not rendered in this process; see :attr:`card`)."""
+    pushed: Any = field(default=None, repr=False)
+    """A merge streamed to the Hub (``merge(..., push=...)``): its commit (``huggingface_hub.CommitInfo``:
+    ``commit_url``, ``oid``, ``pr_url``). Without ``out`` nothing stays on disk and :attr:`path` is empty."""
+    repo_id: str | None = field(default=None, repr=False)
+    """The Hub repo the merge was pushed to (with :attr:`pushed`)."""
+    network: dict[str, Any] = field(default_factory=dict, repr=False)
+    """What the merge read from the Hub: ``fetched`` and ``needed`` bytes (:mod:`hubsoup.sources.remote`), the files
+    ``verified`` against their sha256 and the ``unverified`` ones with why, and the ``predicted`` footprint."""
 
     def save_card_extras(self, folder: str | None = None) -> None:
         """Persist :attr:`notes`, :attr:`sections` and :attr:`search` beside the recipe (when there are any)."""
@@ -142,6 +169,8 @@ class MergeResult:
         result read back with :meth:`from_folder`, the output's ``README.md``."""
         if self.card_text is not None:
             return self.card_text
+        if not self.path:
+            raise ParameterError("this merge was pushed without a local copy, and its card was not rendered here")
         with open(os.path.join(self.path, "README.md"), encoding="utf-8") as f:
             return f.read()
 
@@ -159,7 +188,7 @@ class MergeResult:
         the card is rendered again from this result (its notes, sections and search included).
 
         ``progress(done, stage, message)`` and ``cancel`` (a ``threading.Event`` or a callable) as
-        for :func:`merge` (:mod:`hubsoup.progress`): stage ``"push"``, one report per file uploaded,
+        for :func:`merge` (:mod:`hubsoup.progress`): stage ``"push"``, reports as the files go up (counted in bytes),
         nothing printed; ``cancel`` is checked before the repo is created, between files and before
         the commit, and a cancelled push raises :class:`hubsoup.errors.MergeCancelled` with no
         commit made (a repo this call created is deleted again).
@@ -183,7 +212,13 @@ class MergeResult:
             ...                    progress=lambda done, stage, msg: print(f"{done:.0%} {msg}"))  # doctest: +SKIP
         """
         check_repo_id(repo_id)
+        if not self.path:  # streamed to the Hub without a local copy: nothing here to push again
+            if self.pushed is not None and repo_id == self.repo_id:
+                return self.pushed
+            raise PushError(f"this merge was pushed to {self.repo_id} without a local copy: merge again with "
+                            f"push='{repo_id}' (or with out= to keep one)")
         monitor = Monitor(progress, cancel)
+        monitor.plan({"push": 1.0})  # the whole bar: done moves as the files go up (unplanned, it stood at 0 till 1)
         monitor.check("before the push")
         if eval_results or card_template or license:
             self.write_card(repo_id=repo_id, eval_results=eval_results, template=card_template, license=license)
@@ -201,8 +236,9 @@ class MergeResult:
         what = ""
         if self.lora is not None:
             what = f" as a LoRA adapter (relative truncation error {self.lora['aggregate_rel_error']:.2e})"
+        where = self.path or f"pushed to {self.repo_id}"
         return (f"merged {len(self.inputs)} model(s) with {self.method} onto {self.base.label}{what} "
-                f"in {self.seconds:.2f}s -> {self.path}")
+                f"in {self.seconds:.2f}s -> {where}")
 
 
 def note_restricted_inputs(folder: str, repo_id: str, restricted: list[dict[str, str]]) -> None:
@@ -215,18 +251,32 @@ def note_restricted_inputs(folder: str, repo_id: str, restricted: list[dict[str,
 
 
 @scoped  # hub_only, cache_dir, max_download hold for every spec opened during the merge
-def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: str,
+def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: str | None = None,
           params: Mapping[str, Any] | None = None, options: MergeOptions | None = None,
           output_format: str = "full", rank: int | None = None, energy: float | None = None,
           evaluate: Sequence[Any] | None = None, eval_limit: int | None = None, progress: Progress | None = None,
-          cancel: Cancel | None = None, layout: Any = None, **kwargs: Any) -> MergeResult:
-    """Merge fine-tunes of one base model and write a standard checkpoint folder.
+          cancel: Cancel | None = None, layout: Any = None, push: str | PushTarget | None = None,
+          before_push: Callable[[MergeResult, str], None] | None = None, **kwargs: Any) -> MergeResult:
+    """Merge fine-tunes of one base model and write a standard checkpoint folder, or stream it to the Hub.
 
     Args:
         inputs: local folders or Hub repo IDs (``org/name[@revision]``).
         method: a registered method name (``hubsoup methods`` lists them).
         base: the pre-trained model; when omitted, taken from the inputs' model cards.
-        out: output folder (written atomically; must not exist unless ``overwrite``).
+        out: output folder (written atomically; must not exist unless ``overwrite``). With ``push``, optional:
+            given, the output is also kept there (its whole size on disk); else nothing stays on disk.
+        push: a Hub repo ID (``org/name``) or a :class:`hubsoup.hub.PushTarget` (private, pull request, commit
+            message, token, ...): the output is streamed there. Each shard is uploaded as soon as it is written
+            (huggingface_hub's pre-upload of LFS files, in a background thread while the merge goes on) and
+            deleted, so the disk holds at most ``SHARDS_IN_FLIGHT + 1`` shards; the index, config, tokenizer,
+            card and recipe go with every shard in one commit at the end. Nothing is visible on the repo before
+            that commit; a failed, interrupted or cancelled run commits nothing (a cancel also deletes the repo
+            it created). Run again after a failure or an interruption, the same merge resumes: the shards the
+            Hub already holds are neither computed nor uploaded again. The checks of :func:`hubsoup.hub.push_folder`
+            hold (private or gated inputs, no local path in anything sent, checked per shard before its upload).
+            ``result.pushed`` is the commit.
+        before_push: with ``push``, called as ``before_push(result, folder)`` once the output is complete in
+            ``folder`` (its card rendered), before the commit that publishes it: e.g. to render the card again.
         params: method parameters (``hubsoup methods NAME`` lists them).
         options: how inputs are read and the output written (:class:`hubsoup.options.MergeOptions`:
             ``device``, ``dtype``, ``shard_size``, ``overwrite``, ``allow_pickle``, ``ignore_extra``,
@@ -280,6 +330,12 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         '---'
     """
     t0 = time.perf_counter()
+    target = PushTarget.of(push) if push is not None else None
+    if out is None and target is None:
+        raise ParameterError("give the output folder (out=), a Hub repo to stream the output to (push=), or both")
+    keep_local = out is not None
+    acc = current()
+    counted = (acc.fetched, acc.needed, len(acc.verified), len(acc.unverified))  # the run's share of the scope's
     opts, extra = MergeOptions.split(kwargs, options)
     if progress is not None or cancel is not None:
         opts = opts.replace(**{k: v for k, v in (("progress", progress), ("cancel", cancel)) if v is not None})
@@ -297,40 +353,56 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     if layout is not None and sink_options is not None:
         raise ParameterError("a mergekit config's merge is written as a full checkpoint, not a LoRA adapter")
     m.check_inputs(p, len(inputs))
-    check_output(out, opts.overwrite)
+    if out is not None:
+        check_output(out, opts.overwrite)
     for task in tasks:  # the eval data (file, columns, head) now: a typo must not cost a whole merge
         task.check()
 
-    # the lock on `out` (a second run fails at once, naming this one) and the temporary folder, before any work
-    folder = OutputFolder(out, overwrite=opts.overwrite)
+    # the lock on `out` (a second run fails at once, naming this one) and the temporary folder, before any work;
+    # a push without a local copy works in a temporary folder of its own (locked per repo), removed at the end
+    folder = (OutputFolder(out, overwrite=opts.overwrite) if out is not None
+              else OutputFolder(_push_scratch(target), overwrite=True, what="push"))  # type: ignore[arg-type]
     sink: LoraSink | CheckpointSink | None = None
+    hub_push: HubPush | None = None
     try:
-        monitor.plan(_stage_weights(m, p, inputs, base, tasks))
+        monitor.plan(_stage_weights(m, p, inputs, base, tasks, push=target is not None))
         # Hub models' tensors from their safetensors headers: the fit check below runs before any weight moves
         if getattr(layout, "opens_inputs", False):  # a mergekit merged vocabulary: the inputs re-mapped to it
             base_ckpt, sources = layout.open_inputs(inputs, base, opts, monitor=monitor)
         else:
             base_ckpt, sources = _open_inputs(inputs, base, m, p, opts, monitor=monitor, headers_only=True)
-        check_out_is_no_input(out, base_ckpt, sources)  # --overwrite must never delete an input or the base
+        if out is not None:
+            check_out_is_no_input(out, base_ckpt, sources)  # --overwrite must never delete an input or the base
         # a layout (a mergekit config's slices, tokenizer_source) plans the output itself: the one engine streams it
         plan = layout.plan(base_ckpt, sources, opts) if layout is not None else Plan.of(base_ckpt, opts.device)
-        if layout is not None and layout.reads:  # the models slices copy from, the tokenizer source: inputs too
+        if layout is not None and layout.reads and out is not None:  # the models slices copy from: inputs too
             check_out_is_no_input(out, base_ckpt, layout.reads)
         place_blocks(plan, m, p, sources, opts, lora_output=sink_options is not None)
-        opened = [c for c in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
-                              *(layout.donors if layout is not None else ())) if c is not None]
-        if current().limited:  # the run's download budget, from the Hub's file sizes, before any weight moves
-            current().check_total(sum(c.weight_bytes() for c in opened if c.weight_bytes is not None))
-        for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):  # the fit check passed: download
-            if ckpt is not None:
-                ckpt.fetch()
+        if _needs_base_files(m, p) and base_ckpt.keep_files is not None:  # LOT runs the base model from its folder
+            base_ckpt.keep_files()
+        # the run's disk and network from its plan, before any weight moves: --max-disk, then the download budget
+        # (a streamed push without a local copy holds SHARDS_IN_FLIGHT + 1 shards; evaluation keeps them all)
         recipe = recipe_for(method, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources], dtype=opts.dtype,
                             options=opts, layout=layout,
                             output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
         metadata = recipe.metadata()  # the public recipe: no local path in what may be pushed
+        predicted = footprint(plan, base_ckpt, sources, m, p, opts, layout=layout,
+                              lora_output=sink_options is not None, push=target is not None,
+                              local_copy=keep_local or bool(tasks), metadata=metadata)
+        predicted.check(opts.max_disk_bytes)
+        if current().limited:
+            current().check_total(predicted.network_in - predicted.already_read)
+        for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):  # the fit check passed: download
+            if ckpt is not None:
+                ckpt.fetch()
+        if target is not None:  # before the first upload: the checks, then the repo (created if needed)
+            hub_push = _hub_push(target, opts, monitor, keep_files=keep_local or bool(tasks))
+            hub_push.prepare(folder.path, recipe)
+            hub_push.begin()
         job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=opts.quiet, monitor=monitor,
                   donors=layout.donors if layout is not None else (), prefetch=opts.prefetch,
-                  device_map=opts.device_map, max_memory=opts.max_memory, scratch=folder.path)
+                  device_map=opts.device_map, max_memory=opts.max_memory, scratch=folder.path,
+                  read_ahead=opts.read_ahead_bytes)
         if sink_options is not None:
             # the base's architecture says which AutoPeftModelFor* loads the output; else the adapters' own
             task_types = {s.config.get("task_type") for s in sources if s.kind == "lora"}
@@ -339,7 +411,10 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
             copy_base_files(base_ckpt, folder.path, tokenizer_only=True)
         else:
             sink = CheckpointSink(folder.path, plan, base_ckpt, dtype=opts.dtype, shard_size=opts.shard_bytes,
-                                  metadata=metadata)
+                                  metadata=metadata, handoff=hub_push)
+            if hub_push is not None:  # a rerun after an interruption: shards the Hub holds are not made again
+                sink.writer.mark_remote(hub_push.resume(sink.writer.layout, _push_key(recipe.hash, opts)))
+                job.skip_output = sink.unneeded()
         try:
             stats = run(job, sink)
         finally:
@@ -350,11 +425,14 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
             layout.finish(folder.path)  # the output config's layer count, tokenizer_source, chat_template
         with open(os.path.join(folder.path, RECIPE_FILE), "w", encoding="utf-8") as f:
             f.write(recipe.to_yaml())
-        result = MergeResult(folder.target, recipe, method, m.describe_params(p), base_ckpt.ref,
+        result = MergeResult(folder.target if keep_local else "", recipe, method, m.describe_params(p), base_ckpt.ref,
                              [s.ref for s in sources], plan, _jsonable(stats), time.perf_counter() - t0,
-                             output_format, lora_report)
+                             output_format, lora_report, repo_id=target.repo_id if target is not None else None)
         result.restricted = _restricted([base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
                                          *(layout.reads if layout is not None else ())])
+        result.network = {"fetched": acc.fetched - counted[0], "needed": acc.needed - counted[1],
+                          "verified": acc.verified[counted[2]:], "unverified": acc.unverified[counted[3]:],
+                          "predicted": dataclasses.asdict(predicted)}
         result.allow_private_inputs = opts.allow_private_inputs
         if layout is not None:
             result.sections.append(layout.card_section())  # e.g. the mergekit config, as YAML
@@ -371,18 +449,194 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
                                                quiet=opts.quiet, before_task=before_task)
             monitor.step(f"evaluated {len(tasks)} task(s)")
             write_results(result.evaluation, os.path.join(folder.path, EVAL_FILE))
-        result.write_card(folder.path)
+        result.write_card(folder.path, **({"repo_id": target.repo_id} if target is not None else {}))
         monitor.check("before the output was committed")
-        folder.commit()
+        if hub_push is None:
+            folder.commit()
+        else:
+            if before_push is not None:
+                before_push(result, folder.path)
+            monitor.stage("push", f"pushing to {hub_push.repo_id}")
+            hub_push.wait()  # every shard uploaded
+            if keep_local:  # the local output first: a failed commit then leaves it whole, for `hubsoup push`
+                folder.commit()
+                hub_push.what = f"push of '{folder.target}' to {hub_push.repo_id}"
+                hub_push.after = ("The local output is intact; retry with: "
+                                  + retry_command(folder.target, hub_push.repo_id, private=hub_push.private,
+                                                  create_pr=hub_push.create_pr,
+                                                  commit_message=hub_push.commit_message))
+                result.pushed = hub_push.commit(folder.target)
+            else:
+                result.pushed = hub_push.commit(folder.path)
+                folder.abort()  # nothing stays: the output is on the Hub
     except BaseException as e:
+        if hub_push is not None:  # first: no shard the writer still completes goes up; nothing is committed, and
+            hub_push.abort(cancelled=isinstance(e, MergeCancelled))  # a cancel deletes the repo the push created
         if sink is not None:
             sink.abort()
         raise folder.fail(e)  # temporary folder removed, lock released; disk full / read-only → one line
     result.seconds = time.perf_counter() - t0
     result.hub_only = opts.hub_only or current().hub_only
     if monitor.reporting:
-        monitor.finish(f"merged into {folder.target}")
+        monitor.finish(f"pushed to {target.repo_id}" if target is not None else f"merged into {folder.target}")
     return result
+
+
+@scoped  # hub_only, cache_dir hold for every spec opened
+def push_figures(inputs: Sequence[str], *, base: str | None = None, push: bool = True, bandwidth: float | None = None,
+                 options: MergeOptions | None = None, method: str = "task_arithmetic",
+                 **kwargs: Any) -> dict[str, float | int | None]:
+    """What a merge of ``inputs`` would need, before it starts: ``{"disk", "download", "upload", "seconds"}``.
+
+    The figures of the merge's own plan (:func:`footprint`, what ``merge`` checks ``max_disk`` against and
+    ``hubsoup plan --push`` prints), read from the Hub's file sizes and the models' safetensors headers only
+    (range requests): nothing is downloaded but configs and cards. ``disk``: peak bytes on local disk (the output's
+    shards in flight with ``push``, its whole size without; the Hub cache's metadata; the inputs' weights only when
+    ``cache_inputs`` keeps them); ``download``: the bytes fetched from the Hub (the tensors ``method`` reads, once
+    per pass, and the headers); ``upload``: the output's bytes sent to the Hub (0 without ``push``); ``seconds``:
+    the larger of ``download`` and ``upload`` over ``bandwidth`` (bytes per second each way: they overlap; None
+    when no bandwidth is given). A ``push`` figure is for a push without a local copy.
+
+    Example:
+        >>> push_figures(["org/ft-a", "org/ft-b"], base="org/base", shard_size="2GB")   # doctest: +SKIP
+        {'disk': 6010547328, 'download': 9000000000, 'upload': 3000000000, 'seconds': None}
+    """
+    opts, extra = MergeOptions.split(kwargs, options)
+    if extra:
+        raise ParameterError(f"push_figures: unknown option(s) {', '.join(sorted(extra))}")
+    check_specs(inputs=inputs, base=base)
+    m, p = parse_method(method, {})
+    base_ckpt, sources = open_models(inputs, base=base, allow_pickle=opts.allow_pickle, token=opts.token,
+                                     ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch,
+                                     headers_only=True)
+    plan = Plan.of(base_ckpt, "cpu")
+    predicted = footprint(plan, base_ckpt, sources, m, p, opts, push=push, local_copy=not push)
+    down, up = predicted.network_in, predicted.network_out
+    return {"disk": predicted.peak_disk, "download": down, "upload": up,
+            "seconds": max(down, up) / bandwidth if bandwidth else None}
+
+
+def _small_output_bytes(base: Any, shards: Sequence[Any]) -> int:
+    """The disk an output's files beside its weight shards take (whole blocks each): the base's config and tokenizer
+    files (the Hub's sizes for a Hub base), the index of ``shards`` (their layout) and the card and recipe."""
+    if base.ref.repo_id:
+        copied = sum(on_disk(size) for f, size in (getattr(base, "metadata_files", None) or {}).items()
+                     if f in BASE_FILES)
+    else:
+        copied = sum(on_disk(os.path.getsize(os.path.join(base.folder, f))) for f in BASE_FILES
+                     if os.path.isfile(os.path.join(base.folder, f)))
+    # the index: a line per tensor naming its shard
+    index = 0 if len(shards) <= 1 else on_disk(64 + sum(len(n) + len(sh.file) + 12 for sh in shards for n in sh.names))
+    return copied + index + _CARD_ALLOWANCE
+
+
+_CARD_ALLOWANCE = 12 * 1024
+"""Disk counted for the card and the recipe an output holds beside the base's files (a few kB each)."""
+
+
+def _push_scratch(target: PushTarget) -> str:
+    """Where a push without a local copy works: ``.hubsoup-push-ORG--NAME`` (never created: its temporary folder
+    ``..hubsoup-push-ORG--NAME.partial-*`` is, and removed at the end) in ``target.work_dir`` or the working
+    directory. One run per repo and folder at a time (its lock)."""
+    return os.path.join(os.path.abspath(target.work_dir or "."), ".hubsoup-push-" + target.repo_id.replace("/", "--"))
+
+
+def _push_key(recipe_hash: str, opts: MergeOptions) -> str:
+    """What makes a merge's shards' bytes, for a resumed push: the recipe, and the devices that compute them."""
+    return json.dumps([recipe_hash, str(opts.device), repr(opts.device_map)])
+
+
+def _hub_push(target: PushTarget, opts: MergeOptions, monitor: Monitor, *, keep_files: bool) -> HubPush:
+    """The push of a merge streamed to ``target`` (its options, else the merge's token and private-input rule)."""
+    allow = opts.allow_private_inputs if target.allow_private_inputs is None else target.allow_private_inputs
+    return HubPush(target.repo_id, private=target.private, create_pr=target.create_pr,
+                   commit_message=target.commit_message, commit_description=target.commit_description,
+                   token=target.token if target.token is not None else opts.token, monitor=monitor,
+                   allow_private_inputs=allow, card_writer=note_restricted_inputs, keep_files=keep_files,
+                   what=f"push to {target.repo_id}",
+                   after="Nothing was committed; run the same merge again: it resumes (the shards already on the "
+                         "Hub are neither merged nor uploaded again)")
+def _needs_base_files(m: Method, p: Any) -> bool:
+    """Whether the method, or one a modifier wraps (LiNeS over LOT), builds the base model from its folder."""
+    cur: Any = m
+    while cur is not None:
+        if cur.needs_base_files:
+            return True
+        cur, p = getattr(p, "inner", None), getattr(p, "inner_params", None)
+    return False
+
+
+def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method, p: Any, opts: MergeOptions, *,
+              layout: Any = None, lora_output: bool = False, push: bool = False,
+              local_copy: bool = True, metadata: Mapping[str, str] | None = None) -> Footprint:
+    """The run's predicted peak local disk and network (:class:`hubsoup.footprint.Footprint`), from its plan and
+    the inputs' headers and Hub file sizes, without reading a weight: what ``merge`` checks ``max_disk`` and
+    ``max_download`` against, what ``hubsoup plan --push`` prints and :func:`push_figures` returns.
+
+    ``push``: the output goes to the Hub (its bytes count as network out); without ``local_copy`` its shards are
+    uploaded as they are written and deleted: the disk holds the largest ``SHARDS_IN_FLIGHT + 1`` shards of its
+    layout at most (:data:`hubsoup.output.shards.SHARDS_IN_FLIGHT`; a LoRA adapter is written whole, then pushed).
+    ``metadata``: the shards' ``__metadata__`` (the recipe's; None: the recipe of ``m``, ``p`` and ``opts``).
+
+    Example:
+        >>> f = footprint(plan, base, sources, m, p, MergeOptions(), push=True, local_copy=False)  # doctest: +SKIP
+        >>> f.peak_disk, f.network_in, f.network_out                                               # doctest: +SKIP
+    """
+    ckpts: dict[str, Any] = {}
+    for c in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources), *(layout.donors if layout is not None else ())):
+        if c is not None:
+            ckpts.setdefault(c.ref.public if c.ref.repo_id else f"local:{id(c)}", c)
+    out_dtype = opts.out_dtype
+    # the output's shards as the writer lays them out (headers included): what goes up, and what a streamed
+    # push holds on disk at once
+    if metadata is None:  # each shard's header holds the recipe
+        metadata = recipe_for(m.name, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources],
+                              dtype=opts.dtype, options=opts, layout=layout).metadata()
+    layout_ = shard_layout([(name, tuple(e.shape), (out_dtype or e.dtype) if e.mergeable else e.dtype)
+                            for name, e in plan.output_entries()], opts.shard_bytes, dict(metadata))
+    shards = [on_disk(shard.size) for shard in layout_]  # on disk: whole blocks
+    weights = sum(shards)
+    sent = sum(shard.size for shard in layout_)
+    small = _small_output_bytes(base_ckpt, layout_)  # config, tokenizer, card, recipe, index: copied or written
+    streamed = push and not local_copy and not lora_output
+    cache = sum(c.weight_bytes() for c in ckpts.values() if c.weight_bytes is not None)
+    inputs_metadata = sum(int(getattr(c, "metadata_bytes", 0) or 0) for c in ckpts.values())  # in the Hub cache
+    job = Job(plan, base_ckpt, sources, m, p, donors=layout.donors if layout is not None else ())
+    reads_base = (lambda work: lowrank_reads_base(work, lowrank_ok=True)) if lora_output else None
+    in_place = remote_bytes(job, reads_base)
+    passes = 1 + len(m.passes(p, len(sources)))
+    already = current().fetched  # the headers read so far (the run's counter)
+    return Footprint(output_bytes=weights + small, shard_bytes=opts.shard_bytes, output_streamed=streamed,
+                     held_shards=tuple(sorted(shards, reverse=True)[:SHARDS_IN_FLIGHT + 1]) if streamed else (),
+                     output_small=small, output_bound=lora_output, cache_bytes=cache, metadata_bytes=inputs_metadata,
+                     network_in=in_place * passes + cache + already, passes=passes,
+                     network_out=sent + small if push else 0, in_place=in_place * passes, already_read=already)
+
+
+def measure_merge_seconds(plan: Plan, m: Method, p: Any, n_inputs: int, *, sample: tuple[int, int] = (2048, 2048)
+                          ) -> float | None:
+    """The merge's compute time on this machine, predicted: the method timed on one ``sample``-shaped float32 tensor
+    (its statistics passes over it included), scaled to the plan's mergeable entries. None when the method cannot
+    merge without the models themselves (LOT's exemplars)."""
+    numel = sample[0] * sample[1]
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(sample, generator=g)
+    stack = torch.randn((n_inputs, *sample), generator=g).mul_(0.01)
+    name = "model.layers.0.mlp.up_proj.weight"
+    stats: dict[str, Any] = {}
+    try:
+        t0 = time.perf_counter()
+        for sp in m.passes(p, n_inputs):
+            sp.update(TensorContext(name, None, n_inputs, stats, ""), base, stack)
+            sp.finish(stats)
+        work = stack.clone()  # what the engine hands: a fresh float32 stack of τᵢ
+        m.merge(base, work, p, TensorContext(name, None, n_inputs, stats, ""))
+        seconds = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 - a method that needs more than tensors: not predicted
+        log.debug("merge time not measured: %s", e)
+        return None
+    total = sum(e.numel for _, e in plan.entries() if e.mergeable)
+    return seconds * total / numel
 
 
 def _restricted(ckpts: Sequence[Any]) -> list[dict[str, str]]:
@@ -395,7 +649,8 @@ def _restricted(ckpts: Sequence[Any]) -> list[dict[str, str]]:
     return [{"repo": k, "why": v} for k, v in sorted(out.items())]
 
 
-def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, tasks: list[Any]) -> dict[str, float]:
+def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, tasks: list[Any],
+                   push: bool = False) -> dict[str, float]:
     """The stages a merge will go through, weighted by their rough cost (for ``progress``'s ``done``)."""
     weights: dict[str, float] = {}
     if base is None or not _is_local(base) or not all(_is_local(s) for s in inputs):
@@ -406,6 +661,8 @@ def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, t
     weights["merge"] = 2.0
     if tasks:
         weights["eval"] = 1.0
+    if push:  # the shards go up during the merge; what is left: the last uploads and the commit
+        weights["push"] = 1.0
     return weights
 
 
@@ -483,4 +740,4 @@ def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["merge", "MergeResult", "HubsoupError"]
+__all__ = ["merge", "MergeResult", "PushTarget", "push_figures", "HubsoupError"]

@@ -17,9 +17,11 @@ from typing import Any, Sequence
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData, constants, metadata_load
 
+from hubsoup import REPOSITORY
 from hubsoup.arch import auto_class
 from hubsoup.errors import ParameterError
 from hubsoup.eval import to_eval_results
+from hubsoup.eval.run import local_dataset_type
 from hubsoup.methods import get_method
 from hubsoup.methods import describe
 from hubsoup.recipe import RECIPE_FILE, Recipe, looks_local, public_file_ref, public_value
@@ -67,14 +69,16 @@ def upstream_model(ref) -> str | None:
 
 
 def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[EvalResult] | None:
-    """Eval results whose dataset is a local file name it by file name and content hash, not by path."""
+    """Eval results as published: a ``dataset.type`` that is a local file (a caller's own ``EvalResult``) is the
+    result's dataset name, as :func:`hubsoup.eval.run.dataset_type` makes it; the file is never named there."""
     if not eval_results:
         return eval_results
 
     out = []
     for r in eval_results:
-        if looks_local(getattr(r, "dataset_type", None)):
-            r = dataclasses.replace(r, dataset_type=public_file_ref(r.dataset_type))
+        kind = getattr(r, "dataset_type", None)
+        if isinstance(kind, str) and (looks_local(kind) or "@sha256:" in kind or kind.endswith("@local")):
+            r = dataclasses.replace(r, dataset_type=local_dataset_type(r.dataset_name))
         out.append(r)
     return out
 
@@ -118,7 +122,10 @@ def _load_view(result, folder: str | None, lora: bool) -> dict[str, Any]:
         cls, tag = _PEFT_TASK_AUTO.get(str(task), (cls, tag))
     seen = [d for d in [*here, base_dir] if d and os.path.isdir(d)]
     tokenizer = not seen or any(os.path.isfile(os.path.join(d, f)) for d in seen for f in _TOKENIZER_FILES)
-    return {"auto_class": cls, "pipeline_tag": tag, "architecture": auto.architecture, "tokenizer": tokenizer}
+    # an adapter folder holds the base's tokenizer: loaded from it, the snippet needs the base for the weights only
+    tokenizer_here = any(os.path.isfile(os.path.join(d, f)) for d in here if os.path.isdir(d) for f in _TOKENIZER_FILES)
+    return {"auto_class": cls, "pipeline_tag": tag, "architecture": auto.architecture, "tokenizer": tokenizer,
+            "tokenizer_here": tokenizer_here}
 
 
 def _heads_view(evaluation: Sequence[Any]) -> list[dict[str, Any]]:
@@ -252,6 +259,7 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
         inputs=inputs,
         eval_results=list(eval_results or []),
         hubsoup_version=result.recipe.hubsoup_version,
+        repository=REPOSITORY,
         recipe_hash=result.recipe.hash,
         recipe_yaml=result.recipe.public_yaml(),
         load_id=repo_id or os.path.abspath(result.path),  # a local card loads from anywhere
@@ -291,7 +299,7 @@ def _recipe_base(folder: str):
 
     try:
         with open(os.path.join(folder, RECIPE_FILE), encoding="utf-8") as f:
-            return Recipe.from_yaml(f.read()).base
+            return Recipe.from_yaml(f.read(), verify=False).base
     except Exception:  # noqa: BLE001 - any folder may be pushed: no recipe, no base to rename
         return None
 
@@ -319,6 +327,7 @@ def retarget_text(text: str, folder: str, repo_id: str) -> str:
     if base is not None and not base.repo_id and base.path:
         for local in _local_forms(base.path):
             new = new.replace(f'from_pretrained("{local}")', f'from_pretrained("{base_load_id(base)}")')
+            new = new.replace(f'base_path = "{local}"', f'base_path = "{base_load_id(base)}"')  # a local-only base
     old_title, title = card_title(os.path.abspath(folder)), card_title(repo_id)
     if old_title != title:
         head, sep, body = new.partition("\n---\n") if new.startswith("---\n") else ("", "", new)

@@ -96,12 +96,29 @@ class DiskFullError(HubsoupError):
     """The disk (or quota) filled up while writing the output; the temporary folder was removed."""
 
 
+class DiskLimitError(HubsoupError):
+    """The run's predicted peak local disk exceeds ``max_disk``: refused before any weight was downloaded; the
+    message says what it needs, part by part."""
+
+
 class OutputNotWritableError(HubsoupError):
     """The output's folder is on a read-only file system or not writable by this user."""
 
 
 class PushError(HubsoupError):
     """Uploading to the Hub failed; the local output is intact."""
+
+
+class PrivateInputsError(PushError):
+    """A public push of a merge whose inputs are private or gated, refused before anything was sent.
+
+    ``repo_id``: the public target; ``inputs``: ``(repo, why)`` of each such input (an app tells its visitor
+    from these, without the command line's advice or the server's folder)."""
+
+    def __init__(self, message: str, repo_id: str = "", inputs: "list[tuple[str, str]] | None" = None):
+        super().__init__(message)
+        self.repo_id = repo_id
+        self.inputs = list(inputs or [])
 
 
 class EvolveError(HubsoupError):

@@ -1,5 +1,8 @@
 """The Hub client rules every Hub request of hubsoup follows: timeouts, token scrubbing, HTTP-error reading.
 
+Scrubbing covers every secret a message or log line may carry: Hub tokens, and the credentials of a URL
+(a study's database) too.
+
 A leaf (it imports only :mod:`hubsoup.errors` and, inside the calls that need it, ``huggingface_hub``):
 sources (downloads), :mod:`hubsoup.hub` (the push) and the pipeline all use it, so none of them imports
 another for these rules.
@@ -15,7 +18,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
+import warnings
 from typing import Any, Union
 
 from hubsoup.errors import PushError
@@ -109,10 +114,52 @@ def error_status(e: BaseException | None) -> int | None:
     return None
 
 
+RETRY_STATUS = (408, 429, 500, 502, 503, 504)
+"""The answers huggingface_hub's own downloads retry (``http_backoff``); hubsoup's range reads retry them too."""
+
+
+def transient(e: BaseException) -> bool:
+    """Whether a Hub request that raised ``e`` may be tried again: a 5xx, 408 or 429 answer, or a connection that
+    dropped (refused, reset, closed before the answer or the body ended). A timeout is not: the request already
+    waited ``HUBSOUP_HUB_TIMEOUT``."""
+    if is_timeout(e):
+        return False
+    status = error_status(e)
+    if status is not None:
+        return status in RETRY_STATUS
+    seen = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if any(c.__name__ in ("ConnectError", "RemoteProtocolError", "ReadError", "ConnectionError",
+                              "IncompleteRead") for c in type(cur).__mro__):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 # --- secrets -------------------------------------------------------------------------------------
 
 _TOKEN_SHAPE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
 _AUTH_HEADER = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:(bearer|basic|token)\s+)?[^\s\"',}]+")
+
+
+# a URL's user and password (``postgresql://u:p@db/x``; a password with an unescaped ``@`` too) and the
+# credentials a URL's query or a libpq connection string may carry (``?password=...``, ``password=... host=...``)
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s/?#'\"<>]*@")
+_KEY_SECRET = re.compile(r"(?i)\b(password|passwd|pwd|secret|api[_-]?key|access[_-]?token|auth[_-]?token|sslpassword)"
+                         r"(\s*=\s*)(?:'[^']*'|\"[^\"]*\"|[^\s&;'\",}]+)")
+
+
+def scrub_url_credentials(text: Any) -> str:
+    """``text`` without the credentials of any URL or connection string in it: ``scheme://user:password@host``
+    becomes ``scheme://***@host``, ``password=...`` (a URL's query, a libpq string) ``password=***``.
+
+    >>> scrub_url_credentials("cannot open postgresql://alice:s3cr@t@db:5432/studies?sslmode=require&password=x")
+    'cannot open postgresql://***@db:5432/studies?sslmode=require&password=***'
+    """
+    text = _URL_USERINFO.sub(lambda m: m.group(1) + "***@", str(text))
+    return _KEY_SECRET.sub(lambda m: m.group(1) + m.group(2) + "***", text)
 
 
 _stored_token: tuple[float, str | None] = (0.0, None)
@@ -147,12 +194,14 @@ def _tokens_in_use(token: Token = None) -> set[str]:
 
 def scrub_secrets(text: Any, token: Token = None) -> str:
     """``text`` without any Hub token: the tokens in use (``token``, ``HF_TOKEN``, the stored login),
-    anything shaped like one (``hf_`` + 20 or more characters) and ``Authorization`` header values."""
+    anything shaped like one (``hf_`` + 20 or more characters) and ``Authorization`` header values; nor
+    the credentials of a URL (a database's: :func:`scrub_url_credentials`)."""
     text = str(text)
     for tok in sorted(_tokens_in_use(token), key=len, reverse=True):
         text = text.replace(tok, "***")
     text = _TOKEN_SHAPE.sub("hf_***", text)
-    return _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "") + "***", text)
+    text = _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "") + "***", text)
+    return scrub_url_credentials(text) if ("@" in text or "=" in text) else text
 
 
 class SecretFilter:
@@ -193,12 +242,139 @@ def install_log_scrubber() -> None:
 
     scrubbed_record._hubsoup = True  # type: ignore[attr-defined]
     logging.setLogRecordFactory(scrubbed_record)
+    shown = warnings.formatwarning  # Python's warnings are printed, not logged: scrubbed as they are formatted
+    if not getattr(shown, "_hubsoup", False):
+        def scrubbed_warning(message, category, filename, lineno, line=None):
+            return scrub_secrets(shown(message, category, filename, lineno, line))
+
+        scrubbed_warning._hubsoup = True  # type: ignore[attr-defined]
+        warnings.formatwarning = scrubbed_warning
+
+
+# --- retries ------------------------------------------------------------------------------------
+
+_RETRY_MESSAGE = re.compile(r"thrown while requesting |^Retrying in \d|^Rate limited\. Waiting |^Retrying \(Retry\(")
+
+
+class RetryFilter(logging.Filter):
+    """Drops the warning huggingface_hub (and urllib3) log at each retry of a request, unless ``show``: a
+    dropped connection ends in one error line (the reason, the command to retry), not a warning per attempt
+    (72 of them before, for one download). The command line's ``-v`` shows them."""
+
+    show = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.WARNING or RetryFilter.show:
+            return True
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is logging's problem, not ours
+            return True
+        if _RETRY_MESSAGE.search(msg):
+            self.dropped += 1
+            return False
+        return True
+
+
+RETRY_LOGGERS = ("huggingface_hub.utils._http", "urllib3.connectionpool", "urllib3.util.retry")
+
+
+def quiet_retries(show: bool = False) -> None:
+    """No warning line per retried request (:class:`RetryFilter` on the loggers in :data:`RETRY_LOGGERS`)
+    unless ``show``; installed once per process, by the command line (``show``: its ``-v``)."""
+    RetryFilter.show = show
+    for name in RETRY_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RetryFilter) for f in logger.filters):
+            logger.addFilter(RetryFilter())
+
+
+MAX_REPO_NAME = 96
+"""The longest namespace or name the Hub takes (huggingface_hub's rule: 96 characters each)."""
+
+
+# --- a commit huggingface_hub skipped ---------------------------------------------------------------
+
+_EMPTY_COMMIT = "No files have been modified since last commit"
+_skipped = threading.local()
+
+
+class _SkippedCommitFilter(logging.Filter):
+    """huggingface_hub's WARNING for a commit it skipped (the repo already holds every file as it is): noted for
+    the thread that pushed (:func:`commit_was_skipped`, so the push can say "nothing changed" instead of
+    "pushed to ... <the old commit>") and shown only when debugging (``-v``): a WARNING reads as a failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _EMPTY_COMMIT not in str(record.msg):
+            return True
+        if record.thread == threading.get_ident():
+            _skipped.seen = True
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+def expect_commit() -> None:
+    """Before a commit: forget this thread's earlier skipped one; huggingface_hub's note of a skip is now seen."""
+    logger = logging.getLogger("huggingface_hub.hf_api")
+    if not any(isinstance(f, _SkippedCommitFilter) for f in logger.filters):
+        logger.addFilter(_SkippedCommitFilter())
+    _skipped.seen = False
+
+
+def commit_was_skipped() -> bool:
+    """Whether this thread's last commit (after :func:`expect_commit`) was skipped: nothing had changed."""
+    return bool(getattr(_skipped, "seen", False))
+
+
+def pushed_line(repo_id: str, info: Any) -> str:
+    """What the command line says after a push: the commit, or that the repo already had this content.
+
+    Example:
+        >>> class Info: oid, commit_url = "3f1c2d" + "0" * 34, "https://hub/alice/soup/commit/3f1c2d"
+        >>> pushed_line("alice/soup", Info())
+        'pushed to alice/soup: https://hub/alice/soup/commit/3f1c2d'
+    """
+    if commit_was_skipped():
+        return f"nothing changed: {repo_id} already has this content at {str(info.oid)[:12]} ({info.commit_url})"
+    return f"pushed to {repo_id}: {info.commit_url}"
 
 
 def check_repo_id(repo_id: str) -> str:
-    """Refuse a target that is not ``namespace/name`` (before any merge or upload starts)."""
-    if not isinstance(repo_id, str) or not _REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".", "-")):
-        raise PushError(f"push target '{repo_id}' is not a Hub repo ID; use NAMESPACE/NAME, e.g. my-org/my-soup")
+    r"""Refuse a target the Hub would refuse, before any merge or upload starts: not ``namespace/name``;
+    huggingface_hub's own rule (:func:`huggingface_hub.utils.validate_repo_id`: letters, digits, ``-``,
+    ``_``, ``.``, no ``--`` or ``..``, not ending in ``.git``, at most 96 characters a part); and what that
+    rule lets through but the Hub refuses: a trailing newline or space, letters beyond ASCII, a part
+    starting or ending with ``-`` or ``.``.
+
+    >>> check_repo_id("my-org/my-soup")
+    'my-org/my-soup'
+    >>> check_repo_id("my-org/soup\n")
+    Traceback (most recent call last):
+    ...
+    hubsoup.errors.PushError: push target 'my-org/soup\n' is not a Hub repo ID (letters, digits, '-', '_' and '.' only); use NAMESPACE/NAME, e.g. my-org/my-soup
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id  # lazy: keeps --help free of huggingface_hub
+
+    def refuse(why: str) -> PushError:
+        shown = repr(repo_id) if isinstance(repo_id, str) and len(repo_id) <= 120 else \
+            (repr(repo_id[:100]) + f"... ({len(repo_id)} characters)" if isinstance(repo_id, str) else type(repo_id).__name__)
+        return PushError(f"push target {shown} is not a Hub repo ID ({why}); use NAMESPACE/NAME, e.g. my-org/my-soup")
+
+    if not isinstance(repo_id, str) or repo_id.count("/") != 1:
+        raise refuse("one '/' between the namespace and the name")
+    if not repo_id.isascii() or not _REPO_ID.fullmatch(repo_id):  # fullmatch: "$" would let a trailing newline by
+        raise refuse("letters, digits, '-', '_' and '.' only")
+    if any(len(part) > MAX_REPO_NAME for part in repo_id.split("/")):
+        raise refuse(f"at most {MAX_REPO_NAME} characters before and after the '/'")
+    if "--" in repo_id or ".." in repo_id or any(p.endswith((".", "-")) for p in repo_id.split("/")):
+        raise refuse("no '--' or '..', no part ending in '-' or '.'")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise refuse(str(e).split(":")[0].rstrip(".")) from None
     return repo_id
 
 

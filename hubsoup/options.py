@@ -205,6 +205,28 @@ class MergeOptions:
     allow_private_inputs: bool = flag(
         False, "allow pushing a merge of private or gated inputs to a public repo (the card says so)", compare=False)
     """Let a merge of private or gated Hub inputs be pushed to a public repo (its card then says so)."""
+    cache_inputs: bool = flag(
+        False, "download Hub inputs' weight files into the Hub cache and read them there (default: read only the "
+               "tensors the merge needs, with range requests, never storing them)", compare=False)
+    """Download Hub inputs' weight files into the Hub cache (``snapshot_download``) and read them there. Default
+    (False): the tensors the merge needs are read from the Hub with range requests at the pinned commit, held in
+    memory only (:mod:`hubsoup.sources.remote`); whatever the cache already holds at that commit is read there."""
+    read_ahead: str | int = flag(
+        "256MiB", "Hub inputs: bytes fetched ahead of the merge, in memory (default 256MiB)", metavar="SIZE",
+        compare=False)
+    """Hub inputs read in place: at most this many bytes fetched ahead of the tensor being merged, per stream
+    (``"256MiB"`` or bytes). Never changes a result."""
+    max_disk: str | int | None = flag(
+        None, "refuse the run, before any weight is downloaded, unless its peak local disk (output, Hub cache, "
+              "temporary files) stays under SIZE", metavar="SIZE", compare=False)
+    """The most local disk the run may use at its peak (``"20GB"`` or bytes): the output (all of it, or the shards
+    in flight when they stream to the Hub), the Hub cache it fills and its temporary files. Checked from the plan
+    before any weight is downloaded (:mod:`hubsoup.footprint`)."""
+    allow_task_code: bool = flag(
+        False, "with --hub-only: let an lm-eval task_dir fetched from the Hub run its Python (!function, .py "
+               "files; it runs code!)", compare=False)
+    """In a ``hub_only`` run, an lm-eval ``task_dir`` is a Hub repo fetched into a fresh folder, and its Python
+    (``!function`` tags, ``.py`` files) is refused unless the operator sets this (SECURITY.md)."""
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPE_NAMES:
@@ -214,6 +236,8 @@ class MergeOptions:
                                  f"got {self.shape_mismatch!r}")
         self.shard_bytes  # noqa: B018 - parse now: a bad size fails before any work
         self.max_download_bytes  # noqa: B018
+        self.read_ahead_bytes  # noqa: B018
+        self.max_disk_bytes  # noqa: B018
         if self.hub_only and isinstance(self.device_map, str) and not self.device_map.strip().startswith("{"):
             if self.device_map.strip() not in STRATEGIES:  # a JSON file: a path, never looked at in hub_only
                 raise ParameterError(f"device_map: with hub_only, one of {', '.join(STRATEGIES)} or a JSON map "
@@ -253,6 +277,22 @@ class MergeOptions:
             return parse_size(self.max_download)
         except ParameterError as e:
             raise ParameterError(f"--max-download (max_download): {e}") from None
+
+    @property
+    def read_ahead_bytes(self) -> int:
+        try:
+            return parse_size(self.read_ahead)
+        except ParameterError as e:
+            raise ParameterError(f"--read-ahead (read_ahead): {e}") from None
+
+    @property
+    def max_disk_bytes(self) -> int | None:
+        if self.max_disk is None:
+            return None
+        try:
+            return parse_size(self.max_disk)
+        except ParameterError as e:
+            raise ParameterError(f"--max-disk (max_disk): {e}") from None
 
     @property
     def hashed(self) -> dict[str, Any]:

@@ -32,8 +32,9 @@ Example:
 
 from __future__ import annotations
 
+import io
 import threading
-from typing import Callable, Protocol, Union
+from typing import Any, Callable, Protocol, Sequence, Union
 
 from hubsoup.errors import MergeCancelled, ParameterError
 
@@ -241,6 +242,58 @@ def silent_tqdm(monitor: Monitor):
     return _Silent
 
 
+class ReadReport(io.BufferedIOBase):
+    """A file object as an upload reads it: each read checks ``cancel`` and reports, as steps of ``monitor``'s
+    segment, the bytes newly reached (the furthest point read: a retried upload is not counted twice)."""
+
+    def __init__(self, raw: Any, monitor: Monitor, name: str):
+        super().__init__()
+        self._raw, self._monitor, self._name, self.reached = raw, monitor, name, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, n: int | None = -1) -> bytes:
+        self._monitor.check("during the upload")
+        data = self._raw.read(-1 if n is None else n)
+        pos = self._raw.tell()
+        if pos > self.reached:
+            self._monitor.step(f"uploading {self._name}", pos - self.reached)
+            self.reached = pos
+        return data
+
+    def read1(self, n: int = -1) -> bytes:
+        return self.read(n)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+
+def upload_steps(monitor: Monitor, operations: Sequence[Any], upload: Callable[[Any], object], *,
+                 segment: bool = True) -> None:
+    """Upload each of ``operations`` (huggingface_hub ``CommitOperationAdd``) with ``upload(op)``, as one segment of
+    the push counted in bytes (each file by its size, the commit that follows as one more unit): a model's one
+    big shard moves the bar while it goes up, instead of holding it until it is done. A file given as an open file
+    object is read through :class:`ReadReport`, so a cancel is noticed between two chunks of it too.
+    ``segment=False``: the caller started the segment (a push whose files go up in several calls)."""
+    sizes = [int(getattr(getattr(op, "upload_info", None), "size", 0) or 0) for op in operations]
+    if segment:
+        monitor.segment(sum(sizes) + 1, f"uploading {len(operations)} file(s)")
+    for op, size in zip(operations, sizes):
+        monitor.check("during the upload")
+        reader = None
+        if isinstance(op.path_or_fileobj, io.BufferedIOBase):  # its hash is known: only the upload reads it now
+            reader = op.path_or_fileobj = ReadReport(op.path_or_fileobj, monitor, op.path_in_repo)
+        upload(op)
+        monitor.step(f"uploaded {op.path_in_repo}", max(size - (reader.reached if reader else 0), 0))
+
+
 class _SegmentView:
     """A :class:`Monitor` whose :meth:`~Monitor.segment` does nothing: for the worker threads of one pass
     (the pass's segment is started once, by the caller; each worker only steps it)."""
@@ -260,4 +313,4 @@ def shared_segment(monitor: Monitor) -> Monitor:
     return _SegmentView(monitor)  # type: ignore[return-value]
 
 
-__all__ = ["Monitor", "STAGES", "Progress", "Cancel", "CancelEvent", "silent_tqdm", "shared_segment"]
+__all__ = ["Monitor", "STAGES", "Progress", "Cancel", "CancelEvent", "silent_tqdm", "shared_segment", "upload_steps"]

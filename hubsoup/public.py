@@ -74,6 +74,86 @@ def public_value(value: Any) -> Any:
     return value
 
 
+# top-level folders of a system, which name nothing of the user's (``/usr/bin/time`` in a card is not a leak)
+_SYSTEM_DIRS = frozenset({"usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "proc", "sys", "dev",
+                          "boot", "run", "snap", "System", "Library", "Applications"})
+# an absolute path in text: not inside a URL (no ``://``-host or word before its slash), two components at least
+_ABS_PATH = re.compile(r"(?:^|(?<=[\s\"'`(=,:;\[{<>|*])|(?<=file://))(/[\w.@+~-]+(?:/[\w.@+~-]*)+)")
+_WINDOWS_PATH = re.compile(r"(?<![\w/])([A-Za-z]:\\[^\s\"'<>|]+)")
+_TEXT_LIMIT = 32 * 1024 * 1024
+
+
+def local_paths_in_text(text: str) -> list[str]:
+    """The absolute paths of this machine that ``text`` holds: a path whose top folder exists here and is not a
+    system folder (``/tmp/...``, ``/home/...``, ``/work/...``; not ``/usr/...``, not a URL's path), and the home folder.
+
+    Example:
+        >>> local_paths_in_text('see https://huggingface.co/org/x and /usr/bin/time') == []
+        True
+        >>> local_paths_in_text('data_files: /tmp/tasks/toy.jsonl')
+        ['/tmp/tasks/toy.jsonl']
+    """
+    found = []
+    home = os.path.expanduser("~").rstrip("/\\")
+    if len(home) > 1 and home + os.sep in text:
+        found.append(home + os.sep)
+    for m in _ABS_PATH.finditer(text):
+        path = m.group(1)
+        top = path.split("/")[1]
+        if top and top not in _SYSTEM_DIRS and os.path.isdir("/" + top):
+            found.append(path)
+    if os.name == "nt":  # pragma: no cover - a drive path is this machine's only where drives exist
+        found += [p for p in _WINDOWS_PATH.findall(text) if os.path.exists(p.split("\\")[0] + "\\")]
+    return found
+
+
+def _strings(value: Any):
+    """Every string value of parsed JSON (not the keys: a tokenizer's vocabulary is keys)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def local_path_in_file(name: str, content: str | bytes) -> str | None:
+    """The first local path (:func:`local_paths_in_text`) that a file to publish holds, or None.
+
+    ``content`` is the file's bytes or its local path. JSON is read by its string values, a safetensors file by
+    its header's metadata, any other file that is UTF-8 text (YAML, markdown, a template, ...) as text; other
+    binary files carry no text to check.
+    """
+    if isinstance(content, bytes):
+        data = content
+    elif name.endswith(".safetensors"):
+        with open(content, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else 0
+            data = f.read(min(n, 100 * 1024 * 1024))
+    else:
+        if os.path.getsize(content) > _TEXT_LIMIT:
+            return None
+        with open(content, "rb") as f:
+            data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if name.endswith((".json", ".safetensors")):
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        if parsed is not None:
+            hits = [p for s in _strings(parsed) for p in local_paths_in_text(s)]
+            return hits[0] if hits else None
+    hits = local_paths_in_text(text)
+    return hits[0] if hits else None
+
+
 def public_config_text(text: str) -> str:
     """The config with every local model folder named by its public form (name and content digest)."""
     try:

@@ -124,12 +124,41 @@ class Recipe:
         _collect_paths(self.params, out)
         return out
 
+    def verify(self, recorded: Any) -> None:
+        """Refuse a recipe that does not say what it was: ``recorded`` (its ``hash:``) other than the hash of what it
+        records, or an input whose ``spec`` and ``path`` (or ``repo_id``) name different things. One line naming the
+        field. A public recipe's local inputs (a name and digest, no path) cannot be checked: nor can they be rerun.
+
+        >>> r = Recipe("linear", {}, InputRef("org/base", "org/base", sha="1" * 40), [InputRef("org/a", "org/a")])
+        >>> r.verify(r.hash)
+        >>> r.verify("0" * 64)
+        Traceback (most recent call last):
+        ...
+        hubsoup.errors.ParameterError: recipe: 'hash' is 000000000000..., but what the recipe records hashes to ...
+        """
+        for i, ref in enumerate([self.base, *self.inputs]):
+            what = "base" if i == 0 else f"inputs[{i - 1}]"
+            for where, r in ((what, ref), (f"{what}.adapter", ref.adapter)):
+                if r is not None:
+                    _check_ref(r, where)
+        if recorded is None:  # written by hand: nothing recorded to check (the inputs still are, before a rerun)
+            return
+        if not isinstance(recorded, str):
+            raise ParameterError(f"recipe: 'hash' must be the recipe's SHA-256, got {short(recorded)}")
+        if any(not (r.repo_id or r.path) for r in (self.base, *self.inputs)):
+            return  # a public recipe: its local inputs' paths were never published, so its hash cannot be recomputed
+        if recorded != self.hash:
+            raise ParameterError(f"recipe: 'hash' is {recorded[:12]}..., but what the recipe records hashes to "
+                                 f"{self.hash[:12]}...: it was edited (a method, parameter, input or the hash); "
+                                 "merge again instead of rerunning it")
+
     @classmethod
-    def from_yaml(cls, text: str) -> "Recipe":
+    def from_yaml(cls, text: str, *, verify: bool = True) -> "Recipe":
+        """The recipe a ``hubsoup_recipe.yaml`` holds, checked (``verify``) by :meth:`verify`."""
         d = load_yaml(text, "recipe")
         if not isinstance(d, dict):
             raise ParameterError("a recipe is a YAML mapping (method, params, base, inputs, ...)")
-        d.pop("hash", None)
+        recorded = d.pop("hash", None)
         extra = d.pop("extra", None) or {}
         if not isinstance(extra, dict):
             raise ParameterError("recipe: 'extra' must be a mapping")
@@ -168,7 +197,37 @@ class Recipe:
                 raise ParameterError(f"recipe: 'extra.{k}' must be a mapping, got {short(extra[k])}")
         if not isinstance((extra.get("mergekit") or {}).get("config", ""), str):
             raise ParameterError("recipe: 'extra.mergekit.config' must be the config's YAML text")
-        return cls(**d, **{k: extra.get(k) or {} for k in ("options", "output", "continual", "mergekit")})
+        recipe = cls(**d, **{k: extra.get(k) or {} for k in ("options", "output", "continual", "mergekit")})
+        if verify:
+            recipe.verify(recorded)
+        return recipe
+
+
+def _parts(path: str) -> list[str]:
+    return [p for p in os.path.normpath(path).replace("\\", "/").split("/") if p not in ("", ".", "..")]
+
+
+def _check_ref(ref: InputRef, what: str) -> None:
+    """A recorded input's ``spec`` (as the user gave it) and where it was read (``repo_id``, ``path``) agree."""
+    spec = ref.spec
+    if not spec:
+        return
+    if ref.repo_id:
+        repo_id, revision = (spec.rsplit("@", 1) + [None])[:2] if "@" in spec else (spec, None)
+        if repo_id != ref.repo_id or (revision and ref.revision and revision != ref.revision):
+            raise ParameterError(f"recipe: '{what}.spec' {short(spec)} and '{what}.repo_id' {short(ref.repo_id)}"
+                                 + (f"@{short(ref.revision)}" if ref.revision else "") + " name different repos")
+        if ref.path:
+            raise ParameterError(f"recipe: '{what}' names both a Hub repo and a local path")
+        return
+    if not ref.path:
+        return
+    given, path = os.path.expanduser(spec), ref.path
+    same = (os.path.normpath(given) == os.path.normpath(path)) if os.path.isabs(given) else (
+        _parts(path)[-len(_parts(given)):] == _parts(given) if _parts(given) else True)
+    if not same or not os.path.isabs(path):
+        raise ParameterError(f"recipe: '{what}.spec' {short(spec)} and '{what}.path' {short(path)} name different "
+                             "folders")
 
 
 def _collect_paths(value: Any, out: dict[str, str]) -> None:
@@ -188,8 +247,9 @@ def _collect_paths(value: Any, out: dict[str, str]) -> None:
 
 
 def public_recipe_yaml(text: str) -> str:
-    """The publishable form (:meth:`Recipe.public_yaml`) of a local ``hubsoup_recipe.yaml``'s text."""
-    return Recipe.from_yaml(text).public_yaml()
+    """The publishable form (:meth:`Recipe.public_yaml`) of a local ``hubsoup_recipe.yaml``'s text (an edited one
+    too: what is published never names a local path, whatever the recipe's hash says)."""
+    return Recipe.from_yaml(text, verify=False).public_yaml()
 
 
 def recipe_for(method: str, params: dict[str, Any], base: InputRef, inputs: Sequence[InputRef], *,

@@ -12,9 +12,9 @@ from the running install (so no index but PyPI is needed):
   on its first start.
 
 Example:
-    >>> files = space_files("alice/merger", hardware="cpu-basic", wheel=("hubsoup-0.1.0-py3-none-any.whl", b""))
+    >>> files = space_files("alice/merger", hardware="cpu-basic", wheel=("hubsoup-0.2.0-py3-none-any.whl", b""))
     >>> sorted(files)
-    ['README.md', 'app.py', 'hubsoup-0.1.0-py3-none-any.whl', 'hubsoup_space.json', 'requirements.txt']
+    ['README.md', 'app.py', 'hubsoup-0.2.0-py3-none-any.whl', 'hubsoup_space.json', 'requirements.txt']
     >>> "torch==" in files["requirements.txt"].decode() and "+cpu" in files["requirements.txt"].decode()
     True
 """
@@ -27,6 +27,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -34,7 +35,7 @@ import zipfile
 from importlib import metadata
 from typing import Any
 
-from hubsoup import __version__
+from hubsoup import REPOSITORY, __version__
 from hubsoup.errors import ParameterError, PushError
 from hubsoup.hubclient import Token
 
@@ -48,6 +49,7 @@ TEMPLATES = {"gradio": "the form: models, method and its parameters",
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 GRADIO_VERSION = "6.31.0"  # the sdk_version when gradio is not installed here (the app is tested with it)
 SCOPES = ["read-repos", "write-repos", "manage-repos"]  # private inputs, the push, creating the repo
+ZEROGPU_PYTHON = "3.10.13"  # the Python the Hub documents for ZeroGPU Spaces (Spaces ZeroGPU docs, "Compatibility")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # installed wheels carry the app inside the package; a source checkout has it under examples/
@@ -82,23 +84,54 @@ def wheel_name() -> str:
     return f"hubsoup-{__version__}-py3-none-any.whl"
 
 
+PACKED_SUFFIXES = (".py", ".json", ".md", ".jinja")
+"""The package's own files by kind: modules, data (measured defaults, module tables), card and chat templates."""
+PACKED_NAMES = ("py.typed",)
+
+
+def packable(name: str) -> bool:
+    """Whether a file of the package folder goes into the Space's (public) wheel: the package's own kinds of
+    file only, never a dotfile (``.env``), a cache (``__pycache__``, ``*.pyc``) or anything else left there."""
+    return not name.startswith(".") and (name.endswith(PACKED_SUFFIXES) or name in PACKED_NAMES)
+
+
+def _installed_files() -> set[str] | None:
+    """The files an installed (not editable) hubsoup's RECORD lists under ``hubsoup/``, when it is the one
+    running; None for a source checkout or an editable install (their RECORD names no package file)."""
+    try:
+        dist = metadata.distribution("hubsoup")
+        if os.path.realpath(str(dist.locate_file("hubsoup/__init__.py"))) != os.path.realpath(
+                os.path.join(_HERE, "__init__.py")):
+            return None
+        known = {str(f).replace(os.sep, "/") for f in dist.files or [] if str(f).startswith("hubsoup/")}
+    except (metadata.PackageNotFoundError, OSError, ValueError):
+        return None
+    return known or None
+
+
 def _wheel_entries() -> list[tuple[str, str]]:
-    """(name in the wheel, local file) of the running hubsoup: its package, card templates and the Space app."""
+    """(name in the wheel, local file) of the running hubsoup: its package, card templates and the Space app.
+
+    Only the package's own files (:func:`packable`; of an installed hubsoup, those its RECORD lists): a
+    Space is public, and whatever else lies in the package folder (a planted ``.env``) must not go with it."""
     entries = []
+    known = _installed_files()
     for root, dirs, names in os.walk(_HERE):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
         for n in sorted(names):
-            if n.endswith((".pyc", ".pyo")):
-                continue
             path = os.path.join(root, n)
-            entries.append(("hubsoup/" + os.path.relpath(path, _HERE).replace(os.sep, "/"), path))
+            name = "hubsoup/" + os.path.relpath(path, _HERE).replace(os.sep, "/")
+            if packable(n) and os.path.isfile(path) and not os.path.islink(path) and (known is None or name in known):
+                entries.append((name, path))
     have = {name for name, _ in entries}
     top = os.path.dirname(_HERE)
     cards = os.path.join(top, "cards")
     if os.path.isdir(cards):  # a source checkout: the templates sit beside the package
         for n in sorted(os.listdir(cards)):
-            if os.path.isfile(os.path.join(cards, n)) and f"hubsoup/cards/{n}" not in have:
-                entries.append((f"hubsoup/cards/{n}", os.path.join(cards, n)))
+            path = os.path.join(cards, n)
+            if (packable(n) and os.path.isfile(path) and not os.path.islink(path)
+                    and f"hubsoup/cards/{n}" not in have):
+                entries.append((f"hubsoup/cards/{n}", path))
     if "hubsoup/space_app/app.py" not in have:
         entries.append(("hubsoup/space_app/app.py", app_path()))
     return entries
@@ -115,7 +148,9 @@ def build_wheel() -> tuple[str, bytes]:
         meta = metadata.distribution("hubsoup").read_text("METADATA")
     except metadata.PackageNotFoundError:
         meta = None
-    if not meta:
+    if meta:  # an editable install's metadata may be older than the code: the version is the code's
+        meta = re.sub(r"(?m)^Version: .*$", f"Version: {__version__}", meta, count=1)
+    else:
         meta = f"Metadata-Version: 2.1\nName: hubsoup\nVersion: {__version__}\n" + "".join(
             f"Requires-Dist: {r}\n" for r in _requirements_of_hubsoup())
     generated = {
@@ -140,8 +175,10 @@ def build_wheel() -> tuple[str, bytes]:
     return wheel_name(), buf.getvalue()
 
 
-def requirements(repo_id: str, hardware: str, private: bool, wheel: str, endpoint: str | None = None) -> str:
-    """The Space's ``requirements.txt`` (see the module docstring)."""
+def requirements(repo_id: str, hardware: str, private: bool, wheel: str, endpoint: str | None = None,
+                 wheel_sha256: str | None = None) -> str:
+    """The Space's ``requirements.txt`` (see the module docstring). A public Space's hubsoup is the wheel uploaded
+    beside the app, pinned by its SHA-256 (``#sha256=``: pip refuses any other bytes under that URL)."""
     from huggingface_hub import constants  # lazy: keeps hubsoup --help free of huggingface_hub
 
     torch_version = (_version("torch") or "").split("+")[0]
@@ -160,7 +197,8 @@ def requirements(repo_id: str, hardware: str, private: bool, wheel: str, endpoin
                   *(r for r in _requirements_of_hubsoup() if not r.startswith("torch"))]
     else:
         url = f"{(endpoint or constants.ENDPOINT).rstrip('/')}/spaces/{repo_id}/resolve/main/{wheel}"
-        lines += ["# this very hubsoup: its wheel, uploaded with the app", f"hubsoup @ {url}"]
+        pin = f"#sha256={wheel_sha256}" if wheel_sha256 else ""
+        lines += ["# this very hubsoup: its wheel, uploaded with the app (pinned by its hash)", f"hubsoup @ {url}{pin}"]
     lines += ["# the Space installs the gradio of README.md's sdk_version; this line is for running app.py elsewhere",
               f"gradio[oauth]=={_version('gradio') or GRADIO_VERSION}"]
     return "\n".join(lines) + "\n"
@@ -176,19 +214,40 @@ def readme(repo_id: str, hardware: str, template: str, private: bool) -> str:
         source = f.read()
     return jinja2.Template(source, keep_trailing_newline=True).render(
         title=repo_id.split("/")[-1], repo_id=repo_id, sdk_version=_version("gradio") or GRADIO_VERSION,
-        python_version=f"{sys.version_info.major}.{sys.version_info.minor}", hardware=hardware,
+        python_version=python_version(hardware), hardware=hardware, repository=repository_url(),
         scopes=SCOPES, template=template, template_help=TEMPLATES[template], zerogpu=hardware in HARDWARE_ZERO,
         cpu=hardware in HARDWARE_CPU, private=private, version=__version__, wheel=wheel_name())
+
+
+def python_version(hardware: str) -> str:
+    """The Space's ``python_version``: ZeroGPU's documented one, else the Python running this (which made the wheel).
+
+    >>> python_version("zero-a10g")
+    '3.10.13'
+    """
+    if hardware in HARDWARE_ZERO:
+        return ZEROGPU_PYTHON
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def repository_url() -> str:
+    """hubsoup's source repository: the ``Repository`` URL of its package metadata (``pyproject.toml``)."""
+    return REPOSITORY
+
+
+def check_hardware(hardware: str) -> None:
+    """A Space hardware name, or an error that says which one was meant."""
+    if hardware not in HARDWARE:
+        close = difflib.get_close_matches(hardware, HARDWARE, n=1)
+        raise ParameterError(f"unknown Space hardware '{hardware}'" + (f" (did you mean '{close[0]}'?)" if close else "")
+                             + f"; one of: {', '.join(HARDWARE)}")
 
 
 def check(repo_id: str, hardware: str, template: str) -> None:
     from hubsoup.hub import check_repo_id  # lazy: keeps hubsoup --help free of torch
 
     check_repo_id(repo_id)
-    if hardware not in HARDWARE:
-        close = difflib.get_close_matches(hardware, HARDWARE, n=1)
-        raise ParameterError(f"unknown Space hardware '{hardware}'" + (f" (did you mean '{close[0]}'?)" if close else "")
-                             + f"; one of: {', '.join(HARDWARE)}")
+    check_hardware(hardware)
     if template not in TEMPLATES:
         raise ParameterError(f"unknown Space template '{template}'; one of: {', '.join(TEMPLATES)}")
 
@@ -203,7 +262,8 @@ def space_files(repo_id: str, *, hardware: str = "cpu-basic", template: str = "g
     settings = {"template": template, "zerogpu": hardware in HARDWARE_ZERO, "hardware": hardware,
                 "hubsoup": __version__, "wheel": name}
     return {"app.py": app, "README.md": readme(repo_id, hardware, template, private).encode("utf-8"),
-            "requirements.txt": requirements(repo_id, hardware, private, name, endpoint).encode("utf-8"),
+            "requirements.txt": requirements(repo_id, hardware, private, name, endpoint,
+                                             hashlib.sha256(data).hexdigest()).encode("utf-8"),
             "hubsoup_space.json": (json.dumps(settings, indent=2) + "\n").encode("utf-8"), name: data}
 
 

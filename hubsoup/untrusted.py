@@ -26,6 +26,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
 
 import yaml
@@ -38,6 +40,9 @@ MAX_YAML_NODES = 200_000
 """The most nodes a YAML may stand for, each alias counted as the size of the node it repeats."""
 SHORT = 64
 """Characters of an untrusted value an error message shows."""
+MAX_LABEL = 100
+"""The longest label (:func:`label`)."""
+_LABEL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.()-]*$")
 
 
 def short(value: Any, limit: int = SHORT) -> str:
@@ -59,6 +64,69 @@ def short(value: Any, limit: int = SHORT) -> str:
         return text[:limit] + "..."
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _why_not_label(text: Any) -> str | None:
+    if not isinstance(text, str):
+        return f"must be text, got a {type(text).__name__}"
+    if not text:
+        return "is empty"
+    if len(text) > MAX_LABEL:
+        return f"is longer than {MAX_LABEL} characters"
+    if text in (".", ".."):
+        return "is '.' or '..'"
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        return "holds a control character"
+    if text.startswith(("/", "\\", "~")):
+        return "is an absolute path"
+    if "/" in text or "\\" in text or os.sep in text or (os.altsep and os.altsep in text):
+        return "holds a path separator"
+    if re.match(r"^[A-Za-z]:", text):
+        return "is a drive"
+    if not _LABEL.match(text) or text.endswith("."):
+        return "may hold only letters, digits, '_', '-', '(', ')' and '.' (not first or last)"
+    return None
+
+
+def label(text: Any, what: str) -> str:
+    """``text`` (a name from a config, recipe, card or Hub file: a stage, a module, a folder) if it is a label;
+    else a one-line :class:`~hubsoup.errors.ParameterError` naming ``what``.
+
+    A label is 1 to :data:`MAX_LABEL` letters, digits, ``_``, ``-``, ``(``, ``)`` and ``.`` (a ``.`` neither first
+    nor last; lm-eval's task names all fit):
+    never ``.`` or ``..``, a path separator, an absolute form, a drive letter, a control character or empty. A
+    path is made from it only by :func:`owned_path`, inside a folder hubsoup owns.
+
+    >>> label("stage-1", "stage name")
+    'stage-1'
+    >>> label("../x", "stage name")
+    Traceback (most recent call last):
+    ...
+    hubsoup.errors.ParameterError: stage name '../x' holds a path separator: a name in a config is a label, never a path
+    """
+    why = _why_not_label(text)
+    if why is not None:
+        raise ParameterError(f"{what} {short(text)} {why}: a name in a config is a label, never a path")
+    return text
+
+
+def owned_path(root: str, name: str, *, prefix: str = "", what: str = "name") -> str:
+    """The folder (or file) ``root/PREFIX+NAME``: ``name`` checked as a :func:`label` (``what`` names it in the
+    refusal), ``prefix`` hubsoup's own constant; the result is always a direct child of ``root`` (absolute).
+
+    >>> owned_path("/srv/run/stages", "first", what="stage name")
+    '/srv/run/stages/first'
+    >>> owned_path("/srv/run/stages", "..", what="stage name")
+    Traceback (most recent call last):
+    ...
+    hubsoup.errors.ParameterError: stage name '..' is '.' or '..': a name in a config is a label, never a path
+    """
+    label(name, what)
+    root = os.path.abspath(root)
+    path = os.path.join(root, prefix + name)
+    if os.path.dirname(path) != root:  # cannot happen for a label and a constant prefix; a guard against both
+        raise ParameterError(f"{what} {short(name)}: not a name inside its folder")
+    return path
 
 
 class _Counting(yaml.SafeLoader):
@@ -100,20 +168,31 @@ class _Counting(yaml.SafeLoader):
             raise _TooBig()
 
 
+class _CountingAnyTag(_Counting):
+    """:class:`_Counting` that reads a node of any unknown tag (``!function x``, ``!!python/...``) as None: the
+    data of a file that a tool with its own tags reads, for checks only (nothing is constructed from a tag)."""
+
+
+_CountingAnyTag.add_constructor(None, lambda loader, node: None)
+
+
 class _TooBig(Exception):
     pass
 
 
-def load_yaml(text: str | bytes, what: str, *, max_bytes: int = MAX_YAML_BYTES, max_nodes: int = MAX_YAML_NODES) -> Any:
+def load_yaml(text: str | bytes, what: str, *, max_bytes: int = MAX_YAML_BYTES, max_nodes: int = MAX_YAML_NODES,
+              any_tag: bool = False) -> Any:
     """``yaml.safe_load(text)``, refusing (one line naming ``what``) text over ``max_bytes`` and documents that
-    stand for more than ``max_nodes`` nodes (an alias bomb); a syntax error is one line too.
+    stand for more than ``max_nodes`` nodes (an alias bomb); a syntax error is one line too. ``any_tag``: a node
+    of a tag the safe loader does not know (another tool's, e.g. lm-eval's ``!function``) reads as None.
 
     >>> load_yaml("[1, 2", "recipe")
     Traceback (most recent call last):
     ...
     hubsoup.errors.ParameterError: recipe: not valid YAML (while parsing a flow sequence)
     """
-    return _load(text, what, max_bytes, max_nodes, lambda loader: loader.get_single_data())
+    return _load(text, what, max_bytes, max_nodes, lambda loader: loader.get_single_data(),
+                 _CountingAnyTag if any_tag else _Counting)
 
 
 def load_yaml_all(text: str | bytes, what: str, *, max_bytes: int = MAX_YAML_BYTES,
@@ -133,14 +212,14 @@ def load_yaml_all(text: str | bytes, what: str, *, max_bytes: int = MAX_YAML_BYT
     return _load(text, what, max_bytes, max_nodes, every)
 
 
-def _load(text: str | bytes, what: str, max_bytes: int, max_nodes: int, read: Any) -> Any:
+def _load(text: str | bytes, what: str, max_bytes: int, max_nodes: int, read: Any, loader_class: Any = None) -> Any:
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
     if not isinstance(text, str):
         raise ParameterError(f"{what}: expected YAML text, got {type(text).__name__}")
     if len(text) > max_bytes:
         raise ParameterError(f"{what}: {len(text)} characters of YAML, more than the {max_bytes} read")
-    loader = _Counting(text, max_nodes)
+    loader = (loader_class or _Counting)(text, max_nodes)
     try:
         return read(loader)
     except _TooBig:
@@ -155,4 +234,5 @@ def _load(text: str | bytes, what: str, max_bytes: int, max_nodes: int, read: An
         loader.dispose()
 
 
-__all__ = ["load_yaml", "load_yaml_all", "short", "MAX_YAML_BYTES", "MAX_YAML_NODES"]
+__all__ = ["load_yaml", "load_yaml_all", "short", "label", "owned_path", "MAX_YAML_BYTES", "MAX_YAML_NODES",
+           "MAX_LABEL"]

@@ -8,9 +8,13 @@ What it implements (models, datasets and spaces alike):
 
 * ``POST /api/repos/create`` (409 + ``url`` when it exists), ``DELETE /api/repos/delete``,
   ``PUT /api/{type}s/{repo}/settings`` (visibility);
-* ``POST .../preupload/{rev}`` (every file is ``regular``: no LFS, no Xet) and the NDJSON
-  ``POST .../commit/{rev}`` (``file`` / ``deletedFile`` / ``deletedFolder``; ``?create_pr=1``
+* ``POST .../preupload/{rev}`` (``lfs`` for ``*.safetensors`` and what else the repo's ``.gitattributes``
+  names, for files of 10 MB or more and binary ones; ``regular`` otherwise; no Xet) and the NDJSON
+  ``POST .../commit/{rev}`` (``file`` / ``lfsFile`` / ``deletedFile`` / ``deletedFolder``; ``?create_pr=1``
   opens ``refs/pr/N``);
+* LFS (its own section below, :class:`_LfsStore`): the batch API ``POST /{repo}.git/info/lfs/objects/batch``
+  (basic and multipart transfers, verify), objects stored by sha256 and kept across commits, counters of
+  what was uploaded;
 * ``GET .../{repo}`` and ``.../revision/{rev}`` (``sha``, ``siblings``, ``private``, ``cardData``),
   ``.../tree/{rev}[/path]``, ``POST .../paths-info/{rev}``, ``.../refs``, ``.../commits/{rev}``,
   ``POST/DELETE .../branch/{name}``, ``POST .../tag/{rev}`` / ``DELETE .../tag/{tag}``;
@@ -238,11 +242,475 @@ class _Req:
 
 
 # --------------------------------------------------------------------------------------------
+# LFS: large files as the Hub stores them (pre-upload modes, the batch API, uploads, objects)
+# --------------------------------------------------------------------------------------------
+
+LFS_SIZE_THRESHOLD = 10 * 1024 * 1024
+"""A file this large is always LFS (the Hub's rule for files over 10 MB), whatever ``.gitattributes`` says."""
+
+_LFS_OID_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def lfs_pointer(sha256: str, size: int) -> bytes:
+    """The git-lfs pointer file of an object: what the repo's git tree holds in the object's place."""
+    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+
+
+def _lfs_patterns(gitattributes: bytes | None) -> list[str]:
+    """The patterns a ``.gitattributes`` puts under ``filter=lfs``."""
+    out = []
+    for line in (gitattributes or b"").decode("utf-8", "replace").splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and not parts[0].startswith("#") and "filter=lfs" in parts[1:]:
+            out.append(parts[0])
+    return out
+
+
+def _matches(pattern: str, path: str) -> bool:
+    import fnmatch
+
+    if "/" in pattern.strip("/"):  # git: a pattern with a slash matches the whole path
+        return fnmatch.fnmatchcase(path, pattern.lstrip("/"))
+    return fnmatch.fnmatchcase(path.rsplit("/", 1)[-1], pattern)
+
+
+@dataclass
+class _LfsTicket:
+    """An upload the batch API handed out: its URLs carry the ticket (as the Hub's pre-signed URLs do)."""
+
+    repo: tuple[str, str]
+    oid: str
+    size: int
+    parts: dict[int, bytes] = field(default_factory=dict)
+
+
+class _LfsStore:
+    """The Hub's LFS side, as :class:`HubServer` uses it (this section is the whole of it):
+
+    * ``POST .../preupload/{rev}`` answers ``"uploadMode": "lfs"`` for a path the repo's ``.gitattributes``
+      (at that revision) puts under ``filter=lfs`` (``*.safetensors`` in a new repo), a file of
+      :data:`LFS_SIZE_THRESHOLD` bytes or more, or a binary one (a NUL byte in its 512-byte sample): as the
+      Hub decides. Its ``oid`` for an existing LFS file is the object's sha256 (what huggingface_hub compares).
+    * ``POST /{repo}.git/info/lfs/objects/batch`` (the LFS batch API, basic transfer): an object this repo
+      already holds is answered without ``actions`` (huggingface_hub then uploads nothing); another gets an
+      ``upload`` action (a ``PUT`` to this server, the ticket in its URL: no token needed, as S3's pre-signed
+      URLs) and a ``verify`` action. With :attr:`lfs_multipart_chunk` set, objects larger than it get the
+      Hub's multipart transfer (``chunk_size`` and one URL per part in the action's header, completed by a
+      ``POST`` of the parts' ETags). Uploaded bytes are checked against the oid and size (400 otherwise).
+    * Objects are stored by sha256 and kept across commits (and across a failed or cancelled run), per repo:
+      a rerun's batch request finds them. A commit's ``lfsFile`` entry (oid, size) must name an object of
+      the repo, or the commit is refused (422, as the Hub refuses a pointer to an object it lacks); the
+      tree then holds the object's pointer file.
+    * ``resolve`` serves an LFS file's content with ``X-Linked-Etag`` (its sha256) and ``X-Linked-Size``
+      as the Hub does; repo info with ``blobs=True`` lists ``lfs: {sha256, size, pointerSize}`` and
+      ``paths-info`` / ``tree`` entries ``lfs: {oid, size, pointerSize}`` (``blobId`` / ``oid``: the
+      pointer's git sha1).
+    * Counters for tests: :attr:`lfs_uploads` (one ``{repo, oid, size}`` per object stored by an upload),
+      :attr:`lfs_uploaded_bytes`, :attr:`lfs_uploaded_objects`.
+    """
+
+    lfs_multipart_chunk: int | None = None
+    """Objects larger than this many bytes are uploaded with the multipart transfer (None: never)."""
+
+    def _lfs_reset(self) -> None:
+        self.lfs_objects: dict[str, bytes] = {}  # sha256 -> content
+        self.lfs_pointers: dict[str, str] = {}  # git oid of a pointer file -> sha256 of its object
+        self.lfs_uploads: list[dict] = []
+        self._lfs_tickets: dict[str, _LfsTicket] = {}
+        self._lfs_repos: dict[tuple[str, str], set[str]] = {}  # (type, id) -> the objects it holds
+        self._lfs_misreported: dict[str, str] = {}  # sha256 of an object -> the sha256 the Hub says it has
+        self.lfs_multipart_chunk = None
+
+    @property
+    def lfs_uploaded_bytes(self) -> int:
+        with self._lock:
+            return sum(u["size"] for u in self.lfs_uploads)
+
+    @property
+    def lfs_uploaded_objects(self) -> int:
+        with self._lock:
+            return len(self.lfs_uploads)
+
+    def misreport_sha256(self, repo_id: str, path: str, sha256: str = "0" * 64) -> None:
+        """From now on the Hub reports ``sha256`` for ``path``'s LFS object (repo info, paths-info, tree,
+        ``X-Linked-Etag``) while it serves the same bytes: a client that checks what it read must notice."""
+        with self._lock:
+            repo = self.repos[("model", repo_id)]
+            oid = repo.commits[repo.branches["main"]].tree[path]
+            self._lfs_misreported[self.lfs_pointers[oid]] = sha256
+
+    def lfs_held(self, repo_id: str, repo_type: str = "model") -> set[str]:
+        """The sha256 of every object ``repo_id`` holds (uploaded or committed), committed or not."""
+        with self._lock:
+            return set(self._lfs_repos.get((repo_type, repo_id), set()))
+
+    # ---- storage --------------------------------------------------------------------------
+
+    def _content(self, oid: str) -> bytes:
+        """A tree entry's content: an LFS pointer's object, or the git blob itself."""
+        sha = self.lfs_pointers.get(oid)
+        return self.lfs_objects[sha] if sha is not None else self.blobs[oid]
+
+    def _lfs_info(self, oid: str) -> dict | None:
+        """``{oid, size, pointerSize}`` of a tree entry that is an LFS pointer, else None."""
+        sha = self.lfs_pointers.get(oid)
+        if sha is None:
+            return None
+        return {"oid": self._lfs_misreported.get(sha, sha), "size": len(self.lfs_objects[sha]),
+                "pointerSize": len(self.blobs[oid])}
+
+    def _lfs_headers(self, oid: str) -> dict[str, str]:
+        """``resolve``'s headers for an LFS file (none for a regular one)."""
+        info = self._lfs_info(oid)
+        if info is None:
+            return {}
+        return {"ETag": f'"{info["oid"]}"', "X-Linked-Etag": f'"{info["oid"]}"', "X-Linked-Size": str(info["size"])}
+
+    def _lfs_tree_entry(self, repo_key: tuple[str, str], sha: str) -> str:
+        """Put object ``sha`` (stored) in a tree: its pointer file's git oid."""
+        data = self.lfs_objects[sha]
+        pointer = lfs_pointer(sha, len(data))
+        oid = git_blob_oid(pointer)
+        self.blobs[oid] = pointer
+        self.lfs_pointers[oid] = sha
+        self._lfs_repos.setdefault(repo_key, set()).add(sha)
+        return oid
+
+    def _lfs_store(self, repo_key: tuple[str, str], data: bytes) -> str:
+        sha = hashlib.sha256(data).hexdigest()
+        self.lfs_objects[sha] = data
+        self._lfs_repos.setdefault(repo_key, set()).add(sha)
+        return sha
+
+    def _is_lfs(self, tree: dict[str, str], path: str, size: int, sample: bytes) -> bool:
+        """The Hub's choice for a file: LFS by ``.gitattributes``, by size, or because it is binary."""
+        if size == 0:
+            return False
+        if size >= LFS_SIZE_THRESHOLD or b"\0" in sample[:512]:
+            return True
+        attrs = tree.get(".gitattributes")
+        return any(_matches(p, path) for p in _lfs_patterns(self._content(attrs) if attrs else None))
+
+    def _stored_oid(self, repo: "Repo", tree: dict[str, str], path: str, data: bytes) -> str:
+        """Store ``data`` for ``path`` in ``repo`` (an LFS object if the Hub would make it one): its tree oid."""
+        if self._is_lfs(tree, path, len(data), data[:512]):
+            return self._lfs_tree_entry((repo.type, repo.id), self._lfs_store((repo.type, repo.id), data))
+        oid = git_blob_oid(data)
+        self.blobs[oid] = data
+        return oid
+
+    def _remote_oid(self, tree: dict[str, str], path: str) -> str | None:
+        """Pre-upload's ``oid`` of an existing file: an LFS object's sha256, a regular file's git oid."""
+        oid = tree.get(path)
+        if oid is None:
+            return None
+        return self.lfs_pointers.get(oid, oid)
+
+    def _commit_lfs_file(self, repo: "Repo", value: dict) -> str:
+        """A commit's ``lfsFile`` line: the tree oid of the object it names, which the repo must hold."""
+        sha, size = str(value.get("oid") or "").lower(), value.get("size")
+        if value.get("algo", "sha256") != "sha256" or not _LFS_OID_RE.match(sha):
+            raise HubError(400, f"Invalid LFS oid: {short_text(sha)}")
+        held = self._lfs_repos.get((repo.type, repo.id), set())
+        if sha not in held or sha not in self.lfs_objects:
+            raise HubError(422, f"Your push was rejected because an LFS pointer pointed to a file that does not "
+                                f"exist: {sha}")
+        if size is not None and size != len(self.lfs_objects[sha]):
+            raise HubError(422, f"LFS object {sha} has size {len(self.lfs_objects[sha])}, not {size}")
+        return self._lfs_tree_entry((repo.type, repo.id), sha)
+
+    # ---- the batch API and the transfers ----------------------------------------------------
+
+    def _lfs_route(self, req: _Req, segs: list[str]):
+        """``POST /[type/]{ns}/{name}.git/info/lfs/objects/batch``; None when ``segs`` is something else."""
+        rtype = "model"
+        if segs and segs[0] in REPO_TYPES and segs[0] != "models" and len(segs) > 1:
+            rtype, segs = REPO_TYPES[segs[0]], segs[1:]
+        if len(segs) == 6 and segs[1].endswith(".git") and segs[2:] == ["info", "lfs", "objects", "batch"]:
+            if req.method != "POST":
+                return self._no_route(req)
+            return self._lfs_batch(req, rtype, f"{segs[0]}/{segs[1][:-4]}")
+        return None
+
+    def _lfs_batch(self, req: _Req, rtype: str, repo_id: str):
+        repo = self._readable(req, rtype, repo_id)
+        body = req.json()
+        if body.get("operation") != "upload":
+            raise HubError(400, "The test hub's LFS batch API only uploads")
+        # huggingface_hub names the branch (`ref`) except for a pull request: then a write token that can
+        # read the repo is enough, as for a commit that opens one
+        self._check_commit_access(req, repo, create_pr=not body.get("ref"))
+        transfers = body.get("transfers") or ["basic"]
+        multipart = self.lfs_multipart_chunk is not None and "multipart" in transfers
+        objects, chosen = [], "basic"
+        for obj in body.get("objects") or []:
+            oid, size = str(obj.get("oid") or "").lower(), obj.get("size")
+            if not _LFS_OID_RE.match(oid) or not isinstance(size, int) or size < 0:
+                objects.append({"oid": str(oid), "size": size if isinstance(size, int) else 0,
+                                "error": {"code": 422, "message": "Invalid oid or size"}})
+                continue
+            have = self.lfs_objects.get(oid)
+            if have is not None and oid in self._lfs_repos.get((repo.type, repo.id), set()) and len(have) == size:
+                objects.append({"oid": oid, "size": size})  # already there: no actions, nothing to upload
+                continue
+            ticket = uuid.uuid4().hex
+            self._lfs_tickets[ticket] = _LfsTicket((repo.type, repo.id), oid, size)
+            base = f"{self.endpoint}/_test-lfs"
+            if multipart and size > self.lfs_multipart_chunk:
+                chunk = self.lfs_multipart_chunk
+                n = -(-size // chunk)
+                header = {"chunk_size": str(chunk), **{f"{i + 1:05d}": f"{base}/part/{ticket}/{i + 1}" for i in range(n)}}
+                upload = {"href": f"{base}/complete/{ticket}", "header": header}
+                chosen = "multipart"
+            else:
+                upload = {"href": f"{base}/upload/{ticket}"}
+            objects.append({"oid": oid, "size": size, "authenticated": True,
+                            "actions": {"upload": upload, "verify": {"href": f"{base}/verify/{ticket}"}}})
+        return _json_response({"transfer": chosen, "objects": objects, "hash_algo": "sha256"},
+                              headers={"Content-Type": "application/vnd.git-lfs+json"})
+
+    def _lfs_transfer(self, req: _Req, segs: list[str]):
+        """``PUT /_test-lfs/upload/{ticket}``, ``PUT .../part/{ticket}/{n}``, ``POST .../complete/{ticket}``,
+        ``POST .../verify/{ticket}``: the URLs the batch API handed out."""
+        if len(segs) < 2 or segs[1] not in self._lfs_tickets:
+            raise HubError(403, "Unknown or expired upload URL")
+        kind, ticket = segs[0], self._lfs_tickets[segs[1]]
+        if kind == "upload" and req.method == "PUT" and len(segs) == 2:
+            return self._lfs_receive(ticket, req.body)
+        if kind == "part" and req.method == "PUT" and len(segs) == 3 and segs[2].isdigit():
+            ticket.parts[int(segs[2])] = req.body
+            return 200, {"ETag": f'"{hashlib.md5(req.body).hexdigest()}"'}, b""
+        if kind == "complete" and req.method == "POST" and len(segs) == 2:
+            body = req.json()
+            parts = body.get("parts") or []
+            if body.get("oid") != ticket.oid or [p.get("partNumber") for p in parts] != sorted(ticket.parts):
+                raise HubError(400, "Multipart completion does not match the uploaded parts")
+            for p in parts:
+                want = f'"{hashlib.md5(ticket.parts[p["partNumber"]]).hexdigest()}"'
+                if p.get("etag") != want:
+                    raise HubError(400, f"Part {p['partNumber']}: wrong ETag")
+            return self._lfs_receive(ticket, b"".join(ticket.parts[n] for n in sorted(ticket.parts)))
+        if kind == "verify" and req.method == "POST" and len(segs) == 2:
+            if req.user is None:
+                raise HubError(401, "Invalid username or password.")
+            if ticket.oid not in self._lfs_repos.get(ticket.repo, set()):
+                raise HubError(404, f"LFS object {ticket.oid} not found")
+            return _json_response({"success": True})
+        return self._no_route(req)
+
+    def _lfs_receive(self, ticket: _LfsTicket, data: bytes):
+        if len(data) != ticket.size or hashlib.sha256(data).hexdigest() != ticket.oid:
+            raise HubError(400, f"The uploaded content does not match the LFS object {ticket.oid} "
+                                f"({len(data)} bytes, {ticket.size} announced)")
+        self._lfs_store(ticket.repo, data)
+        self.lfs_uploads.append({"repo": ticket.repo[1], "oid": ticket.oid, "size": ticket.size})
+        return 200, {}, b""
+
+
+def short_text(value: str) -> str:
+    return value if len(value) <= 80 else value[:77] + "..."
+
+# Ranged GETs (issue 45, the input side): a bandwidth limit, faults mid-body, bytes served, LFS sha256
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _BodyFault:
+    remaining: int
+    path: re.Pattern | None
+    after: int
+    drop: bool
+    hang: float | None
+    ranged: bool
+
+
+class _RangedGets:
+    """What :class:`HubServer` does for the bodies of file downloads (``GET .../resolve/...``), for the tests and
+    the benchmark of Hub inputs read in place:
+
+    * ``limit_bandwidth(rate)``: bodies are sent at most ``rate`` bytes/s, all connections together (a link;
+      ``per_connection=True``: each connection on its own), in chunks of :attr:`BODY_CHUNK`; ``None`` lifts it.
+      The LFS upload endpoints (``PUT /_test-lfs/upload/...`` and ``.../part/...``, the URLs the batch API hands
+      out) receive their bodies at the same rate, on the link's other direction (a link is full duplex: an upload
+      and a download go on at once, each at ``rate``); ``received`` counts the upload bytes taken in;
+    * ``fail_body(n, path=..., after=N, drop=True | hang=SECONDS, ranged=True)``: the next ``n`` matching bodies
+      stop after ``N`` bytes, the connection closed (``drop``) or held then closed (``hang``; ``reset()``/``stop()``
+      end it early); ``ranged``: only requests with a ``Range`` that does not start at byte 0 (a tensor's bytes,
+      not a header read);
+    * ``served``: ``(path, first byte, bytes sent)`` of every file body, ``served_bytes(path)`` their sum,
+      ``wait_served(n)`` waits (on a condition, not a sleep) until that many bytes were sent;
+    * LFS fields (the sha256 a file read whole is verified against) come from the LFS section above: every
+      ``*.safetensors`` file is an LFS object there, reported as the Hub reports one.
+    """
+
+    BODY_CHUNK = 16 << 10
+
+    def _reset_ranged(self) -> None:
+        self.bandwidth: float | None = None
+        self._per_connection = False
+        self._link_free = 0.0  # when the shared link is next free (time.monotonic)
+        self._up_free = 0.0  # when its upload direction is next free
+        self.received = 0
+        self._body_faults: list[_BodyFault] = []
+        self.served: list[tuple[str, int, int]] = []
+        self._served_total = 0
+        self._served_cond = threading.Condition()
+        self._ranged_failures: list[_Failure] = []
+
+    def limit_bandwidth(self, rate: float | None, *, per_connection: bool = False) -> None:
+        """Send file bodies at most ``rate`` bytes/s (``None``: as fast as possible)."""
+        if rate is not None and rate <= 0:
+            raise ValueError("rate must be positive (or None)")
+        self.bandwidth, self._per_connection, self._link_free, self._up_free = rate, per_connection, 0.0, 0.0
+
+    def fail_body(self, n: int = 1, *, path: str | None = None, after: int = 0, drop: bool = True,
+                  hang: float | None = None, ranged: bool = True) -> None:
+        """Stop the next ``n`` file bodies matching ``path`` (a regex searched in the request path) after ``after``
+        bytes: the connection closed (``drop``) or held ``hang`` seconds first (at most ``MAX_HANG``)."""
+        if hang is not None and not (0 < hang <= MAX_HANG):
+            raise ValueError(f"hang must be in (0, {MAX_HANG}] seconds")
+        with self._lock:
+            self._body_faults.append(_BodyFault(n, re.compile(path) if path else None, after, drop, hang, ranged))
+
+    def fail_ranged(self, n: int = 1, status: int = 503, *, path: str | None = None, drop: bool = False,
+                    hang: float | None = None) -> None:
+        """Answer the next ``n`` GETs of a file with a ``Range`` that does not start at byte 0 (a tensor's bytes,
+        never a header read) and whose path matches ``path`` with ``status`` (or drop / hang, as ``fail_next``)."""
+        with self._lock:
+            self._ranged_failures.append(_Failure(n, status, "GET", re.compile(path) if path else None,
+                                                  f"Injected failure ({status})", None, "before", drop, {}, hang))
+
+    def redirect_ranged(self, to: str, *, n: int = 1000, path: str | None = None) -> None:
+        """Answer the next ``n`` ranged GETs of a tensor's bytes (as :meth:`fail_ranged` picks them) with a
+        ``302`` to the same path on ``to`` (another server: a CDN, a Xet bridge), as the Hub redirects downloads."""
+        with self._lock:
+            self._ranged_failures.append(_Failure(n, 302, "GET", re.compile(path) if path else None, "Found", None,
+                                                  "before", False, {"X-Redirect-To": to}, None))
+
+    def _take_ranged_failure(self, req: "_Req") -> "_Failure | None":
+        rng = req.headers.get("Range") or ""
+        if req.method != "GET" or "/resolve/" not in req.path or not rng or re.match(r"\s*bytes=0-", rng):
+            return None
+        with self._lock:
+            for f in self._ranged_failures:
+                if f.matches("GET", req.path, "before"):
+                    f.remaining -= 1
+                    to = f.headers.get("X-Redirect-To")
+                    if to:  # this request's own Location
+                        return _Failure(1, f.status, "GET", None, f.message, None, "before", False,
+                                        {"Location": to + req.path})
+                    return f
+        return None
+
+    def served_bytes(self, path: str | None = None) -> int:
+        """Bytes of file bodies sent so far whose request path matches ``path`` (a regex; all when None)."""
+        rx = re.compile(path) if path else None
+        with self._served_cond:
+            return sum(n for p, _, n in self.served if rx is None or rx.search(p))
+
+    def wait_served(self, n: int, timeout: float = 60.0) -> bool:
+        """Wait until at least ``n`` bytes of file bodies were sent (True) or ``timeout`` passed (False)."""
+        with self._served_cond:
+            return self._served_cond.wait_for(lambda: self._served_total >= n, timeout)
+
+    def _take_body_fault(self, req: "_Req") -> _BodyFault | None:
+        rng = req.headers.get("Range") or ""
+        with self._lock:
+            for f in self._body_faults:
+                if f.remaining <= 0 or (f.path is not None and not f.path.search(req.path)):
+                    continue
+                if f.ranged and (not rng or re.match(r"\s*bytes=0-", rng)):
+                    continue
+                f.remaining -= 1
+                return f
+        return None
+
+    def _pace(self, n: int, conn: dict) -> None:
+        """Wait until ``n`` more bytes may go out (a slot on the shared link, or on this connection)."""
+        rate = self.bandwidth
+        if not rate:
+            return
+        import time
+
+        now = time.monotonic()
+        with self._lock if not self._per_connection else threading.Lock():
+            if self._per_connection:
+                start = max(now, conn.get("free", 0.0))
+                conn["free"] = start + n / rate
+                until = conn["free"]
+            else:
+                start = max(now, self._link_free)
+                self._link_free = start + n / rate
+                until = self._link_free
+        if until > now:
+            self._wake.wait(until - now)
+
+    def _pace_up(self, n: int, conn: dict) -> None:
+        """Wait until ``n`` more upload bytes may come in (the upload direction of the link, or this connection)."""
+        rate = self.bandwidth
+        if rate:
+            import time
+
+            now = time.monotonic()
+            with self._lock:
+                if self._per_connection:
+                    conn["free"] = until = max(now, conn.get("free", 0.0)) + n / rate
+                else:
+                    self._up_free = until = max(now, self._up_free) + n / rate
+                self.received += n
+            if until > now:
+                self._wake.wait(until - now)
+        else:
+            with self._lock:
+                self.received += n
+
+    def _paced_upload(self, method: str, path: str) -> bool:
+        """Whether a request's body is an LFS upload, received at the link's rate."""
+        return method == "PUT" and path.startswith("/_test-lfs/")
+
+    def _write_body(self, handler: "BaseHTTPRequestHandler", req: "_Req", status: int, data: bytes) -> None:
+        """Send a response body: file bodies paced, counted and maybe cut (see the class doc); others at once."""
+        if "/resolve/" not in req.path or status >= 400:
+            handler.wfile.write(data)
+            return
+        fault = self._take_body_fault(req)
+        m = re.match(r"\s*bytes=(\d+)-", req.headers.get("Range") or "")
+        first = int(m.group(1)) if m and status == 206 else 0
+        limit = len(data) if fault is None else min(fault.after, len(data))
+        conn: dict = {}
+        sent = 0
+        try:
+            while sent < limit:
+                chunk = data[sent:min(limit, sent + self.BODY_CHUNK)]
+                self._pace(len(chunk), conn)
+                handler.wfile.write(chunk)
+                sent += len(chunk)
+        except OSError:  # the client went away (a cancelled run)
+            fault = fault or _BodyFault(0, None, 0, True, None, False)
+        finally:
+            with self._served_cond:
+                self.served.append((req.path, first, sent))
+                self._served_total += sent
+                self._served_cond.notify_all()
+        if fault is not None:
+            handler.wfile.flush()
+            if fault.hang:
+                self._wake.wait(min(fault.hang, MAX_HANG))
+            handler.close_connection = True
+            try:
+                import socket
+
+                handler.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+# --------------------------------------------------------------------------------------------
 # The server
 # --------------------------------------------------------------------------------------------
 
 
-class HubServer:
+class HubServer(_LfsStore, _RangedGets):
     """In-memory Hub.  ``HubServer(port).start()``; ``stop()``; ``reset()`` empties it."""
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1",
@@ -303,6 +771,7 @@ class HubServer:
         with self._lock:
             self.repos: dict[tuple[str, str], Repo] = {}
             self.blobs: dict[str, bytes] = {}
+            self._lfs_reset()
             self._failures: list[_Failure] = []
             self._delays: list[list] = []  # [remaining, method, path regex, seconds]: see delay_next
             #: every request: dicts with method, path, query, status, user
@@ -312,6 +781,7 @@ class HubServer:
             #: False: a Hub that reports no file hashes (no ``oid`` in pre-upload answers, no ``blobId``
             #: in repo info), so a client cannot tell an unchanged file from a changed one by hash
             self.file_hashes = self._file_hashes
+            self._reset_ranged()  # bandwidth, body faults, bytes served (the section below)
 
     def _release_hangs(self) -> None:
         wake = getattr(self, "_wake", None)
@@ -389,6 +859,10 @@ class HubServer:
         with self._lock:
             self._delays.append([n, method.upper() if method else None, re.compile(path) if path else None, seconds])
 
+    def release_delays(self) -> None:
+        """Answer now the requests that :meth:`delay_next` holds (a test that has seen what it waited for)."""
+        self._release_hangs()
+
     def _take_delay(self, method: str, path: str) -> float:
         with self._lock:
             for d in self._delays:
@@ -402,8 +876,11 @@ class HubServer:
         self.fail_next(n, status, method="POST", path=r"^/api/[a-z]+/[^/]+/[^/]+/commit/", **kw)
 
     def clear_failures(self) -> None:
+        """Drop every injected failure not yet taken: ``fail_next``'s, ``fail_ranged``'s and ``fail_body``'s."""
         with self._lock:
             self._failures.clear()
+            self._ranged_failures.clear()
+            self._body_faults.clear()
 
     @property
     def pending_failures(self) -> int:
@@ -439,7 +916,7 @@ class HubServer:
         with self._lock:
             repo = self._repo(repo_id, repo_type)
             commit = repo.commits[self._resolve(repo, revision)]
-            return {p: self.blobs[o] for p, o in sorted(commit.tree.items())}
+            return {p: self._content(o) for p, o in sorted(commit.tree.items())}
 
     def head(self, repo_id: str, revision: str = "main", repo_type: str = "model") -> str:
         """Commit sha that ``revision`` points to."""
@@ -475,9 +952,7 @@ class HubServer:
             tree = dict(parent.tree)
             for p, content in files.items():
                 data = content.encode() if isinstance(content, str) else bytes(content)
-                oid = git_blob_oid(data)
-                self.blobs[oid] = data
-                tree[p.strip("/")] = oid
+                tree[p.strip("/")] = self._stored_oid(repo, tree, p.strip("/"), data)  # LFS where the Hub would
             sha = self._new_commit(repo, [parent.oid], tree, message, "", author or repo.namespace)
             repo.branches[branch] = sha
             return sha
@@ -563,6 +1038,11 @@ class HubServer:
     def handle(self, req: _Req) -> tuple[int, dict, bytes]:
         segs = [unquote(s) for s in req.path.split("/")[1:]]
         with self._lock:
+            if segs and segs[0] == "_test-lfs":  # the upload URLs the LFS batch API hands out
+                return self._lfs_transfer(req, segs[1:])
+            lfs = self._lfs_route(req, segs)
+            if lfs is not None:
+                return lfs
             if segs and segs[0] == "api":
                 return self._handle_api(req, segs[1:])
             rtype = "model"
@@ -683,6 +1163,7 @@ class HubServer:
         self._readable(req, rtype, repo_id)
         self._require_write(req, namespace, "delete a repo of")
         del self.repos[(rtype, repo_id)]
+        self._lfs_repos.pop((rtype, repo_id), None)  # its LFS objects go with it
         return _json_response({})
 
     def _settings(self, req: _Req, rtype: str, repo_id: str):
@@ -706,16 +1187,19 @@ class HubServer:
         for p, oid in sorted(commit.tree.items()):
             s: dict[str, Any] = {"rfilename": p}
             if with_blobs:
-                s.update(size=len(self.blobs[oid]), **({"blobId": oid} if self.file_hashes else {}))
+                s.update(size=len(self._content(oid)), **({"blobId": oid} if self.file_hashes else {}))
+                lfs = self._lfs_info(oid) if self.file_hashes else None
+                if lfs is not None:
+                    s["lfs"] = {"sha256": lfs["oid"], "size": lfs["size"], "pointerSize": lfs["pointerSize"]}
             siblings.append(s)
         info: dict[str, Any] = {
             "_id": repo.uid, "id": repo.id, "author": repo.namespace, "sha": sha,
             "lastModified": _iso(commit.date), "createdAt": _iso(repo.created_at),
             "private": repo.private, "gated": repo.gated, "disabled": False, "downloads": 0,
             "likes": 0, "tags": [], "siblings": siblings,
-            "usedStorage": sum(len(self.blobs[o]) for o in set(commit.tree.values())),
+            "usedStorage": sum(len(self._content(o)) for o in set(commit.tree.values())),
         }
-        card = _card_data(self.blobs[commit.tree["README.md"]]) if "README.md" in commit.tree else None
+        card = _card_data(self._content(commit.tree["README.md"])) if "README.md" in commit.tree else None
         if card is not None:
             info["cardData"] = card
             tags = card.get("tags")
@@ -728,7 +1212,7 @@ class HubServer:
             info["modelId"] = repo.id
             if "config.json" in commit.tree:
                 try:
-                    cfg = json.loads(self.blobs[commit.tree["config.json"]])
+                    cfg = json.loads(self._content(commit.tree["config.json"]))
                     info["config"] = {k: cfg[k] for k in ("architectures", "model_type") if k in cfg}
                 except (ValueError, TypeError):
                     pass
@@ -783,7 +1267,10 @@ class HubServer:
             entry: dict[str, Any] = {"type": "directory", "oid": oid, "size": 0, "path": path}
         else:
             oid = commit.tree[path]
-            entry = {"type": "file", "oid": oid, "size": len(self.blobs[oid]), "path": path}
+            entry = {"type": "file", "oid": oid, "size": len(self._content(oid)), "path": path}
+            lfs = self._lfs_info(oid) if self.file_hashes else None
+            if lfs is not None:
+                entry["lfs"] = lfs
         if expand:
             last = self._last_commit_touching(repo, commit, path, is_dir)
             entry["lastCommit"] = {"id": last.oid, "title": last.title, "date": _iso(last.date)}
@@ -914,8 +1401,13 @@ class HubServer:
         files = []
         for f in req.json().get("files", []):
             p = f.get("path", "")
-            files.append({"path": p, "uploadMode": "regular", "shouldIgnore": False,
-                          **({"oid": commit.tree.get(p)} if self.file_hashes else {})})
+            try:
+                sample = base64.b64decode(f.get("sample") or "")
+            except ValueError:
+                raise HubError(400, f"Invalid sample for {p}") from None
+            mode = "lfs" if self._is_lfs(commit.tree, p.strip("/"), int(f.get("size") or 0), sample) else "regular"
+            files.append({"path": p, "uploadMode": mode, "shouldIgnore": False,
+                          **({"oid": self._remote_oid(commit.tree, p.strip("/"))} if self.file_hashes else {})})
         return _json_response({"files": files, "commitOid": commit.oid})
 
     def _commit(self, req: _Req, rtype: str, repo_id: str, rev: str):
@@ -975,7 +1467,9 @@ class HubServer:
                 for p in gone:
                     del tree[p]
             elif key == "lfsFile":
-                raise HubError(400, "The test hub only accepts regular uploads (it answered uploadMode=regular)")
+                if not path:
+                    raise HubError(400, "A file needs a path")
+                tree[path] = self._commit_lfs_file(repo, value)
             else:
                 raise HubError(400, f"Unknown commit operation: {key}")
         self.blobs.update(new_blobs)
@@ -1035,10 +1529,11 @@ class HubServer:
         if path not in commit.tree:
             raise HubError(404, "Entry not found", code="EntryNotFound", headers={"X-Repo-Commit": sha})
         oid = commit.tree[path]
-        data = self.blobs[oid]
+        data = self._content(oid)
         headers = {
             "Content-Type": _content_type(path), "ETag": f'"{oid}"', "X-Repo-Commit": sha,
             "Accept-Ranges": "bytes", "Cache-Control": "private, max-age=0, must-revalidate",
+            **self._lfs_headers(oid),
         }
         rng = req.headers.get("Range")
         if rng:
@@ -1132,7 +1627,25 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PATCH(self):
         self._dispatch("PATCH")
 
-    def _read_body(self) -> bytes:
+    def _read_body(self, method: str = "") -> bytes:
+        hub = self.server.hub
+        paced = hub._paced_upload(method, urlsplit(self.path).path)  # an LFS upload: at the link's rate
+        conn: dict = {}
+
+        def read(n: int) -> bytes:
+            if not paced:
+                return self.rfile.read(n)
+            parts = []
+            while n > 0:
+                step = min(n, hub.BODY_CHUNK)
+                hub._pace_up(step, conn)
+                got = self.rfile.read(step)
+                if not got:
+                    break
+                parts.append(got)
+                n -= len(got)
+            return b"".join(parts)
+
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
             chunks = []
             while True:
@@ -1141,15 +1654,15 @@ class _Handler(BaseHTTPRequestHandler):
                     while self.rfile.readline() not in (b"\r\n", b"\n", b""):
                         pass
                     break
-                chunks.append(self.rfile.read(size))
+                chunks.append(read(size))
                 self.rfile.readline()
             return b"".join(chunks)
         length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else b""
+        return read(length) if length else b""
 
     def _dispatch(self, method: str) -> None:
         hub = self.server.hub
-        body = self._read_body()
+        body = self._read_body(method)
         split = urlsplit(self.path)
         path = split.path
         query = parse_qs(split.query, keep_blank_values=True)
@@ -1166,7 +1679,7 @@ class _Handler(BaseHTTPRequestHandler):
         delay = hub._take_delay(method, path)
         if delay:
             hub._wake.wait(delay)  # outside the lock: the rest of the Hub answers meanwhile
-        failure = hub._take_failure(method, path, "before")
+        failure = hub._take_failure(method, path, "before") or hub._take_ranged_failure(req)
         if failure is not None:
             resp = None
         elif bad_token:
@@ -1200,7 +1713,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("X-Request-Id", f"test-{uuid.uuid4().hex[:12]}")
         self.end_headers()
         if method != "HEAD":
-            self.wfile.write(data)
+            hub._write_body(self, req, status, data)
 
     @staticmethod
     def _log(hub: HubServer, req: _Req, status: int) -> None:

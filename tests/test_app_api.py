@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import hubsoup
 from hubsoup.errors import HubsoupError, MergeCancelled
-from hubsoup.testing import make_finetune, save_tiny_tokenizer
+from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
 
 LAYERS = 2  # the tiny Llama's decoder layers
 
@@ -124,7 +124,8 @@ def test_progress_hub_merge_and_push(hub, zoo, tmp_path):
     assert push.stages == ["push"]
     assert info.oid == hub.head("alice/soup")
     uploaded = [m for _, _, m in push.calls if m.startswith("uploaded ")]
-    assert len(uploaded) == len([f for f in os.listdir(res.path) if os.path.isfile(os.path.join(res.path, f))])
+    assert len(uploaded) == len([f for f in os.listdir(res.path) if os.path.isfile(os.path.join(res.path, f))
+                                 and f != ".hubsoup"])  # hubsoup's marker stays local (issue 44)
 
 
 # ---- cancellation -------------------------------------------------------------------------------
@@ -304,6 +305,7 @@ def test_progress_prints_nothing(hub, zoo, tmp_path, capfd, bars_on):
 
     hub.reset()
     publish(hub, zoo)  # new commits: everything is downloaded again
+    capfd.readouterr()  # the test's own uploads: LFS files, huggingface_hub shows their bars
     rec = Recorder()
     res = hubsoup.merge(["alice/ft-a", "alice/ft-b"], method="ties", base="alice/base", out=str(tmp_path / "quiet"),
                         scope="model", progress=rec)
@@ -443,3 +445,69 @@ def test_progress_prints_nothing_with_eval(zoo, tmp_path, capfd, bars_on):
     quiet = capfd.readouterr()
     assert res.evaluation and "eval" in rec.stages
     assert quiet.out == "" and quiet.err == "", quiet
+
+
+
+def test_push_progress_counts_bytes(hub, tmp_path):
+    """Issue 48, item 8: the push is a planned stage counted in bytes (it stood at 0 until the end, so an app's bar
+    sat at the merge's share through the whole push): each file moves the bar by its size."""
+    base = make_base("llama", str(tmp_path / "base"), layers=4, hidden=256)
+    fts = [make_finetune(base, str(tmp_path / f"ft{i}"), seed=i) for i in (1, 2)]
+    res = hubsoup.merge(fts, method="linear", base=base, out=str(tmp_path / "o"), quiet=True)
+    sizes = {f: os.path.getsize(os.path.join(res.path, f)) for f in os.listdir(res.path)}
+    weights = max(sizes, key=sizes.get)
+    assert weights.endswith(".safetensors") and sizes[weights] > 0.9 * sum(sizes.values())
+    push = Recorder()
+    res.push_to_hub("alice/bytes", token=hub.token("alice"), progress=push)
+    push.check_monotone_to_one()
+    # each file moves the bar by its share of the bytes, whatever the order the files go up in (a streamed push
+    # sends the shards first): the shard most of it, every small file a small part, the commit last
+    start, moves, last = {}, {}, 0.0
+    for d, _, m in push.calls:
+        verb, _, f = m.partition(" ")
+        if verb in ("uploading", "uploaded"):
+            start.setdefault(f, last)  # the bar before the file's first report
+            if verb == "uploaded":
+                moves[f] = d - start[f]
+        last = d
+    assert moves[weights] > 0.9, push.calls
+    assert all(0 <= v < 0.1 for f, v in moves.items() if f != weights), push.calls
+    assert push.calls[-1][0] == 1.0 and max(d for d, _, m in push.calls if m.startswith("uploaded ")) < 1.0
+    assert hub.exists("alice/bytes")
+
+
+def test_an_upload_reports_and_checks_cancel_as_it_reads_a_file(tmp_path):
+    """On a Hub that takes files by LFS or Xet they go up in ``preupload_lfs_files``, which reads the file object in
+    chunks (httpx: 64 KiB): :func:`hubsoup.progress.upload_steps` reports each chunk reached and a cancel lands
+    between two chunks, not after the file. (The test Hub takes every file inline in the commit.)"""
+    from huggingface_hub import CommitOperationAdd
+
+    from hubsoup.progress import Monitor, upload_steps
+
+    data = bytes(range(256)) * 4096  # 1 MiB
+    (tmp_path / "w.safetensors").write_bytes(data)
+    (tmp_path / "c.json").write_bytes(b"{}")
+    ops = [CommitOperationAdd("c.json", open(tmp_path / "c.json", "rb")),
+           CommitOperationAdd("w.safetensors", open(tmp_path / "w.safetensors", "rb"))]
+    def upload(op):  # what the LFS upload does with the operation's file: as_file(), read in chunks
+        with op.as_file() as f:
+            while f.read(65536):
+                pass
+
+    rec = Recorder()
+    mon = Monitor(rec)
+    mon.plan({"push": 1})
+    mon.stage("push")
+    upload_steps(mon, ops, upload)
+    during = [d for d, _, m in rec.calls if m == "uploading w.safetensors"]
+    assert len(during) == 16 and during == sorted(during), during  # one report per chunk read
+    assert abs(during[7] - (2 + 8 * 65536) / (len(data) + 2 + 1)) < 1e-9  # in bytes (2: c.json, +1: the commit)
+    # a cancel between two chunks of the file stops the upload there
+    ops = [CommitOperationAdd("w.safetensors", open(tmp_path / "w.safetensors", "rb"))]
+    rec = Recorder(cancel_when=lambda d, s, m: m == "uploading w.safetensors" and d > 0.25)
+    mon = Monitor(rec, rec.cancel)
+    mon.plan({"push": 1})
+    mon.stage("push")
+    with pytest.raises(MergeCancelled, match="during the upload"):
+        upload_steps(mon, ops, upload)
+    assert not any(m.startswith("uploaded") for _, _, m in rec.calls)

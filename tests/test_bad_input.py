@@ -150,6 +150,13 @@ def test_output_exists(llama, tmp_path):
     base, fts = llama
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")
+    for overwrite in (False, True):  # a folder hubsoup did not make: never replaced (issue 44)
+        with pytest.raises(errors.OutputExistsError, match="hubsoup did not make it"):
+            merge(fts, tmp_path, base=base, overwrite=overwrite)
+        assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+    shutil.rmtree(tmp_path / "out")
+    merge(fts, tmp_path, base=base)
+    (tmp_path / "out" / "keep.txt").write_text("mine")  # put into a hubsoup output: replaced with it
     with pytest.raises(errors.OutputExistsError, match="already exists; pass --overwrite"):
         merge(fts, tmp_path, base=base)
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"

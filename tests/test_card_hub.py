@@ -176,7 +176,8 @@ def test_snippet_names_the_class_of_the_architecture(outputs, kind):
     assert f"{cls}.from_pretrained(" in code and card.data.pipeline_tag == tag and card.data.library_name == library
     if kind == "lora":
         assert "PeftModel.from_pretrained(base, \"alice/soup\")" in code
-        assert f'{cls}.from_pretrained("{outputs[kind][0].base.public_name}")' in code
+        # a base that is only a local folder: named by its folder name, with a guard (issue 48, item 4)
+        assert f'base_path = "{outputs[kind][0].base.public_name}"' in code and f"{cls}.from_pretrained(base_path)" in code
     else:
         assert f'{cls}.from_pretrained("{REPO}")' in code
 
@@ -212,8 +213,9 @@ def test_eval_results_name_the_metric_exactly(outputs):
     _, results = model_index_to_eval_results(index)
     assert {(r.metric_type, r.metric_name) for r in results} == {("accuracy", "Accuracy"), ("macro_f1", "Macro-F1")}
     assert all(r.dataset_name == "toy" and r.task_type == "text-classification" for r in results)
-    # the local data file appears by name (and content hash), never by path
-    assert all(r.dataset_type.startswith("val.csv@sha256:") for r in results)
+    # a local data file is no dataset type: the task's name is (and the dataset's name) (issue 48, item 8)
+    assert all(r.dataset_type == "toy" for r in results)
+    assert "val.csv" not in json.dumps(index)
     assert "private-data" not in card.text and "private-data" not in json.dumps(index)
     assert "| text-classification | toy | validation | Macro-F1 (`macro_f1`) |" in card.text
     assert "frozen head" not in card.text  # its own classification head: nothing external

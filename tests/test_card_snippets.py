@@ -6,7 +6,9 @@ to; ``base_model_relation`` is right in every path; the parameter table says wha
 The snippets run in one fresh interpreter (transformers imported once), each from its own working folder:
 a local card's snippet from an unrelated folder (it names absolute paths), a pushed card's from an unrelated
 folder too, except a LoRA adapter of a base that is only a local folder: its published snippet names the base
-by its folder name (no path is ever published), so it runs from the folder that holds the base.
+by its folder name (no path is ever published), so it runs from the folder that holds the base; run from
+anywhere else it stops with one line saying so (never transformers' OSError). Issue 48 adds the other output
+kinds: an evolve output, a mergekit-multi (stages) output and a pipeline's merges, locally and pushed.
 """
 
 from __future__ import annotations
@@ -167,6 +169,86 @@ def test_every_card_snippet_runs_locally_and_once_pushed(made, hub, tmp_path):
     assert on_hub["base_model_name_or_path"] == "alice/base" and on_hub["task_type"] == "CAUSAL_LM"
     local_base = json.loads(hub.files("alice/lora-local-base-soup")["adapter_config.json"])
     assert local_base["base_model_name_or_path"] == "llama"  # its folder's name, never its path
+
+    # the pushed card of the local-only base, run anywhere else: one line saying what to do, not an OSError
+    code = _blocks(cards["lora-local-base"])
+    proc = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0",
+                               "HF_HOME": str(tmp_path / "fresh-hf-home"), "TRANSFORMERS_VERBOSITY": "error"})
+    assert proc.returncode == 1 and "OSError" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "this adapter's base, `llama`, is not on the Hub: set base_path to your copy of it" in proc.stderr
+
+
+@pytest.mark.slow
+def test_evolve_stages_and_pipeline_snippets_run_locally_and_once_pushed(made, hub, zoo_on_hub, tmp_path):
+    """Issue 48, item 4: every output kind's card runs as written: an evolve output (titled and loading its
+    folder, then the repo; never its temporary folder), a mergekit-multi stages output and a pipeline's merges
+    (one of them a stages config), locally and as pushed."""
+    pytest.importorskip("optuna")
+    from hubsoup.workflows.evolve import evolve
+    from hubsoup.workflows.pipeline import run_pipeline
+    from hubsoup.workflows.rerun import run_stages
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    data = tmp_path / "val.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(f"w{(i * 7 + j) % 100}" for j in range(10))}) + "\n"
+                            for i in range(6)))
+    ev = evolve({"base": made["llama"], "models": made["fts"], "method": "task_arithmetic",
+                 "space": {"scale": [0.2, 1.0]}, "optimizer": "random", "trials": 2, "population": 2,
+                 "eval": {"tasks": [f"perplexity:{data}"]}}, str(tmp_path / "evolved"), quiet=True)
+    stages = (f"name: ab\nmerge_method: linear\nmodels:\n  - model: {made['fts'][0]}\n    parameters: {{weight: 1.0}}\n"
+              f"  - model: {made['fts'][1]}\n    parameters: {{weight: 1.0}}\ndtype: float32\n---\n"
+              f"merge_method: slerp\nbase_model: {made['llama']}\nmodels:\n  - model: {made['llama']}\n"
+              f"  - model: ab\nparameters: {{t: 0.5}}\ndtype: float32\n")
+    (tmp_path / "stages.yml").write_text(stages)
+    staged = run_stages(stages, str(tmp_path / "staged"), quiet=True)
+    outputs = {"evolve": ev.result.path, "stages": staged.path}
+    local = [(f"local {k}", _blocks(open(os.path.join(p, "README.md")).read()) + PROBE, str(elsewhere))
+             for k, p in outputs.items()]
+    assert "\n# evolved\n" in open(os.path.join(ev.result.path, "README.md")).read()
+    pushed = []
+    for kind, path in outputs.items():
+        push_folder(path, f"alice/{kind}-soup", token=hub.token("alice"))
+        text = hub.files(f"alice/{kind}-soup")["README.md"].decode()
+        assert f"\n# {kind}-soup\n" in text and str(tmp_path) not in text and ".hubsoup-best" not in text
+        pushed.append((f"pushed {kind}", _blocks(text) + PROBE, str(elsewhere)))
+
+    # a pipeline of two merges, one a stages config, pushed to soup-org
+    (tmp_path / "hub-stages.yml").write_text(
+        "name: ab\nmerge_method: linear\nmodels:\n  - model: bob/ft1\n    parameters: {weight: 1.0}\n"
+        "  - model: bob/ft2\n    parameters: {weight: 1.0}\ndtype: float32\n---\n"
+        "merge_method: slerp\nbase_model: alice/llama\nmodels:\n  - model: alice/llama\n  - model: ab\n"
+        "parameters: {t: 0.5}\ndtype: float32\n")
+    pipeline = {"base": "alice/llama", "candidates": {"models": ["bob/ft1", "bob/ft2"]},
+                "merges": [{"method": "linear", "combine": "all"}, {"config": "hub-stages.yml"}],
+                "push": {"namespace": "soup-org", "name": "{method}-{hash8}"}, "work_dir": str(tmp_path / "work"),
+                "license": {"allow_mix": True}}
+    (tmp_path / "pipeline.yml").write_text(yaml.safe_dump(pipeline))
+    report = run_pipeline(str(tmp_path / "pipeline.yml"), stream=open(os.devnull, "w"))
+    assert report.exit_code == 0 and len(report.merges) == 2, [(m.status, m.error) for m in report.merges]
+    for m in report.merges:
+        text = hub.files(m.repo_id)["README.md"].decode()
+        assert str(tmp_path) not in text
+        pushed.append((f"pushed pipeline {m.repo_id}", _blocks(text) + PROBE, str(elsewhere)))
+    got = _run(local + pushed, {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0",
+                                "HF_HOME": str(tmp_path / "fresh-hf-home")})
+    assert set(got) == {name for name, _, _ in local + pushed}
+    for name, info in got.items():
+        assert info["model"] == "LlamaForCausalLM" and info["logits"] == [1, 3, 128], (name, info)
+
+
+@pytest.fixture
+def zoo_on_hub(made, hub):
+    """The tiny base and fine-tunes on the test Hub (alice/llama; bob's fine-tunes name it), licensed."""
+    from hubsoup.testing import write_card_metadata
+
+    hub.login("alice")
+    write_card_metadata(made["llama"], license="apache-2.0")
+    hub.seed("alice/llama", made["llama"])
+    for i, ft in enumerate(made["fts"], 1):
+        write_card_metadata(ft, base_model="alice/llama", license="apache-2.0")
+        hub.seed(f"bob/ft{i}", ft)
 
 
 def test_merge_of_hub_inputs_relates_as_merge(made, hub, tmp_path):

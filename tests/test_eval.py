@@ -154,3 +154,26 @@ def test_batches_pad_what_was_tokenized_once():
             seen += idx
             lengths += enc["attention_mask"].sum(1).tolist()
         assert sorted(seen) == list(range(len(texts))) and lengths == sorted(lengths)
+
+
+def test_one_score_convention_wherever_scores_are_ranked_or_averaged():
+    """Issue 48, item 8: a perplexity task scores -log(perplexity) (the mean log-likelihood per token) in a task's
+    own score, a search, an evolve study and a pipeline's ``score``; written "accuracy; -log(perplexity); ..."
+    (not "accuracy / -log(perplexity)", which reads as a division)."""
+    import types
+
+    from hubsoup.eval.run import TaskResult
+    from hubsoup.workflows.evolve import EvolveConfig, _selection
+    from hubsoup.workflows.pipeline.config import Select
+    from hubsoup.workflows.pipeline.run import _Runner
+    from hubsoup.workflows.search import normalized_score
+    from hubsoup.workflows.trial import selection_score
+
+    ppl = TaskResult(TaskSpec.parse("perplexity:a.jsonl"), {"perplexity": math.e ** 2}, 3)
+    acc = TaskResult(TaskSpec.parse("classification:b.csv"), {"accuracy": 0.5, "macro_f1": 0.4}, 3)
+    assert ppl.score == pytest.approx(-2.0) and acc.score == 0.5
+    assert selection_score([ppl, acc]) == pytest.approx(-0.75) == normalized_score([ppl, acc], None)
+    runner = types.SimpleNamespace(p=types.SimpleNamespace(select=Select(metric="score")))
+    assert _Runner._metric(runner, {"a/perplexity": math.e ** 2, "b/accuracy": 0.5}) == pytest.approx(-0.75)
+    cfg = EvolveConfig(models=["a"], method="linear", space={}, tasks=["perplexity:a.jsonl"])
+    assert " / " not in _selection(cfg) and "-log(perplexity)" in _selection(cfg)

@@ -91,7 +91,7 @@ def test_a_stale_heartbeat_is_taken_over_and_the_old_holder_notices(tmp_path):
 @pytest.mark.slow
 def test_a_second_driver_on_the_same_storage_is_refused(tiny, tmp_path):
     storage = f"sqlite:///{tmp_path / 'shared.db'}"
-    cfg = config(tiny, trials=2, population=2, storage=storage)
+    cfg = config(tiny, trials=2, population=4, storage=storage)
     started, go = threading.Event(), threading.Event()
 
     class Held(LocalExecutor):  # driver A: holds its first generation until driver B has tried
@@ -135,7 +135,7 @@ def test_a_killed_drivers_lease_does_not_block_resumption(tiny, tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER, storage], stdout=subprocess.PIPE, env=env)
     try:
         assert proc.stdout.readline().strip() == b"held"
-        cfg = config(tiny, trials=2, population=2, storage=storage)
+        cfg = config(tiny, trials=2, population=4, storage=storage)
         with pytest.raises(StudyLockedError, match=f"pid {proc.pid}"):
             evolve(cfg, str(tmp_path / "out"), quiet=True)  # alive: refused
         proc.send_signal(signal.SIGKILL)  # the driver is killed: its lease stays in the database

@@ -102,6 +102,99 @@ def test_a_trial_keeps_the_drivers_hub_only_rule_in_a_worker_process(tiny):
     assert r["state"] == "fail" and "only Hub repo IDs" in r["reason"], r["reason"]
 
 
+def test_a_session_scores_each_trial_as_a_fresh_process_from_inputs_kept_in_memory(tiny, tmp_path):
+    """A process' session (inputs opened once and kept in memory, one model whose weights each merge replaces, one
+    evaluator) gives every trial exactly what a trial that opens and builds everything itself gives; once the first
+    trial has read the weights, the files are not read again (they are moved away here)."""
+    import shutil
+
+    from hubsoup.workflows.trial import TrialSessions, run_trial
+
+    base, fts, data = tiny
+    payloads = [{"number": i, "inputs": fts, "base": base, "method": "ties", "params": params,
+                 "tasks": [f"perplexity:{data}", f"perplexity:{data}"], "keep": True, "batch_size": 4}
+                for i, params in enumerate([{"density": 0.3}, {"density": 0.8, "merge": "sum"},
+                                            {"density": 0.5, "weights": [[0.2, 0.9], [0.7, 0.1]]},
+                                            {"density": 0.3}])]
+    fresh = [run_trial(p) for p in payloads]
+    sessions = TrialSessions()
+    kept = [run_trial(payloads[0], sessions)]
+    away = tmp_path / "away"
+    moved = []
+    for folder in (base, *fts):  # the weights only: the tokenizer and config stay
+        for name in os.listdir(folder):
+            if name.endswith(".safetensors"):
+                (away / os.path.basename(folder)).mkdir(parents=True, exist_ok=True)
+                moved.append((os.path.join(folder, name), str(away / os.path.basename(folder) / name)))
+                shutil.move(*moved[-1])
+    try:
+        kept += [run_trial(p, sessions) for p in payloads[1:]]
+    finally:
+        for src, dst in moved:
+            shutil.move(dst, src)
+        sessions.close()
+    for a, b in zip(fresh, kept):
+        assert b["state"] == "complete", b.get("reason")
+        assert (a["score"], a["metrics"]) == (b["score"], b["metrics"])
+    assert len({r["score"] for r in kept}) == 3  # the points differ (the last repeats the first)
+    assert [r["session"] for r in kept] == [{"new": True, "kept": True}] + [{"new": False, "kept": True}] * 3
+    assert all(r["session"]["new"] for r in fresh)
+    assert kept[0]["seconds"]["open"] > 0 and all(r["seconds"]["open"] < 0.01 for r in kept[1:])
+
+
+def test_a_merge_written_in_place_is_the_model_a_merge_builds(tmp_path):
+    """``empty_model`` + ``ModelSink`` (a session's model, filled in place) hold what ``MemorySink.model`` builds from
+    the same merge: every tensor, its dtype included (here a bf16 model with float32 norms, merged to float16 and
+    as stored)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from hubsoup.output.memory import MemorySink, ModelSink, empty_model
+    from hubsoup.testing import make_base, make_finetune
+    from hubsoup.workflows.trial import _fetch, _merge, _options, _open_inputs, parse_method
+    from hubsoup.plan import Plan
+
+    base = make_base("llama", str(tmp_path / "base"), dtype=torch.bfloat16)
+    f = os.path.join(base, "model.safetensors")
+    sd = load_file(f)
+    save_file({k: v.float() if "norm" in k else v for k, v in sd.items()}, f, metadata={"format": "pt"})
+    fts = [make_finetune(base, str(tmp_path / f"ft{i}"), seed=i, scale=0.05) for i in (1, 2)]
+    for dtype in (None, "float16"):
+        payload = {"inputs": fts, "base": base, "method": "ties", "params": {"density": 0.5},
+                   "options": {"dtype": dtype}}
+        opts = _options(payload)
+        m, p = parse_method("ties", {"density": 0.5})
+        ckpt, sources = _open_inputs(fts, base, m, p, opts, headers_only=True)
+        _fetch(ckpt, sources)
+        built = MemorySink(Plan.of(ckpt, "cpu"), dtype=dtype)
+        _merge(ckpt, sources, "ties", {"density": 0.5}, opts, built)
+        a = built.model(ckpt.folder).state_dict()
+        model = empty_model(ckpt.folder, Plan.of(ckpt, "cpu"), dtype=dtype)
+        _merge(ckpt, sources, "ties", {"density": 0.5}, opts, ModelSink(Plan.of(ckpt, "cpu"), model, dtype=dtype))
+        b = model.state_dict()
+        assert a.keys() == b.keys()
+        assert {str(t.dtype) for t in b.values()} == ({"torch.bfloat16", "torch.float32"} if dtype is None
+                                                      else {"torch.float16"})
+        for k in a:
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_a_session_is_replaced_by_another_searchs_trial(tiny):
+    from hubsoup.workflows.trial import TrialSessions, run_trial
+
+    base, fts, data = tiny
+    p = {"number": 0, "inputs": fts, "base": base, "method": "ties", "params": {"density": 0.5},
+         "tasks": [f"perplexity:{data}"]}
+    sessions = TrialSessions()
+    a = run_trial(p, sessions)
+    b = run_trial({**p, "inputs": fts[:1] * 2}, sessions)  # other inputs: a new session
+    c = run_trial(p, sessions)
+    sessions.close()
+    assert [r["session"]["new"] for r in (a, b, c)] == [True, True, True]
+    assert a["score"] == c["score"] != b["score"]
+    assert not a["session"]["kept"]  # kept in memory only when the payload asks (evolve does)
+
+
 # ---- pipelines ---------------------------------------------------------------------------------------
 
 

@@ -179,6 +179,33 @@ def test_every_entry_point_refuses_local_paths(zoo, tmp_path, probes):
     assert not os.path.exists(out)
 
 
+def test_a_hub_model_plus_adapter_reference_is_accepted_when_both_parts_are_hub_ids(seeded, zoo, tmp_path, probes):
+    """``alice/ft-a+alice/lora`` (a LoRA applied on read, SECURITY.md lists it) was refused under ``hub_only``
+    as a "local path" (issue 44): both parts are Hub IDs, so it merges, bit for bit as without ``hub_only``;
+    a local folder on either side of the ``+`` is still refused by its text, nothing on the disk looked at."""
+    from hubsoup.testing import write_adapter
+    from hubsoup.workflows.rerun import run_config
+
+    seeded.seed("alice/lora", write_adapter(str(tmp_path / "lora"), zoo["base"], seed=3, r=2))
+    ref = hubsoup.merge(["alice/ft-a+alice/lora", "alice/ft-b"], "linear", base="alice/base", out=str(tmp_path / "ref"),
+                        quiet=True)
+    got = hubsoup.merge(["alice/ft-a+alice/lora", "alice/ft-b"], "linear", base="alice/base",
+                        out=str(tmp_path / "api"), hub_only=True, cache_dir=str(tmp_path / "c1"), quiet=True)
+    config = ("merge_method: linear\nmodels:\n  - model: alice/ft-a+alice/lora\n    parameters: {weight: 0.5}\n"
+              "  - model: alice/ft-b\n    parameters: {weight: 0.5}\n")
+    mk = run_config(config, str(tmp_path / "mk"), hub_only=True, cache_dir=str(tmp_path / "c2"), quiet=True)
+    mk_ref = run_config(config, str(tmp_path / "mk-ref"), quiet=True)
+    for a, b in ((ref.path, got.path), (mk_ref.path, mk.path)):
+        wa, wb = load_file(os.path.join(a, "model.safetensors")), load_file(os.path.join(b, "model.safetensors"))
+        assert wa.keys() == wb.keys() and all(bool((wa[k] == wb[k]).all()) for k in wa)
+    probes.clear()
+    for spec in (f"{zoo['ft-a']}+alice/lora", f"alice/ft-a+{zoo['root']}/lora", "alice/ft-a+../lora", "alice/ft-a+"):
+        with pytest.raises(InputError, match="only Hub repo IDs"):
+            hubsoup.merge([spec], "linear", base="alice/base", out=str(tmp_path / "no"), hub_only=True,
+                          cache_dir=str(tmp_path / "c3"))
+    assert marked(probes) == [] and not os.path.exists(tmp_path / "no")
+
+
 def test_a_device_map_file_and_a_card_template_are_local_paths(zoo, tmp_path, probes):
     probes.clear()
     with pytest.raises(ParameterError, match="not a file"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -23,7 +24,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from hub_server import ALICE_READ_TOKEN, ALICE_WRITE_TOKEN, BOB_WRITE_TOKEN, git_blob_oid
+from hub_server import ALICE_READ_TOKEN, ALICE_WRITE_TOKEN, BOB_WRITE_TOKEN, git_blob_oid, lfs_pointer
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -159,7 +160,10 @@ def test_upload_folder_then_transformers_loads_identical_model(hub, bert_dir):
     assert {s.rfilename for s in minfo.siblings} == files
     weights = next(s for s in minfo.siblings if s.rfilename == "model.safetensors")
     assert weights.size == (folder / "model.safetensors").stat().st_size
-    assert weights.blob_id == git_blob_oid((folder / "model.safetensors").read_bytes())
+    content = (folder / "model.safetensors").read_bytes()
+    # an LFS file, as on the Hub: its git blob is the pointer file; its object is named by its sha256
+    assert weights.lfs.sha256 == hashlib.sha256(content).hexdigest() and weights.lfs.size == len(content)
+    assert weights.blob_id == git_blob_oid(lfs_pointer(weights.lfs.sha256, len(content)))
     assert minfo.config["model_type"] == "bert"
 
     hub.login("alice")
@@ -372,6 +376,159 @@ def test_injected_download_failure(hub):
         hf_hub_download("alice/dl", "f.bin", force_download=True)
     assert err.value.response.status_code == 500
     assert open(hf_hub_download("alice/dl", "f.bin", force_download=True), "rb").read() == b"payload"
+
+
+# ---- LFS: the batch API, uploads, objects kept across commits -----------------------------------
+
+
+def _raw_commit(hub, repo_id: str, lines: list[dict], token: str) -> httpx2.Response:
+    body = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    return httpx2.post(f"{hub.endpoint}/api/models/{repo_id}/commit/main", content=body,
+                       headers={"Authorization": f"Bearer {token}", "Content-Type": "application/x-ndjson"})
+
+
+def test_safetensors_go_through_lfs_and_resolve_as_the_hub_serves_them(hub):
+    from huggingface_hub import CommitOperationAdd, get_hf_file_metadata, hf_hub_url
+
+    api = hub.api("alice")
+    api.create_repo("alice/lfs")
+    weights, text = bytes(range(256)) * 40, b'{"a": 1}'
+    sha = hashlib.sha256(weights).hexdigest()
+    info = api.create_commit("alice/lfs", [CommitOperationAdd("model.safetensors", weights),
+                                           CommitOperationAdd("config.json", text)], commit_message="up")
+    assert hub.lfs_uploads == [{"repo": "alice/lfs", "oid": sha, "size": len(weights)}]
+    assert hub.lfs_uploaded_bytes == len(weights) and hub.lfs_uploaded_objects == 1
+    assert hub.calls("POST", r"^/alice/lfs\.git/info/lfs/objects/batch$")[-1]["status"] == 200
+    assert hub.files("alice/lfs")["model.safetensors"] == weights  # the content, not the pointer
+    assert open(hf_hub_download("alice/lfs", "model.safetensors", token=hub.token("alice")), "rb").read() == weights
+    meta = get_hf_file_metadata(hf_hub_url("alice/lfs", "model.safetensors"), token=hub.token("alice"))
+    assert (meta.etag, meta.size, meta.commit_hash) == (sha, len(weights), info.oid)  # X-Linked-Etag / -Size
+    (entry,) = api.get_paths_info("alice/lfs", ["model.safetensors"])
+    assert entry.lfs.sha256 == sha and entry.lfs.size == len(weights) and entry.size == len(weights)
+    (regular,) = api.get_paths_info("alice/lfs", ["config.json"])
+    assert regular.lfs is None and regular.blob_id == git_blob_oid(text)
+    sibling = next(x for x in api.model_info("alice/lfs", files_metadata=True).siblings
+                   if x.rfilename == "model.safetensors")
+    assert sibling.lfs.sha256 == sha and sibling.lfs.pointer_size == len(lfs_pointer(sha, len(weights)))
+
+    # the same content again, elsewhere in the repo: the batch API says it is there, nothing is uploaded
+    api.upload_file(path_or_fileobj=weights, path_in_repo="copy/model.safetensors", repo_id="alice/lfs")
+    assert hub.lfs_uploaded_objects == 1 and hub.files("alice/lfs")["copy/model.safetensors"] == weights
+    # a binary file and a 10 MB one are LFS whatever .gitattributes says; a small text file is not
+    modes = {f["path"]: f["uploadMode"] for f in httpx2.post(
+        f"{hub.endpoint}/api/models/alice/lfs/preupload/main", headers={"Authorization": f"Bearer {hub.token('alice')}"},
+        json={"files": [{"path": "a.txt", "size": 3, "sample": "YWJj"},
+                        {"path": "b.txt", "size": 3, "sample": "AAAA"},
+                        {"path": "c.txt", "size": 10 * 1024 * 1024, "sample": "YWJj"}]}).json()["files"]}
+    assert modes == {"a.txt": "regular", "b.txt": "lfs", "c.txt": "lfs"}
+
+
+def test_preuploaded_objects_are_invisible_until_a_commit_names_them_and_kept_after_a_failed_one(hub):
+    from huggingface_hub import CommitOperationAdd
+
+    api = hub.api("alice")
+    api.create_repo("alice/pre")
+    before = hub.files("alice/pre")
+    op = CommitOperationAdd("model-00001-of-00002.safetensors", b"\x01" * 5000)
+    api.preupload_lfs_files("alice/pre", additions=[op])
+    sha = op.upload_info.sha256.hex()
+    assert op._is_uploaded and sha in hub.lfs_held("alice/pre") and hub.lfs_uploaded_objects == 1
+    assert hub.files("alice/pre") == before and len(hub.history("alice/pre")) == 1  # nothing visible
+    hub.fail_commits(1, status=500)
+    with pytest.raises(HfHubHTTPError):
+        api.create_commit("alice/pre", [op], commit_message="shards")
+    assert hub.files("alice/pre") == before
+    # a rerun: new operations for the same bytes upload nothing, the commit lands
+    again = CommitOperationAdd("model-00001-of-00002.safetensors", b"\x01" * 5000)
+    api.preupload_lfs_files("alice/pre", additions=[again])
+    assert hub.lfs_uploaded_objects == 1
+    api.create_commit("alice/pre", [again], commit_message="shards")
+    assert hub.files("alice/pre")["model-00001-of-00002.safetensors"] == b"\x01" * 5000
+
+    # a commit naming an object the repo does not hold is refused, as the Hub refuses it
+    unknown = hashlib.sha256(b"never uploaded").hexdigest()
+    resp = _raw_commit(hub, "alice/pre", [{"key": "header", "value": {"summary": "bad"}},
+                                          {"key": "lfsFile", "value": {"path": "x.safetensors", "algo": "sha256",
+                                                                       "oid": unknown, "size": 14}}],
+                       hub.token("alice"))
+    assert resp.status_code == 422 and "does not exist" in resp.headers["X-Error-Message"]
+    # nor one held by another repo: objects belong to the repo they were uploaded to
+    api.create_repo("alice/other")
+    resp = _raw_commit(hub, "alice/other", [{"key": "header", "value": {"summary": "steal"}},
+                                            {"key": "lfsFile", "value": {"path": "x.safetensors", "algo": "sha256",
+                                                                         "oid": sha, "size": 5000}}],
+                       hub.token("alice"))
+    assert resp.status_code == 422
+    # a deleted repo's objects go with it
+    api.delete_repo("alice/pre")
+    assert hub.lfs_held("alice/pre") == set()
+
+
+def test_lfs_uploads_need_write_access_and_their_bytes_must_match(hub):
+    payload = {"operation": "upload", "transfers": ["basic"], "hash_algo": "sha256", "ref": {"name": "main"},
+               "objects": [{"oid": hashlib.sha256(b"abc").hexdigest(), "size": 3}]}
+    hub.api("alice").create_repo("alice/w")
+    url = f"{hub.endpoint}/alice/w.git/info/lfs/objects/batch"
+    assert httpx2.post(url, json=payload).status_code == 401
+    assert httpx2.post(url, json=payload, headers={"Authorization": f"Bearer {hub.token('bob')}"}).status_code == 403
+    ok = httpx2.post(url, json=payload, headers={"Authorization": f"Bearer {hub.token('alice')}"}).json()
+    href = ok["objects"][0]["actions"]["upload"]["href"]
+    assert httpx2.put(href, content=b"abd").status_code == 400  # not the announced object
+    assert hub.lfs_uploaded_objects == 0
+    assert httpx2.put(href, content=b"abc").status_code == 200  # the URL is the credential, as a pre-signed one
+    assert hub.lfs_held("alice/w") == {hashlib.sha256(b"abc").hexdigest()}
+
+
+def test_multipart_lfs_upload(hub):
+    from huggingface_hub import CommitOperationAdd
+
+    hub.lfs_multipart_chunk = 1000
+    api = hub.api("alice")
+    api.create_repo("alice/big")
+    data = bytes(range(251)) * 17  # 4267 bytes: 5 parts
+    api.create_commit("alice/big", [CommitOperationAdd("model.safetensors", data)], commit_message="big")
+    assert len(hub.calls("PUT", r"^/_test-lfs/part/")) == 5 and hub.calls("POST", r"^/_test-lfs/complete/")
+    assert hub.files("alice/big")["model.safetensors"] == data and hub.lfs_uploaded_bytes == len(data)
+
+
+def test_lfs_uploads_are_received_at_the_links_rate_on_its_other_direction(hub):
+    """limit_bandwidth paces LFS upload bodies as it paces downloads (the benchmark's upload time); an upload and a
+    download each have the link's rate (full duplex). Only lower bounds on time: a loaded machine is slower, never
+    faster."""
+    import threading
+    import time
+
+    from huggingface_hub import CommitOperationAdd, hf_hub_download
+
+    api = hub.api("alice")
+    api.create_repo("alice/up")
+    api.create_repo("alice/down")
+    served = bytes(range(256)) * 4096  # 1 MiB
+    api.create_commit("alice/down", [CommitOperationAdd("model.safetensors", served)], commit_message="seed")
+    hub.limit_bandwidth(1_000_000)
+    data = bytes(reversed(range(256))) * 4096  # 1 MiB
+    before = hub.received
+    got: dict = {}
+
+    def download() -> None:
+        t = time.monotonic()
+        path = hf_hub_download("alice/down", "model.safetensors", token=hub.token("alice"), force_download=True)
+        got["seconds"] = time.monotonic() - t
+        with open(path, "rb") as f:
+            got["data"] = f.read()
+
+    t0 = time.monotonic()
+    reader = threading.Thread(target=download)
+    reader.start()
+    api.create_commit("alice/up", [CommitOperationAdd("model.safetensors", data)], commit_message="up")
+    upload_seconds = time.monotonic() - t0
+    reader.join(60)
+    assert hub.files("alice/up")["model.safetensors"] == data and got["data"] == served
+    assert hub.received - before >= len(data)
+    assert upload_seconds >= 0.95 * len(data) / 1e6 and got["seconds"] >= 0.95 * len(served) / 1e6
+    hub.limit_bandwidth(None)
+    api.create_commit("alice/up", [CommitOperationAdd("other.safetensors", served)], commit_message="fast")
+    assert hub.received - before >= 2 * len(data)  # counted when unpaced too
 
 
 # ---- datasets ---------------------------------------------------------------------------------

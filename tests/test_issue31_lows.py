@@ -73,6 +73,13 @@ def test_out_equal_to_the_tokenizer_source_is_refused_even_with_overwrite(sizes,
     before = sorted(os.listdir(tok))
     text = (f"merge_method: linear\nmodels:\n  - model: {base}\n    parameters: {{weight: 0.5}}\n"
             f"  - model: {ft}\n    parameters: {{weight: 0.5}}\ntokenizer_source: {tok}\n")
+    from hubsoup.errors import OutputExistsError
+    from hubsoup.output.folder import write_marker
+
+    with pytest.raises(OutputExistsError, match="hubsoup did not make it"):  # a model folder (issue 44)
+        run_config(text, tok, overwrite=True, quiet=True)
+    write_marker(tok, "merge")  # even a folder hubsoup made, when it is the tokenizer source
+    before = sorted(os.listdir(tok))
     with pytest.raises(ParameterError, match="would delete it"):
         run_config(text, tok, overwrite=True, quiet=True)
     assert sorted(os.listdir(tok)) == before

@@ -30,7 +30,7 @@ PKG = os.path.join(ROOT, "hubsoup")
 # Within a layer, nodes must still not form a cycle.
 LAYERS: list[list[str]] = [
     ["errors", "untrusted", "linalg", "arch", "public", "hubclient"],    # leaves: no hubsoup imports of note
-    ["progress", "options", "plan"],
+    ["progress", "options", "plan", "footprint"],
     ["sources", "exemplars", "eval"],
     ["methods"],
     ["engine"],

@@ -207,7 +207,7 @@ def test_lora_output_rank_sum_reproduces_dense_merge(two_loras, tmp_path):
     base, a1, a2, dense = two_loras
     res = merge([a1, a2], tmp_path / "out", base=base, method="task_arithmetic", scale=0.7,
                 output_format="lora", rank=7)
-    assert sorted(os.listdir(res.path)) == ["README.md", "adapter_config.json", "adapter_model.safetensors",
+    assert sorted(os.listdir(res.path)) == [".hubsoup", "README.md", "adapter_config.json", "adapter_model.safetensors",
                                            "hubsoup_lora_report.json", "hubsoup_recipe.yaml"]
     got = load_lora_output("llama", base, res.path)
     for k, v in dense.items():

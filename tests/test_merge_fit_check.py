@@ -54,9 +54,10 @@ def test_merge_of_hub_inputs_refuses_a_block_that_fits_nowhere_before_downloadin
     assert all(int(c["range"].split("-")[-1]) < 100_001 for c in gets), gets
     assert not os.path.exists(out) and _leftovers(out) == []
 
-    # with room enough the same merge downloads the weights as before and writes the same output
+    # with room enough the same merge downloads the weights (cache_inputs: by default they are read in place,
+    # tests/test_hub_stream.py) and writes the same output
     res = hubsoup.merge(["fitcheck/ft1", "fitcheck/ft2"], method="task_arithmetic", out=out, quiet=True,
-                        device_map="sequential", max_memory={"cpu": "1GiB"})
+                        device_map="sequential", max_memory={"cpu": "1GiB"}, cache_inputs=True)
     bodies = [c for c in _weight_gets(hub) if not c["range"]]
     assert {c["path"].split("/")[1] for c in bodies} >= {"fitcheck"} and len(bodies) >= 4  # base shards + 2 fts
     local = hubsoup.merge([str(tmp_path / "ft1"), str(tmp_path / "ft2")], method="task_arithmetic",

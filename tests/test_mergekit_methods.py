@@ -5,13 +5,19 @@ Three kinds of check:
 * mergekit's own output on the same tensors: tests/fixtures/mergekit_methods/*.safetensors,
   generated once by tests/tools/make_mergekit_method_fixtures.py with mergekit 0.1.5's kernels in a
   separate venv (this suite never needs mergekit);
-* random methods (DARE, DELLA): equal to mergekit in distribution (kept fraction, L1 rescale).
+* random methods (DARE, DELLA): equal to mergekit in distribution (kept fraction, L1 rescale); in half
+  precision, given the masks mergekit drew (kept in the fixture), equal to its output bit for bit.
+
+mergekit's method registry (tests/fixtures/mergekit_methods/registry.json, written from mergekit 0.1.5 by
+the same tool) is covered by hubsoup's mergekit method table, every method and parameter.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 
 import pytest
 import torch
@@ -28,36 +34,50 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "mergekit_methods
 DETERMINISTIC = sorted(f[:-12] for f in os.listdir(FIXTURES) if f.endswith(".safetensors") and "_stats" not in f)
 
 
-def load_case(name):
+def _tensors(name):
     with safe_open(os.path.join(FIXTURES, f"{name}.safetensors"), "pt") as f:
-        meta = f.metadata()
-        t = {k: f.get_tensor(k) for k in f.keys()}
-    models = [t[f"m{i}"] for i in range(sum(k.startswith("m") for k in t))]
+        return f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+
+
+def load_case(name):
+    meta, t = _tensors(name)
+    models = [t[f"m{i}"] for i in range(sum(bool(re.fullmatch(r"m\d+", k)) for k in t))]
     return t["base"], models, t["out"], json.loads(meta["hubsoup"]), json.loads(meta["with_base"])
 
 
-HALF = [c for c in DETERMINISTIC if c.endswith(("_bf16", "_fp16"))]
+def load_masks(name):
+    """The masks mergekit drew in a ``_masked_`` case, one per input with density < 1, in input order."""
+    _, t = _tensors(name)
+    return [t[f"mask{i}"] for i in range(sum(k.startswith("mask") for k in t))]
+
+
+MASKED = [c for c in DETERMINISTIC if "_masked_" in c]
+"""Random methods in half precision with the masks mergekit drew: deterministic given those masks."""
+HALF = [c for c in DETERMINISTIC if c.endswith(("_bf16", "_fp16")) and c not in MASKED]
 """Inputs stored in half precision, which mergekit computes in (its config's dtype): hubsoup with compute_dtype."""
 
 
-def hubsoup_output(base, models, spec, with_base, name="model.layers.0.mlp.weight", **override):
+def hubsoup_output(base, models, spec, with_base, name="model.layers.0.mlp.weight", out_dtype=None, **override):
     """hubsoup's merged weight: the base is mergekit's base, or (no base) the first model as layout reference.
 
-    Half-precision inputs go through the engine's float32 task vectors and come back in their dtype."""
+    Half-precision inputs go through the engine's float32 task vectors and come back in ``out_dtype`` (default
+    their own; float32 where mergekit's result is: arcee_fusion, ramplus_tl)."""
     ref = base if with_base else models[0]
     ref32 = ref.float()
     taus = [m.float() - ref32 for m in models]
     params = {**spec["params"], **override}
     out = ref32 + merge_tensors(spec["method"], taus, ref32, name=name, recipe_hash="abc", **params)
-    return out.to(ref.dtype)
+    return out.to(out_dtype or ref.dtype)
 
 
 def test_fixtures_are_present():
     assert len(DETERMINISTIC) >= 25, "run tests/tools/make_mergekit_method_fixtures.py with the mergekit venv"
-    assert {c.split("_")[0] for c in HALF} == {"nuslerp", "multislerp", "karcher"}
+    assert {c.split("_")[0] for c in HALF} == {"nuslerp", "multislerp", "karcher", "nearswap", "ram", "ramplus",
+                                               "arcee", "task", "dare"}
+    assert {c.rsplit("_masked_", 1)[0] for c in MASKED} == {"dare_ties", "dare_linear", "della", "della_linear"}
 
 
-@pytest.mark.parametrize("case", [c for c in DETERMINISTIC if c not in HALF])
+@pytest.mark.parametrize("case", [c for c in DETERMINISTIC if c not in HALF and c not in MASKED])
 def test_equals_mergekit_output(case):
     base, models, want, spec, with_base = load_case(case)
     got = hubsoup_output(base, models, spec, with_base)
@@ -66,15 +86,104 @@ def test_equals_mergekit_output(case):
 
 @pytest.mark.parametrize("case", HALF)
 def test_half_precision_equals_mergekit_output_bit_for_bit(case):
-    """mergekit computes nuslerp, multislerp and karcher step by step in its config's bf16/fp16; so does hubsoup
-    with compute_dtype: the same bits. Computed in float32 and rounded once, the result is not mergekit's."""
+    """mergekit computes every method step by step in its config's bf16/fp16 (nuslerp, multislerp, karcher,
+    nearswap, ram, ramplus_tl, arcee_fusion, and task_arithmetic and dare_* with lambda, rescale and normalize);
+    so does hubsoup with compute_dtype: the same bits. Computed in float32 and rounded once, the result is not
+    mergekit's. arcee_fusion and ramplus_tl return float32 from half inputs, as mergekit's do."""
     base, models, want, spec, with_base = load_case(case)
-    assert want.dtype in (torch.bfloat16, torch.float16) and spec["params"]["compute_dtype"] != "float32"
-    got = hubsoup_output(base, models, spec, with_base)
+    assert models[0].dtype in (torch.bfloat16, torch.float16) and spec["params"]["compute_dtype"] != "float32"
+    promotes = spec["method"] in ("arcee_fusion", "ramplus_tl")
+    assert want.dtype == (torch.float32 if promotes else models[0].dtype)
+    got = hubsoup_output(base, models, spec, with_base, out_dtype=want.dtype)
     assert got.dtype == want.dtype and torch.equal(got, want), (
         f"{int((got != want).sum())} of {want.numel()} entries differ from mergekit's")
+    f32 = hubsoup_output(base, models, spec, with_base, out_dtype=want.dtype, compute_dtype="float32")
+    assert not torch.equal(f32, want)
+
+
+@pytest.mark.parametrize("case", MASKED)
+def test_half_precision_random_methods_given_mergekits_masks_are_mergekits(case, monkeypatch):
+    """DARE and DELLA in half precision, step for step as mergekit's: given the masks mergekit drew, hubsoup's
+    drop, L1 rescale (bf16, or float32 for fp16 as mergekit's sparsifiers upcast there), weights, sign election,
+    sums, normalisation and λ give mergekit's output bit for bit (the masks themselves agree in distribution)."""
+    import hubsoup.methods.dare as dare
+    import hubsoup.methods.della as della
+
+    base, models, want, spec, with_base = load_case(case)
+    masks = iter(load_masks(case))
+    monkeypatch.setattr(dare, "_mask", lambda row, *a: next(masks).reshape(row.shape))
+    monkeypatch.setattr(della, "della_mask", lambda x, *a: next(masks).reshape(x.shape))
+    got = hubsoup_output(base, models, spec, with_base)
+    assert next(masks, None) is None, "a mask mergekit drew was not used"
+    assert got.dtype == want.dtype and torch.equal(got, want), (
+        f"{int((got != want).sum())} of {want.numel()} entries differ from mergekit's")
+    masks = iter(load_masks(case))
     f32 = hubsoup_output(base, models, spec, with_base, compute_dtype="float32")
     assert not torch.equal(f32, want)
+
+
+# --- mergekit's registry: every method and parameter in hubsoup's table ---------------------------
+
+def _check_table_covers(registry: dict[str, dict]) -> None:
+    from hubsoup.formats.mergekit import METHODS, REQUIRED
+
+    missing = sorted(set(registry) - set(METHODS))
+    assert not missing, f"mergekit methods hubsoup's table lacks: {', '.join(missing)}"
+    same_meaning = {("passthrough", "scale"): (None, 1.0)}  # mergekit's None: no scaling, hubsoup's 1.0
+    for name, info in registry.items():
+        table = METHODS[name].params
+        for p, spec in info["parameters"].items():
+            assert p in table, f"{name}: mergekit's parameter '{p}' is not in hubsoup's table"
+            mine = table[p]
+            assert spec["required"] == (mine.default is REQUIRED), f"{name}.{p}: required differs"
+            if not spec["required"]:
+                want = same_meaning.get((name, p), (spec["default"], spec["default"]))
+                assert (spec["default"], mine.default) == want, \
+                    f"{name}.{p}: default {mine.default} vs mergekit's {spec['default']}"
+
+
+def test_method_table_covers_mergekits_registry_snapshot():
+    """The snapshot of mergekit 0.1.5's registry (written from mergekit itself by
+    tests/tools/make_mergekit_method_fixtures.py --registry): each of its methods is in hubsoup's table, with
+    every parameter, whether it is required, and its default."""
+    with open(os.path.join(FIXTURES, "registry.json"), encoding="utf-8") as f:
+        snap = json.load(f)
+    assert snap["mergekit"] == "0.1.5" and len(snap["methods"]) == 20
+    assert {"nearswap", "ram", "ramplus_tl", "arcee_fusion"} <= set(snap["methods"])
+    _check_table_covers(snap["methods"])
+    # the check fails on a method, or a parameter, that the table lacks
+    with pytest.raises(AssertionError, match="lacks: model_soup_v2"):
+        _check_table_covers({**snap["methods"], "model_soup_v2": {"parameters": {}}})
+    extra = json.loads(json.dumps(snap["methods"]))
+    extra["nearswap"]["parameters"]["s"] = {"required": False, "default": 1.0, "scope": "shared"}
+    with pytest.raises(AssertionError, match="parameter 's'"):
+        _check_table_covers(extra)
+
+
+MERGEKIT_PYTHON = os.environ.get("HUBSOUP_MERGEKIT_PYTHON") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", ".work", "mergekit-venv", "bin", "python")
+
+
+@pytest.mark.skipif(not os.path.isfile(MERGEKIT_PYTHON),
+                    reason="LIVE CHECK NOT RUN: mergekit is not installed (benchmarks/.work/mergekit-venv, or "
+                           "HUBSOUP_MERGEKIT_PYTHON); test_method_table_covers_mergekits_registry_snapshot holds the "
+                           "table to mergekit 0.1.5's registry as recorded")
+def test_method_table_covers_the_installed_mergekits_registry():
+    """Where mergekit is installed (its own venv: it never enters hubsoup's), its live registry: every method
+    hubsoup's table must have, and, for mergekit 0.1.5, the same as the snapshot."""
+    code = ("import json; import tests.tools.make_mergekit_method_fixtures as t; "
+            "print(json.dumps(t.registry_snapshot()))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = root
+    proc = subprocess.run([MERGEKIT_PYTHON, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    live = json.loads(proc.stdout.strip().splitlines()[-1])
+    _check_table_covers(live["methods"])
+    if live["mergekit"] == "0.1.5":
+        with open(os.path.join(FIXTURES, "registry.json"), encoding="utf-8") as f:
+            assert json.load(f) == live, "registry.json is not mergekit 0.1.5's registry: regenerate it"
 
 
 # --- random methods: mergekit's distribution -------------------------------------------------

@@ -60,7 +60,7 @@ def test_modules_config_gives_mergekits_output(root, name, monkeypatch):
     assert {k: layers(cfg, k) for k in want["layers"]} == want["layers"]
     assert (cfg.get("dtype") or cfg.get("torch_dtype")) == want["config"]["dtype"]
     assert cfg["architectures"] == want["config"]["architectures"]
-    assert not [f for f in os.listdir(out) if f.startswith(".")], "a module's folder was left in the output"
+    assert [f for f in os.listdir(out) if f.startswith(".")] == [".hubsoup"], "a module's folder was left in the output"
     if len(yaml.safe_load(_config(name))["modules"]) > 1:  # one module: one file, no index
         with open(os.path.join(out, "model.safetensors.index.json"), encoding="utf-8") as f:
             index = json.load(f)["weight_map"]

@@ -100,6 +100,24 @@ def test_tied_tensors_are_written_as_mergekit_writes_them():
         assert "encoder.extra_scale" not in keys
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["della_linear_modules_bf16", "t5_dare_ties_modules_fp16"])
+def test_half_precision_modules_are_mergekits_bit_for_bit(root, name, monkeypatch):
+    """della_linear and dare_ties over `modules:` in bf16 / fp16 with lambda (a module's own too), rescale and
+    normalize (every density 1: nothing dropped at random): computed step for step as mergekit computes them
+    in the config's dtype (compute_dtype), every tensor is mergekit's bit for bit."""
+    import torch
+    from safetensors.torch import load_file
+
+    monkeypatch.chdir(root)
+    out = os.path.join(root, f"out-exact-{name}")
+    run_config(_config(name), out, quiet=True, overwrite=True)
+    got, ref = load_dir(out), load_file(os.path.join(FIXTURES, f"{name}.safetensors"))
+    assert sorted(got) == sorted(ref)
+    differ = [k for k in ref if not torch.equal(got[k], ref[k])]
+    assert not differ, f"{len(differ)} tensors differ from mergekit's, e.g. {differ[0]}"
+
+
 @pytest.mark.parametrize("name", REFUSED)
 def test_refused_where_mergekit_fails(root, name, monkeypatch):
     monkeypatch.chdir(root)

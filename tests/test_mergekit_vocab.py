@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -174,6 +175,31 @@ def test_bad_sections_name_the_key():
             read_config(head + extra, resolve=False)
 
 
+def test_the_legacy_model_spelling_is_refused_naming_it_and_its_replacement(tmp_path, monkeypatch):
+    """``tokenizer_source: model:org/name`` (older mergekit's spelling): mergekit 0.1.5 takes ``model:org/name`` for
+    a model's name and fails to load it ("Repo id must use alphanumeric chars"); hubsoup refuses it before any work,
+    in one line naming the spelling and what mergekit 0.1.5 reads instead. A local folder of that name is a model."""
+    from hubsoup.errors import ParameterError
+    from hubsoup.formats.mergekit import read_config
+
+    head = "merge_method: linear\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\n"
+    cases = [("tokenizer_source: model:org/chat\n", "'tokenizer_source' = 'model:org/chat' is the legacy 'model:' "
+                                                      "spelling", "write 'tokenizer_source: org/chat' (or 'tokenizer: "
+                                                                  "{source: org/chat}')"),
+             ("tokenizer:\n  source: model:org/chat\n", "'tokenizer.source' = 'model:org/chat'", "write 'source: "
+                                                                                                 "org/chat'"),
+             ("tokenizer:\n  tokens:\n    <x>: {source: {kind: model_token, model: 'model:c/d', token: a}}\n",
+              "'tokenizer.tokens.<x>.source.model' = 'model:c/d'", "write 'model: c/d'")]
+    for extra, spelling, fix in cases:
+        with pytest.raises(ParameterError) as e:
+            read_config(head + extra, resolve=False)
+        msg = str(e.value)
+        assert spelling in msg and fix in msg and "mergekit 0.1.5" in msg and "\n" not in msg, msg
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model:org" / "chat").mkdir(parents=True)  # an existing folder: a local model, as mergekit reads it
+    assert read_config(head + "tokenizer_source: model:org/chat\n", resolve=False).vocab.source == "model:org/chat"
+
+
 def test_sections_parse_as_mergekit_reads_them():
     from hubsoup.formats.mergekit import read_config
     from hubsoup.formats.mergekit_vocab import TokenSetting, TokenSource
@@ -246,3 +272,182 @@ def test_the_recipe_hash_covers_the_vocabulary():
     same = [MergekitLayout(read_config(head + v, resolve=False)).hashed
             for v in ("tokenizer_source: union\n", "tokenizer: {source: union}\n", "tokenizer: {}\n")]
     assert same[0] == same[1] == same[2]
+
+
+# --- bounded work: limits read with the config, union vocabularies of any size in linear time (issue 44) -----
+
+def test_tokenizer_bombs_are_refused_at_once_with_one_line(tmp_path, capsys):
+    """``pad_to_multiple_of: 1e12`` (a MemoryError before), a ``tokens`` section over the limit, a number of
+    5,000 digits: refused when the config is read, naming the key, before any model is opened."""
+    import time
+
+    from hubsoup.cli import main
+    from hubsoup.errors import ParameterError
+    from hubsoup.formats.mergekit import read_config
+    from hubsoup.formats.mergekit_vocab import MAX_PAD_TO_MULTIPLE_OF, MAX_SECTION_TOKENS, parse_vocab
+
+    head = "merge_method: linear\nmodels:\n  - model: c/d\n    parameters: {weight: 1}\n"
+    for extra, match in [("tokenizer: {pad_to_multiple_of: 1.0e+12}\n", "at most 1024"),
+                         (f"tokenizer: {{pad_to_multiple_of: {MAX_PAD_TO_MULTIPLE_OF * 2}}}\n", "at most 1024"),
+                         ("tokenizer: {pad_to_multiple_of: '" + "9" * 5000 + "'}\n", "must be an integer"),
+                         ("tokenizer: {pad_to_multiple_of: .nan}\n", "must be an integer")]:
+        with pytest.raises(ParameterError, match=match):
+            read_config(head + extra, resolve=False)
+    assert read_config(head + f"tokenizer: {{pad_to_multiple_of: {MAX_PAD_TO_MULTIPLE_OF}}}\n",
+                       resolve=False).vocab.pad_to_multiple_of == 1024
+    many = {f"t{i}": None for i in range(MAX_SECTION_TOKENS + 1)}
+    with pytest.raises(ParameterError, match="65537 entries.*at most 65,536"):
+        parse_vocab({"tokenizer": {"tokens": many}})
+    many.popitem()
+    assert len(parse_vocab({"tokenizer": {"tokens": many}}).tokens) == MAX_SECTION_TOKENS
+    # the command line: one line, exit 2, nothing written, at once (no model named exists)
+    cfg = tmp_path / "bomb.yml"
+    cfg.write_text(head.replace("c/d", str(tmp_path / "nowhere")) + "tokenizer: {pad_to_multiple_of: 1.0e+12}\n")
+    start = time.monotonic()
+    assert main(["run", str(cfg), "--out", str(tmp_path / "out")]) == 2
+    assert time.monotonic() - start < 60  # generous: the point is "not a MemoryError after minutes"
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "pad_to_multiple_of" in err[0], err
+    assert not os.path.exists(tmp_path / "out")
+
+
+def _big_vocab_models(root: str, n: int, rows: int | None = None) -> str:
+    """tiny-vocab/base and ``big``: the base's 32 tokens then ``n`` more (t0 .. t{n-1}), ``rows`` embedding rows
+    (default: one per token). Returns the config merging them with a union vocabulary."""
+    from safetensors.torch import load_file, save_file
+
+    from make_mergekit_vocab_fixtures import BASE_WORDS, model_config, save_tokenizer
+
+    if not os.path.isdir(os.path.join(root, "tiny-vocab", "base")):
+        build_models(root)
+    folder = os.path.join(root, f"big{n}-{rows}")
+    os.makedirs(folder, exist_ok=True)
+    made = os.path.join(root, f"big{n}-None")
+    if rows is not None and os.path.isdir(made):  # the same tokenizer over fewer rows: its files, copied
+        for fn in os.listdir(made):
+            if fn.startswith(("tokenizer", "special_tokens")):
+                shutil.copy(os.path.join(made, fn), folder)
+    else:
+        save_tokenizer(folder, BASE_WORDS + [f"t{i}" for i in range(n)], [])
+    rows = rows or 32 + n
+    g = torch.Generator().manual_seed(n)
+    tensors = {}
+    for k, t in load_file(os.path.join(root, "tiny-vocab", "base", "model.safetensors")).items():
+        if k in ("model.embed_tokens.weight", "lm_head.weight"):
+            new = torch.randn((rows, t.shape[1]), generator=g) * 0.2
+            new[:32] = t[: min(32, rows)]
+            tensors[k] = new
+        else:
+            tensors[k] = t + 0.01
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(model_config(rows), f)
+    return (f"models:\n  - model: tiny-vocab/base\n    parameters: {{weight: 0.5}}\n  - model: {os.path.basename(folder)}\n"
+            "    parameters: {weight: 0.5}\nmerge_method: linear\nbase_model: tiny-vocab/base\n"
+            "tokenizer_source: union\ndtype: float32\n")
+
+
+class _Counted:
+    """Calls of the tokenizers' ``add_tokens`` and of tensor indexing while a merged vocabulary is built."""
+
+    def __init__(self, monkeypatch):
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+        self.add_tokens = self.index = 0
+        real_add, real_get, real_set = PreTrainedTokenizerBase.add_tokens, torch.Tensor.__getitem__, torch.Tensor.__setitem__
+
+        def add(tok, *a, **k):
+            self.add_tokens += 1
+            return real_add(tok, *a, **k)
+
+        def get(t, i):
+            self.index += 1
+            return real_get(t, i)
+
+        def put(t, i, v):
+            self.index += 1
+            return real_set(t, i, v)
+
+        monkeypatch.setattr(PreTrainedTokenizerBase, "add_tokens", add)
+        monkeypatch.setattr(torch.Tensor, "__getitem__", get)
+        monkeypatch.setattr(torch.Tensor, "__setitem__", put)
+
+
+def _build(text: str, root: str, monkeypatch, counted: bool = False) -> tuple[object, torch.Tensor, "_Counted | None"]:
+    """The config's merged vocabulary (opened as a merge opens it) and the big model's re-mapped embedding."""
+    from hubsoup.formats.mergekit import MergekitLayout, read_config
+    from hubsoup.options import MergeOptions
+
+    monkeypatch.chdir(root)
+    layout = MergekitLayout(read_config(text, resolve=False))
+    with monkeypatch.context() as mp:
+        c = _Counted(mp) if counted else None
+        views = layout._vocab.open(MergeOptions(quiet=True))
+        emb = views[layout.merge.inputs[-1]].tensor("model.embed_tokens.weight")
+    return layout._vocab.vm, emb, c
+
+
+@pytest.mark.slow
+def test_a_300k_token_union_is_one_warning_and_linear_work(tmp_path, monkeypatch, caplog):
+    """A union with a model of 300,000 more tokens (a 300k-token vocabulary, as real ones go to 262k): every row
+    where mergekit puts it, one call of the tokenizers library per list of tokens (a call per token rebuilds its
+    matcher each time: quadratic), a number of tensor operations that does not grow with the vocabulary, and
+    at most one warning line (mergekit, and hubsoup before, logged a line per token)."""
+    import logging
+
+    root = str(tmp_path)
+    small = _big_vocab_models(root, 2000)
+    larger = _big_vocab_models(root, 8000)
+    _, _, c_small = _build(small, root, monkeypatch, counted=True)
+    _, _, c_larger = _build(larger, root, monkeypatch, counted=True)
+    assert c_small.add_tokens == c_larger.add_tokens < 10  # transformers adds its special tokens too: a few calls
+    assert c_larger.index <= c_small.index + 20, (c_small.index, c_larger.index)
+
+    n = 300_000
+    big = _big_vocab_models(root, n)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        vm, emb, _ = _build(big, root, monkeypatch)
+    assert vm.size == 32 + n and emb.shape == (32 + n, 8)
+    from safetensors.torch import load_file
+
+    own = load_file(os.path.join(root, f"big{n}-None", "model.safetensors"))["model.embed_tokens.weight"]
+    assert torch.equal(emb, own)  # every token at its own id: the base's 32, then t0 .. t299999
+    base_row = vm.remap("model.embed_tokens.weight", "tiny-vocab/base", ["tiny-vocab/base", f"big{n}-None"],
+                        lambda m: load_file(os.path.join(root, m, "model.safetensors"))["model.embed_tokens.weight"],
+                        lambda m: torch.float32)
+    assert torch.equal(base_row[32:], own[32:])  # a token only `big` has: its row, in the base too
+    noisy = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(noisy) <= 1, [r.getMessage()[:100] for r in noisy[:5]]
+
+    # the probe's 300,001 stderr lines: the same tokenizer over a 32-row embedding (vocab_size 32); its 300,000
+    # tokens beyond are left out of the union as mergekit leaves them, said in one line that counts them
+    text = _big_vocab_models(root, n, rows=32)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        vm, emb, _ = _build(text, root, monkeypatch)
+    assert vm.size == 32 and emb.shape == (32, 8)
+    noisy = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(noisy) == 1 and "300000 token(s)" in noisy[0] and "left out of the union" in noisy[0], noisy[:3]
+
+
+def test_vocabularies_over_the_limit_are_refused_before_any_tokenizer_is_read(tmp_path, monkeypatch):
+    from hubsoup.errors import ParameterError
+    from hubsoup.formats import mergekit_vocab
+
+    root = str(tmp_path)
+    text = _big_vocab_models(root, 100)
+    monkeypatch.setattr(mergekit_vocab, "MAX_VOCAB", 120)  # the base: 32 tokens; big: 132 (its config: 132 rows)
+    read: list[str] = []
+    real = mergekit_vocab._load_tokenizer
+    monkeypatch.setattr(mergekit_vocab, "_load_tokenizer", lambda f, label, **k: read.append(label) or real(f, label, **k))
+    with pytest.raises(ParameterError, match=r"'big100-None' \(its config's vocab_size\) has 132 tokens; .*at most 120"):
+        _build(text, root, monkeypatch)
+    assert read == []
+    monkeypatch.setattr(mergekit_vocab, "config_vocab_size", lambda cfg: None)  # a config that does not say
+    with pytest.raises(ParameterError, match="the tokenizer of 'big100-None' has 132 tokens"):
+        _build(text, root, monkeypatch)
+    monkeypatch.setattr(mergekit_vocab, "MAX_VOCAB", 132)  # each fits; the union with a section's token does not
+    with pytest.raises(ParameterError, match="the output vocabulary has 133 tokens"):
+        _build(text.replace("tokenizer_source: union\n", "tokenizer:\n  tokens:\n    <new>: {source: {kind: zero}}\n"),
+               root, monkeypatch)

@@ -20,6 +20,7 @@ import yaml
 
 from hubsoup.cli import main
 from hubsoup.errors import ParameterError
+from hubsoup.public import local_path_in_file
 from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer, write_card_metadata
 from hubsoup.workflows.pipeline import load_pipeline, run_pipeline
 from hubsoup.workflows.pipeline.licenses import combine
@@ -125,6 +126,8 @@ def test_pipeline_run_rerun_and_new_candidate(hub, zoo, tmp_path, capsys):
         card = files["README.md"].decode()
         assert "license: apache-2.0" in card and "perplexity" in card
         assert rid.split("/")[1].endswith(recipe_hash(hub, rid)[:8])  # name template {method}-{inputs_short}-{hash8}
+        for name, data in files.items():  # its eval data is a local file: by name and hash only (issue 48, item 2)
+            assert local_path_in_file(name, data) is None, (rid, name)
     board = json.loads((tmp_path / "work" / "leaderboard" / "leaderboard.json").read_text())
     rows = board["merges"]
     assert [r["status"] for r in rows].count("published") == 3 and [r["status"] for r in rows].count("not selected") == 1
@@ -139,6 +142,8 @@ def test_pipeline_run_rerun_and_new_candidate(hub, zoo, tmp_path, capsys):
     assert "| model | status |" in md and "sample/perplexity" in md
     remote = json.loads(hub.files("soup-org/leaderboard", repo_type="dataset")["leaderboard.json"])
     assert remote == board
+    for name, data in hub.files("soup-org/leaderboard", repo_type="dataset").items():
+        assert local_path_in_file(name, data) is None, name
 
     # again: nothing new on the Hub, nothing merged (the rejected merge is remembered by the Hub's leaderboard)
     before = state(hub)
@@ -304,6 +309,23 @@ def test_dry_run_prints_the_plan_and_changes_nothing(hub, zoo, tmp_path, capsys)
     assert "not selected on an earlier run" in out
     rc = main(["pipeline", path, "--token-env", "NO_SUCH_VARIABLE"])
     assert rc == 2 and "NO_SUCH_VARIABLE" in capsys.readouterr().err
+
+
+def test_dry_run_shows_no_third_party_bars(hub, zoo, tmp_path, capfd):
+    """Issue 48, item 6: reading the evaluation data for the plan prints no datasets bars ("Generating
+    validation split"); data never read before (a cached one would print none anyway)."""
+    publish(hub, zoo, "base", "ft-a", "ft-b")
+    hub.login("alice")
+    data = tmp_path / "fresh.jsonl"
+    data.write_text(open(EVAL_DATA, encoding="utf-8").read() + json.dumps({"text": f"w1 w2 {tmp_path.name}"}) + "\n")
+    path = example(tmp_path)
+    p = yaml.safe_load(open(path))
+    p["eval"]["tasks"] = [f"perplexity:{data},text=text,name=sample"]
+    (tmp_path / "pipeline.yml").write_text(yaml.safe_dump(p))
+    capfd.readouterr()
+    assert main(["pipeline", path, "--dry-run"]) == 0
+    err = capfd.readouterr().err
+    assert "Generating" not in err and "examples/s" not in err, err
 
 
 # ---- rate limits and server errors --------------------------------------------------------------------

@@ -78,6 +78,26 @@ def test_a_mergekit_config_merge_is_evaluated_published_and_not_made_twice(hub, 
     assert models(state(hub)) == models(before)
 
 
+def test_config_merges_without_evaluation_are_streamed_to_the_hub(hub, zoo, tmp_path):  # noqa: F811
+    publish(hub, zoo, "base", "ft-a", "ft-b")
+    hub.login("alice")
+    path = _pipeline(tmp_path, [{"config": "ties.yml", "name": "mk-ties"}, {"config": "stages.yml"}], eval=None)
+    report, out, events = run(path)
+    assert report.exit_code == 0, out
+    assert [m.status for m in report.merges] == ["published", "published"]
+    # nothing of the final merges in the work folder: only the multi-stage config's earlier stage, as beside an output
+    stages = [p for p in os.listdir(tmp_path / "work" / "merges")]
+    assert len(stages) == 1 and stages[0].endswith(".stages") and os.listdir(tmp_path / "work" / "merges" /
+                                                                             stages[0]) == ["soup-ab"]
+    for m in report.merges:
+        files = hub.files(m.repo_id)
+        card = files["README.md"].decode()
+        assert "license: apache-2.0" in card and "mergekit" in card and yaml.safe_load(
+            files["hubsoup_recipe.yaml"])["hash"] == m.recipe_hash
+        if m.spec.name != "mk-ties":
+            assert "Merge stages" in card and "soup-ab" in card  # the final stage pushed, its card naming every stage
+
+
 def test_a_config_merge_with_a_forbidden_license_is_refused(hub, zoo, tmp_path):  # noqa: F811
     publish(hub, zoo, "base", "ft-a", "ft-nc")
     hub.login("alice")

@@ -254,7 +254,8 @@ def test_tampered_cached_merges_are_never_pushed(hub, zoo, tmp_path):
 
     publish(hub, zoo, "base", "ft-a", "ft-b", "ft-c")
     hub.login("alice")
-    path = example(tmp_path, select=None, eval=None, merges=LINEAR_PAIRS)
+    # merges written whole to the work folder before their push (not streamed to the Hub: push.stream false)
+    path = example(tmp_path, select=None, eval=None, merges=LINEAR_PAIRS, push={"namespace": "soup-org", "stream": False})
     hub.fail_commits(100, status=403)  # every push fails: the merges stay in the work folder only
     report, out, events = run(path)
     assert report.exit_code == 1 and all(t == ["initial commit"] for t in soup_repos(hub).values()), out
@@ -306,6 +307,28 @@ def test_tampered_cached_merges_are_never_pushed(hub, zoo, tmp_path):
     assert report.exit_code == 1 and len(soup_repos(hub)) == 2 and victims[0] not in soup_repos(hub)
 
 
+def test_merges_pushed_without_evaluation_are_streamed_and_a_failed_push_resumes(hub, zoo, tmp_path):
+    publish(hub, zoo, "base", "ft-a", "ft-b", "ft-c")
+    hub.login("alice")
+    path = example(tmp_path, select=None, eval=None, merges=LINEAR_PAIRS)
+    before = hub.lfs_uploaded_objects
+    hub.fail_commits(1, status=403)  # the first merge's one commit is refused (not a transient failure)
+    report, out, events = run(path)
+    assert report.exit_code == 1 and sorted(m.status for m in report.merges) == ["failed", "published", "published"]
+    merges = tmp_path / "work" / "merges"
+    assert [p for p in os.listdir(merges) if not p.startswith(".hubsoup-push-")] == []  # no merge kept whole
+    assert [p for p in os.listdir(merges)] == []  # nor a temporary folder or lock
+    assert hub.lfs_uploaded_objects - before == 3  # each merge's shard went up once
+    failed = next(m for m in report.merges if m.status == "failed")
+    assert soup_repos(hub)[failed.repo_id] == ["initial commit"]  # nothing committed there
+    report, out, events = run(path)  # the rerun resumes: the failed merge's shard is not uploaded again
+    assert report.exit_code == 0, out
+    assert hub.lfs_uploaded_objects - before == 3 and all(len(t) == 2 for t in soup_repos(hub).values())
+    assert [e[0] for e in events].count("pushed") == 1
+    card = hub.files(failed.repo_id)["README.md"].decode()
+    assert "license: apache-2.0" in card and "hubsoup pipeline" in hub.history(failed.repo_id)[0].title
+
+
 # ---- malformed inputs of the run itself: one clear error, before anything is done --------------------------
 
 
@@ -316,11 +339,15 @@ def test_tampered_cached_merges_are_never_pushed(hub, zoo, tmp_path):
     ({"merges": ["row"]}, "merges[0].(row)"),
     ({"merges": {"a": 1}}, "'merges' is a list"),
     ("{not json", "not valid JSON"),
+    # issue 44: someone's own file of that name was overwritten; it is kept and the run stops
+    ({"title": "our team's board", "rows": [1, 2]}, "has no 'merges': not a pipeline's leaderboard"),
+    ([1, 2], "must be a mapping"),
 ])
 def test_malformed_leaderboard_is_a_clear_error_before_anything(hub, zoo, tmp_path, capsys, board, where):
     publish(hub, zoo, "base", "ft-a", "ft-b")
     raw = board if isinstance(board, str) else json.dumps(board)
     hub.seed("soup-org/leaderboard", {"leaderboard.json": raw}, repo_type="dataset")
+    commits = len(hub.history("soup-org/leaderboard", repo_type="dataset"))
     hub.login("alice")
     path = example(tmp_path, select=None, eval=None, merges=LINEAR_PAIRS)
     assert main(["pipeline", path]) == 2
@@ -328,6 +355,7 @@ def test_malformed_leaderboard_is_a_clear_error_before_anything(hub, zoo, tmp_pa
     assert err.startswith("error: leaderboard soup-org/leaderboard (leaderboard.json)") and where in err, err
     assert "fix or delete" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert soup_repos(hub) == {} and not (tmp_path / "work" / "merges").exists()
+    assert len(hub.history("soup-org/leaderboard", repo_type="dataset")) == commits  # the file stays as it was
 
 
 def test_eval_rows_that_are_not_text_are_a_clear_error(hub, zoo, tmp_path, capsys):
@@ -429,13 +457,15 @@ def _kill_run(path, marker, mode, token):
 def test_sigterm_during_the_pushes_says_what_was_published(hub, zoo, tmp_path):
     publish(hub, zoo, "base", "ft-a", "ft-b", "ft-c")
     token = hub.login("alice")
-    path = example(tmp_path, select=None, eval=None, merges=LINEAR_PAIRS)
+    # the pushes of merges written to the work folder (a streamed merge's interruption: tests/test_push_stream.py)
+    path = example(tmp_path, select=None, eval=None, merges=LINEAR_PAIRS, push={"namespace": "soup-org", "stream": False})
     proc = _kill_run(path, tmp_path / "killed", "push", token)
     assert proc.returncode == 143, proc.stderr[-2000:]
     assert "no output was left behind" not in proc.stderr
     [first] = soup_repos(hub)
     assert "terminated (SIGTERM): 1 merge(s) were published by this run and stay on the Hub" in proc.stderr
-    assert f"  {first}\n" in proc.stderr and "the push of soup-org/" in proc.stderr and "was in flight" in proc.stderr
+    assert f"stay on the Hub: {first}; the push of soup-org/" in proc.stderr and "was in flight" in proc.stderr
+    assert len([ln for ln in proc.stderr.splitlines() if ln.strip()]) == 1, proc.stderr  # one line (issue 44)
     report, out, events = run(path)
     assert report.exit_code == 0, out
     assert len(soup_repos(hub)) == 3 and all(len(t) == 2 for t in soup_repos(hub).values())  # one commit each
@@ -492,6 +522,45 @@ def test_ci_workflow_installs_from_the_repository_url_and_caches_the_work_folder
     order = [s.get("uses", "").split("@")[0] or s.get("name") for s in steps]
     assert order.index("actions/cache/restore") < order.index("Merge, evaluate, publish") < order.index(
         "actions/cache/save")
+
+
+def test_ci_workflow_runs_in_the_repository_its_instructions_make(tmp_path):
+    """Issue 48, item 4: lay out a repository as the workflow's header says; every path the workflow names is
+    there, and setup-python's pip cache has a file to hash (without one it fails: "No file matched to
+    [**/requirements.txt or **/pyproject.toml]", which such a repository does not have)."""
+    import glob
+    import shutil
+
+    folder = os.path.join(REPO, "examples", "pipelines")
+    text = open(os.path.join(folder, "community-merge.yml"), encoding="utf-8").read()
+    header = "".join(line for line in text.splitlines(True) if line.startswith("#"))
+    assert "beside it" not in header and ".github/workflows/community-merge.yml" in header
+    wf = yaml.safe_load(text)
+    env = wf["env"]
+    pipeline_dir = os.path.dirname(env["PIPELINE"])
+    assert f"in {pipeline_dir}/" in " ".join(header.split())  # the header names the folder the steps use
+    repo = tmp_path / "their-repo"  # as the header says: the workflow, pipeline.yml and data/
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    shutil.copy(os.path.join(folder, "community-merge.yml"), repo / ".github" / "workflows" / "community-merge.yml")
+    (repo / pipeline_dir).mkdir(parents=True)
+    shutil.copy(os.path.join(folder, "pipeline.yml"), repo / pipeline_dir)
+    shutil.copytree(os.path.join(folder, "data"), repo / pipeline_dir / "data")
+    assert not glob.glob(str(repo / "**" / "requirements.txt"), recursive=True)
+    steps = wf["jobs"]["merge"]["steps"]
+    setup = next(s for s in steps if s.get("uses", "").startswith("actions/setup-python"))
+    if setup["with"].get("cache") == "pip":
+        patterns = setup["with"].get("cache-dependency-path")
+        assert patterns, "cache: pip with nothing to hash"
+        for pattern in str(patterns).split():
+            assert glob.glob(str(repo / pattern), recursive=True), f"{pattern} matches nothing in their repository"
+    runs = [s["run"] for s in steps if "hubsoup pipeline" in s.get("run", "")]
+    assert runs and all('"$PIPELINE"' in r for r in runs)  # the file the header says to copy
+    assert (repo / env["PIPELINE"]).is_file()
+    p = yaml.safe_load((repo / env["PIPELINE"]).read_text())
+    for task in p["eval"]["tasks"]:  # its data, relative to the pipeline file
+        data = task.split(":", 1)[1].split(",")[0]
+        assert (repo / pipeline_dir / data).is_file(), data
+    assert env["WORK_DIR"] == f"{pipeline_dir}/{p['work_dir']}"
 
 
 def test_example_evaluation_data_is_real_english_text():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -16,7 +17,7 @@ from safetensors.torch import load_file
 import hubsoup
 from hubsoup.cli import main
 from hubsoup.errors import InputError, PushError
-from hubsoup.hub import push_folder
+from hubsoup.hub import check_repo_id, push_folder
 from hubsoup.recipe import public_recipe_yaml
 from hubsoup.testing import make_finetune, write_card_metadata
 
@@ -56,9 +57,12 @@ def tensors(folder) -> dict[str, torch.Tensor]:
 
 
 def local_files(folder) -> dict[str, bytes]:
+    """What a push uploads of ``folder``: its files but hubsoup's marker (``.hubsoup``, local only: issue 44)."""
     out = {}
     for dirpath, _, names in os.walk(folder):
         for n in names:
+            if n == ".hubsoup":
+                continue
             p = os.path.join(dirpath, n)
             out[os.path.relpath(p, folder)] = open(p, "rb").read()
     return out
@@ -86,12 +90,21 @@ def test_merge_push_round_trip(hub, zoo, tmp_path, monkeypatch, capsys):
                "--push", "soup-org/soup", "-q"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    local = tmp_path / "soup"  # the default output folder of --push ORG/NAME
+    # streamed to the Hub: nothing on the local disk (a local copy only with --out)
+    assert [p for p in os.listdir(tmp_path) if "soup" in p] == []
     repo, url, sha = COMMIT_LINE.search(out).groups()
     assert repo == "soup-org/soup" and url == f"{hub.endpoint}/soup-org/soup/commit/{sha}"
     assert sha == hub.head("soup-org/soup")
     assert [c.title for c in hub.history("soup-org/soup")] == ["Upload ties merge made with hubsoup",
                                                                "initial commit"]  # one commit
+    # the same merge with --out: the same files (the local card loads the repo too)
+    local = tmp_path / "soup"
+    rc = main(["merge", "alice/ft-a", "alice/ft-b", "--method", "ties", "--param", "density=0.5", "--out", "soup", "-q"])
+    assert rc == 0
+    capsys.readouterr()
+    from hubsoup.hub import retarget_card
+
+    retarget_card(str(local), "soup-org/soup")
     assert_same_as_hub(hub, "soup-org/soup", local)
     assert {"model.safetensors", "config.json", "README.md", "hubsoup_recipe.yaml"} <= set(os.listdir(local))
 
@@ -243,30 +256,52 @@ def test_interrupted_merge_push_then_retry(hub, zoo, tmp_path, monkeypatch, caps
     publish(hub, zoo)
     hub.login("alice")
     monkeypatch.chdir(tmp_path)
+    args = ["merge", "alice/ft-a", "alice/ft-b", "--method", "ties", "--push", "soup-org/soup", "-q"]
+    published = hub.lfs_uploaded_objects  # the inputs' own weights
     hub.fail_commits(1, status=500)
-    rc = main(["merge", "alice/ft-a", "alice/ft-b", "--method", "ties", "--push", "soup-org/soup", "-q"])
+    rc = main(args)
     cap = capsys.readouterr()
-    local = str(tmp_path / "soup")
-    assert rc == 2 and "merged 2 model(s)" in cap.out
-    assert "push of" in cap.err and "soup-org/soup failed: Hub server error 500" in cap.err
-    assert f"retry with: hubsoup push {local} soup-org/soup" in cap.err
+    assert rc == 2 and "merged 2 model(s)" not in cap.out
+    assert "error: push to soup-org/soup failed: Hub server error 500" in cap.err and len(cap.err.splitlines()) == 1
+    assert "Nothing was committed; run the same merge again: it resumes" in cap.err
     assert len(hub.history("soup-org/soup")) == 1  # created, nothing committed
+    assert [p for p in os.listdir(tmp_path) if "soup" in p] == []  # nothing left on the disk
+    uploaded = hub.lfs_uploaded_objects
+    assert uploaded == published + 1  # the weights went up before the commit failed
+
+    assert main(args) == 0  # the same command again: it resumes, uploading nothing twice
+    first = COMMIT_LINE.search(capsys.readouterr().out).group(3)
+    assert first == hub.head("soup-org/soup") and hub.lfs_uploaded_objects == uploaded
+    # the same merge once more: identical content, no new commit, and said so
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "\nnothing changed: soup-org/soup already has this content at " in out
+    assert re.search(r"/commit/([0-9a-f]{40})", out).group(1) == first and len(hub.history("soup-org/soup")) == 2
+
+    # with a local copy (--out): it is complete when the commit fails, and `hubsoup push` retries
+    hub.fail_commits(1, status=500)
+    rc = main([*args[:-3], "--push", "soup-org/kept", "--out", "kept", "-q"])
+    cap = capsys.readouterr()
+    local = str(tmp_path / "kept")
+    assert rc == 2 and "merged 2 model(s)" not in cap.out
+    assert "push of" in cap.err and "soup-org/kept failed: Hub server error 500" in cap.err
+    assert f"retry with: hubsoup push {local} soup-org/kept" in cap.err
     import transformers
 
     transformers.AutoModel.from_pretrained(local)  # the local output is complete
-
-    assert main(["push", local, "soup-org/soup"]) == 0
+    assert main(["push", local, "soup-org/kept"]) == 0
     first = COMMIT_LINE.search(capsys.readouterr().out).group(3)
-    assert first == hub.head("soup-org/soup")
-    assert_same_as_hub(hub, "soup-org/soup", local)
-    # pushing again is a no-op: same commit, no new one
-    assert main(["push", local, "soup-org/soup"]) == 0
-    assert COMMIT_LINE.search(capsys.readouterr().out).group(3) == first == hub.head("soup-org/soup")
-    assert len(hub.history("soup-org/soup")) == 2
-
-    # re-running the merge is refused, pointing at the push instead
-    rc = main(["merge", "alice/ft-a", "alice/ft-b", "--method", "ties", "--push", "soup-org/soup"])
-    assert rc == 2 and "hubsoup push ./soup soup-org/soup" in capsys.readouterr().err
+    assert first == hub.head("soup-org/kept")
+    assert_same_as_hub(hub, "soup-org/kept", local)
+    # pushing again is a no-op: same commit, no new one, and said so
+    assert main(["push", local, "soup-org/kept"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("nothing changed: soup-org/kept already has this content at ")
+    assert re.search(r"/commit/([0-9a-f]{40})", out).group(1) == first == hub.head("soup-org/kept")
+    assert len(hub.history("soup-org/kept")) == 2
+    # re-running the merge into the same --out is refused, pointing at the push instead
+    rc = main([*args[:-3], "--push", "soup-org/kept", "--out", "kept"])
+    assert rc == 2 and "hubsoup push kept soup-org/kept" in capsys.readouterr().err
 
 
 def test_network_error_and_lost_answer_then_retry(hub, soup):
@@ -299,6 +334,19 @@ def test_bad_targets_are_refused_before_merging(hub, zoo, tmp_path, capsys):
         push_folder(str(tmp_path / "missing"), "alice/soup")
 
 
+@pytest.mark.parametrize("target", ["alice/soup\n", "alice/so--up", "alice/soupé", "alice/" + "s" * 97, "alice/soup.git",
+                                    "alice/soup-", "alice/so..up", " alice/soup"])
+def test_repo_ids_the_hub_refuses_are_refused_before_merging(zoo, tmp_path, monkeypatch, capsys, target):
+    """Each of these was accepted, merged, and failed only at the push with "network error" (issue 44): now one
+    line before any work, from huggingface_hub's own rule and the Hub's that it does not check."""
+    monkeypatch.chdir(tmp_path)
+    rc = main(["merge", zoo["ft-a"], zoo["ft-b"], "--base", zoo["base"], "--method", "linear", "--push", target])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1 and "is not a Hub repo ID" in err[0] and repr(target)[:60] in err[0], err
+    assert os.listdir(tmp_path) == []  # nothing merged, no ./NAME folder
+    assert check_repo_id("alice/" + "s" * 96) == "alice/" + "s" * 96  # 96 is the Hub's limit, inclusive
+
+
 # ---- the token stays secret ---------------------------------------------------------------------
 
 
@@ -309,14 +357,24 @@ def test_token_is_never_printed_logged_or_written(hub, zoo, tmp_path, monkeypatc
     publish(hub, zoo)
     monkeypatch.chdir(tmp_path)
     hub.fail_commits(1, status=401)  # a failure whose message talks about tokens
-    assert main(["-v", "merge", "alice/ft-a", "alice/ft-b", "--method", "ties", "--push", "soup-org/soup"]) == 2
+    assert main(["-v", "merge", "alice/ft-a", "alice/ft-b", "--method", "ties", "--push", "soup-org/soup",
+                 "--out", "soup"]) == 2
     assert main(["-v", "push", "soup", "soup-org/soup"]) == 0
+    hub.fail_commits(1, status=401)  # streamed, without a local copy, then resumed
+    assert main(["-v", "merge", "alice/ft-a", "alice/ft-b", "--method", "linear", "--push", "soup-org/other"]) == 2
+    assert main(["-v", "merge", "alice/ft-a", "alice/ft-b", "--method", "linear", "--push", "soup-org/other"]) == 0
+    from hubsoup.hub import resume_dir
+
+    for dirpath, _, names in os.walk(os.path.dirname(resume_dir())):  # the resume records hold no token
+        for n in names:
+            assert token.encode() not in open(os.path.join(dirpath, n), "rb").read(), n
     cap = capsys.readouterr()
     assert "authentication failed" in cap.err
     for name, content in local_files(tmp_path / "soup").items():
         assert token.encode() not in content, name
-    for name, content in hub.files("soup-org/soup").items():
-        assert token.encode() not in content, name
+    for repo in ("soup-org/soup", "soup-org/other"):
+        for name, content in hub.files(repo).items():
+            assert token.encode() not in content, name
     assert token not in cap.out and token not in cap.err
     assert token not in caplog.text
     assert "hubsoup_recipe.yaml" in os.listdir(tmp_path / "soup") and "README.md" in os.listdir(tmp_path / "soup")
@@ -326,3 +384,60 @@ def test_push_while_offline_says_so(soup):
     # no ``hub`` fixture: the suite's HF_HUB_OFFLINE=1 is on
     with pytest.raises(PushError, match=r"alice/soup failed: offline mode is on \(HF_HUB_OFFLINE=1\)"):
         push_folder(soup.path, "alice/soup")
+
+
+def test_every_file_of_the_commit_is_scrubbed_for_local_paths(hub, zoo, tmp_path):
+    """Issue 48, item 2: whatever wrote it, a file that still holds an absolute path of this machine or the home
+    folder stops the push before anything is sent (JSON values, YAML, text, safetensors metadata); a URL's path,
+    a system path (``/usr/bin/time``) and a tokenizer's vocabulary (JSON keys) are no local paths."""
+    from safetensors.torch import save_file
+
+    res = hubsoup.merge([zoo["ft-a"], zoo["ft-b"]], method="linear", base=zoo["base"], out=str(tmp_path / "o"),
+                        quiet=True)
+    here = str(tmp_path / "somewhere" / "data.jsonl")
+    home = os.path.join(os.path.expanduser("~"), "x")
+    plants = {"notes.txt": f"evaluated on {here}\n".encode(),
+              "results/extra.json": json.dumps({"cfg": {"data_files": {"validation": here}}}).encode(),
+              "task.yaml": f"task: t\ndataset_kwargs:\n  data_files: {here}\n".encode(),
+              "home.md": f"made in {home}\n".encode()}
+    tensor_meta = {"source": f"trained from {here}"}
+    innocent = {"fine.md": b"see https://huggingface.co/org/x/blob/main/a.md and /usr/bin/time, (/api/models/x)\n",
+                "vocab/tokenizer.json": json.dumps({"model": {"vocab": {"/tmp/x": 0, "w": 1}}}).encode()}
+    for name, data in innocent.items():
+        os.makedirs(os.path.dirname(os.path.join(res.path, name)), exist_ok=True)
+        open(os.path.join(res.path, name), "wb").write(data)
+    for name, data in [*plants.items(), ("extra.safetensors", None)]:
+        path = os.path.join(res.path, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if data is None:
+            save_file({"x": torch.zeros(1)}, path, metadata=tensor_meta)
+        else:
+            open(path, "wb").write(data)
+        with pytest.raises(PushError, match=f"{re.escape(name)} holds a local path"):
+            push_folder(res.path, "alice/scrubbed", token=hub.token("alice"))
+        assert not hub.exists("alice/scrubbed")  # refused before anything was sent
+        os.remove(path)
+    push_folder(res.path, "alice/scrubbed", token=hub.token("alice"))  # the innocent files go up
+    assert set(innocent) <= set(hub.files("alice/scrubbed"))
+
+
+def test_pushing_the_same_content_again_says_nothing_changed(hub, soup, capsys, caplog):
+    """Issue 48, item 6: huggingface_hub skips a commit of identical content with a WARNING and returns the old
+    commit; the command line said "pushed to ... <the old commit>". Now: "nothing changed", and the WARNING (third-
+    party noise) only when debugging."""
+    import logging
+
+    hub.login("alice")
+    assert main(["push", soup.path, "alice/again"]) == 0
+    assert "pushed to alice/again" in capsys.readouterr().out
+    head = hub.head("alice/again")
+    caplog.clear()
+    assert main(["push", soup.path, "alice/again"]) == 0
+    out = capsys.readouterr().out
+    assert f"nothing changed: alice/again already has this content at {head[:12]}" in out and "pushed to" not in out
+    assert hub.head("alice/again") == head
+    assert not [r for r in caplog.records if "No files have been modified" in r.getMessage()]
+    caplog.set_level(logging.DEBUG)  # -v: third-party messages shown
+    assert main(["push", soup.path, "alice/again"]) == 0
+    assert [r for r in caplog.records if "No files have been modified" in r.getMessage()]
+    assert "nothing changed" in capsys.readouterr().out

@@ -172,8 +172,11 @@ def test_local_folder_naming_a_file_outside_is_refused(zoo, tmp_path, capsys, op
 def test_hub_cache_links_are_inside_but_not_into_another_repo(hub, zoo, tmp_path, capsys):
     hub.seed("alice/ft-a", zoo["ft-a"])
     hub.seed("alice/ft-b", zoo["ft-b"])
-    a, b = hubsoup.sources.open_input("alice/ft-a"), hubsoup.sources.open_input("alice/ft-b")
-    a.keys(), b.keys()  # weights downloaded: the snapshot's files are links into ../../blobs
+    from hubsoup.sources.access import scope
+
+    with scope(cache_inputs=True):  # downloaded (not read in place): the snapshot's files are links into ../../blobs
+        a, b = hubsoup.sources.open_input("alice/ft-a"), hubsoup.sources.open_input("alice/ft-b")
+        a.keys(), b.keys()
     assert os.path.islink(os.path.join(a.folder, "model.safetensors"))
     # the snapshot folder given as a local folder is fine: its links stay in models--alice--ft-a
     local = hubsoup.sources.open_input(a.folder)
@@ -315,7 +318,10 @@ def test_nothing_local_is_pushed(hub, model_dir, tmp_path, capsys, monkeypatch, 
     card = pushed["README.md"].decode()
     assert "`ft-a` `sha256:" in card
     if fmt == "full":
-        assert "wiki.jsonl@sha256:" in card and "wiki.jsonl@sha256:" in pushed["eval_results.json"].decode()
+        assert "wiki.jsonl@sha256:" in pushed["eval_results.json"].decode()  # the data by name and content hash
+        meta = yaml.safe_load(card.split("---\n")[1])  # the model-index: a local file is no dataset type
+        rows = meta["model-index"][0]["results"]  # the task's name, never the file
+        assert [r["dataset"]["type"] for r in rows] == [r["dataset"]["name"] for r in rows]
     else:
         # the folder name peft can load (run beside it), never the path; its digest is in the card (issue 32)
         assert json.loads(pushed["adapter_config.json"])["base_model_name_or_path"] == "base"
@@ -414,6 +420,17 @@ def test_overwrite_never_deletes_an_input_or_the_base(zoo, tmp_path, capsys):
     work = tmp_path / "work"
     for name in ("base", "ft-a", "ft-b"):
         shutil.copytree(zoo[name], work / name)
+    before = snapshot(work)
+    for out in (work / "ft-a", work / "base", work):  # model folders: hubsoup did not make them (issue 44)
+        rc, _, err = cli(capsys, "merge", work / "ft-a", work / "ft-b", "--base", work / "base",
+                         "--method", "linear", "--out", out, "--overwrite")
+        line = one_line_error(err)
+        assert rc == 2 and "hubsoup did not make it" in line, line
+        assert snapshot(work) == before
+    from hubsoup.output.folder import write_marker
+
+    for name in ("ft-a", "base", ""):  # even folders hubsoup made (an earlier merge as an input)
+        write_marker(str(work / name), "merge")
     before = snapshot(work)
     for out, what in ((work / "ft-a", "is input"), (work / "base", "is the base"), (work, "contains")):
         rc, _, err = cli(capsys, "merge", work / "ft-a", work / "ft-b", "--base", work / "base",

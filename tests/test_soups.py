@@ -125,7 +125,7 @@ def test_sweep_writes_one_model_per_preference(llama, tmp_path):
     base, fts = llama
     res = sweep(fts[:2], "rewarded_soups", str(tmp_path / "front"), "0:1:0.5", base=base, quiet=True, lines=True)
     names = sorted(os.listdir(res.path))
-    assert names == ["lambda-0.00-1.00", "lambda-0.50-0.50", "lambda-1.00-0.00", "sweep.json"]
+    assert names == [".hubsoup", "lambda-0.00-1.00", "lambda-0.50-0.50", "lambda-1.00-0.00", "sweep.json"]
     index = json.load(open(os.path.join(res.path, "sweep.json"), encoding="utf-8"))
     assert [p["value"] for p in index["points"]] == [[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]]
     assert [pt.result.params["lambdas"] for pt in res.points] == [[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]]
@@ -142,7 +142,7 @@ def test_sweep_of_a_scalar_parameter_and_failure_leaves_nothing(llama, tmp_path)
     base, fts = llama
     res = sweep(fts, "lines", str(tmp_path / "betas"), "0,0.5", param="beta", base=base, quiet=True,
                 params={"base_method": "linear"})
-    assert sorted(os.listdir(res.path)) == ["beta-0.00", "beta-0.50", "sweep.json"]
+    assert sorted(os.listdir(res.path)) == [".hubsoup", "beta-0.00", "beta-0.50", "sweep.json"]  # marker: issue 44
     soup = uniform_soup(fts, base=base, out=str(tmp_path / "uniform"), quiet=True)
     got, want = state(os.path.join(res.path, "beta-0.00")), state(soup.path)  # β = 0: the vanilla soup
     assert all(torch.equal(got[k], want[k]) for k in want)

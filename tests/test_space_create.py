@@ -52,7 +52,8 @@ def test_space_files_for_cpu_hardware(wheel):
     torch_version = __import__("torch").__version__.split("+")[0]
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in req.splitlines()
     assert f"torch=={torch_version}+cpu" in req.splitlines()
-    assert (f"hubsoup @ https://hub.example/spaces/alice/merger/resolve/main/{wheel[0]}" in req.splitlines())
+    pin = f"#sha256={__import__('hashlib').sha256(wheel[1]).hexdigest()}"  # pip refuses other bytes at that URL
+    assert f"hubsoup @ https://hub.example/spaces/alice/merger/resolve/main/{wheel[0]}{pin}" in req.splitlines()
     assert "spaces" not in req.split()
     meta = _front_matter(files["README.md"].decode())
     import gradio
@@ -78,11 +79,18 @@ def test_space_files_zerogpu_private_and_template(wheel):
     assert json.loads(files["hubsoup_space.json"])["zerogpu"] is True
     assert json.loads(files["hubsoup_space.json"])["template"] == "mergekit-gui"
     assert "spaces.GPU" in files["README.md"].decode()
+    meta = _front_matter(files["README.md"].decode())
+    assert meta["python_version"] == "3.10.13"  # what the Hub documents for ZeroGPU
+    assert f"[hubsoup]({hubsoup.REPOSITORY})" in files["README.md"].decode()  # a real link, never https://github.com/
 
 
-def test_bad_hardware_template_and_repo_are_refused(wheel):
+def test_bad_hardware_template_and_repo_are_refused(wheel, capsys):
     with pytest.raises(ParameterError, match="unknown Space hardware 'zero-a100'.*did you mean 'zero-a10g'"):
         space.space_files("alice/x", hardware="zero-a100", wheel=wheel)
+    # on the command line too: "did you mean", not argparse's list of choices (issue 48, item 8)
+    with pytest.raises(SystemExit):
+        main(["space", "create", "alice/x", "--hardware", "zero-a10", "--dry-run", "x"])
+    assert "did you mean 'zero-a10g'" in capsys.readouterr().err
     with pytest.raises(ParameterError, match="unknown Space template"):
         space.space_files("alice/x", template="streamlit", wheel=wheel)
     with pytest.raises(hubsoup.HubsoupError):
@@ -108,6 +116,62 @@ def test_wheel_is_this_hubsoup_and_installable(wheel, tmp_path):
                            str(tmp_path / "t"), str(_write(tmp_path / name, data))], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "t" / "hubsoup" / "py.typed").is_file()
+
+
+def test_the_wheel_packs_only_the_packages_own_files(tmp_path, monkeypatch):
+    """A Space is public: a ``.env``, a cache, a key or any other file left in the package folder stays out of
+    its wheel (issue 44: a planted ``.env`` went into a public Space); what goes in is what git tracks."""
+    import shutil
+
+    pkg = tmp_path / "src" / "hubsoup"
+    shutil.copytree(Path(space.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "cards", tmp_path / "src" / "cards")
+    planted = {".env": "HF_TOKEN=hf_secret", "__pycache__/space.cpython-311.pyc": "x", "secret.txt": "x",
+               "id_rsa": "x", ".git/config": "x", "methods/.netrc": "x", "methods/__pycache__/ties.cpython-311.pyc": "x",
+               "formats/notes.key": "x", "wandb/run.log": "x"}
+    for rel, text in planted.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    (tmp_path / "src" / "cards" / ".env").write_text("HF_TOKEN=hf_secret")
+    (tmp_path / "private.json").write_text("{}")
+    (pkg / "leak.json").symlink_to(tmp_path / "private.json")  # a link out: its name is fine, its target is not ours
+    monkeypatch.setattr(space, "_HERE", str(pkg))
+    names = {n for n, _ in space._wheel_entries()}
+    assert not [n for n in names if any(n.endswith(rel) for rel in planted) or n.endswith((".env", "leak.json"))]
+    assert "hubsoup/space.py" in names and "hubsoup/cards/merge.md" in names and "hubsoup/py.typed" in names
+    # of the real tree: exactly the files git tracks (package, card templates) and the app, nothing else
+    tracked = subprocess.run(["git", "ls-files", "hubsoup", "cards"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode == 0 and tracked.stdout:
+        monkeypatch.undo()
+        want = {("hubsoup/cards/" + t.split("/", 1)[1]) if t.startswith("cards/") else t
+                for t in tracked.stdout.split()} | {"hubsoup/space_app/app.py"}
+        assert {n for n, _ in space._wheel_entries()} == want
+
+
+def test_an_installed_hubsoup_packs_what_its_record_lists(tmp_path, monkeypatch):
+    """Installed from a wheel (not editable), the Space's wheel takes only the files hubsoup's RECORD lists."""
+    here = Path(space.__file__).parent
+
+    class Installed:
+        files = [Path("hubsoup/__init__.py"), Path("hubsoup/space.py"), Path("hubsoup-0.dist-info/RECORD")]
+
+        @staticmethod
+        def locate_file(name):
+            return here.parent / name
+
+    monkeypatch.setattr(space.metadata, "distribution", lambda name: Installed)
+    names = {n for n, _ in space._wheel_entries()}
+    assert {n for n in names if not n.startswith(("hubsoup/cards/", "hubsoup/space_app/"))} == \
+        {"hubsoup/__init__.py", "hubsoup/space.py"}
+
+
+@pytest.mark.parametrize("repo", ["alice/merger\n", "alice/mer--ger", "alice/mergér", "alice/" + "m" * 97])
+def test_space_names_the_hub_refuses_are_refused_before_any_work(repo, monkeypatch, capsys):
+    built = []
+    monkeypatch.setattr(space, "build_wheel", lambda: built.append(1) or ("w.whl", b""))
+    assert main(["space", "create", repo]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "is not a Hub repo ID" in err[0] and not built, err
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -147,28 +211,18 @@ def test_space_create_on_the_test_hub(hub, monkeypatch, capsys):
 
 @pytest.fixture
 def app_module(hub, monkeypatch, tmp_path):
-    """examples/space/app.py imported from a Space folder (its hubsoup_space.json: ZeroGPU) with a fake `spaces`."""
+    """examples/space/app.py imported from a Space folder whose hubsoup_space.json says ZeroGPU. Outside a ZeroGPU
+    Space (no ``SPACES_ZERO_GPU``) the real ``spaces.GPU`` returns the function as it is; the ZeroGPU worker itself
+    is tested through spaces' real queue by tests/test_space_zerogpu.py."""
+    pytest.importorskip("spaces", reason="a ZeroGPU Space's app imports `spaces` (the test extra)")
     monkeypatch.setenv("HF_TOKEN", hub.token("alice"))
     monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
     folder = tmp_path / "space"
     space.write_space(str(folder), "alice/merger", hardware="zero-a10g", template="mergekit-gui")
-    calls = []
-    fake = types.ModuleType("spaces")
-
-    def gpu(duration=None):
-        def wrap(fn):
-            def wrapped(*a, **kw):
-                calls.append(fn.__name__)
-                return fn(*a, **kw)
-            return wrapped
-        return wrap
-
-    fake.GPU = gpu
-    monkeypatch.setitem(sys.modules, "spaces", fake)
     spec = importlib.util.spec_from_file_location("space_app_under_test", folder / "app.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    mod.gpu_calls = calls
     return mod
 
 
@@ -176,9 +230,7 @@ def app_module(hub, monkeypatch, tmp_path):
 def test_app_zerogpu_tab_validation_and_visitor_messages(app_module):
     app = app_module
     assert app.FIRST_TAB == "mergekit"  # the mergekit-gui template opens on the config
-    got = []
-    assert app.run_merge(lambda out, **kw: got.append((out, kw)) or "ok", "/tmp/x", {"token": "t"}) == "ok"
-    assert app.gpu_calls == ["_on_gpu"] and got == [("/tmp/x", {"device": "cuda", "token": "t"})]
+    assert app.ZEROGPU and callable(app.merge_on_gpu)  # a generator over plain data: see test_space_zerogpu.py
 
     ok = app.validate_config(app.EXAMPLE_CONFIG)
     assert ok.startswith("**Valid**") and "`org/fine-tune-a`" in ok and "ties" in ok
@@ -405,17 +457,21 @@ def test_app_one_visitors_run_never_shows_anothers(app_module):
     app = app_module
     both_running = threading.Barrier(2, timeout=30)
 
-    def visitor(user: str):
-        def merge_fn(out, *, progress, cancel, token, **kw):
-            progress(0.5, "merge", f"merging for {user}")
-            both_running.wait()  # the other visitor's run is at the same point
-            time.sleep(0.5)
-            raise hubsoup.HubsoupError(f"{user}'s own failure")
+    def merge_job(job, progress, cancel, before_push=None):  # the merge a job describes, here one that fails as its visitor's
+        user = job["inputs"][0]
+        progress(0.5, "merge", f"merging for {user}")
+        both_running.wait()  # the other visitor's run is at the same point
+        time.sleep(0.5)
+        raise hubsoup.HubsoupError(f"{user}'s own failure")
 
+    app.merge_job = merge_job
+
+    def visitor(user: str):
         profile = types.SimpleNamespace(username=user)
         oauth = types.SimpleNamespace(token=f"token-of-{user}")
         request = types.SimpleNamespace(session_hash=f"session-{user}")
-        return app.run_job(merge_fn, "soup", False, profile, oauth, request, lambda *a, **k: None)
+        return app.run_job({"inputs": [user], "method": "linear"}, "soup", False, profile, oauth, request,
+                           lambda *a, **k: None)
 
     seen: dict[str, list[str]] = {}
 

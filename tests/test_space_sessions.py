@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -59,8 +60,9 @@ def zoo(hub, tmp_path):
     hub.seed("alice/base", base)
     hub.seed("alice/private-ft", make_finetune(base, str(tmp_path / "ft-a"), seed=1, base_model="alice/base"),
              private=True)
-    hub.seed("bob/ft", make_finetune(base, str(tmp_path / "ft-b"), seed=2, base_model="alice/base"))
-    return {"base": base}
+    ft = make_finetune(base, str(tmp_path / "ft-b"), seed=2, base_model="alice/base")
+    hub.seed("bob/ft", ft)
+    return {"base": base, "ft": ft}
 
 
 def runs_left(app) -> list[str]:
@@ -137,11 +139,121 @@ def test_every_run_ends_with_its_folder_removed(app, hub, zoo):
     assert state.get("url") and hub.exists("bob/done")
 
 
+def test_a_refused_public_push_tells_the_visitor_without_server_paths_or_flags(app, hub, zoo):
+    """alice's merge of her private fine-tune, to a public repo: refused before anything is sent, and what she
+    reads names her model and the box to tick, never the server's run folder or a command line's flags (issue 44)."""
+    from hubsoup.errors import PrivateInputsError, PushError
+
+    state = app.merge_and_push(["alice/private-ft"], "linear", base="alice/base", params={}, token=hub.token("alice"),
+                               repo_id="alice/public-soup", private=False, cancel=threading.Event())
+    error = state["error"]
+    assert isinstance(error, PrivateInputsError) and not hub.exists("alice/public-soup")
+    assert "--private" in str(error)  # the command line's message names the flag (a streamed push: no folder)
+    msg = app.visitor_message(error, "alice/public-soup")
+    assert "`alice/private-ft`" in msg and 'Tick "Private repo"' in msg, msg
+    for leak in (app.RUNS_DIR, "/tmp", "--", "hubsoup push", "allow_private_inputs"):
+        assert leak not in msg, (leak, msg)
+    # any other push error that names the run's folder: not shown either
+    other = PushError(f"push of '{app.RUNS_DIR}/run-x/merge' to alice/s failed: network error (is "
+                      f"{app.RUNS_DIR}/run-x/merge/model.safetensors readable?). The local output is intact; retry "
+                      f"with: hubsoup push {app.RUNS_DIR}/run-x/merge alice/s")
+    msg = app.visitor_message(other, "alice/s")
+    assert app.RUNS_DIR not in msg and "hubsoup push" not in msg and "network error" in msg, msg
+
+
+def test_the_mergekit_tabs_valid_check_refuses_tokenizer_bombs(app):
+    """The "Valid" check reads the config as a merge does, under the same limits (issue 44: it said "Valid" for
+    ``pad_to_multiple_of: 1e12``, a MemoryError, and a 20,000-token section cost minutes, now linear)."""
+    head = app.EXAMPLE_CONFIG.rstrip("\n") + "\n"
+    # (the limit of tokenizer.tokens, read by the same function, is tests/test_mergekit_vocab.py's: a YAML of
+    # 65,537 entries takes seconds to parse)
+    for extra, why in [("tokenizer: {pad_to_multiple_of: 1.0e+12}\n", "at most 1024"),
+                       ("tokenizer: {pad_to_multiple_of: 2048}\n", "at most 1024")]:
+        shown = app.validate_config(head + extra)
+        assert shown.startswith("**Not valid:**") and why in shown, shown[:200]
+    assert app.validate_config(head + "tokenizer: {pad_to_multiple_of: 64}\n").startswith("**Valid**")
+
+
 def test_the_download_limit_holds_for_a_visitor(app, hub, zoo, monkeypatch):
     monkeypatch.setattr(app, "MAX_DOWNLOAD", "1kB")
     state = run(app, hub, "bob", ["bob/ft"], "big")
     assert isinstance(state["error"], InputError) and "may download at most" in str(state["error"])
     assert not hub.exists("bob/big")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``mount(size)`` → a fresh tmpfs of that size (a disk that really fills up); needs root (skipped otherwise)."""
+    mounted = []
+
+    def mount(size: str) -> str:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to mount a small tmpfs as the Space's disk")
+        mnt = tmp_path / f"disk{len(mounted)}"
+        mnt.mkdir()
+        try:
+            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                                  capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            pytest.skip(f"cannot mount a tmpfs here: {e}")
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
+        mounted.append(mnt)
+        return str(mnt)
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_merge_larger_than_the_spaces_disk_is_streamed_to_the_hub(app, hub, small_disk, tmp_path, monkeypatch):
+    """Inputs read in place and the output streamed: a merge whose inputs and output are each several times the
+    Space's disk runs there, under a ``max_disk`` equal to that disk: the peak the form predicted."""
+    import hubsoup
+    from hubsoup.errors import DiskFullError, DiskLimitError
+    from hubsoup.output.shards import SHARDS_IN_FLIGHT
+
+    base = make_base("llama", str(tmp_path / "big-base"), layers=4, hidden=64)  # 0.4 MB of weights
+    ft = make_finetune(base, str(tmp_path / "big-ft"), seed=3, base_model="alice/big-base")
+    hub.seed("alice/big-base", base)
+    hub.seed("bob/big-ft", ft)
+    monkeypatch.setattr(app, "SHARD_SIZE", "20kB")
+    figures = app.figures(["bob/big-ft"], "alice/big-base", hub.token("bob"))  # what the form shows before the start
+    cap = figures["disk"]  # the Space's disk for its runs (their output and their own Hub cache): the predicted peak
+    disk = small_disk(f"{-(-cap // 4096) * 4}k")
+    monkeypatch.setattr(app, "RUNS_DIR", disk)
+    monkeypatch.setattr(app, "MAX_DISK", str(cap))
+    inputs = sum(len(v) for repo in ("bob/big-ft", "alice/big-base") for k, v in hub.files(repo).items()
+                 if k.endswith(".safetensors"))
+    assert inputs > 4 * cap  # the inputs alone could not be downloaded to that disk
+    # the controls: that disk cannot hold the output written whole, and max_disk says so before anything moves
+    with pytest.raises(DiskFullError):
+        hubsoup.merge([ft], method="linear", base=base, out=os.path.join(disk, "whole"), shard_size="20kB",
+                      quiet=True)
+    with pytest.raises(DiskLimitError, match="over --max-disk"):
+        hubsoup.merge(["bob/big-ft"], method="linear", base="alice/big-base", out=os.path.join(disk, "whole"),
+                      shard_size="20kB", max_disk=cap, token=hub.token("bob"), quiet=True)
+    assert os.listdir(disk) == []
+
+    served = hub.served_bytes(r"/resolve/")
+    state = run(app, hub, "bob", ["bob/big-ft"], "big", base="alice/big-base")
+    assert "error" not in state, state.get("error")
+    pushed = hub.files("bob/big")
+    weights = sum(len(v) for k, v in pushed.items() if k.endswith(".safetensors"))
+    assert len([k for k in pushed if k.endswith(".safetensors")]) > 10 and weights > 2 * cap
+    assert os.listdir(disk) == []  # and nothing left on it
+    # what the merge read of the inputs: their bytes, each once (the tensors of both, in place)
+    assert inputs <= hub.served_bytes(r"/resolve/") - served <= inputs + 64 * 1024
+    # the figures the form showed before the start: what is fetched and goes up; the disk: K + 1 shards beside the
+    # small files (the output's and the Hub cache's)
+    small = sum(len(v) for k, v in pushed.items() if not k.endswith(".safetensors") and k != ".gitattributes")
+    assert weights + small <= figures["upload"] <= weights + small + 32 * 1024
+    assert figures["download"] == inputs
+    largest = sorted((-(-len(v) // 4096) * 4096 for k, v in pushed.items() if k.endswith(".safetensors")),
+                     reverse=True)[:SHARDS_IN_FLIGHT + 1]  # in whole blocks
+    assert sum(largest) < figures["disk"] <= sum(largest) + 64 * 1024
+    line = app.figures_line(figures)
+    assert f"uploads {app._size(figures['upload'])}" in line and f"holds at most {app._size(figures['disk'])}" in line
 
 
 def test_stopping_the_app_removes_its_temporary_folder(hub, tmp_path):

@@ -1,4 +1,10 @@
-"""The ``hubsoup`` command line. Every command calls the Python API."""
+"""The ``hubsoup`` command line. Every command calls the Python API.
+
+Signals first: when this process is the ``hubsoup`` command (its console script or ``python -m hubsoup``), a
+Ctrl-C or SIGTERM is recorded from the package's first line on (``hubsoup/__init__.py``), before the other
+imports, and :func:`main` installs the raising handlers before anything else: a signal at any moment ends the
+command with one line (exit 130 / 143); see :mod:`hubsoup.cli.signals`.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +20,12 @@ from hubsoup.cli import evolve, export_config, manners, signals, space
 from hubsoup.cli.manners import HelpFormatter
 from hubsoup.cli.options import add_merge_options, add_output_format, add_params, merge_options, output_format, params
 from hubsoup.errors import HubsoupError, OutputExistsError, ParameterError
+from hubsoup.hubclient import pushed_line
 
 
-def _push_prepare(args) -> str:
-    """Check --push / --card-template before any merging; the output folder (``./NAME`` by default with --push)."""
+def _push_prepare(args) -> str | None:
+    """Check --push / --card-template before any merging; the output folder: --out, or with --push none (the output
+    is streamed to the Hub, nothing stays on disk), but ``./NAME`` for a --search (its points are merged locally)."""
     if not args.push and (args.private or args.create_pr or args.commit_message):
         raise ParameterError("--private, --create-pr and --commit-message need --push ORG/NAME")
     if args.push:
@@ -28,10 +36,12 @@ def _push_prepare(args) -> str:
         raise ParameterError("--card-template names a local file, and --hub-only accepts no local path")
     if args.card_template and not os.path.isfile(args.card_template):
         raise ParameterError(f"card template '{args.card_template}' not found")
-    out = args.out or (os.path.join(".", args.push.split("/")[-1]) if args.push else None)
-    if not out:
-        raise ParameterError("give the output folder with --out (with --push ORG/NAME it defaults to ./NAME)")
-    if args.push and os.path.exists(out) and not args.overwrite:
+    out = args.out or (os.path.join(".", args.push.split("/")[-1]) if args.push and getattr(args, "search", None)
+                       else None)
+    if not out and not args.push:
+        raise ParameterError("give the output folder with --out, or a Hub repo to stream the output to with "
+                             "--push ORG/NAME (both: a local copy too)")
+    if args.push and out and os.path.exists(out) and not args.overwrite:
         from hubsoup.hub import retry_command  # lazy: keeps hubsoup --help free of torch
 
         raise OutputExistsError(f"output '{out}' already exists; pass --overwrite to merge again, or push it as it "
@@ -39,17 +49,51 @@ def _push_prepare(args) -> str:
     return out
 
 
+def _push_target(args):
+    """--push and its options as the merge's streamed push (None without --push)."""
+    if not args.push:
+        return None
+    from hubsoup.hub import PushTarget  # lazy: keeps hubsoup --help free of torch
+
+    return PushTarget(args.push, private=args.private or None, create_pr=args.create_pr,
+                      commit_message=args.commit_message)
+
+
+def _card_hook(args):
+    """--card-template for a streamed push: the card rendered from it before the commit that publishes it."""
+    if not args.card_template:
+        return None
+    from hubsoup.card import write_card  # lazy: keeps hubsoup --help free of torch
+
+    return lambda result, folder: write_card(result, folder, template=args.card_template, repo_id=args.push)
+
+
+def range_text(bounds) -> str:
+    """A parameter's range as ``hubsoup methods`` shows it: an open end is not shown (it is no bound at all).
+
+    >>> range_text([0.0, 1.0]), range_text([0.0, None]), range_text([None, 2]), range_text([None, None])
+    (' range [0.0, 1.0]', ' ≥ 0.0', ' ≤ 2', '')
+    """
+    lo, hi = (list(bounds) + [None, None])[:2] if bounds else (None, None)
+    if lo is not None and hi is not None:
+        return f" range [{lo}, {hi}]"
+    return f" ≥ {lo}" if lo is not None else (f" ≤ {hi}" if hi is not None else "")
+
+
 def _push_finish(args, result) -> None:
-    """--card-template, then --push: upload the output in one commit and print the commit URL."""
-    if args.card_template:
+    """--card-template, then --push: upload the output in one commit (a merge streamed to the Hub is committed
+    already) and print the commit URL."""
+    if args.card_template and result.pushed is None:
         from hubsoup.card import write_card  # lazy: keeps hubsoup --help free of torch
 
         write_card(result, result.path, template=args.card_template)
     if not args.push:
         return
-    info = result.push_to_hub(args.push, private=args.private or None, create_pr=args.create_pr,
-                              commit_message=args.commit_message)
-    print(f"pushed to {args.push}: {info.commit_url}")
+    info = result.pushed
+    if info is None:
+        info = result.push_to_hub(args.push, private=args.private or None, create_pr=args.create_pr,
+                                  commit_message=args.commit_message)
+    print(pushed_line(args.push, info))
     if info.pr_url:
         print(f"pull request: {info.pr_url}")
 
@@ -77,8 +121,9 @@ def cmd_merge(args) -> int:
     else:
         if args.executor != "local":
             raise ParameterError("--executor runs a --search's points: give --search KEY=GRID")
+        # with --push the output is streamed to the Hub as it is written (a local copy only with --out)
         result = merge(args.inputs, args.method, out=args.out, evaluate=args.eval, eval_limit=args.eval_limit,
-                       **options)
+                       push=_push_target(args), before_push=_card_hook(args), **options)
     print(result)
     for r in result.evaluation:
         print(f"  eval {r.task.name}: " + "  ".join(f"{k}={v:.4f}" for k, v in r.metrics.items()))
@@ -98,7 +143,7 @@ def cmd_methods(args) -> int:
         lo, hi = m["min_inputs"], m["max_inputs"]
         print(f"  inputs: {lo}" + ("+" if hi is None else ("" if hi == lo else f"-{hi}")))
         for row in m["params"]:
-            rng = f" range {row['range']}" if row.get("range") else ""
+            rng = range_text(row.get("range"))
             what = f"one of {', '.join(map(str, row['choices']))}" if row["type"] == "choice" else row["type"]
             src = f" [{row['evidence'] if row.get('evidence') else row.get('source', 'paper')}]"
             print(f"  --param {row['name']}={row['default']!s:<8} ({what}{rng}) {row.get('help', '')}{src}")
@@ -183,6 +228,21 @@ def _cmd_plan(args, opts) -> int:
           f"{len(plan.blocks)} blocks on {len(placement.devices)} device(s)")
     print(placement.summary())
     downloads([base, *(getattr(t, "ckpt", None) for t in sources)])
+    # the run's disk and network (and with --push, its time from a measured bandwidth): before any weight moves
+    from hubsoup.api import footprint, measure_merge_seconds  # lazy: keeps hubsoup --help free of torch
+    from hubsoup.sources.access import current  # lazy: as above
+    from hubsoup.sources.remote import measure_bandwidth  # lazy: as above
+
+    lora = args.output_format == "lora"
+    predicted = footprint(plan, base, sources, m, p, opts, lora_output=lora, push=bool(args.push), local_copy=False)
+    bandwidth = merge_seconds = None
+    if args.push:
+        got, seconds = measure_bandwidth(list(current().remote_files.values()))
+        bandwidth = got / seconds if seconds > 0 else None
+        merge_seconds = measure_merge_seconds(plan, m, p, len(sources))
+    print()
+    for line in predicted.lines(bandwidth=bandwidth, merge_seconds=merge_seconds, max_disk=opts.max_disk_bytes):
+        print(line)
     return 0
 
 
@@ -211,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--method", required=True, help="merge method (see `hubsoup methods`)")
     m.add_argument("--base", help="pre-trained base model (default: from the inputs' model cards)")
     add_params(m)
-    m.add_argument("--out", "-o", help="output folder (required unless --push ORG/NAME: then ./NAME)")
+    m.add_argument("--out", "-o", help="output folder (required unless --push ORG/NAME; with --push, a local copy)")
     add_merge_options(m)
     add_output_format(m)
     m.add_argument("--exemplars", action="append", metavar="TASK=PATH_OR_DATASET",
@@ -228,7 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--executor", default="local",
                    help="where --search scores its points: local (default), ray (RAY_ADDRESS or a local cluster) "
                         "or ray://HOST:PORT (each point a Ray task, merged in memory; the best written here)")
-    m.add_argument("--push", metavar="ORG/NAME", help="upload the output to this Hub repo (created if needed) in one commit")
+    m.add_argument("--push", metavar="ORG/NAME",
+                   help="stream the output to this Hub repo (created if needed): each shard uploaded as soon as it is "
+                        "written, everything committed at once at the end; run again after a failure, it resumes")
     m.add_argument("--private", action="store_true", help="with --push: create the repo private")
     m.add_argument("--create-pr", action="store_true", help="with --push: open a pull request instead of committing to main")
     m.add_argument("--commit-message", help="with --push: the commit message")
@@ -249,9 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_params(pl)
     add_merge_options(pl)
     add_output_format(pl)
+    pl.add_argument("--push", metavar="ORG/NAME",
+                    help="plan a merge pushed to this repo as it is written: its disk (the shards in flight), network "
+                         "in and out, and wall time from a bandwidth measured now (reads up to 8 MB of the inputs)")
     pl.set_defaults(func=cmd_plan)
 
-    d = sub.add_parser("demo", help="fine-tune MiniLM on 3 small real-text tasks, merge, evaluate (no network, ~1.5 min)")
+    d = sub.add_parser("demo", help="fine-tune MiniLM on 3 small real-text tasks, merge, evaluate (no network; its time: the README's first command)")
     d.add_argument("--out", default="hubsoup-demo", help="folder for the demo's models and merge")
     d.add_argument("--quiet", "-q", action="store_true")
     d.set_defaults(func=cmd_demo)
@@ -266,28 +331,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.verbose = args.top_verbose or getattr(args, "verbose", False)
-    args.quiet = args.top_quiet or getattr(args, "quiet", False)
-    level = logging.DEBUG if args.verbose else (logging.ERROR if args.quiet else logging.WARNING)
-    logging.basicConfig(level=level, format="%(levelname)s: %(message)s")
-    # lazy: keeps hubsoup --help free of torch
-    from hubsoup.hub import install_log_scrubber, scrub_secrets  # no Hub token in any log line or message
-
-    install_log_scrubber()
+    # first of all: a signal from now on unwinds through the cleanup and ends as one line (see cli.signals)
     restore_signals = signals.catch()
-    mark = signals.mark_now()
-    # outputs committed before this command (main() may run several times in one process); read lazily: the
-    # output module imports torch, which a command such as `hubsoup methods` need not
+    mark = signals.start_mark()  # a signal recorded while the command imported its modules counts too
+    verbose, args = False, None
+    # outputs committed before this command (main() may run several times in one process); read without importing
+    # the output module (it imports torch, which a command such as `hubsoup methods` need not)
     folder_mod = sys.modules.get("hubsoup.output.folder")
     committed = len(folder_mod.COMMITTED) if folder_mod is not None else 0
+    hub_mod = sys.modules.get("hubsoup.hub")
+    pushed = len(hub_mod.PUSHED) if hub_mod is not None else 0
+    sent = len(hub_mod.COMMITTING) if hub_mod is not None else 0
 
     def left_behind() -> str:  # what an interrupted command says of its output
-        from hubsoup.output.folder import COMMITTED  # lazy: keeps hubsoup --help free of torch
-
-        done = COMMITTED[committed:]
-        return f"the output written before it is complete: {done[-1]}" if done else "no output was left behind"
+        folder = sys.modules.get("hubsoup.output.folder")  # not imported: nothing was committed
+        hub = sys.modules.get("hubsoup.hub")  # not imported: nothing was pushed
+        done = folder.COMMITTED[committed:] if folder is not None else []
+        pushes = hub.PUSHED[pushed:] if hub is not None else []
+        # a command that makes no output (push) or keeps state on purpose (an evolve study) says its own: a line,
+        # or a function giving it (None: nothing to add)
+        note = getattr(args, "interrupted_note", None)
+        note = note() if callable(note) else note
+        if note and not pushes:
+            return note
+        said = f"the output written before it is complete: {done[-1]}" if done else "no output was left behind"
+        repo = getattr(args, "push", None)
+        if pushes:
+            said += f"; pushed: {pushes[-1]}"
+        elif hub is not None and hub.COMMITTING[sent:]:  # a commit went out unanswered: the Hub applies it whole or not
+            said += f"; the one commit to {hub.COMMITTING[-1]} was on its way: the repo holds all of it or none"
+        elif repo and getattr(args, "command", None) in ("merge", "run"):
+            said += f"; nothing was committed to {repo} (run the same command again: it resumes)"
+        return said
 
     def interrupted(sig: int) -> int:
         head = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted"
@@ -295,6 +370,19 @@ def main(argv: list[str] | None = None) -> int:
         return signals.EXIT_CODES[sig]
 
     try:
+        if signals.received(mark) is not None:  # it came while the command was starting
+            raise KeyboardInterrupt
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        args.verbose = verbose = args.top_verbose or getattr(args, "verbose", False)
+        args.quiet = args.top_quiet or getattr(args, "quiet", False)
+        level = logging.DEBUG if args.verbose else (logging.ERROR if args.quiet else logging.WARNING)
+        logging.basicConfig(level=level, format="%(levelname)s: %(message)s")
+        # lazy: keeps hubsoup --help free of torch
+        from hubsoup.hubclient import install_log_scrubber, quiet_retries  # no Hub token in any log line or message
+
+        install_log_scrubber()
+        quiet_retries(show=args.verbose)  # a dropped connection: one error line, not a warning per retried request (-v shows them)
         rc = args.func(args)
     except BaseException as e:
         # a signal first: it may arrive as another error (see hubsoup.cli.signals)
@@ -303,14 +391,20 @@ def main(argv: list[str] | None = None) -> int:
             return interrupted(sig)
         if not isinstance(e, HubsoupError):
             raise
-        if args.verbose:
+        from hubsoup.hubclient import scrub_secrets  # lazy: keeps hubsoup --help free of torch
+
+        if verbose:
             print(scrub_secrets(traceback.format_exc()), file=sys.stderr, end="")
         print(f"error: {scrub_secrets(e)}", file=sys.stderr)
         return 2
     finally:
         restore_signals()
+        if signals.the_command():  # its end is decided: a signal while the interpreter exits is not a second ending
+            signals.ignore()
     sig = signals.received(mark)  # a signal whose exception something swallowed: the command still ran to its end
-    return interrupted(sig) if sig is not None else rc
+    if sig is not None and rc != signals.EXIT_CODES[sig]:  # (a command that said it itself returns its code)
+        return interrupted(sig)
+    return rc
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hubsoup.cli.options import add_merge_options, add_params, merge_options, params
+from hubsoup.hubclient import pushed_line
 
 
 def _check_push(args) -> None:
@@ -17,7 +18,7 @@ def _check_push(args) -> None:
 def _push(args, res) -> None:
     if getattr(args, "push", None):
         info = res.push_to_hub(args.push)  # the whole folder: weights, card and continual_state/
-        print(f"pushed to {args.push}: {info.commit_url}")
+        print(pushed_line(args.push, info))
 
 
 def cmd_init(args) -> int:

@@ -8,6 +8,8 @@ def run(args) -> int:
     from hubsoup.eval.run import write_results  # lazy: keeps hubsoup --help free of torch
 
     tasks = [TaskSpec.parse(s) for s in args.task]
+    for task in tasks:  # what `merge --eval` checks before merging: data, columns, heads, lm-eval task names
+        task.check()
     results = evaluate_model(args.model, tasks, batch_size=args.batch_size, limit=args.limit, device=args.device,
                              tokenizer=args.tokenizer, quiet=args.quiet)
     for r in results:

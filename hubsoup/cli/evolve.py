@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+
 from hubsoup.errors import ParameterError
 
 
@@ -10,6 +13,18 @@ def cmd_evolve(args) -> int:
 
     if not args.push and args.private:
         raise ParameterError("--private needs --push ORG/NAME")
+
+    def kept() -> str | None:  # what an interrupted run says (hubsoup.cli.main): the study stays, resumable
+        from hubsoup.workflows.evolve import SEARCH_FILE, STUDY_FILE  # lazy: keeps hubsoup --help free of torch
+
+        if not (os.path.isfile(os.path.join(args.out, STUDY_FILE)) or os.path.isfile(os.path.join(args.out, SEARCH_FILE))
+                or (os.path.isdir(args.out) and os.listdir(args.out))):
+            return None  # refused before the study was opened: nothing kept
+        again = " ".join(shlex.quote(a) for a in ("hubsoup", "evolve", args.config, "--out", args.out))
+        return (f"the study in {args.out} is kept (trials that finished stay done); run the same command "
+                f"again to resume: {again}")
+
+    args.interrupted_note = kept
     res = evolve(args.config, args.out, executor=args.executor, push=args.push, private=args.private or None,
                  quiet=args.quiet)
     done = sum(r["state"] == "complete" for r in res.trials)

@@ -32,7 +32,8 @@ def cmd_pipeline(args) -> int:
     mark = signals.mark_now()
     try:
         report = run_pipeline(args.pipeline, dry_run=args.dry_run, token=token, work_dir=args.work_dir,
-                              on_event=on_event, hub_only=args.hub_only, executor=args.executor)
+                              on_event=on_event, hub_only=args.hub_only, executor=args.executor,
+                              allow_task_code=args.allow_task_code)
     except BaseException as e:  # what was published stays published: say so, not "nothing was left"
         sig = signals.received(mark, e)  # a signal may arrive as another error (see hubsoup.cli.signals)
         if sig is None:
@@ -43,26 +44,22 @@ def cmd_pipeline(args) -> int:
 
 
 def interrupted_message(sigterm: bool, pushed: list[str], pushing: str | None) -> str:
-    """What an interrupted pipeline run leaves: the merges it pushed, the push in flight, nothing else on the Hub.
+    """What an interrupted pipeline run leaves, in one line (every interrupted command ends with one): the merges it
+    pushed, the push in flight, nothing else on the Hub.
 
     Example:
         >>> print(interrupted_message(True, ["org/a"], "org/b"))
-        terminated (SIGTERM): 1 merge(s) were published by this run and stay on the Hub:
-          org/a
-        the push of org/b was in flight: a push is one commit, so it is on the Hub whole or not at all;
-        the leaderboard was not updated; finished merges not yet pushed stay in the work folder.
-        Run the pipeline again to finish: what is published is found on the Hub and not made again.
+        terminated (SIGTERM): 1 merge(s) were published by this run and stay on the Hub: org/a; the push of org/b was in flight: a push is one commit, so it is on the Hub whole or not at all; the leaderboard was not updated and finished merges not yet pushed stay in the work folder: run the pipeline again to finish (what is published is found on the Hub and not made again)
     """
     head = "terminated (SIGTERM)" if sigterm else "interrupted"
-    lines = [f"{head}: {len(pushed)} merge(s) were published by this run and stay on the Hub:" if pushed
-             else f"{head}: no merge was published by this run"]
-    lines += [f"  {r}" for r in pushed]
+    parts = [f"{head}: {len(pushed)} merge(s) were published by this run and stay on the Hub: {', '.join(pushed)}"
+             if pushed else f"{head}: no merge was published by this run"]
     if pushing:
-        lines.append(f"the push of {pushing} was in flight: a push is one commit, so it is on the Hub whole or not "
-                     "at all;")
-    lines.append("the leaderboard was not updated; finished merges not yet pushed stay in the work folder.")
-    lines.append("Run the pipeline again to finish: what is published is found on the Hub and not made again.")
-    return "\n".join(lines)
+        parts.append(f"the push of {pushing} was in flight: a push is one commit, so it is on the Hub whole or not at "
+                     "all")
+    parts.append("the leaderboard was not updated and finished merges not yet pushed stay in the work folder: run the "
+                 "pipeline again to finish (what is published is found on the Hub and not made again)")
+    return "; ".join(parts)
 
 
 def register(sub) -> None:
@@ -85,6 +82,9 @@ def register(sub) -> None:
     p.add_argument("--work-dir", metavar="DIR", help="overrides the pipeline's work_dir (merges and the leaderboard)")
     p.add_argument("--hub-only", action="store_true",
                    help="models and evaluation data are Hub IDs only: no local path is looked at (for servers)")
+    p.add_argument("--allow-task-code", action="store_true",
+                   help="with --hub-only: let an lm-eval task_dir fetched from the Hub run its Python (!function, "
+                        ".py files; it runs code!)")
     p.add_argument("--executor", default="local",
                    help="where merges are evaluated: local (default), ray (RAY_ADDRESS or a local cluster) or "
                         "ray://HOST:PORT (each merge a Ray task, merged in memory and scored there; only the merges "

@@ -7,14 +7,18 @@ import os
 
 def cmd_push(args) -> int:
     from hubsoup.api import note_restricted_inputs  # lazy: keeps hubsoup --help free of torch
-    from hubsoup.hub import check_repo_id, push_folder, retarget_card
+    from hubsoup.hub import check_repo_id, push_folder, pushed_line, retarget_card
 
     check_repo_id(args.repo_id)
+    # what a Ctrl-C says: a push removes nothing, and its one commit is on the Hub whole or not at all
+    args.interrupted_note = (f"'{args.folder}' is intact; the push to {args.repo_id} is one commit, on the Hub only "
+                             "if it landed before the interruption: run the same command again (a push that landed "
+                             "makes no new commit)")
     if os.path.isdir(args.folder):
         retarget_card(args.folder, args.repo_id)  # the card's "how to use" loads the repo, not the folder
     info = push_folder(args.folder, args.repo_id, private=args.private or None, create_pr=args.create_pr,
                        commit_message=args.commit_message, allow_private_inputs=args.allow_private_inputs, card_writer=note_restricted_inputs)
-    print(f"pushed to {args.repo_id}: {info.commit_url}")
+    print(pushed_line(args.repo_id, info))
     if info.pr_url:
         print(f"pull request: {info.pr_url}")
     return 0

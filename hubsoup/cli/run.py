@@ -10,6 +10,7 @@ import argparse
 import logging
 
 from hubsoup.errors import ParameterError
+from hubsoup.hubclient import pushed_line
 log = logging.getLogger(__name__)
 
 # mergekit-yaml's flags with no meaning for hubsoup: name -> why (each accepted with a warning)
@@ -44,10 +45,19 @@ def _parse_params(text: str) -> int:
 
 def run(args) -> int:
     out = args.out or args.out_path
-    if not out:
-        raise ParameterError("give the output folder: hubsoup run RECIPE OUT (or --out OUT)")
+    if not out and not args.push:
+        raise ParameterError("give the output folder: hubsoup run RECIPE OUT (or --out OUT), or a Hub repo to "
+                             "stream the output to: --push ORG/NAME")
     if args.out and args.out_path and args.out != args.out_path:
         raise ParameterError(f"two output folders given ('{args.out_path}' and --out '{args.out}')")
+    if not args.push and (args.private or args.create_pr or args.commit_message or args.allow_private_inputs):
+        raise ParameterError("--private, --create-pr, --commit-message and --allow-private-inputs need --push ORG/NAME")
+    push = None
+    if args.push:
+        from hubsoup.hub import PushTarget  # lazy: keeps hubsoup --help free of torch
+
+        push = PushTarget(args.push, private=args.private or None, create_pr=args.create_pr,
+                          commit_message=args.commit_message, allow_private_inputs=args.allow_private_inputs or None)
     for flag in args.mergekit_ignored or []:
         log.warning("%s: accepted for mergekit-yaml compatibility, no effect here (%s)", flag, _IGNORED[flag])
     if args.unsafe_truncate_embeddings:
@@ -69,10 +79,15 @@ def run(args) -> int:
                 source = f.read(MAX_YAML_BYTES + 1)
         except OSError as e:
             raise ParameterError(f"recipe '{args.recipe}' cannot be read ({e.strerror})") from None
+    extra = {"push": push} if push is not None else {}
     result = run_recipe(source, out, overwrite=args.overwrite, device=device, quiet=args.quiet,
                         hub_only=args.hub_only, copy_tokenizer=args.copy_tokenizer, random_seed=args.random_seed,
-                        out_shard_params=args.out_shard_size, intermediate_dir=args.intermediate_dir)
+                        out_shard_params=args.out_shard_size, intermediate_dir=args.intermediate_dir, **extra)
     print(result)
+    if result.pushed is not None:
+        print(pushed_line(args.push, result.pushed))
+        if result.pushed.pr_url:
+            print(f"pull request: {result.pushed.pr_url}")
     return 0
 
 
@@ -111,6 +126,14 @@ def register(sub) -> None:
             g.add_argument(flag, action=_Ignored, nargs=1, help=argparse.SUPPRESS)
         else:
             g.add_argument(flag, "--no-" + flag[2:], action=_Ignored, nargs=0, help=argparse.SUPPRESS)
+    p.add_argument("--push", metavar="ORG/NAME",
+                   help="stream the output to this Hub repo (created if needed) as it is written, one commit at the "
+                        "end; OUT optional (then no local copy); a multi-stage config's intermediate stages stay local")
+    p.add_argument("--private", action="store_true", help="with --push: create the repo private")
+    p.add_argument("--create-pr", action="store_true", help="with --push: open a pull request instead of committing")
+    p.add_argument("--commit-message", help="with --push: the commit message")
+    p.add_argument("--allow-private-inputs", action="store_true",
+                   help="with --push: publish a merge of private or gated models to a public repo anyway")
     p.add_argument("--hub-only", action="store_true",
                    help="RECIPE's models must be Hub repo IDs; no local path is looked at (for servers)")
     p.set_defaults(func=run, mergekit_ignored=None)

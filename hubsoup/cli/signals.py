@@ -8,6 +8,13 @@ an object's attributes while safetensors builds a tensor, for one) may come back
 lost where Python cannot raise it (a weakref or ``__del__`` callback run by the garbage collector) is not printed
 as "Exception ignored in ...": the signal is recorded, and the command ends as signalled with its one line.
 
+**From the first instant.** When the process is the ``hubsoup`` command, the package's first lines
+(``hubsoup/__init__.py``, before any other import of it) install handlers that only record a signal, never
+raise it: a Ctrl-C while the command imports its modules cannot become a traceback. ``main()`` installs the
+raising handlers first of all (:func:`catch`), then asks :func:`received` whether one came meanwhile
+(:func:`start_mark`). Only the interpreter's own start-up (``site``, the console script's first line) is
+outside: there Python's default handler applies.
+
 Example:
     >>> mark = mark_now()
     >>> received(mark) is None
@@ -21,10 +28,14 @@ import sys
 import threading
 from typing import Callable
 
+from hubsoup import _SIGNALS as _RECEIVED  # the same list the package's first-instant handlers record into
+from hubsoup import _the_command
+
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 """What a shell reports for a process its signal ended: 128 + the signal's number."""
 
-_RECEIVED: list[int] = []
+_STARTED: list[bool] = []
+"""Whether a command's :func:`start_mark` took the first instant's signals (once per process)."""
 
 
 class Terminated(KeyboardInterrupt):
@@ -40,6 +51,29 @@ def _on_sigterm(signum, frame):
     _RECEIVED.append(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
     raise Terminated()
+
+
+def the_command() -> bool:
+    """This process is the ``hubsoup`` command (not a program that imports the package and calls ``main``)."""
+    return _the_command()
+
+
+def ignore() -> None:
+    """SIGINT and SIGTERM ignored from now on (main thread only): the command's end is decided (its line printed,
+    its exit status chosen), and a signal while the interpreter exits (Python resets its own handlers to the
+    default, which would kill the process without a word, but leaves an ignored signal ignored) changes nothing."""
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+
+
+def start_mark() -> int:
+    """The mark a command starts from: the process's first (0: a signal recorded while the command was starting
+    belongs to it), once; later commands in the same process :func:`mark_now`."""
+    if not _STARTED:
+        _STARTED.append(True)
+        return 0 if _the_command() else mark_now()
+    return mark_now()
 
 
 def catch() -> Callable[[], None]:

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+
 from hubsoup import space
+from hubsoup.errors import ParameterError
 from hubsoup.space import HARDWARE, TEMPLATES
+
+
+def hardware_arg(value: str) -> str:
+    """``--hardware``: a misspelt name gets "did you mean" (argparse would list every choice); the choices stay on
+    the option for completion."""
+    try:
+        space.check_hardware(value)
+    except ParameterError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
 
 
 def cmd_space_create(args) -> int:
@@ -15,6 +28,8 @@ def cmd_space_create(args) -> int:
         return 0
     from huggingface_hub import constants  # lazy: keeps hubsoup --help free of huggingface_hub
 
+    args.interrupted_note = (f"the Space {args.repo_id} gets its files in one commit, there only if it landed before "
+                             "the interruption: run the command again with --update")
     info = space.create_space(args.repo_id, hardware=args.hardware, template=args.template, private=args.private,
                               exist_ok=args.update)
     print(f"Space {args.repo_id}: {constants.ENDPOINT}/spaces/{args.repo_id} (commit {info.commit_url})")
@@ -32,7 +47,7 @@ def register(sub) -> None:
                     "hubsoup, built from the running install. CPU hardware pins torch's CPU build; ZeroGPU "
                     "hardware runs each merge in spaces.GPU. The token comes from HF_TOKEN or `hf auth login`.")
     c.add_argument("repo_id", metavar="USER/NAME", help="the Space to create")
-    c.add_argument("--hardware", default="cpu-basic", choices=HARDWARE, metavar="HARDWARE",
+    c.add_argument("--hardware", default="cpu-basic", choices=HARDWARE, metavar="HARDWARE", type=hardware_arg,
                    help=f"the Space's hardware (default cpu-basic): {', '.join(HARDWARE)}")
     c.add_argument("--private", action="store_true", help="create the Space private")
     c.add_argument("--template", default="gradio", choices=list(TEMPLATES),

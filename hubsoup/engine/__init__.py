@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -37,17 +38,19 @@ from hubsoup.engine import hostfeed as host_feed
 from hubsoup.engine import lanes, prefetch
 from hubsoup.engine import shared as shared_statistics
 from hubsoup.engine.lowrank import (Copy, Dense, LowRank, Outcome, Unchanged, Weights, decide, piece_size,
-                                    tensor_position)
+                                    reads_base, tensor_position)
 from hubsoup.errors import NonFiniteTensorError
 from hubsoup.methods import InputInfo, Method, PrepareContext, StatsPass, TensorContext
 from hubsoup.plan import Block, Plan, TensorEntry
 from hubsoup.progress import Monitor, shared_segment
-from hubsoup.sources.checkpoint import Checkpoint
+from hubsoup.sources import remote
+from hubsoup.sources.access import current as current_access
+from hubsoup.sources.checkpoint import Checkpoint, peeking
 from hubsoup.sources.taskvector import TaskVector, all_finite, nonfinite_input
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Job", "TensorWork", "Sink", "stream", "gather_stats", "run",
+__all__ = ["Job", "TensorWork", "Sink", "stream", "gather_stats", "run", "remote_bytes",
            "Outcome", "Copy", "Unchanged", "LowRank", "Dense", "Weights"]
 
 
@@ -81,6 +84,12 @@ class Job:
     lanes: int | None = None
     """Threads sweeping a tensor's pieces (:mod:`hubsoup.engine.lanes`); None: torch's intra-op threads.
     Never changes a result."""
+    skip_output: frozenset[str] = frozenset()
+    """Plan entries (by name) whose outcome the sink does not need: :func:`run`'s output pass neither loads nor
+    merges them (e.g. a resumed push's shards already on the Hub). The statistics passes still read them."""
+    read_ahead: int | None = None
+    """Bytes a stream fetches ahead of the merge from Hub inputs read in place (:class:`hubsoup.sources.remote.Window`);
+    None: the run's ``read_ahead`` (:mod:`hubsoup.sources.access`), else 256 MiB. Never changes a result."""
 
     @functools.cached_property
     def adapters(self) -> bool:
@@ -256,10 +265,11 @@ class TensorWork:
         step = -(-piece_size(len(raws)) // multiple) * multiple
         return PieceSweep(flat_base, flats, step)
 
-    def byte_ranges(self) -> list[tuple[str, int, int]]:
-        """Where this tensor's bytes lie on disk, the base's and every input's (the read-ahead's hint)."""
+    def byte_ranges(self, *, base: bool = True) -> list[tuple[str, int, int]]:
+        """Where this tensor's bytes lie, the base's (unless not ``base``) and every input's: on disk (the
+        read-ahead's hint), or in a Hub file read in place (:func:`hubsoup.sources.remote.is_key`)."""
         src = self.entry.source
-        out = list(self._base_checkpoint().byte_ranges([self.name if src is None else src.base]))
+        out = list(self._base_checkpoint().byte_ranges([self.name if src is None else src.base])) if base else []
         for i, s in enumerate(self.job.inputs):
             name, ranges = self._input_name(i), getattr(s, "byte_ranges", None)
             if name is not None and ranges is not None and s.touches(name):
@@ -312,7 +322,7 @@ def _stored_range(ckpt: Any, name: str) -> tuple[str, int, int] | None:
     if type(ckpt) is not Checkpoint:
         return None
     ranges = ckpt.byte_ranges([name])
-    return ranges[0] if len(ranges) == 1 else None
+    return ranges[0] if len(ranges) == 1 and not remote.is_key(ranges[0][0]) else None
 
 
 class Sink(Protocol):
@@ -329,24 +339,33 @@ class Sink(Protocol):
         """Take one tensor's outcome; called once per plan entry, in plan order."""
 
 
-def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str = "block") -> Iterator[TensorWork]:
+def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str = "block",
+           skip: Collection[str] = (), reads_base: Callable[[TensorWork], bool] | None = None
+           ) -> Iterator[TensorWork]:
     """Every tensor of ``job.plan`` in forward order, unmapping weight files after each block.
 
-    ``mergeable_only`` skips integer and boolean tensors (they are copied from the base).
-    ``unit="tensor"`` counts progress per tensor instead of per block.
+    ``mergeable_only`` skips integer and boolean tensors (they are copied from the base); ``skip``, the
+    entries of these names (nothing of them is read, not even ahead).
+    ``unit="tensor"`` counts progress per tensor instead of per block. Hub files read in place are fetched
+    ahead through one :class:`~hubsoup.sources.remote.Window` per stream, told which ranges each tensor reads:
+    the base's unless ``reads_base`` (the consumer's own rule, e.g. the LoRA sink's) says it is not read.
     """
     blocks = job.plan.blocks
-    if mergeable_only:
-        blocks = [b for b in blocks if any(e.mergeable for e in b.tensors)]
+    if mergeable_only or skip:
+        blocks = [b for b in blocks if any((e.mergeable or not mergeable_only) and e.name not in skip
+                                           for e in b.tensors)]
     per_tensor = unit == "tensor"
-    streamed = [[e for e in b.tensors if e.mergeable or not mergeable_only] for b in blocks]  # each block's
+    streamed = [[e for e in b.tensors if (e.mergeable or not mergeable_only) and e.name not in skip]
+                for b in blocks]  # each block's
     total = sum(map(len, streamed)) if per_tensor else len(blocks)
     mon = job.monitor
     mon.segment(len(blocks), desc)  # this pass is the next segment of the caller's stage
     ahead = prefetch.ReadAhead() if prefetch.enabled(job.prefetch) else None
     feeds: dict[str, host_feed.Feed | None] = {}  # one per device the blocks are on; none for the CPU
+    window = _window(job, blocks, streamed, reads_base)  # Hub files read in place: fetched ahead, in memory
+    k = 0  # the tensor's index in this stream (the window's cursor)
     with tqdm(total=total, desc=desc, unit=unit, disable=job.quiet or not desc, leave=False) as bar, \
-            (ahead or contextlib.nullcontext()), _closing(feeds):  # however the loop ends
+            (ahead or contextlib.nullcontext()), _closing(feeds), (window or contextlib.nullcontext()):
         for i, block in enumerate(blocks):
             # block i + 1 comes in while block i is computed; a device's feed reads its next tensor itself
             # (Feed.stage): a second copy of those bytes would only compete with it for the memory bus
@@ -358,6 +377,9 @@ def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str 
             try:
                 for j, entry in enumerate(streamed[i]):
                     mon.check()  # cancel: before every tensor
+                    if window is not None:
+                        window.at(k)
+                    k += 1
                     if fd is None:
                         yield TensorWork(job, block, entry)
                     else:
@@ -376,6 +398,8 @@ def stream(job: Job, *, mergeable_only: bool = False, desc: str = "", unit: str 
             if not per_tensor:
                 bar.update()
             mon.step(f"{desc or 'pass'}: block {i + 1}/{len(blocks)}")
+        if window is not None:
+            window.finish()  # a file read whole that did not match its sha256 fails the run here
 
 
 @contextlib.contextmanager
@@ -386,6 +410,46 @@ def _closing(feeds: dict[str, host_feed.Feed | None]) -> Iterator[None]:
         for fd in feeds.values():
             if fd is not None:
                 fd.close()
+
+
+def _window(job: Job, blocks: Sequence[Block], streamed: list[list[TensorEntry]],
+            reads_base: Callable[[TensorWork], bool] | None) -> remote.Window | None:
+    """The read-ahead window over the Hub files this stream reads in place (None when it reads none)."""
+    if not remote.any_open():
+        return None
+    reads = _remote_reads(job, blocks, streamed, reads_base)
+    if not any(reads):
+        return None
+    budget = job.read_ahead or current_access().read_ahead or remote.DEFAULT_READ_AHEAD
+    groups = list(itertools.accumulate(len(e) for e in streamed))  # where each block's tensors start
+    return remote.Window(reads, budget, check=job.monitor.check, groups=[0, *groups[:-1]])
+
+
+def remote_bytes(job: Job, reads_base: Callable[[TensorWork], bool] | None = None) -> int:
+    """Bytes one pass over ``job.plan`` reads from Hub files read in place (each range once), without reading any:
+    a plan's network figure (:func:`hubsoup.api.footprint`). Inputs whose weights would be downloaded count 0."""
+    with peeking():
+        reads = _remote_reads(job, job.plan.blocks, [list(b.tensors) for b in job.plan.blocks], reads_base)
+    return sum(off + n - rf.fetch_from(off, n) for _, off, n, rf in
+               {(rf.key, off, n): (rf.key, off, n, rf) for r in reads for rf, off, n in r}.values())
+
+
+def _remote_reads(job: Job, blocks: Sequence[Block], streamed: list[list[TensorEntry]],
+                  reads_base: Callable[[TensorWork], bool] | None) -> list[list[tuple[remote.RemoteFile, int, int]]]:
+    """Per tensor of the stream, in its order: the ranges of Hub files read in place that its load reads."""
+    reads: list[list[tuple[remote.RemoteFile, int, int]]] = []
+    for block, entries in zip(blocks, streamed):
+        for entry in entries:
+            work = TensorWork(job, block, entry)
+            try:
+                ranges = work.byte_ranges(base=reads_base is None or reads_base(work))
+            except Exception as e:  # the tensor's own read reports a real problem
+                log.debug("no read-ahead for %s: %s", entry.name, e)
+                ranges = []
+            reads.append([(rf, off, n) for path, off, n in ranges  # bytes that came with a header need no fetch
+                          if remote.is_key(path) and (rf := remote.lookup(path)) is not None
+                          and not rf.in_prefix(off, n)])
+    return reads
 
 
 def _next_on(blocks: Sequence[Block], streamed: list[list[TensorEntry]], i: int,
@@ -401,7 +465,7 @@ def _next_on(blocks: Sequence[Block], streamed: list[list[TensorEntry]], i: int,
 def _stage(fd: host_feed.Feed, work: TensorWork) -> None:
     """Start the host feed's reads of ``work``'s stored bytes (a hint, as :func:`_read_ahead`)."""
     try:
-        fd.stage(work.byte_ranges())
+        fd.stage([r for r in work.byte_ranges() if not remote.is_key(r[0])])
     except Exception as e:  # the tensor's own load reports a real problem
         log.debug("staging %s skipped: %s", work.name, e)
 
@@ -409,7 +473,7 @@ def _stage(fd: host_feed.Feed, work: TensorWork) -> None:
 def _read_ahead(ahead: prefetch.ReadAhead, job: Job, block: Block, entries: list[TensorEntry]) -> None:
     """Ask ``ahead`` for the bytes of ``block``'s streamed ``entries`` (a hint: a failure here never fails the merge)."""
     try:
-        ahead.request([r for e in entries for r in TensorWork(job, block, e).byte_ranges()])
+        ahead.request([r for e in entries for r in TensorWork(job, block, e).byte_ranges() if not remote.is_key(r[0])])
     except Exception as e:  # the engine's own read of that block reports a real problem
         log.debug("read-ahead of block %s skipped: %s", block.name, e)
 
@@ -493,6 +557,18 @@ def prepare_context(job: Job) -> PrepareContext:
                           device_map=job.device_map, max_memory=job.max_memory, scratch=job.scratch)
 
 
+def _reads_base(job: Job, sink: Sink) -> Callable[[TensorWork], bool] | None:
+    """Which tensors' base the output pass reads: all (None), unless the sink reads the base only where the merge
+    does (``reads_base = False``, the LoRA sink): then :func:`hubsoup.engine.lowrank.reads_base` says."""
+    if getattr(sink, "reads_base", True):
+        return None
+
+    def reads(work: TensorWork) -> bool:
+        return reads_base(work, lowrank_ok=sink.accepts_lowrank(work.entry))
+
+    return reads
+
+
 def run(job: Job, sink: Sink) -> dict[str, Any]:
     """Merge ``job`` into ``sink``: statistics passes, then every tensor's outcome; returns the statistics.
 
@@ -507,8 +583,9 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
         workers.setdefault(b.worker or b.device, []).append(b)
     desc = f"merging ({job.need_method().name})"
     job.monitor.stage("merge", desc)
+    reads_base = _reads_base(job, sink)
     if len(workers) <= 1:
-        for work in stream(job, desc=desc):
+        for work in stream(job, desc=desc, skip=job.skip_output, reads_base=reads_base):
             sink.put(work, work.merge(lowrank_ok=sink.accepts_lowrank(work.entry),
                                       weights_dtype=sink.weights_dtype(work.entry)))
         return stats
@@ -520,9 +597,9 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
         # one lane per worker: the devices' workers already keep the cores busy
         sub = Job(Plan(blocks), job.base, job.inputs, job.method, job.params, job.recipe_hash, quiet=True,
                   stats=job.stats, monitor=shared_segment(job.monitor), donors=job.donors, prefetch=job.prefetch,
-                  lanes=1)
+                  lanes=1, skip_output=job.skip_output, read_ahead=job.read_ahead)
         try:
-            for work in stream(sub):
+            for work in stream(sub, skip=sub.skip_output, reads_base=reads_base):
                 if failed.is_set():  # another worker failed: stop at the next tensor
                     return
                 outcome = work.merge(lowrank_ok=sink.accepts_lowrank(work.entry),

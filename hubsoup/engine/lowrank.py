@@ -142,6 +142,22 @@ def decide(work: "TensorWork", *, lowrank_ok: bool = True, weights_dtype: torch.
     return Dense(method.merge(work.base(), work.deltas(), params, work.context()))
 
 
+def reads_base(work: "TensorWork", *, lowrank_ok: bool) -> bool:
+    """Whether :func:`decide` reads ``work``'s base tensor for a consumer that reads it only for a :class:`Dense`
+    or :class:`Weights` outcome (the LoRA sink): not for integer tensors, tensors no input changes, nor LoRA
+    inputs merged by a linear method from their factors. A prediction, made without reading anything: the
+    read-ahead of Hub files read in place fetches only what it says (a wrong guess is read when asked)."""
+    job, entry = work.job, work.entry
+    if not entry.mergeable:
+        return False
+    method = job.need_method()
+    params = tensor_params(job.params, work.block, entry)
+    if method.preserves_zero(params) and work.untouched():
+        return False
+    return not (lowrank_ok and len(entry.shape) == 2 and job.adapters
+                and method.linear_coefficients(params, len(job.inputs)) is not None)
+
+
 def piece_size(n_inputs: int) -> int:
     """Entries per piece: N + 1 float32 buffers in :data:`PIECE_BYTES`, a multiple of 4096."""
     return max(MIN_PIECE, PIECE_BYTES // (4 * (n_inputs + 1)) // 4096 * 4096)

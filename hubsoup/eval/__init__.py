@@ -12,7 +12,7 @@ Example:
     {'accuracy': 0.91, 'macro_f1': 0.90}
 """
 
-from hubsoup.eval.run import METRIC_NAMES, TaskResult, evaluate_model, load_metric, read_results, to_eval_results
+from hubsoup.eval.run import METRIC_NAMES, Evaluator, TaskResult, evaluate_model, load_metric, read_results, to_eval_results
 from hubsoup.eval.tasks import TaskSpec
 
-__all__ = ["TaskSpec", "TaskResult", "evaluate_model", "load_metric", "read_results", "to_eval_results", "METRIC_NAMES"]
+__all__ = ["TaskSpec", "TaskResult", "Evaluator", "evaluate_model", "load_metric", "read_results", "to_eval_results", "METRIC_NAMES"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -14,15 +16,17 @@ from tqdm.auto import tqdm
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.eval.heads import head_labels, load_head, mean_pool
 from hubsoup.eval.tasks import TaskSpec
-from hubsoup.public import public_file_ref
+from hubsoup.public import looks_local, public_file_ref
 
 EVAL_FILE = "eval_results.json"
 _METRICS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics")
 _TASK_TYPES = {"classification": "text-classification", "perplexity": "text-generation", "lm-eval": "text-generation"}
 
 
+@functools.lru_cache(maxsize=None)
 def load_metric(name: str):
-    """One of hubsoup's shipped metric modules (accuracy, macro_f1, perplexity), via ``evaluate.load``."""
+    """One of hubsoup's shipped metric modules (accuracy, macro_f1, perplexity), via ``evaluate.load`` (once per
+    process: a module's ``compute`` holds no state between calls)."""
     import evaluate  # lazy: evaluate (with datasets) costs ~9 s to import here (torch ~6 s); only a metric needs it
 
     path = os.path.join(_METRICS_DIR, name)
@@ -46,12 +50,13 @@ class TaskResult:
 
     @property
     def score(self) -> float:
-        """Higher is better: accuracy, minus perplexity, an lm-eval metric (negated where lm-eval says lower is
-        better)."""
+        """Higher is better, one convention everywhere a score is ranked or averaged (search, evolve, pipelines):
+        accuracy; ``-log(perplexity)`` (the mean log-likelihood per token: perplexities of different tasks average
+        as a geometric mean); an lm-eval metric (negated where lm-eval says lower is better)."""
         v = self.metrics[self.main_metric]
         if self.task.kind == "lm-eval":
             return -v if self.main_metric in (self.details.get("lower_is_better") or ()) else v
-        return v if self.task.kind == "classification" else -v
+        return v if self.task.kind == "classification" else -math.log(v)
 
     @property
     def head(self) -> dict[str, Any] | None:
@@ -90,12 +95,44 @@ METRIC_NAMES = {"accuracy": "Accuracy", "macro_f1": "Macro-F1", "perplexity": "P
 """Display names of the metrics hubsoup reports (``metric_type`` → the model-index ``name``)."""
 
 
+# datasets' packaged builders: lm-eval's ``dataset_path: json`` reads local files, it names no dataset
+_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas", "sql", "webdataset", "imagefolder",
+             "audiofolder", "videofolder", "xml"}
+
+
+def dataset_type(result: TaskResult) -> str:
+    """The model-index ``dataset.type`` of a result: the Hub dataset its scores come from (its repo ID; for an
+    lm-eval task, the ``dataset_path`` its config reads), else the task's name — a local file is never a dataset
+    type. (huggingface_hub groups a model-index's results by ``dataset.type``: one shared word for every local task
+    would fold them into one entry, so each keeps its own name.)
+
+    Example:
+        >>> dataset_type(TaskResult(TaskSpec(kind="perplexity", data="org/wiki-sample"), {}, 0))
+        'org/wiki-sample'
+        >>> dataset_type(TaskResult(TaskSpec(kind="classification", data="./val.csv", name="sst"), {}, 0))
+        'sst'
+    """
+    data = result.task.data
+    if result.task.kind == "lm-eval":  # the dataset lm-eval's task reads (its task name is the dataset's name)
+        data = str(((result.details.get("lm_eval") or {}).get("config") or {}).get("dataset_path") or "")
+    if (not data or looks_local(data) or os.path.exists(os.path.expanduser(data)) or "@sha256:" in data
+            or data.endswith("@local") or data.lower() in _BUILDERS):
+        return local_dataset_type(result.task.name)
+    return data
+
+
+def local_dataset_type(name: str | None) -> str:
+    """``dataset.type`` for data that is no Hub dataset: the task's name (a label, never a path), else ``custom``."""
+    name = os.path.basename(str(name or "").rstrip("/\\"))
+    return name if name and not looks_local(name) else "custom"
+
+
 def to_eval_results(results: Sequence[TaskResult]):
     """``huggingface_hub.EvalResult`` entries for a card's model-index.
 
     The metric ``type`` is exact (``macro_f1``, not ``f1``); a score computed through a frozen
     head from outside the model says so in its ``name`` (``Accuracy (frozen head sst.safetensors@sha256:...)``).
-    Local data files are still named by path here; the card names them by file name and hash.
+    ``dataset.type`` is a Hub dataset's ID or the task's name (:func:`dataset_type`), never a file.
     """
     out = []
     for r in results:
@@ -106,10 +143,7 @@ def to_eval_results(results: Sequence[TaskResult]):
             name = METRIC_NAMES.get(metric, metric)
             if head:
                 name = f"{name} (frozen head {head['file']})"
-            dataset_type = r.task.data
-            if r.task.kind == "lm-eval":  # the dataset lm-eval's task reads (its task name is the dataset's name)
-                dataset_type = (r.details.get("lm_eval") or {}).get("config", {}).get("dataset_path") or r.task.data
-            out.append(EvalResult(task_type=_TASK_TYPES[r.task.kind], dataset_type=dataset_type,
+            out.append(EvalResult(task_type=_TASK_TYPES[r.task.kind], dataset_type=dataset_type(r),
                                   dataset_name=r.task.name, dataset_split=r.task.split, dataset_config=r.task.config,
                                   metric_type=metric, metric_name=name, metric_value=round(float(value), 6)))
     return out
@@ -118,9 +152,9 @@ def to_eval_results(results: Sequence[TaskResult]):
 class _Models:
     """Loads each kind of model once per evaluation."""
 
-    def __init__(self, model: Any, device: str, tokenizer: str | None):
-        self.device, self.tokenizer_path = device, tokenizer
-        self._cache: dict[str, Any] = {}
+    def __init__(self, model: Any, device: str, tokenizer: str | None, quiet: bool = False, tok: Any = None):
+        self.device, self.tokenizer_path, self.quiet = device, tokenizer, quiet
+        self._cache: dict[str, Any] = {} if tok is None else {"tok": tok}
         self.instance = None if isinstance(model, (str, os.PathLike)) else model
         self.path = str(model) if self.instance is None else (tokenizer or "the model in memory")
 
@@ -133,10 +167,16 @@ class _Models:
 
             cls = {"encoder": transformers.AutoModel, "seqcls": transformers.AutoModelForSequenceClassification,
                    "causal": transformers.AutoModelForCausalLM}[kind]
+            bar = transformers.utils.logging.is_progress_bar_enabled()
+            if self.quiet:  # no "Loading weights" bar in a quiet run
+                transformers.utils.logging.disable_progress_bar()
             try:
                 model = cls.from_pretrained(self.path)
             except (OSError, ValueError) as e:
                 raise HubsoupError(f"cannot load {self.path} as {cls.__name__}: {e}") from e
+            finally:
+                if self.quiet and bar:
+                    transformers.utils.logging.enable_progress_bar()
             self._cache[kind] = model.to(self.device).eval()
         return self._cache[kind]
 
@@ -167,22 +207,46 @@ def _label_ids(values: list, names: list[str] | None, task: TaskSpec) -> list[in
     return [index[str(v)] for v in values]
 
 
-def _batches(tok, task: TaskSpec, texts: list, pairs: list | None, batch_size: int, quiet: bool):
+class _TaskData:
+    """A task's examples and their encoding by a tokenizer, loaded once (for every model an evaluator scores)."""
+
+    def __init__(self, task: TaskSpec):
+        self.task = task
+        self.ds = task.load()
+        if len(self.ds) == 0:
+            raise ParameterError(f"task '{task.name}': no examples in {task.data}")
+        self._encoded: tuple[Any, Any] | None = None
+
+    def column(self, name: str) -> list:
+        return list(self.ds[name])
+
+    def encoded(self, tok, texts: list, pairs: list | None):
+        if self._encoded is None or self._encoded[0] is not tok:
+            self._encoded = (tok, tok(texts, pairs, truncation=True, max_length=self.task.max_length))
+        return self._encoded[1]
+
+
+def _batches(tok, task: TaskSpec, texts: list, pairs: list | None, batch_size: int, quiet: bool,
+             data: _TaskData | None = None):
     """(indices, encoding) per batch, the examples taken shortest first.
 
     Batches of similar lengths pad little (a third less compute on the quality benchmark's
     texts). An example's result does not depend on its batch beyond rounding (padding is
-    masked); callers put the results back in dataset order by the indices.
+    masked); callers put the results back in dataset order by the indices. ``data``: where the
+    encoding is kept between calls (an :class:`Evaluator`'s).
     """
-    encoded = tok(texts, pairs, truncation=True, max_length=task.max_length)  # once; batches only pad
+    # once; batches only pad
+    encoded = data.encoded(tok, texts, pairs) if data is not None else \
+        tok(texts, pairs, truncation=True, max_length=task.max_length)
     order = sorted(range(len(texts)), key=lambda i: (len(encoded["input_ids"][i]), i))
     for start in tqdm(range(0, len(order), batch_size), desc=f"eval {task.name}", disable=quiet, leave=False):
         idx = order[start:start + batch_size]
         yield idx, tok.pad({k: [v[i] for i in idx] for k, v in encoded.items()}, padding=True, return_tensors="pt")
 
 
-def _classify(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool) -> TaskResult:
+def _classify(models: _Models, task: TaskSpec, data: _TaskData, batch_size: int, quiet: bool) -> TaskResult:
     tok = models.tokenizer()
+    ds = data.ds
     if task.head:
         weight, bias, meta = load_head(task.head)
         names = head_labels(meta)
@@ -192,10 +256,10 @@ def _classify(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool)
         model = models.get("seqcls")
         cfg = model.config
         names = [cfg.id2label[i] for i in range(cfg.num_labels)] if getattr(cfg, "id2label", None) else None
-    refs = _label_ids(list(ds[task.label]), names, task)
+    refs = _label_ids(data.column(task.label), names, task)
     preds: list[int] = [0] * len(refs)
-    pairs = list(ds[task.text_pair]) if task.text_pair else None
-    for idx, enc in _batches(tok, task, list(ds[task.text]), pairs, batch_size, quiet):
+    pairs = data.column(task.text_pair) if task.text_pair else None
+    for idx, enc in _batches(tok, task, data.column(task.text), pairs, batch_size, quiet, data):
         enc = enc.to(models.device)
         with torch.no_grad():
             if task.head:
@@ -224,12 +288,13 @@ def pooled_logits(model, enc, weight, bias, pooling: str = "mean") -> torch.Tens
     return pooled.float() @ weight.T + bias
 
 
-def _perplexity(models: _Models, task: TaskSpec, ds, batch_size: int, quiet: bool) -> TaskResult:
+def _perplexity(models: _Models, task: TaskSpec, data: _TaskData, batch_size: int, quiet: bool) -> TaskResult:
     tok = models.tokenizer()
     model = models.get("causal")
+    ds = data.ds
     nlls, counts = [0.0] * len(ds), [0] * len(ds)
     informative = False
-    for idx, enc in _batches(tok, task, list(ds[task.text]), None, batch_size, quiet):
+    for idx, enc in _batches(tok, task, data.column(task.text), None, batch_size, quiet, data):
         enc = enc.to(models.device)
         with torch.no_grad():
             logits = model(**enc).logits[:, :-1].float()
@@ -263,26 +328,100 @@ def evaluate_model(model: Any, tasks: Sequence[TaskSpec], *, batch_size: int = 3
         limit: use at most this many examples per task (overrides a task's own ``limit``).
         tokenizer: where to take the tokenizer from (default: the model's).
         before_task: called with (index, task) before each task (progress reports, cancellation).
-    """
-    models = _Models(model, device, tokenizer)
-    results = []
-    for i, task in enumerate(tasks):
-        if before_task is not None:
-            before_task(i, task)
-        if limit is not None:
-            task = TaskSpec(**{**task.__dict__, "limit": limit})
-        if task.kind == "lm-eval":  # lm-eval's own loading, prompts and metrics, on the model in memory
-            from hubsoup.eval import lmeval  # lazy: eval.lmeval imports this module (cycle)
 
-            results.extend(lmeval.evaluate(models.get("causal"), models.tokenizer(), task, limit=task.limit,
-                                           batch_size=batch_size, device=device))
-            continue
-        ds = task.load()
-        if len(ds) == 0:
-            raise ParameterError(f"task '{task.name}': no examples in {task.data}")
-        run = _classify if task.kind == "classification" else _perplexity
-        results.append(run(models, task, ds, batch_size, quiet))
-    return results
+    Many models on the same tasks: :class:`Evaluator` (what does not depend on the model is built once).
+    """
+    with Evaluator(tasks, batch_size=batch_size, limit=limit, device=device, tokenizer=tokenizer,
+                   quiet=quiet) as ev:
+        return ev.evaluate(model, before_task=before_task)
+
+
+class Evaluator:
+    """Tasks that score many models (a search's candidates), with what does not depend on the model built once:
+    the tokenizer (given ``tokenizer``), each task's data and its encoding, the metric modules, lm-eval's task
+    objects (:class:`hubsoup.eval.lmeval.Runner`). Each :meth:`evaluate` gives what :func:`evaluate_model` gives.
+
+    Example:
+        >>> ev = Evaluator([TaskSpec.parse("perplexity:val.jsonl")], tokenizer="./base", batch_size=8)  # doctest: +SKIP
+        >>> [ev.evaluate(m)[0].metrics["perplexity"] for m in candidates]                               # doctest: +SKIP
+    """
+
+    def __init__(self, tasks: Sequence[TaskSpec], *, batch_size: int = 32, limit: int | None = None,
+                 device: str = "cpu", tokenizer: str | None = None, quiet: bool = False):
+        self.tasks = [TaskSpec(**{**t.__dict__, "limit": limit}) if limit is not None else t for t in tasks]
+        self.batch_size, self.device, self.tokenizer, self.quiet = batch_size, device, tokenizer, quiet
+        self._tok: Any = None  # the tokenizer of `tokenizer`, once loaded
+        self._data: dict[int, _TaskData] = {}
+        self._runners: dict[int, Any] = {}
+
+    def prepare(self, model: Any = None) -> None:
+        """Build now what :meth:`evaluate` would build on its first call: the tokenizer, each task's data, its
+        encoding and metric modules, lm-eval's tasks (and its wrapper of ``model``, a model instance)."""
+        models = _Models(model, self.device, self.tokenizer, self.quiet, self._tok)
+        for i, task in enumerate(self.tasks):
+            if task.kind == "lm-eval":
+                runner = self._runner(i, task, models)
+                if model is not None:
+                    runner._wrapper(models.get("causal"))
+                if i not in self._runners:  # nothing of it can be kept (each model its own tokenizer)
+                    runner.close()
+                continue
+            if i not in self._data:
+                self._data[i] = _TaskData(task)
+            data, tok = self._data[i], models.tokenizer()
+            pairs = data.column(task.text_pair) if task.kind == "classification" and task.text_pair else None
+            data.encoded(tok, data.column(task.text), pairs)
+            for name in ("accuracy", "macro_f1") if task.kind == "classification" else ("perplexity",):
+                load_metric(name)
+        if self.tokenizer is not None and "tok" in models._cache:
+            self._tok = models._cache["tok"]
+
+    def evaluate(self, model: Any, *, before_task: Callable[[int, TaskSpec], None] | None = None
+                 ) -> list[TaskResult]:
+        """Evaluate ``model`` (a folder or Hub repo ID, or a model instance) on every task (see :func:`evaluate_model`)."""
+        models = _Models(model, self.device, self.tokenizer, self.quiet, self._tok)
+        results = []
+        for i, task in enumerate(self.tasks):
+            if before_task is not None:
+                before_task(i, task)
+            if task.kind == "lm-eval":  # lm-eval's own loading, prompts and metrics, on the model in memory
+                runner = self._runner(i, task, models)
+                try:
+                    results.extend(runner.evaluate(models.get("causal")))
+                finally:
+                    if i not in self._runners:  # made for this model only: what it fetched goes now
+                        runner.close()
+                continue
+            if i not in self._data:
+                self._data[i] = _TaskData(task)
+            run = _classify if task.kind == "classification" else _perplexity
+            results.append(run(models, task, self._data[i], self.batch_size, self.quiet))
+        if self.tokenizer is not None and "tok" in models._cache:  # the same tokenizer for the next model
+            self._tok = models._cache["tok"]
+        return results
+
+    def _runner(self, i: int, task: TaskSpec, models: _Models):
+        from hubsoup.eval import lmeval  # lazy: eval.lmeval imports this module (cycle)
+
+        if self.tokenizer is None:  # each model its own tokenizer: nothing lm-eval builds can be kept
+            return lmeval.Runner(task, models.tokenizer(), limit=task.limit, batch_size=self.batch_size,
+                                 device=self.device, quiet=self.quiet)
+        if i not in self._runners:
+            self._runners[i] = lmeval.Runner(task, models.tokenizer(), limit=task.limit,
+                                             batch_size=self.batch_size, device=self.device, quiet=self.quiet)
+        return self._runners[i]
+
+    def close(self) -> None:
+        """Let go of what the evaluator keeps for lm-eval (a ``hub_only`` run's fetched task repos are removed)."""
+        runners, self._runners = list(self._runners.values()), {}
+        for runner in runners:
+            runner.close()
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def write_results(results: Sequence[TaskResult], path: str) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 
 from hubsoup.errors import InputError, ParameterError
 from hubsoup.eval.heads import load_head
-from hubsoup.sources.access import hub_only, load_hub_dataset, require_hub_dataset
+from hubsoup.sources.access import hub_only, load_hub_dataset, require_hub_dataset, require_task_repo
 
 KINDS = ("classification", "perplexity", "lm-eval")
 _LOCAL_FORMATS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -53,9 +53,9 @@ class TaskSpec:
 
     @property
     def is_local(self) -> bool:
-        if self.kind == "lm-eval":  # lm-eval's own task names; a custom task_dir is a local folder
+        if self.kind == "lm-eval":  # lm-eval's own task names; a custom task_dir is a local folder (hub_only: a repo)
             if hub_only() and self.extra.get("task_dir"):
-                require_hub_dataset(self.extra["task_dir"], "lm-eval task_dir")
+                require_task_repo(self.extra["task_dir"], "lm-eval task_dir")
             return False
         if hub_only():  # a server's run: Hub datasets only, by their name alone
             require_hub_dataset(self.data, "evaluation data")

@@ -15,9 +15,12 @@ hubsoup merge it means and :func:`hubsoup.workflows.rerun.run_config` runs it (`
 * ``slices`` (frankenmerges, per-slice merges) become a *layout*: the output's tensors are
   renumbered source layers (:class:`hubsoup.plan.TensorSource`), streamed by the one engine;
   the output config gets the new layer count.
-* ``dtype`` / ``out_dtype`` set the output dtype (hubsoup computes in float32 whatever
-  mergekit's compute dtype); ``chat_template`` may be a Jinja template, one of mergekit's names or
-  ``auto`` (:mod:`hubsoup.formats.chat_template`).
+* ``dtype`` / ``out_dtype`` set the output dtype; a method that mergekit computes in its ``dtype`` (else
+  the inputs' own) does so here too (its ``compute_dtype``), and where mergekit's kernel returns float32
+  whatever it computes in (arcee_fusion, ramplus_tl: :attr:`MkMethod.result_dtype`), a config without
+  ``out_dtype`` stores float32 under a ``config.json`` naming its ``dtype``, as mergekit's does;
+  ``chat_template`` may be a Jinja template, one of mergekit's names or ``auto``
+  (:mod:`hubsoup.formats.chat_template`).
 * ``tokenizer_source`` (``base``, ``union``, a model) and the ``tokenizer`` section (``source``,
   ``tokens``, ``pad_to_multiple_of``) give the output mergekit's merged vocabulary: every input's
   embedding and head rows re-indexed to it as the engine streams them
@@ -121,6 +124,10 @@ class MkMethod:
     """mergekit merges base_model as one of the models (linear, karcher)."""
     use_base_flag: bool = False
     """hubsoup's ``use_base`` says whether base_model was given (nuslerp, multislerp)."""
+    result_dtype: str | None = None
+    """The dtype mergekit's kernel returns whatever it computes in (None: the compute dtype). ``float32`` for
+    arcee_fusion (its mask) and ramplus_tl (its scale): float32 tensors that promote a half-precision result,
+    which mergekit then stores when the config has no ``out_dtype``."""
 
 
 def _scale_of(p: dict) -> float:
@@ -171,7 +178,11 @@ METHODS: dict[str, MkMethod] = {
     "sce": MkMethod("sce", {"select_topk": MkParam("select_topk", default=1.0),
                             "int8_mask": MkParam(None, default=False, kind=bool)}),
     "passthrough": MkMethod("passthrough", {"scale": MkParam("weight_scale", True, 1.0)}, base="none"),
-    "arcee_fusion": MkMethod("arcee_fusion", {}),
+    "arcee_fusion": MkMethod("arcee_fusion", {}, result_dtype="float32"),
+    "nearswap": MkMethod("nearswap", {"t": MkParam("t")}),
+    "ram": MkMethod("ram", {"epsilon": MkParam("epsilon", default=1e-5)}),
+    "ramplus_tl": MkMethod("ramplus_tl", {"r": MkParam("r", default=0.1), "alpha": MkParam("alpha", default=0.2),
+                                          "epsilon": MkParam("epsilon", default=1e-5)}, result_dtype="float32"),
 }
 """mergekit 0.1.5's merge methods that hubsoup reproduces (``merge_method`` → method, parameters, options)."""
 
@@ -219,6 +230,9 @@ class MergekitMerge:
     """The template ``chat_template`` names (None for ``auto``: chosen from the models when the merge is planned)."""
     ignored: list[str] = field(default_factory=list)
     """Keys and parameters mergekit would drop without a word (warned about, and listed on the card)."""
+    config_dtype: str | None = None
+    """The dtype the output's ``config.json`` names when it is not the stored one (``base``: the base's own):
+    mergekit stores a float32 result (:attr:`MkMethod.result_dtype`) under the config's ``dtype``."""
     module: Any = None
     """One module of a modular model (:class:`hubsoup.formats.mergekit_modules.Module`): the merge covers
     its tensors only, its layers counted alone (None: the whole model)."""
@@ -364,6 +378,13 @@ def read_config(source: str, *, resolve: bool = True, token: Token = None, allow
                 raise ParameterError(f"mergekit config: '{key}' = {data[key]!r} is not supported "
                                      f"(one of {', '.join(sorted(set(_DTYPES.values())))})")
             dtype = _DTYPES[data[key]]
+    config_dtype = None
+    result = METHODS[mk_name].result_dtype if mk_name in METHODS else None
+    if result is not None and data.get("out_dtype") is None:
+        # mergekit stores what its kernel returns (float32 for arcee_fusion, ramplus_tl) while config.json names
+        # the config's dtype (none: the base's own): the weights and the config's dtype then differ, as mergekit's
+        config_dtype = dtype or "base"
+        dtype = result
 
     vocab = parse_vocab(data)  # tokenizer_source / tokenizer: a merged vocabulary (hubsoup.formats.mergekit_vocab)
     chat = data.get("chat_template")
@@ -375,6 +396,7 @@ def read_config(source: str, *, resolve: bool = True, token: Token = None, allow
         if compute != "float32" and "compute_dtype" in {f.name for f in dataclasses.fields(get_method(merge.method).Params)}:
             merge.params["compute_dtype"] = compute
     merge.chat_template, merge.top = chat, top
+    merge.config_dtype = config_dtype
     merge.vocab = vocab
     merge.chat_template_text = chat_text
     merge.ignored = dropped
@@ -688,6 +710,7 @@ class MergekitLayout:
         self._num_layers: int | None = None
         self._vocab = self._vocab_layout() if merge.vocab is not None else None
         self._views: dict[str, Any] = {}
+        self._base_config: dict | None = None
         """The models as :meth:`open_inputs` opened them (re-mapped, tied tensors aliased), by reference."""
 
     # --- the merged vocabulary (tokenizer_source / tokenizer): hubsoup.formats.mergekit_vocab ---------
@@ -851,6 +874,7 @@ class MergekitLayout:
         if self.merge.chat_template == "auto":
             self.merge.chat_template_text = self._auto_chat_template(base, opts)
         module = self.merge.module
+        self._base_config = base.config
         self._num_layers = _layers(base.config) if module is None else _depth(base, module)
         if self._trivial_slices():
             if module is None:
@@ -979,6 +1003,8 @@ class MergekitLayout:
             _set_layers(cfg, self._num_layers)
             with open(cfg_path, "w", encoding="utf-8") as f:
                 json.dump(cfg, f, indent=2)
+        if self.merge.config_dtype is not None and os.path.isfile(cfg_path):
+            self._name_config_dtype(cfg_path)
         if self._vocab is not None:  # the merged vocabulary's tokenizer and config.json's vocab_size: written
             self._vocab.finish(folder)  # with --no-copy-tokenizer too, as mergekit writes a merged tokenizer
         elif not self.copy_tokenizer:
@@ -992,6 +1018,26 @@ class MergekitLayout:
             if self.merge.chat_template_text:
                 tok.chat_template = self.merge.chat_template_text
             tok.save_pretrained(folder)
+
+    def _name_config_dtype(self, cfg_path: str) -> None:
+        """config.json's dtype as mergekit writes it beside a float32 result: the config's ``dtype``, else the
+        base's own (mergekit sets it only from ``out_dtype`` or ``dtype``)."""
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+        want = self.merge.config_dtype
+        if want == "base":
+            base = getattr(self, "_base_config", None) or {}
+            for key in ("dtype", "torch_dtype"):
+                if key in base:
+                    cfg[key] = base[key]
+                else:
+                    cfg.pop(key, None)
+        else:
+            cfg["dtype"] = want
+            if "torch_dtype" in cfg:
+                cfg["torch_dtype"] = want
+        with open(cfg_path, "w", encoding="utf-8") as f:
+            json.dump(cfg, f, indent=2)
 
     def card_section(self) -> dict[str, str]:
         """The card's section showing the config as YAML (what community cards carry)."""
@@ -1332,6 +1378,10 @@ EXPORTS: dict[str, Callable[[_Export], None]] = {
     "multislerp": _export_interpolation("normalize_weights", "eps"),
     "slerp": _export_slerp,
     "passthrough": _export_passthrough,
+    "arcee_fusion": _export_named(),
+    "nearswap": _export_named("t"),
+    "ram": _export_named("epsilon"),
+    "ramplus_tl": _export_named("r", "alpha", "epsilon"),
 }
 """How each hubsoup method is written as a mergekit config (``hubsoup export-config``): one entry per method
 mergekit has, instead of a chain of conditions on method names; a method not here has no mergekit equivalent."""
@@ -1379,8 +1429,11 @@ def export_config(recipe, out_dtype: str | None = None) -> str:
     if compute != "inputs":  # (none: mergekit computes in the inputs' dtype, as compute_dtype=inputs does)
         out["dtype"] = compute
     stored = recipe.dtype or out_dtype
+    result = METHODS[out["merge_method"]].result_dtype if out["merge_method"] in METHODS else None
     if stored:
         stored = _DTYPES.get(stored, stored)
-        if stored != out.get("dtype"):  # mergekit stores in `dtype` (none: the inputs') unless out_dtype says
+        # mergekit stores in `dtype` (none: the inputs'), or what its kernel returns (result_dtype), unless
+        # out_dtype says
+        if stored != (result or out.get("dtype")):
             out["out_dtype"] = stored
     return "# mergekit config written by hubsoup export-config (recipe " + recipe.hash[:12] + ")\n" + dump_config(out)

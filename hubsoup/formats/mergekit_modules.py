@@ -64,6 +64,7 @@ from hubsoup.formats.mergekit import _check_keys, _model_ref, _params_map, dump_
 from hubsoup.output.folder import OutputFolder
 from hubsoup.recipe import RECIPE_FILE
 from hubsoup.sources.resolve import open_input
+from hubsoup.untrusted import owned_path
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +335,7 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
         parts: list[tuple[str, str]] = []
         results = []
         for name, cfg in configs.items():
-            part = os.path.join(folder.path, f".module-{name}")
+            part = owned_path(folder.path, name, prefix=".module-", what="module name")
             results.append(run_module(dump_config(cfg), mods[name], part, referenced))
             parts.append((name, part))
         _assemble(folder.path, parts, configs, mods)

@@ -49,6 +49,15 @@ hash map, which also changes from run to run). Where mergekit fails
 where one is needed, a source model that is not merged, a stripped non-BPE tokenizer), hubsoup
 refuses before any weight is read, naming the token and the model.
 
+A config is read under limits (SECURITY.md): ``pad_to_multiple_of`` at most
+:data:`MAX_PAD_TO_MULTIPLE_OF`, ``tokens`` at most :data:`MAX_SECTION_TOKENS` entries (refused when
+the config is read, so a Space's "Valid" refuses them too), and every vocabulary (a model's config's
+``vocab_size`` before its tokenizer is read, its tokenizer with its added tokens, the output's) at most
+:data:`MAX_VOCAB` tokens. Within them the work is linear in the vocabulary: tokens are added to a
+tokenizer in one call per list, the default rows are a few whole-tensor operations per model, and what
+mergekit logs per token (tokens beyond a model's ``vocab_size``, tokens in no model, rows a model lacks)
+is one line each that counts them.
+
 Example:
     >>> spec = parse_vocab({"tokenizer": {"source": "base", "pad_to_multiple_of": 8}})
     >>> spec.source, spec.pad_to_multiple_of, spec.tokens
@@ -76,6 +85,7 @@ from hubsoup.sources.checkpoint import TensorInfo
 from hubsoup.sources.compat import _is_local
 from hubsoup.sources.remap import RemappedCheckpoint
 from hubsoup.sources.resolve import open_input
+from hubsoup.untrusted import short
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +103,18 @@ VOCAB_TENSORS = frozenset({
 """The tensors mergekit 0.1.5's architecture definitions index by token (``vocabulary_axis: 0``)."""
 
 _SECTION_KEYS = {"source", "tokens", "pad_to_multiple_of"}
+
+# The limits of a merged vocabulary (SECURITY.md, "Untrusted text"): generous for real models, refused at once
+# above. Every step costs time linear in the vocabulary (one call of the tokenizers library per list of tokens,
+# whole-tensor row operations); these bound the memory: the tokenizers library keeps ~2-3 kB per token, every
+# vocabulary tensor of every model is re-indexed to the output's rows.
+MAX_PAD_TO_MULTIPLE_OF = 1024
+"""The largest ``tokenizer.pad_to_multiple_of`` (configs use 8 to 128 for the hardware; padding adds fewer rows)."""
+MAX_SECTION_TOKENS = 65_536
+"""The most entries of ``tokenizer.tokens`` (a config names a few chat or reserved tokens; Llama 3 reserves 256)."""
+MAX_VOCAB = 1 << 20
+"""The most tokens of a tokenizer, added tokens included (an input's, its config's ``vocab_size``, the output's
+before padding): 1,048,576; real vocabularies go to 262,144 (Gemma), 901,629 (XLM-V)."""
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -152,11 +174,24 @@ class VocabSpec:
         return out
 
 
+LEGACY_MODEL_PREFIX = "model:"
+"""Older mergekit configs name a tokenizer's model ``model:org/name``; mergekit 0.1.5 reads a plain model
+reference there and takes ``model:org/name`` for a model of that name (which it then fails to find)."""
+
+
 def _ref(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ParameterError(f"mergekit config: '{where}' must be a model reference (org/name[@revision] or a "
-                             f"folder), got {value!r}")
-    return value.strip()
+                             f"folder), got {short(value)}")
+    value = value.strip()
+    if value.startswith(LEGACY_MODEL_PREFIX) and not os.path.isdir(value):  # a folder so named is a local model
+        model = value[len(LEGACY_MODEL_PREFIX):].strip()
+        key = where.split(".")[0]
+        fix = (f"'tokenizer_source: {model}' (or 'tokenizer: {{source: {model}}}')" if key == "tokenizer_source"
+               else f"'{where.rsplit('.', 1)[-1]}: {model}'")
+        raise ParameterError(f"mergekit config: '{where}' = '{value}' is the legacy 'model:' spelling, which "
+                             f"mergekit 0.1.5 no longer reads (it looks for a model named '{value}'); write {fix}")
+    return value
 
 
 def _bool(value: Any, where: str) -> bool:
@@ -166,18 +201,18 @@ def _bool(value: Any, where: str) -> bool:
         return value.lower() in ("true", "yes", "on", "1")
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
-    raise ParameterError(f"mergekit config: '{where}' must be true or false, got {value!r}")
+    raise ParameterError(f"mergekit config: '{where}' must be true or false, got {short(value)}")
 
 
 def _int(value: Any, where: str) -> int:
     if isinstance(value, bool):
-        raise ParameterError(f"mergekit config: '{where}' must be an integer, got {value!r}")
+        raise ParameterError(f"mergekit config: '{where}' must be an integer, got {short(value)}")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and len(value) <= 32 and value.strip().lstrip("-").isdigit():
         value = int(value)
     if not isinstance(value, int):
-        raise ParameterError(f"mergekit config: '{where}' must be an integer, got {value!r}")
+        raise ParameterError(f"mergekit config: '{where}' must be an integer, got {short(value)}")
     return value
 
 
@@ -194,10 +229,10 @@ def _token_source(value: Any, where: str) -> TokenSource | None:
         if (token is None) == (token_id is None):
             raise ParameterError(f"mergekit config: '{where}': give exactly one of 'token' and 'token_id'")
         if token is not None and not isinstance(token, str):
-            raise ParameterError(f"mergekit config: '{where}.token' must be a string, got {token!r}")
+            raise ParameterError(f"mergekit config: '{where}.token' must be a string, got {short(token)}")
         return TokenSource("model_token", model, token, None if token_id is None else _int(token_id, f"{where}.token_id"))
     raise ParameterError(f"mergekit config: '{where}' must be a model reference, {{kind: model_token, model: M, "
-                         f"token: T | token_id: N}} or {{kind: zero}}, got {value!r}")
+                         f"token: T | token_id: N}} or {{kind: zero}}, got {short(value)}")
 
 
 def parse_vocab(data: dict) -> VocabSpec | None:
@@ -222,7 +257,7 @@ def parse_vocab(data: dict) -> VocabSpec | None:
         return None
     if not isinstance(section, dict):
         raise ParameterError(f"mergekit config: 'tokenizer' must be a mapping (source, tokens, pad_to_multiple_of), "
-                             f"got {section!r}")
+                             f"got {short(section)}")
     for k in section:
         if k not in _SECTION_KEYS:  # mergekit's TokenizerConfig drops unknown keys
             log.warning("mergekit config: key 'tokenizer.%s' is ignored (mergekit ignores it too; the keys of "
@@ -233,14 +268,19 @@ def parse_vocab(data: dict) -> VocabSpec | None:
     raw = section.get("tokens")
     if raw is not None:
         if not isinstance(raw, dict):
-            raise ParameterError(f"mergekit config: 'tokenizer.tokens' must map tokens to settings, got {raw!r}")
+            raise ParameterError(f"mergekit config: 'tokenizer.tokens' must map tokens to settings, got {short(raw)}")
+        if len(raw) > MAX_SECTION_TOKENS:
+            raise ParameterError(f"mergekit config: 'tokenizer.tokens' has {len(raw)} entries; hubsoup reads at most "
+                                 f"{MAX_SECTION_TOKENS:,} (a vocabulary that large belongs in a tokenizer)")
         for tok, setting in raw.items():
-            where = f"tokenizer.tokens.{tok}"
+            where = f"tokenizer.tokens.{short(tok)}" if not isinstance(tok, str) or len(tok) > 64 else \
+                f"tokenizer.tokens.{tok}"
             if not isinstance(tok, str):
-                raise ParameterError(f"mergekit config: '{where}': a token must be a string (quote it), got {tok!r}")
+                raise ParameterError(f"mergekit config: '{where}': a token must be a string (quote it), got {short(tok)}")
             setting = {} if setting is None else setting
             if not isinstance(setting, dict):
-                raise ParameterError(f"mergekit config: '{where}' must be a mapping (source, force), got {setting!r}")
+                raise ParameterError(f"mergekit config: '{where}' must be a mapping (source, force), got "
+                                     f"{short(setting)}")
             tokens[tok] = TokenSetting(_token_source(setting.get("source"), f"{where}.source"),
                                        _bool(setting.get("force", False), f"{where}.force"))
     pad = section.get("pad_to_multiple_of")
@@ -248,6 +288,9 @@ def parse_vocab(data: dict) -> VocabSpec | None:
         pad = _int(pad, "tokenizer.pad_to_multiple_of")
         if pad < 0:
             raise ParameterError(f"mergekit config: 'tokenizer.pad_to_multiple_of' must be positive, got {pad}")
+        if pad > MAX_PAD_TO_MULTIPLE_OF:
+            raise ParameterError(f"mergekit config: 'tokenizer.pad_to_multiple_of' is {short(pad)}; hubsoup pads to "
+                                 f"multiples of at most {MAX_PAD_TO_MULTIPLE_OF}")
     return VocabSpec(source, tokens, pad or None, dtype, base)
 
 
@@ -273,11 +316,23 @@ def _load_tokenizer(folder: str, label: str, **kw: Any):
                              f"vocabulary: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
+def check_vocab_size(count: int, what: str) -> None:
+    """Refuse a vocabulary over :data:`MAX_VOCAB` tokens (``what`` names it: a model's tokenizer, the output)."""
+    if count > MAX_VOCAB:
+        raise ParameterError(f"mergekit config: {what} has {count:,} tokens; hubsoup merges vocabularies of at most "
+                             f"{MAX_VOCAB:,} tokens")
+
+
+def _sized(tok: Any, label: str) -> Any:
+    check_vocab_size(len(tok), f"the tokenizer of '{label}'")
+    return tok
+
+
 def stripped_tokenizer(folder: str, label: str, vocab_size: int | None):
     """The tokenizer without the tokens at ids ``>= vocab_size`` (mergekit's ``get_stripped_tokenizer``)."""
     import tokenizers  # lazy: tokenizers comes with transformers (~4 s here); only a tokenizer source needs it
 
-    tok = _load_tokenizer(folder, label, use_fast=True)
+    tok = _sized(_load_tokenizer(folder, label, use_fast=True), label)
     vocab = tok.get_vocab()
     size = vocab_size or len(vocab)
     unused = [t for t, i in vocab.items() if i >= size]
@@ -289,7 +344,7 @@ def stripped_tokenizer(folder: str, label: str, vocab_size: int | None):
     d = json.loads(tok._tokenizer.to_str())
     if d["model"]["type"] != "BPE":
         raise ParameterError(f"mergekit config: '{label}' has tokens beyond its vocab_size ({size}, e.g. "
-                             f"{unused[0]!r}) in a {d['model']['type']} tokenizer; mergekit strips them only from "
+                             f"{short(unused[0])}) in a {d['model']['type']} tokenizer; mergekit strips them only from "
                              "BPE tokenizers and fails here")
     d["added_tokens"] = [e for e in d["added_tokens"] if e["id"] < size]
     gone = set(unused)
@@ -302,7 +357,7 @@ def stripped_tokenizer(folder: str, label: str, vocab_size: int | None):
         elif isinstance(m, list):
             toks = m
         else:
-            raise ParameterError(f"mergekit config: '{label}': unexpected BPE merge {m!r}")
+            raise ParameterError(f"mergekit config: '{label}': unexpected BPE merge {short(m)}")
         return not any(t in gone for t in toks)
 
     d["model"]["merges"] = [m for m in d["model"]["merges"] if keep(m)]
@@ -317,39 +372,46 @@ def union_tokenizer(base_tok, toks: dict[str, Any], sizes: dict[str, int | None]
 
     out_added: dict[str, Any] = {}
     out_vocab: dict[str, int] = {}
-    warned: set[str] = set()
+    differ: dict[str, None] = {}
     for ref, tok in toks.items():
         size = sizes.get(ref) or tok.vocab_size
         added = tok.added_tokens_decoder
         added_names = {info.content for info in added.values()}
+        beyond: list[str] = []
         # in id order: mergekit takes the order of the tokenizers library's hash map, which changes from
         # run to run, so a model's new tokens would take their output ids in a random order
         for t, i in sorted(tok.get_vocab().items(), key=lambda kv: kv[1]):
             if i >= size:
-                log.warning("token %r of '%s' is at id %d >= its vocab_size %d: left out of the union", t, ref, i, size)
+                beyond.append(t)
                 continue
             if t in added_names:
                 continue
             out_vocab.setdefault(t, len(out_vocab))
+        if beyond:  # one line for any number of them (mergekit: one per token)
+            log.warning("%d token(s) of '%s' are at ids >= its vocab_size %d (e.g. %s): left out of the union",
+                        len(beyond), ref, size, _examples(beyond))
         for i, info in added.items():
             if i >= size:
                 continue
             if info.content in out_added:
-                if out_added[info.content] != info and info.content not in warned:
-                    log.warning("token %r is added with different settings by several models: the first's kept",
-                                info.content)
-                    warned.add(info.content)
+                if out_added[info.content] != info:
+                    differ[info.content] = None
                 continue
             out_added[info.content] = info
+    if differ:
+        log.warning("%d token(s) are added with different settings by several models (e.g. %s): the first "
+                    "model's settings are kept", len(differ), _examples(differ))
     with tempfile.TemporaryDirectory() as p:  # a copy: the base's tokenizer stays as it is
         base_tok.save_pretrained(p, legacy_format=False, safe_serialization=True)
         res = AutoTokenizer.from_pretrained(p, use_fast=True, trust_remote_code=False)
     base_vocab = base_tok.get_vocab()
-    for t in out_vocab:
-        if t not in out_added and t not in base_vocab:
-            res.add_tokens(t)
-    for info in out_added.values():
-        res.add_tokens(info)
+    # one call each, not one per token (as mergekit): the ``tokenizers`` library rebuilds its matcher of added
+    # tokens on every call, so a call per token costs time quadratic in their number; in one call they take
+    # the same ids, in the same order
+    plain = [t for t in out_vocab if t not in out_added and t not in base_vocab]
+    check_vocab_size(len(res) + len(plain) + sum(t not in base_vocab for t in out_added), "the union vocabulary")
+    res.add_tokens(plain)
+    res.add_tokens(list(out_added.values()))
     return res
 
 
@@ -367,24 +429,27 @@ class VocabMerge:
         self.prefer = prefer
         """The config's ``base_model`` (None if it names none): its row wins for a token several models have."""
         sizes = {m: config_vocab_size(configs[m]) for m in models}
+        for m, v in sizes.items():  # before any tokenizer is read
+            check_vocab_size(v or 0, f"'{m}' (its config's vocab_size)")
         toks = {base: stripped_tokenizer(folders[base], base, sizes[base])}
         for m in models:
             if m != base:
                 try:
-                    toks[m] = _load_tokenizer(folders[m], m)
+                    tok = _load_tokenizer(folders[m], m)
                 except ParameterError as e:  # mergekit logs it and takes the base's vocabulary for that model
                     log.warning("%s; taking it to have the same vocabulary as '%s' (as mergekit does)", e, base)
+                else:
+                    toks[m] = _sized(tok, m)
         if spec.source == "base":
             out = toks[base]  # the very object: tokens added below are the base's too (as in mergekit)
         elif spec.source == "union":
             out = union_tokenizer(toks[base], toks, sizes)
         else:
-            out = _load_tokenizer(source_folder, spec.source)
-        have = set(out.get_vocab())
-        for t in spec.tokens:
-            if t not in have:
-                out.add_tokens(t)
-                have.add(t)
+            out = _sized(_load_tokenizer(source_folder, spec.source), spec.source)
+        have = out.get_vocab()
+        new = [t for t in spec.tokens if t not in have]
+        check_vocab_size(len(have) + len(new), "the output vocabulary")
+        out.add_tokens(new)  # one call: see union_tokenizer
         self.tokenizer = out
         self.vocab: dict[str, int] = out.get_vocab()
         n = len(self.vocab)
@@ -394,7 +459,7 @@ class VocabMerge:
         top = max(self.vocab.values(), default=-1)
         if top >= self.size:
             bad = next(t for t, i in self.vocab.items() if i == top)
-            raise ParameterError(f"mergekit config: the output vocabulary has {n} tokens but token {bad!r} has id "
+            raise ParameterError(f"mergekit config: the output vocabulary has {n} tokens but token {short(bad)} has id "
                                  f"{top} (the ids have gaps); mergekit fails on it (index out of range)")
         self.original_vocabs = {m: t.get_vocab() for m, t in toks.items()}
         self.perms: dict[str, torch.Tensor] = {}
@@ -410,7 +475,7 @@ class VocabMerge:
                 if j is None:
                     continue
                 if j >= size:  # mergekit leaves a hole in its permutation here, and fails on it (KeyError)
-                    self.holes.setdefault(m, f"token {t!r} of the output vocabulary is at id {j} in '{m}', beyond "
+                    self.holes.setdefault(m, f"token {short(t)} of the output vocabulary is at id {j} in '{m}', beyond "
                                              f"its vocab_size {size} (a padding token?)")
                     continue
                 p[i] = j
@@ -418,6 +483,7 @@ class VocabMerge:
         self.sizes = sizes
         self._rows: dict[tuple, _Defaults] = {}
         self._lock = threading.Lock()
+        self._tokens: dict[int, str] | None = None
 
     def defaults(self, name: str, group: Sequence[str], load: Callable[[str], torch.Tensor],
                  stored: Callable[[str], torch.dtype], *, quiet: bool = False) -> "_Defaults":
@@ -455,51 +521,50 @@ class VocabMerge:
         out = torch.zeros((self.size, *own.shape[1:]), dtype=rows.dtype)
         take = p >= 0
         take[n:] = False
-        for tid in rows.forced:
-            take[tid] = False
+        take[rows.forced] = False
         if bool((p[take] >= own.shape[0]).any()):
             raise ParameterError(f"mergekit config: tensor '{name}' of '{model}' has {own.shape[0]} rows, fewer "
                                  "than its tokenizer's ids need")
         ids = take.nonzero().squeeze(1)
         out[ids] = own[p[ids]].to(rows.dtype)
-        for tid, row in rows.defaults.items():
-            if not take[tid]:
-                out[tid] = row
+        fill = ~take[rows.ids]  # the default rows of the tokens this model lacks (or every model, forced)
+        out[rows.ids[fill]] = rows.rows[fill]
         lacking = (~take[:n] & ~rows.has_default[:n]).nonzero().squeeze(1).tolist()
-        for tid in lacking[:10]:  # mergekit logs each such token; its row stays zeros
-            log.error("no embedding for token %r in model %s (its row is zeros, as in mergekit)",
-                      rows.vocab_ids.get(tid), model)
+        if lacking:  # mergekit logs a line per token; one line says the same of any number
+            log.error("no embedding in model %s for %d token(s) (e.g. %s): their rows are zeros, as in mergekit",
+                      model, len(lacking), _examples(self.token_of(i) for i in lacking))
         if self.size > n:  # padding rows: the model's mean row (https://nlp.stanford.edu/~johnhew/vocab-expansion.html)
             out[n:] = torch.mean(out[:n], dim=0)
         return out
 
+    def token_of(self, tid: int) -> str | None:
+        """The output token at id ``tid`` (for messages)."""
+        if self._tokens is None:
+            self._tokens = {i: t for t, i in self.vocab.items()}
+        return self._tokens.get(tid)
+
+
+def _examples(tokens: Any, k: int = 3) -> str:
+    """A few tokens of a long list, quoted, for a one-line summary."""
+    out = []
+    for t in tokens:
+        if len(out) == k:
+            out.append("...")
+            break
+        out.append(short(t))
+    return ", ".join(out)
+
 
 class _Defaults:
-    """The rows of one vocabulary tensor that models lacking a token take (mergekit's ``default_embeds``)."""
+    """The rows of one vocabulary tensor that models lacking a token take (mergekit's ``default_embeds``).
+
+    ``ids``: the output ids that have a default row, ascending; ``rows``: those rows, one per id; computed
+    with a few whole-tensor operations per model (a Python loop runs only over the section's ``tokens``), so
+    a vocabulary of any size costs time linear in it."""
 
     def __init__(self, vm: VocabMerge, name: str, group: list[str], load: Callable[[str], torch.Tensor],
                  dtype: torch.dtype | None, common: torch.dtype, quiet: bool = False):
-        spec, vocab, perms = vm.spec, vm.vocab, vm.perms
-        self.vocab_ids = {i: t for t, i in vocab.items()}
-        configs: dict[str, TokenSetting] = dict(spec.tokens)
-        base = vm.prefer
-        rows_of = torch.stack([perms[m] for m in group]).T.tolist()  # per output id: each model's row (-1: none)
-        average: set[str] = set()
-        for t, i in vocab.items():  # assign_embedding_sources
-            if t in configs:
-                continue
-            has = [r >= 0 for r in rows_of[i]]
-            k = sum(has)
-            if k == 1:
-                configs[t] = TokenSetting(TokenSource("model", group[has.index(True)]))
-            elif k == 0:
-                configs[t] = TokenSetting(TokenSource("zero"))
-                if not quiet:
-                    log.warning("token %r is in no model: its row of %s is zeros", t, name)
-            elif base in group and rows_of[i][group.index(base)] >= 0:
-                configs[t] = TokenSetting(TokenSource("model", base))
-            else:
-                average.add(t)
+        spec, vocab, perms, size = vm.spec, vm.vocab, vm.perms, vm.size
         cache: dict[str, torch.Tensor] = {}
 
         def tensor(m: str) -> torch.Tensor:
@@ -508,30 +573,69 @@ class _Defaults:
                 cache[m] = t.to(dtype) if dtype is not None else t
             return cache[m]
 
-        need = [(t, i) for t, i in vocab.items()
-                if (configs.get(t) is not None and configs[t].force) or not all(r >= 0 for r in rows_of[i])]
+        configured = {vocab[t]: (t, c) for t, c in spec.tokens.items() if t in vocab}  # id -> the section's entry
+        in_vocab = torch.zeros(size, dtype=torch.bool)
+        in_vocab[torch.tensor(list(vocab.values()), dtype=torch.long)] = True
+        conf = torch.zeros(size, dtype=torch.bool)
+        forced = torch.zeros(size, dtype=torch.bool)
+        if configured:
+            conf[torch.tensor(list(configured), dtype=torch.long)] = True
+            forced[torch.tensor([i for i, (_, c) in configured.items() if c.force], dtype=torch.long)] = True
+        rows_of = torch.stack([perms[m] for m in group])  # (models, ids): each model's row of each id, -1: none
+        has = rows_of >= 0
+        count = has.sum(0)
+        auto = in_vocab & ~conf  # assign_embedding_sources: a token the section does not name
+        need = in_vocab & (~has.all(0) | forced)
+        zero = auto & (count == 0)
+        if bool(zero.any()) and not quiet:
+            zids = zero.nonzero().squeeze(1).tolist()
+            log.warning("%d token(s) are in no model (e.g. %s): their rows of %s are zeros", len(zids),
+                        _examples(vm.token_of(i) for i in zids), name)
+        base = vm.prefer
+        from_base = auto & need & (count >= 2)
+        if base in group:
+            from_base &= has[group.index(base)]
+        else:
+            from_base[:] = False
+        average = auto & need & (count >= 2) & ~from_base
+        one = auto & need & (count == 1)
+        source = has.to(torch.int8).argmax(0)  # the one model that has the token (for `one`)
+        first = tensor(group[0])
         self.dtype = common
-        self.defaults: dict[int, torch.Tensor] = {}
-        for t, i in need:
-            cfg = configs.get(t)
-            if t in average:
-                first = tensor(group[0])
-                row, count = first.new_zeros(first.shape[1:], dtype=self.dtype), 0
-                for m, r in zip(group, rows_of[i]):
-                    if r < 0:
-                        continue
-                    row = row + tensor(m)[r]
-                    count += 1
-                row /= count
-            elif cfg is not None:
-                row = self._default(vm, name, group, tensor, t, i, cfg)
-            else:
-                continue
-            self.defaults[i] = row.clone()
-        self.forced = {i for t, i in vocab.items() if configs.get(t) is not None and configs[t].force}
-        self.has_default = torch.zeros(vm.size, dtype=torch.bool)
-        for i in self.defaults:
-            self.has_default[i] = True
+        self.ids = need.nonzero().squeeze(1)
+        pos = torch.full((size,), -1, dtype=torch.long)
+        pos[self.ids] = torch.arange(len(self.ids))
+        self.rows = torch.zeros((len(self.ids), *first.shape[1:]), dtype=common, device=first.device)
+        for k, m in enumerate(group):  # a model's own row: the one model that has the token, or the base's
+            take = (one & (source == k)) | (from_base if m == base else torch.zeros_like(one))
+            self._gather(vm, name, m, tensor(m), rows_of[k], take, pos)
+        if bool(average.any()):  # the mean of the rows of the models that have it, summed in the config's order
+            acc = self.rows.new_zeros((int(average.sum()), *first.shape[1:]))
+            at = average.nonzero().squeeze(1)
+            for k, m in enumerate(group):
+                sel = has[k][at]
+                self._check(vm, name, m, tensor(m), rows_of[k][at][sel])
+                acc[sel] = acc[sel] + tensor(m)[rows_of[k][at][sel]]
+            acc /= count[at].to(common).view(-1, *([1] * (acc.dim() - 1)))
+            self.rows[pos[at]] = acc
+        for i, (t, cfg) in configured.items():  # the section's tokens: at most MAX_SECTION_TOKENS
+            if bool(need[i]):
+                self.rows[pos[i]] = self._default(vm, name, group, tensor, t, i, cfg)
+        self.forced = forced.nonzero().squeeze(1)
+        self.has_default = need
+
+    def _gather(self, vm: VocabMerge, name: str, model: str, t: torch.Tensor, rows_of: torch.Tensor,
+                take: torch.Tensor, pos: torch.Tensor) -> None:
+        at = take.nonzero().squeeze(1)
+        if len(at):
+            self._check(vm, name, model, t, rows_of[at])
+            self.rows[pos[at]] = t[rows_of[at]].to(self.dtype)
+
+    @staticmethod
+    def _check(vm: VocabMerge, name: str, model: str, t: torch.Tensor, rows: torch.Tensor) -> None:
+        if len(rows) and int(rows.max()) >= t.shape[0]:  # checked here: a meta tensor's indexing checks nothing
+            raise ParameterError(f"mergekit config: tensor '{name}' of '{model}' has {t.shape[0]} rows, fewer "
+                                 "than its tokenizer's ids need")
 
     @staticmethod
     def _default(vm: VocabMerge, name: str, group: list[str], tensor: Callable[[str], torch.Tensor], token: str,
@@ -540,7 +644,7 @@ class _Defaults:
         if src is not None and src.kind == "zero":
             first = tensor(group[0])
             return first.new_zeros(first.shape[1:])
-        where = f"mergekit config: token {token!r} (tokenizer.tokens)"
+        where = f"mergekit config: token {short(token)} (tokenizer.tokens)"
         if src is None:
             raise ParameterError(f"{where} has no 'source' and needs one here (a model lacks it, or force is set); "
                                  "mergekit 0.1.5 fails on it (NotImplementedError)")
@@ -553,7 +657,7 @@ class _Defaults:
             if sid is None:
                 vocab = vm.original_vocabs.get(src.model, {})
                 if src.token not in vocab:
-                    raise ParameterError(f"{where}: token {src.token!r} is not in '{src.model}'s vocabulary")
+                    raise ParameterError(f"{where}: token {short(src.token)} is not in '{src.model}'s vocabulary")
                 sid = vocab[src.token]
             if not 0 <= sid < t.shape[0]:
                 raise ParameterError(f"{where}: token id {sid} is out of range for '{src.model}' ({t.shape[0]} rows)")

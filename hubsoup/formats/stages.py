@@ -4,7 +4,9 @@ Each document is a mergekit config; a document's ``name`` names its stage, and a
 reference equal to a stage's name (``model: stage-1``, also as ``stage-1@rev`` or
 ``stage-1+lora``) means that stage's output. As ``mergekit-multi`` does, hubsoup merges every
 stage in dependency order, a named stage into ``INTERMEDIATE/NAME`` (kept after the run), and
-refuses duplicate names, a second unnamed document and circular references. The output is the
+refuses duplicate names, a second unnamed document and circular references. A stage's name is a label
+(:func:`hubsoup.untrusted.label`: letters, digits, ``_``, ``-``, ``.``; never ``..``, a separator or an
+absolute path), refused when the stream is read, before anything is written. The output is the
 unnamed document's; where every document is named (mergekit-multi then needs no output
 folder), it is the last document's. The output's card lists every stage with its config and
 recipe hash.
@@ -32,7 +34,7 @@ from typing import Any
 
 from hubsoup.errors import ParameterError
 from hubsoup.formats.mergekit import _map_models, is_mergekit_config
-from hubsoup.untrusted import load_yaml_all
+from hubsoup.untrusted import label, load_yaml_all
 
 
 @dataclass
@@ -70,8 +72,8 @@ def read_stages(text: str) -> list[Stage]:
             raise ParameterError(f"mergekit config: document {i + 1} of the stream has no 'merge_method'")
         d = dict(d)
         name = d.pop("name", None)
-        if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise ParameterError(f"mergekit config: document {i + 1}: 'name' must be text, got {name!r}")
+        if name is not None:  # a label: hubsoup makes INTERMEDIATE/NAME of it, never a path the config chose
+            label(name, f"mergekit config: document {i + 1}: stage 'name'")
         if name in stages:
             raise ParameterError("mergekit config: more than one unnamed document in the stream" if name is None
                                  else f"mergekit config: two stages are named '{name}'")

@@ -195,6 +195,9 @@ class Method:
     full fine-tunes in cache-sized pieces (:meth:`tensor_passes` is then ``[]``). A linear method is
     element-wise already (:meth:`linear_coefficients`); one with per-tensor statistics declares them in
     :meth:`tensor_passes` instead."""
+    needs_base_files: ClassVar[bool] = False
+    """:meth:`prepare` builds the base model from its folder (``from_pretrained``: LOT's exemplar capture), so a Hub
+    base's weight files are downloaded into the Hub cache rather than read in place (:mod:`hubsoup.sources.remote`)."""
     workspace_copies: ClassVar[float | None] = None
     """Float32 copies of one tensor that :meth:`merge` allocates beyond the stack of task vectors: the
     default :meth:`workspace_bytes` the planner (``hubsoup plan``, the fit check) counts. None (undeclared):

@@ -376,32 +376,45 @@ def compute_dtype(name: str, ctx) -> torch.dtype:
     return COMPUTE_DTYPES[name]
 
 
+def random_work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype mergekit's random sparsifiers (DARE's ``bernoulli``, DELLA's ``della_magprune``) mask and rescale
+    a ``dtype`` task vector in on the CPU: float32 for float16 (torch has no float16 ``bernoulli`` there), else
+    ``dtype`` itself; the result is cast back to ``dtype``."""
+    return torch.float32 if dtype == torch.float16 else dtype
+
+
 def gta_in_dtype(base: torch.Tensor, deltas: torch.Tensor, dtype: torch.dtype,
                  mask_of: Callable[[int, torch.Tensor], torch.Tensor | None], weights: Sequence[float], *,
-                 consensus: bool, normalize: bool, scale: float, rescale: bool) -> torch.Tensor:
+                 consensus: bool, normalize: bool, scale: float, rescale: bool,
+                 sparsify_dtype: torch.dtype | None = None) -> torch.Tensor:
     """mergekit's generalized task arithmetic computed in ``dtype`` (its config's ``dtype``), step for step.
 
     mergekit casts every input to ``dtype`` and computes in it, so each step rounds: τᵢ = xᵢ − x₀,
-    the mask and the L1 rescale, wᵢ·τᵢ, the sign election on the weighted sum, the masked sum, the
-    division by the agreeing weights, λ, and x₀ + merged. This is the same sequence of tensor
-    operations in the same dtype (written from those definitions), so it rounds as mergekit does;
-    :func:`gta_combine_` is the float32 form. ``mask_of(i, τᵢ)`` gives input i's mask (None: all).
+    the mask and the L1 rescale, wᵢ·τᵢ (the weights themselves rounded to ``dtype``), the sign election
+    on the weighted sum, the masked sum, the division by the agreeing weights (their sum in ``dtype``),
+    λ, and x₀ + merged. This is the same sequence of tensor operations in the same dtype (written from
+    those definitions), so it rounds as mergekit does; :func:`gta_combine_` is the float32 form.
+    ``mask_of(i, τᵢ)`` gives input i's mask (None: all). ``sparsify_dtype``: the dtype the mask and the
+    rescale are computed in, the result cast back to ``dtype`` (:func:`random_work_dtype` for DARE and
+    DELLA; default ``dtype``).
     Returns the merged task vector in float32 (exactly the low-precision result minus ``base``).
     """
     base_h = base.to(dtype)
-    stack = torch.empty((len(deltas), *base.shape), dtype=dtype)
+    work = sparsify_dtype or dtype
+    stack = torch.empty((len(deltas), *base.shape), dtype=dtype, device=base.device)
     for i, d in enumerate(deltas):  # xᵢ as stored (θ₀ + τᵢ in float32 is exact for same-dtype checkpoints)
         tau = (base + d).to(dtype) - base_h
         mask = mask_of(i, tau)
         if mask is not None:
-            masked = tau * mask.to(dtype)
+            tau_w = tau.to(work)
+            masked = tau_w * mask.to(work)
             if rescale:
-                before, after = tau.abs().sum(), masked.abs().sum()
+                before, after = tau_w.abs().sum(), masked.abs().sum()
                 if not (before < 1e-7 or after < 1e-7):
                     masked = masked * (before / after)
-            tau = masked
+            tau = masked.to(dtype)
         stack[i] = tau
-    w = torch.tensor(list(weights), dtype=dtype).reshape(-1, *[1] * base.dim())
+    w = torch.tensor(list(weights), dtype=dtype, device=base.device).reshape(-1, *[1] * base.dim())
     stack.mul_(w)
     if consensus:
         sign = stack.sign()

@@ -9,6 +9,16 @@ definition, there is no paper): for the base θ₀ and one model θ₁, each ent
 the others keep θ₀'s. The sample is drawn from the tensor's own generator (seeded by the
 recipe), so for tensors above 10⁶ entries the threshold equals mergekit's in distribution.
 
+Computed as mergekit computes it, in ``compute_dtype`` (a mergekit config's ``dtype``, else the inputs'
+own): softmaxes, divergence, importance and threshold all round there, which decides ~8 % of a bf16
+mask differently from float32. mergekit's result is ``θ₀ + (θ₁ − θ₀)·mask`` with a *float32* mask, so in
+half precision the sum is float32: ``θ₀ + round(θ₁ − θ₀)`` rounded to float32, not to the half dtype, and a
+mergekit config without ``out_dtype`` stores float32 (:mod:`hubsoup.formats.mergekit`).
+
+The threshold is a comparison of computed values: an importance within a rounding of the threshold can
+fall either way from one CPU's kernels to another's (AVX2 and AVX-512 sum a softmax in different orders),
+as it does in mergekit; ``tests/test_mergekit_real.py`` tells such entries apart from any other difference.
+
 Example:
     >>> import torch
     >>> from hubsoup.methods.arcee_fusion import fusion_mask
@@ -24,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from hubsoup.methods import Method, register
+from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
 
 SAMPLE = 1_000_000
 """Entries above which the quartiles come from a sample (with replacement), as mergekit takes them."""
@@ -31,7 +42,7 @@ SAMPLE = 1_000_000
 
 @dataclass
 class ArceeFusionParams:
-    pass
+    compute_dtype: ComputeDtype = compute_dtype_param()
 
 
 def importance(theta: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
@@ -60,7 +71,23 @@ class ArceeFusion(Method):
     Params = ArceeFusionParams
     min_inputs = max_inputs = 1
 
+    def preserves_zero(self, params):
+        # computed in a half dtype given by the config, an unchanged tensor comes out as the base rounded to it
+        return params.compute_dtype in ("float32", "inputs")
+
     def merge(self, base, deltas, params, ctx):
-        tau = deltas[0]
-        keep = fusion_mask(importance(base + tau, base), ctx.generator("arcee_fusion"))
-        return tau * keep
+        dtype = compute_dtype(params.compute_dtype, ctx)
+        if dtype == torch.float32:
+            tau = deltas[0]
+            keep = fusion_mask(importance(base + tau, base), ctx.generator("arcee_fusion"))
+            return tau * keep
+        return fusion_in_dtype(base, deltas[0], dtype, ctx.generator("arcee_fusion"))
+
+
+def fusion_in_dtype(base: torch.Tensor, tau: torch.Tensor, dtype: torch.dtype,
+                    generator: torch.Generator) -> torch.Tensor:
+    """Arcee Fusion computed in ``dtype`` step for step, as mergekit computes it in its config's dtype; the
+    result ``θ₀ + (θ₁ − θ₀)·mask`` is float32 (mergekit's mask is), returned as the float32 task vector."""
+    b, t = base.to(dtype), (base + tau).to(dtype)
+    keep = fusion_mask(importance(t, b), generator).to(torch.float32)
+    return (b + (t - b) * keep).sub_(base)

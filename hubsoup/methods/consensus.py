@@ -27,8 +27,8 @@ class ConsensusParams:
     lambdas: tuple[float, ...] = param((0.4,), "TALL-mask λ_t, one value for all tasks or one per task "
                                                "(papers search 0.2..0.6)", range=(0.0, None), source="ours")
     scale: float = param(0.7, "λ of task arithmetic applied to the masked sum (the mask drops most entries, so it "
-                               "wants a larger λ than task arithmetic's 0.3, which recovered 0.25-0.40 of the "
-                               "encoders' gain: 0.7 was best on the LM's validation and within 0.02 of the best, "
+                               "wants a larger λ than plain task arithmetic: λ = 0.3 recovered 0.25-0.40 of the "
+                               "encoders' gain; 0.7 was best on the LM's validation and within 0.02 of the best, "
                                "1.0, on the encoder's)", range=(None, None), source="measured")
     strict: bool = param(False, "use > instead of ≥ in the TALL mask (the authors' code)")
 

@@ -26,6 +26,11 @@ merged in pieces (in lanes): one pass sums each task vector's L1 norm before and
 2¹⁶ entries, one hash round per entry under a per-block key, half the work of 0.1's two rounds per entry;
 before that, each block came from a CPU generator: outputs of earlier versions differ, in distribution the
 same.)
+
+With ``compute_dtype`` (set from a mergekit config's ``dtype``) the mergekit convention computes as mergekit
+does in that dtype, step for step (:func:`~hubsoup.methods._sparsify.gta_in_dtype`): the drop and the L1
+rescale in bfloat16, or in float32 for float16 (mergekit's ``bernoulli`` upcasts there), then the weights,
+the sign election, the sums, the division and λ in the half dtype; whole tensors (the rescale's sums round).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from hubsoup.methods._kernels import task_arithmetic, ties_combine_
 from hubsoup.methods.task_arithmetic import default_scale
 from hubsoup.methods._sparsify import (MASK_BLOCK, counter_keep_, counter_mask, gta_combine_, l1_norm, per_input,
                                        rescale_to_norm_)
+from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param, gta_in_dtype, random_work_dtype
 
 
 def dare_drop_(delta: torch.Tensor, p: float, generator: torch.Generator, rescale: bool = True) -> torch.Tensor:
@@ -81,10 +87,13 @@ class DareParams:
                                                   "dare_ties default, normalize: false)")
     normalize: bool = param(False, "then=sum: divide by the sum of the weights (mergekit's normalize)",
                             source="mergekit")
+    compute_dtype: ComputeDtype = compute_dtype_param("convention=mergekit: ")
 
     def validate(self):
         if self.densities is not None and self.convention != "mergekit":
             raise ParameterError("parameter 'densities' needs convention=mergekit (the paper convention has one p)")
+        if self.compute_dtype != "float32" and self.convention != "mergekit":
+            raise ParameterError("parameter 'compute_dtype' needs convention=mergekit")
 
 
 @register
@@ -107,8 +116,8 @@ class Dare(Method):
     def tensor_passes(self, params, n_inputs):
         """The mergekit convention merges in pieces: with ``rescale``, after a pass summing each task
         vector's L1 norm before and after its drop; the paper convention draws peft's mask: None."""
-        if params.convention != "mergekit":
-            return None
+        if params.convention != "mergekit" or params.compute_dtype != "float32":
+            return None  # (a half compute dtype: the L1 sums round in it, over the whole tensor)
         rescaled = params.rescale and any(d < 1.0 for d in _densities(params, n_inputs))
         return [_NormsPass(params, n_inputs)] if rescaled else []
 
@@ -120,6 +129,13 @@ class Dare(Method):
         scale = self.resolved_scale(params, len(deltas))
         if params.convention == "mergekit":
             densities = _densities(params, len(deltas))
+            dtype = compute_dtype(params.compute_dtype, ctx)
+            if dtype != torch.float32:  # mergekit's dare_* in its config's dtype, step for step
+                return gta_in_dtype(base, deltas, dtype,
+                                    lambda i, tau: _mask(tau, densities[i], params, ctx, i) if densities[i] < 1.0 else None,
+                                    weights, consensus=params.then == "ties",
+                                    normalize=params.merge == "mean" if params.then == "ties" else params.normalize,
+                                    scale=scale, rescale=params.rescale, sparsify_dtype=random_work_dtype(dtype))
             norms = ctx.stats.get(_NORMS)  # the whole vectors' (merged in pieces), else computed here
             dropped = norms is None and params.rescale and deltas.device.type != "cpu"
             if dropped:  # an accelerator: the drops done, every norm read back at once

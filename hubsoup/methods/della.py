@@ -11,15 +11,22 @@ default false). λ = ``scale`` last. ``density ± epsilon`` must lie in (0, 1).
 
 Masks are seeded from the recipe hash, the tensor name and the input; they agree with
 mergekit's in distribution, not bit for bit.
+
+With ``compute_dtype`` (set from a mergekit config's ``dtype``) every step is computed as mergekit computes it
+in that dtype (:func:`~hubsoup.methods._sparsify.gta_in_dtype`): the drop and the L1 rescale in bfloat16, or
+in float32 for float16 (mergekit's ``della_magprune`` upcasts there), the rest in the half dtype.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from hubsoup.errors import ParameterError
 from hubsoup.methods import Method, param, register
-from hubsoup.methods._sparsify import apply_mask_, della_mask, gta_combine_, per_input
+from hubsoup.methods._sparsify import (ComputeDtype, apply_mask_, compute_dtype, compute_dtype_param, della_mask,
+                                       gta_combine_, gta_in_dtype, per_input, random_work_dtype)
 
 
 @dataclass
@@ -36,6 +43,7 @@ class DellaParams:
     normalize: bool = param(True, "divide by the sum of the (agreeing) weights", source="mergekit")
     rescale: bool = param(True, "rescale each pruned task vector to its L1 norm", source="mergekit")
     seed: int = param(0, "extra seed mixed with the recipe and tensor name", source="ours")
+    compute_dtype: ComputeDtype = compute_dtype_param()
 
     def validate(self):
         pairs = zip(self.densities or [self.density], self.epsilons or [self.epsilon])
@@ -55,12 +63,23 @@ class _Della(Method):
 
     def merge(self, base, deltas, params, ctx):
         n = len(deltas)
-        for i, (row, d, e) in enumerate(zip(deltas, per_input(params.density, params.densities, n),
-                                            per_input(params.epsilon, params.epsilons, n))):
-            if d >= 1:
-                continue
-            mask = (row != row) if d <= 0 else della_mask(row, d, e, ctx.generator(f"della:{params.seed}:{i}"))
-            apply_mask_(row, mask, params.rescale)
+        dens, eps = per_input(params.density, params.densities, n), per_input(params.epsilon, params.epsilons, n)
+
+        def mask_of(i, row):
+            if dens[i] >= 1:
+                return None
+            return (row != row) if dens[i] <= 0 else della_mask(row, dens[i], eps[i],
+                                                                 ctx.generator(f"della:{params.seed}:{i}"))
+
+        dtype = compute_dtype(params.compute_dtype, ctx)
+        if dtype != torch.float32:  # mergekit's della(_linear) in its config's dtype, step for step
+            return gta_in_dtype(base, deltas, dtype, mask_of, params.weights or [1.0] * n, consensus=self.consensus,
+                                normalize=params.normalize, scale=params.scale, rescale=params.rescale,
+                                sparsify_dtype=random_work_dtype(dtype))
+        for i, row in enumerate(deltas):
+            mask = mask_of(i, row)
+            if mask is not None:
+                apply_mask_(row, mask, params.rescale)
         return gta_combine_(deltas, params.weights or [1.0] * n, consensus=self.consensus,
                             normalize=params.normalize, scale=params.scale)
 

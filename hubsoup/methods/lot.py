@@ -125,6 +125,7 @@ class LotParams:
 @register
 class Lot(Method):
     name = "lot"
+    needs_base_files = True  # the exemplar capture runs the base model, built from its folder
     summary = ("Per layer, the closed-form task vector that minimises feature drift from each expert on a few "
                "unlabelled exemplars per task (linear: Gram pseudo-inverse; norms: scale-weighted; biases: mean).")
     paper = ("Towards Minimizing Feature Drift in Model Merging: Layer-wise Task Vector Fusion for Adaptive "

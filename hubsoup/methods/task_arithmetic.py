@@ -1,11 +1,19 @@
-"""Task arithmetic: θ = θ_0 + λ Σ_i w_i τ_i."""
+"""Task arithmetic: θ = θ_0 + λ Σ_i w_i τ_i.
+
+With ``compute_dtype`` (set from a mergekit config's ``dtype``) every step is computed in that dtype as
+mergekit's ``task_arithmetic`` computes it (τᵢ, the weights, wᵢ·τᵢ, the sum, the division by Σ wᵢ, λ, θ₀ +
+merged, each rounded there; :func:`~hubsoup.methods._sparsify.gta_in_dtype`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._kernels import task_arithmetic
+from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param, gta_in_dtype
 
 
 def default_scale(n_inputs: int) -> float:
@@ -36,6 +44,7 @@ class TaskArithmeticParams:
                                               per_input=True)
     normalize: bool = param(False, "divide the weighted sum by the sum of the weights (mergekit's normalize; "
                                    "|Σw| < 1e-8 leaves it undivided)", source="mergekit")
+    compute_dtype: ComputeDtype = compute_dtype_param()
 
 
 @register
@@ -59,12 +68,22 @@ class TaskArithmetic(Method):
         return 1.0 if abs(total) < 1e-8 else total
 
     def linear_coefficients(self, params, n_inputs):
+        if params.compute_dtype != "float32":  # every step rounds in the half dtype: not Σ cᵢ τᵢ in float32
+            return None
         weights = params.weights or [1.0] * n_inputs
         d = self._divisor(weights) if params.normalize else 1.0
         return [w / d * self.resolved_scale(params, n_inputs) for w in weights]
 
+    def tensor_passes(self, params, n_inputs):
+        return []  # element-wise in any compute dtype
+
     def merge(self, base, deltas, params, ctx):
         weights = params.weights or [1.0] * len(deltas)
+        dtype = compute_dtype(params.compute_dtype, ctx)
+        if dtype != torch.float32:  # mergekit's task_arithmetic in its config's dtype, step for step
+            return gta_in_dtype(base, deltas, dtype, lambda i, tau: None, weights, consensus=False,
+                                normalize=params.normalize, scale=self.resolved_scale(params, len(deltas)),
+                                rescale=False)
         out = task_arithmetic(deltas, weights, self.resolved_scale(params, len(deltas)))
         return out.div_(self._divisor(weights)) if params.normalize else out
 

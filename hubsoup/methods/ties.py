@@ -41,7 +41,8 @@ PAPER_SCALE = 0.7
 
 @dataclass
 class TiesParams:
-    density: float = param(0.2, "kept fraction of each task vector by magnitude (k=20%)", range=(0.0, 1.0))
+    density: float = param(0.2, "kept fraction of each task vector's entries, the largest by magnitude (the paper's "
+                                "k, as a fraction)", range=(0.0, 1.0))
     scope: Literal["model", "tensor"] = param(
         "model", "rank magnitudes over the whole model per task (as in the TIES paper) or per tensor (peft, mergekit)")
     merge: Literal["mean", "sum"] = param("mean", "disjoint mean (paper) or disjoint sum (dis-sum variant; "

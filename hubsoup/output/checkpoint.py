@@ -12,11 +12,11 @@ from hubsoup.engine import Copy, LowRank, Outcome, TensorWork, Unchanged, Weight
 from hubsoup.engine.hostfeed import LOG_ENV, log_record
 from hubsoup.errors import NonFiniteTensorError
 from hubsoup.options import DTYPES
-from hubsoup.output.shards import ShardedWriter
+from hubsoup.output.shards import ShardedWriter, ShardHandoff
 from hubsoup.plan import Plan, TensorEntry
 from hubsoup.sources.checkpoint import Checkpoint
 
-_COPY_FROM_BASE = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+BASE_FILES = _COPY_FROM_BASE = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt",
                    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja",
                    "chat_template.json", "preprocessor_config.json")
@@ -114,15 +114,25 @@ class CheckpointSink:
     """
 
     def __init__(self, folder: str, plan: Plan, base: Checkpoint, *, dtype: str | None = None, shard_size: int,
-                 metadata: dict[str, str] | None = None):
+                 metadata: dict[str, str] | None = None, handoff: ShardHandoff | None = None):
         self.out_dtype = DTYPES[dtype] if dtype else None
         entries = [(name, e.shape, self.out_dtype if (self.out_dtype and e.mergeable) else e.dtype)
                    for name, e in plan.output_entries()]
-        self.writer = ShardedWriter(folder, entries, shard_size, metadata=metadata)
+        # with a hand-off (a push streamed to the Hub) each shard goes on as soon as it is complete
+        self.writer = ShardedWriter(folder, entries, shard_size, metadata=metadata, handoff=handoff)
+        self.plan = plan
         self._pending: tuple[tuple[str, ...], object] | None = None  # names, Pending: a device's output on its way
         copied = copy_base_files(base, folder)
         if dtype is not None and "config.json" in copied:
             set_config_dtype(os.path.join(folder, "config.json"), dtype)
+
+    def unneeded(self) -> frozenset[str]:
+        """Plan entries whose every name lies in a shard already where it goes (``writer.mark_remote``): the
+        engine need not compute them (:attr:`hubsoup.engine.Job.skip_output`)."""
+        done = self.writer.remote_names()
+        if not done:
+            return frozenset()
+        return frozenset(e.name for _, e in self.plan.entries() if all(n in done for n in (e.name, *e.aliases)))
 
     def accepts_lowrank(self, entry: TensorEntry) -> bool:
         return True

@@ -65,10 +65,93 @@ _NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
 
-def check_output(target: str, overwrite: bool) -> None:
-    """Refuse to replace an existing output unless ``overwrite``; called before any work starts."""
-    if os.path.exists(target) and not overwrite:
-        raise OutputExistsError(f"output '{target}' already exists; pass --overwrite (overwrite=True) to replace it")
+MARKER = ".hubsoup"
+"""The file hubsoup writes into every folder it makes (an output, a stage, an evolve study): a small JSON naming
+the kind of folder. hubsoup replaces a folder only if it carries one (:func:`replace_problem`); a file named like
+hubsoup's output (``hubsoup_recipe.yaml``, ``hubsoup_search.json``) is not a marker."""
+_LEGACY_RECIPE = "hubsoup_recipe.yaml"  # hubsoup.recipe.RECIPE_FILE (a layer above this one)
+_LEGACY_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
+                   os.path.join("continual_state", "state.json"))
+
+
+def write_marker(folder: str, kind: str, **extra: object) -> None:
+    """Mark ``folder`` as made by hubsoup (``kind``: ``merge``, ``stage``, ``evolve``, ...; ``extra``: what that
+    kind records, e.g. the files an evolve study's best model wrote)."""
+    with open(os.path.join(folder, MARKER), "w", encoding="utf-8") as f:
+        json.dump({"made_by": "hubsoup", "kind": kind, **extra}, f, sort_keys=True)
+        f.write("\n")
+
+
+def read_marker(folder: str) -> dict | None:
+    """The marker of a folder hubsoup made (a regular file, not a link: a JSON object saying ``made_by:
+    hubsoup``), else None."""
+    path = os.path.join(folder, MARKER)
+    try:
+        if os.path.islink(folder) or not os.path.isfile(path) or os.path.islink(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            data = json.loads(f.read(65536))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("made_by") == "hubsoup" else None
+
+
+def _legacy_output(folder: str) -> bool:
+    """An output of a hubsoup older than the marker: its recipe *and* its weights (or continual state)."""
+    has = lambda name: os.path.isfile(os.path.join(folder, name)) and not os.path.islink(os.path.join(folder, name))  # noqa: E731
+    return has(_LEGACY_RECIPE) and any(has(n) for n in _LEGACY_WEIGHTS)
+
+
+def holds_cwd(target: str) -> bool:
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except OSError:
+        return False
+    real = os.path.realpath(target)
+    return cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep)
+
+
+def replace_problem(target: str, overwrite: bool, *, legacy: bool | None = None, kind: str | None = None) -> str | None:
+    """Why the existing ``target`` may not be replaced (None: it may, or it does not exist).
+
+    hubsoup replaces only what it made: a folder carrying its :data:`MARKER` (of ``kind`` when given), never the
+    working folder or one that holds it, never a file or a link. ``legacy`` (default: ``overwrite``): an output
+    of an older hubsoup, which has no marker, counts as hubsoup's when it holds its recipe and its weights. An
+    empty folder holds nothing to lose and may be replaced too. Without ``overwrite``, a folder hubsoup made is
+    still refused (replacing it is the user's choice).
+    """
+    if not os.path.lexists(target):
+        return None
+    shown = f"'{target}'"
+    if os.path.islink(target):
+        return f"{shown} is a link; hubsoup replaces only folders it made: choose another folder"
+    if not os.path.isdir(target):
+        return f"{shown} is a file; hubsoup replaces only folders it made: choose another folder"
+    if holds_cwd(target):
+        return f"{shown} is the working folder or holds it; hubsoup never replaces it: choose another folder"
+    marker = read_marker(target)
+    try:
+        empty = not os.listdir(target)
+    except OSError:
+        empty = False
+    ours = (marker is not None and (kind is None or marker.get("kind") == kind)) or empty or (
+        marker is None and (overwrite if legacy is None else legacy) and _legacy_output(target))
+    if not ours:
+        return (f"{shown} exists and hubsoup did not make it (no {MARKER} marker"
+                + (f" of a {kind}" if kind and marker is not None else "") + "); hubsoup replaces only folders it "
+                "made, with or without --overwrite: choose another folder, or remove it yourself")
+    if not overwrite:
+        return f"{shown} already exists; pass --overwrite (overwrite=True) to replace it"
+    return None
+
+
+def check_output(target: str, overwrite: bool, *, legacy: bool | None = None, kind: str | None = None,
+                 what: str = "output") -> None:
+    """Refuse to replace an existing output unless hubsoup made it and ``overwrite`` (:func:`replace_problem`);
+    called before any work starts."""
+    why = replace_problem(target, overwrite, legacy=legacy, kind=kind)
+    if why is not None:
+        raise OutputExistsError(f"{what} {why}")
 
 
 def final_path(path: str) -> str:
@@ -548,13 +631,15 @@ class OutputFolder:
     release the lock. Used as a context manager, an exception aborts (see :meth:`fail`).
     """
 
-    def __init__(self, target: str, overwrite: bool = False, *, what: str = "output"):
+    def __init__(self, target: str, overwrite: bool = False, *, what: str = "output", kind: str = "merge",
+                 legacy: bool | None = None):
         self.target = os.path.abspath(target)
         self.path = ""
         self.committed = False
+        self.kind = kind
         self.lock = lock_output(self.target, what)
         try:
-            check_output(target, overwrite)
+            check_output(target, overwrite, legacy=legacy, what=what)
             self.path = tempfile.mkdtemp(prefix=f".{os.path.basename(self.target)}.partial-",
                                          dir=os.path.dirname(self.target))
             os.chmod(self.path, 0o777 & ~_umask())  # mkdtemp's 0700 would make the output private
@@ -571,6 +656,10 @@ class OutputFolder:
     def _commit(self, source: str | None = None) -> str:
         src = source or self.path
         parent = os.path.dirname(self.target)
+        write_marker(src, self.kind)  # what hubsoup made, it may replace again (and nothing else)
+        why = replace_problem(self.target, True)  # the target as it is now (made meanwhile by someone else?)
+        if why is not None:
+            raise OutputExistsError(f"output {why}")
         if os.path.isdir(self.target) and not os.path.islink(self.target) and exchange(src, self.target):
             # one atomic step: the target is the new output at every moment, the old one is now at `src`
             # (a crash before it is removed leaves a `.NAME.partial-*` folder, which the next run removes)

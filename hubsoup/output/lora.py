@@ -117,6 +117,10 @@ class LoraSink:
     targets: dict[str, str] = field(default_factory=dict)  # module -> kind
     ranks: dict[str, int] = field(default_factory=dict)
 
+    reads_base = False
+    """The engine's hint (:func:`hubsoup.engine.run`): this sink reads a base tensor only for a dense outcome, so the
+    base's bytes of a tensor merged from LoRA factors are never fetched from the Hub."""
+
     def __post_init__(self):
         if self.layout is None:
             self.layout = model_layout(os.path.abspath(self.base.folder))

@@ -82,10 +82,47 @@ def require_hub_id(spec: Any, role: str) -> str:
     return spec
 
 
+def require_hub_model(spec: Any, role: str) -> str:
+    """``spec`` if it is a Hub repo ID or a ``model+adapter`` reference of two Hub repo IDs (a LoRA applied on
+    read, :mod:`hubsoup.sources.adapted`); else :func:`refusal`, by the text alone."""
+    if isinstance(spec, str) and spec.count("+") == 1:
+        model, adapter = (part.strip() for part in spec.split("+"))
+        if is_hub_id(model) and is_hub_id(adapter):
+            return spec
+        raise refusal(role, spec)
+    return require_hub_id(spec, role)
+
+
 def require_hub_dataset(spec: Any, role: str) -> str:
     if not is_hub_dataset(spec):
         raise refusal(role, spec, "Hub dataset IDs (org/name)")
     return spec
+
+
+TASK_REPOS = "Hub dataset or Space repos (org/name, hf://datasets/org/name, hf://spaces/org/name)"
+
+
+def require_task_repo(spec: Any, role: str) -> tuple[str, str, str | None]:
+    """``(repo_type, repo_id, revision)`` of a Hub repo that holds lm-eval tasks (a ``task_dir`` in a ``hub_only``
+    run), by its text alone: ``org/name[@rev]`` (a dataset), ``hf://datasets/org/name[@rev]`` or
+    ``hf://spaces/org/name[@rev]``; anything else is :func:`refusal` (nothing on the disk is looked at).
+
+    >>> require_task_repo("hf://spaces/org/tasks@v1", "task_dir")
+    ('space', 'org/tasks', 'v1')
+    >>> require_task_repo("./tasks", "task_dir")
+    Traceback (most recent call last):
+    ...
+    hubsoup.errors.InputError: task_dir './tasks': only Hub dataset or Space repos (org/name, hf://datasets/org/name, hf://spaces/org/name) are accepted here, not local paths
+    """
+    text, kind = spec if isinstance(spec, str) else "", "dataset"
+    for prefix, k in (("hf://datasets/", "dataset"), ("hf://spaces/", "space")):
+        if text.startswith(prefix):
+            text, kind = text[len(prefix):], k
+            break
+    if not is_hub_id(text):
+        raise refusal(role, spec, TASK_REPOS)
+    repo_id, _, revision = text.partition("@")
+    return kind, repo_id, revision or None
 
 
 @dataclass
@@ -98,8 +135,39 @@ class Access:
     spent: int = 0
     token: str | bool | None = field(default=None, repr=False)
     """The run's Hub token (None: ``HF_TOKEN`` or the stored login), for what opens Hub datasets. Never shown."""
+    cache_inputs: bool = False
+    """Hub inputs' weight files are downloaded into the cache (False: read in place, :mod:`hubsoup.sources.remote`)."""
+    read_ahead: int | None = None
+    """Bytes a stream fetches ahead of the merge from Hub inputs read in place (None: the default, 256 MiB)."""
+    fetched: int = 0
+    """Bytes of weight files received from the Hub by range requests in this run (headers included)."""
+    needed: int = 0
+    """Of those, the bytes the run asked for: its tensors' (each once per pass) and the files' headers."""
+    verified: list = field(default_factory=list, repr=False)
+    """``repo@sha/file`` of every file read whole and found equal to the Hub's sha256 of it."""
+    unverified: list = field(default_factory=list, repr=False)
+    """``(repo@sha/file, why)`` of files read in place that could not be checked against a sha256."""
+    remote_files: dict = field(default_factory=dict, repr=False)
+    """``{(repo, sha, file, token): RemoteFile}``: the Hub files this run reads in place, opened once."""
+    allow_task_code: bool = False
+    """In a ``hub_only`` run: the operator lets an lm-eval task repo's Python (``!function``, ``.py`` files) run."""
     _charged: set = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def spend(self, n: int, who: str) -> None:
+        """Count ``n`` bytes just received by a range read; past ``max_download`` it raises :class:`InputError`
+        (what the plan predicted was checked before; this is the hard stop)."""
+        with self._lock:
+            self.fetched += n
+            if self.limited and self.spent + n > self.max_download:
+                raise InputError(f"{who}: this run may download at most {_fmt(self.max_download)}, and reading on "
+                                 f"would bring it to {_fmt(self.spent + n)}; stopped")
+            self.spent += n
+
+    def asked(self, n: int) -> None:
+        """Count ``n`` bytes the run needed (see :attr:`needed`)."""
+        with self._lock:
+            self.needed += n
 
     @property
     def limited(self) -> bool:
@@ -179,19 +247,27 @@ def scope(options: Any = None, **kw: Any) -> Iterator[Access]:
     cache_dir = kw.get("cache_dir", getattr(options, "cache_dir", None))
     limit = kw.get("max_download", getattr(options, "max_download_bytes", None))
     token = kw.get("token", getattr(options, "token", None))
+    cache_inputs = bool(kw.get("cache_inputs", getattr(options, "cache_inputs", False)))
+    read_ahead = kw.get("read_ahead", getattr(options, "read_ahead_bytes", None))
+    allow_code = bool(kw.get("allow_task_code", getattr(options, "allow_task_code", False)))
     outer = _CURRENT.get()
     if outer is not None:
         stricter = (want_hub_only and not outer.hub_only) or (cache_dir and not outer.cache_dir) or (
-            limit is not None and (outer.max_download is None or limit < outer.max_download - outer.spent))
+            limit is not None and (outer.max_download is None or limit < outer.max_download - outer.spent)) or (
+            cache_inputs and not outer.cache_inputs)
         if not stricter:
             yield outer
             return
         want_hub_only = want_hub_only or outer.hub_only
         cache_dir = outer.cache_dir or cache_dir
+        cache_inputs = cache_inputs or outer.cache_inputs  # a search inside a run keeps its inputs, as asked
+        read_ahead = outer.read_ahead if outer.read_ahead is not None else read_ahead
         if outer.max_download is not None and (limit is None or outer.max_download - outer.spent < limit):
             limit = outer.max_download - outer.spent
     access = Access(hub_only=want_hub_only, cache_dir=cache_dir, max_download=limit,
-                    token=outer.token if outer is not None and token is None else token)
+                    token=outer.token if outer is not None and token is None else token,
+                    cache_inputs=cache_inputs, read_ahead=read_ahead,
+                    allow_task_code=outer.allow_task_code if outer is not None else allow_code)
     token = _CURRENT.set(access)
     try:
         yield access
@@ -207,12 +283,17 @@ def check_specs(*, inputs: Iterable[Any] = (), base: Any = None, soup: Any = Non
     if not hub_only():
         return
     for s in inputs:
-        require_hub_id(s, roles[0])
+        require_hub_model(s, roles[0])
     if isinstance(base, str) or (base is not None and not hasattr(base, "ref")):
-        require_hub_id(base, roles[1])
+        require_hub_model(base, roles[1])
     if soup is not None:
         require_hub_id(soup, "soup")
     for t in tasks or ():  # parsed task specs (hubsoup.eval.TaskSpec: sources sit below eval)
+        if getattr(t, "kind", None) == "lm-eval":  # lm-eval's task names (labels); a task folder is a Hub repo
+            task_dir = (getattr(t, "extra", None) or {}).get("task_dir")
+            if task_dir:
+                require_task_repo(task_dir, f"task {short(t.name)} task_dir")
+            continue
         require_hub_dataset(getattr(t, "data", None), "evaluation data")
         if getattr(t, "head", None):
             raise refusal(f"task '{short(t.name)}' head", t.head, "Hub datasets")
@@ -266,5 +347,5 @@ def check_offline(who: str) -> None:
 
 
 __all__ = ["Access", "current", "scope", "check_specs", "hub_only", "is_hub_id", "is_hub_dataset",
-           "require_hub_id",
+           "require_hub_id", "require_hub_model", "require_task_repo",
            "require_hub_dataset", "refusal", "check_offline", "load_hub_dataset"]

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import fnmatch
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from huggingface_hub import metadata_load
@@ -208,6 +211,10 @@ class Checkpoint:
     """A Hub input: the bytes fetching its weights would charge to the run's ``max_download`` (0 without one)."""
     visibility: dict[str, bool] | None = None
     """A Hub input opened online: ``{"private": ..., "gated": ...}`` as the Hub said (for a public push's check)."""
+    streamed: Callable[[], dict[str, Any] | None] | None = None
+    """A Hub input read in place (:mod:`hubsoup.sources.remote`): ``{file: RemoteFile, or None when the local Hub
+    cache holds it at the pinned commit}`` for its weight files; None from it (pickle weights, ``cache_inputs``):
+    the weights are downloaded (:attr:`fetch_weights`) and opened from the folder."""
     _files: dict[str, str] = field(default_factory=dict, repr=False)  # tensor -> file
     _infos: dict[str, TensorInfo] = field(default_factory=dict, repr=False)
     _handles: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -216,6 +223,17 @@ class Checkpoint:
     _opened: bool = field(default=False, repr=False)
     _extents: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict, repr=False)  # file -> data extents
     _from_headers: bool = field(default=False, repr=False)  # _infos came from remote_headers, nothing opened
+    _remote: dict[str, Any] = field(default_factory=dict, repr=False)  # file -> RemoteFile (read in place)
+    metadata_bytes: int = 0
+    """A Hub input: the disk its metadata (and tokenizer) files take in the Hub cache, from the Hub's sizes."""
+    metadata_files: dict[str, int] = field(default_factory=dict, repr=False)
+    """A Hub input: those files' sizes in bytes (``{name: size}``), from the Hub."""
+    downloads: Callable[[], bool] | None = None
+    """A Hub input: whether opening its weights downloads files (``cache_inputs``, pickle weights)."""
+    keep_files: Callable[[], None] | None = None
+    """A Hub input: have its weight files downloaded into the Hub cache rather than read in place (before it is
+    opened: a method that builds the model from the folder, :attr:`hubsoup.methods.Method.needs_base_files`)."""
+    _kept: dict[str, torch.Tensor] | None = field(default=None, repr=False)  # keep(): tensors read, in memory
 
     # --- metadata -------------------------------------------------------------------
     @property
@@ -312,10 +330,10 @@ class Checkpoint:
         self._from_headers = True
 
     def fetch(self) -> None:
-        """Download (a Hub input) and open the weight files now.
+        """Open the weight files now (a Hub input's: read in place, or downloaded with ``cache_inputs``).
 
         A checkpoint opened with ``headers_only`` knows its tensors from the Hub's headers; a merge
-        calls this once its fit check has passed, so the downloads happen in its download stage.
+        calls this once its fit check has passed, so any download happens in its download stage.
 
         Example:
             >>> ckpt = open_input("org/model", headers_only=True)   # doctest: +SKIP
@@ -335,7 +353,20 @@ class Checkpoint:
         folder = self.folder
         index = os.path.join(folder, SAFETENSORS_INDEX)
         single = os.path.join(folder, SAFETENSORS_SINGLE)
-        if os.path.isfile(os.path.join(folder, ADAPTER_CONFIG)):
+        streamed = self.streamed() if self.streamed is not None else None
+        if streamed is not None:  # a Hub input read in place: its weight files' headers came by range requests
+            for fname, rf in streamed.items():
+                if rf is None:
+                    self._open_safetensors(fname)  # the Hub cache holds it at this commit
+                else:
+                    self._open_remote(fname, rf)
+            if os.path.isfile(index):
+                missing = [k for k in self.weight_map(SAFETENSORS_INDEX) if k not in self._infos]
+                if missing:
+                    raise CorruptCheckpointError(
+                        f"input '{self.label}': {SAFETENSORS_INDEX} lists {len(missing)} tensors that "
+                        f"are in no shard (e.g. '{missing[0]}'); the checkpoint is incomplete")
+        elif os.path.isfile(os.path.join(folder, ADAPTER_CONFIG)):
             self._open_adapter()
         elif os.path.isfile(index):
             weight_map = self.weight_map(SAFETENSORS_INDEX)
@@ -438,6 +469,17 @@ class Checkpoint:
             ) from e
         self._handles[fname] = handle
 
+    def _open_remote(self, fname: str, rf: Any) -> None:
+        """A weight file read in place (:class:`~hubsoup.sources.remote.RemoteFile`, its header already read)."""
+        for name, (dtype_name, shape, _, _) in rf.tensors.items():
+            dtype = ST_DTYPES.get(dtype_name)
+            if dtype is None:
+                raise CorruptCheckpointError(
+                    f"input '{self.label}': tensor '{name}' in {fname} has unsupported dtype {dtype_name}")
+            self._infos[name] = TensorInfo(tuple(shape), dtype)
+            self._files[name] = fname
+        self._remote[fname] = rf
+
     def _open_pickle(self, files: list[str] | None = None) -> None:
         if not self.allow_pickle:
             raise PickleRefusedError(
@@ -476,14 +518,50 @@ class Checkpoint:
         self._meta()
         return name in self._infos
 
+    def keep(self) -> int:
+        """Keep every tensor in memory once read (a copy, off the file's mapping): read once, then served from
+        memory, and :meth:`release` no longer drops it. For a process that streams the same model many times (a
+        search's trials). Returns the bytes it will hold once every tensor was read (their stored size).
+
+        Example:
+            >>> ckpt.keep()                                  # doctest: +SKIP
+            75194368
+        """
+        if self._kept is None:
+            self._kept = {}
+        return self.stored_bytes()
+
+    def stored_bytes(self) -> int:
+        """The size of every tensor as stored (from the headers)."""
+        return sum(math.prod(self.info(k).shape) * self.info(k).dtype.itemsize for k in self.keys())
+
+    def forget(self) -> None:
+        """Undo :meth:`keep`: the tensors held are dropped, and later reads go to the files again."""
+        self._kept = None
+
+    @property
+    def kept(self) -> bool:
+        """Whether :meth:`keep` was called: tensors are served from memory once read."""
+        return self._kept is not None
+
     def tensor(self, name: str) -> torch.Tensor:
-        """Read one tensor, in its stored dtype."""
+        """Read one tensor, in its stored dtype (from memory after :meth:`keep`: never modify it)."""
+        if self._kept is not None:
+            t = self._kept.get(name)
+            if t is None:
+                t = self._kept[name] = self._read(name).clone()
+            return t
+        return self._read(name)
+
+    def _read(self, name: str) -> torch.Tensor:
         self._open()
         fname = self._files.get(name)
         if fname is None:
             raise InputError(f"input '{self.label}': has no tensor '{name}'")
         if fname in self._pickled:
             return self._pickled[fname][name]
+        if fname in self._remote:
+            return self._remote[fname].tensor(name)
         try:
             handle = self._handles[fname]
             if handle is None:  # released: map the file again
@@ -499,16 +577,27 @@ class Checkpoint:
 
         For the engine's read-ahead (:mod:`hubsoup.engine.prefetch`), which only hints the
         page cache: names it does not know and pickle files give no range, and a header that
-        cannot be read gives none either (the real read reports the problem).
+        cannot be read gives none either (the real read reports the problem). A file read from the Hub in
+        place gives its key instead of a path (:func:`hubsoup.sources.remote.is_key`): the engine's
+        :class:`~hubsoup.sources.remote.Window` fetches those ranges.
 
         Example:
             >>> ckpt.byte_ranges(["model.embed_tokens.weight"])  # doctest: +SKIP
             [('/models/base/model.safetensors', 8, 262144)]
         """
+        if not self._opened and _PEEKING.get() and self.downloads is not None and self.downloads():
+            return []  # a plan's look (:func:`peeking`): never a download
         self._open()
         out = []
         for name in names:
+            if self._kept is not None and name in self._kept:
+                continue  # in memory: nothing to read ahead
             fname = self._files.get(name)
+            if fname is not None and fname in self._remote:  # read in place: the file's key, not a path
+                rf = self._remote[fname]
+                _, _, off, n = rf.tensors[name]
+                out.append((rf.key, off, n))
+                continue
             if fname is None or fname in self._pickled or fname not in self._paths:
                 continue
             extents = self._extents.get(fname)
@@ -527,6 +616,20 @@ class Checkpoint:
         """
         for fname in self._handles:
             self._handles[fname] = None
+
+
+_PEEKING: contextvars.ContextVar[bool] = contextvars.ContextVar("hubsoup_peeking", default=False)
+
+
+@contextlib.contextmanager
+def peeking() -> Iterator[None]:
+    """Inside, :meth:`Checkpoint.byte_ranges` of a Hub input whose weights would be downloaded gives no range
+    instead of opening it: a plan may count what the merge reads before any weight moves."""
+    token = _PEEKING.set(True)
+    try:
+        yield
+    finally:
+        _PEEKING.reset(token)
 
 
 def _data_extents(path: str) -> dict[str, tuple[int, int]]:

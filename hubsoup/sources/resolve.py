@@ -1,30 +1,46 @@
 """Turn an input spec (``org/name@rev`` or a folder) into a :class:`Checkpoint`.
 
 Hub inputs are pinned: the revision is resolved to a commit SHA once, and every
-file is then downloaded at that SHA, so a push to the repo during a merge cannot
+file is then read at that SHA, so a push to the repo during a merge cannot
 mix two versions. Metadata (config, card, index) is fetched first; weights only
-when the engine opens them, after the inputs were checked against the base.
+when the engine opens them, after the inputs were checked against the base: their
+safetensors files are read in place (:mod:`hubsoup.sources.remote`: headers, then the
+tensors the merge reads, by range requests), unless the run asks for ``cache_inputs``
+or the weights are pickle files (then downloaded into the Hub cache). A file the cache
+already holds at that SHA is read there.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import logging
 import os
 import re
+import shutil
+import tempfile
+import threading
 import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Iterator
 
 from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
 from huggingface_hub.errors import (
     GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError,
 )
 
-from hubsoup.errors import CorruptCheckpointError, HubsoupError, InputError, MergeCancelled, PickleRefusedError
-from hubsoup.hubclient import Token, ensure_timeouts, error_status, hub_timeout, is_timeout, scrub_secrets, server_detail
+from hubsoup.errors import (CorruptCheckpointError, DiskFullError, HubsoupError, InputError, MergeCancelled,
+                            PickleRefusedError)
+from hubsoup.footprint import on_disk
+from hubsoup.hubclient import (RETRY_STATUS, Token, ensure_timeouts, error_status, hub_timeout, is_timeout,  # noqa: F401
+                               scrub_secrets, server_detail, transient)
 from hubsoup.progress import Monitor, silent_tqdm
 from hubsoup.sources import access
 from hubsoup.sources.access import current
 from hubsoup.sources.checkpoint import ST_DTYPES, Checkpoint, InputRef, SAFETENSORS_INDEX, TensorInfo
+from hubsoup.sources.remote import RemoteFile, open_file
 
 METADATA_FILES = [
     "config.json",
@@ -160,6 +176,18 @@ def hub_failure(e: BaseException, who: str, repo_id: str, revision: str | None =
     return InputError(scrub_secrets(msg, token))  # a server may echo the token back
 
 
+def _disk_full(e: BaseException) -> OSError | None:
+    """The ``ENOSPC``/``EDQUOT`` error that ``e`` is or was raised from, if any."""
+    seen = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def _cancelled(e: BaseException) -> MergeCancelled | None:
     """The :class:`MergeCancelled` that ``e`` is or was raised from (huggingface_hub may wrap it), if any."""
     seen = set()
@@ -182,11 +210,18 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
     # an app's run (progress or cancel given): this call's bars are silent, and each update checks cancel
     bars = {"tqdm_class": silent_tqdm(mon)} if mon.active else {}
 
-    def fail(e: Exception) -> Exception:
+    def fail(e: BaseException, fname: str | None = None) -> BaseException:
+        """One line for a failed Hub request of this input (``fname``: the file it read, then named too)."""
         cancelled = _cancelled(e)
         if cancelled is not None:  # raised by the monitor inside huggingface_hub: not a Hub failure
             return cancelled
-        return hub_failure(e, f"{role} '{spec}'", repo_id, revision, token)
+        full = _disk_full(e)
+        if full is not None:  # the Hub cache's disk, while downloading: not a Hub failure either
+            where = acc.cache_dir or constants.HF_HUB_CACHE
+            return DiskFullError(f"{who}: disk full while downloading into the Hub cache ({where}): {full.strerror}; "
+                                 "nothing was merged. Free space, or read the inputs in place (leave out "
+                                 "--cache-inputs: only the output then needs disk)")
+        return hub_failure(e, f"{role} '{spec}'" + (f" ({fname})" if fname else ""), repo_id, revision, token)
 
     mon.check("before downloading")
     if not constants.HF_HUB_OFFLINE:
@@ -194,6 +229,9 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
 
     files: list[str] = []
     sizes: dict[str, int | None] = {}
+    sha256s: dict[str, str] = {}
+    metadata_bytes = 0
+    metadata_files: dict[str, int] = {}
     try:
         if constants.HF_HUB_OFFLINE:
             # offline: whatever the cache holds for that revision, pinned to its snapshot sha
@@ -202,12 +240,22 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         else:
             ensure_timeouts()
             # asked with this run's token first, always: a cached snapshot is never a way around the Hub's answer
+            # with the files' sizes and LFS sha256: the download budget, the disk plan and the check of files
+            # read whole in place need them
             info = HfApi().model_info(repo_id, revision=revision, token=token, timeout=hub_timeout(),
-                                      files_metadata=acc.limited)
+                                      files_metadata=True)
             sha = info.sha
             files = [s.rfilename for s in (info.siblings or [])]
             sizes = {s.rfilename: getattr(s, "size", None) for s in (info.siblings or [])}
+            for s in info.siblings or []:
+                lfs = getattr(s, "lfs", None)
+                digest = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+                if isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest):
+                    sha256s[s.rfilename] = digest
             patterns = METADATA_FILES + (TOKENIZER_FILES if with_tokenizer else [])
+            metadata_files = {n: int(sizes.get(n) or 0) for n in sizes if any(fnmatch.fnmatch(n, p) for p in patterns)}
+            # on disk: each file in whole blocks, and the cache's ref of the commit
+            metadata_bytes = on_disk(0) + sum(on_disk(n) for n in metadata_files.values())
             acc.charge(repo_id, sha, sizes, patterns, who)
             folder = snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars, **cache)
     except Exception as e:  # noqa: BLE001 - mapped to one clear line
@@ -221,6 +269,8 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
     if not constants.HF_HUB_OFFLINE:  # what the Hub said of the repo: a public push of a merge of it must know
         ckpt.visibility = {"private": bool(getattr(info, "private", False)),
                            "gated": bool(getattr(info, "gated", False))}
+    ckpt.metadata_bytes = metadata_bytes
+    ckpt.metadata_files = metadata_files
 
     def weight_patterns() -> list[str]:
         index = os.path.join(folder, SAFETENSORS_INDEX)
@@ -251,24 +301,31 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
         return patterns
 
     def weight_bytes() -> int:
-        """What fetching the weights would charge to the run's budget (0 without one)."""
-        if not acc.limited or constants.HF_HUB_OFFLINE:
+        """What fetching the weights would download into the Hub cache (0 when they are read in place: their
+        bytes are charged as they come, and the merge's plan predicts them)."""
+        if constants.HF_HUB_OFFLINE or in_place():
             return 0
         pats = weight_patterns()
         return sum(int(sizes.get(n) or 0) for n in sizes
                    if any(fnmatch.fnmatch(n, p) for p in pats) and not acc._cached(repo_id, sha, n, "model"))
 
     def fetch_weights() -> None:
-        if constants.HF_HUB_OFFLINE:
+        if constants.HF_HUB_OFFLINE or in_place():
             return
         patterns = weight_patterns()
         acc.charge(repo_id, sha, sizes, patterns, who)
         try:
             ensure_timeouts()
             mon.check("before downloading")
-            snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars, **cache)
+            # huggingface_hub warns when the cache's disk looks too small, then tries: held back until it is known
+            # whether the disk did fill (then the one line below says it)
+            with warnings.catch_warnings(record=True) as held:
+                warnings.simplefilter("always")
+                snapshot_download(repo_id, revision=sha, token=token, allow_patterns=patterns, **bars, **cache)
         except Exception as e:  # noqa: BLE001
             raise fail(e) from e
+        for w in held:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
     def safetensors_files() -> list[str]:
         """The safetensors files :func:`fetch_weights` would download ([] when it would fetch anything else)."""
@@ -281,44 +338,153 @@ def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="inp
             return ["model.safetensors"]
         return sorted(f for f in top if f.endswith(".safetensors"))
 
+    def cached(fname: str) -> bool:
+        try:
+            hit = try_to_load_from_cache(repo_id, fname, revision=sha, **cache)
+        except Exception:  # noqa: BLE001 - an odd name: not cached
+            return False
+        return isinstance(hit, str) and os.path.isfile(hit)
+
+    opened: dict[str, RemoteFile] = {}
+    opening = threading.Lock()
+
+    def remote_file(fname: str) -> RemoteFile:
+        """``fname`` read in place (its header read now, once per checkpoint)."""
+        if fname not in opened:
+            if files and fname not in files:
+                raise CorruptCheckpointError(f"{role} '{ckpt.label}': its weights name {fname}, which the repo does "
+                                             f"not hold at {sha[:12]}")
+
+            def fail_on(e: BaseException) -> BaseException:
+                return fail(e, fname) if not isinstance(e, HubsoupError) else e
+
+            ensure_timeouts()
+            mon.check("before reading from the Hub")
+            # one RemoteFile per file, run and token: two checkpoints of one repo (a layout's base and input) share
+            # it, so the read-ahead fetches its bytes once
+            shared = acc.remote_files
+            key = (repo_id, sha, fname, token if isinstance(token, (str, bool)) else None)
+            rf = shared.get(key)
+            if rf is None:
+                rf = open_file(repo_id, sha, fname, size=sizes.get(fname), token=token,
+                               who=f"{role} '{spec}' ({fname})", fail=fail_on, access=acc,
+                               sha256=sha256s.get(fname), sleep=lambda t: _sleep(t))
+                with opening:  # two threads may have read it at once: one object is kept
+                    rf = shared.setdefault(key, rf)
+            opened[fname] = rf
+        return opened[fname]
+
+    def in_place_files() -> list[str]:
+        """The weight files a merge reads in place: safetensors only ([] for pickle weights)."""
+        if kind == "lora":
+            top = [f for f in files if "/" not in f]
+            return ["adapter_model.safetensors"] if "adapter_model.safetensors" in top or not files else []
+        return safetensors_files()
+
+    keep = {"files": False}
+
+    def in_place() -> bool:
+        """Whether the weights are read in place rather than downloaded (``cache_inputs`` not asked, online,
+        safetensors)."""
+        return not (acc.cache_inputs or keep["files"] or constants.HF_HUB_OFFLINE) and bool(in_place_files())
+
+    def open_remote(names: list[str]) -> None:
+        """The headers of ``names`` not yet open, read concurrently (one round trip each: a sharded model's
+        dozens of files would otherwise wait on each other)."""
+        todo = [f for f in names if f not in opened]
+        if len(todo) <= 1:
+            for f in todo:
+                remote_file(f)
+            return
+        with ThreadPoolExecutor(min(8, len(todo)), thread_name_prefix="hubsoup-headers") as pool:
+            for _ in pool.map(remote_file, todo):  # the first failure is raised
+                pass
+
+    def streamed() -> dict[str, RemoteFile | None] | None:
+        if not in_place():
+            return None
+        names = in_place_files()
+        local = {f for f in names if cached(f)}
+        open_remote([f for f in names if f not in local])
+        return {f: None if f in local else remote_file(f) for f in names}
+
     def remote_headers() -> dict[str, dict[str, TensorInfo]] | None:
         names = safetensors_files()
         if not names:
             return None
-
-        if all(isinstance(try_to_load_from_cache(repo_id, f, revision=sha, **cache), str) for f in names):
+        if all(cached(f) for f in names):
             return None  # every weight file is in the local cache at this commit: its headers are read there
-        api = HfApi()
         out: dict[str, dict[str, TensorInfo]] = {}
-        try:
-            ensure_timeouts()
-            for fname in names:  # two range requests at most per file: its header, never its data
-                meta = with_backoff(lambda: api.parse_safetensors_file_metadata(
-                    repo_id, fname, revision=sha, token=token, timeout=hub_timeout()), mon)
-                out[fname] = {}
-                for name, t in meta.tensors.items():
-                    dtype = ST_DTYPES.get(t.dtype)
-                    if dtype is None:
-                        raise CorruptCheckpointError(f"{role} '{ckpt.label}': tensor '{name}' in {fname} has "
-                                                     f"unsupported dtype {t.dtype}")
-                    out[fname][name] = TensorInfo(tuple(t.shape), dtype)
-        except Exception as e:  # noqa: BLE001 - one line naming the repo
-            if isinstance(e, HubsoupError):
-                raise
-            raise fail(e) from e
+        open_remote([f for f in names if not cached(f)])
+        for fname in names:  # two range requests at most per file: its header, never its data
+            if cached(fname):
+                ckpt._open_safetensors(fname)
+                out[fname] = {n: ckpt._infos[n] for n, f in ckpt._files.items() if f == fname}
+                continue
+            rf = remote_file(fname)
+            out[fname] = {}
+            for name, (dtype_name, shape, _, _) in rf.tensors.items():
+                dtype = ST_DTYPES.get(dtype_name)
+                if dtype is None:
+                    raise CorruptCheckpointError(f"{role} '{ckpt.label}': tensor '{name}' in {fname} has "
+                                                 f"unsupported dtype {dtype_name}")
+                out[fname][name] = TensorInfo(tuple(shape), dtype)
         return out
 
     ckpt.fetch_weights = fetch_weights
     ckpt.weight_bytes = weight_bytes
+    if not constants.HF_HUB_OFFLINE:
+        ckpt.streamed = streamed
+        ckpt.downloads = lambda: not in_place()
+        ckpt.keep_files = lambda: keep.update(files=True)
     if headers_only and not constants.HF_HUB_OFFLINE:
         ckpt.remote_headers = remote_headers
         ckpt.remote_files = safetensors_files
     return ckpt
 
 
-RETRY_STATUS = (408, 429, 500, 502, 503, 504)
-"""The answers huggingface_hub's own downloads retry (``http_backoff``): header reads retry them the same way."""
 _sleep = time.sleep
+
+
+MAX_REPO_FILES = 2000
+"""The most files a fetched task repo (:func:`fetched_repo`) may hold."""
+
+
+@contextmanager
+def fetched_repo(repo_type: str, repo_id: str, revision: str | None, who: str) -> Iterator[str]:
+    """A Hub repo's files (an lm-eval task repo of a ``hub_only`` run) in a fresh folder, removed when the block
+    ends: asked of the Hub with the run's token, charged to its download budget, written inside the run's
+    ``cache_dir`` (or a temporary folder), never a folder of the host nor the shared Hub cache.
+
+    Raises :class:`~hubsoup.errors.InputError` (one line, ``who`` and the repo only) when the Hub refuses it.
+    """
+    acc = current()
+    if constants.HF_HUB_OFFLINE:
+        raise InputError(f"{who}: {repo_id} is fetched from the Hub with this run's token, and the Hub is offline "
+                         "(HF_HUB_OFFLINE=1)")
+    if acc.cache_dir:
+        os.makedirs(acc.cache_dir, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="hubsoup-tasks-", dir=acc.cache_dir or None)
+    try:
+        try:
+            ensure_timeouts()
+            info = HfApi().repo_info(repo_id, repo_type=repo_type, revision=revision, token=acc.token,
+                                     timeout=hub_timeout(), files_metadata=True)
+            siblings = info.siblings or []
+            if len(siblings) > MAX_REPO_FILES:
+                raise InputError(f"{who}: {repo_id} holds {len(siblings)} files, more than the {MAX_REPO_FILES} a task "
+                                 "repo may hold")
+            acc.charge(repo_id, info.sha, {f.rfilename: getattr(f, "size", None) for f in siblings}, None, who,
+                       repo_type=repo_type)
+            snapshot_download(repo_id, repo_type=repo_type, revision=info.sha, token=acc.token, local_dir=folder,
+                              tqdm_class=silent_tqdm(Monitor(None, None)))
+        except HubsoupError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one clear line, naming the repo only
+            raise hub_failure(e, who, repo_id, revision, acc.token) from e
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def with_backoff(call, monitor: Monitor | None = None, *, tries: int = 6, first: float = 1.0, most: float = 8.0):
@@ -330,12 +496,9 @@ def with_backoff(call, monitor: Monitor | None = None, *, tries: int = 6, first:
         try:
             return call()
         except Exception as e:  # noqa: BLE001 - re-raised unless transient
-            status = error_status(e)
-            dropped = status is None and any(c.__name__ in ("ConnectError", "RemoteProtocolError", "ReadError")
-                                             for c in type(e).__mro__)
-            if attempt == tries - 1 or is_timeout(e) or not (status in RETRY_STATUS or dropped):
+            if attempt == tries - 1 or not transient(e):
                 raise
-            log.debug("transient Hub answer (%s); trying again in %.0f s", status or type(e).__name__, wait)
+            log.debug("transient Hub answer (%s); trying again in %.0f s", error_status(e) or type(e).__name__, wait)
         if monitor is not None:
             monitor.check("before trying the Hub again")
         _sleep(wait)

@@ -124,6 +124,28 @@ class FullDelta:
         return self.name_map.get(name, name)
 
 
+def checkpoints_of(*sources: object) -> list[Checkpoint]:
+    """Every :class:`Checkpoint` behind these sources and checkpoints (a task vector's, a ``model+adapter``'s model
+    and adapter, a re-mapped view's), each once: what :meth:`Checkpoint.keep` would hold in memory."""
+    out: list[Checkpoint] = []
+    seen: set[int] = set()
+    stack = list(sources)
+    while stack:
+        o = stack.pop()
+        if o is None or id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, Checkpoint):
+            out.append(o)
+            continue
+        for attr in ("ckpt", "model", "adapter", "delta", "wrapped"):  # the sources' own names for what they read
+            try:
+                stack.append(getattr(o, attr))
+            except AttributeError:
+                pass
+    return out
+
+
 def nonfinite_input(label: str, name: str, bad: int) -> NonFiniteTensorError:
     """The error for input ``label``'s tensor ``name`` holding ``bad`` NaN/inf values."""
     return NonFiniteTensorError(

@@ -1,20 +1,25 @@
 """Evolutionary search over merge recipes: ``hubsoup evolve CONFIG.yml --out DIR`` / :func:`evolve`.
 
 The search space is any method parameter as a range or a choice, and per-input × per-layer-group
-genes written as mergekit gradients; Optuna's samplers (CMA-ES, TPE, random) propose the points and
-its storage (an SQLite file in ``DIR`` by default, any database URL for a cluster) holds the study.
+genes written as mergekit gradients; CMA-ES (told every finished trial, TPE for the choice genes:
+:mod:`hubsoup.workflows.proposals`), Optuna's TPE or random sampler propose the points, and Optuna's
+storage (an SQLite file in ``DIR`` by default, any database URL for a cluster) holds the study.
 
-* **Generation-synchronous.** A whole population is asked, evaluated (by an executor: this process,
-  or Ray tasks, :mod:`hubsoup.workflows.executors`), and told in trial order. Every trial's sampler is
-  seeded from ``(seed, trial number)``, so a seed gives the same study whatever runs the trials and
-  in whatever order they finish, and a resumed study proposes what an uninterrupted one would have.
+* **Generation-synchronous.** A whole population is asked, then evaluated (by an executor: this process,
+  or Ray tasks, :mod:`hubsoup.workflows.executors`), each trial told as its result arrives. A trial's
+  proposal depends only on the seed, its number and the results told (samplers seeded from
+  ``(seed, trial number)``; CMA-ES replayed from the study), so a seed gives the same study whatever runs
+  the trials and in whatever order they finish, and a resumed study proposes what an uninterrupted one would.
 * **Resumable.** A killed run is run again with the same command: finished trials are read from the
-  storage, the unfinished ones (asked, never told) are evaluated again, nothing else repeats.
+  storage (those of an interrupted generation too), the unfinished ones (asked, never told) are evaluated
+  again, nothing else repeats.
+* **Cheap trials.** Each process keeps its inputs in memory, one model filled in place by every merge and
+  its evaluator (:class:`hubsoup.workflows.trial.TrialSession`).
 * **One driver per study.** A second driver on the same storage (any host) is refused at once, naming the
   first one's host and pid; a killed driver's lease is taken over (:mod:`hubsoup.workflows.study_lease`).
 * **A failing trial** (a point the method refuses, NaN weights, out of memory) is recorded ``FAIL``
   with its reason; the study goes on.
-* **Cheap candidates.** A trial merges into memory and is scored there (:mod:`hubsoup.workflows.trial`);
+* **Nothing written per trial.** A trial merges into memory and is scored there (:mod:`hubsoup.workflows.trial`);
   only the best is written, once, at the end: weights, ``hubsoup_recipe.yaml`` (``hubsoup run`` repeats
   it bit for bit), the card (space, optimizer, trials, best parameters and scores, with a link to the
   trial table ``hubsoup_search.json`` and its plot ``hubsoup_search.png``).
@@ -45,7 +50,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import jinja2
-import numpy as np
 import yaml
 
 import hubsoup
@@ -53,14 +57,17 @@ from hubsoup.api import parse_method
 from hubsoup.card import template_path
 from hubsoup.errors import EvolveError, ParameterError
 from hubsoup.eval import TaskSpec
-from hubsoup.hub import check_repo_id
+from hubsoup.hub import check_repo_id, pushed_line
+from hubsoup.hubclient import scrub_url_credentials
 from hubsoup.methods import get_method
-from hubsoup.options import MergeOptions
-from hubsoup.output.folder import OutputLock
+from hubsoup.options import MergeOptions, parse_size
+from hubsoup.output.folder import MARKER, OutputLock, holds_cwd, read_marker, write_marker
+from hubsoup.output.folder import _umask as umask  # the mode every other output file gets
 from hubsoup.progress import Monitor
 from hubsoup.recipe import public_value
-from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
+from hubsoup.untrusted import MAX_YAML_BYTES, label, load_yaml, short
 from hubsoup.workflows.executors import make_executor
+from hubsoup.workflows.proposals import MIN_POPULATION, propose, trial_sampler
 from hubsoup.workflows.study_lease import StudyLease
 from hubsoup.workflows.trial import pin_inputs
 
@@ -71,6 +78,14 @@ STUDY_FILE = "hubsoup_study.db"
 _STUDY_FILES = (STUDY_FILE, f"{STUDY_FILE}-journal", f"{STUDY_FILE}-wal", f"{STUDY_FILE}-shm", SEARCH_FILE, PLOT_FILE)
 _TOP_KEYS = {"base", "models", "method", "params", "space", "optimizer", "trials", "population", "seed", "eval",
              "dtype", "device", "storage", "study_name", "resources"}
+MAX_LAYER_GROUPS = 1024
+"""The most layer groups of one space entry (a gradient over the layers: models have at most a few hundred)."""
+MAX_GENES = 4096
+"""The most genes (Optuna parameters) of a study: inputs x layer groups add up; CMA-ES keeps a genes² matrix."""
+MAX_CPUS = 1024
+"""The most cores (and torch threads) one trial may ask for."""
+MAX_GPUS = 1024
+"""The most GPUs one trial may ask Ray for (a fraction is a share of one)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +109,7 @@ class Dimension:
             raw = {"range": list(raw)}
         if not isinstance(raw, dict):
             raise ParameterError(f"{where}: expected [low, high], {{range: [low, high], ...}} or {{choices: [...]}}, "
-                                 f"got {raw!r}")
+                                 f"got {short(raw)}")
         unknown = sorted(set(raw) - {"range", "choices", "log", "step", "int", "per", "layer_groups"})
         if unknown:
             raise ParameterError(f"{where}: unknown key '{unknown[0]}' (range, choices, log, step, int, per, "
@@ -103,10 +118,14 @@ class Dimension:
             raise ParameterError(f"{where}: give either range: [low, high] or choices: [...]")
         per = raw.get("per")
         if per not in (None, "input"):
-            raise ParameterError(f"{where}: per must be 'input', got {per!r}")
+            raise ParameterError(f"{where}: per must be 'input', got {short(per)}")
         groups = raw.get("layer_groups", 1)
-        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-            raise ParameterError(f"{where}: layer_groups must be a positive integer, got {groups!r}")
+        if isinstance(groups, bool) or not isinstance(groups, int) or not 1 <= groups <= MAX_LAYER_GROUPS:
+            raise ParameterError(f"{where}: layer_groups must be an integer from 1 to {MAX_LAYER_GROUPS} (a gradient "
+                                 f"over the layers; models have at most a few hundred), got {short(groups)}")
+        for flag in ("int", "log"):
+            if flag in raw and not isinstance(raw[flag], bool):
+                raise ParameterError(f"{where}: {flag} must be true or false, got {short(raw[flag])}")
         if "choices" in raw:
             choices = raw["choices"]
             if not isinstance(choices, list) or not choices:
@@ -119,7 +138,7 @@ class Dimension:
         rng = raw["range"]
         if (not isinstance(rng, list) or len(rng) != 2
                 or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in rng)):
-            raise ParameterError(f"{where}: range must be [low, high] numbers, got {rng!r}")
+            raise ParameterError(f"{where}: range must be [low, high] numbers, got {short(rng)}")
         low, high = float(rng[0]), float(rng[1])
         if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
             raise ParameterError(f"{where}: range [{rng[0]}, {rng[1]}] must have finite low < high")
@@ -128,8 +147,15 @@ class Dimension:
         if log and low <= 0:
             raise ParameterError(f"{where}: a log range needs low > 0, got {low}")
         step = raw.get("step")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0):
-            raise ParameterError(f"{where}: step must be a positive number, got {step!r}")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float))
+                                 or not math.isfinite(step) or step <= 0):
+            raise ParameterError(f"{where}: step must be a positive number, got {short(step)}")
+        if step is not None and step > high - low:
+            raise ParameterError(f"{where}: step {step} is wider than the range [{rng[0]}, {rng[1]}]")
+        if step is not None and log:
+            raise ParameterError(f"{where}: a log range takes no step (Optuna samples it continuously)")
+        if step is not None and is_int and not float(step).is_integer():
+            raise ParameterError(f"{where}: an integer range's step must be an integer, got {step}")
         if is_int and (groups != 1 or per):
             raise ParameterError(f"{where}: integer genes cannot be per input or per layer group")
         return cls(key, "int" if is_int else "float", low, high, log, float(step) if step else None,
@@ -208,7 +234,8 @@ class EvolveConfig:
                 raise ParameterError(f"{where} not found")
 
             with open(source, encoding="utf-8") as f:
-                source = load_yaml(f.read(MAX_YAML_BYTES + 1), where)  # bounded: size, aliases
+                loaded = load_yaml(f.read(MAX_YAML_BYTES + 1), where)  # bounded: size, aliases
+            source = config_relative(loaded, os.path.dirname(os.path.abspath(source)))
         if not isinstance(source, dict):
             raise ParameterError(f"{where}: expected a mapping (base, models, method, space, ...)")
         d = dict(source)
@@ -242,21 +269,41 @@ class EvolveConfig:
 
     def validate(self, where: str = "evolve config") -> None:
         if self.optimizer not in OPTIMIZERS:
-            raise ParameterError(f"{where}: optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+            raise ParameterError(f"{where}: optimizer must be one of {', '.join(OPTIMIZERS)}, got {short(self.optimizer)}")
         for k in ("trials", "population", "batch_size"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ParameterError(f"{where}: '{k}' must be a positive integer, got {v!r}")
+                raise ParameterError(f"{where}: '{k}' must be a positive integer, got {short(v)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ParameterError(f"{where}: 'seed' must be a non-negative integer, got {self.seed!r}")
+            raise ParameterError(f"{where}: 'seed' must be a non-negative integer, got {short(self.seed)}")
         if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1):
-            raise ParameterError(f"{where}: 'eval.limit' must be a positive integer, got {self.limit!r}")
+            raise ParameterError(f"{where}: 'eval.limit' must be a positive integer, got {short(self.limit)}")
         clash = sorted(set(self.space) & set(self.params))
         if clash:
             raise ParameterError(f"{where}: '{clash[0]}' is both searched (space) and fixed (params)")
         bad = sorted(set(self.resources) - {"cpus", "gpus", "memory"})
         if bad:
             raise ParameterError(f"{where}: unknown key 'resources.{bad[0]}' (cpus, gpus, memory)")
+        check_population(self, where)
+        cpus, gpus = self.resources.get("cpus"), self.resources.get("gpus")
+        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or not 1 <= cpus <= MAX_CPUS):
+            raise ParameterError(f"{where}: 'resources.cpus' (each trial's cores and torch threads) must be an "
+                                 f"integer from 1 to {MAX_CPUS}, got {short(cpus)}")
+        if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not math.isfinite(gpus)
+                                 or not 0 <= gpus <= MAX_GPUS):
+            raise ParameterError(f"{where}: 'resources.gpus' (each trial's share of GPUs, for Ray) must be a number "
+                                 f"from 0 to {MAX_GPUS}, got {short(gpus)}")
+        if self.resources.get("memory") is not None:
+            try:
+                self.resources = {**self.resources, "memory": parse_size(self.resources["memory"])}
+            except ParameterError:
+                raise ParameterError(f"{where}: 'resources.memory' must be a size (bytes, or e.g. 8GB), got "
+                                     f"{short(self.resources['memory'])}") from None
+        n = len(self.models)
+        genes = sum(len(d.genes(n)) for d in self.space.values())
+        if genes > MAX_GENES:
+            raise ParameterError(f"{where}: the space has {genes} genes ({n} inputs; per-input and layer_groups "
+                                 f"multiply); at most {MAX_GENES} are searched (CMA-ES keeps a genes x genes matrix)")
 
     @property
     def cpus(self) -> int:
@@ -284,6 +331,59 @@ class EvolveConfig:
                 "limit": self.limit, "dtype": self.dtype, "threads": self.cpus}
 
 
+def config_relative(d: Any, root: str) -> Any:
+    """An evolve config file's paths taken relative to the file, as a pipeline's are: ``models`` and ``base``
+    folders, a task's local data and ``head=``, an lm-eval ``task_dir=``. A relative path that does not exist
+    there is left as written (a Hub ID such as ``org/name``, or a path relative to the working folder)."""
+    if not isinstance(d, dict):
+        return d
+
+    def local(value: Any) -> Any:
+        if not isinstance(value, str) or not value or os.path.isabs(os.path.expanduser(value)):
+            return value
+        there = os.path.join(root, value)
+        return there if os.path.exists(there) else value
+
+    out = dict(d)
+    if isinstance(out.get("models"), list):
+        out["models"] = [local(m) for m in out["models"]]
+    if out.get("base"):
+        out["base"] = local(out["base"])
+    ev = out.get("eval")
+    if isinstance(ev, dict) and isinstance(ev.get("tasks"), list):
+        out["eval"] = {**ev, "tasks": [_task_relative(t, local) if isinstance(t, str) else t for t in ev["tasks"]]}
+    return out
+
+
+def _task_relative(spec: str, local: Callable[[Any], Any]) -> str:
+    """A task spec with its local paths (DATA, ``head=``, ``task_dir=``) passed through ``local``."""
+    kind, sep, rest = spec.partition(":")
+    if not sep:
+        return spec
+    parts = rest.split(",")
+    for i, part in enumerate(parts):
+        key, eq, value = part.partition("=")
+        if eq and key.strip() in ("head", "task_dir"):
+            parts[i] = f"{key}={local(value)}"
+        elif i == 0 and not eq and kind.strip() != "lm-eval":  # lm-eval's first field is task names
+            parts[i] = local(part)
+    return f"{kind}:{','.join(parts)}"
+
+
+"""The smallest CMA-ES population: below it CMA-ES keeps one parent (μ = 1) and its update divides by zero
+(``cmaes`` warns "divide by zero" at every generation), at 4 it keeps two."""
+
+
+def check_population(cfg: "EvolveConfig", where: str = "evolve config") -> None:
+    """A population CMA-ES cannot work with is refused, saying what can (a study's population is its identity:
+    raising it behind the user's back would make another study than the one written)."""
+    if (cfg.optimizer == "cmaes" and cfg.population < MIN_POPULATION
+            and any(d.kind != "choice" for d in cfg.space.values())):  # choice genes alone: TPE, no CMA-ES
+        raise ParameterError(f"{where}: population {cfg.population} is too small for CMA-ES, which needs at least "
+                             f"{MIN_POPULATION} (with fewer it keeps one parent and its update divides by zero);"
+                             f" use population: {MIN_POPULATION} or more, or optimizer: tpe or random")
+
+
 def param_names(cfg: EvolveConfig) -> dict[str, str]:
     """Each space key's method parameter; a per-input key may use mergekit's per-model name (``weight`` ->
     ``weights``, ``density`` -> ``densities``). An unknown name is an error naming the key and the choices."""
@@ -302,19 +402,11 @@ def param_names(cfg: EvolveConfig) -> dict[str, str]:
     return out
 
 
-def make_sampler(cfg: EvolveConfig, number: int):
+def make_sampler(cfg: EvolveConfig, number: int, study: Any = None):
     """The sampler that proposes trial ``number``, seeded from ``(seed, number)``: what it proposes depends only
-    on the seed, the number and the finished trials, never on this process' history (resumption, executors)."""
-    import optuna  # lazy: optional extra (optuna)
-
-    seed = int(np.random.SeedSequence([cfg.seed, number]).generate_state(1)[0] % (2**31 - 1))
-    if cfg.optimizer == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if cfg.optimizer == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.population, multivariate=True)
-    # the CMA-ES generation is the population; no random start-up: the first generation is CMA-ES's own
-    return optuna.samplers.CmaEsSampler(seed=seed, popsize=cfg.population, n_startup_trials=0,
-                                        warn_independent_sampling=False)
+    on the seed, the number and the finished trials, never on this process' history (resumption, executors).
+    ``cmaes`` proposes from the study's finished trials (:mod:`hubsoup.workflows.proposals`): pass ``study``."""
+    return trial_sampler(cfg.optimizer, cfg.distributions(), cfg.population, cfg.seed, number, study)
 
 
 @dataclass
@@ -329,9 +421,10 @@ class EvolveResult:
     result: Any = None
     """The :class:`hubsoup.MergeResult` of the best model written to ``path``."""
     seconds: list[dict[str, Any]] = field(default_factory=list)
-    """Per trial evaluated in this run: ``number``, ``merge``, ``eval``, ``total`` (the trial, where it ran) and
-    ``wall`` (from dispatch to result on the driver). Not in ``hubsoup_search.json``, which stays the same on
-    every run of the same study."""
+    """Per trial evaluated in this run: ``number``, ``open`` (its process' session opened: once per process),
+    ``merge``, ``eval``, ``total`` (the trial, where it ran), ``wall`` (from dispatch to result on the driver) and
+    ``session`` (``new``: this trial opened its process' session; ``kept``: the inputs are held in memory). Not in
+    ``hubsoup_search.json``, which stays the same on every run of the same study."""
     resumed: int = 0
     """Trials that were asked by an earlier, killed run and evaluated again by this one."""
     study_seconds: float = 0.0
@@ -344,19 +437,35 @@ def _gene_point(trial) -> dict[str, Any]:
     return dict(trial.params)
 
 
-def _check_dir(out: str) -> None:
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ParameterError(f"--out '{out}' is a file, not a folder")
-    if os.path.isdir(out):
-        names = set(os.listdir(out))
-        if names and not names & {STUDY_FILE, SEARCH_FILE}:
-            raise ParameterError(f"--out '{out}' exists and holds no hubsoup study ({STUDY_FILE}); choose an empty "
-                                 f"or new folder")
+def _check_dir(out: str, cfg: "EvolveConfig") -> None:
+    """``out`` is new, empty, or a study folder hubsoup made (its marker says ``evolve``); never a file, a link, the
+    working folder, an input's or the base's folder or one that holds it. A file named like a study's
+    (``hubsoup_search.json``) makes no folder a study. Nothing is written before."""
+    for spec in [*cfg.models, *([cfg.base] if cfg.base else [])]:  # --out must never be (or hold) an input
+        for part in dict.fromkeys([spec, *spec.split("+")]):
+            local = os.path.expanduser(part)
+            if not os.path.isdir(local):
+                continue
+            real, target = os.path.realpath(local), os.path.realpath(out)
+            if real == target or real.startswith(target.rstrip(os.sep) + os.sep):
+                raise ParameterError(f"--out '{out}' {'is' if real == target else 'holds'} the model '{spec}'; the "
+                                     "study writes its best model there: choose another --out")
+    if not os.path.lexists(out):
+        return
+    if os.path.islink(out) or not os.path.isdir(out):
+        raise ParameterError(f"--out '{out}' is {'a link' if os.path.islink(out) else 'a file'}, not a study folder")
+    if holds_cwd(out):
+        raise ParameterError(f"--out '{out}' is the working folder or holds it; choose an empty or new folder")
+    marker = read_marker(out)
+    if (marker is not None and marker.get("kind") == "evolve") or not os.listdir(out):
+        return  # a study hubsoup made (resumed), or an empty folder (the study starts there)
+    raise ParameterError(f"--out '{out}' exists and holds no hubsoup study (no {MARKER} marker of an evolve study "
+                         f"hubsoup made; a file named {SEARCH_FILE} is not one); choose an empty or new folder")
 
 
 def _pin_inputs(cfg: EvolveConfig, opts, point: dict[str, Any]) -> tuple[list[str], str | None, int]:
     """The inputs and base pinned once on the driver, and the memory a trial needs (:func:`trial.pin_inputs`)."""
-    inputs, base, memory, _, _ = pin_inputs(cfg.models, cfg.base, cfg.method, point, opts, cfg.dtype)
+    inputs, base, memory, _, _ = pin_inputs(cfg.models, cfg.base, cfg.method, point, opts, cfg.dtype, keep=True)
     return inputs, base, memory
 
 
@@ -367,13 +476,49 @@ def _storage(cfg: EvolveConfig, out: str):
     try:
         return optuna.storages.RDBStorage(url)
     except Exception as e:  # noqa: BLE001 - one line naming the storage
-        raise EvolveError(f"cannot open the study storage {_public_url(url)}: {e}") from e
+        # the database driver's message may quote the URL (or the part with the password): scrubbed too
+        raise EvolveError(f"cannot open the study storage {_public_url(url)}: "
+                          f"{scrub_url_credentials(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)}"
+                          ) from None
 
 
 def _public_url(url: str) -> str:
-    """A storage URL as messages show it: no user or password (``postgresql://u:p@db/x`` -> ``postgresql://db/x``)."""
-    scheme, sep, rest = url.partition("://")
-    return scheme + sep + rest.rpartition("@")[2] if sep else url.rpartition("@")[2]
+    """A storage URL as messages show it: no user or password (``postgresql://u:p@db/x`` ->
+    ``postgresql://***@db/x``, ``?password=p`` -> ``?password=***``); text that is no URL is not shown (it may
+    be a password pasted in the wrong place)."""
+    if "://" not in url:
+        return "(not a database URL: DIALECT://[USER[:PASSWORD]@]HOST[:PORT]/DATABASE)"
+    return scrub_url_credentials(url)
+
+
+def _ask(study, cfg: EvolveConfig, dists: dict[str, Any], names: dict[str, str], number: int) -> None:
+    """Add trial ``number`` to the study: CMA-ES's point written at once (one transaction, with the method parameters
+    it means), the other samplers' through ``study.ask`` (one write per gene)."""
+    import optuna  # lazy: optional extra (optuna)
+
+    if cfg.optimizer != "cmaes":
+        study.sampler = make_sampler(cfg, number, study)
+        study.ask(dists)
+        return
+    point = propose(dists, cfg.population, cfg.seed, number, study)
+    params = json.loads(json.dumps(cfg.method_params(point, names)))
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, params=point,
+                                              distributions=dists, user_attrs={"params": params}))
+
+
+def _tell(study, trial, r: dict[str, Any]) -> None:
+    """Record trial ``r``'s result (metrics, a failure's reason) and tell the study (its timings are this run's:
+    in :attr:`EvolveResult.seconds`, not in the study)."""
+    import optuna  # lazy: optional extra (optuna)
+
+    sid = trial._trial_id
+    if r.get("metrics"):
+        study._storage.set_trial_user_attr(sid, "metrics", r["metrics"])
+    if r["state"] == "complete":
+        study.tell(trial.number, float(r["score"]))
+    else:
+        study._storage.set_trial_user_attr(sid, "reason", r.get("reason") or "unknown")
+        study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
 
 
 def _trial_row(t, n_inputs: int, names: dict[str, str], cfg: EvolveConfig) -> dict[str, Any]:
@@ -435,10 +580,16 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
                 parse_method(cfg.method, cfg.method_params({**mid, g: c}, names))
             except ParameterError as e:
                 raise ParameterError(f"space.{g}: choice {c!r}: {e}") from None
-    _check_dir(out)
+    _check_dir(out, cfg)
     os.makedirs(out, exist_ok=True)
     lock = OutputLock(out, "evolve study")
     lock.acquire()
+    if read_marker(out) is None:  # a new (or empty) folder: the study's, made by hubsoup from now on
+        try:
+            write_marker(out, "evolve", best=[])
+        except BaseException:
+            lock.release()
+            raise
     exe = lease = None
     try:
         inputs, base, memory = _pin_inputs(cfg, opts, cfg.method_params(mid, names))
@@ -466,7 +617,8 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         exe = make_executor(executor, cfg)
         payload_base = {"inputs": inputs, "base": base, "method": cfg.method, "tasks": cfg.tasks,
                         "metric": cfg.metric, "limit": cfg.limit, "batch_size": cfg.batch_size,
-                        "options": {"device": cfg.device, "dtype": cfg.dtype}, "threads": cfg.cpus}
+                        "options": {"device": cfg.device, "dtype": cfg.dtype}, "threads": cfg.cpus,
+                        "keep": True}  # each process keeps the inputs, one candidate model and the evaluator
         seconds: list[dict[str, Any]] = []
         resumed = 0
         t_study = time.perf_counter()
@@ -483,22 +635,29 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
                     break
                 gen = len(trials) // cfg.population
             end = min((gen + 1) * cfg.population, cfg.trials)
-            while len(study.get_trials(deepcopy=False)) < end:
-                study.sampler = make_sampler(cfg, len(study.get_trials(deepcopy=False)))
-                study.ask(dists)
+            while (n := len(study.get_trials(deepcopy=False))) < end:
+                _ask(study, cfg, dists, names, n)
             batch = sorted((t for t in study.get_trials(deepcopy=False) if not t.state.is_finished()),
                            key=lambda t: t.number)
             payloads = []
             for t in batch:
                 params = cfg.method_params(_gene_point(t), names)
                 payloads.append({**payload_base, "number": t.number, "params": params})
-                study._storage.set_trial_user_attr(t._trial_id, "params", json.loads(json.dumps(params)))
+                if "params" not in t.user_attrs:
+                    study._storage.set_trial_user_attr(t._trial_id, "params", json.loads(json.dumps(params)))
             total = cfg.trials
             if not quiet:
                 print(f"generation {gen}: trials {batch[0].number}-{batch[-1].number} of {total}")
+            finished = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+            pending = {t.number: t for t in batch}
 
             def on_result(r: dict[str, Any]) -> None:
-                done = len([t for t in trials if t.state.is_finished()]) + 1
+                # told as it arrives: a run killed later keeps it (a resumed run evaluates only what never finished)
+                t = pending.pop(r["number"], None)
+                if t is None:
+                    return
+                _tell(study, t, r)
+                done = finished + len(batch) - len(pending)
                 msg = (f"trial {r['number']}: " + (f"score {r['score']:.6g}" if r["state"] == "complete"
                                                       else f"failed ({r.get('reason', '')[:120]})"))
                 if monitor.reporting:
@@ -507,18 +666,11 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
                     print("  " + msg)
 
             results = exe.run(payloads, on_result=on_result, monitor=monitor)
-            rows = []
-            for t, r in zip(batch, results):  # told in trial order, whatever order they finished in
-                sid = t._trial_id
-                if r.get("metrics"):
-                    study._storage.set_trial_user_attr(sid, "metrics", r["metrics"])
-                study._storage.set_trial_user_attr(sid, "seconds", r.get("seconds") or {})
-                if r["state"] == "complete":
-                    study.tell(t.number, float(r["score"]))
-                else:
-                    study._storage.set_trial_user_attr(sid, "reason", r.get("reason") or "unknown")
-                    study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-                seconds.append({"number": t.number, **(r.get("seconds") or {}), "wall": r.get("wall")})
+            for t, r in zip(batch, results):  # an executor that did not report a result as it arrived
+                if t.number in pending:
+                    on_result(r)
+                seconds.append({"number": t.number, **(r.get("seconds") or {}), "wall": r.get("wall"),
+                                "session": r.get("session")})
             all_trials = study.get_trials(deepcopy=False)
             table = [_trial_row(t, len(inputs), names, cfg) for t in all_trials if t.state.is_finished()]
             _write_table(out, cfg, names, table)
@@ -530,6 +682,8 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
             reasons = [r.get("reason") for r in table if r.get("reason")]
             raise EvolveError(f"every trial of the study failed; the first: {reasons[0] if reasons else 'unknown'}")
         best = max(done, key=lambda r: (r["score"], -r["number"]))  # a tie: the earlier trial
+        exe.close()  # what the trials kept (inputs, a model) is freed before the best model is written
+        exe = None
         t_write = time.perf_counter()
         study_seconds = t_write - t_study
         summary = _write_table(out, cfg, names, table)
@@ -541,7 +695,7 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         if push:
             info = result.push_to_hub(push, private=private)
             if not quiet:
-                print(f"pushed to {push}: {info.commit_url}")
+                print(pushed_line(push, info))
         if monitor.reporting:
             monitor.finish(f"best trial {best['number']} (score {best['score']:.6g}) -> {out}")
         return EvolveResult(os.path.abspath(out), best["number"], best["params"], best["score"], table, result,
@@ -552,6 +706,14 @@ def evolve(config: "str | dict[str, Any] | EvolveConfig", out: str, *, executor:
         if lease is not None:
             lease.release()
         lock.release()
+
+
+def _is_name(name: str) -> bool:
+    try:
+        label(name, "file")
+    except ParameterError:
+        return False
+    return True
 
 
 def public_task(spec: str) -> str:
@@ -569,7 +731,7 @@ def public_task(spec: str) -> str:
 def _selection(cfg: EvolveConfig) -> str:
     if cfg.metric:
         return f"{cfg.metric} (maximised; a lower-is-better metric negated)"
-    return "mean over tasks of accuracy / -log(perplexity) / each lm-eval task's main metric"
+    return "the mean over tasks of each task's score (accuracy; -log(perplexity); an lm-eval task's main metric)"
 
 
 def _write_table(out: str, cfg: EvolveConfig, names: dict[str, str], table: list[dict[str, Any]]) -> dict[str, Any]:
@@ -586,6 +748,7 @@ def _write_table(out: str, cfg: EvolveConfig, names: dict[str, str], table: list
     fd, tmp = tempfile.mkstemp(prefix=f".{SEARCH_FILE}.", dir=out)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, default=str)
+    os.chmod(tmp, 0o666 & ~umask())  # mkstemp's 0600 would make it the only private file of the folder
     os.replace(tmp, os.path.join(out, SEARCH_FILE))
     return data
 
@@ -624,6 +787,16 @@ def _plot(out: str, table: list[dict[str, Any]]) -> None:
     os.replace(tmp, os.path.join(out, PLOT_FILE))
 
 
+def _card_in_place(res: Any, out: str) -> Any:
+    """The best model's card, rendered where the model now is: titled (and its model-index named) by ``out``'s
+    name, its "How to use" loading ``out``; a push then retitles it by the repo and loads the repo ID. Never the
+    temporary folder the merge was written to (``.hubsoup-best-XXXX/model``)."""
+    res.path = os.path.abspath(out)
+    res.card_text = None
+    res.write_card(res.path)
+    return res
+
+
 def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None, best: dict[str, Any],
                 summary: dict[str, Any], quiet: bool):
     """Merge the best trial once into a temporary folder inside ``out`` (with evaluation and card), then move its
@@ -639,20 +812,24 @@ def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None
                                                     failed=sum(r["state"] == "fail" for r in summary["trials"]),
                                                     search_file=SEARCH_FILE, plot_file=PLOT_FILE)
         res.sections.append({"title": "Evolutionary search", "body": body.strip()})
-        res.write_card(model_dir)
-        for name in os.listdir(out):  # the previous best model's files (a study extended with more trials)
-            path = os.path.join(out, name)
-            if name in _STUDY_FILES or name.startswith(".") or path == tmp:
-                continue
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            else:
+        new = sorted(n for n in os.listdir(model_dir) if n != MARKER)
+        for name in new:  # a file of the study's own, or one the user put there, is never replaced
+            there = os.path.join(out, name)
+            if name in _STUDY_FILES or (os.path.lexists(there) and (os.path.isdir(there) or os.path.islink(there))):
+                raise EvolveError(f"the best model's file '{name}' would replace '{there}', which is not a file "
+                                  "the study wrote; move it away and run again (the study is saved)")
+        marker = read_marker(out) or {}
+        # the previous best model's files (a study extended with more trials): only those the marker lists
+        old = [f for f in marker.get("best") or [] if isinstance(f, str) and _is_name(f) and f not in _STUDY_FILES
+               and f != MARKER]
+        for stale in old:
+            path = os.path.join(out, stale)
+            if stale not in new and os.path.isfile(path) and not os.path.islink(path):
                 os.remove(path)
-        for name in os.listdir(model_dir):
+        for name in new:
             os.replace(os.path.join(model_dir, name), os.path.join(out, name))
-        res.path = os.path.abspath(out)
-        res.card_text = None
-        return res
+        write_marker(out, "evolve", best=new)
+        return _card_in_place(res, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -2,8 +2,10 @@
 
 An executor takes a generation's trial payloads and returns their results in the payloads' order,
 calling ``on_result`` as each arrives (in whatever order they finish); the driver alone talks to the
-study's storage and tells the results in trial order. A trial is :func:`hubsoup.workflows.trial.run_trial`
-everywhere, so where it ran never changes its result.
+study's storage and tells each result as it arrives. A trial is :func:`hubsoup.workflows.trial.run_trial`
+everywhere, so where it ran never changes its result; each process running trials keeps its
+:class:`~hubsoup.workflows.trial.TrialSession` (inputs in memory, one model, the evaluator) between them: this
+process for the executor's life, each Ray worker process for its own.
 
 Ray (``pip install hubsoup[ray]``): ``executor="ray"`` joins the cluster ``RAY_ADDRESS`` names, or starts
 a local one; ``"ray://HOST:PORT"`` joins that one. Each trial is one task requesting the config's
@@ -20,8 +22,11 @@ Example:
 from __future__ import annotations
 
 import atexit
+import math
 import os
+import re
 import shutil
+import socket
 import tempfile
 import time
 from typing import Any, Callable, Sequence
@@ -31,8 +36,9 @@ import torch
 from hubsoup.engine import shared
 from hubsoup.engine.shared import shared_statistics
 from hubsoup.errors import ParameterError
-from hubsoup.sources.access import hub_only
-from hubsoup.workflows.trial import run_trial
+from hubsoup.sources.access import current, hub_only
+from hubsoup.untrusted import short
+from hubsoup.workflows.trial import TrialSessions, run_trial
 
 
 class LocalExecutor:
@@ -45,6 +51,7 @@ class LocalExecutor:
         self._scratch = tempfile.mkdtemp(prefix=".hubsoup-evolve-", dir=scratch)
         self._block = shared_statistics(scratch=self._scratch)
         self._block.__enter__()
+        self._sessions = TrialSessions()  # inputs, candidate model and evaluator kept from one trial to the next
 
     def run(self, payloads: Sequence[dict[str, Any]], *, on_result: Callable[[dict[str, Any]], None] | None = None,
             monitor: Any = None) -> list[dict[str, Any]]:
@@ -56,7 +63,8 @@ class LocalExecutor:
                     monitor.check("between trials (the study is saved; run again to resume)")
                 t0 = time.perf_counter()
                 r = run_trial({**p, "scratch": self._scratch,
-                               "cancel": monitor.cancelled if monitor is not None and monitor.active else None})
+                               "cancel": monitor.cancelled if monitor is not None and monitor.active else None},
+                              self._sessions)
                 r["wall"] = round(time.perf_counter() - t0, 4)
                 out.append(r)
                 if on_result is not None:
@@ -66,6 +74,7 @@ class LocalExecutor:
         return out
 
     def close(self) -> None:
+        self._sessions.close()
         try:
             self._block.__exit__(None, None, None)
         finally:
@@ -74,7 +83,12 @@ class LocalExecutor:
 
 def _ray_trial(payload: dict[str, Any]) -> dict[str, Any]:
     _worker_shared_statistics()
-    return run_trial(payload)
+    return run_trial(payload, _WORKER_SESSIONS)
+
+
+_WORKER_SESSIONS = TrialSessions()
+"""A Ray worker process' session (inputs, candidate model, evaluator), kept between the trials it runs: Ray runs a
+search's tasks in a pool of worker processes, each one session (one model) for its life."""
 
 
 def _worker_shared_statistics() -> None:
@@ -106,12 +120,20 @@ class RayExecutor:
         self.ray = ray
         self._owns = False
         if not ray.is_initialized():
+            where = "the executor" if address else "RAY_ADDRESS"
             address = address or os.environ.get("RAY_ADDRESS") or None
+            if address is not None:
+                check_ray_address(address, where)
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                       "configure_logging": False, **(init or {})}
             if address is None:
                 kwargs.setdefault("num_cpus", max(cpus, 1))
-            ray.init(address=address, **kwargs)
+            try:
+                ray.init(address=address, **kwargs)
+            except Exception as e:  # noqa: BLE001 - Ray raises many kinds (ConnectionError, ValueError, RuntimeError)
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ParameterError(f"cannot join the Ray cluster at {short(address) if address else '(a new local one)'}"
+                                     f": {first[:200]}") from None
             self._owns = True
         opts: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus, "max_retries": max_retries}
         if memory:
@@ -125,7 +147,9 @@ class RayExecutor:
         t0 = time.perf_counter()
 
         strict = hub_only()  # the driver's rule travels with each task (a worker has no scope of its own)
-        index = {self._task.remote({**p, "hub_only": bool(p.get("hub_only")) or strict}): i
+        code = current().allow_task_code
+        index = {self._task.remote({**p, "hub_only": bool(p.get("hub_only")) or strict,
+                                    "allow_task_code": code}): i
                  for i, p in enumerate(payloads)}
         results: list[dict[str, Any] | None] = [None] * len(payloads)
         pending = list(index)
@@ -156,6 +180,74 @@ class RayExecutor:
             self.ray.shutdown()
 
 
+RAY_CONNECT_TIMEOUT_ENV = "HUBSOUP_RAY_CONNECT_TIMEOUT"
+"""Seconds to wait for a Ray cluster's address to answer before giving up (default 10)."""
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.\-]*[A-Za-z0-9])?):(\d{1,5})$")
+
+
+def _connect_timeout() -> float:
+    try:
+        t = float(os.environ.get(RAY_CONNECT_TIMEOUT_ENV, "") or 10.0)
+    except ValueError:
+        return 10.0
+    return t if math.isfinite(t) and t > 0 else 10.0
+
+
+def check_ray_address(address: str, where: str = "the executor") -> None:
+    """Refuse, in one line and within :data:`RAY_CONNECT_TIMEOUT_ENV` seconds, a Ray address that cannot be
+    joined: not ``auto``, ``local``, ``HOST:PORT`` or ``ray://HOST:PORT``; ``ray://`` without Ray's client
+    (``ray[client]``, in ``hubsoup[ray]``); a host that does not answer at that port. (Ray itself retries an
+    unreachable address for minutes and answers a malformed one with a traceback.)
+
+    >>> check_ray_address("head node:6379", "RAY_ADDRESS")
+    Traceback (most recent call last):
+    ...
+    hubsoup.errors.ParameterError: RAY_ADDRESS 'head node:6379' is not a Ray address: give HOST:PORT (a cluster's GCS, e.g. head:6379), ray://HOST:PORT (its client server, e.g. ray://head:10001) or auto
+    """
+    if address in ("auto", "local"):
+        return
+    client = address.startswith("ray://")
+    m = _HOST_PORT.match(address[len("ray://"):] if client else address)
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        raise ParameterError(f"{where} {short(address)} is not a Ray address: give HOST:PORT (a cluster's GCS, e.g. "
+                             "head:6379), ray://HOST:PORT (its client server, e.g. ray://head:10001) or auto")
+    if client:
+        try:
+            # lazy: optional extra (ray[client]: Ray's client needs grpcio)
+            import grpc  # noqa: F401
+        except ImportError:
+            raise ParameterError(f"{where} {short(address)} needs Ray's client, which is not installed: "
+                                 "pip install 'hubsoup[ray]' (it brings ray[client])") from None
+    host, port, timeout = m.group(1).strip("[]"), int(m.group(2)), _connect_timeout()
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        reason = f"no answer within {timeout:g} s" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise ParameterError(f"cannot reach the Ray cluster at {short(address)} ({where}): {reason}") from None
+    with sock:
+        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+            return  # a TLS cluster: Ray's own connect decides
+        if not _speaks_http2(sock):
+            raise ParameterError(f"the server at {short(address)} ({where}) is not a Ray cluster (no gRPC answer "
+                                 f"within {timeout:g} s)")
+
+
+def _speaks_http2(sock: socket.socket) -> bool:
+    """Whether the server on ``sock`` answers an HTTP/2 client preface with its SETTINGS frame (type 4), as every
+    HTTP/2 server does at once: Ray's GCS and client servers speak gRPC, i.e. HTTP/2."""
+    try:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        head = b""
+        while len(head) < 9:
+            got = sock.recv(9 - len(head))
+            if not got:
+                return False
+            head += got
+    except OSError:  # silence (the timeout) or a reset
+        return False
+    return head[3] == 4
+
+
 def check_executor(spec: Any) -> Any:
     """``spec`` if it names an executor (``None``/``"local"``, ``"ray"``, ``"ray://HOST:PORT"``, an object with
     ``run``/``close``); else a :class:`ParameterError` naming it, before any work.
@@ -167,7 +259,7 @@ def check_executor(spec: Any) -> Any:
         return spec
     if isinstance(spec, str) and (spec in ("local", "ray") or spec.startswith("ray://")):
         return spec
-    raise ParameterError(f"executor must be 'local', 'ray' or 'ray://HOST:PORT', got {spec!r}")
+    raise ParameterError(f"executor must be 'local', 'ray' or 'ray://HOST:PORT', got {short(spec)}")
 
 
 def is_local(spec: Any) -> bool:

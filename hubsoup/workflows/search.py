@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import hubsoup
-from hubsoup.api import scoped
+from hubsoup.api import keeps_inputs, scoped
 from hubsoup.engine import shared
 from hubsoup.engine.shared import shared_statistics
 from hubsoup.errors import HubsoupError, MethodError, ParameterError
@@ -201,6 +201,7 @@ def normalized_score(results, references: Sequence[float] | None) -> float:
 
 
 @scoped  # hub_only: the inputs' text alone decides, before anything local is looked at
+@keeps_inputs  # every point merges the same inputs: downloaded once into the Hub cache
 def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list], base: str | None = None,
            tasks: Sequence | None = None, score_fn: Callable[[str], float] | None = None,
            params: dict[str, Any] | None = None, normalize: bool = True, limit: int | None = None,

@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from hubsoup.api import MergeResult, merge, scoped
+from hubsoup.api import MergeResult, keeps_inputs, merge, scoped
 from hubsoup.errors import ParameterError
 from hubsoup.options import MergeOptions
 from hubsoup.output import check_output, lock_output
@@ -73,6 +73,7 @@ def _is_local_full(spec: str) -> bool:
 
 
 @scoped  # hub_only: the inputs' text alone decides, before anything local is looked at
+@keeps_inputs  # every point merges the same inputs: downloaded once into the Hub cache
 def greedy_soup(inputs: Sequence[str], score_fn: Callable[[str], float], *, out: str, base: str | None = None,
                 strict: bool = False, method: str = "linear", params: dict[str, Any] | None = None,
                 individual_scores: Mapping[str, float] | Sequence[float] | None = None,

@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from hubsoup.api import MergeResult, merge, scoped
+from hubsoup.api import MergeResult, keeps_inputs, merge, scoped
 from hubsoup.engine.shared import shared_statistics
 from hubsoup.errors import ParameterError
 from hubsoup.options import MergeOptions
@@ -106,6 +106,7 @@ class SweepResult:
 
 
 @scoped  # hub_only: the inputs' text alone decides, before anything local is looked at
+@keeps_inputs  # every point merges the same inputs: downloaded once into the Hub cache
 def sweep(inputs: Sequence[str], method: str, out_dir: str, grid: str | Sequence[float], *, param: str = "lambdas",
           base: str | None = None, params: dict[str, Any] | None = None, options: MergeOptions | None = None,
           **kwargs: Any) -> SweepResult:

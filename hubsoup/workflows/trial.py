@@ -2,9 +2,10 @@
 
 :func:`run_trial` is what every executor runs (in this process, or as a Ray task on another node):
 its argument and its result are plain data (picklable, JSON-able), so a trial is the same function
-call wherever it runs. The candidate is merged by the one engine into a
-:class:`~hubsoup.output.memory.MemorySink` with the same recipe hash (so the same random draws) as
-``hubsoup.merge`` would use, and scored in memory: nothing is written to disk. A trial that fails
+call wherever it runs. The candidate is merged by the one engine into a model in memory
+(:class:`~hubsoup.output.memory.ModelSink`) with the same recipe hash (so the same random draws) as
+``hubsoup.merge`` would use, and scored there: nothing is written to disk. A process that runs many trials
+keeps a :class:`TrialSession` between them (inputs kept in memory, the model, the evaluator). A trial that fails
 (a point the method refuses, NaN weights, out of memory) returns ``state: "fail"`` with the reason
 instead of raising, so the study goes on.
 
@@ -31,14 +32,20 @@ from hubsoup import __version__
 from hubsoup.api import _open_inputs, parse_method, place_blocks
 from hubsoup.engine import Job, run
 from hubsoup.errors import HubsoupError, MergeCancelled, ParameterError
-from hubsoup.eval import TaskSpec, evaluate_model
+from hubsoup.eval import Evaluator, TaskSpec
 from hubsoup.options import DTYPES, MergeOptions
-from hubsoup.output.memory import MemorySink
+from hubsoup.output.memory import MemorySink, ModelSink, empty_model
 from hubsoup.plan import Plan
 from hubsoup.recipe import Recipe
 from hubsoup.sources.access import scope
+from hubsoup.sources.taskvector import checkpoints_of
 
 _OPTION_KEYS = ("device", "dtype", "allow_pickle", "ignore_extra", "shape_mismatch", "token")
+
+
+KEEP_FRACTION = 0.5
+"""A session keeps its inputs in memory when their stored size plus the candidate model fit in this fraction of the
+memory available when it opens them; above it they are read from their files (the page cache) on every trial."""
 
 
 def merge_in_memory(inputs: Sequence[str], method: str, *, base: str | None, params: dict[str, Any],
@@ -49,26 +56,41 @@ def merge_in_memory(inputs: Sequence[str], method: str, *, base: str | None, par
     checkpoint would hold), ``sink.model(base_checkpoint.folder)`` the merged model.
     """
     opts = options if options is not None else MergeOptions(quiet=True)
+    m, p = parse_method(method, dict(params))
+    if not inputs:
+        raise ParameterError("no input models given")
+    base_ckpt, sources = _open_inputs(inputs, base, m, p, opts, headers_only=True)
+    _fetch(base_ckpt, sources)
+    sink = MemorySink(Plan.of(base_ckpt, opts.device), dtype=opts.dtype)
+    recipe = _merge(base_ckpt, sources, method, params, opts, sink, cancel=cancel, scratch=scratch)
+    return sink, base_ckpt, recipe
+
+
+def _fetch(base_ckpt, sources) -> None:
+    """The weights of Hub inputs opened from their headers, downloaded now (after the fit check)."""
+    for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):
+        if ckpt is not None:
+            ckpt.fetch()
+
+
+def _merge(base_ckpt, sources, method: str, params: dict[str, Any], opts: Any, sink: Any, *, cancel: Any = None,
+           scratch: str | None = None, prefetch: bool | None = None) -> Recipe:
+    """One candidate by the engine into ``sink``, the inputs opened (validation, plan, placement and the recipe hash
+    as :func:`hubsoup.merge` has them); returns its recipe."""
     if cancel is not None:
         opts = opts.replace(cancel=cancel)
     monitor = opts.monitor()
     m, p = parse_method(method, dict(params))
-    if not inputs:
-        raise ParameterError("no input models given")
-    m.check_inputs(p, len(inputs))
-    base_ckpt, sources = _open_inputs(inputs, base, m, p, opts, headers_only=True)
+    m.check_inputs(p, len(sources))
     plan = Plan.of(base_ckpt, opts.device)
     place_blocks(plan, m, p, sources, opts)
-    for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):
-        if ckpt is not None:
-            ckpt.fetch()
     # the recipe hash seeds every random choice (DARE's masks): the same as the written merge's
     recipe = Recipe(method=method, params=m.describe_params(p), base=base_ckpt.ref, inputs=[s.ref for s in sources],
                     dtype=opts.dtype, hubsoup_version=__version__, options=dict(opts.hashed))
     tmp = tempfile.mkdtemp(prefix=".hubsoup-trial-", dir=scratch)
-    job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=True, monitor=monitor, prefetch=opts.prefetch,
-              device_map=opts.device_map, max_memory=opts.max_memory, scratch=tmp)
-    sink = MemorySink(plan, dtype=opts.dtype)
+    job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=True, monitor=monitor,
+              prefetch=opts.prefetch if prefetch is None else prefetch, device_map=opts.device_map,
+              max_memory=opts.max_memory, scratch=tmp)
     try:
         try:
             run(job, sink)
@@ -80,14 +102,109 @@ def merge_in_memory(inputs: Sequence[str], method: str, *, base: str | None, par
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return sink, base_ckpt, recipe
+    return recipe
+
+
+class TrialSession:
+    """What a process keeps between the trials of one search (same inputs, base, method, options and tasks): the
+    inputs opened once; their weights read once and kept in memory when ``keep`` and they fit
+    (:data:`KEEP_FRACTION`; :meth:`~hubsoup.sources.checkpoint.Checkpoint.keep`: the engine streams them from there);
+    one candidate model (:func:`~hubsoup.output.memory.empty_model`) whose weights every merge replaces in place
+    (:class:`~hubsoup.output.memory.ModelSink`); one :class:`~hubsoup.eval.Evaluator` (tokenizer, data, lm-eval's
+    tasks), all made when the session opens. A trial then costs its merge and its evaluation, and scores exactly
+    what a fresh process would.
+
+    Example:
+        >>> session = TrialSession(payload, keep=True)                                 # doctest: +SKIP
+        >>> [session.evaluator.evaluate(session.merge({**payload, "params": p})) for p in points]  # doctest: +SKIP
+    """
+
+    def __init__(self, payload: dict[str, Any], *, keep: bool = False):
+        self.key = session_key(payload)
+        self.opts = _options(payload)
+        inputs = list(payload["inputs"])
+        if not inputs:
+            raise ParameterError("no input models given")
+        m, p = parse_method(payload["method"], dict(payload.get("params") or {}))
+        self.base_ckpt, self.sources = _open_inputs(inputs, payload.get("base"), m, p, self.opts, headers_only=True)
+        _fetch(self.base_ckpt, self.sources)
+        self.kept = keep and self._fits()
+        if self.kept:  # read once, by the first merge's stream, then served from memory
+            for ckpt in checkpoints_of(self.base_ckpt, *self.sources):
+                ckpt.keep()
+        # the model every trial's merge fills in place, and the evaluator, built before the first trial
+        self.model: Any = empty_model(self.base_ckpt.folder, Plan.of(self.base_ckpt, self.opts.device),
+                                      dtype=self.opts.dtype).to(self.opts.device)
+        tasks = [TaskSpec.parse(t) if isinstance(t, str) else t for t in payload.get("tasks") or ()]
+        self.evaluator = Evaluator(tasks, tokenizer=self.base_ckpt.folder, limit=payload.get("limit"),
+                                   batch_size=int(payload.get("batch_size") or 32), device=self.opts.device,
+                                   quiet=True)
+        self.evaluator.prepare(self.model)
+
+    def _fits(self) -> bool:
+        import psutil  # lazy: installed with accelerate (its memory budgets); only a kept session asks
+
+        stored = sum(c.stored_bytes() for c in checkpoints_of(self.base_ckpt, *self.sources))
+        dtype = DTYPES[self.opts.dtype] if self.opts.dtype else None
+        model = sum(math.prod(e.shape) * (dtype if dtype and e.mergeable else e.dtype).itemsize
+                    for _, e in Plan.of(self.base_ckpt, "cpu").entries())
+        return stored + model <= KEEP_FRACTION * psutil.virtual_memory().available
+
+    def merge(self, payload: dict[str, Any]) -> Any:
+        """The payload's candidate merged into this session's model, in place; returns the model."""
+        opts = self.opts
+        sink = ModelSink(Plan.of(self.base_ckpt, opts.device), self.model, dtype=opts.dtype)
+        _merge(self.base_ckpt, self.sources, payload["method"], payload.get("params") or {}, opts, sink,
+               cancel=payload.get("cancel"), scratch=payload.get("scratch"),
+               prefetch=False if self.kept else None)  # in memory: nothing to read ahead
+        return self.model
+
+    def close(self) -> None:
+        """Drop the model and what was kept (the session is not used again)."""
+        self.model = None
+        for ckpt in checkpoints_of(self.base_ckpt, *self.sources):
+            ckpt.forget()
+            ckpt.release()
+
+
+def session_key(payload: dict[str, Any]) -> tuple:
+    """What a :class:`TrialSession` depends on: trials with the same key share one."""
+    return (tuple(payload["inputs"]), payload.get("base"), payload["method"],
+            tuple(sorted((k, repr(v)) for k, v in (payload.get("options") or {}).items())),
+            tuple(repr(t) for t in payload.get("tasks") or ()), payload.get("limit"), payload.get("batch_size"),
+            bool(payload.get("hub_only")))
+
+
+class TrialSessions:
+    """The session of the search a process is running (one at a time: another search's trial replaces it)."""
+
+    def __init__(self) -> None:
+        self.current: TrialSession | None = None
+
+    def get(self, payload: dict[str, Any]) -> TrialSession:
+        key = session_key(payload)
+        if self.current is None or self.current.key != key:
+            self.close()
+            self.current = TrialSession(payload, keep=bool(payload.get("keep")))
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.close()
+            self.current = None
+
+
+def _options(payload: dict[str, Any]) -> MergeOptions:
+    return MergeOptions(quiet=True, **{k: v for k, v in (payload.get("options") or {}).items()
+                                       if k in _OPTION_KEYS and v is not None})
 
 
 def pin_inputs(models: Sequence[str], base: str | None, method: str, params: dict[str, Any], options: Any,
-               dtype: str | None = None):
+               dtype: str | None = None, *, keep: bool = False):
     """The inputs and base pinned once on the driver (Hub IDs -> ``org/name@SHA``), checked against each other
     from their headers, and the memory one candidate needs as the planner predicts it: the merge's peak working
-    set plus the merged model held in memory (Ray's memory request).
+    set plus the merged model held in memory (Ray's memory request); with ``keep``, plus the inputs' and base's
+    stored size (a :class:`TrialSession` that keeps them in memory).
 
     Returns ``(inputs, base, memory, base_ref, input_refs)`` (the refs: :class:`~hubsoup.sources.InputRef`).
     """
@@ -97,6 +214,8 @@ def pin_inputs(models: Sequence[str], base: str | None, method: str, params: dic
     placement = place_blocks(plan, m, p, sources, options)
     held = sum(math.prod(e.shape) * (DTYPES[dtype] if dtype and e.mergeable else e.dtype).itemsize
                for _, e in plan.entries())
+    if keep:
+        held += sum(c.stored_bytes() for c in checkpoints_of(base_ckpt, *sources))
     return ([s.ref.pinned_spec for s in sources], base_ckpt.ref.pinned_spec, max(placement.peak.values()) + held,
             base_ckpt.ref, [s.ref for s in sources])
 
@@ -131,7 +250,7 @@ def selection_score(results: Sequence[Any], metric: str | None = None) -> float:
     return sum(vals) / len(vals)
 
 
-def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
+def run_trial(payload: dict[str, Any], sessions: "TrialSessions | None" = None) -> dict[str, Any]:
     """Merge and score one candidate; never raises for the candidate's own failure (see the module doc).
 
     ``payload["hub_only"]``: the driver's ``hub_only`` rule, which an executor's worker process does not
@@ -146,37 +265,45 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     Returns ``number``, ``state`` (``complete``/``fail``), ``score``, ``metrics`` ({task: {metric: value}}),
     ``results`` (with ``results``: :meth:`TaskResult.to_dict` rows, as ``eval_results.json`` holds them),
     ``reason`` and ``error`` (a failed trial's: ``type``, ``message``, ``hubsoup``: whether it is a
-    :class:`~hubsoup.errors.HubsoupError`), ``seconds`` (``merge``, ``build`` (the model from the merged
-    tensors), ``eval``, ``total``) and ``host``/``pid``.
+    :class:`~hubsoup.errors.HubsoupError`), ``seconds`` (``open``: the session opened (once per process and
+    search: inputs opened, checked and kept, the model built, the evaluator prepared), ``merge``, ``eval``,
+    ``total``), ``session`` (``new``; ``kept``: the inputs held in memory) and ``host``/``pid``.
+
+    ``sessions``: this process' :class:`TrialSessions`: the trial uses its session (inputs, model, evaluator) and
+    leaves it for the next one (``payload["keep"]``: the inputs' weights kept in memory, when they fit); None: the
+    trial opens and builds everything itself. Either way the same result, bit for bit.
     """
-    with scope(hub_only=bool(payload.get("hub_only"))):  # a scope only ever gets stricter: a no-op where it was
-        return _run_trial(payload)
+    # a scope only ever gets stricter: a no-op where it was; a trial's inputs come from the Hub cache (downloaded once
+    # per machine, read by every trial), not read in place again by each; task code only where the driver's
+    # operator allowed it
+    with scope(hub_only=bool(payload.get("hub_only")), cache_inputs=True,
+               allow_task_code=bool(payload.get("allow_task_code"))):
+        return _run_trial(payload, sessions)
 
 
-def _run_trial(payload: dict[str, Any]) -> dict[str, Any]:
+def _run_trial(payload: dict[str, Any], sessions: "TrialSessions | None" = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     out: dict[str, Any] = {"number": payload.get("number"), "host": socket.gethostname(), "pid": os.getpid()}
-    seconds = {"merge": 0.0, "eval": 0.0}
+    seconds = {"open": 0.0, "merge": 0.0, "eval": 0.0}
     try:
-        opts = MergeOptions(quiet=True, **{k: v for k, v in (payload.get("options") or {}).items()
-                                          if k in _OPTION_KEYS and v is not None})
         threads = payload.get("threads")
         if threads:  # the same reduction order wherever the trial runs: the same scores bit for bit
             torch.set_num_threads(int(threads))
-        sink, base_ckpt, _ = merge_in_memory(payload["inputs"], payload["method"], base=payload.get("base"),
-                                             params=payload.get("params") or {}, options=opts,
-                                             cancel=payload.get("cancel"), scratch=payload.get("scratch"))
+        fresh = sessions is None or sessions.current is None or sessions.current.key != session_key(payload)
+        session = TrialSession(payload) if sessions is None else sessions.get(payload)
         t1 = time.perf_counter()
-        seconds["merge"] = t1 - t0
-        tasks = [TaskSpec.parse(t) if isinstance(t, str) else t for t in payload.get("tasks") or ()]
-        model = sink.model(base_ckpt.folder)
-        sink.tensors = {}
-        seconds["build"] = time.perf_counter() - t1  # the merged tensors made a model (no disk): overhead
-        t1 = time.perf_counter()
-        results = evaluate_model(model, tasks, tokenizer=base_ckpt.folder, limit=payload.get("limit"),
-                                 batch_size=int(payload.get("batch_size") or 32), device=opts.device, quiet=True)
-        del model
-        seconds["eval"] = time.perf_counter() - t1
+        seconds["open"] = t1 - t0
+        try:
+            model = session.merge(payload)
+            t2 = time.perf_counter()
+            seconds["merge"] = t2 - t1
+            out["session"] = {"new": fresh, "kept": session.kept}
+            results = session.evaluator.evaluate(model)
+            del model
+        finally:
+            if sessions is None:
+                session.close()
+        seconds["eval"] = time.perf_counter() - t2
         if payload.get("results"):  # the caller scores them
             out.update(state="complete", score=None, results=[r.to_dict() for r in results],
                        metrics={r.task.name: dict(r.metrics) for r in results})

@@ -606,6 +606,43 @@ parameters:
   select_topk: 0.6
 dtype: bfloat16
 """),
+    # mergekit 0.1.5's RAM methods (issue 49; no community config uses them yet): sparse updates are RL's, here
+    # every entry moves, so epsilon decides which count as changed; ramplus_tl returns float32 from bf16 inputs
+    # (its scale is a float32 tensor), which mergekit stores without an out_dtype
+    "ram_compute_bfloat16": ("exact", """\
+models:
+  - model: tiny-llama/ft-a
+  - model: tiny-llama/ft-b
+  - model: tiny-llama/ft-c
+merge_method: ram
+base_model: tiny-llama/base
+parameters:
+  epsilon: 0.01
+dtype: bfloat16
+"""),
+    "ramplus_tl_compute_bfloat16": ("exact", """\
+models:
+  - model: tiny-llama/ft-a
+  - model: tiny-llama/ft-b
+merge_method: ramplus_tl
+base_model: tiny-llama/base
+parameters:
+  r: 0.5
+  alpha: 0.5
+  epsilon: 0.02
+dtype: bfloat16
+"""),
+    "ram_float32": ("exact", """\
+models:
+  - model: tiny-llama/ft-a
+  - model: tiny-llama/ft-b
+merge_method: ram
+base_model: tiny-llama/base
+parameters:
+  epsilon: 0.015
+dtype: float32
+out_dtype: bfloat16
+"""),
     # LoRA references (mergekit merges the adapter into the model it follows): on a fine-tune, and on the base
     "lora_on_models_and_base": ("exact", """\
 models:

@@ -16,7 +16,7 @@ tensors (``<name>.safetensors``) and, in ``manifest.json``, its ``config.json`` 
 its key, layer counts, dtype) and tokenizer files, or, for a config mergekit refuses, its error.
 ``tests/test_mergekit_modules_extra.py`` compares hubsoup with them.
 
-Regenerate from the repository root::
+Regenerate from the repository root (``--only NAME``, repeatable: those configs only)::
 
     python tests/tools/make_mergekit_modules_extra_fixtures.py --mergekit benchmarks/.work/mergekit-venv/bin/mergekit-yaml
 """
@@ -100,16 +100,22 @@ def tokenizer_files(folder: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mergekit", default="benchmarks/.work/mergekit-venv/bin/mergekit-yaml")
+    ap.add_argument("--only", action="append", help="regenerate only these configs (repeatable)")
     args = ap.parse_args(argv)
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     manifest: dict = {"mergekit": MERGEKIT_VERSION, "configs": {}}
+    if args.only:
+        with open(os.path.join(FIXTURES, "manifest.json"), encoding="utf-8") as f:
+            manifest = json.load(f)
     with tempfile.TemporaryDirectory() as root:
         manifest["models"] = build_models(root)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONHASHSEED="0")
         for name in config_names():
+            if args.only and name not in args.only:
+                continue
             out = os.path.join(root, "_out", name)
             cmd = [os.path.abspath(args.mergekit), os.path.join(FIXTURES, f"{name}.yml"), out, "--random-seed", "0",
                    "--no-write-model-card", "--quiet"]

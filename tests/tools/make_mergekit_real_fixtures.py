@@ -6,7 +6,8 @@ naming where it comes from. ``tests/test_mergekit_real.py`` runs hubsoup on ever
 with what mergekit 0.1.5 made of the same config on the same stand-ins, checked in here:
 
 * ``<name>.safetensors``: mergekit's output tensors (the final stage's, for a mergekit-multi stream);
-* ``manifest.json``: per config, whether mergekit accepted it (and its error if not), the method,
+* ``manifest.json``: per config, whether mergekit accepted it (and its error if not), the method, its kind
+  (``random``: DARE / DELLA dropping entries, compared in distribution; else ``exact``),
   the output's ``config.json`` fields, its tokenizer (files, the whole vocabulary: a few dozen
   entries) and chat template; per stand-in, its digest.
 
@@ -97,6 +98,13 @@ CONFIG_FAMILY: dict[str, str] = {
     "smarteaz_model_stock_toplevel_normalize": "llama3-70b",
     "sce_union_chat_auto_llama32": "llama3.2-1b", "novaciano_pervert_arcee_fusion": "llama3.2-1b",
     "gemma_moon_dare_ties_chat_auto": "gemma2-9b", "gemma2_lora_dpo_dare_ties_local": "gemma2-9b",
+    # issue 49: nearswap, arcee_fusion in bf16, and half-precision task arithmetic / dare / della with lambda
+    "esotericsage_nearswap_gradient": "mistral-nemo-12b",
+    "absa_nearswap_local": "llama3-8b", "absa_arcee_fusion_bf16_local": "llama3-8b",
+    "absa_task_arithmetic_lambda_07": "llama3-8b", "absa_dare_ties_dense_lambda_11": "llama3-8b",
+    "absa_dare_linear_dense_rescale": "llama3-8b", "absa_dare_ties_lambda_11": "llama3-8b",
+    "absa_della_linear_lambda_12": "llama3-8b", "papers_explained_nearswap_fp16": "llama3-8b",
+    "papers_explained_dare_linear_fp16": "llama3-8b", "papers_explained_task_arithmetic_fp16": "llama3-8b",
 }
 
 # Added tokens (as a fine-tune that learned a chat format adds them): only on models of configs that
@@ -110,6 +118,7 @@ EXTRA_TOKENS: dict[str, list[str]] = {
     "taozi555/MN-12B-Mag-Mell-R1-KTO": ["<|im_start|>", "<|im_end|>"],
     "zerofata/MS3.2-PaintedFantasy-v2-24B": ["<|im_start|>", "<|im_end|>"],
     "yamatazen/LinearWriter-12B": ["<|im_start|>", "<|im_end|>"],
+    "yamatazen/ForgottenMaid-12B": ["<|im_start|>", "<|im_end|>"],  # merged with LinearWriter by nearswap: same vocab
     "CodeAtCMU/Llama-3.2-1B-GenerativePerturbations_full_sft_code_data_120K_imaginary": ["<|fim_prefix|>"],
     "Novaciano/Alice-In-The-Dark-RP-NSFW-3.2-1B": ["<|im_start|>", "<|im_end|>"],
     "LatitudeGames/Wayfarer-Large-70B-Llama-3.3": ["<|im_start|>", "<|im_end|>"],
@@ -197,6 +206,34 @@ def model_refs(name: str) -> set[str]:
 def lora_pairs(name: str) -> set[tuple[str, str]]:
     """(model, adapter) for every ``model+adapter`` reference."""
     return {tuple(r.split("+", 1)) for d in documents(name) for r in _refs(d) if "+" in r}  # type: ignore[misc]
+
+
+def _densities(node: Any) -> Iterator[float]:
+    """Every ``density`` value a config document gives (scalars, gradients, filtered entries)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "density":
+                for e in (v if isinstance(v, list) else [v]):
+                    e = e.get("value") if isinstance(e, dict) else e
+                    for x in (e if isinstance(e, list) else [e]):
+                        try:
+                            yield float(x)
+                        except (TypeError, ValueError):
+                            pass
+            else:
+                yield from _densities(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _densities(v)
+
+
+def kind_of(name: str) -> str:
+    """``random`` when a stage drops entries at random (a DARE / DELLA method with some density below 1), else
+    ``exact``: with every density 1 (mergekit's default) such a method drops nothing and is deterministic."""
+    for d in documents(name):
+        if isinstance(d, dict) and str(d.get("merge_method")) in RANDOM_METHODS and any(x < 1 for x in _densities(d)):
+            return "random"
+    return "exact"
 
 
 def features(name: str) -> list[str]:
@@ -420,7 +457,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="the mergekit-yaml script of a mergekit 0.1.5 environment (mergekit-multi beside it)")
     ap.add_argument("--only", action="append", help="regenerate only these configs (repeatable)")
     ap.add_argument("--keep", help="build under this folder and keep it (default: a temporary folder)")
+    ap.add_argument("--relabel", action="store_true",
+                    help="only recompute every config's kind and features in the manifest (mergekit not run)")
     args = ap.parse_args(argv)
+    if args.relabel:
+        path = os.path.join(FIXTURES, "manifest.json")
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+        for name, entry in manifest["configs"].items():
+            entry.update(kind=kind_of(name), features=features(name))
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+        return 0
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -448,8 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         entry: dict[str, Any] = {"source": source_of(name), "features": features(name),
                                  "method": str(final.get("merge_method", "?")),
                                  "stages": len(docs), "family": CONFIG_FAMILY[name], "accepted": ok}
-        methods = {str(d.get("merge_method")) for d in docs if isinstance(d, dict)}
-        entry["kind"] = "random" if methods & set(RANDOM_METHODS) else "exact"
+        entry["kind"] = kind_of(name)
         base = final.get("base_model")
         entry["base_model"] = base if isinstance(base, str) else None
         path = os.path.join(FIXTURES, f"{name}.safetensors")

@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import torch
 
 from hubsoup import __version__
-from hubsoup.api import MergeResult, parse_method, scoped
+from hubsoup.api import MergeResult, footprint, parse_method, scoped
 from hubsoup.engine import Copy, Dense, Job, stream
 from hubsoup.engine.placement import place_blocks
 from hubsoup.errors import ContinualStateError, InputError, ParameterError
@@ -94,9 +94,10 @@ class _Setup:
 def _setup(models: Sequence[str], base: str | Checkpoint, options: MergeOptions, params: Any,
            prev: StateReader | None = None, monitor: Monitor | None = None) -> _Setup:
     monitor = monitor or Monitor()
+    # headers only: with --cache-inputs nothing is downloaded before --max-disk is checked (_run fetches then)
     base_ckpt, sources = open_models(models, base=base, allow_pickle=options.allow_pickle, token=options.token,
                                      ignore_extra=options.ignore_extra, shape_mismatch=options.shape_mismatch,
-                                     monitor=monitor)
+                                     monitor=monitor, headers_only=True)
     # the job's inputs as _advance streams them: the state first, when there is one
     plan = _plan(base_ckpt, [*([prev] if prev is not None else []), *sources], params, options)
     return _Setup(base_ckpt, plan, sources, options, options.dtype, monitor)
@@ -226,6 +227,13 @@ def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, f
     m = get_method(METHOD)
     prev_state = prev.state if prev is not None else None
     opts = setup.options
+    # --max-disk before any tensor is read: the merged model, the new state S (float32) and what the Hub cache gets
+    predicted = footprint(setup.plan, setup.base, list(setup.sources), m, params, opts)
+    predicted.scratch_bytes = sum(e.numel * 4 for _, e in setup.plan.entries() if e.mergeable)
+    predicted.check(opts.max_disk_bytes)
+    for ckpt in (setup.base, *(getattr(s, "ckpt", None) for s in setup.sources)):  # the check passed: download
+        if ckpt is not None:
+            ckpt.fetch()
     sdir = os.path.join(folder.path, STATE_DIR)
     os.makedirs(sdir)
     setup.monitor.stage("merge", "continual merging (OPCM)", parts=2)  # the state's pass, then the weights'
@@ -366,7 +374,7 @@ def _add(soup: str, models: Sequence[str], folder: OutputFolder, base: str | Non
     base_spec = base or base_ref.pinned_spec
     try:
         base_ckpt = open_base(base_spec, allow_pickle=opts.allow_pickle, token=opts.token,
-                              hub_only=base is None and from_hub, monitor=monitor)
+                              hub_only=base is None and from_hub, monitor=monitor, headers_only=True)
     except InputError as e:
         raise ContinualStateError(f"the base the continual state was made with ({base_spec}) cannot be opened: {e}; "
                                   "pass --base (base=...) with that same model") from e

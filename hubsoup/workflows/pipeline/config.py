@@ -31,7 +31,7 @@ from hubsoup.hub import check_repo_id
 from hubsoup.methods import get_method
 from hubsoup.sources.access import hub_only
 from hubsoup.sources.resolve import parse_spec
-from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
+from hubsoup.untrusted import MAX_YAML_BYTES, label, load_yaml, short
 
 COMBINATIONS = ("all", "pairs", "each", "with")
 """How a merge spec combines the candidates: ``all`` (one merge of every candidate), ``pairs``
@@ -100,7 +100,7 @@ class Select:
     """Which evaluated merges are published (the others are listed on the leaderboard as ``not selected``)."""
 
     metric: str = "score"
-    """``score`` (mean over tasks of accuracy, or of minus perplexity), a metric name (``accuracy``,
+    """``score`` (the mean over tasks of each one's score: accuracy, or -log(perplexity)), a metric name (``accuracy``,
     ``perplexity``: mean over the tasks that report it), or ``TASK/METRIC``."""
     goal: str | None = None
     """``max`` or ``min``; default ``min`` for perplexity, ``max`` otherwise."""
@@ -116,6 +116,12 @@ class PushTarget:
     name: str = "{method}-{inputs_short}-{hash8}"
     """Repo name template; fields: ``method``, ``spec``, ``inputs_short``, ``n``, ``hash8``, ``hash``, ``base_short``."""
     private: bool = False
+    stream: bool = True
+    """A merge pushed without an evaluation (no ``eval`` and no ``select``) is streamed to the Hub as it is written
+    (``hubsoup.merge(..., push=...)``): nothing of it is kept in ``work_dir``, the disk holds a few shards at once,
+    and a failed or interrupted push resumes on the next run (the shards the Hub holds are neither merged nor
+    uploaded again). ``false``: every merge is written whole to ``work_dir`` first, then pushed (and reused,
+    verified, by the next run when its push failed)."""
 
 
 @dataclass
@@ -130,7 +136,7 @@ class LicensePolicy:
 @dataclass
 class LeaderboardConfig:
     folder: str = "leaderboard"
-    """Local folder (relative to ``work_dir``) for ``leaderboard.md`` and ``leaderboard.json``."""
+    """Folder inside ``work_dir`` for ``leaderboard.md`` and ``leaderboard.json``: a name (a label), not a path."""
     repo: str | None = None
     """Also publish it to this Hub repo (created if needed)."""
     repo_type: str = "dataset"
@@ -363,6 +369,8 @@ def _check(p: Pipeline, where: str) -> None:
             check_repo_id(p.leaderboard.repo)
         except Exception as e:  # noqa: BLE001
             raise ParameterError(f"{where}: 'leaderboard.repo': {e}") from None
+    # a name in a config is a label: the leaderboard's folder is made inside work_dir, never a path it chooses
+    label(p.leaderboard.folder, f"{where}: 'leaderboard.folder'")
     if p.leaderboard.repo_type not in ("dataset", "model"):
         raise ParameterError(f"{where}: 'leaderboard.repo_type' must be dataset or model, got {p.leaderboard.repo_type!r}")
     if p.retry.attempts < 1 or p.retry.base_wait < 0 or p.retry.max_wait < p.retry.base_wait:
@@ -392,7 +400,12 @@ def _check_config_spec(p: Pipeline, m: MergeSpec, i: int, where: str) -> None:
         with open(path, encoding="utf-8") as f:
             text = f.read(MAX_YAML_BYTES + 1)
     if is_multi_stage(text):
-        docs = [s.data for s in read_stages(text)]
+        stages = read_stages(text)  # every stage's name a label (refused here, before anything is written)
+        docs = [s.data for s in stages]
+        needs = next((s for s in stages if s.needs), None)
+        if hub_only() and needs is not None:
+            raise ParameterError(f"{where}: '{key}.config': stage {short(needs.name or 'final')} merges the output of "
+                                 f"stage {short(needs.needs[0])}, a local folder, which a hub_only run does not read")
     else:
         data = load_yaml(text, f"{key}.config {m.config!r}")
         if not is_mergekit_config(data):

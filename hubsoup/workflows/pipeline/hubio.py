@@ -23,9 +23,10 @@ from huggingface_hub import CommitOperationAdd, constants, hf_hub_download, hf_h
 from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError, RepositoryNotFoundError
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from hubsoup.errors import InputError
+from hubsoup.errors import HubsoupError, InputError
 from hubsoup.hub import ensure_timeouts, error_status, hub_timeout, is_timeout
 from hubsoup.hubclient import Token
+from hubsoup.public import local_path_in_file
 from hubsoup.sources.resolve import hub_failure, parse_spec
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 from hubsoup.workflows.pipeline.config import Query, RetryConfig
@@ -275,9 +276,12 @@ def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig,
         data = json.loads(raw.decode("utf-8"), parse_constant=lambda c: math.nan)
     except (UnicodeDecodeError, ValueError) as e:
         raise InputError(f"{where}: not valid JSON ({str(e)[:80]}); fix or delete that file") from None
-    if not isinstance(data, dict) or not isinstance(data.get("merges", []), list):
+    if isinstance(data, dict) and "merges" not in data:  # someone else's file of that name: never overwritten
+        raise InputError(f"{where}: has no 'merges': not a pipeline's leaderboard, and it is not replaced; choose "
+                         "another leaderboard repo, or fix or delete that file")
+    if not isinstance(data, dict) or not isinstance(data["merges"], list):
         raise InputError(f"{where}: must be a mapping whose 'merges' is a list; fix or delete that file")
-    return [check_row(r, f"{where}: merges[{i}]") for i, r in enumerate(data.get("merges", []))]
+    return [check_row(r, f"{where}: merges[{i}]") for i, r in enumerate(data["merges"])]
 
 
 def check_row(r: Any, where: str) -> dict:
@@ -348,6 +352,9 @@ def push_files(api, repo_id: str, files: dict[str, bytes], message: str, policy:
     changed = {n: b for n, b in files.items() if now.get(n) != b}
     if not changed:
         return None
+    for n, b in changed.items():  # as every push: no absolute local path, no home folder (hubsoup.public)
+        if (leak := local_path_in_file(n, b)) is not None:
+            raise HubsoupError(f"{n} for {repo_id} holds a local path ({leak}), which must not be published")
     with_retry(lambda: api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True),
                f"create {repo_id}", policy)
     ops = lambda: [CommitOperationAdd(path_in_repo=n, path_or_fileobj=b) for n, b in changed.items()]  # noqa: E731

@@ -8,7 +8,10 @@ selected is not made again either unless the selection now wants it.
 
 **What a kill loses.** Without ``select.top_k`` each merge is published in one commit as soon as it
 is selected (merged, evaluated, past the threshold), so a killed run loses only the merge in
-progress (whose temporary folder the next run's output lock clears). With ``select.top_k`` the
+progress (whose temporary folder the next run's output lock clears). A merge pushed without an evaluation
+(``push.stream``, the default) is streamed to its repo as it is written: a kill or a failed push leaves
+nothing in ``work_dir`` and nothing committed, and the next run resumes it (the shards the Hub already holds
+are neither merged nor uploaded again). With ``select.top_k`` the
 selection needs every score, so the pushes come once every merge is scored: a kill before them
 publishes nothing, and the finished merges stay in ``work_dir`` (the shipped CI workflow caches
 it), where the next run verifies and reuses them instead of merging again. A kill during the
@@ -57,6 +60,7 @@ from hubsoup.eval.run import EVAL_FILE, write_results
 from hubsoup.formats import stages
 from hubsoup.formats.mergekit import _map_models
 from hubsoup.formats.stages import is_multi_stage, read_stages
+from hubsoup.hub import PushTarget as StreamTarget
 from hubsoup.hub import check_repo_id, ensure_timeouts, scrub_secrets
 from hubsoup.hubclient import Token
 from hubsoup.options import MergeOptions
@@ -169,7 +173,8 @@ class PipelineReport:
 def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_run: bool = False,
                  token: Token = None, work_dir: str | None = None, stream: TextIO | None = None,
                  on_event: Callable[[str, PlannedMerge], None] | None = None, hub_only: bool = False,
-                 executor: Any = None, resources: dict[str, Any] | None = None) -> PipelineReport:
+                 executor: Any = None, resources: dict[str, Any] | None = None,
+                 allow_task_code: bool = False) -> PipelineReport:
     """Run (or with ``dry_run`` only plan) a pipeline; see :mod:`hubsoup.workflows.pipeline.run`.
 
     Args:
@@ -182,7 +187,8 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
         on_event: called as ``on_event(kind, merge)`` with kind ``merged``, ``pushed``, ``failed``
             or ``skipped``, for apps and tests.
         hub_only: every model and evaluation dataset must be a Hub ID (no local path is looked at;
-            :mod:`hubsoup.sources.access`), as for a server.
+            :mod:`hubsoup.sources.access`), as for a server; an lm-eval ``task_dir`` is a Hub repo, its Python
+            refused unless ``allow_task_code`` (:mod:`hubsoup.eval.lmeval`).
         executor: ``None``/``"local"`` (this process, the default), ``"ray"`` (``RAY_ADDRESS`` or a local
             cluster), ``"ray://HOST:PORT"`` or an executor object (:mod:`hubsoup.workflows.executors`). With
             Ray and ``eval`` tasks, every merge to make is a task (merged in memory and evaluated on its node,
@@ -205,7 +211,7 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
         >>> [m.url for m in report.by_status("published")]                         # doctest: +SKIP
     """
     check_executor(executor)
-    with scope(hub_only=hub_only):
+    with scope(hub_only=hub_only, allow_task_code=allow_task_code):
         return _run_pipeline(source, dry_run, token, work_dir, stream, on_event, executor, resources)
 
 
@@ -270,10 +276,11 @@ class _Runner:
 
     def check_data(self) -> None:
         """Read the local evaluation data once, before anything is planned: a bad row is one clear error
-        (exit status 2), not the same failure on every merge."""
+        (exit status 2), not the same failure on every merge. Read as :meth:`TaskSpec.check` reads it: no
+        datasets progress bars ("Generating validation split"), which a dry run's plan is no place for."""
         for spec in self.tasks:
-            if spec.is_local:
-                spec.load()
+            if spec.kind == "lm-eval" or spec.is_local:  # lm-eval: its names (and a hub_only run's task repo,
+                spec.check()                               # fetched and checked for code) now
 
     @property
     def eval_signature(self) -> str:
@@ -461,14 +468,17 @@ class _Runner:
             m.status, m.reason = REFUSED, f"license: {decision.reason} (set license.allow_mix or license.output)"
         return m
 
-    def _run_config(self, m: PlannedMerge, out: str):
-        """Run a ``config:`` merge's mergekit config (pinned) into ``out``, then evaluate it as any merge."""
-        opts = {**self.p.options, "token": self.token, "quiet": True, "overwrite": True}
+    def _run_config(self, m: PlannedMerge, out: str | None, **push: Any):
+        """Run a ``config:`` merge's mergekit config (pinned) into ``out`` (or streamed: ``push``, ``before_push``),
+        then evaluate it as any merge."""
+        opts = {**self.p.options, "token": self.token, "quiet": True, "overwrite": True, **push}
         if stages.is_multi_stage(m.spec.text):  # every stage's Hub models pinned (its earlier stages are folders)
+            if out is None:  # streamed: the earlier stages are folders of the work folder, as beside an output
+                opts["intermediate_dir"] = os.path.join(self.work, "merges", f".{m.work_key}.stages")
             result = run_stages(m.spec.text, out, pins=m.pins, **opts)
         else:
             result = run_config(m.spec.text, out, pins=m.pins, **opts)
-        if self.tasks:
+        if self.tasks and out is not None:
             result.evaluation = evaluate_model(out, self.tasks, limit=self.p.eval.limit if self.p.eval else None,
                                                device=self.opts.device, quiet=True)
             write_results(result.evaluation, os.path.join(out, EVAL_FILE))
@@ -542,7 +552,7 @@ class _Runner:
                 m.status, m.reason = FAILED, f"candidate {hit} failed: {broken[hit]}"
                 self.emit("failed", m)
             else:
-                culprit = self._merge(m)
+                culprit = self._merge_streamed(m) if self._streams(m) else self._merge(m)
                 if culprit is not None:
                     broken[culprit] = m.reason
             if m.status == FAILED and m.spec.combine == "all" and m.spec.config is None:  # an `all` merge goes on without the broken candidates
@@ -553,7 +563,7 @@ class _Runner:
                         extra_all.append(replacement)
                         if replacement.status == PLANNED and not replacement.deferred:
                             queue.append(replacement)
-            if m.status == FAILED:
+            if m.status in (FAILED, PUBLISHED):  # published: streamed to the Hub as it was merged
                 continue
             if sel is None or (sel.top_k is None and self._passes(m)):
                 self._push(m, report)
@@ -595,8 +605,9 @@ class _Runner:
             for t in tasks:
                 if f"{t}/accuracy" in scores:
                     vals.append(scores[f"{t}/accuracy"])
-                elif f"{t}/perplexity" in scores:
-                    vals.append(-scores[f"{t}/perplexity"])
+                elif f"{t}/perplexity" in scores:  # -log(perplexity), as TaskResult.score, search and evolve
+                    ppl = scores[f"{t}/perplexity"]
+                    vals.append(-math.log(ppl) if ppl > 0 else math.nan)
             return sum(vals) / len(vals) if vals else None
         if "/" in sel.metric:
             return scores.get(sel.metric)
@@ -677,6 +688,66 @@ class _Runner:
         except ValueError:
             m.scores = {}
         return self._scored(m)
+
+    def _streams(self, m: PlannedMerge) -> bool:
+        """Whether ``m`` is streamed to the Hub as it is merged: pushed without an evaluation, none of it in the work
+        folder already (a merge found there is verified and pushed as before)."""
+        return (self.p.push.stream and not self.tasks and self.p.select is None and not self.remote
+                and self._cached(m) is None)
+
+    def _merge_streamed(self, m: PlannedMerge) -> str | None:
+        """Merge ``m`` straight to its repo (its card rendered with the pipeline's license before the one commit);
+        on failure its status says why and the culprit is returned (when the error names one input)."""
+        problem = self._target_problem(m)
+        if problem == "same":
+            self._line(f"skipped    {m.label}: {m.url} already holds it (published by another run meanwhile)")
+            return None
+        if problem:
+            m.status, m.reason = FAILED, problem
+            self.emit("failed", m)
+            self._line(f"failed     {m.label}: {problem}")
+            return None
+        self.emit("pushing", m)
+        message = f"Upload {m.spec.method} merge made with a hubsoup pipeline (recipe {m.recipe_hash[:12]})"
+        target = StreamTarget(m.repo_id, private=self.p.push.private or None, token=self.token,
+                              commit_message=message, allow_private_inputs=self.p.allow_private_inputs,
+                              work_dir=os.path.join(self.work, "merges"))
+        os.makedirs(target.work_dir, exist_ok=True)
+
+        def card(result: MergeResult, folder: str) -> None:
+            self._write_card(m, result, folder)
+
+        try:
+            if m.work_key:
+                result = with_retry(lambda: self._run_config(m, None, push=target, before_push=card),
+                                    f"merge {m.label}", self.retry)
+            else:
+                result = with_retry(
+                    lambda: merge([i.pinned for i in m.inputs], m.spec.method, base=self._base.pinned, push=target,
+                                  params=dict(m.spec.params), options=self.opts, before_push=card),
+                    f"merge {m.label}", self.retry)
+        except Exception as e:  # noqa: BLE001 - one candidate's merge or push never stops the others
+            if not isinstance(e, HubsoupError):
+                log.debug("merge %s failed", m.label, exc_info=True)
+            text = self._public(e)
+            m.status, m.reason = FAILED, text if isinstance(e, HubsoupError) else f"{type(e).__name__}: {text}"
+            culprits = [i.repo_id for i in m.inputs if i.repo_id in str(e)] if isinstance(e, HubsoupError) else []
+            self.emit("failed", m)
+            self._line(f"failed     {m.label}: {m.reason}")
+            return culprits[0] if len(culprits) == 1 else None
+        if result.recipe.hash != m.recipe_hash:
+            if not m.work_key:
+                log.warning("recipe hash of %s is %s, planned %s", m.label, result.recipe.hash[:12], m.recipe_hash[:12])
+            m.recipe_hash = result.recipe.hash
+        m.action = "merged"
+        self._scored(m)
+        m.status, m.action, m.url = PUBLISHED, "pushed", f"{constants.ENDPOINT}/{m.repo_id}"
+        self.published[m.recipe_hash] = Published(m.repo_id, getattr(result.pushed, "oid", "") or "", m.url,
+                                                  m.recipe_hash, dict(m.scores))
+        self.repo_hash[m.repo_id] = m.recipe_hash
+        self.emit("pushed", m)
+        self._line(f"pushed     {m.label} -> {m.url}")
+        return None
 
     def _scored(self, m: PlannedMerge) -> None:
         """``m.scores`` are in: a merge that cannot be scored fails, the others are ranked."""
@@ -856,7 +927,7 @@ class _Runner:
         self.emit("pushed", m)
         self._line(f"pushed     {m.label} -> {m.url}")
 
-    def _write_card(self, m: PlannedMerge, result) -> None:
+    def _write_card(self, m: PlannedMerge, result, folder: str | None = None) -> None:
         """The card, rendered again from the verified files: the license this pipeline decided (or none),
         never one inherited by default, and a note naming private or gated inputs when they were allowed."""
         d = m.license
@@ -872,7 +943,7 @@ class _Runner:
             why = ("**License:** none is set: the inputs' licenses cannot be combined and the pipeline publishes "
                    f"it anyway (`license.allow_mix`): {d.reason}. Check every input's license before using it.")
         notes.append(why)
-        path = result.write_card(repo_id=m.repo_id, license=d.card_license if d.ok else None, notes=notes)
+        path = result.write_card(folder, repo_id=m.repo_id, license=d.card_license if d.ok else None, notes=notes)
         card = ModelCard.load(path)
         card.data.license = d.card_license if d.ok else None  # None: no license, not the base's by default
         card.data.license_name = d.license_name if d.ok and d.card_license == "other" else None
