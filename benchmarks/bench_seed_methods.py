@@ -256,9 +256,10 @@ def main() -> int:
                     import shutil
 
                     shutil.rmtree(out, ignore_errors=True)
-            # one TA row per method: the run just before it
-            entry["runs"] = [r for r in kept if r["label"] != "task_arithmetic" or r["paired_with"] not in
-                             {lab for lab, _ in plan}] + fresh
+                # one TA row per method: the run just before it; saved after each method (a stopped run keeps it)
+                entry["runs"] = [r for r in kept if r["label"] != "task_arithmetic" or r["paired_with"] not in
+                                 {lab for lab, _ in plan}] + fresh
+                save(res, size)
         for label in [p for p in args.profile.split(",") if p]:
             spec = dict(METHODS).get(label)
             if spec is None:
@@ -270,12 +271,24 @@ def main() -> int:
                 p = entry["profiles"][lab]
                 log(f"    {p.get('wall_s')} s wall, {p.get('profiled_s')} s profiled" if "error" not in p
                     else f"    failed: {p['error']}")
-    res["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    with open(RESULTS + ".json", "w") as f:
-        json.dump(res, f, indent=2, default=str)
-    write_report(res, RESULTS + ".md")
-    log(f"wrote {os.path.relpath(RESULTS, REPO)}.{{md,json}}")
+        save(res, size)  # after each size: a run stopped later keeps it; runs of other sizes side by side kept
+        log(f"wrote {os.path.relpath(RESULTS, REPO)}.{{md,json}} ({size})")
     return 0
+
+
+def save(res: dict, size: str) -> None:
+    """Write this run's ``size`` into the results as they are on disk now (another invocation may have written
+    other sizes since this one started)."""
+    disk: dict = {}
+    if os.path.isfile(RESULTS + ".json"):
+        with open(RESULTS + ".json") as f:
+            disk = json.load(f)
+    disk.setdefault("sizes", {})[size] = res["sizes"][size]
+    disk.update(machine=res["machine"], versions=res["versions"], date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    with open(RESULTS + ".json.tmp", "w") as f:
+        json.dump(disk, f, indent=2, default=str)
+    os.replace(RESULTS + ".json.tmp", RESULTS + ".json")
+    write_report(disk, RESULTS + ".md")
 
 
 def summarize(entry: dict) -> list[dict]:
