@@ -210,7 +210,13 @@ def main() -> int:
                                                   "with --sftm-before profiles both)")
     ap.add_argument("--no-timing", action="store_true", help="only the profiles")
     ap.add_argument("--work", default=os.path.join(HERE, ".work"))
+    ap.add_argument("--readme", action="store_true", help="only rewrite README.md's cost column from the results")
+    ap.add_argument("--results", default=RESULTS, help="results path without .md/.json (default: %(default)s)")
     args = ap.parse_args()
+    if args.readme:
+        with open(args.results + ".json") as f, open(os.path.join(HERE, "results", "gpu_bench.json")) as g:
+            update_readme(os.path.join(REPO, "README.md"), cost_cells(json.load(f), json.load(g)))
+        return 0
     work = os.path.abspath(args.work)
     os.makedirs(os.path.join(work, "logs"), exist_ok=True)
     t_start = time.perf_counter()
@@ -219,8 +225,8 @@ def main() -> int:
         print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", flush=True)
 
     res: dict = {}
-    if os.path.isfile(RESULTS + ".json"):
-        with open(RESULTS + ".json") as f:
+    if os.path.isfile(args.results + ".json"):
+        with open(args.results + ".json") as f:
             res = json.load(f)
     res.setdefault("sizes", {})
     res["machine"] = bm.machine_info()
@@ -259,7 +265,7 @@ def main() -> int:
                 # one TA row per method: the run just before it; saved after each method (a stopped run keeps it)
                 entry["runs"] = [r for r in kept if r["label"] != "task_arithmetic" or r["paired_with"] not in
                                  {lab for lab, _ in plan}] + fresh
-                save(res, size)
+                save(res, size, results=args.results, replaced={lab for lab, _ in plan})
         for label in [p for p in args.profile.split(",") if p]:
             spec = dict(METHODS).get(label)
             if spec is None:
@@ -271,24 +277,100 @@ def main() -> int:
                 p = entry["profiles"][lab]
                 log(f"    {p.get('wall_s')} s wall, {p.get('profiled_s')} s profiled" if "error" not in p
                     else f"    failed: {p['error']}")
-        save(res, size)  # after each size: a run stopped later keeps it; runs of other sizes side by side kept
-        log(f"wrote {os.path.relpath(RESULTS, REPO)}.{{md,json}} ({size})")
+        save(res, size, timed=not args.no_timing, results=args.results)  # after each size: a run stopped later keeps it; runs of other sizes side by side kept
+        log(f"wrote {os.path.relpath(args.results, REPO)}.{{md,json}} ({size})")
     return 0
 
 
-def save(res: dict, size: str) -> None:
+def save(res: dict, size: str, timed: bool = True, results: str = RESULTS, replaced: set | None = None) -> None:
     """Write this run's ``size`` into the results as they are on disk now (another invocation may have written
-    other sizes since this one started)."""
+    other sizes, runs or profiles since this one started): the runs of the methods it measured (``replaced``;
+    with their TA runs), its profiles by name."""
     disk: dict = {}
-    if os.path.isfile(RESULTS + ".json"):
-        with open(RESULTS + ".json") as f:
+    if os.path.isfile(results + ".json"):
+        with open(results + ".json") as f:
             disk = json.load(f)
-    disk.setdefault("sizes", {})[size] = res["sizes"][size]
+    ours, theirs = res["sizes"][size], disk.setdefault("sizes", {}).setdefault(size, {"runs": [], "profiles": {}})
+    theirs["model"] = ours["model"]
+    if timed:
+        mine = replaced if replaced is not None else {r["paired_with"] for r in ours["runs"]}
+        theirs["runs"] = [r for r in theirs.get("runs", []) if r["paired_with"] not in mine] + \
+            [r for r in ours["runs"] if r["paired_with"] in mine]
+    theirs.setdefault("profiles", {}).update(ours.get("profiles", {}))
     disk.update(machine=res["machine"], versions=res["versions"], date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
-    with open(RESULTS + ".json.tmp", "w") as f:
+    with open(results + ".json.tmp", "w") as f:
         json.dump(disk, f, indent=2, default=str)
-    os.replace(RESULTS + ".json.tmp", RESULTS + ".json")
-    write_report(disk, RESULTS + ".md")
+    os.replace(results + ".json.tmp", results + ".json")
+    write_report(disk, results + ".md")
+
+
+# The README's method table: its "cost" column (× TA's wall on the CPU from these results, merge GB/s on a GPU
+# from gpu_bench.json), by the table's method name; tests/test_readme_costs.py holds the README to it.
+README_CPU = {"task_arithmetic": "task_arithmetic", "ties": "ties", "dare": "dare_ties", "consensus": "consensus",
+              "soup": "soup", "lines": "lines", "lwptv": "lwptv", "sftm": "sftm", "opcm": "opcm", "lot": "lot"}
+README_GPU = {"task_arithmetic": "task_arithmetic", "ties": "ties", "dare": "dare_ties", "slerp": "slerp",
+              "sftm": "sftm"}
+README_SIZES = ("124m", "1b")
+
+
+def cost_cells(seed: dict, gpu: dict | None) -> dict[str, str]:
+    """The README's cost cell of each method: ``A× / B×`` (TA's wall = 1, on the 124M / 1.1B model) and
+    ``· G GB/s`` (hubsoup's merge GB/s on a GPU), "—" where neither was measured."""
+    ratios: dict[str, list[str]] = {}
+    for size in README_SIZES:
+        rows = {r["label"]: r for r in summarize(seed["sizes"].get(size, {"runs": []})) if r["rc"] == 0}
+        for name, label in README_CPU.items():
+            x = 1.0 if label == "task_arithmetic" and rows else rows.get(label, {}).get("x_wall")
+            ratios.setdefault(name, []).append("—" if x is None else f"{x:.1f}×")
+    gbs = {}
+    for r in (gpu or {}).get("rows", []):
+        if r.get("tool") == "hubsoup" and r.get("ok") and r.get("merge_gb_per_s") and r["method"] not in gbs:
+            gbs[r["method"]] = r["merge_gb_per_s"]
+    cells = {}
+    for name in {*README_CPU, *README_GPU}:
+        cpu = " / ".join(ratios.get(name, []))
+        cpu = "" if not cpu or set(ratios[name]) == {"—"} else cpu
+        g = gbs.get(README_GPU.get(name, ""))
+        gpu_text = f"{g:.2f} GB/s" if g else ""
+        cells[name] = " · ".join(t for t in (cpu, gpu_text) if t) or "—"
+    return cells
+
+
+COST_HEADER = ("cost (× TA's wall on 2 CPU cores, 124M / 1.1B bf16 base + 3, [results](benchmarks/results/"
+               "seed_methods_cpu.md); merge GB/s on a GPU, [results](benchmarks/results/gpu_bench.md))")
+
+
+def readme_method_rows(text: str) -> list[tuple[int, list[str]]]:
+    """(line index, cells) of each row of the README's method table (the table under ``## Methods``)."""
+    lines, rows, inside = text.split("\n"), [], False
+    for i, line in enumerate(lines):
+        if line.startswith("## "):
+            inside = line.strip() == "## Methods"
+        elif inside and line.startswith("| `"):
+            rows.append((i, [c.strip() for c in line.strip().strip("|").split(" | ")]))
+        elif inside and rows and not line.startswith("|"):
+            break
+    return rows
+
+
+def update_readme(path: str, cells: dict[str, str]) -> None:
+    """Write the cost column of the README's method table (added as its last column if absent)."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    rows = readme_method_rows("\n".join(lines))
+    first = rows[0][0]
+    header, rule = lines[first - 2], lines[first - 1]
+    if not header.rstrip().endswith(COST_HEADER + " |"):
+        lines[first - 2], lines[first - 1] = header.rstrip() + f" {COST_HEADER} |", rule.rstrip() + "---|"
+        width = None
+    else:
+        width = len(header.strip().strip("|").split(" | "))
+    for i, row in rows:
+        name = row[0].strip("`")
+        body = row if width is None else row[:-1]
+        lines[i] = "| " + " | ".join([*body, cells.get(name, "—")]) + " |"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
 
 
 def summarize(entry: dict) -> list[dict]:
