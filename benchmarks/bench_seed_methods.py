@@ -210,9 +210,19 @@ def main() -> int:
                                                   "with --sftm-before profiles both)")
     ap.add_argument("--no-timing", action="store_true", help="only the profiles")
     ap.add_argument("--work", default=os.path.join(HERE, ".work"))
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="only merge the runs and profiles of these results "
+                                                                "files (written with --results) into --results")
     ap.add_argument("--readme", action="store_true", help="only rewrite README.md's cost column from the results")
     ap.add_argument("--results", default=RESULTS, help="results path without .md/.json (default: %(default)s)")
     args = ap.parse_args()
+    if args.merge:  # runs made side by side into files of their own (--results), into the results
+        for path in args.merge:
+            with open(path.removesuffix(".json") + ".json") as f:
+                part = json.load(f)
+            for size, entry in part["sizes"].items():
+                save(part, size, timed=bool(entry["runs"]), results=args.results,
+                     replaced={r["paired_with"] for r in entry["runs"]})
+        return 0
     if args.readme:
         with open(args.results + ".json") as f, open(os.path.join(HERE, "results", "gpu_bench.json")) as g:
             update_readme(os.path.join(REPO, "README.md"), cost_cells(json.load(f), json.load(g)))
@@ -248,7 +258,8 @@ def main() -> int:
             for label, margs in plan:
                 for lab, a in (("task_arithmetic", ta_args), (label, margs)):
                     bm.read_all([p for d in (base, *fts) for p in bm.shard_files(d)])  # warm inputs, alike
-                    slug = "".join(c if c.isalnum() else "_" for c in f"{size}-{lab}")
+                    # the process id in the name: invocations side by side never share an output folder
+                    slug = "".join(c if c.isalnum() else "_" for c in f"{size}-{lab}-{os.getpid()}")
                     out = os.path.join(work, "out-seed", slug)
                     run = bm.Run(lab, "hubsoup", lab, "-", facts["layers"], out)
                     bm.measure(command(lab, a, base, fts, out), run, env_for(lab),
