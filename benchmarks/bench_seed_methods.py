@@ -89,12 +89,13 @@ WHY = {
                  "factor of G and LAPACK on torch's threads (which spin on a loaded machine).",
     "opcm": "by design sequential linear algebra: for each input after the first, a thin SVD of the merged update S "
             "of every projected weight (float64 Gram eigen-decompositions) and the projection's products, each "
-            "step needing the one before; adaptive λ adds a statistics pass over the model (S kept on disk for "
+            "step needing the one before (on one thread: two spin on a loaded machine, 3.4× the CPU time at 124M); "
+            "adaptive λ adds a statistics pass over the model (S kept on disk for "
             "the merge). Memory: whole-tensor stacks (the projection needs whole matrices; OPCM declares no "
             "element-wise path, so the unprojected embedding is merged whole too), and the head's triplets.",
     "lot": "running the three experts forward on their exemplars to capture each op's input Gram (the 1.1B "
            "model held once as a skeleton, float32), then per linear weight a float64 eigen-decomposition of the "
-           "Gram sum: the model in memory is most of its peak.",
+           "Gram sum (on one thread: two spin on a loaded machine): the model in memory is most of its peak.",
 }
 RESULTS = os.path.join(HERE, "results", "seed_methods_cpu")
 
