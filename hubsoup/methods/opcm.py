@@ -72,7 +72,8 @@ def project(S: torch.Tensor, X: torch.Tensor, alpha: float, zero_diagonal: bool 
         return _project(S, X, out, alpha, zero_diagonal, rank_tol)
 
 
-def _project(S, X, out, alpha, zero_diagonal, rank_tol):
+def _project(S: torch.Tensor, X: torch.Tensor, out: torch.Tensor, alpha: float, zero_diagonal: bool,
+             rank_tol: float | None) -> torch.Tensor:
     U, s, Vh = singular_triplets(S)
     k = split_rank(s, alpha)
     if k:
