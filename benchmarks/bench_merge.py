@@ -150,10 +150,14 @@ def read_all(files: list[str]) -> tuple[int, float]:
     return total, time.perf_counter() - t0
 
 
+KEEP_CACHES = False
+"""--keep-caches: no cold read (dropping the page cache slows everyone else on a shared machine)."""
+
+
 def io_floor(folders: list[str]) -> dict:
     files = [p for d in folders for p in shard_files(d)]
     out: dict = {"files": len(files)}
-    err = drop_caches()
+    err = "skipped (--keep-caches)" if KEEP_CACHES else drop_caches()
     if err is None:
         nbytes, secs = read_all(files)
         out.update(cold_s=round(secs, 3), cold_gbps=round(nbytes / secs / 1e9, 2))
@@ -799,9 +803,13 @@ def main() -> int:
     ap.add_argument("--profile", choices=["default", "1b"], default="default",
                     help="1b: a ~1.1B-parameter bfloat16 Llama (9 GB of inputs), task arithmetic, TIES, DARE-TIES, "
                          "SLERP and SFTM, the issue-11 targets; results in merge_bench_1b.{md,json} (~1 h on 2 cores)")
+    ap.add_argument("--keep-caches", action="store_true", help="skip the cold read (it drops the machine's page "
+                                                                "cache, which slows every other process)")
     ap.add_argument("--only", help="with --profile 1b: re-run only these methods (comma-separated, e.g. slerp,ties), "
                                    "keeping the other runs of the last merge_bench_1b.json")
     args = ap.parse_args()
+    global KEEP_CACHES
+    KEEP_CACHES = args.keep_caches
 
     t_start = time.perf_counter()
     work = os.path.abspath(args.work)

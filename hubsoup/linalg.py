@@ -2,13 +2,19 @@
 
 Everything here is plain tensor math (no I/O, no knowledge of models). Small LAPACK
 calls run on one thread (:func:`single_thread`): at these sizes threading only costs,
-badly so on a busy machine.
+badly so on a busy machine. Large independent ones (a method's several eigen-decompositions of one
+tensor) run side by side on threads of their own, one LAPACK thread each (:func:`run_jobs`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import math
+import os
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -128,3 +134,236 @@ def mm_t_chunked(u: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def mm_chunked(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``x @ v`` in float64 (x: m×n, v: n×r float64), over row chunks of x."""
     return torch.cat([c.double() @ v for c in x.split(CHUNK, dim=0)], dim=0)
+
+
+# --- thin SVDs from the smaller Gram matrix's eigen-decomposition, in float64 ---------------------------------
+
+GRAM_CHUNK = 1024
+"""Columns of the long side converted to float64 at a time by :func:`small_gram` and :func:`other_side`."""
+
+
+def small_gram(X: torch.Tensor, chunk: int = GRAM_CHUNK) -> torch.Tensor:
+    """The lower triangle of X Xᵀ (X: p × q, p ≤ q) in float64, X converted ``chunk`` columns at a time, in 2×2
+    blocks: three of the four products (LAPACK's ``syevd`` reads one triangle). The upper triangle is 0.
+
+    Example:
+        >>> X = torch.randn(5, 9)
+        >>> K = small_gram(X)
+        >>> torch.allclose(K, torch.tril(X.double() @ X.double().T))
+        True
+    """
+    p = X.shape[0]
+    h = p // 2
+    K = torch.zeros(p, p, dtype=torch.float64, device=X.device)
+    for a in range(0, X.shape[1], chunk):
+        c = X[:, a:a + chunk].double()
+        if h:
+            K[:h, :h].addmm_(c[:h], c[:h].mT)
+            K[h:, :h].addmm_(c[h:], c[:h].mT)
+            K[h:, h:].addmm_(c[h:], c[h:].mT)
+        else:
+            K.addmm_(c, c.mT)
+    return K.tril_() if h else K
+
+
+def eigh_descending(K: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """σ = √λ (clamped at 0) and the eigenvectors of the symmetric ``K`` (lower triangle read), largest first."""
+    lam, W = torch.linalg.eigh(K, UPLO="L")
+    return lam.flip(0).clamp_(min=0).sqrt_(), W.flip(1)
+
+
+def other_side(X: torch.Tensor, W: torch.Tensor, s: torch.Tensor, dtype: torch.dtype,
+               chunk: int = GRAM_CHUNK) -> torch.Tensor:
+    """Xᵀ W Σ⁻¹ (q × k) in float64, returned in ``dtype``: the other side's singular vectors; columns with σ = 0
+    are 0."""
+    inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))
+    O = torch.empty(X.shape[1], W.shape[1], dtype=dtype, device=X.device)
+    for a in range(0, X.shape[1], chunk):
+        O[a:a + chunk] = (X[:, a:a + chunk].double().mT @ W).mul_(inv)
+    return O
+
+
+def thin_svd_gram(A: torch.Tensor, dtype: torch.dtype | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``U, s, V`` (A ≈ U diag(s) Vᵀ; U: m × p, V: n × p, p = min(m, n); s float64, descending) from the float64
+    eigen-decomposition of A's smaller Gram matrix, the vectors in ``dtype`` (default A's).
+
+    Half a float64 SVD's time on the CPU (``benchmarks/results/seed_methods_cpu.md``); squaring costs the σ's
+    below ~1e-8·σ_max their accuracy (their vectors are noise), so it serves callers that cut singular values at
+    a float32 tolerance (max(m, n)·eps of float32 ≫ 1e-8), where the kept triplets are a float64 SVD's to ~1e-12.
+
+    Example:
+        >>> A = torch.randn(7, 4, dtype=torch.float64)
+        >>> U, s, V = thin_svd_gram(A)
+        >>> torch.allclose((U * s) @ V.T, A), torch.allclose(s, torch.linalg.svdvals(A))
+        (True, True)
+    """
+    dtype = dtype or A.dtype
+    wide = A.shape[0] <= A.shape[1]
+    X = A if wide else A.mT
+    s, W = eigh_descending(small_gram(X))
+    O = other_side(X, W, s, dtype)
+    W = W.to(dtype)
+    return (W, s, O) if wide else (O, s, W)
+
+
+# --- independent linear algebra side by side -----------------------------------------------------
+
+@dataclass
+class Job:
+    """One step of :func:`run_jobs`: ``fn()``, once the jobs at the indices ``after`` are done."""
+
+    fn: Callable[[], Any]
+    after: Sequence[int] = ()
+
+
+def run_jobs(jobs: Sequence[Job], threads: int | None = None) -> list[Any]:
+    """Every job's result, in order; up to ``threads`` (default: torch's intra-op threads) at once, each on a
+    thread of its own with torch (MKL, LAPACK) at one thread, a job starting once its ``after`` are done.
+
+    Why not torch's own threads: LAPACK's eigen-solvers and SVDs use two cores poorly (half their work is
+    matrix-vector products), and under load their OpenMP threads spin: measured on 2 shared cores, three
+    2048×2048 float64 SVDs took 29 s on one thread and 99 s on two. Independent calls side by side keep each
+    core on its own call. Every job runs on one thread whatever ``threads`` is, so results do not depend on
+    it. ``jobs`` must be listed in an order that runs (each after its ``after``); earlier jobs start first.
+
+    Example:
+        >>> run_jobs([Job(lambda: 2), Job(lambda: 3), Job(lambda: 4, after=(0, 1))], threads=2)
+        [2, 3, 4]
+    """
+    n = torch.get_num_threads() if threads is None else threads
+    if n <= 1 or len(jobs) <= 1:
+        with single_thread():
+            return [job.fn() for job in jobs]
+    results: list[Any] = [None] * len(jobs)
+    pending = list(range(len(jobs)))
+    done: set[int] = set()
+    running: dict[Future[Any], int] = {}
+    pool = _job_pool(n)
+    try:
+        while pending or running:
+            for i in list(pending):
+                if len(running) >= n:
+                    break
+                if all(d in done for d in jobs[i].after):
+                    running[pool.submit(jobs[i].fn)] = i
+                    pending.remove(i)
+            if not running:
+                raise ValueError("run_jobs: a job waits for one that never runs (list them in an order that runs)")
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in finished:
+                i = running.pop(f)
+                results[i] = f.result()
+                done.add(i)
+    except BaseException:  # a job failed or this thread was interrupted: none may still write when it returns
+        for f in running:
+            f.cancel()
+        wait(running)
+        raise
+    return results
+
+
+_JOB_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_JOB_LOCK = threading.Lock()
+
+
+def _job_pool(n: int) -> ThreadPoolExecutor:
+    """``n`` threads kept for every call (a forked child makes its own), each with torch at one thread."""
+    key = (os.getpid(), n)
+    with _JOB_LOCK:
+        pool = _JOB_POOLS.get(key)
+        if pool is None:
+            default = torch.get_num_threads()
+            pool = ThreadPoolExecutor(n, thread_name_prefix="hubsoup-linalg", initializer=_one_thread)
+            started = threading.Barrier(n + 1)
+            try:
+                for _ in range(n):  # every thread started (each waits for the others), so each ran _one_thread
+                    pool.submit(_wait, started)
+                started.wait()
+            except BaseException:  # interrupted while the threads start: none may stay waiting
+                started.abort()
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            torch.set_num_threads(default)  # set_num_threads also sets what later threads take up: back
+            _JOB_POOLS[key] = pool
+        return pool
+
+
+def _wait(barrier: threading.Barrier) -> None:
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:  # the start was interrupted (abort): this thread just ends
+        pass
+
+
+def _one_thread() -> None:
+    torch.get_num_threads()  # torch's lazy per-thread setup first: it would undo what follows
+    torch.set_num_threads(1)
+
+
+# --- symmetric positive (semi)definite systems -----------------------------------------------------
+
+def cg_solve(G: torch.Tensor, rhs: torch.Tensor, *, ridge: float = 0.0, tol: float = 1e-14,
+             max_iter: int = 60) -> tuple[torch.Tensor, dict]:
+    """Conjugate gradients on (G + ridge·I) x = rhs, G symmetric PSD, in G's dtype (float64 for an exact solve).
+
+    Returns ``x`` and ``{"iterations", "converged", "kappa", "residual"}``: ``kappa`` is the ratio of the
+    extreme eigenvalues of the Lanczos matrix the iterations build (a lower bound on κ(G) that the extreme
+    eigenvalues reached by ``rhs`` approach within a few iterations), ``residual`` the true relative residual
+    ‖rhs − (G + ridge·I)x‖/‖rhs‖ recomputed at the end. ``converged``: the residual reached ``tol`` within
+    ``max_iter`` iterations. A caller takes ``x`` as the exact solution when it converged and ``kappa`` is
+    small (relative error ≤ κ·residual), else solves directly. Nearly orthogonal tasks give G ≈ I: a few
+    iterations of r² work where a Cholesky factor takes r³/3.
+
+    Example:
+        >>> G = torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
+        >>> x, info = cg_solve(G, torch.tensor([1.0, 2.0], dtype=torch.float64))
+        >>> info["converged"], torch.allclose(G @ x, torch.tensor([1.0, 2.0], dtype=torch.float64))
+        (True, True)
+    """
+    b = rhs.to(G.dtype)
+    bnorm = float(torch.linalg.vector_norm(b))
+    x = torch.zeros_like(b)
+    if bnorm == 0.0:
+        return x, {"iterations": 0, "converged": True, "kappa": 1.0, "residual": 0.0}
+
+    def apply(v: torch.Tensor) -> torch.Tensor:
+        out = G @ v
+        return out.add_(v, alpha=ridge) if ridge else out
+
+    r = b.clone()
+    p = r.clone()
+    rr = float(r @ r)
+    alphas: list[float] = []
+    betas: list[float] = []
+    converged = False
+    for _ in range(max_iter):
+        Gp = apply(p)
+        pGp = float(p @ Gp)
+        if not pGp > 0.0:  # a direction G does not see (singular G) or not a number: not this solver's case
+            break
+        alpha = rr / pGp
+        x.add_(p, alpha=alpha)
+        r.sub_(Gp, alpha=alpha)
+        rr_new = float(r @ r)
+        alphas.append(alpha)
+        if math.sqrt(rr_new) <= tol * bnorm:
+            converged = True
+            break
+        beta = rr_new / rr
+        betas.append(beta)
+        p.mul_(beta).add_(r)
+        rr = rr_new
+    k = len(alphas)
+    kappa = math.inf
+    if k:  # the Lanczos matrix of the iterations: its extreme eigenvalues estimate G's from inside
+        T = torch.zeros(k, k, dtype=torch.float64)
+        for j in range(k):
+            T[j, j] = 1.0 / alphas[j] + (betas[j - 1] / alphas[j - 1] if j else 0.0)
+            if j + 1 < k:
+                T[j, j + 1] = T[j + 1, j] = math.sqrt(betas[j]) / alphas[j]
+        ev = torch.linalg.eigvalsh(T)
+        kappa = float(ev[-1] / ev[0]) if float(ev[0]) > 0 else math.inf
+    residual = float(torch.linalg.vector_norm(b - apply(x))) / bnorm
+    return x, {"iterations": k, "converged": converged and residual <= 10 * tol, "kappa": kappa,
+               "residual": residual}

@@ -97,3 +97,24 @@ def test_dare_device_drop_reads_norms_back_once_with_the_cpus_values():
         assert torch.equal(dropped[i], want) and not torch.equal(want, stack[i])
         assert norms[i] == (l1_norm(stack[i]), l1_norm(want))
     assert norms[2] is None and torch.equal(dropped[2], stack[2])  # density 1: kept whole
+
+
+@pytest.mark.parametrize("offset", [0, 12_345, 65_536 * 3, 2**31 - 70_000, 2**32 - 5_000])
+@pytest.mark.parametrize("density", [0.0, 0.2, 0.5, 0.999, 1.0])
+def test_dare_cpu_drop_is_the_device_mask_bit_for_bit(offset, density):
+    """On the CPU DARE (mergekit convention) drops through counter_keep_ (no boolean mask); an accelerator fills the
+    mask counter_mask draws there. The same entries dropped, to +0.0, the kept ones untouched (-0.0 included),
+    across blocks of 2¹⁶, the sign bit of the index and 2³²."""
+    from hubsoup.methods._sparsify import counter_keep_, counter_mask
+
+    x = tricky(150_000, 9)
+    x[3::17] = -0.0
+    seed = 0x1234_5678_9ABC_DEF
+    want = x.clone().masked_fill_(~counter_mask(x.numel(), density, seed, offset), 0.0)
+    got = counter_keep_(x.clone(), density, seed, offset)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    rows = x.clone().reshape(3, -1)  # a row of a stack (a contiguous view): only that row changes
+    counter_keep_(rows[1], density, seed, offset)
+    row = x.reshape(3, -1)[1].clone().masked_fill_(~counter_mask(rows.shape[1], density, seed, offset), 0.0)
+    assert torch.equal(rows[1].view(torch.int32), row.view(torch.int32))
+    assert torch.equal(rows[0], x.reshape(3, -1)[0]) and torch.equal(rows[2], x.reshape(3, -1)[2])

@@ -430,19 +430,24 @@ def _lowbias32(x: int) -> int:  # the reference, in Python integers
     return x ^ (x >> 16)
 
 
+def _draw(seed: int, j: int) -> int:  # entry j's 24 bits: its block's key, then one round over its place in it
+    k1, k2 = seed & 0xFFFFFFFF, seed >> 32
+    key = _lowbias32(_lowbias32(((j >> 16) & 0xFFFFFFFF) ^ k1) ^ k2)
+    return _lowbias32((j & 0xFFFF) ^ key) >> 8
+
+
 def test_counter_masks_are_one_stream_whole_in_pieces_and_by_reference():
     """DARE's mergekit-convention masks (hubsoup.methods._sparsify.counter_mask): entry j's draw depends on
-    the seed and j only (so a GPU draws the same mask: tests/test_gpu.py), uniform, independent across seeds."""
+    the seed and j only (so a GPU draws the same mask: tests/test_gpu.py), uniform, independent across seeds,
+    across entries and across blocks of 2¹⁶."""
     from hubsoup.methods._sparsify import COUNTER_CHUNK, counter_bits, counter_mask
 
     seed = 0x5DEECE66D_1234567 & ((1 << 63) - 1)
-    k1, k2 = seed & 0xFFFFFFFF, seed >> 32
-    for j in (0, 1, 2, 4095, 2**31 - 1, 2**31, 2**32 - 1, 2**32 + 5):  # past 32 bits: the index wraps
-        want = _lowbias32(_lowbias32((j & 0xFFFFFFFF) ^ k1) ^ k2) >> 8
-        assert int(counter_bits(seed, j, 1)[0]) == want, j
-    for start in (0, 2**31 - 1000, 2**32 - 777):  # whole vectors (and their odd tails) past the sign bit and 2³²
+    for j in (0, 1, 2, 4095, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1, 2**32 + 5, 2**48 + 3):  # blocks past 2³²
+        assert int(counter_bits(seed, j, 1)[0]) == _draw(seed, j), j
+    for start in (0, 65536 - 1000, 2**31 - 1000, 2**32 - 777):  # across blocks, the sign bit and 2³²
         got = counter_bits(seed, start, 2003).tolist()
-        assert got == [_lowbias32(_lowbias32(((start + i) & 0xFFFFFFFF) ^ k1) ^ k2) >> 8 for i in range(2003)]
+        assert got == [_draw(seed, start + i) for i in range(2003)]
     n = COUNTER_CHUNK + 12345
     whole = counter_mask(n, 0.3, seed)
     parts = torch.cat([counter_mask(5000, 0.3, seed), counter_mask(n - 5000, 0.3, seed, offset=5000)])
@@ -450,7 +455,14 @@ def test_counter_masks_are_one_stream_whole_in_pieces_and_by_reference():
     assert abs(float(whole.float().mean()) - 0.3) < 0.003
     other = counter_mask(n, 0.3, seed + 1)  # another input or tensor: independent
     assert abs(float((whole & other).float().mean()) - 0.09) < 0.002
+    w = whole.float()
+    assert abs(float((w[1:] * w[:-1]).mean()) - 0.09) < 0.002  # neighbours: independent
+    blocks = w[:16 * 65536].view(16, 65536)
+    assert abs(float((blocks[1:] * blocks[:-1]).mean()) - 0.09) < 0.002  # the same place in the next block
     top = counter_bits(seed, 0, 1 << 20) >> 16  # the top 8 of the 24 bits: flat
     counts = torch.bincount(top.long(), minlength=256).double()
     assert float(((counts - counts.mean()) ** 2 / counts.mean()).sum()) < 330  # chi², 255 dof: p ≈ 0.001
+    low = counter_bits(seed, 0, 1 << 20) & 0xFF  # and the low 8
+    counts = torch.bincount(low.long(), minlength=256).double()
+    assert float(((counts - counts.mean()) ** 2 / counts.mean()).sum()) < 330
     assert not counter_mask(n, 0.0, seed).any() and counter_mask(n, 1.0, seed).all()

@@ -169,11 +169,12 @@ def test_opcm_norm_invariant_order_and_determinism(llama, tmp_path):
 
 def test_the_merge_reads_S_from_the_statistics_pass_instead_of_repeating_its_svds(llama, tmp_path, monkeypatch):
     from hubsoup.methods import _kept as kept_mod
+    from hubsoup.methods import opcm
     from hubsoup.methods.opcm import Opcm
 
     base, fts = llama
-    real_svd, svds = torch.linalg.svd, []
-    monkeypatch.setattr(torch.linalg, "svd", lambda *a, **k: svds.append(1) or real_svd(*a, **k))
+    real_svd, svds = opcm.singular_triplets, []  # a thin SVD of S (on the CPU from its Gram matrix)
+    monkeypatch.setattr(opcm, "singular_triplets", lambda *a, **k: svds.append(1) or real_svd(*a, **k))
     stores, where = [], []
     real_init = kept_mod.KeptTensors.__init__
 
@@ -414,3 +415,27 @@ def test_soup_of_local_models_is_pushed_without_paths_and_its_state_stays_valid(
     ref = hubsoup.merge(fts, method="opcm", base=base, out=str(tmp_path / "ref"), quiet=True)
     got, want = state(res.path), state(ref.path)
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("shape", [(40, 24), (24, 40), (32, 32)])
+def test_float32_projection_from_the_gram_matrix_is_the_float64_svds(shape, monkeypatch):
+    """A float32 S on the CPU (every merge's) takes its triplets from the float64 eigen-decomposition of its
+    smaller Gram matrix: the projection with the float64 SVD's triplets (as before 0.2) to float32 rounding,
+    low-rank S included (the same directions cut at max(m, n)·eps of float32)."""
+    from hubsoup.methods import opcm
+
+    def by_svd(S):
+        return tuple(t.to(S.dtype) for t in torch.linalg.svd(S.double(), full_matrices=False))
+
+    g = torch.Generator().manual_seed(sum(shape))
+    for rank in (min(shape), 3):
+        S = (torch.randn(shape[0], rank, generator=g) @ torch.randn(rank, shape[1], generator=g)).float()
+        X = torch.randn(*shape, generator=g).float()
+        U, s, Vh = opcm.singular_triplets(S)
+        assert U.dtype == s.dtype == Vh.dtype == torch.float32
+        for alpha, zero_diagonal in ((0.5, True), (0.3, False), (0.0, True)):
+            got = project(S, X, alpha, zero_diagonal)
+            with monkeypatch.context() as m:
+                m.setattr(opcm, "singular_triplets", by_svd)
+                want = project(S, X, alpha, zero_diagonal)
+            assert float((got - want).abs().max()) <= 2e-6 * float(X.abs().max()), (rank, alpha)

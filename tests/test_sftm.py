@@ -345,3 +345,124 @@ def test_gram_eigen_triplets_give_the_float64_svds_merge(shape, n, eta):
     want, _ = superpose(ref, out_dtype=torch.float32)
     got, _ = superpose(feats, out_dtype=torch.float32)
     assert float((got.double() - want.double()).norm() / want.double().norm()) <= 1e-6
+
+
+# --- the CPU's exact fast path (superpose_eigh): the float64 SVDs' merge, step for step ------------------
+
+def _cpu_reference(mats, eta=None, **kw):
+    """The merge as the float64 SVDs give it (HUBSOUP_SFTM_CPU=svd, before 0.2)."""
+    ref = mats.clone()
+    if eta is not None:
+        for row in ref:
+            trim_topk_(row, eta)
+    return superpose([singular_features(M, kw.get("rank_tol")) for M in ref], ridge=kw.get("ridge", 0.0),
+                     out_dtype=mats.dtype)
+
+
+def _structured_cases(n=96):
+    g = torch.Generator().manual_seed(7)
+    rn = lambda *s: torch.randn(*s, generator=g) * 0.02  # noqa: E731
+    S = rn(n, n)
+    L = rn(n, 4) @ rn(4, n) * 10
+    return {
+        "square": torch.stack([rn(n, n) for _ in range(3)]),
+        "tall": torch.stack([rn(2 * n + 5, n) for _ in range(3)]),
+        "wide": torch.stack([rn(n, 2 * n + 5) for _ in range(3)]),
+        "correlated": torch.stack([0.7 * S + 0.3 * rn(n, n) for _ in range(3)]),  # an off-diagonal G: float64 blocks
+        "shared low rank": torch.stack([L + 0.2 * rn(n, n) for _ in range(3)]),  # κ(G) in the hundreds
+        "near duplicates": torch.stack([S + 1e-4 * rn(n, n) for _ in range(3)]),
+        "exact duplicates": torch.stack([S.clone() for _ in range(3)]),  # singular G: the min-norm solution
+        "one task": S.clone().unsqueeze(0),
+        "a zero task": torch.stack([S, torch.zeros(n, n), rn(n, n)]),
+        "rank deficient": torch.stack([rn(n, 5) @ rn(5, n) for _ in range(3)]),  # triplets dropped by the rank cut
+        "four tasks": torch.stack([rn(n, n - 7) for _ in range(4)]),
+    }
+
+
+@pytest.mark.parametrize("case", list(_structured_cases()))
+@pytest.mark.parametrize("cg", [False, True])
+def test_cpu_eigh_path_is_the_float64_svds_merge(case, cg, monkeypatch):
+    """Every structural case, solved directly and (cg) by conjugate gradients where they converge: within 1e-6
+    (relative, largest entry and Frobenius) of the float64 SVDs' merge, with as many triplets kept."""
+    from hubsoup.methods import sftm
+
+    if cg:  # small systems take conjugate gradients too (the default leaves them to Cholesky)
+        monkeypatch.setattr(sftm, "CG_MIN_RANK", 1)
+    mats = _structured_cases()[case]
+    eta = None if case == "rank deficient" else 0.3
+    want, winfo = _cpu_reference(mats, eta)
+    got, info = sftm.superpose_eigh(mats.clone(), eta=eta, threads=2)
+    assert info["rank"] == winfo["rank"], (info, winfo)
+    scale = float(want.abs().max())
+    if scale == 0.0:
+        assert not got.any()
+        return
+    if winfo["cond"] > sftm.CG_KAPPA:  # G near singular: both merges carry float32 rounding times κ(G)
+        trimmed = mats.clone()
+        for row in trimmed if eta is not None else ():
+            trim_topk_(row, eta)
+        exact = sftm_matrices(trimmed.double()).float()  # float64 throughout: the merge without that noise
+        assert float((got - exact).abs().max()) <= 2 * float((want - exact).abs().max()) + 1e-7 * scale
+        return
+    assert float((got - want).abs().max()) <= 1e-6 * scale, (case, info)
+    assert float((got.double() - want.double()).norm()) <= 1e-6 * float(want.double().norm())
+
+
+def test_cpu_eigh_path_takes_each_solver_where_it_should(monkeypatch):
+    """Nearly orthogonal tasks: float32 blocks and conjugate gradients; correlated ones: float64 blocks; κ(G) in
+    the hundreds: the direct solve (Cholesky), as before."""
+    from hubsoup.methods import sftm
+
+    monkeypatch.setattr(sftm, "CG_MIN_RANK", 1)
+    cases = _structured_cases()
+    _, info = sftm.superpose_eigh(cases["square"].clone(), eta=0.3)
+    assert (info["solver"], info["gram"]) == ("cg", "float32") and info["cond"] <= sftm.F32_GRAM_KAPPA
+    _, info = sftm.superpose_eigh(cases["correlated"].clone(), eta=0.3)
+    assert (info["solver"], info["gram"]) == ("cg", "float64") and info["cond"] > sftm.F32_GRAM_KAPPA
+    monkeypatch.setattr(sftm, "CG_KAPPA", 10.0)
+    _, info = sftm.superpose_eigh(cases["shared low rank"].clone(), eta=0.3)
+    assert info["solver"] == "cholesky" and info["gram"] == "float64"
+
+
+def test_cpu_eigh_path_does_not_depend_on_the_thread_count():
+    """Each step runs on one LAPACK thread whatever the number of threads side by side: the same bytes."""
+    from hubsoup.methods.sftm import superpose_eigh
+
+    mats = _structured_cases()["tall"]
+    one, _ = superpose_eigh(mats.clone(), eta=0.3, threads=1)
+    for threads in (2, 3):
+        got, _ = superpose_eigh(mats.clone(), eta=0.3, threads=threads)
+        assert torch.equal(got, one)
+
+
+def test_cpu_eigh_path_in_float64_keeps_the_exact_properties():
+    """float64 task matrices (this file's unit tests) stay float64 throughout: the constraints hold to 1e-10."""
+    from hubsoup.methods.sftm import superpose_eigh
+
+    mats = torch.stack([rand(6, 9, seed=s) for s in range(3)])
+    M, info = superpose_eigh(mats.clone())
+    assert M.dtype == D
+    for A in mats:
+        f = singular_features(A)
+        assert float(((f.U.T @ M @ f.V).diagonal() - f.s).abs().max()) < 1e-10
+    torch.testing.assert_close(M, sftm_matrices(mats), rtol=0, atol=1e-10)
+    low = torch.stack([rand(8, 2, seed=s) @ rand(2, 7, seed=s + 10) for s in range(3)])  # float64's rank cut
+    M, info = superpose_eigh(low.clone())
+    assert info["rank"] == 6
+    torch.testing.assert_close(M, sftm_matrices(low), rtol=0, atol=1e-10)
+
+
+def test_the_merge_takes_the_eigh_path_on_the_cpu_and_the_svd_path_when_asked(monkeypatch):
+    """merge() on the CPU: the eigh path by default, the float64 SVDs with HUBSOUP_SFTM_CPU=svd; within 1e-6."""
+    from hubsoup.methods import sftm
+
+    mats = _structured_cases()["wide"]
+    calls = []
+    real = sftm.superpose_eigh
+    monkeypatch.setattr(sftm, "superpose_eigh", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fast = run(mats, eta=0.3, gamma=1.0)
+    assert calls
+    monkeypatch.setattr(sftm, "CPU_PATH", "svd")
+    slow = run(mats, eta=0.3, gamma=1.0)
+    assert len(calls) == 1
+    assert float((fast - slow).abs().max()) <= 1e-6 * float(slow.abs().max())

@@ -28,13 +28,15 @@ mergekit's in distribution, not bit for bit.
 
 **The same masks on every device.** torch's CPU and CUDA generators give different streams, and
 drawing a mask on the CPU to merge on a GPU costs more than the merge. :func:`counter_bits` is a
-counter-based generator instead: entry j's draw is a hash of (seed, j) — two rounds of the
-``lowbias32`` integer mixer (C. Wellons' hash-prospector) keyed by the seed's two halves, in int32
-tensor ops (two's complement: products wrap modulo 2³² alike on every device; a right shift is made
-logical by a mask) — keeping its top 24 bits. The
-draws of a piece depend only on the entries' indices, so a tensor merged whole, in pieces, on the CPU or
-on a GPU gets one mask. (Before this, DARE's mergekit convention drew each block of 2¹⁶ entries from a
-CPU ``torch.Generator``: its CPU outputs changed with this draw, in distribution the same.)
+counter-based generator instead, drawn in blocks of :data:`MASK_BLOCK` = 2¹⁶ entries: block b's key K_b is a
+hash of (seed, b) — two rounds of the ``lowbias32`` integer mixer (C. Wellons' hash-prospector) keyed by the
+seed's two halves — and entry j = b·2¹⁶ + t draws ``lowbias32(t ^ K_b)``, keeping its top 24 bits: one round
+per entry, in int32 tensor ops (two's complement: products wrap modulo 2³² alike on every device; a right
+shift is made logical by a mask). The draws of a piece depend only on the entries' indices, so a tensor
+merged whole, in pieces, on the CPU or on a GPU gets one mask. On the CPU :func:`counter_keep_` applies the
+same draws without a boolean mask. (Before 0.2 every entry took both keyed rounds, ~2x the work; before
+that, DARE's mergekit convention drew each block from a CPU ``torch.Generator``: outputs of those versions
+differ, in distribution the same.)
 """
 
 from __future__ import annotations
@@ -88,12 +90,12 @@ def outliers_mask(x: torch.Tensor, density: float, gamma: float) -> torch.Tensor
 
 
 MASK_BLOCK = 1 << 16
-"""Entries drawn from one generator by :func:`bernoulli_mask`; pieces of a tensor whose masks are drawn start
-at a multiple of it."""
+"""Entries drawn from one key (:func:`counter_bits`; :func:`bernoulli_mask`: one generator); pieces of a tensor
+whose masks are drawn start at a multiple of it."""
 
 _M32 = 0xFFFFFFFF
 COUNTER_CHUNK = 1 << 20
-"""Entries hashed at once by :func:`counter_bits` (bounds its int32 temporaries: 4 MiB)."""
+"""Entries hashed at once by :func:`counter_bits` (bounds its temporaries)."""
 DEVICE_COUNTER_CHUNK = 1 << 24
 """The same on an accelerator (64 MiB temporaries): fewer, larger launches (each op is one)."""
 
@@ -122,22 +124,53 @@ def _lowbias32_(x: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def lowbias32(x: int) -> int:
+    """:func:`_lowbias32_` of one 32-bit word, in Python integers (the block keys; the tests' reference)."""
+    x &= _M32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def block_key(seed: int, block: int) -> int:
+    """K_b of :func:`counter_bits`: two keyed rounds of ``lowbias32`` over the block's index (modulo 2³²)."""
+    return lowbias32(lowbias32((block & _M32) ^ (seed & _M32)) ^ ((seed >> 32) & _M32))
+
+
+def _block_keys(seed: int, first: int, n: int, device: str | torch.device) -> torch.Tensor:
+    """:func:`block_key` of blocks ``first`` … ``first + n − 1`` as int32 words, computed on ``device`` (no copy
+    from the host on an accelerator)."""
+    x = torch.arange(first, first + n, dtype=torch.int64, device=device).bitwise_and_(_M32)
+    x = x.bitwise_xor_(seed & _M32).to(torch.int32)  # the int64 → int32 cast keeps the low 32 bits
+    tmp = torch.empty_like(x)
+    _lowbias32_(x, tmp)
+    x ^= _int32((seed >> 32) & _M32)
+    return _lowbias32_(x, tmp)
+
+
 def counter_bits(seed: int, start: int, count: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """24 random bits (int32 in [0, 2²⁴)) for entries ``start`` … ``start + count − 1`` of the stream ``seed``:
-    the same values on any device, whatever the chunking.
+    entry j = b·2¹⁶ + t draws the top 24 bits of ``lowbias32(t ^ K_b)``, K_b = :func:`block_key` (seed, b); the
+    same values on any device, whatever the chunking.
 
     Example:
         >>> a = counter_bits(7, 0, 6)
         >>> torch.equal(a[2:], counter_bits(7, 2, 4)), bool((a >= 0).all() and (a < 2 ** 24).all())
         (True, True)
+        >>> int(a[3]) == lowbias32(3 ^ block_key(7, 0)) >> 8
+        True
     """
-    k1, k2 = seed & _M32, (seed >> 32) & _M32
-    # the entries' indices modulo 2³², keyed, as int32 words (the int64 → int32 cast keeps the low 32 bits)
-    x = torch.arange(start, start + count, dtype=torch.int64, device=device).bitwise_and_(_M32)
-    x = x.bitwise_xor_(k1).to(torch.int32)
-    tmp = torch.empty_like(x)
-    _lowbias32_(x, tmp)
-    x ^= _int32(k2)
+    if count <= 0:
+        return torch.empty(0, dtype=torch.int32, device=device)
+    first, last = start // MASK_BLOCK, (start + count - 1) // MASK_BLOCK
+    keys = _block_keys(seed, first, last + 1 - first, device)
+    j = torch.arange(start, start + count, dtype=torch.int64, device=device)
+    tmp = j.bitwise_and(MASK_BLOCK - 1).to(torch.int32)  # t, each entry's place in its block
+    x = keys[j.bitwise_right_shift_(MASK_BLOCK.bit_length() - 1).sub_(first)]  # each entry's block key
+    del j
+    x ^= tmp  # t ^ K_b
     _lowbias32_(x, tmp)
     return torch.bitwise_right_shift(x, 8, out=tmp).bitwise_and_((1 << 24) - 1)
 
@@ -161,6 +194,48 @@ def counter_mask(numel: int, density: float, seed: int, offset: int = 0,
         k = min(chunk, numel - a)
         torch.lt(counter_bits(seed, offset + a, k, device), threshold, out=out[a:a + k])
     return out
+
+
+_IOTA: list[torch.Tensor] = []
+
+
+def counter_keep_(x: torch.Tensor, density: float, seed: int, offset: int = 0) -> torch.Tensor:
+    """In place, on the CPU: the entries of the contiguous ``x`` (entries ``offset`` … of the flattened tensor) that
+    :func:`counter_mask` drops set to +0.0, the others left as they are (``masked_fill_`` with the mask's
+    complement, bit for bit; ``tests/test_device_kernels.py`` holds them equal). ~3x cheaper: one block at a time
+    (its int32 temporaries stay in a core's L2 cache while the hash's ~15 passes run), the entries' t a cached
+    0, 1, 2, …, and the decision a word of all ones or all zeros (the sign of bits − T, T = round(density·2²⁴))
+    ANDed into the float's bits: no boolean tensor (``masked_fill_`` with one takes ~1.8 ns an entry).
+
+    Example:
+        >>> x = torch.ones(100_000)
+        >>> torch.equal(counter_keep_(x, 0.3, seed=1, offset=64).bool(), counter_mask(100_000, 0.3, 1, 64))
+        True
+    """
+    threshold = int(round(density * (1 << 24)))
+    if threshold >= 1 << 24:
+        return x
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        return x.masked_fill_(~counter_mask(x.numel(), density, seed, offset).view(x.shape), 0)
+    words = x.view(-1).view(torch.int32)
+    if not _IOTA:
+        _IOTA.append(torch.arange(MASK_BLOCK, dtype=torch.int32))
+    iota = _IOTA[0]
+    n = words.numel()
+    h = torch.empty(min(n, MASK_BLOCK), dtype=torch.int32)
+    tmp = torch.empty_like(h)
+    a = 0
+    while a < n:
+        j = offset + a
+        t = j % MASK_BLOCK
+        k = min(MASK_BLOCK - t, n - a)  # to the end of this block
+        hk, tk = h[:k], tmp[:k]
+        torch.bitwise_xor(iota[t:t + k], _int32(block_key(seed, j // MASK_BLOCK)), out=hk)
+        _lowbias32_(hk, tk)
+        torch.bitwise_right_shift(hk, 8, out=tk).bitwise_and_((1 << 24) - 1).sub_(threshold)
+        words[a:a + k].bitwise_and_(tk.bitwise_right_shift_(31))  # bits < T: all ones (kept), else 0
+        a += k
+    return x
 
 
 def bernoulli_mask(numel: int, density: float, generator_for: Callable[[int], torch.Generator],

@@ -40,6 +40,7 @@ class Consensus(Method):
     paper = "Localizing Task Information for Improved Model Merging and Compression (Wang et al., 2024)"
     paper_url = "https://arxiv.org/abs/2405.07813"
     Params = ConsensusParams
+    elementwise = True  # each entry's masks and sum read that entry's task vectors only: merged in pieces, in lanes
     search_grid = {"scale": [round(0.1 * i, 1) for i in range(1, 11)], "k": [1, 2],  # the paper's grids
                    "lambdas": [0.2, 0.3, 0.4, 0.5, 0.6]}
     scale_param = "scale"

@@ -21,9 +21,11 @@ The mergekit convention draws its masks with a counter-based generator
 (:func:`~hubsoup.methods._sparsify.counter_mask`): entry j's draw depends only on the seed and j, so
 the masks are the same on the CPU and on a GPU (drawn there, at the device's speed), and a tensor is
 merged in pieces (in lanes): one pass sums each task vector's L1 norm before and after the drop (for
-``rescale``), then every piece drops, rescales and combines. (Until this draw, the mergekit
-convention drew each block of 2¹⁶ entries from a CPU generator: outputs of earlier versions differ,
-in distribution the same.)
+``rescale``), then every piece drops, rescales and combines. On the CPU the drop is
+:func:`~hubsoup.methods._sparsify.counter_keep_` (the same draws, no boolean mask). (0.2 draws in blocks of
+2¹⁶ entries, one hash round per entry under a per-block key, half the work of 0.1's two rounds per entry;
+before that, each block came from a CPU generator: outputs of earlier versions differ, in distribution the
+same.)
 
 With ``compute_dtype`` (set from a mergekit config's ``dtype``) the mergekit convention computes as mergekit
 does in that dtype, step for step (:func:`~hubsoup.methods._sparsify.gta_in_dtype`): the drop and the L1
@@ -44,7 +46,8 @@ from hubsoup.linalg import block_sums, block_sums_t
 from hubsoup.methods import Method, StatsPass, TensorContext, param, register
 from hubsoup.methods._kernels import task_arithmetic, ties_combine_
 from hubsoup.methods.task_arithmetic import default_scale
-from hubsoup.methods._sparsify import MASK_BLOCK, counter_mask, gta_combine_, l1_norm, per_input, rescale_to_norm_
+from hubsoup.methods._sparsify import (MASK_BLOCK, counter_keep_, counter_mask, gta_combine_, l1_norm, per_input,
+                                       rescale_to_norm_)
 from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param, gta_in_dtype, random_work_dtype
 
 
@@ -142,7 +145,7 @@ class Dare(Method):
                     if params.rescale:
                         before, after = norms[i] if norms else (l1_norm(row), None)
                     if not dropped:
-                        row.masked_fill_(~_mask(row, density, params, ctx, i), 0.0)
+                        _drop_(row, density, params, ctx, i)
                     if params.rescale:
                         rescale_to_norm_(row, before, after=after)
             normalize = params.merge == "mean" if params.then == "ties" else params.normalize
@@ -188,6 +191,16 @@ def _mask(row: torch.Tensor, density: float, params, ctx: TensorContext, i: int)
                         row.device).view(row.shape)
 
 
+def _drop_(row: torch.Tensor, density: float, params, ctx: TensorContext, i: int) -> None:
+    """In place: input i's drop (mergekit convention) on the entries ``row`` holds, from ``ctx.offset``: on the CPU
+    :func:`~hubsoup.methods._sparsify.counter_keep_` (no boolean mask), elsewhere the mask of :func:`_mask` filled
+    in; the same entries set to +0.0."""
+    if row.device.type == "cpu":
+        counter_keep_(row, density, ctx.seed(f"dare:{params.seed}:{i}"), ctx.offset)
+    else:
+        row.masked_fill_(~_mask(row, density, params, ctx, i), 0.0)
+
+
 _NORMS = "dare.l1"
 
 
@@ -206,7 +219,7 @@ class _NormsPass(StatsPass):
             if density < 1.0:
                 before, after = self.sums[i]
                 before += block_sums(row, absolute=True)
-                row.masked_fill_(~_mask(row, density, self.params, ctx, i), 0.0)  # the sweep's buffer
+                _drop_(row, density, self.params, ctx, i)  # the sweep's buffer
                 after += block_sums(row, absolute=True)
 
     def fork(self) -> "_NormsPass":

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 
 from hubsoup.errors import ParameterError
+from hubsoup.linalg import single_thread
 from hubsoup.exemplars import capture, match_tasks, parse_exemplar_specs
 from hubsoup.methods import Method, register
 from hubsoup.methods import param
@@ -64,6 +65,13 @@ def lot_linear(deltas: torch.Tensor, grams, *, eps: float = 1e-6, solver: str = 
     ``grams`` is a sequence (or iterator) of per-task Grams, None for a task whose exemplars
     never reached the op; they are consumed one at a time (A and B accumulate).
     """
+    if deltas.device.type == "cpu":  # one thread: see hubsoup.methods.opcm.project (a second one spins under load)
+        with single_thread():
+            return _lot_linear(deltas, grams, eps, solver)
+    return _lot_linear(deltas, grams, eps, solver)
+
+
+def _lot_linear(deltas: torch.Tensor, grams, eps: float, solver: str) -> torch.Tensor:
     A = B = None
     for d, G in zip(deltas, grams):
         if G is None:

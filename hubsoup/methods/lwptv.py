@@ -25,6 +25,7 @@ from typing import Any, Literal, MutableMapping
 import torch
 
 from hubsoup.errors import MethodError
+from hubsoup.linalg import DOT_BLOCK
 from hubsoup.methods import StatsPass, TensorContext, param, register
 from hubsoup.methods._compose import Composed, Modifier
 
@@ -83,31 +84,64 @@ def layer_masks(scores: list[list[float]], eta: float, literal: bool = False) ->
     return out
 
 
-_CHUNK = 1 << 20  # entries per task scored at a time
+_CHUNK = 1 << 20  # entries per task scored at a time (a multiple of DOT_BLOCK)
 
 
 class _SaliencyPass(StatsPass):
-    def __init__(self, own: LwptvParams, n: int):
+    """Σ|τ_k − τ̄| (or Σ|τ_k|) per layer and task, over the pieces of each tensor (no whole-tensor stack: peak
+    memory as task arithmetic's), in lanes: float64 sums of blocks of :data:`~hubsoup.linalg.DOT_BLOCK` entries,
+    added exactly at the end (``math.fsum``), so the scores do not depend on where pieces start or which lane
+    took them; the tensors' order is the stream's, kept in a list the forks share."""
+
+    piecewise = True
+
+    def __init__(self, own: LwptvParams, n: int, order: list[str] | None = None):
         self.own, self.n = own, n
         self.units: dict[str, dict[str, Any]] = {}
+        self.order = [] if order is None else order  # tensor names in stream order, shared with the forks
+        self.unit_of: dict[str, str] = {}
 
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
-        u = self.units.setdefault(unit_of(ctx, self.own.unit),
-                                  {"abs": [0.0] * self.n, "numel": 0, "tensors": [], "nonzero": False})
+        unit = unit_of(ctx, self.own.unit)
+        u = self.units.setdefault(unit, {"abs": [[] for _ in range(self.n)], "numel": 0, "nonzero": False})
+        if ctx.offset == 0:  # one piece per tensor starts at 0; tensors are streamed one after the other
+            self.order.append(ctx.name)
+        self.unit_of[ctx.name] = unit
         flat = deltas.reshape(self.n, -1)
-        total = torch.zeros(self.n, dtype=torch.float64, device=deltas.device)
         for start in range(0, flat.shape[1], _CHUNK):  # float64 in chunks: exact enough, bounded memory
             part = flat[:, start:start + _CHUNK].double()
             if self.own.score == "deviation":
                 part.sub_(part.sum(dim=0).div_(self.n))
-            total += part.abs_().sum(dim=1)
-        for k, v in enumerate(total.tolist()):
-            u["abs"][k] += v
-        u["numel"] += base.numel()
-        u["tensors"].append(ctx.name)
+            part.abs_()
+            full = part.shape[1] // DOT_BLOCK * DOT_BLOCK
+            sums = part[:, :full].reshape(self.n, -1, DOT_BLOCK).sum(dim=2)
+            tail = part[:, full:].sum(dim=1, keepdim=True) if full < part.shape[1] else None
+            rows = (torch.cat([sums, tail], dim=1) if tail is not None else sums).tolist()
+            for k, row in enumerate(rows):
+                u["abs"][k] += row
+        u["numel"] += flat.shape[1]
         u["nonzero"] = u["nonzero"] or bool(deltas.any())
 
+    def fork(self) -> "_SaliencyPass":
+        return _SaliencyPass(self.own, self.n, self.order)
+
+    def join(self, other: "_SaliencyPass") -> None:  # type: ignore[override]
+        for unit, ou in other.units.items():
+            u = self.units.setdefault(unit, {"abs": [[] for _ in range(self.n)], "numel": 0, "nonzero": False})
+            for k in range(self.n):
+                u["abs"][k] += ou["abs"][k]
+            u["numel"] += ou["numel"]
+            u["nonzero"] = u["nonzero"] or ou["nonzero"]
+        self.unit_of.update(other.unit_of)
+
     def finish(self, stats: MutableMapping[str, Any]) -> None:
+        tensors: dict[str, list[str]] = {}  # unit -> its tensors, units and tensors in stream order
+        for name in self.order:
+            tensors.setdefault(self.unit_of[name], []).append(name)
+        units = {unit: {**self.units[unit], "tensors": names} for unit, names in tensors.items()}
+        for u in units.values():
+            u["abs"] = [math.fsum(v) for v in u["abs"]]
+        self.units = units
         ranked = [name for name, u in self.units.items() if u["nonzero"] or self.own.zero_layers == "count"]
         scores = [[self.units[name]["abs"][k] / max(self.units[name]["numel"], 1) for name in ranked]
                   for k in range(self.n)]

@@ -22,6 +22,7 @@ both paths call :func:`opcm_update` and :func:`opcm_lambda`, so they agree bit f
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any, Literal, MutableMapping, Sequence
@@ -29,6 +30,7 @@ from typing import Any, Literal, MutableMapping, Sequence
 import torch
 
 from hubsoup.errors import ParameterError
+from hubsoup.linalg import single_thread, thin_svd_gram
 from hubsoup.methods import Method, StatsPass, TensorContext, register
 from hubsoup.arch import tensor_role
 from hubsoup.methods import param
@@ -63,8 +65,16 @@ def project(S: torch.Tensor, X: torch.Tensor, alpha: float, zero_diagonal: bool 
     out = X.clone()
     if not bool(S.any()):
         return out
-    # the SVD in float64, its factors back in S's dtype: LAPACK and cuSOLVER then agree to rounding
-    U, s, Vh = (t.to(S.dtype) for t in torch.linalg.svd(S.double(), full_matrices=False))
+    # On the CPU on one thread: at a layer's sizes a second LAPACK/BLAS thread gains little on two idle cores and
+    # spins on a loaded machine (124M model, load 9 on 2 cores: 1.2 CPU-s per 768 × 768 projection on two
+    # threads, 0.14 s on one). Every caller (the merge, `hubsoup continual`) projects here: the same bits.
+    with single_thread() if X.device.type == "cpu" else contextlib.nullcontext():
+        return _project(S, X, out, alpha, zero_diagonal, rank_tol)
+
+
+def _project(S: torch.Tensor, X: torch.Tensor, out: torch.Tensor, alpha: float, zero_diagonal: bool,
+             rank_tol: float | None) -> torch.Tensor:
+    U, s, Vh = singular_triplets(S)
     k = split_rank(s, alpha)
     if k:
         Uk, Vk = U[:, :k], Vh[:k].mT
@@ -77,6 +87,19 @@ def project(S: torch.Tensor, X: torch.Tensor, alpha: float, zero_diagonal: bool 
             d = ((Ud.mT @ X) * Vd).sum(dim=1)  # u_iᵀ X v_i
             out.sub_((Ud * d) @ Vd)
     return out
+
+
+def singular_triplets(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``U, s, Vh`` of S's thin SVD in S's dtype. A float32 S on the CPU (every merge's): from the float64
+    eigen-decomposition of its smaller Gram matrix (:func:`hubsoup.linalg.thin_svd_gram`, half the SVD's time):
+    the triplets :func:`project` uses are those above max(m, n)·eps of float32, a float64 SVD's to ~1e-12. Else
+    the float64 SVD, its factors back in S's dtype (LAPACK and cuSOLVER then agree to rounding; a float64 S keeps
+    σ's down to float64's cut, below what squaring resolves)."""
+    if S.device.type == "cpu" and S.dtype == torch.float32:
+        U, s, V = thin_svd_gram(S)
+        return U, s.to(S.dtype), V.mT
+    U, s, Vh = (t.to(S.dtype) for t in torch.linalg.svd(S.double(), full_matrices=False))
+    return U, s, Vh
 
 
 def _projected(name: str, x: torch.Tensor) -> bool:
@@ -111,9 +134,12 @@ def sq_norm(x: torch.Tensor) -> float:
 
 
 def sequential_update(deltas: torch.Tensor, name: str, params: Any) -> torch.Tensor:
-    S = None
-    for tau in deltas:
-        S = opcm_update(S, tau, name, params)
+    """S_T of the stack ``deltas`` (only read): :func:`opcm_update` step by step, S added to in place (the same
+    bits as ``S + ...``, one copy of the tensor fewer at a time)."""
+    S = deltas[0].clone()
+    projected = _projected(name, S)
+    for tau in deltas[1:]:
+        S.add_(project(S, tau, params.alpha, params.zero_diagonal, params.rank_tol) if projected else tau)
     return S
 
 
@@ -143,10 +169,9 @@ class _NormPass(StatsPass):
         self.sq_S = 0.0
 
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
-        S = None
         for i, tau in enumerate(deltas):
             self.sq_tau[i] += sq_norm(tau)
-            S = opcm_update(S, tau, ctx.name, self.params)
+        S = sequential_update(deltas, ctx.name, self.params)
         self.sq_S += sq_norm(S)
         kept = ctx.stats.get("opcm.kept")
         if kept is not None and _projected(ctx.name, S):  # the rest costs a sum: recomputed in the merge

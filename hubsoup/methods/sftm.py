@@ -42,6 +42,7 @@ from typing import Literal, Sequence
 import torch
 
 from hubsoup.arch import tensor_role
+from hubsoup.linalg import Job, cg_solve, eigh_descending, other_side, run_jobs, single_thread, small_gram
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._kernels import keep_topk_
 
@@ -129,10 +130,175 @@ task matrices of 2048×2048): 0.084 s and a merged matrix within 9e-7 of the CPU
 0.66 s and 2e-3 for the float32 SVD. The environment variable is a measurement aid."""
 
 
+CPU_PATH = os.environ.get("HUBSOUP_SFTM_CPU", "eigh")
+"""How the CPU merges a matrix: ``"eigh"`` (:func:`superpose_eigh`: float64 eigen-decompositions of the Gram
+matrices, the system solved by conjugate gradients when it is well conditioned, independent steps side by
+side on the cores) or ``"svd"`` (one float64 SVD per task matrix and a Cholesky solve, as before 0.2: a
+measurement aid, ``benchmarks/bench_seed_methods.py``). The environment variable is read at import."""
+
+
 FLOAT32_SVD_TOL = 5e-5
 """Relative Frobenius error of a merged matrix from float32 SVDs against float64 ones that tests allow
 (``tests/test_sftm.py``, trimmed random task matrices, 2-4 correlated tasks, up to 1024×512: measured
 3e-6 to 7e-6 on the CPU)."""
+
+
+F32_GRAM_KAPPA = 2.0
+"""κ(G) up to which :func:`superpose_eigh` keeps the Gram matrix's blocks from float32 products (twice as fast as
+float64): each entry is then off by float32 rounding (~1e-7 relative), and β = G⁻¹σ by at most κ times that.
+Measured (``tests/test_sftm.py``): κ 1.0-1.05 moved the merged matrix by ~1e-7 (Frobenius, relative), κ = 332 by
+1.4e-6; above this κ the blocks are recomputed in float64."""
+
+CG_KAPPA = 1e4
+"""κ(G) (Lanczos estimate) up to which conjugate gradients' solution is taken: relative error ≤ κ × its
+residual (≤ 1e-13), far below float32 rounding. Above it, or without convergence, :func:`solve_gram` (Cholesky,
+else the pseudo-inverse) solves as before."""
+
+CG_MIN_RANK = 1024
+"""Smaller systems are solved directly (:func:`solve_gram`): a Cholesky factor costs little there."""
+
+
+class _EighTriplets:
+    """One task matrix's kept singular triplets from the float64 eigen-decomposition of its smaller Gram matrix
+    (:func:`hubsoup.linalg.thin_svd_gram`), in three steps that :func:`superpose_eigh` runs as separate jobs:
+    ``gram`` (X Xᵀ, X the matrix or its transpose with the short side first), ``eigen`` (LAPACK's ``syevd``;
+    σ = √λ, the rank cut of :func:`singular_features` on σ in the matrix's dtype) and ``other`` (the other side's
+    vectors, Xᵀ W Σ⁻¹, in float64).
+
+    Accuracy: squaring costs σ's below ~1e-8·σ_max, far under the rank cut-off (max(m, n)·eps of float32: the
+    triplets dropped and kept are a float64 SVD's), and the kept triplets are a float64 SVD's to ~1e-12
+    (``tests/test_sftm.py``). A float64 matrix (this package's exact tests) takes :func:`singular_features`: its
+    cut (max(m, n)·eps of float64) lies below what squaring resolves. Cost on one core of the 1B benchmark's
+    machine, 2048 × 5632: 3.2 s against 6.8 s for the float64 SVD (``syevd`` 1.8 s, each product 0.6-0.8 s)."""
+
+    def __init__(self, A: torch.Tensor, rank_tol: float | None):
+        self.A, self.rank_tol = A, rank_tol
+        self.wide = A.shape[0] <= A.shape[1]
+        self.X = A if self.wide else A.mT  # p × q, p ≤ q: the Gram X Xᵀ is p × p
+        self.features: Features | None = None
+
+    def gram(self) -> None:
+        if self.A.dtype != torch.float64:
+            self.K = small_gram(self.X)
+
+    def eigen(self) -> None:
+        dtype = self.A.dtype
+        if dtype == torch.float64:
+            self.features = singular_features(self.A, self.rank_tol)
+            return
+        s64, W = eigh_descending(self.K)
+        del self.K
+        s = s64.to(dtype)
+        if s.numel() == 0 or float(s[0]) == 0.0:
+            keep = torch.zeros(s.numel(), dtype=torch.bool)
+        else:  # as _drop_small: the cut on σ in the matrix's dtype
+            tol = self.rank_tol if self.rank_tol is not None else max(self.A.shape) * torch.finfo(dtype).eps
+            keep = s > tol * s[0]
+        self.W = W[:, keep]
+        self.s64, self.s = s64[keep], s[keep]
+
+    def other(self) -> None:
+        if self.features is not None:
+            return
+        dtype = self.A.dtype
+        O = other_side(self.X, self.W, self.s64, dtype)
+        Wd = self.W.to(dtype)
+        U, V = (Wd, O) if self.wide else (O, Wd)
+        self.features = Features(U, self.s, V)
+        del self.W
+
+
+def superpose_eigh(mats: torch.Tensor, *, rank_tol: float | None = None, ridge: float = 0.0, rcond: float = 1e-10,
+                   eta: float | None = None, threads: int | None = None) -> tuple[torch.Tensor, dict]:
+    """The CPU's :func:`superpose` of the ``(T, m, n)`` task matrices ``mats`` (trimmed here first, in place, when
+    ``eta`` is given): the same merged matrix as the float64 SVDs' (:func:`singular_features`) to float32 rounding,
+    the cheapest exact way found for each step (``benchmarks/results/seed_methods_cpu.md``):
+
+    - triplets: :class:`_EighTriplets` (float64 Gram eigen-decompositions: half an SVD's time);
+    - the Gram system: the blocks between tasks from float32 products when κ(G) ≤ :data:`F32_GRAM_KAPPA`, else
+      float64; solved by conjugate gradients (:func:`hubsoup.linalg.cg_solve`: nearly orthogonal tasks make
+      G ≈ I, a few r² iterations instead of an r³/3 factor) when it converges with κ ≤ :data:`CG_KAPPA`, else by
+      :func:`solve_gram` as before;
+    - M = Σᵢ Uᵢ diag(βᵢ) Vᵢᵀ in ``mats``' dtype, in two fixed halves of rows;
+    - the independent steps (trims, Grams, eigen-decompositions, the products of each pair of tasks, the halves
+      of M) side by side on ``threads`` (default: torch's), each on one LAPACK thread
+      (:func:`hubsoup.linalg.run_jobs`): the result does not depend on the thread count.
+    """
+    T, m, n = mats.shape
+    dtype = mats.dtype
+    exact = dtype == torch.float64  # float64 task matrices (tests): every product in float64
+    tasks = [_EighTriplets(mats[i], rank_tol) for i in range(T)]
+    jobs: list[Job] = []
+    if eta is not None:
+        jobs += [Job(lambda i=i: trim_topk_(mats[i], eta)) for i in range(T)]
+    base = len(jobs)
+    jobs += [Job(t.gram, after=(i,) if eta is not None else ()) for i, t in enumerate(tasks)]
+    jobs += [Job(t.eigen, after=(base + i,)) for i, t in enumerate(tasks)]
+    jobs += [Job(t.other, after=(base + T + i,)) for i, t in enumerate(tasks)]
+    pairs = [(i, j) for i in range(T) for j in range(i + 1, T)]
+    work_dtype = torch.float64 if exact else torch.float32
+
+    def block(i: int, j: int, wd: torch.dtype) -> torch.Tensor | None:
+        fi, fj = tasks[i].features, tasks[j].features
+        assert fi is not None and fj is not None
+        if not fi.s.numel() or not fj.s.numel():
+            return None
+        return (fi.U.to(wd).mT @ fj.U.to(wd)).mul_(fi.V.to(wd).mT @ fj.V.to(wd))
+
+    jobs += [Job(lambda i=i, j=j: block(i, j, work_dtype), after=(base + 2 * T + i, base + 2 * T + j))
+             for i, j in pairs]
+    blocks = run_jobs(jobs, threads)[len(jobs) - len(pairs):]
+    feats = [t.features for t in tasks]
+    assert all(f is not None for f in feats)
+    sizes = [f.s.numel() for f in feats]
+    r = sum(sizes)
+    if r == 0:
+        return torch.zeros(m, n, dtype=dtype), {"rank": 0}
+    starts = [sum(sizes[:i]) for i in range(T)]
+    s = torch.cat([f.s for f in feats]).double()
+
+    def assemble(blks) -> torch.Tensor:
+        G = torch.eye(r, dtype=torch.float64)
+        for (i, j), blk in zip(pairs, blks):
+            if blk is not None:
+                G[starts[i]:starts[i] + sizes[i], starts[j]:starts[j] + sizes[j]] = blk
+                G[starts[j]:starts[j] + sizes[j], starts[i]:starts[i] + sizes[i]] = blk.mT
+        return G
+
+    G = assemble(blocks)
+    del blocks
+    info: dict = {"rank": r}
+    beta = None
+    if r >= CG_MIN_RANK:
+        with single_thread():
+            x, cg = cg_solve(G, s, ridge=ridge)
+        if not exact and not (cg["converged"] and cg["kappa"] <= F32_GRAM_KAPPA):  # the float64 products
+            del G
+            G = assemble(run_jobs([Job(lambda i=i, j=j: block(i, j, torch.float64)) for i, j in pairs], threads))
+            with single_thread():
+                x, cg = cg_solve(G, s, ridge=ridge)
+            info["gram"] = "float64"
+        else:
+            info["gram"] = "float64" if exact else "float32"
+        if cg["converged"] and cg["kappa"] <= CG_KAPPA:
+            beta = x
+            info.update(solver="cg", cond=cg["kappa"], iterations=cg["iterations"])
+    elif not exact:  # a direct solve: the float64 products, as superpose takes them
+        G = assemble(run_jobs([Job(lambda i=i, j=j: block(i, j, torch.float64)) for i, j in pairs], threads))
+    if beta is None:
+        beta, solved = solve_gram(G, s, ridge=ridge, rcond=rcond)
+        info.update(solved)
+    del G
+    U = torch.cat([f.U for f in feats], dim=1).mul_(beta.to(dtype))  # one product over every triplet, as
+    V = torch.cat([f.V for f in feats], dim=1)  # superpose takes it: its rounding, not a sum of T products
+    del feats
+    for t in tasks:  # the per-task copies, now in U and V
+        t.features = None
+    M = torch.empty(m, n, dtype=dtype)
+    half = m // 2  # fixed halves: the same products whatever the thread count
+    run_jobs([Job(lambda: torch.mm(U[:half], V.mT, out=M[:half])),
+              Job(lambda: torch.mm(U[half:], V.mT, out=M[half:]))], threads)
+    return M, info
 
 
 def lora_features(B: torch.Tensor, A: torch.Tensor, scale: float = 1.0,
@@ -341,10 +507,16 @@ class Sftm(Method):
     @staticmethod
     def _superposed(base, deltas, params, name: str) -> torch.Tensor:
         """The unscaled merged matrix: trim each task matrix, its singular features, their superposition."""
-        for row in deltas:
-            trim_topk_(row, params.eta)
         mats = deltas.reshape(deltas.shape[0], base.shape[0], -1)  # conv [out, in, kh, kw] -> [out, in·kh·kw]
-        if mats.device.type == "cpu":  # float64 SVDs, one per task matrix: the CPU's results as they were
+        if mats.device.type == "cpu" and CPU_PATH == "eigh":  # trims, triplets and products side by side
+            M, info = superpose_eigh(mats, rank_tol=params.rank_tol, ridge=params.ridge, rcond=params.rcond,
+                                     eta=params.eta)
+            log.debug("SFTM %s: r=%d solver=%s cond=%.3g", name, info.get("rank", 0),
+                      info.get("solver", "-"), info.get("cond", 0.0))
+            return M.reshape(base.shape)
+        for row in mats:
+            trim_topk_(row, params.eta)
+        if mats.device.type == "cpu":  # float64 SVDs, one per task matrix (HUBSOUP_SFTM_CPU=svd: before 0.2)
             feats = [singular_features(M, params.rank_tol) for M in mats]
         elif DEVICE_SVD == "svd":  # an accelerator, the older way: one batched float32 SVD (same shapes)
             feats = singular_features_batched(mats, params.rank_tol)
