@@ -48,6 +48,7 @@ _LAZY = {
     "run_recipe": ("hubsoup.workflows.rerun", "run_recipe"),
     "evolve": ("hubsoup.workflows.evolve", "evolve"),
     "list_methods": ("hubsoup.methods", "list_methods"),
+    "method": ("hubsoup.methods", "method"),
 }
 
 

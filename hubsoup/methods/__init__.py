@@ -3,7 +3,8 @@
 Every public module of this package (a name without a leading underscore) is a
 method module, imported on first use; each registers its methods with
 :func:`register`, so adding a method is adding a module. The private modules are
-the kit: the :class:`Method` contract (``_base``), typed parameters (``_params``),
+the kit: the :class:`Method` contract (``_base``), a method as one decorated function
+(:func:`method`, ``_easy``), typed parameters (``_params``),
 shared tensor primitives (``_kernels``), exact selection (``_select``), the LiNeS
 depth schedule (``_depth``) and modifiers (``_compose``). The engine finds a method
 here by name and knows nothing else about it.
@@ -33,6 +34,7 @@ from hubsoup.methods._base import (
     plugin_distributions,
     register,
 )
+from hubsoup.methods._easy import method
 from hubsoup.methods._params import describe, param, parse_params, to_dict
 
 
@@ -88,6 +90,6 @@ for _mod in pkgutil.iter_modules(__path__):
     if not _mod.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_mod.name}")
 
-__all__ = ["InputInfo", "Method", "PrepareContext", "StatsPass", "TensorContext", "available", "get_method", "register",
+__all__ = ["InputInfo", "Method", "method", "PrepareContext", "StatsPass", "TensorContext", "available", "get_method", "register",
            "method_distribution", "plugin_distributions", "check_plugins", "param", "parse_params", "to_dict", "describe",
            "list_methods", "measured"]

@@ -365,8 +365,8 @@ def register(cls: type[Method]) -> type[Method]:
 
 
 ENTRY_POINT_GROUP = "hubsoup.methods"
-"""Installed packages declare their methods under this entry-point group (``name = "module:Class"`` or
-``name = "module"``): loading the entry point registers them (``@register``, or the class it names)."""
+"""Installed packages declare their methods under this entry-point group (``name = "module:Class"``,
+``name = "module:function"`` for a function decorated with :func:`hubsoup.methods.method`, or ``name = "module"``): loading the entry point registers them (``@register``, or the class it names)."""
 
 _plugins_loaded = False
 
@@ -389,6 +389,7 @@ def load_plugins() -> None:
         try:
             before = dict(_REGISTRY)
             obj = ep.load()
+            obj = getattr(obj, "__hubsoup_method__", obj)  # a function decorated with methods.method: its class
             if isinstance(obj, type) and issubclass(obj, Method):
                 register(obj)
         except Exception as e:  # noqa: BLE001 - someone else's package: say which and go on
