@@ -53,7 +53,7 @@ class _HandParams:
     weights: tuple[float, ...] | None = param(None, "", per_input=True)
 
 
-class _Hand(Method):  # the same math, written as a class
+class _Hand(Method[_HandParams]):  # the same math, written as a class
     name = "hand_weighted_mean"
     summary = "the same, by hand"
     Params = _HandParams

@@ -1,7 +1,8 @@
 """The type check the suite runs (issue 33): mypy, strict, on the public face and the method contract.
 
 Strict (``--strict``): ``hubsoup/api.py``, ``hubsoup/options.py``, ``hubsoup/methods/_base.py`` (the method contract),
-``hubsoup/methods/_kept.py`` and the engine package ``hubsoup/engine``; what they import is read for its types only
+``hubsoup/methods/_easy.py`` (a method as one function), ``hubsoup/methods/_kept.py`` and the engine package
+``hubsoup/engine``; what they import is read for its types only
 (``--follow-imports=silent``: its own errors are not this check's). Calls into ``torch.cuda`` (``Stream``, ``Event``:
 untyped in torch) are allowed (``--untyped-calls-exclude=torch.cuda``), nothing else. mypy is in the ``test`` extra; without it this test fails, it is never skipped.
 """
@@ -15,7 +16,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STRICT = ["hubsoup/api.py", "hubsoup/options.py", "hubsoup/methods/_base.py", "hubsoup/methods/_kept.py", "hubsoup/engine"]
+STRICT = ["hubsoup/api.py", "hubsoup/options.py", "hubsoup/methods/_base.py", "hubsoup/methods/_easy.py",
+          "hubsoup/methods/_kept.py", "hubsoup/engine"]
 
 
 def _mypy(*args: str) -> subprocess.CompletedProcess:
@@ -35,3 +37,42 @@ def test_the_type_check_can_fail(tmp_path):
     bad.write_text("def f(x):\n    return x\n")
     proc = _mypy("--strict", str(bad))
     assert proc.returncode == 1 and "no-untyped-def" in proc.stdout
+
+
+TYPED_METHOD = """
+from dataclasses import dataclass
+
+import torch
+
+from hubsoup.methods import Method, TensorContext, param
+
+
+@dataclass
+class MyParams:
+    alpha: float = param(0.5, "a weight")
+
+
+class My(Method[MyParams]):
+    name = "my"
+    summary = "mine"
+    Params = MyParams
+
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: MyParams, ctx: TensorContext) -> torch.Tensor:
+        return deltas.sum(dim=0) * params.alpha
+
+
+def use(m: My) -> float:
+    return m.parse({}).alph
+"""
+
+
+@pytest.mark.slow  # as above: torch's stubs, seconds from mypy's cache
+def test_a_methods_hooks_see_its_own_typed_parameters(tmp_path):
+    """Issue 47: ``Method`` is generic over its parameter dataclass, so ``parse`` (and every hook) is typed."""
+    mine = tmp_path / "typed_method.py"
+    mine.write_text(TYPED_METHOD)
+    proc = _mypy("--strict", str(mine))
+    assert proc.returncode == 1 and '"MyParams" has no attribute "alph"; maybe "alpha"?' in proc.stdout, proc.stdout
+    mine.write_text(TYPED_METHOD.replace(".alph\n", ".alpha\n"))
+    proc = _mypy("--strict", str(mine))
+    assert proc.returncode == 0, proc.stdout
