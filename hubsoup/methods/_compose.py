@@ -33,7 +33,7 @@ class Composed:
     inner_params: Any
 
 
-class Modifier(Method):
+class Modifier(Method[Any]):
     """A method wrapping ``base_method``; subclasses declare ``base_method`` in ``Params``."""
 
     #: The modifier applies its own global scale (LiNeS' depth factors): the base method's declared
