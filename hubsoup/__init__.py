@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
     from hubsoup.options import MergeOptions
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         module, attr = _LAZY[name]
         mod = importlib.import_module(module)

@@ -20,6 +20,7 @@ import importlib
 import importlib.resources
 import json
 import pkgutil
+from typing import Any, cast
 
 from hubsoup.methods._base import (
     InputInfo,
@@ -39,7 +40,7 @@ from hubsoup.methods._params import describe, param, parse_params, to_dict
 
 
 
-def list_methods() -> list[dict]:
+def list_methods() -> list[dict[str, Any]]:
     """Every registered method as plain, JSON-serialisable data (for apps that build their forms from it).
 
     Each: ``{"name", "summary", "paper", "paper_url", "min_inputs", "max_inputs", "params", "measured"}``;
@@ -63,11 +64,11 @@ def list_methods() -> list[dict]:
 
 
 @functools.cache
-def _measured_file() -> dict:
-    return json.loads(importlib.resources.files(__name__).joinpath("measured.json").read_text(encoding="utf-8"))
+def _measured_file() -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads(importlib.resources.files(__name__).joinpath("measured.json").read_text(encoding="utf-8")))
 
 
-def measured() -> dict[str, dict[str, list[dict]]]:
+def measured() -> dict[str, dict[str, list[dict[str, Any]]]]:
     """The quality benchmarks' findings on each method's defaults, shipped with the package.
 
     ``{method: {benchmark row: [{"setting", "defaults", "interval", "tuned", "tuned_values", "guard"}]}}``: per
@@ -83,7 +84,8 @@ def measured() -> dict[str, dict[str, list[dict]]]:
         >>> {"setting", "defaults", "interval"} <= set(measured()["linear"]["uniform soup"][0])
         True
     """
-    return json.loads(json.dumps(_measured_file()["methods"]))  # a copy: callers may change theirs
+    return cast(dict[str, dict[str, list[dict[str, Any]]]],
+                json.loads(json.dumps(_measured_file()["methods"])))  # a copy: callers may change theirs
 
 
 for _mod in pkgutil.iter_modules(__path__):

@@ -186,7 +186,7 @@ def nonfinite_input(label: str, name: str, bad: int) -> NonFiniteTensorError:
         "(diverged training or a bad conversion) and cannot be merged")
 
 
-def shape_message(label: str, name: str, shape: tuple, base_shape: tuple) -> str:
+def shape_message(label: str, name: str, shape: tuple[int, ...], base_shape: tuple[int, ...]) -> str:
     msg = f"input '{label}': tensor '{name}' has shape {list(shape)} but the base has {list(base_shape)}"
     if len(shape) == len(base_shape) and shape[1:] == base_shape[1:]:
         msg += (" (a resized vocabulary?). Pass --shape-mismatch base-slice to merge the rows the base has "
