@@ -14,43 +14,37 @@ outlier, and compare with the plain average (no network):
 
     python examples/custom_method.py [--out DIR]
 
-The engine hands ``merge`` the base tensor and the inputs' task vectors stacked as one
-float32 ``(N, *shape)`` tensor (the method may overwrite it) and adds the returned merged
-task vector to the base. Nothing here reads a file or knows about devices, shards or
-output formats.
+The method is one function: ``@method`` reads its parameters (``scale``: a float, default 1,
+with its help and range) from the signature and registers it. The engine hands it the inputs'
+task vectors stacked as one float32 ``(N, *shape)`` tensor (``deltas``; the method may
+overwrite it; ``base`` and ``ctx`` too, where the function declares them) and adds the
+returned merged task vector to the base. Nothing here reads a file or knows about devices,
+shards or output formats. A method that needs whole-model statistics passes, ``prepare`` or a
+low-rank path is a :class:`hubsoup.methods.Method` class instead (see ARCHITECTURE.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from hubsoup.methods import Method, param, register
+from hubsoup.methods import method, param
 
 
-@dataclass
-class MedianParams:
-    scale: float = param(1.0, "λ: scale of the median task vector", range=(None, None))
+@method("median", paper="(an example method: the coordinate-wise median, a classic robust aggregate)",
+        search_grid={"scale": [0.5, 0.75, 1.0, 1.25]},  # what `--search scale` tries
+        elementwise=True)  # entry by entry: full fine-tunes may be merged in cache-sized pieces
+def median(deltas: torch.Tensor, *,
+           scale: float = param(1.0, "λ: scale of the median task vector", range=(None, None))) -> torch.Tensor:
+    """Element-wise median of the task vectors, scaled: robust to one outlying fine-tune.
 
-
-@register
-class Median(Method):
-    name = "median"
-    summary = "Element-wise median of the task vectors, scaled: robust to one outlying fine-tune."
-    paper = "(an example method: the coordinate-wise median, a classic robust aggregate)"
-    Params = MedianParams
-    min_inputs = 1
-    scale_param = "scale"  # LiNeS (`--method lines --param base_method=median`) replaces it by its depth factor
-    search_grid = {"scale": [0.5, 0.75, 1.0, 1.25]}
-    elementwise = True  # entry by entry: full fine-tunes may be merged in cache-sized pieces
-
-    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: MedianParams, ctx) -> torch.Tensor:
-        # torch.median picks the lower middle for an even N; the mean of the two middles is symmetric
-        n = deltas.shape[0]
-        s = deltas.sort(dim=0).values
-        mid = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-        return mid.mul_(params.scale)
+    ``scale`` is the method's global λ: LiNeS (``--method lines --param base_method=median``) replaces it by
+    its depth factor.
+    """
+    # torch.median picks the lower middle for an even N; the mean of the two middles is symmetric
+    n = deltas.shape[0]
+    s = deltas.sort(dim=0).values
+    mid = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+    return mid.mul_(scale)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,7 @@ _LAZY = {
     "run_recipe": ("hubsoup.workflows.rerun", "run_recipe"),
     "evolve": ("hubsoup.workflows.evolve", "evolve"),
     "list_methods": ("hubsoup.methods", "list_methods"),
+    "method": ("hubsoup.methods", "method"),
 }
 
 
@@ -57,7 +58,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
     from hubsoup.options import MergeOptions
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         module, attr = _LAZY[name]
         mod = importlib.import_module(module)

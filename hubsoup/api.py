@@ -30,7 +30,7 @@ from hubsoup.output import OutputFolder, check_output
 from hubsoup.output.checkpoint import BASE_FILES, CheckpointSink, copy_base_files
 from hubsoup.output.lora import LoraOptions, LoraSink
 from hubsoup.output.shards import SHARDS_IN_FLIGHT, shard_layout
-from hubsoup.plan import Plan
+from hubsoup.plan import OutputLayout, Plan
 from hubsoup.progress import Cancel, Monitor, Progress
 from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import InputRef
@@ -255,7 +255,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
           params: Mapping[str, Any] | None = None, options: MergeOptions | None = None,
           output_format: str = "full", rank: int | None = None, energy: float | None = None,
           evaluate: Sequence[Any] | None = None, eval_limit: int | None = None, progress: Progress | None = None,
-          cancel: Cancel | None = None, layout: Any = None, push: str | PushTarget | None = None,
+          cancel: Cancel | None = None, layout: OutputLayout | None = None, push: str | PushTarget | None = None,
           before_push: Callable[[MergeResult, str], None] | None = None, **kwargs: Any) -> MergeResult:
     """Merge fine-tunes of one base model and write a standard checkpoint folder, or stream it to the Hub.
 
@@ -367,7 +367,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     try:
         monitor.plan(_stage_weights(m, p, inputs, base, tasks, push=target is not None))
         # Hub models' tensors from their safetensors headers: the fit check below runs before any weight moves
-        if getattr(layout, "opens_inputs", False):  # a mergekit merged vocabulary: the inputs re-mapped to it
+        if layout is not None and getattr(layout, "opens_inputs", False):  # a mergekit merged vocabulary: the inputs re-mapped to it
             base_ckpt, sources = layout.open_inputs(inputs, base, opts, monitor=monitor)
         else:
             base_ckpt, sources = open_inputs(inputs, base, m, p, opts, monitor=monitor, headers_only=True)
@@ -556,7 +556,7 @@ def _hub_push(target: PushTarget, opts: MergeOptions, monitor: Monitor, *, keep_
                    what=f"push to {target.repo_id}",
                    after="Nothing was committed; run the same merge again: it resumes (the shards already on the "
                          "Hub are neither merged nor uploaded again)")
-def _needs_base_files(m: Method, p: Any) -> bool:
+def _needs_base_files(m: Method[Any], p: Any) -> bool:
     """Whether the method, or one a modifier wraps (LiNeS over LOT), builds the base model from its folder."""
     cur: Any = m
     while cur is not None:
@@ -566,7 +566,7 @@ def _needs_base_files(m: Method, p: Any) -> bool:
     return False
 
 
-def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method, p: Any, opts: MergeOptions, *,
+def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method[Any], p: Any, opts: MergeOptions, *,
               layout: Any = None, lora_output: bool = False, push: bool = False,
               local_copy: bool = True, metadata: Mapping[str, str] | None = None) -> Footprint:
     """The run's predicted peak local disk and network (:class:`hubsoup.footprint.Footprint`), from its plan and
@@ -613,7 +613,7 @@ def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method, p: 
                      network_out=sent + small if push else 0, in_place=in_place * passes, already_read=already)
 
 
-def measure_merge_seconds(plan: Plan, m: Method, p: Any, n_inputs: int, *, sample: tuple[int, int] = (2048, 2048)
+def measure_merge_seconds(plan: Plan, m: Method[Any], p: Any, n_inputs: int, *, sample: tuple[int, int] = (2048, 2048)
                           ) -> float | None:
     """The merge's compute time on this machine, predicted: the method timed on one ``sample``-shaped float32 tensor
     (its statistics passes over it included), scaled to the plan's mergeable entries. None when the method cannot
@@ -649,7 +649,7 @@ def _restricted(ckpts: Sequence[Any]) -> list[dict[str, str]]:
     return [{"repo": k, "why": v} for k, v in sorted(out.items())]
 
 
-def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, tasks: list[Any],
+def _stage_weights(m: Method[Any], p: Any, inputs: Sequence[str], base: str | None, tasks: list[Any],
                    push: bool = False) -> dict[str, float]:
     """The stages a merge will go through, weighted by their rough cost (for ``progress``'s ``done``)."""
     weights: dict[str, float] = {}
@@ -666,7 +666,7 @@ def _stage_weights(m: Method, p: Any, inputs: Sequence[str], base: str | None, t
     return weights
 
 
-def open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opts: MergeOptions,
+def open_inputs(inputs: Sequence[str], base: str | None, m: Method[Any], p: Any, opts: MergeOptions,
                 **kw: Any) -> tuple[Any, list[Any]]:
     """The base and the inputs' task vectors, opened with ``opts`` as :func:`merge` opens them (trials too); a method that needs no base (``Method.needs_base``) and
     whose inputs' cards name none takes the first input as the layout reference (its task vector is 0)."""
@@ -681,7 +681,7 @@ def open_inputs(inputs: Sequence[str], base: str | None, m: Method, p: Any, opts
         return open_models(inputs, base=inputs[0], **kw)
 
 
-def parse_method(method: str, given: dict[str, Any]) -> tuple[Method, Any]:
+def parse_method(method: str, given: dict[str, Any]) -> tuple[Method[Any], Any]:
     """The method and its parsed parameters; a key that looks like a misspelt option says so."""
     m = get_method(method)
     try:
@@ -691,7 +691,7 @@ def parse_method(method: str, given: dict[str, Any]) -> tuple[Method, Any]:
         raise
 
 
-def _declared(m: Method, given: dict[str, Any]) -> set[str]:
+def _declared(m: Method[Any], given: dict[str, Any]) -> set[str]:
     names = {f.name for f in dataclasses.fields(m.Params)}
     chain = str(given.get("base_method", "")).split("+") if "base_method" in names else []
     for n in chain:

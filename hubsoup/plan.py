@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator, Protocol, Sequence
 
 import torch
 
@@ -226,3 +226,39 @@ def layout_plan(sources: dict[str, TensorSource], infos: dict, config: dict, *, 
     for _, entry in plan.entries():
         entry.source = sources[entry.name]
     return plan
+
+
+class OutputLayout(Protocol):
+    """How an output is laid out from its inputs when not as the base is: what :func:`hubsoup.merge` (its
+    ``layout``), the footprint and the recipe read of it. A mergekit config's layout
+    (:class:`hubsoup.formats.mergekit.MergekitLayout`: slices, merged vocabulary, tokenizer) is one."""
+
+    donors: list[Any]
+    """Checkpoints beyond the inputs and the base that tensors are copied from (a ``slices:`` config's models)."""
+
+    @property
+    def reads(self) -> list[Any]:
+        """Every checkpoint the output is made from beyond the inputs and the base (never overwritten)."""
+
+    @property
+    def opens_inputs(self) -> bool:
+        """Whether the merge opens the inputs through :meth:`open_inputs` (read where present: False when absent)."""
+
+    @property
+    def hashed(self) -> dict[str, Any]:
+        """The layout's options that change the output: in the recipe's hash."""
+
+    def open_inputs(self, inputs: Sequence[str], base: str | None, opts: Any, monitor: Any = None) -> Any:
+        """The base checkpoint and the inputs' task vectors, as the layout sees them."""
+
+    def plan(self, base: Any, sources: Sequence[Any], opts: Any) -> Plan:
+        """The output's plan, the one engine streams."""
+
+    def finish(self, folder: str) -> None:
+        """Fix the written output folder (its config's layer count, tokenizer, chat template)."""
+
+    def card_section(self) -> dict[str, str]:
+        """A section for the model card (e.g. the config as YAML)."""
+
+    def recipe_extra(self) -> dict[str, Any]:
+        """What the recipe records of the layout outside the hash."""

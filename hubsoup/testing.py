@@ -147,7 +147,7 @@ def write_adapter(folder: str, base: str, *, seed: int, r: int, targets: Sequenc
     return folder
 
 
-def merge_tensors(method: str | Method, taus: Sequence[torch.Tensor] | torch.Tensor,
+def merge_tensors(method: str | Method[Any], taus: Sequence[torch.Tensor] | torch.Tensor,
                   base: torch.Tensor | None = None, *, name: str = "w", block: BlockInfo | None = None,
                   stats: dict[str, Any] | None = None, recipe_hash: str = "", **params: Any) -> torch.Tensor:
     """A method's merged task vector of one tensor, called as the engine calls it.

@@ -1,7 +1,10 @@
 """The contract every registered method keeps: the registry, the declared class attributes, the hooks."""
 
 import dataclasses
+import importlib.util
 import json
+import os
+import sys
 import typing
 
 import pytest
@@ -13,7 +16,23 @@ from hubsoup.methods._compose import Modifier
 from hubsoup.methods.task_arithmetic import TaskArithmetic
 from hubsoup.testing import merge_tensors
 
+
+def _load_example(path: str) -> None:
+    """Register the example method of examples/custom_method.py (one decorated function): the contract covers it."""
+    spec = importlib.util.spec_from_file_location("custom_method", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("custom_method", mod)
+    spec.loader.exec_module(mod)
+
+
+_load_example(os.path.join(os.path.dirname(__file__), os.pardir, "examples", "custom_method.py"))
 METHODS = sorted(available())
+
+
+def test_the_contract_covers_a_method_written_as_one_decorated_function():
+    cls = available()["median"]
+    assert "median" in METHODS and cls.__qualname__ == "median" and cls.__module__ == "custom_method"
+    assert cls.Params.__name__ == "MedianParams" and cls.scale_param == "scale" and cls.elementwise
 
 
 def _fields(cls) -> set[str]:

@@ -46,7 +46,7 @@ from hubsoup.progress import Monitor, shared_segment
 from hubsoup.sources import remote
 from hubsoup.sources.access import current as current_access
 from hubsoup.sources.checkpoint import Checkpoint, peeking
-from hubsoup.sources.taskvector import TaskVector, all_finite, nonfinite_input
+from hubsoup.sources.taskvector import TaskVector, all_finite, byte_ranges, checkpoint, nonfinite_input, stored_name
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Job:
     plan: Plan
     base: Checkpoint
     inputs: Sequence[TaskVector]
-    method: Method | None = None
+    method: Method[Any] | None = None
     params: Any = None
     recipe_hash: str = ""
     quiet: bool = False
@@ -96,7 +96,7 @@ class Job:
         """Every input is a LoRA adapter: what :attr:`TensorContext.adapters` tells the method."""
         return bool(self.inputs) and all(t.kind == "lora" for t in self.inputs)
 
-    def need_method(self) -> Method:
+    def need_method(self) -> Method[Any]:
         """The method merging: a job without one is streamed (:func:`stream`), never merged."""
         if self.method is None:
             raise ValueError("this job has no method: it can be streamed, not merged")
@@ -221,8 +221,8 @@ class TensorWork:
         if self.feed is not None:  # a full fine-tune's stored bytes to the device: τ = θ − θ₀ there
             stored = src.weights(name, tuple(self.entry.shape))
             if stored is not None:
-                where = getattr(src, "stored_name", lambda n: n)(name)
-                out.copy_(self.feed.load(stored, _stored_range(getattr(src, "ckpt", None), where)))
+                where = stored_name(src, name)
+                out.copy_(self.feed.load(stored, _stored_range(checkpoint(src), where)))
                 label = src.label
                 self.feed.check(host_feed.nonfinite_count(out), lambda bad: nonfinite_input(label, where, bad))
                 return out.sub_(self.base())
@@ -271,7 +271,7 @@ class TensorWork:
         src = self.entry.source
         out = list(self._base_checkpoint().byte_ranges([self.name if src is None else src.base])) if base else []
         for i, s in enumerate(self.job.inputs):
-            name, ranges = self._input_name(i), getattr(s, "byte_ranges", None)
+            name, ranges = self._input_name(i), byte_ranges(s)
             if name is not None and ranges is not None and s.touches(name):
                 out += ranges(name)
         return out

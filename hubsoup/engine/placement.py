@@ -154,7 +154,7 @@ def place(plan: Plan, n_inputs: int, *, device: str = "cpu", device_map: str | d
     return out
 
 
-def place_blocks(plan: Plan, method: Method, params: Any, sources: Sequence[Any], opts: MergeOptions, *,
+def place_blocks(plan: Plan, method: Method[Any], params: Any, sources: Sequence[Any], opts: MergeOptions, *,
                  lora_output: bool = False) -> Placement:
     """Every block's device from ``opts`` (device, device_map, max_memory); refuses a block that fits nowhere.
 

@@ -31,7 +31,7 @@ class SharedStatistics:
     (LOT's ``n_exemplars``) holds one set of Gram files on disk at a time, as separate merges do."""
 
     def __init__(self, scratch: str | None = None) -> None:
-        self.entry: tuple[Hashable, Method, Any, dict[str, Any]] | None = None  # key, method, params, stats
+        self.entry: tuple[Hashable, Method[Any], Any, dict[str, Any]] | None = None  # key, method, params, stats
         self.scratch = scratch
         """Where shared preparations keep their files: a folder that outlives each merge's own (the
         search's temporary folder); None: each merge's scratch folder."""
@@ -45,7 +45,7 @@ class SharedStatistics:
     def get(self, key: Hashable) -> dict[str, Any] | None:
         return dict(self.entry[3]) if self.entry is not None and self.entry[0] == key else None
 
-    def put(self, key: Hashable, method: Method, params: Any, stats: dict[str, Any]) -> None:
+    def put(self, key: Hashable, method: Method[Any], params: Any, stats: dict[str, Any]) -> None:
         self.close()  # the earlier merge is over: its statistics go
         self.entry = (key, method, params, dict(stats))
 

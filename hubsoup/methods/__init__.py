@@ -3,7 +3,8 @@
 Every public module of this package (a name without a leading underscore) is a
 method module, imported on first use; each registers its methods with
 :func:`register`, so adding a method is adding a module. The private modules are
-the kit: the :class:`Method` contract (``_base``), typed parameters (``_params``),
+the kit: the :class:`Method` contract (``_base``), a method as one decorated function
+(:func:`method`, ``_easy``), typed parameters (``_params``),
 shared tensor primitives (``_kernels``), exact selection (``_select``), the LiNeS
 depth schedule (``_depth``) and modifiers (``_compose``). The engine finds a method
 here by name and knows nothing else about it.
@@ -19,7 +20,7 @@ import importlib
 import importlib.resources
 import json
 import pkgutil
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from hubsoup.methods._base import (
     InputInfo,
@@ -34,11 +35,12 @@ from hubsoup.methods._base import (
     plugin_distributions,
     register,
 )
+from hubsoup.methods._easy import method
 from hubsoup.methods._params import describe, param, parse_params, to_dict
 
 
 
-def list_methods() -> list[dict]:
+def list_methods() -> list[dict[str, Any]]:
     """Every registered method as plain, JSON-serialisable data (for apps that build their forms from it).
 
     Each: ``{"name", "summary", "paper", "paper_url", "min_inputs", "max_inputs", "params", "measured"}``;
@@ -62,11 +64,11 @@ def list_methods() -> list[dict]:
 
 
 @functools.cache
-def _measured_file() -> dict:
-    return json.loads(importlib.resources.files(__name__).joinpath("measured.json").read_text(encoding="utf-8"))
+def _measured_file() -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads(importlib.resources.files(__name__).joinpath("measured.json").read_text(encoding="utf-8")))
 
 
-def measured() -> dict[str, dict[str, list[dict]]]:
+def measured() -> dict[str, dict[str, list[dict[str, Any]]]]:
     """The quality benchmarks' findings on each method's defaults, shipped with the package.
 
     ``{method: {benchmark row: [{"setting", "model", "kind", "n_inputs", "defaults", "interval", "tuned",
@@ -85,10 +87,11 @@ def measured() -> dict[str, dict[str, list[dict]]]:
         >>> {"setting", "defaults", "interval"} <= set(measured()["linear"]["uniform soup"][0])
         True
     """
-    return json.loads(json.dumps(_measured_file()["methods"]))  # a copy: callers may change theirs
+    return cast(dict[str, dict[str, list[dict[str, Any]]]],
+                json.loads(json.dumps(_measured_file()["methods"])))  # a copy: callers may change theirs
 
 
-def measured_harms(method: str, params: dict[str, Any], kinds: Sequence[str]) -> list[dict]:
+def measured_harms(method: str, params: dict[str, Any], kinds: Sequence[str]) -> list[dict[str, Any]]:
     """The tasks hubsoup's quality benchmarks saw a merge like this one make worse than the base model at the
     method's defaults (issue 46: every harm is disclosed, in the card of a merge that matches a harmed setting).
 
@@ -127,7 +130,7 @@ for _mod in pkgutil.iter_modules(__path__):
     if not _mod.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_mod.name}")
 
-__all__ = ["InputInfo", "Method", "PrepareContext", "StatsPass", "TensorContext", "available", "get_method", "register",
+__all__ = ["InputInfo", "Method", "method", "PrepareContext", "StatsPass", "TensorContext", "available", "get_method", "register",
            "method_distribution", "plugin_distributions", "check_plugins", "param", "parse_params", "to_dict", "describe",
            "list_methods", "measured",
            "measured_harms"]

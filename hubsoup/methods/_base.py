@@ -20,7 +20,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable, ClassVar, Hashable, Mapping, MutableMapping, Sequence
+from typing import Any, Callable, ClassVar, Generic, Hashable, Mapping, MutableMapping, Sequence, TypeVar
 
 import torch
 
@@ -30,6 +30,9 @@ from hubsoup.methods._params import parse_params, to_dict
 from hubsoup.plan import BlockInfo
 
 log = logging.getLogger(__name__)
+
+P = TypeVar("P")
+"""A method's parameter dataclass (its ``Params``): ``class Ties(Method[TiesParams])`` types every hook's ``params``."""
 
 
 @dataclass
@@ -163,8 +166,12 @@ class PrepareContext:
         return KeptTensors(self.scratch, label)
 
 
-class Method:
+class Method(Generic[P]):
     """Base class of merge methods. Subclasses set the class attributes and ``merge``; every hook has a default.
+
+    Generic over the parameter dataclass: ``class Median(Method[MedianParams])`` gives every hook its own typed
+    ``params`` (a bare ``Method`` subclass is ``Method[Any]``). A method that needs only ``merge`` may be one
+    decorated function instead (:func:`hubsoup.methods.method`).
 
     Hooks (all optional but ``merge``): :meth:`parse`/:meth:`describe_params`/:meth:`check_inputs`
     (parameters and inputs), :meth:`prepare` and :meth:`passes` (whole-model work before
@@ -213,19 +220,19 @@ class Method:
         if "merge" in vars(cls) and "elementwise" not in vars(cls):  # the same for element-wise
             cls.elementwise = False
 
-    def parse(self, given: dict[str, Any]) -> Any:
+    def parse(self, given: dict[str, Any]) -> P:
         """Build this method's parameters from user values (CLI strings or Python objects).
 
         Modifiers that wrap another method override this to split off the inner
         method's parameters.
         """
-        return parse_params(self.Params, given, method=self.name)
+        return parse_params(self.Params, given, method=self.name)  # type: ignore[no-any-return]
 
-    def describe_params(self, params: Any) -> dict[str, Any]:
+    def describe_params(self, params: P) -> dict[str, Any]:
         """Parameters as plain values, for the recipe and the card."""
         return to_dict(params)
 
-    def check_inputs(self, params: Any, n_inputs: int) -> None:
+    def check_inputs(self, params: P, n_inputs: int) -> None:
         if n_inputs < self.min_inputs or (self.max_inputs is not None and n_inputs > self.max_inputs):
             want = (f"exactly {self.min_inputs}" if self.min_inputs == self.max_inputs
                     else f"at least {self.min_inputs}" if self.max_inputs is None
@@ -242,7 +249,7 @@ class Method:
                 if f.metadata.get("per_input") and v is not None and len(v) != n_inputs:
                     raise MethodError(f"method '{self.name}': {len(v)} {f.name} given for {n_inputs} inputs")
 
-    def needs_base(self, params: Any, n_inputs: int) -> bool:
+    def needs_base(self, params: P, n_inputs: int) -> bool:
         """Whether the result depends on a base model beyond the inputs themselves.
 
         False for methods that combine the models' own weights (a weighted average, SLERP
@@ -252,7 +259,7 @@ class Method:
         """
         return True
 
-    def preserves_zero(self, params: Any) -> bool:
+    def preserves_zero(self, params: P) -> bool:
         """Whether all-zero task vectors merge to zero with these parameters (see :attr:`zero_preserving`).
 
         The engine leaves a tensor no input changes at the base's value only when this holds;
@@ -261,7 +268,7 @@ class Method:
         """
         return self.zero_preserving
 
-    def linear_coefficients(self, params: Any, n_inputs: int) -> list[float] | None:
+    def linear_coefficients(self, params: P, n_inputs: int) -> list[float] | None:
         """The cᵢ when the merged task vector is always Σ cᵢ τᵢ (None: the method is not linear).
 
         Linear methods let low-rank (LoRA) inputs be merged from their factors without the
@@ -269,11 +276,11 @@ class Method:
         """
         return None
 
-    def passes(self, params: Any, n_inputs: int) -> list[StatsPass]:
+    def passes(self, params: P, n_inputs: int) -> list[StatsPass]:
         """Statistics passes to run before merging (none by default)."""
         return []
 
-    def tensor_passes(self, params: Any, n_inputs: int) -> list[StatsPass] | None:
+    def tensor_passes(self, params: P, n_inputs: int) -> list[StatsPass] | None:
         """Passes over one tensor that make its merge element-wise, or None (the default for non-linear
         methods): :meth:`merge` then needs the whole tensor.
 
@@ -294,18 +301,18 @@ class Method:
             return []
         return [] if self.linear_coefficients(params, n_inputs) is not None else None
 
-    def piece_multiple(self, params: Any) -> int:
+    def piece_multiple(self, params: P) -> int:
         """Merged in pieces (:meth:`tensor_passes`), a tensor's pieces start at multiples of this many
         entries: SLERP sums its dot products over fixed blocks, DARE draws its masks by blocks."""
         return 1
 
-    def stats_key(self, params: Any) -> Hashable:
+    def stats_key(self, params: P) -> Hashable:
         """What :meth:`prepare` and :meth:`passes` read of ``params``: merges of the same inputs with equal
         keys share one preparation and one set of statistics passes inside a search
         (:mod:`hubsoup.engine.shared`). Default: every parameter (no sharing between different points)."""
         return repr(params)
 
-    def prepare(self, params: Any, ctx: PrepareContext) -> dict[str, Any]:
+    def prepare(self, params: P, ctx: PrepareContext) -> dict[str, Any]:
         """Optional work before any statistics pass; returns entries for ``ctx.stats`` of the merge.
 
         Methods that must *run* the models (LOT Merging's exemplar features) do it here,
@@ -313,7 +320,7 @@ class Method:
         """
         return {}
 
-    def finish(self, params: Any, stats: dict[str, Any]) -> None:
+    def finish(self, params: P, stats: dict[str, Any]) -> None:
         """Release what :meth:`prepare` holds (scratch files), after the merge or on failure. By default the
         stores of :meth:`PrepareContext.keep_tensors` are closed and left out of the statistics; a method
         that overrides this and keeps tensors calls it too."""
@@ -321,7 +328,7 @@ class Method:
             stats.pop(k).close()
 
     def merge_factors(self, shape: tuple[int, ...], factors: list[tuple[torch.Tensor, torch.Tensor] | None],
-                      params: Any, ctx: TensorContext) -> torch.Tensor | None:
+                      params: P, ctx: TensorContext) -> torch.Tensor | None:
         """The merged τ of a 2-D tensor from the inputs' low-rank factors, or None for the dense path.
 
         ``factors[i]`` is ``(P, Q)`` with τᵢ = P Q (None: τᵢ = 0). Methods with a low-rank
@@ -329,7 +336,7 @@ class Method:
         """
         return None
 
-    def workspace_bytes(self, shape: tuple[int, ...], n_inputs: int, params: Any, name: str = "") -> int:
+    def workspace_bytes(self, shape: tuple[int, ...], n_inputs: int, params: P, name: str = "") -> int:
         """Memory the method needs for one tensor beyond the stack of task vectors (SVDs, Grams), for the planner.
 
         ``name``: the tensor's (a method treating roles differently, e.g. SFTM's matrices, can tell);
@@ -343,16 +350,16 @@ class Method:
         """Markdown paragraphs for the model card (``described``: :meth:`describe_params`'s output)."""
         return []
 
-    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: Any,
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: P,
               ctx: TensorContext) -> torch.Tensor:
         """Merged task vector of one tensor (float32, shape of ``base``)."""
         raise NotImplementedError
 
 
-_REGISTRY: dict[str, type[Method]] = {}
+_REGISTRY: dict[str, type[Method[Any]]] = {}
 
 
-def register(cls: type[Method]) -> type[Method]:
+def register(cls: type[Method[Any]]) -> type[Method[Any]]:
     """Class decorator adding a method to the registry under ``cls.name``."""
     if not dataclasses.is_dataclass(cls.Params):
         raise MethodError(f"{cls.__name__}.Params must be a dataclass")
@@ -365,8 +372,8 @@ def register(cls: type[Method]) -> type[Method]:
 
 
 ENTRY_POINT_GROUP = "hubsoup.methods"
-"""Installed packages declare their methods under this entry-point group (``name = "module:Class"`` or
-``name = "module"``): loading the entry point registers them (``@register``, or the class it names)."""
+"""Installed packages declare their methods under this entry-point group (``name = "module:Class"``,
+``name = "module:function"`` for a function decorated with :func:`hubsoup.methods.method`, or ``name = "module"``): loading the entry point registers them (``@register``, or the class it names)."""
 
 _plugins_loaded = False
 
@@ -389,6 +396,7 @@ def load_plugins() -> None:
         try:
             before = dict(_REGISTRY)
             obj = ep.load()
+            obj = getattr(obj, "__hubsoup_method__", obj)  # a function decorated with methods.method: its class
             if isinstance(obj, type) and issubclass(obj, Method):
                 register(obj)
         except Exception as e:  # noqa: BLE001 - someone else's package: say which and go on
@@ -447,7 +455,7 @@ def check_plugins(plugins: Mapping[str, Any]) -> None:
                         name, dist, version, have.get("distribution"), have.get("version"))
 
 
-def get_method(name: str) -> Method:
+def get_method(name: str) -> Method[Any]:
     """The registered method called ``name`` (built in, or from an installed package: :func:`load_plugins`)."""
     load_plugins()
     try:
@@ -460,7 +468,7 @@ def get_method(name: str) -> Method:
         ) from None
 
 
-def available() -> dict[str, type[Method]]:
+def available() -> dict[str, type[Method[Any]]]:
     """Every registered method by name, the installed packages' included."""
     load_plugins()
     return dict(sorted(_REGISTRY.items()))

@@ -29,11 +29,11 @@ class Composed:
     """Parsed parameters of a modifier: its own, and the inner method with its own."""
 
     own: Any
-    inner: Method
+    inner: Method[Any]
     inner_params: Any
 
 
-class Modifier(Method):
+class Modifier(Method[Any]):
     """A method wrapping ``base_method``; subclasses declare ``base_method`` in ``Params``."""
 
     #: The modifier applies its own global scale (LiNeS' depth factors): the base method's declared
@@ -41,7 +41,7 @@ class Modifier(Method):
     #: task vector is not scaled twice.
     replaces_scale: ClassVar[bool] = False
 
-    def leaf_defaults(self, leaf: Method) -> dict[str, Any]:
+    def leaf_defaults(self, leaf: Method[Any]) -> dict[str, Any]:
         """The parameters this modifier sets on ``leaf``, the base method at the end of its chain."""
         if self.replaces_scale and leaf.scale_param is not None:
             return {leaf.scale_param: 1.0}
@@ -134,5 +134,5 @@ def given_from_description(described: dict[str, Any]) -> dict[str, Any]:
     return {**inner, **out}
 
 
-def _fields(method: Method) -> set[str]:
+def _fields(method: Method[Any]) -> set[str]:
     return {f.name for f in dataclasses.fields(method.Params)}

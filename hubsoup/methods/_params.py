@@ -17,7 +17,7 @@ import dataclasses
 import difflib
 import math
 import typing
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Callable, Literal, Mapping, cast, get_args, get_origin
 
 from hubsoup.errors import ParameterError
 from hubsoup.methods._schedule import Schedule, has_schedule, is_schedule_value, yaml_value
@@ -32,7 +32,7 @@ MEASURED = ("measured: best or near-best across hubsoup's quality benchmarks (en
 SOURCES = ("paper", "ours", "mergekit", "measured")
 
 
-def param(default: Any, help: str, *, range: tuple | None = None, choices: tuple | None = None,
+def param(default: Any, help: str, *, range: tuple[Any, Any] | None = None, choices: tuple[Any, ...] | None = None,
           source: str | None = None, per_input: bool = False, evidence: str | None = None,
           recorded_when_set: bool = False) -> Any:
     """A method parameter with its default, one-line help, allowed range and provenance.
@@ -48,7 +48,7 @@ def param(default: Any, help: str, *, range: tuple | None = None, choices: tuple
     """
     if source is not None and source not in SOURCES:
         raise ValueError(f"param source must be one of {', '.join(SOURCES)}, got {short(source)}")
-    md = {"help": help, "range": range, "choices": choices, "source": source}  # None: see default_source
+    md: dict[str, Any] = {"help": help, "range": range, "choices": choices, "source": source}  # None: see default_source
     if source == "measured":
         md["evidence"] = evidence or MEASURED
     if per_input:
@@ -125,7 +125,7 @@ def _convert(name: str, tp: Any, value: Any) -> Any:
     return value
 
 
-def _check_range(name: str, value: Any, md: dict) -> None:
+def _check_range(name: str, value: Any, md: Mapping[str, Any]) -> None:
     rng = md.get("range")
     values = value if isinstance(value, tuple) else (value,)
     # a schedule's anchors bound every value it interpolates
@@ -200,7 +200,7 @@ def to_dict(params: Any) -> dict[str, Any]:
     return out
 
 
-def _kind(tp: Any) -> tuple[str, bool, list | None]:
+def _kind(tp: Any) -> tuple[str, bool, list[Any] | None]:
     """(machine type, may be None, choices) of a parameter's annotation: ``float``, ``int``, ``bool``,
     ``str``, ``choice`` (a ``Literal``), ``floats``/``ints``/``strs`` (tuples), else ``json``."""
     origin, args = get_origin(tp), get_args(tp)
@@ -253,7 +253,7 @@ def describe(cls: type) -> list[dict[str, Any]]:
     hints = typing.get_type_hints(cls)
     rows = []
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = f.default if f.default is not dataclasses.MISSING else cast(Callable[[], Any], f.default_factory)()
         kind, nullable, choices = _kind(hints[f.name])
         md = f.metadata
         if md.get("choices"):

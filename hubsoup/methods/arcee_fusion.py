@@ -63,7 +63,7 @@ def fusion_mask(scores: torch.Tensor, generator: torch.Generator) -> torch.Tenso
 
 
 @register
-class ArceeFusion(Method):
+class ArceeFusion(Method[ArceeFusionParams]):
     name = "arcee_fusion"
     summary = "Keep one fine-tune's changes where |Δ|·KL(softmax) is an outlier (mergekit's arcee_fusion)."
     paper = "Arcee Fusion (Arcee AI, mergekit; no paper)"

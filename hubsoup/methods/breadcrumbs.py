@@ -39,7 +39,7 @@ class BreadcrumbsParams:
 
 
 @register
-class Breadcrumbs(Method):
+class Breadcrumbs(Method[BreadcrumbsParams]):
     name = "breadcrumbs"
     summary = "Drop each task vector's outliers and small entries (Model Breadcrumbs), then weighted sum."
     paper = "Model Breadcrumbs: Scaling Multi-Task Model Merging with Sparse Masks (Davari & Belilovsky, 2023)"

@@ -34,7 +34,7 @@ class ConsensusParams:
 
 
 @register
-class Consensus(Method):
+class Consensus(Method[ConsensusParams]):
     name = "consensus"
     summary = "Task arithmetic restricted to weights that at least k tasks' TALL masks select."
     paper = "Localizing Task Information for Improved Model Merging and Compression (Wang et al., 2024)"

@@ -97,7 +97,7 @@ class DareParams:
 
 
 @register
-class Dare(Method):
+class Dare(Method[DareParams]):
     name = "dare"
     summary = "Randomly drop delta parameters and rescale (Drop And REscale), then sum or TIES-combine."
     paper = "Language Models are Super Mario: Absorbing Abilities from Homologous Models as a Free Lunch (Yu et al., 2024)"

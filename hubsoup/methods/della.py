@@ -53,7 +53,7 @@ class DellaParams:
                                      "in (0, 1)")
 
 
-class _Della(Method):
+class _Della(Method[DellaParams]):
     Params = DellaParams
     paper = "DELLA-Merging: Reducing Interference in Model Merging through Magnitude-Based Sampling (Deep et al., 2024)"
     paper_url = "https://arxiv.org/abs/2406.11617"

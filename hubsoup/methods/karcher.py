@@ -136,7 +136,7 @@ class KarcherParams:
 
 
 @register
-class Karcher(Method):
+class Karcher(Method[KarcherParams]):
     name = "karcher"
     summary = "Riemannian (Karcher/Fréchet) mean of the models' directions on the sphere, times their mean norm."
     paper = "Riemannian center of mass and mollifier smoothing (Karcher, 1977); as in mergekit's karcher"

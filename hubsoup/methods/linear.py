@@ -34,7 +34,7 @@ class LinearParams:
 
 
 @register
-class Linear(Method):
+class Linear(Method[LinearParams]):
     name = "linear"
     summary = "Weighted average of the models; equal weights give the uniform model soup."
     paper = "Model soups: averaging weights of multiple fine-tuned models improves accuracy without increasing inference time (Wortsman et al., 2022)"

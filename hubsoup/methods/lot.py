@@ -131,7 +131,7 @@ class LotParams:
 
 
 @register
-class Lot(Method):
+class Lot(Method[LotParams]):
     name = "lot"
     needs_base_files = True  # the exemplar capture runs the base model, built from its folder
     summary = ("Per layer, the closed-form task vector that minimises feature drift from each expert on a few "

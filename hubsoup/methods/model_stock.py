@@ -26,7 +26,7 @@ class ModelStockParams:
 
 
 @register
-class ModelStock(Method):
+class ModelStock(Method[ModelStockParams]):
     name = "model_stock"
     summary = "Average the fine-tunes and interpolate towards the base by their mean pairwise angle."
     paper = "Model Stock: All we need is just a few fine-tuned models (Jang et al., 2024)"

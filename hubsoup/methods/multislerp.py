@@ -34,7 +34,7 @@ class MultiSlerpParams:
 
 
 @register
-class MultiSlerp(Method):
+class MultiSlerp(Method[MultiSlerpParams]):
     name = "multislerp"
     summary = "Weighted barycentre of several task vectors (or models) on the hypersphere, via the tangent space."
     paper = "Multi-SLERP (C. Goddard, 2025), as implemented in mergekit"

@@ -43,7 +43,7 @@ class NearswapParams:
 
 
 @register
-class Nearswap(Method):
+class Nearswap(Method[NearswapParams]):
     name = "nearswap"
     summary = "Take the fine-tune's entries where they are within t of the base's, interpolate by t/|Δ| elsewhere."
     paper = "NearSwap (alchemonaut, QuartetAnemoi-70B-t0.0001's model card; mergekit's nearswap; no paper)"

@@ -64,7 +64,7 @@ class NuSlerpParams:
 
 
 @register
-class NuSlerp(Method):
+class NuSlerp(Method[NuSlerpParams]):
     name = "nuslerp"
     summary = "SLERP of two task vectors (or models) by weight, over whole tensors, rows or columns (mergekit)."
     paper = "mergekit's NuSLERP (Goddard et al., Arcee's MergeKit, 2024)"

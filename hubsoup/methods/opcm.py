@@ -186,7 +186,7 @@ class _NormPass(StatsPass):
 
 
 @register
-class Opcm(Method):
+class Opcm(Method[OpcmParams]):
     name = "opcm"
     summary = ("Continual merging, one-shot over the inputs in the given order: project each new task "
                "vector off the merged update's top singular subspace and diagonal, add, rescale.")

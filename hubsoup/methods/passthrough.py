@@ -20,7 +20,7 @@ class PassthroughParams:
 
 
 @register
-class Passthrough(Method):
+class Passthrough(Method[PassthroughParams]):
     name = "passthrough"
     summary = "Copy one input's weights unchanged (or scaled); the building block of slices and frankenmerges."
     paper = "mergekit's passthrough (Goddard et al., Arcee's MergeKit, 2024)"

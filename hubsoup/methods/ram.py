@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -86,7 +87,7 @@ class RamplusParams:
     compute_dtype: ComputeDtype = compute_dtype_param()
 
 
-class _Ram(Method):
+class _Ram(Method[Any]):
     paper = "Reinforced Agent Merging (arXiv 2601.13572), as mergekit 0.1.5 implements it"
     paper_url = "https://arxiv.org/abs/2601.13572"
 

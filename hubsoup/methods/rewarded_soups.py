@@ -41,7 +41,7 @@ class RewardedSoupsParams(DepthParams, _RewardedSoupsOwn):  # fields: the prefer
 
 
 @register
-class RewardedSoups(Method):
+class RewardedSoups(Method[RewardedSoupsParams]):
     name = "rewarded_soups"
     summary = "Interpolate reward-specific policies of one SFT model by a preference λ on the simplex (+ LiNeS)."
     paper = ("Rewarded soups: towards Pareto-optimal alignment by interpolating weights fine-tuned on diverse "

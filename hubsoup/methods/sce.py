@@ -29,7 +29,7 @@ class SceParams:
 
 
 @register
-class Sce(Method):
+class Sce(Method[SceParams]):
     name = "sce"
     summary = "Select high-variance entries, weight task vectors by their energy, erase minority signs (FuseChat 2.0)."
     paper = "FuseChat: Knowledge Fusion of Chat Models (Wan et al., 2024), SCE merging"

@@ -416,7 +416,7 @@ class SftmParams:
 
 
 @register
-class Sftm(Method):
+class Sftm(Method[SftmParams]):
     name = "sftm"
     summary = ("Per linear weight, superpose the singular features of the trimmed task matrices by solving "
                "a linear system; task arithmetic for biases/embeddings, mean for norm layers.")

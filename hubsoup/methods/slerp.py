@@ -99,7 +99,7 @@ class SlerpParams:
 
 
 @register
-class Slerp(Method):
+class Slerp(Method[SlerpParams]):
     name = "slerp"
     summary = "Spherical interpolation between two models (base → input, or input → input), per tensor."
     paper = "Sampling Generative Networks (White, 2016); as popularised for LLM merging by mergekit"

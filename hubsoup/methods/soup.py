@@ -15,7 +15,7 @@ class SoupParams:
 
 
 @register
-class Soup(Method):
+class Soup(Method[SoupParams]):
     name = "soup"
     summary = ("Uniform model soup with the task-arithmetic scale of LiNeS App. B.3; for the greedy soup see "
                "hubsoup.soups.greedy_soup, for soup + LiNeS use lines with base_method=soup.")

@@ -48,7 +48,7 @@ class TaskArithmeticParams:
 
 
 @register
-class TaskArithmetic(Method):
+class TaskArithmetic(Method[TaskArithmeticParams]):
     name = "task_arithmetic"
     summary = "Add the scaled sum of task vectors to the base."
     paper = "Editing Models with Task Arithmetic (Ilharco et al., 2023)"

@@ -75,7 +75,7 @@ class TiesParams:
 
 
 @register
-class Ties(Method):
+class Ties(Method[TiesParams]):
     name = "ties"
     summary = "Trim each task vector to its top-k magnitudes, elect signs by mass, average the agreeing entries."
     paper = "TIES-Merging: Resolving Interference When Merging Models (Yadav et al., 2023)"

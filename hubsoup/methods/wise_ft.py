@@ -13,7 +13,7 @@ class WiseFtParams:
 
 
 @register
-class WiseFt(Method):
+class WiseFt(Method[WiseFtParams]):
     name = "wise_ft"
     summary = "Weight-space ensemble of the pre-trained model and one fine-tune."
     paper = "Robust fine-tuning of zero-shot models (Wortsman et al., 2022)"

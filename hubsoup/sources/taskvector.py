@@ -1,14 +1,14 @@
 """Task vectors: what every input gives the engine, one tensor at a time.
 
 :class:`TaskVector` is the contract between sources and the engine; it declares every
-member the engine uses. A full fine-tune is a :class:`FullDelta` (τ = θ − θ₀); a PEFT
+member the engine uses (the optional ones, :class:`StoredWeights`, through their accessors). A full fine-tune is a :class:`FullDelta` (τ = θ − θ₀); a PEFT
 LoRA adapter is a :class:`~hubsoup.sources.lora.LoraDelta` (τ = s·B·A per module,
 materialised on demand, with its factors available to the low-rank paths).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
@@ -61,6 +61,39 @@ class TaskVector(Protocol):
 
     def release(self) -> None:
         """Unmap the weight files read so far (the engine calls it after every block)."""
+
+
+# What the engine reads of a task vector beyond the protocol, where the task vector has it (a full fine-tune's
+# stored bytes, a file's byte ranges): declared here, each read through its accessor, never a bare getattr.
+class StoredWeights(Protocol):
+    """Optional members of a :class:`TaskVector` whose :meth:`~TaskVector.weights` are one checkpoint's stored
+    tensors (:class:`FullDelta`): the engine's device feed reads their bytes (:func:`stored_name`, :func:`checkpoint`)."""
+
+    ckpt: Checkpoint
+
+    def stored_name(self, name: str) -> str:
+        """This input's own name of base tensor ``name``."""
+
+    def byte_ranges(self, name: str) -> list[tuple[str, int, int]]:
+        """Where the bytes of τ for ``name`` lie (``(file, start, end)``): the engine's read-ahead hint."""
+
+
+def stored_name(tv: TaskVector, name: str) -> str:
+    """``tv``'s own name of base tensor ``name`` (:meth:`StoredWeights.stored_name`), else ``name``."""
+    own = getattr(tv, "stored_name", None)
+    return name if own is None else str(own(name))
+
+
+def checkpoint(tv: TaskVector) -> Checkpoint | None:
+    """The checkpoint ``tv`` reads (:attr:`StoredWeights.ckpt`), None where it has none."""
+    ckpt: Checkpoint | None = getattr(tv, "ckpt", None)
+    return ckpt
+
+
+def byte_ranges(tv: TaskVector) -> Callable[[str], list[tuple[str, int, int]]] | None:
+    """``tv``'s :meth:`StoredWeights.byte_ranges`, None where it cannot tell where its bytes lie."""
+    ranges: Callable[[str], list[tuple[str, int, int]]] | None = getattr(tv, "byte_ranges", None)
+    return ranges
 
 
 class FullDelta:
@@ -153,7 +186,7 @@ def nonfinite_input(label: str, name: str, bad: int) -> NonFiniteTensorError:
         "(diverged training or a bad conversion) and cannot be merged")
 
 
-def shape_message(label: str, name: str, shape: tuple, base_shape: tuple) -> str:
+def shape_message(label: str, name: str, shape: tuple[int, ...], base_shape: tuple[int, ...]) -> str:
     msg = f"input '{label}': tensor '{name}' has shape {list(shape)} but the base has {list(base_shape)}"
     if len(shape) == len(base_shape) and shape[1:] == base_shape[1:]:
         msg += (" (a resized vocabulary?). Pass --shape-mismatch base-slice to merge the rows the base has "
