@@ -369,9 +369,9 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         monitor.plan(_stage_weights(m, p, inputs, base, tasks, push=target is not None))
         # open, plan, place and the recipe, once (Hub models from their safetensors headers: the fit check below
         # runs before any weight moves)
+        lora_out = {"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {}
         session = Session.open(inputs, m, p, opts, base=base, layout=layout, monitor=monitor, out=out,
-                               lora_output=sink_options is not None, name=method,
-                               output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
+                               lora_output=sink_options is not None, name=method, output=lora_out)
         base_ckpt, sources, plan, recipe = session.base, session.sources, session.plan, session.recipe
         assert recipe is not None
         metadata = recipe.metadata()  # the public recipe: no local path in what may be pushed
@@ -419,18 +419,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         if layout is not None:
             result.sections.append(layout.card_section())  # e.g. the mergekit config, as YAML
         if tasks:
-            monitor.stage("eval", f"evaluating {len(tasks)} task(s)")
-            monitor.segment(len(tasks))
-
-            def before_task(i: int, task: Any) -> None:  # one report and one cancel check per task
-                if i:
-                    monitor.step(f"evaluated {i}/{len(tasks)} task(s)")
-                monitor.check()
-
-            result.evaluation = evaluate_model(folder.path, tasks, limit=eval_limit, device=opts.device,
-                                               quiet=opts.quiet, before_task=before_task)
-            monitor.step(f"evaluated {len(tasks)} task(s)")
-            write_results(result.evaluation, os.path.join(folder.path, EVAL_FILE))
+            result.evaluation = _evaluate(folder.path, tasks, eval_limit, opts, monitor)
         result.write_card(folder.path, **({"repo_id": target.repo_id} if target is not None else {}))
         monitor.check("before the output was committed")
         if hub_push is None:
@@ -513,6 +502,23 @@ def _small_output_bytes(base: Any, shards: Sequence[Any]) -> int:
 
 _CARD_ALLOWANCE = 12 * 1024
 """Disk counted for the card and the recipe an output holds beside the base's files (a few kB each)."""
+
+
+def _evaluate(folder: str, tasks: list[Any], limit: int | None, opts: MergeOptions, monitor: Monitor) -> list[Any]:
+    """The output in ``folder`` evaluated on ``tasks`` (stage ``eval``), the results written beside it."""
+    monitor.stage("eval", f"evaluating {len(tasks)} task(s)")
+    monitor.segment(len(tasks))
+
+    def before_task(i: int, task: Any) -> None:  # one report and one cancel check per task
+        if i:
+            monitor.step(f"evaluated {i}/{len(tasks)} task(s)")
+        monitor.check()
+
+    results: list[Any] = evaluate_model(folder, tasks, limit=limit, device=opts.device, quiet=opts.quiet,
+                                        before_task=before_task)
+    monitor.step(f"evaluated {len(tasks)} task(s)")
+    write_results(results, os.path.join(folder, EVAL_FILE))
+    return results
 
 
 def _push_scratch(target: PushTarget) -> str:

@@ -149,8 +149,8 @@ class Session:
         placement = place_blocks(plan, m, p, placed, opts, lora_output=lora_output, resolved=resolved)
         if _needs_base_files(m, p) and getattr(base_ckpt, "keep_files", None) is not None:
             base_ckpt.keep_files()  # LOT runs the base model from its folder
-        made = (recipe_for(name or m.name, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources], dtype=opts.dtype,
-                           options=opts, layout=layout, output=output or {}) if recipe else None)
+        made = (recipe_for(name or m.name, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources],
+                           dtype=opts.dtype, options=opts, layout=layout, output=output or {}) if recipe else None)
         return cls(m, p, opts, base_ckpt, sources, plan, placement, resolved, made, layout,
                    monitor if monitor is not None else Monitor())
 

@@ -204,7 +204,8 @@ def pin_inputs(models: Sequence[str], base: str | None, method: str, params: dic
                for _, e in plan.entries())
     if keep:
         held += sum(c.stored_bytes() for c in checkpoints_of(base_ckpt, *sources))
-    return ([s.ref.pinned_spec for s in sources], base_ckpt.ref.pinned_spec, max(session.placement.peak.values()) + held,
+    peak = max(session.placement.peak.values())
+    return ([s.ref.pinned_spec for s in sources], base_ckpt.ref.pinned_spec, peak + held,
             base_ckpt.ref, [s.ref for s in sources])
 
 
