@@ -1,6 +1,6 @@
 """The type check the suite runs (issue 33): mypy, strict, on the public face and the method contract.
 
-Strict (``--strict``): ``hubsoup/api.py``, ``hubsoup/options.py``, ``hubsoup/methods/_base.py`` (the method contract),
+Strict (``--strict``): ``hubsoup/api.py``, ``hubsoup/session.py``, ``hubsoup/options.py``, ``hubsoup/methods/_base.py`` (the method contract),
 ``hubsoup/methods/_kept.py`` and the engine package ``hubsoup/engine``; what they import is read for its types only
 (``--follow-imports=silent``: its own errors are not this check's). Calls into ``torch.cuda`` (``Stream``, ``Event``:
 untyped in torch) are allowed (``--untyped-calls-exclude=torch.cuda``), nothing else. mypy is in the ``test`` extra; without it this test fails, it is never skipped.
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STRICT = ["hubsoup/api.py", "hubsoup/options.py", "hubsoup/methods/_base.py", "hubsoup/methods/_kept.py", "hubsoup/engine"]
+STRICT = ["hubsoup/api.py", "hubsoup/session.py", "hubsoup/options.py", "hubsoup/methods/_base.py", "hubsoup/methods/_kept.py", "hubsoup/engine"]
 
 
 def _mypy(*args: str) -> subprocess.CompletedProcess:
