@@ -15,16 +15,16 @@ import torch
 
 from hubsoup.arch import peft_task_type
 from hubsoup.card import write_card
-from hubsoup.engine import Job, remote_bytes, run
+from hubsoup.engine import remote_bytes
 from hubsoup.engine.lowrank import reads_base as lowrank_reads_base
-from hubsoup.engine.placement import place_blocks, start_device
-from hubsoup.errors import BaseNotNamedError, HubsoupError, MergeCancelled, ParameterError, PushError
+from hubsoup.engine.placement import start_device
+from hubsoup.errors import MergeCancelled, ParameterError, PushError
 from hubsoup.eval import TaskSpec, evaluate_model
 from hubsoup.footprint import Footprint, on_disk
 from hubsoup.eval.run import EVAL_FILE, read_results, write_results
 from hubsoup.hub import HubPush, PushTarget, push_folder, retarget_card, retry_command
 from hubsoup.hubclient import Token, check_repo_id
-from hubsoup.methods import Method, TensorContext, get_method
+from hubsoup.methods import Method, TensorContext
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
 from hubsoup.output.checkpoint import BASE_FILES, CheckpointSink, copy_base_files
@@ -32,10 +32,11 @@ from hubsoup.output.lora import LoraOptions, LoraSink
 from hubsoup.output.shards import SHARDS_IN_FLIGHT, shard_layout
 from hubsoup.plan import OutputLayout, Plan
 from hubsoup.progress import Cancel, Monitor, Progress
-from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
+from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources import InputRef
 from hubsoup.sources.access import check_specs, current, scope
-from hubsoup.sources.compat import check_out_is_no_input, is_local, open_models
+from hubsoup.sources.compat import is_local
+from hubsoup.session import Session, parse_method
 from hubsoup.untrusted import read_json
 
 log = logging.getLogger(__name__)
@@ -366,43 +367,28 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     hub_push: HubPush | None = None
     try:
         monitor.plan(_stage_weights(m, p, inputs, base, tasks, push=target is not None))
-        # Hub models' tensors from their safetensors headers: the fit check below runs before any weight moves
-        if layout is not None and getattr(layout, "opens_inputs", False):  # a mergekit merged vocabulary: the inputs re-mapped to it
-            base_ckpt, sources = layout.open_inputs(inputs, base, opts, monitor=monitor)
-        else:
-            base_ckpt, sources = open_inputs(inputs, base, m, p, opts, monitor=monitor, headers_only=True)
-        if out is not None:
-            check_out_is_no_input(out, base_ckpt, sources)  # --overwrite must never delete an input or the base
-        # a layout (a mergekit config's slices, tokenizer_source) plans the output itself: the one engine streams it
-        plan = layout.plan(base_ckpt, sources, opts) if layout is not None else Plan.of(base_ckpt, opts.device)
-        if layout is not None and layout.reads and out is not None:  # the models slices copy from: inputs too
-            check_out_is_no_input(out, base_ckpt, layout.reads)
-        place_blocks(plan, m, p, sources, opts, lora_output=sink_options is not None)
-        if _needs_base_files(m, p) and base_ckpt.keep_files is not None:  # LOT runs the base model from its folder
-            base_ckpt.keep_files()
+        # open, plan, place and the recipe, once (Hub models from their safetensors headers: the fit check below
+        # runs before any weight moves)
+        lora_out = {"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {}
+        session = Session.open(inputs, m, p, opts, base=base, layout=layout, monitor=monitor, out=out,
+                               lora_output=sink_options is not None, name=method, output=lora_out)
+        base_ckpt, sources, plan, recipe = session.base, session.sources, session.plan, session.recipe
+        assert recipe is not None
+        metadata = recipe.metadata()  # the public recipe: no local path in what may be pushed
         # the run's disk and network from its plan, before any weight moves: --max-disk, then the download budget
         # (a streamed push without a local copy holds SHARDS_IN_FLIGHT + 1 shards; evaluation keeps them all)
-        recipe = recipe_for(method, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources], dtype=opts.dtype,
-                            options=opts, layout=layout,
-                            output={"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {})
-        metadata = recipe.metadata()  # the public recipe: no local path in what may be pushed
-        predicted = footprint(plan, base_ckpt, sources, m, p, opts, layout=layout,
-                              lora_output=sink_options is not None, push=target is not None,
+        predicted = footprint(session, lora_output=sink_options is not None, push=target is not None,
                               local_copy=keep_local or bool(tasks), metadata=metadata)
         predicted.check(opts.max_disk_bytes)
         if current().limited:
             current().check_total(predicted.network_in - predicted.already_read)
-        for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):  # the fit check passed: download
-            if ckpt is not None:
-                ckpt.fetch()
+        session.fetch()  # the fit check passed: download
         if target is not None:  # before the first upload: the checks, then the repo (created if needed)
             hub_push = _hub_push(target, opts, monitor, keep_files=keep_local or bool(tasks))
             hub_push.prepare(folder.path, recipe)
             hub_push.begin()
-        job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=opts.quiet, monitor=monitor,
-                  donors=layout.donors if layout is not None else (), prefetch=opts.prefetch,
-                  device_map=opts.device_map, max_memory=opts.max_memory, scratch=folder.path,
-                  read_ahead=opts.read_ahead_bytes)
+        job = session.job(quiet=opts.quiet, prefetch=opts.prefetch, scratch=folder.path,
+                          read_ahead=opts.read_ahead_bytes)
         if sink_options is not None:
             # the base's architecture says which AutoPeftModelFor* loads the output; else the adapters' own
             task_types = {s.config.get("task_type") for s in sources if s.kind == "lora"}
@@ -415,11 +401,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
             if hub_push is not None:  # a rerun after an interruption: shards the Hub holds are not made again
                 sink.writer.mark_remote(hub_push.resume(sink.writer.layout, _push_key(recipe.hash, opts)))
                 job.skip_output = sink.unneeded()
-        try:
-            stats = run(job, sink)
-        finally:
-            if not job.shared_stats:  # else the search that shares them finishes them
-                m.finish(p, job.stats)
+        stats = session.run(sink, job)
         lora_report = sink.close()
         if layout is not None:
             layout.finish(folder.path)  # the output config's layer count, tokenizer_source, chat_template
@@ -437,18 +419,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         if layout is not None:
             result.sections.append(layout.card_section())  # e.g. the mergekit config, as YAML
         if tasks:
-            monitor.stage("eval", f"evaluating {len(tasks)} task(s)")
-            monitor.segment(len(tasks))
-
-            def before_task(i: int, task: Any) -> None:  # one report and one cancel check per task
-                if i:
-                    monitor.step(f"evaluated {i}/{len(tasks)} task(s)")
-                monitor.check()
-
-            result.evaluation = evaluate_model(folder.path, tasks, limit=eval_limit, device=opts.device,
-                                               quiet=opts.quiet, before_task=before_task)
-            monitor.step(f"evaluated {len(tasks)} task(s)")
-            write_results(result.evaluation, os.path.join(folder.path, EVAL_FILE))
+            result.evaluation = _evaluate(folder.path, tasks, eval_limit, opts, monitor)
         result.write_card(folder.path, **({"repo_id": target.repo_id} if target is not None else {}))
         monitor.check("before the output was committed")
         if hub_push is None:
@@ -506,11 +477,10 @@ def push_figures(inputs: Sequence[str], *, base: str | None = None, push: bool =
         raise ParameterError(f"push_figures: unknown option(s) {', '.join(sorted(extra))}")
     check_specs(inputs=inputs, base=base)
     m, p = parse_method(method, {})
-    base_ckpt, sources = open_models(inputs, base=base, allow_pickle=opts.allow_pickle, token=opts.token,
-                                     ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch,
-                                     headers_only=True)
-    plan = Plan.of(base_ckpt, "cpu")
-    predicted = footprint(plan, base_ckpt, sources, m, p, opts, push=push, local_copy=not push)
+    # planned on the CPU: the figures are bytes, whatever device the merge will run on
+    session = Session.open(inputs, m, p, opts.replace(device="cpu", device_map=None, max_memory=None), base=base,
+                           name=method)
+    predicted = footprint(session, push=push, local_copy=not push)
     down, up = predicted.network_in, predicted.network_out
     return {"disk": predicted.peak_disk, "download": down, "upload": up,
             "seconds": max(down, up) / bandwidth if bandwidth else None}
@@ -532,6 +502,23 @@ def _small_output_bytes(base: Any, shards: Sequence[Any]) -> int:
 
 _CARD_ALLOWANCE = 12 * 1024
 """Disk counted for the card and the recipe an output holds beside the base's files (a few kB each)."""
+
+
+def _evaluate(folder: str, tasks: list[Any], limit: int | None, opts: MergeOptions, monitor: Monitor) -> list[Any]:
+    """The output in ``folder`` evaluated on ``tasks`` (stage ``eval``), the results written beside it."""
+    monitor.stage("eval", f"evaluating {len(tasks)} task(s)")
+    monitor.segment(len(tasks))
+
+    def before_task(i: int, task: Any) -> None:  # one report and one cancel check per task
+        if i:
+            monitor.step(f"evaluated {i}/{len(tasks)} task(s)")
+        monitor.check()
+
+    results: list[Any] = evaluate_model(folder, tasks, limit=limit, device=opts.device, quiet=opts.quiet,
+                                        before_task=before_task)
+    monitor.step(f"evaluated {len(tasks)} task(s)")
+    write_results(results, os.path.join(folder, EVAL_FILE))
+    return results
 
 
 def _push_scratch(target: PushTarget) -> str:
@@ -556,19 +543,8 @@ def _hub_push(target: PushTarget, opts: MergeOptions, monitor: Monitor, *, keep_
                    what=f"push to {target.repo_id}",
                    after="Nothing was committed; run the same merge again: it resumes (the shards already on the "
                          "Hub are neither merged nor uploaded again)")
-def _needs_base_files(m: Method[Any], p: Any) -> bool:
-    """Whether the method, or one a modifier wraps (LiNeS over LOT), builds the base model from its folder."""
-    cur: Any = m
-    while cur is not None:
-        if cur.needs_base_files:
-            return True
-        cur, p = getattr(p, "inner", None), getattr(p, "inner_params", None)
-    return False
-
-
-def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method[Any], p: Any, opts: MergeOptions, *,
-              layout: Any = None, lora_output: bool = False, push: bool = False,
-              local_copy: bool = True, metadata: Mapping[str, str] | None = None) -> Footprint:
+def footprint(session: Session, *, lora_output: bool = False, push: bool = False, local_copy: bool = True,
+              metadata: Mapping[str, str] | None = None) -> Footprint:
     """The run's predicted peak local disk and network (:class:`hubsoup.footprint.Footprint`), from its plan and
     the inputs' headers and Hub file sizes, without reading a weight: what ``merge`` checks ``max_disk`` and
     ``max_download`` against, what ``hubsoup plan --push`` prints and :func:`push_figures` returns.
@@ -576,12 +552,15 @@ def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method[Any]
     ``push``: the output goes to the Hub (its bytes count as network out); without ``local_copy`` its shards are
     uploaded as they are written and deleted: the disk holds the largest ``SHARDS_IN_FLIGHT + 1`` shards of its
     layout at most (:data:`hubsoup.output.shards.SHARDS_IN_FLIGHT`; a LoRA adapter is written whole, then pushed).
-    ``metadata``: the shards' ``__metadata__`` (the recipe's; None: the recipe of ``m``, ``p`` and ``opts``).
+    ``metadata``: the shards' ``__metadata__`` (None: the session's recipe's).
 
     Example:
-        >>> f = footprint(plan, base, sources, m, p, MergeOptions(), push=True, local_copy=False)  # doctest: +SKIP
+        >>> f = footprint(session, push=True, local_copy=False)                                   # doctest: +SKIP
         >>> f.peak_disk, f.network_in, f.network_out                                               # doctest: +SKIP
     """
+    plan, base_ckpt, sources, m, p, opts = (session.plan, session.base, session.sources, session.method,
+                                            session.params, session.opts)
+    layout = session.layout
     ckpts: dict[str, Any] = {}
     for c in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources), *(layout.donors if layout is not None else ())):
         if c is not None:
@@ -590,8 +569,8 @@ def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method[Any]
     # the output's shards as the writer lays them out (headers included): what goes up, and what a streamed
     # push holds on disk at once
     if metadata is None:  # each shard's header holds the recipe
-        metadata = recipe_for(m.name, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources],
-                              dtype=opts.dtype, options=opts, layout=layout).metadata()
+        assert session.recipe is not None, "a footprint needs the session's recipe (its shards' headers)"
+        metadata = session.recipe.metadata()
     layout_ = shard_layout([(name, tuple(e.shape), (out_dtype or e.dtype) if e.mergeable else e.dtype)
                             for name, e in plan.output_entries()], opts.shard_bytes, dict(metadata))
     shards = [on_disk(shard.size) for shard in layout_]  # on disk: whole blocks
@@ -601,7 +580,7 @@ def footprint(plan: Plan, base_ckpt: Any, sources: Sequence[Any], m: Method[Any]
     streamed = push and not local_copy and not lora_output
     cache = sum(c.weight_bytes() for c in ckpts.values() if c.weight_bytes is not None)
     inputs_metadata = sum(int(getattr(c, "metadata_bytes", 0) or 0) for c in ckpts.values())  # in the Hub cache
-    job = Job(plan, base_ckpt, sources, m, p, donors=layout.donors if layout is not None else ())
+    job = session.job()
     reads_base = (lambda work: lowrank_reads_base(work, lowrank_ok=True)) if lora_output else None
     in_place = remote_bytes(job, reads_base)
     passes = 1 + len(m.passes(p, len(sources)))
@@ -664,42 +643,6 @@ def _stage_weights(m: Method[Any], p: Any, inputs: Sequence[str], base: str | No
     if push:  # the shards go up during the merge; what is left: the last uploads and the commit
         weights["push"] = 1.0
     return weights
-
-
-def open_inputs(inputs: Sequence[str], base: str | None, m: Method[Any], p: Any, opts: MergeOptions,
-                **kw: Any) -> tuple[Any, list[Any]]:
-    """The base and the inputs' task vectors, opened with ``opts`` as :func:`merge` opens them (trials too); a method that needs no base (``Method.needs_base``) and
-    whose inputs' cards name none takes the first input as the layout reference (its task vector is 0)."""
-    kw.update(allow_pickle=opts.allow_pickle, token=opts.token, ignore_extra=opts.ignore_extra,
-              shape_mismatch=opts.shape_mismatch)
-    try:
-        return open_models(inputs, base=base, **kw)
-    except BaseNotNamedError:  # only when no card names a base: a named one is always checked and used
-        if base is not None or m.needs_base(p, len(inputs)):
-            raise
-        log.info("no base model named: %s needs none, the first input is the layout reference", m.name)
-        return open_models(inputs, base=inputs[0], **kw)
-
-
-def parse_method(method: str, given: dict[str, Any]) -> tuple[Method[Any], Any]:
-    """The method and its parsed parameters; a key that looks like a misspelt option says so."""
-    m = get_method(method)
-    try:
-        return m, m.parse(given)
-    except ParameterError:
-        MergeOptions.check_not_misspelt(given, _declared(m, given))
-        raise
-
-
-def _declared(m: Method[Any], given: dict[str, Any]) -> set[str]:
-    names = {f.name for f in dataclasses.fields(m.Params)}
-    chain = str(given.get("base_method", "")).split("+") if "base_method" in names else []
-    for n in chain:
-        try:
-            names |= {f.name for f in dataclasses.fields(get_method(n.strip()).Params)}
-        except HubsoupError:
-            pass
-    return names
 
 
 def _lora_options(output_format: str, rank: int | None, energy: float | None,

@@ -3,7 +3,7 @@
 :class:`Footprint` holds the figures (bytes), says what the peak local disk is, refuses a run whose peak exceeds
 ``max_disk`` (:meth:`Footprint.check`, before anything is downloaded: the message says what it needs, part by part)
 and prints itself for ``hubsoup plan`` (:meth:`Footprint.lines`). The figures come from the caller
-(:func:`hubsoup.api.footprint` reads them off the plan, the sources and the options); nothing here reads a file.
+(:func:`hubsoup.api.footprint` reads them off a merge session: its plan, sources and options); nothing here reads a file.
 
 The peak local disk of a run is
 

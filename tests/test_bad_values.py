@@ -321,7 +321,7 @@ def no_merge(monkeypatch):
     """Fail the test if the merge gets as far as opening the models."""
     def boom(*a, **k):
         raise AssertionError("the merge started before the eval data was checked")
-    monkeypatch.setattr("hubsoup.api.open_models", boom)
+    monkeypatch.setattr("hubsoup.session.open_models", boom)
 
 
 def test_eval_missing_file_before_merge(llama, tmp_path, capsys, no_merge):

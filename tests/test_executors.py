@@ -151,7 +151,7 @@ def test_a_merge_written_in_place_is_the_model_a_merge_builds(tmp_path):
 
     from hubsoup.output.memory import MemorySink, ModelSink, empty_model
     from hubsoup.testing import make_base, make_finetune
-    from hubsoup.api import open_inputs, parse_method
+    from hubsoup.session import open_inputs, parse_method
     from hubsoup.workflows.trial import _fetch, _merge, _options
     from hubsoup.plan import Plan
 

@@ -21,8 +21,8 @@ re-exported names (10 imported and unused, among them the review's ``noqa: F401`
 ``engine/placement``, ``continual/state``, ``output/folder``; 10 in an ``__all__`` that does not own them) and 33
 imports through a module that only passes the name on (``hub`` for ``hubclient``, ``recipe`` for ``public``, ``api``
 for ``engine.placement``, ``formats.mergekit`` for ``public``, ``output.folder`` for ``options``); 20 imports of
-private names across modules. After: none (``api.open_inputs``, which trials use, is public since part B's first
-step; :data:`PENDING` is empty).
+private names across modules. After: none (``session.open_inputs``, first ``api.open_inputs``, which trials use,
+is public since part B's first step; :data:`PENDING` is empty).
 """
 
 from __future__ import annotations

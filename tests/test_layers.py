@@ -38,6 +38,7 @@ LAYERS: list[list[str]] = [
     ["recipe"],
     ["card"],
     ["hub"],
+    ["session"],
     ["api"],
     ["formats"],
     ["testing", "workflows", "demo"],

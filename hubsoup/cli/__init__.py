@@ -223,16 +223,14 @@ def _cmd_plan(args, opts) -> int:
         print(Plan.of(ckpt, opts.device).summary())
         downloads([ckpt])
         return 0
-    from hubsoup.api import parse_method  # lazy: keeps hubsoup --help free of torch
-    from hubsoup.engine.placement import place_blocks  # lazy: keeps hubsoup --help free of torch
-    from hubsoup.sources.compat import open_models  # lazy: keeps hubsoup --help free of torch
+    from hubsoup.session import Session, parse_method  # lazy: keeps hubsoup --help free of torch
 
     m, p = parse_method(args.method, params(args.param))
     m.check_inputs(p, len(args.models))
-    base, sources = open_models(args.models, base=args.base, allow_pickle=opts.allow_pickle, token=opts.token,
-                                ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch, headers_only=True)
-    plan = Plan.of(base, opts.device)
-    placement = place_blocks(plan, m, p, sources, opts, lora_output=args.output_format == "lora")
+    lora = args.output_format == "lora"
+    # the merge's own session: the inputs from their headers, the plan, the placement and the recipe
+    session = Session.open(args.models, m, p, opts, base=args.base, lora_output=lora)
+    base, sources, plan, placement = session.base, session.sources, session.plan, session.placement
     print(plan.summary())
     print()
     print(f"merge of {len(sources)} model(s) with {args.method} onto {base.label}: "
@@ -244,8 +242,7 @@ def _cmd_plan(args, opts) -> int:
     from hubsoup.sources.access import current  # lazy: as above
     from hubsoup.sources.remote import measure_bandwidth  # lazy: as above
 
-    lora = args.output_format == "lora"
-    predicted = footprint(plan, base, sources, m, p, opts, lora_output=lora, push=bool(args.push), local_copy=False)
+    predicted = footprint(session, lora_output=lora, push=bool(args.push), local_copy=False)
     bandwidth = merge_seconds = None
     if args.push:
         got, seconds = measure_bandwidth(list(current().remote_files.values()))

@@ -29,7 +29,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Hashable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Collection, Hashable, Iterator, Mapping, Protocol, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -90,6 +90,9 @@ class Job:
     read_ahead: int | None = None
     """Bytes a stream fetches ahead of the merge from Hub inputs read in place (:class:`hubsoup.sources.remote.Window`);
     None: the run's ``read_ahead`` (:mod:`hubsoup.sources.access`), else 256 MiB. Never changes a result."""
+    resolved: Mapping[str, Any] | None = None
+    """Every mergeable tensor's parameters, resolved once by the session (:func:`hubsoup.engine.lowrank.resolve_all`);
+    None: each is resolved when the merge reaches it. Never changes a result."""
 
     @functools.cached_property
     def adapters(self) -> bool:
@@ -585,7 +588,7 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
         # one lane per worker: the devices' workers already keep the cores busy
         sub = Job(Plan(blocks), job.base, job.inputs, job.method, job.params, job.recipe_hash, quiet=True,
                   stats=job.stats, monitor=shared_segment(job.monitor), donors=job.donors, prefetch=job.prefetch,
-                  lanes=1, skip_output=job.skip_output, read_ahead=job.read_ahead)
+                  lanes=1, skip_output=job.skip_output, read_ahead=job.read_ahead, resolved=job.resolved)
         try:
             for work in stream(sub, skip=sub.skip_output, reads_base=reads_base):
                 if failed.is_set():  # another worker failed: stop at the next tensor

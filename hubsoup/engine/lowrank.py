@@ -37,13 +37,13 @@ from __future__ import annotations
 
 from collections import ChainMap
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Collection, Union
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Union
 
 import torch
 
 from hubsoup.engine import lanes
 from hubsoup.methods._schedule import layer_position, resolve_params
-from hubsoup.plan import Block, TensorEntry
+from hubsoup.plan import Block, Plan, TensorEntry
 
 if TYPE_CHECKING:
     from hubsoup.engine import TensorWork
@@ -116,13 +116,40 @@ def tensor_params(params: Any, block: Block, entry: TensorEntry) -> Any:
     return resolve_params(params, entry.name, tensor_position(block, entry))
 
 
+def resolve_all(params: Any, plan: Plan) -> dict[str, Any]:
+    """Every mergeable entry's parameters (:func:`tensor_params`), resolved once, by entry name: what the session
+    (:mod:`hubsoup.session`) hands the planner and the merge (:attr:`hubsoup.engine.Job.resolved`). A name the
+    plan holds twice is left out (each occurrence is then resolved where it is asked for)."""
+    out: dict[str, Any] = {}
+    twice: set[str] = set()
+    for block in plan.blocks:
+        for e in block.tensors:
+            if not e.mergeable:
+                continue
+            if e.name in out:
+                twice.add(e.name)
+            out[e.name] = tensor_params(params, block, e)
+    for name in twice:
+        del out[name]
+    return out
+
+
+def params_of(resolved: Mapping[str, Any] | None, params: Any, block: Block, entry: TensorEntry) -> Any:
+    """``entry``'s parameters: from ``resolved`` (:func:`resolve_all`) when it holds them, else resolved now."""
+    if resolved is not None:
+        got = resolved.get(entry.name)
+        if got is not None:
+            return got
+    return tensor_params(params, block, entry)
+
+
 def decide(work: "TensorWork", *, lowrank_ok: bool = True, weights_dtype: torch.dtype | None = None) -> Outcome:
     """The cheapest way to the merged task vector of ``work``'s tensor (see the module docs)."""
     job, entry = work.job, work.entry
     if not entry.mergeable:
         return Copy()
     method = job.need_method()
-    params = tensor_params(job.params, work.block, entry)
+    params = params_of(job.resolved, job.params, work.block, entry)
     if method.preserves_zero(params) and work.untouched():
         return Unchanged()
     if weights_dtype is not None:
@@ -152,7 +179,7 @@ def reads_base(work: "TensorWork", *, lowrank_ok: bool) -> bool:
     if not entry.mergeable:
         return False
     method = job.need_method()
-    params = tensor_params(job.params, work.block, entry)
+    params = params_of(job.resolved, job.params, work.block, entry)
     if method.preserves_zero(params) and work.untouched():
         return False
     return not (lowrank_ok and len(entry.shape) == 2 and job.adapters

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
 from hubsoup.engine import lanes
-from hubsoup.engine.lowrank import piece_size, tensor_params
+from hubsoup.engine.lowrank import params_of, piece_size
 from hubsoup.errors import PlacementError
 from hubsoup.options import DTYPES, MergeOptions, parse_device_map, parse_max_memory
 from hubsoup.plan import Block, Plan, TensorEntry
@@ -155,13 +155,14 @@ def place(plan: Plan, n_inputs: int, *, device: str = "cpu", device_map: str | d
 
 
 def place_blocks(plan: Plan, method: Method[Any], params: Any, sources: Sequence[Any], opts: MergeOptions, *,
-                 lora_output: bool = False) -> Placement:
+                 lora_output: bool = False, resolved: Mapping[str, Any] | None = None) -> Placement:
     """Every block's device from ``opts`` (device, device_map, max_memory); refuses a block that fits nowhere.
 
     The one entry to placement: ``hubsoup plan``, :func:`hubsoup.merge` and continual merging all call it,
     so each predicts the same working sets (the method's :meth:`~hubsoup.methods.Method.workspace_bytes`
     included). ``sources``: the job's inputs (their number, and whether all are full checkpoints: a method
-    with :meth:`~hubsoup.methods.Method.tensor_passes` then merges in pieces on the CPU).
+    with :meth:`~hubsoup.methods.Method.tensor_passes` then merges in pieces on the CPU). ``resolved``: the
+    per-tensor parameters the session resolved once (:func:`hubsoup.engine.lowrank.resolve_all`); None: resolved here.
     """
     n_inputs, full_inputs = len(sources), all(s.kind == "full" for s in sources)
 
@@ -173,12 +174,12 @@ def place_blocks(plan: Plan, method: Method[Any], params: Any, sources: Sequence
         merged = [e for e in block.tensors if e.mergeable]
         if not merged or any(e.source is not None for e in merged):  # a layout's renumbering: dense path
             return None
-        resolved = [tensor_params(params, block, e) for e in merged]
-        if any(method.tensor_passes(p, n_inputs) is None for p in resolved):
+        ps = [params_of(resolved, params, block, e) for e in merged]
+        if any(method.tensor_passes(p, n_inputs) is None for p in ps):
             return None
         piece = (piece_size(n_inputs),)
         return (max((DTYPES[opts.dtype] if opts.dtype else e.dtype).itemsize for e in merged),
-                max(method.workspace_bytes(piece, n_inputs, p, name=e.name) for e, p in zip(merged, resolved)))
+                max(method.workspace_bytes(piece, n_inputs, p, name=e.name) for e, p in zip(merged, ps)))
 
     def workspace(block: Block) -> int:
         # the most any one tensor needs (not the largest's: a method's workspace depends on the tensor's role)
@@ -186,7 +187,7 @@ def place_blocks(plan: Plan, method: Method[Any], params: Any, sources: Sequence
 
     def _workspace(block: Block, e: TensorEntry) -> int:
         # the parameters this tensor is merged with (schedules resolved as the merge resolves them)
-        extra = method.workspace_bytes(e.shape, n_inputs, tensor_params(params, block, e), name=e.name)
+        extra = method.workspace_bytes(e.shape, n_inputs, params_of(resolved, params, block, e), name=e.name)
         if lora_output and len(e.shape) == 2:  # the SVD through the Gram of the smaller side, float64
             extra += 2 * min(e.shape) ** 2 * 8
         return extra

@@ -51,7 +51,7 @@ from typing import Any, Callable
 import jinja2
 
 import hubsoup
-from hubsoup.api import parse_method
+from hubsoup.session import parse_method
 from hubsoup.card import template_path
 from hubsoup.errors import EvolveError, ParameterError
 from hubsoup.eval import TaskSpec

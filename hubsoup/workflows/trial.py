@@ -28,15 +28,13 @@ from typing import Any, Sequence
 
 import torch
 
-from hubsoup.api import open_inputs, parse_method
-from hubsoup.engine.placement import place_blocks
-from hubsoup.engine import Job, run
 from hubsoup.errors import HubsoupError, MergeCancelled, ParameterError
 from hubsoup.eval import Evaluator, TaskSpec
 from hubsoup.options import DTYPES, MergeOptions
 from hubsoup.output.memory import MemorySink, ModelSink, empty_model
 from hubsoup.plan import Plan
-from hubsoup.recipe import Recipe, recipe_for
+from hubsoup.recipe import Recipe
+from hubsoup.session import Session, open_inputs, parse_method
 from hubsoup.sources.access import scope
 from hubsoup.sources.taskvector import checkpoints_of
 
@@ -79,27 +77,18 @@ def _merge(base_ckpt, sources, method: str, params: dict[str, Any], opts: Any, s
     as :func:`hubsoup.merge` has them); returns its recipe."""
     if cancel is not None:
         opts = opts.replace(cancel=cancel)
-    monitor = opts.monitor()
     m, p = parse_method(method, dict(params))
-    m.check_inputs(p, len(sources))
-    plan = Plan.of(base_ckpt, opts.device)
-    place_blocks(plan, m, p, sources, opts)
-    # the recipe hash seeds every random choice (DARE's masks): the same as the written merge's
-    recipe = recipe_for(method, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources], dtype=opts.dtype,
-                        options=opts)
+    # the same session as the written merge's: its recipe hash seeds every random choice (DARE's masks)
+    session = Session.over(base_ckpt, sources, m, p, opts, monitor=opts.monitor(), name=method)
+    recipe = session.recipe
+    assert recipe is not None
     tmp = tempfile.mkdtemp(prefix=".hubsoup-trial-", dir=scratch)
-    job = Job(plan, base_ckpt, sources, m, p, recipe.hash, quiet=True, monitor=monitor,
-              prefetch=opts.prefetch if prefetch is None else prefetch, device_map=opts.device_map,
-              max_memory=opts.max_memory, scratch=tmp)
     try:
         try:
-            run(job, sink)
-        finally:
-            if not job.shared_stats:
-                m.finish(p, job.stats)
-    except BaseException:
-        sink.abort()
-        raise
+            session.run(sink, quiet=True, prefetch=opts.prefetch if prefetch is None else prefetch, scratch=tmp)
+        except BaseException:
+            sink.abort()
+            raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return recipe
@@ -209,14 +198,14 @@ def pin_inputs(models: Sequence[str], base: str | None, method: str, params: dic
     Returns ``(inputs, base, memory, base_ref, input_refs)`` (the refs: :class:`~hubsoup.sources.InputRef`).
     """
     m, p = parse_method(method, dict(params))
-    base_ckpt, sources = open_inputs(list(models), base, m, p, options, headers_only=True)
-    plan = Plan.of(base_ckpt, options.device)
-    placement = place_blocks(plan, m, p, sources, options)
+    session = Session.open(list(models), m, p, options, base=base, name=method, recipe=False)
+    base_ckpt, sources, plan = session.base, session.sources, session.plan
     held = sum(math.prod(e.shape) * (DTYPES[dtype] if dtype and e.mergeable else e.dtype).itemsize
                for _, e in plan.entries())
     if keep:
         held += sum(c.stored_bytes() for c in checkpoints_of(base_ckpt, *sources))
-    return ([s.ref.pinned_spec for s in sources], base_ckpt.ref.pinned_spec, max(placement.peak.values()) + held,
+    peak = max(session.placement.peak.values())
+    return ([s.ref.pinned_spec for s in sources], base_ckpt.ref.pinned_spec, peak + held,
             base_ckpt.ref, [s.ref for s in sources])
 
 

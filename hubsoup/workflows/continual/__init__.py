@@ -45,9 +45,8 @@ from typing import Any, Sequence
 import torch
 
 from hubsoup import __version__
-from hubsoup.api import MergeResult, footprint, parse_method, scoped
+from hubsoup.api import MergeResult, footprint, scoped
 from hubsoup.engine import Copy, Dense, Job, stream
-from hubsoup.engine.placement import place_blocks
 from hubsoup.errors import ContinualStateError, InputError, ParameterError
 from hubsoup.methods import get_method
 from hubsoup.methods.opcm import opcm_lambda, opcm_update, sq_norm
@@ -57,10 +56,11 @@ from hubsoup.output.folder import OutputLock, lock_output
 from hubsoup.output.checkpoint import CheckpointSink
 from hubsoup.plan import Plan
 from hubsoup.progress import Monitor
-from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
+from hubsoup.recipe import RECIPE_FILE, Recipe
+from hubsoup.session import Session, make_recipe, parse_method
 from hubsoup.sources import Checkpoint, InputRef
 from hubsoup.sources.access import check_specs, hub_only
-from hubsoup.sources.compat import is_local, open_base, open_models
+from hubsoup.sources.compat import is_local, open_base
 from hubsoup.workflows.continual.state import (
     STATE_DIR,
     STATE_FILE,
@@ -89,18 +89,18 @@ class _Setup:
     """The output dtype (None: the base's)."""
     monitor: Monitor = field(default_factory=Monitor)
     """The run's progress and cancellation (:mod:`hubsoup.progress`)."""
+    session: Session | None = None
+    """The merge's session (None for an export: the state alone, no new model)."""
 
 
 def _setup(models: Sequence[str], base: str | Checkpoint, options: MergeOptions, params: Any,
            prev: StateReader | None = None, monitor: Monitor | None = None) -> _Setup:
+    # the merge's session: the state, when there is one, is the job's first input (placed with the new models, as
+    # _advance streams them); headers only: with --cache-inputs nothing is downloaded before --max-disk is checked
+    # (_run fetches then)
     monitor = monitor or Monitor()
-    # headers only: with --cache-inputs nothing is downloaded before --max-disk is checked (_run fetches then)
-    base_ckpt, sources = open_models(models, base=base, allow_pickle=options.allow_pickle, token=options.token,
-                                     ignore_extra=options.ignore_extra, shape_mismatch=options.shape_mismatch,
-                                     monitor=monitor, headers_only=True)
-    # the job's inputs as _advance streams them: the state first, when there is one
-    plan = _plan(base_ckpt, [*([prev] if prev is not None else []), *sources], params, options)
-    return _Setup(base_ckpt, plan, sources, options, options.dtype, monitor)
+    session = Session.open(models, get_method(METHOD), params, options, base=base, monitor=monitor, state=prev)
+    return _Setup(session.base, session.plan, session.sources, options, options.dtype, monitor, session)
 
 
 def _monitor(opts: MergeOptions, models: Sequence[str], soup: str | None = None) -> tuple[MergeOptions, Monitor]:
@@ -115,12 +115,10 @@ def _monitor(opts: MergeOptions, models: Sequence[str], soup: str | None = None)
     return opts, monitor
 
 
-def _plan(base_ckpt: Checkpoint, inputs: Sequence[Any], params: Any, options: MergeOptions) -> Plan:
-    """The plan with every block on its device, through placement's one entry (as ``hubsoup plan`` and merge):
-    ``options``' device, device map and max_memory; OPCM's workspace counted for each block."""
-    plan = Plan.of(base_ckpt, options.device)
-    place_blocks(plan, get_method(METHOD), params, inputs, options)
-    return plan
+def _plan(base_ckpt: Checkpoint, state: StateReader, params: Any, options: MergeOptions) -> Plan:
+    """The plan of a soup's state over ``base_ckpt``, every block on its device (the session's placement, as
+    ``hubsoup plan`` and merge): ``options``' device, device map and max_memory; OPCM's workspace counted."""
+    return Session.over(base_ckpt, [], get_method(METHOD), params, options, state=state, recipe=False).plan
 
 
 def _advance(setup: _Setup, prev: StateReader | None, params, folder: str
@@ -228,7 +226,8 @@ def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, f
     prev_state = prev.state if prev is not None else None
     opts = setup.options
     # --max-disk before any tensor is read: the merged model, the new state S (float32) and what the Hub cache gets
-    predicted = footprint(setup.plan, setup.base, list(setup.sources), m, params, opts)
+    assert setup.session is not None
+    predicted = footprint(setup.session)
     predicted.scratch_bytes = sum(e.numel * 4 for _, e in setup.plan.entries() if e.mergeable)
     predicted.check(opts.max_disk_bytes)
     for ckpt in (setup.base, *(getattr(s, "ckpt", None) for s in setup.sources)):  # the check passed: download
@@ -247,7 +246,7 @@ def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, f
                            shape_mismatch=opts.shape_mismatch, ignore_extra=opts.ignore_extra,
                            hubsoup_version=__version__)
     _write_state(sdir, state)
-    recipe = recipe_for(METHOD, state.params, state_base, state.models, dtype=setup.dtype,
+    recipe = make_recipe(METHOD, state.params, state_base, state.models, dtype=setup.dtype,
                         continual={"count": state.count, "lambda": lam})
     _materialize(setup, StateReader(sdir, verify=False), lam, folder.path, recipe)
     result = _result(setup, folder, state, recipe, t0)
@@ -417,14 +416,14 @@ def _export(soup: str, folder: OutputFolder, base: str | None, opts: MergeOption
     st = reader.state
     opts = opts.replace(dtype=opts.dtype if opts.dtype is not None else st.dtype)
     base_ckpt = open_base(base or InputRef.from_dict(st.base).pinned_spec, allow_pickle=opts.allow_pickle, token=opts.token)
-    setup = _Setup(base_ckpt, _plan(base_ckpt, [reader], get_method(METHOD).parse(st.params), opts), [], opts,
+    setup = _Setup(base_ckpt, _plan(base_ckpt, reader, get_method(METHOD).parse(st.params), opts), [], opts,
                    opts.dtype)
     for _, e in setup.plan.entries():
         if e.mergeable and (st.base_sha256.get(e.name) != tensor_sha256(base_ckpt.tensor(e.name))):
             raise ContinualStateError(f"base '{base_ckpt.label}': tensor '{e.name}' differs from the base the "
                                       "continual state was made with")
     base_ckpt.release()
-    recipe = recipe_for(METHOD, st.params, st.base, st.models, dtype=opts.dtype,
+    recipe = make_recipe(METHOD, st.params, st.base, st.models, dtype=opts.dtype,
                         continual={"count": st.count, "lambda": st.lam})
     _materialize(setup, reader, st.lam, folder.path, recipe)
     result = _result(setup, folder, st, recipe, t0)

@@ -10,13 +10,12 @@ import json
 import re
 
 from hubsoup import __version__
-from hubsoup.api import parse_method
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.formats.stages import is_multi_stage, read_stages
 from hubsoup.hubclient import check_repo_id, parse_spec
 from hubsoup.options import MergeOptions
 from hubsoup.public import map_models
-from hubsoup.recipe import recipe_for
+from hubsoup.session import make_recipe, parse_method
 from hubsoup.sources import InputRef, open_input
 from hubsoup.sources.compat import check_config
 from hubsoup.untrusted import load_yaml
@@ -227,7 +226,7 @@ def _predict(run: Run, spec: MergeSpec, base: RepoInfo, inputs: list[RepoInfo]) 
         return InputRef(spec=r.pinned, repo_id=r.repo_id, revision=r.sha, sha=r.sha, kind=r.kind)
 
     described = m.describe_params(params)
-    recipe = recipe_for(spec.method, described, ref(base), [ref(i) for i in inputs], dtype=run.opts.dtype,
+    recipe = make_recipe(spec.method, described, ref(base), [ref(i) for i in inputs], dtype=run.opts.dtype,
                         options=run.opts)
     return recipe.hash, json.loads(json.dumps(described, default=str))
 
