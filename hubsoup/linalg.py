@@ -239,7 +239,7 @@ def run_jobs(jobs: Sequence[Job], threads: int | None = None) -> list[Any]:
     pending = list(range(len(jobs)))
     done: set[int] = set()
     running: dict[Future[Any], int] = {}
-    pool = _job_pool(n)
+    pool = one_thread_pool(n, "hubsoup-linalg")
     try:
         while pending or running:
             for i in list(pending):
@@ -263,29 +263,32 @@ def run_jobs(jobs: Sequence[Job], threads: int | None = None) -> list[Any]:
     return results
 
 
-_JOB_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
-_JOB_LOCK = threading.Lock()
+_POOLS: dict[tuple[int, int, str], ThreadPoolExecutor] = {}
+_POOL_LOCK = threading.Lock()
 
 
-def _job_pool(n: int) -> ThreadPoolExecutor:
-    """``n`` threads kept for every call (a forked child makes its own), each with torch at one thread."""
-    key = (os.getpid(), n)
-    with _JOB_LOCK:
-        pool = _JOB_POOLS.get(key)
+def one_thread_pool(n: int, name: str) -> ThreadPoolExecutor:
+    """``n`` threads named ``name``, each with torch at one thread, kept for every call (starting threads per
+    tensor cost ~1 s over a 1B model); a forked child makes its own (its parent's threads do not exist there).
+    Pools of different names are distinct: a job started from one never waits for a thread of its own pool."""
+    key = (os.getpid(), n, name)
+    with _POOL_LOCK:
+        pool = _POOLS.get(key)
         if pool is None:
             default = torch.get_num_threads()
-            pool = ThreadPoolExecutor(n, thread_name_prefix="hubsoup-linalg", initializer=_one_thread)
+            pool = ThreadPoolExecutor(n, thread_name_prefix=name, initializer=_one_thread)
             started = threading.Barrier(n + 1)
             try:
                 for _ in range(n):  # every thread started (each waits for the others), so each ran _one_thread
                     pool.submit(_wait, started)
                 started.wait()
-            except BaseException:  # interrupted while the threads start: none may stay waiting
+            except BaseException:  # interrupted while the threads start: none may stay waiting (exit would hang)
                 started.abort()
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
-            torch.set_num_threads(default)  # set_num_threads also sets what later threads take up: back
-            _JOB_POOLS[key] = pool
+            # set_num_threads also sets the default that threads started later take up: the process's again
+            torch.set_num_threads(default)
+            _POOLS[key] = pool
         return pool
 
 

@@ -134,11 +134,12 @@ def test_lanes_interrupted_while_starting_leave_no_thread_waiting(monkeypatch):
     import threading
     import time
 
+    from hubsoup import linalg
     from hubsoup.engine import lanes
 
-    slow = lanes._one_thread
-    monkeypatch.setattr(lanes, "_one_thread", lambda: (time.sleep(0.2), slow()))
-    monkeypatch.setattr(lanes, "_POOLS", {})
+    slow = linalg._one_thread  # the lanes' pool is linalg's one_thread_pool
+    monkeypatch.setattr(linalg, "_one_thread", lambda: (time.sleep(0.2), slow()))
+    monkeypatch.setattr(linalg, "_POOLS", {})
     real_wait = threading.Barrier.wait
 
     def wait(self, timeout=None):
@@ -158,6 +159,6 @@ def test_lanes_interrupted_while_starting_leave_no_thread_waiting(monkeypatch):
     while started() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not started()
-    assert lanes._POOLS == {}
+    assert linalg._POOLS == {}
     monkeypatch.setattr(threading.Barrier, "wait", real_wait)
     assert lanes.run(lambda j: j * 2, 3) == [0, 2, 4]  # the next run makes a new pool

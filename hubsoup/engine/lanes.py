@@ -14,15 +14,15 @@ the same).
 
 from __future__ import annotations
 
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 import torch
 
+from hubsoup.linalg import one_thread_pool
 from hubsoup.methods import StatsPass, TensorContext
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def run(fn: Callable[[int], T], n: int, stop: Callable[[], None] | None = None) 
     # never see each other's settings
     futures: list[Future[T]] = []
     try:
-        pool = _pool(n)
+        pool = one_thread_pool(n, "hubsoup-lane")
         for j in range(n):
             futures.append(pool.submit(fn, j))
         wait(futures)
@@ -110,43 +110,3 @@ def run(fn: Callable[[int], T], n: int, stop: Callable[[], None] | None = None) 
         wait(futures)  # a piece is a few MB: the lanes end at once
         raise
     return [f.result() for f in futures]
-
-
-_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
-_LOCK = threading.Lock()
-
-
-def _pool(n: int) -> ThreadPoolExecutor:
-    """``n`` lane threads, kept for every sweep (starting threads per tensor cost ~1 s over a 1B model);
-    a forked child makes its own (its parent's threads do not exist there)."""
-    key = (os.getpid(), n)
-    with _LOCK:
-        pool = _POOLS.get(key)
-        if pool is None:
-            default = torch.get_num_threads()
-            pool = ThreadPoolExecutor(n, thread_name_prefix="hubsoup-lane", initializer=_one_thread)
-            started = threading.Barrier(n + 1)
-            try:
-                for _ in range(n):  # every thread started (each waits for the others), so each ran _one_thread
-                    pool.submit(_wait, started)
-                started.wait()
-            except BaseException:  # interrupted while the lanes start: none may stay waiting (exit would hang)
-                started.abort()
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
-            # set_num_threads also sets the default that threads started later take up: the process's again
-            torch.set_num_threads(default)
-            _POOLS[key] = pool
-        return pool
-
-
-def _wait(barrier: threading.Barrier) -> None:
-    try:
-        barrier.wait()
-    except threading.BrokenBarrierError:  # the start was interrupted (abort): this thread just ends
-        pass
-
-
-def _one_thread() -> None:
-    torch.get_num_threads()  # torch's lazy per-thread setup first: it would undo what follows
-    torch.set_num_threads(1)  # this lane thread's, for good
