@@ -294,7 +294,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(hub, zoo, tmp_path, capsys)
     assert "merges: 4 to do, 0 already published" in out
     assert out.count("  to do ") == 4 and "soup-org/ties-ft-a-ft-b-" in out
     size = os.path.getsize(os.path.join(zoo["ft-a"], "model.safetensors"))
-    assert f"download: {4 * size / 1e3:.1f} KB of weights" in out  # base + 3 candidates
+    assert f"download: {4 * size / 1e3:.1f} kB of weights" in out  # base + 3 candidates
     assert state(hub) == before
     new = hub.requests[n_requests:]
     assert not [r for r in new if r["path"].endswith(".safetensors")]  # no weights downloaded

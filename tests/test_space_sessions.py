@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from hubsoup.errors import HubsoupError, InputError, MergeCancelled
+from hubsoup.footprint import fmt
 from hubsoup.testing import make_base, make_finetune
 
 pytestmark = pytest.mark.slow  # importing gradio takes seconds
@@ -253,7 +254,7 @@ def test_a_merge_larger_than_the_spaces_disk_is_streamed_to_the_hub(app, hub, sm
                      reverse=True)[:SHARDS_IN_FLIGHT + 1]  # in whole blocks
     assert sum(largest) < figures["disk"] <= sum(largest) + 64 * 1024
     line = app.figures_line(figures)
-    assert f"uploads {app._size(figures['upload'])}" in line and f"holds at most {app._size(figures['disk'])}" in line
+    assert f"uploads {fmt(figures['upload'])}" in line and f"holds at most {fmt(figures['disk'])}" in line
 
 
 def test_stopping_the_app_removes_its_temporary_folder(hub, tmp_path):

@@ -73,6 +73,7 @@ import gradio as gr
 from huggingface_hub import get_token
 
 from hubsoup.errors import HubsoupError, InputError, MergeCancelled, MethodError, PrivateInputsError, PushError
+from hubsoup.footprint import fmt
 
 # what `hubsoup space create` chose (template, ZeroGPU); absent when run from a checkout
 try:
@@ -495,14 +496,6 @@ def signed_in(profile, oauth) -> None:
                        "namespace, with your access to the models.")
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
 def figures(inputs: list[str], base: str | None, token: str | bool) -> dict[str, Any]:
     """What a merge of ``inputs`` would need (``hubsoup.push_figures``: disk, download, upload, seconds), read from
     the Hub's file sizes and safetensors headers with the visitor's token (``False``: anonymous), as a run reads:
@@ -521,8 +514,8 @@ def figures(inputs: list[str], base: str | None, token: str | bool) -> dict[str,
 
 def figures_line(f: dict[str, Any]) -> str:
     when = f" · about {f['seconds'] / 60:.0f} min at this Space's bandwidth" if f.get("seconds") else ""
-    return (f"**Before you start** · downloads {_size(f['download'])}, uploads {_size(f['upload'])}, "
-            f"holds at most {_size(f['disk'])} on the Space's disk{when}")
+    return (f"**Before you start** · downloads {fmt(f['download'])}, uploads {fmt(f['upload'])}, "
+            f"holds at most {fmt(f['disk'])} on the Space's disk{when}")
 
 
 def show_figures(models: str, base: str, oauth: gr.OAuthToken | None) -> str:

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from hubsoup.footprint import fmt
 from hubsoup.workflows.pipeline import hubio
 from hubsoup.workflows.pipeline.config import MergeSpec, Pipeline
 from hubsoup.workflows.pipeline.hubio import RepoInfo
@@ -108,14 +109,6 @@ def finite(v: Any) -> Any:
     return v if not isinstance(v, float) or math.isfinite(v) else None
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n} B"
-
-
 def print_plan(report: PipelineReport, out: TextIO) -> None:
     """The dry run's plan: candidates, merges to do and skipped (and why), bytes to download."""
     p = report.pipeline
@@ -136,7 +129,7 @@ def print_plan(report: PipelineReport, out: TextIO) -> None:
             w(f"  left out   {c.spec}: {c.skipped}")
         else:
             w(f"  ok         {c.info.pinned} ({c.info.kind}, license {c.info.license}, "
-              f"{_size(sum(c.info.weight_files.values()))})")
+              f"{fmt(sum(c.info.weight_files.values()))})")
     todo = [m for m in report.merges if m.status == PLANNED and not m.deferred]
     w(f"merges: {len(todo)} to do, {len(report.by_status(PUBLISHED))} already published, "
       f"{len(report.by_status(REFUSED))} refused, {len(report.by_status(FAILED))} failing, "
@@ -151,8 +144,8 @@ def print_plan(report: PipelineReport, out: TextIO) -> None:
             w(f"  skip       {m.label}: already published at {m.url}")
         else:
             w(f"  skip       {m.label}: {m.status}: {m.reason}")
-    w(f"download: {_size(report.download_bytes)} of weights "
-      f"({_size(report.cached_bytes)} already in the local cache, {_size(report.download_bytes - report.cached_bytes)} to fetch)")
+    w(f"download: {fmt(report.download_bytes)} of weights "
+      f"({fmt(report.cached_bytes)} already in the local cache, {fmt(report.download_bytes - report.cached_bytes)} to fetch)")
     if report.failures:
         w(f"{len(report.failures)} failure(s); the run would exit with 1")
 
