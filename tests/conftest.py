@@ -63,3 +63,31 @@ def pytest_collection_modifyitems(session, config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         slow_files = {item.path for item in items if item.get_closest_marker("slow")}
         items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each part is kept
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """``mount(size, ro=False)`` → a fresh tmpfs of that size (a disk that really fills up); needs root (skipped with
+    the reason otherwise). Unmounted when the test ends."""
+    import subprocess
+
+    mounted = []
+
+    def mount(size: str = "64k", ro: bool = False) -> str:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to mount a small tmpfs")
+        mnt = tmp_path / f"disk{len(mounted)}"
+        mnt.mkdir()
+        try:
+            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}" + (",ro" if ro else ""), "tmpfs",
+                                   str(mnt)], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            pytest.skip(f"cannot mount a tmpfs here: {e}")
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
+        mounted.append(mnt)
+        return str(mnt)
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

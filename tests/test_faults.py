@@ -90,29 +90,6 @@ def merge_args(llama, out, *extra):
     return ["merge", fts[0], fts[1], "--base", base, "--method", "task_arithmetic", "--out", str(out), "-q", *extra]
 
 
-@pytest.fixture()
-def small_fs(tmp_path):
-    """``mount(size, ro=False)`` → a fresh tmpfs of that size; needs root (skipped with the reason otherwise)."""
-    mounted = []
-
-    def mount(size: str = "64k", ro: bool = False) -> str:
-        if os.geteuid() != 0:
-            pytest.skip("needs root to mount a small tmpfs")
-        mnt = tmp_path / f"fs{len(mounted)}"
-        mnt.mkdir()
-        try:
-            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}" + (",ro" if ro else ""), "tmpfs",
-                                   str(mnt)], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            pytest.skip(f"cannot mount a tmpfs here: {e}")
-        if proc.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
-        mounted.append(mnt)
-        return str(mnt)
-
-    yield mount
-    for mnt in mounted:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 # --- 4. concurrent writers ---------------------------------------------------------------------------
@@ -324,8 +301,8 @@ def test_leftovers_of_other_outputs_are_not_touched(tmp_path):
 
 # --- 6. disk full, read-only -----------------------------------------------------------------------
 
-def test_disk_full_gives_one_line_and_leaves_nothing(llama, small_fs):
-    mnt = small_fs("64k")  # the tiny Llama's weights are ~110 kB
+def test_disk_full_gives_one_line_and_leaves_nothing(llama, small_disk):
+    mnt = small_disk("64k")  # the tiny Llama's weights are ~110 kB
     out = os.path.join(mnt, "out")
     proc = hubsoup_cli(*merge_args(llama, out), cwd=os.path.dirname(mnt))
     assert proc.returncode == 2
@@ -356,9 +333,9 @@ def test_abort_never_raises_and_a_failing_write_leaves_nothing(llama, tmp_path, 
     assert leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
 
 
-def test_read_only_output_folder_gives_one_line(llama, tmp_path, small_fs):
+def test_read_only_output_folder_gives_one_line(llama, tmp_path, small_disk):
     if os.geteuid() == 0:
-        ro = small_fs("64k", ro=True)  # root writes through permission bits: a read-only mount
+        ro = small_disk("64k", ro=True)  # root writes through permission bits: a read-only mount
         why = "read-only file system"
     else:
         ro = str(tmp_path / "ro")

@@ -317,32 +317,12 @@ def test_a_signal_while_reading_from_the_hub_leaves_nothing_and_a_rerun_merges(h
     assert os.path.isfile(tmp_path / "s" / "model.safetensors")
 
 
-@pytest.fixture()
-def small_fs(tmp_path):
-    """A fresh tmpfs of ``size`` (root only; skipped with the reason otherwise)."""
-    mounted = []
-
-    def mount(size: str) -> str:
-        if os.geteuid() != 0:
-            pytest.skip("needs root to mount a small tmpfs")
-        mnt = tmp_path / f"fs{len(mounted)}"
-        mnt.mkdir()
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
-                              capture_output=True, text=True, timeout=30)
-        if proc.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
-        mounted.append(mnt)
-        return str(mnt)
-
-    yield mount
-    for mnt in mounted:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def test_a_merge_larger_than_the_cache_disk_and_a_disk_full_while_staging(hub, published, tmp_path, small_fs):
+def test_a_merge_larger_than_the_cache_disk_and_a_disk_full_while_staging(hub, published, tmp_path, small_disk):
     """The Hub cache on a 1 MB disk: read in place, a merge of 3 × 2.9 MB of inputs runs (the cache holds their
     metadata only); with --cache-inputs the download fills it: one line, no output, no temporary folder."""
-    home = small_fs("1m")
+    home = small_disk("1m")
     env = {**_env(), "HF_HOME": home}
     env.pop("HF_HUB_CACHE", None)
     args = [sys.executable, "-m", "hubsoup", "merge", "alice/ft1", "alice/ft2", "--base", "alice/base", "--method",

@@ -294,31 +294,6 @@ def test_private_inputs_are_checked_before_the_first_upload(hub, zoo, cwd):
     assert "Private or gated inputs" in card and "alice/a" in card and res.pushed.oid == hub.head("alice/public")
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """``mount(size)`` → a fresh tmpfs of that size (a disk that really fills up); needs root (skipped otherwise)."""
-    import subprocess
-
-    mounted = []
-
-    def mount(size: str) -> str:
-        if os.geteuid() != 0:
-            pytest.skip("needs root to mount a small tmpfs")
-        mnt = tmp_path / f"disk{len(mounted)}"
-        mnt.mkdir()
-        try:
-            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
-                                  capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            pytest.skip(f"cannot mount a tmpfs here: {e}")
-        if proc.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
-        mounted.append(mnt)
-        return str(mnt)
-
-    yield mount
-    for mnt in mounted:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_disk_full_while_writing_a_shard(hub, zoo, small_disk, tmp_path, cwd):

@@ -182,29 +182,6 @@ def test_the_download_limit_holds_for_a_visitor(app, hub, zoo, monkeypatch):
     assert not hub.exists("bob/big")
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """``mount(size)`` → a fresh tmpfs of that size (a disk that really fills up); needs root (skipped otherwise)."""
-    mounted = []
-
-    def mount(size: str) -> str:
-        if os.geteuid() != 0:
-            pytest.skip("needs root to mount a small tmpfs as the Space's disk")
-        mnt = tmp_path / f"disk{len(mounted)}"
-        mnt.mkdir()
-        try:
-            proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
-                                  capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            pytest.skip(f"cannot mount a tmpfs here: {e}")
-        if proc.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
-        mounted.append(mnt)
-        return str(mnt)
-
-    yield mount
-    for mnt in mounted:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_a_merge_larger_than_the_spaces_disk_is_streamed_to_the_hub(app, hub, small_disk, tmp_path, monkeypatch):
