@@ -389,6 +389,7 @@ def pushed_line(repo_id: str, info: Any) -> str:
 
     Example:
         >>> class Info: oid, commit_url = "3f1c2d" + "0" * 34, "https://hub/alice/soup/commit/3f1c2d"
+        >>> expect_commit()  # before the commit (this thread's earlier skipped one forgotten)
         >>> pushed_line("alice/soup", Info())
         'pushed to alice/soup: https://hub/alice/soup/commit/3f1c2d'
     """
