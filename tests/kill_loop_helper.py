@@ -45,16 +45,16 @@ lowrank.PIECE_BYTES = 1 << 16  # a tiny tensor still has several pieces
 torch.set_num_threads(4)  # four lanes
 
 def _signal_at(where: str, sig: int) -> None:
-    from hubsoup.engine import lanes
+    from hubsoup import linalg  # the lanes' threads come from linalg.one_thread_pool
 
     if where == "lanes":  # the lane threads arrive late at the start barrier; the signal comes while main waits
-        slow = lanes._one_thread
+        slow = linalg._one_thread
 
         def late() -> None:
             time.sleep(0.3)
             slow()
 
-        lanes._one_thread = late
+        linalg._one_thread = late
         real_wait = threading.Barrier.wait
 
         def wait(self, timeout=None):
