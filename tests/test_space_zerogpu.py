@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -50,13 +51,18 @@ def test_zerogpu_space_merges_reports_and_cancels_through_the_spaces_worker(hub,
                TMPDIR=str(tmp_path), PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
     (tmp_path / "home").mkdir()
     log = open(tmp_path / "app.log", "wb")
+    # a session of its own: the `spaces` package's forked GPU workers outlive the app's os._exit and are ended
+    # with it, as a Space's container ends them
     proc = subprocess.Popen([sys.executable, str(HELPER), str(folder), str(result)], env=env, cwd=tmp_path,
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         proc.wait(300)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # nothing of it left
+            pass
+        proc.wait()
         log.close()
     text = (tmp_path / "app.log").read_text(errors="replace")
     assert proc.returncode == 0 and result.exists(), text[-4000:]
