@@ -91,3 +91,26 @@ def small_disk(tmp_path):
     yield mount
     for mnt in mounted:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    """Every path the process stats, lists or opens from now on (``os.path.exists`` & co. call ``os.stat``)."""
+    import builtins
+
+    seen: list[str] = []
+
+    def wrap(mod, name):
+        real = getattr(mod, name)
+
+        def rec(path, *a, **k):
+            if isinstance(path, (str, bytes, os.PathLike)):
+                seen.append(os.fsdecode(path))
+            return real(path, *a, **k)
+
+        monkeypatch.setattr(mod, name, rec)
+
+    for name in ("stat", "lstat", "listdir", "scandir"):
+        wrap(os, name)
+    wrap(builtins, "open")
+    return seen

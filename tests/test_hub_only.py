@@ -8,7 +8,6 @@ exists or not. Hub runs on the test Hub (``tests/hub_server.py``).
 
 from __future__ import annotations
 
-import builtins
 import os
 import shutil
 import time
@@ -49,26 +48,6 @@ def seeded(hub, zoo):
         hub.seed(f"alice/{name}", zoo[name])
     return hub
 
-
-@pytest.fixture
-def probes(monkeypatch):
-    """Every path the process stats, lists or opens from now on (``os.path.exists`` & co. call ``os.stat``)."""
-    seen: list[str] = []
-
-    def wrap(mod, name):
-        real = getattr(mod, name)
-
-        def rec(path, *a, **k):
-            if isinstance(path, (str, bytes, os.PathLike)):
-                seen.append(os.fsdecode(path))
-            return real(path, *a, **k)
-
-        monkeypatch.setattr(mod, name, rec)
-
-    for name in ("stat", "lstat", "listdir", "scandir"):
-        wrap(os, name)
-    wrap(builtins, "open")
-    return seen
 
 
 def marked(probes) -> list[str]:

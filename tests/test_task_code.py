@@ -10,7 +10,6 @@ it never does. On the test Hub (``tests/hub_server.py``).
 
 from __future__ import annotations
 
-import builtins
 import json
 import os
 import random
@@ -90,26 +89,6 @@ def server(hub, lm_zoo, tmp_path, monkeypatch):
     return {"hub": hub, "work": work, "sentinel": sentinel, "out": str(tmp_path / "soup"),
             "cache": str(tmp_path / "cache")}
 
-
-@pytest.fixture
-def probes(monkeypatch):
-    """Every path the process stats, lists or opens from now on."""
-    seen: list[str] = []
-
-    def wrap(mod, name):
-        real = getattr(mod, name)
-
-        def rec(path, *a, **k):
-            if isinstance(path, (str, bytes, os.PathLike)):
-                seen.append(os.fsdecode(path))
-            return real(path, *a, **k)
-
-        monkeypatch.setattr(mod, name, rec)
-
-    for name in ("stat", "lstat", "listdir", "scandir"):
-        wrap(os, name)
-    wrap(builtins, "open")
-    return seen
 
 
 def planted_probes(probes, server) -> list[str]:
