@@ -20,7 +20,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable, ClassVar, Generic, Hashable, Mapping, MutableMapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Hashable, Mapping, MutableMapping, Sequence, TypeVar
 
 import torch
 
@@ -28,6 +28,9 @@ from hubsoup.errors import MethodError
 from hubsoup.methods._kept import KeptTensors
 from hubsoup.methods._params import parse_params, to_dict
 from hubsoup.plan import BlockInfo
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11 on; hubsoup supports 3.10
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +88,14 @@ class StatsPass:
     def finish(self, stats: MutableMapping[str, Any]) -> None:
         raise NotImplementedError
 
-    def fork(self) -> "StatsPass | None":
+    def fork(self) -> "Self | None":
         """An empty pass of the same kind that another thread feeds other pieces of the same tensors
         (the engine sweeps pieces in lanes, :mod:`hubsoup.engine.lanes`), put back by :meth:`join`
         before :meth:`finish` (or, learned during the merge, before :meth:`finish` too: begun on the
         lane's own ``stats``). None (the default): one thread feeds this pass every piece."""
         return None
 
-    def join(self, other: "StatsPass") -> None:
+    def join(self, other: "Self") -> None:
         """Add what ``other``, a fork of this pass (:meth:`fork`), has learned."""
         raise NotImplementedError
 

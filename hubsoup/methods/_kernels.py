@@ -21,7 +21,8 @@ import torch
 # --- sums -------------------------------------------------------------------------------------
 
 
-def weighted_average(deltas: list[torch.Tensor], weights: list[float], normalize: bool = True) -> torch.Tensor:
+def weighted_average(deltas: torch.Tensor | Sequence[torch.Tensor], weights: Sequence[float],
+                     normalize: bool = True) -> torch.Tensor:
     """Σ wᵢ τᵢ, divided by Σ wᵢ when ``normalize`` (the average of the models).
 
     Args:
@@ -42,7 +43,7 @@ def weighted_average(deltas: list[torch.Tensor], weights: list[float], normalize
     return out
 
 
-def task_arithmetic(deltas: list[torch.Tensor], weights: list[float], scale: float) -> torch.Tensor:
+def task_arithmetic(deltas: torch.Tensor | Sequence[torch.Tensor], weights: Sequence[float], scale: float) -> torch.Tensor:
     """λ Σ wᵢ τᵢ: task arithmetic (Ilharco et al., 2023).
 
     Args:

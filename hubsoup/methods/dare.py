@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, MutableMapping
 
 import torch
 
@@ -89,7 +89,7 @@ class DareParams:
                             source="mergekit")
     compute_dtype: ComputeDtype = compute_dtype_param("convention=mergekit: ")
 
-    def validate(self):
+    def validate(self) -> None:
         if self.densities is not None and self.convention != "mergekit":
             raise ParameterError("parameter 'densities' needs convention=mergekit (the paper convention has one p)")
         if self.compute_dtype != "float32" and self.convention != "mergekit":
@@ -107,13 +107,13 @@ class Dare(Method[DareParams]):
     scale_param = "scale"
 
     @staticmethod
-    def resolved_scale(params, n_inputs: int) -> float:
+    def resolved_scale(params: DareParams, n_inputs: int) -> float:
         """λ of this merge: the given scale, else the combining method's default (see ``scale``)."""
         if params.scale is not None:
             return params.scale
         return default_scale(n_inputs) if params.then == "sum" and params.convention == "paper" else 1.0
 
-    def tensor_passes(self, params, n_inputs):
+    def tensor_passes(self, params: DareParams, n_inputs: int) -> list[StatsPass] | None:
         """The mergekit convention merges in pieces: with ``rescale``, after a pass summing each task
         vector's L1 norm before and after its drop; the paper convention draws peft's mask: None."""
         if params.convention != "mergekit" or params.compute_dtype != "float32":
@@ -121,10 +121,11 @@ class Dare(Method[DareParams]):
         rescaled = params.rescale and any(d < 1.0 for d in _densities(params, n_inputs))
         return [_NormsPass(params, n_inputs)] if rescaled else []
 
-    def piece_multiple(self, params) -> int:
+    def piece_multiple(self, params: DareParams) -> int:
         return MASK_BLOCK  # a piece draws whole blocks of the masks
 
-    def merge(self, base, deltas, params, ctx: TensorContext):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: DareParams,
+              ctx: TensorContext) -> torch.Tensor:
         weights = params.weights or [1.0] * len(deltas)
         scale = self.resolved_scale(params, len(deltas))
         if params.convention == "mergekit":
@@ -159,11 +160,11 @@ class Dare(Method[DareParams]):
         return out.div_(sum(weights)) if params.normalize and abs(sum(weights)) >= 1e-8 else out
 
 
-def _densities(params, n: int) -> list[float]:
+def _densities(params: DareParams, n: int) -> list[float]:
     return per_input(1.0 - params.p, params.densities, n)
 
 
-def _drop_on_device(deltas: torch.Tensor, densities: list[float], params,
+def _drop_on_device(deltas: torch.Tensor, densities: list[float], params: DareParams,
                     ctx: TensorContext) -> list[tuple[float, float] | None]:
     """Each row's drop (mergekit convention) on an accelerator, and its L1 norms before and after, read back
     at once: one wait for the device per tensor, not two per row; the same exactly rounded sums as
@@ -184,14 +185,14 @@ def _drop_on_device(deltas: torch.Tensor, densities: list[float], params,
     return out
 
 
-def _mask(row: torch.Tensor, density: float, params, ctx: TensorContext, i: int) -> torch.Tensor:
+def _mask(row: torch.Tensor, density: float, params: DareParams, ctx: TensorContext, i: int) -> torch.Tensor:
     """Input i's mask (mergekit convention) over the entries ``row`` holds, from ``ctx.offset``: drawn on
     ``row``'s device by the counter-based generator, the same masks on every device."""
     return counter_mask(row.numel(), density, ctx.seed(f"dare:{params.seed}:{i}"), ctx.offset,
                         row.device).view(row.shape)
 
 
-def _drop_(row: torch.Tensor, density: float, params, ctx: TensorContext, i: int) -> None:
+def _drop_(row: torch.Tensor, density: float, params: DareParams, ctx: TensorContext, i: int) -> None:
     """In place: input i's drop (mergekit convention) on the entries ``row`` holds, from ``ctx.offset``: on the CPU
     :func:`~hubsoup.methods._sparsify.counter_keep_` (no boolean mask), elsewhere the mask of :func:`_mask` filled
     in; the same entries set to +0.0."""
@@ -210,11 +211,11 @@ class _NormsPass(StatsPass):
 
     piecewise = True
 
-    def __init__(self, params, n_inputs: int):
+    def __init__(self, params: DareParams, n_inputs: int) -> None:
         self.params, self.n = params, n_inputs
-        self.sums: list[tuple[list, list]] = [([], []) for _ in range(n_inputs)]  # block sums before, after
+        self.sums: list[tuple[list[float], list[float]]] = [([], []) for _ in range(n_inputs)]  # block sums before, after
 
-    def update(self, ctx, base, deltas):
+    def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
         for i, (row, density) in enumerate(zip(deltas, _densities(self.params, self.n))):
             if density < 1.0:
                 before, after = self.sums[i]
@@ -230,5 +231,5 @@ class _NormsPass(StatsPass):
             b += ob
             a += oa
 
-    def finish(self, stats):
+    def finish(self, stats: MutableMapping[str, Any]) -> None:
         stats[_NORMS] = [(math.fsum(b), math.fsum(a)) for b, a in self.sums]

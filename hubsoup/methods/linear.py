@@ -12,11 +12,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from hubsoup.errors import ParameterError
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._kernels import weighted_average
+
+if TYPE_CHECKING:
+    import torch
+
+    from hubsoup.methods import TensorContext
 
 
 @dataclass
@@ -28,7 +33,7 @@ class LinearParams:
         "deltas", "what normalize=false sums: the task vectors (θ₀ + Σwτ) or the models (Σwθ, mergekit)",
         source="mergekit")
 
-    def validate(self):
+    def validate(self) -> None:
         if self.weights is not None and self.normalize and sum(self.weights) == 0:
             raise ParameterError("parameter 'weights' sums to 0; cannot normalize")
 
@@ -41,20 +46,21 @@ class Linear(Method[LinearParams]):
     paper_url = "https://arxiv.org/abs/2203.05482"
     Params = LinearParams
 
-    def needs_base(self, params, n_inputs):
+    def needs_base(self, params: LinearParams, n_inputs: int) -> bool:
         return not params.normalize and params.combine == "deltas"
 
-    def preserves_zero(self, params):
+    def preserves_zero(self, params: LinearParams) -> bool:
         return params.normalize or params.combine == "deltas" or sum(params.weights or ()) == 1.0
 
-    def linear_coefficients(self, params, n_inputs):
+    def linear_coefficients(self, params: LinearParams, n_inputs: int) -> list[float] | None:
         if not self.preserves_zero(params):
             return None  # Σwθ − θ₀ = (Σw − 1)θ₀ + Σwτ: affine in τ
         weights = list(params.weights or [1.0] * n_inputs)
         total = sum(weights) if params.normalize else 1.0
         return [w / total for w in weights]
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: LinearParams,
+              ctx: TensorContext) -> torch.Tensor:
         weights = params.weights or [1.0] * len(deltas)
         out = weighted_average(deltas, weights, params.normalize)
         if not params.normalize and params.combine == "models":

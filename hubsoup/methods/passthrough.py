@@ -9,8 +9,14 @@ config reader's work and this method only copies: θ = weight_scale · θ₁ (th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hubsoup.methods import Method, param, register
+
+if TYPE_CHECKING:
+    import torch
+
+    from hubsoup.methods import TensorContext
 
 
 @dataclass
@@ -28,16 +34,17 @@ class Passthrough(Method[PassthroughParams]):
     Params = PassthroughParams
     min_inputs = max_inputs = 1
 
-    def needs_base(self, params, n_inputs):
+    def needs_base(self, params: PassthroughParams, n_inputs: int) -> bool:
         return False
 
-    def preserves_zero(self, params):
+    def preserves_zero(self, params: PassthroughParams) -> bool:
         return params.weight_scale == 1.0
 
-    def linear_coefficients(self, params, n_inputs):
+    def linear_coefficients(self, params: PassthroughParams, n_inputs: int) -> list[float] | None:
         return [1.0] if params.weight_scale == 1.0 else None
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: PassthroughParams,
+              ctx: TensorContext) -> torch.Tensor:
         if params.weight_scale == 1.0:
             return deltas[0]
         return deltas[0].add_(base).mul_(params.weight_scale).sub_(base)

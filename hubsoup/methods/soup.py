@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._kernels import weighted_average
+
+if TYPE_CHECKING:
+    import torch
+
+    from hubsoup.methods import TensorContext
 
 
 @dataclass
@@ -25,8 +31,9 @@ class Soup(Method[SoupParams]):
     Params = SoupParams
     scale_param = "scale"
 
-    def linear_coefficients(self, params, n_inputs):
+    def linear_coefficients(self, params: SoupParams, n_inputs: int) -> list[float] | None:
         return [params.scale / n_inputs] * n_inputs
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: SoupParams,
+              ctx: TensorContext) -> torch.Tensor:
         return weighted_average(deltas, [1.0] * len(deltas), normalize=True).mul_(params.scale)

@@ -8,12 +8,16 @@ merged, each rounded there; :func:`~hubsoup.methods._sparsify.gta_in_dtype`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._kernels import task_arithmetic
 from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param, gta_in_dtype
+
+if TYPE_CHECKING:
+    from hubsoup.methods import StatsPass, TensorContext
 
 
 def default_scale(n_inputs: int) -> float:
@@ -58,26 +62,27 @@ class TaskArithmetic(Method[TaskArithmeticParams]):
     scale_param = "scale"
 
     @staticmethod
-    def resolved_scale(params, n_inputs: int) -> float:
+    def resolved_scale(params: TaskArithmeticParams, n_inputs: int) -> float:
         """λ of this merge: the given scale, else 1/N (see ``scale``)."""
         return default_scale(n_inputs) if params.scale is None else params.scale
 
     @staticmethod
-    def _divisor(weights) -> float:
+    def _divisor(weights: Iterable[float]) -> float:
         total = float(sum(weights))
         return 1.0 if abs(total) < 1e-8 else total
 
-    def linear_coefficients(self, params, n_inputs):
+    def linear_coefficients(self, params: TaskArithmeticParams, n_inputs: int) -> list[float] | None:
         if params.compute_dtype != "float32":  # every step rounds in the half dtype: not Σ cᵢ τᵢ in float32
             return None
         weights = params.weights or [1.0] * n_inputs
         d = self._divisor(weights) if params.normalize else 1.0
         return [w / d * self.resolved_scale(params, n_inputs) for w in weights]
 
-    def tensor_passes(self, params, n_inputs):
+    def tensor_passes(self, params: TaskArithmeticParams, n_inputs: int) -> list[StatsPass] | None:
         return []  # element-wise in any compute dtype
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: TaskArithmeticParams,
+              ctx: TensorContext) -> torch.Tensor:
         weights = params.weights or [1.0] * len(deltas)
         dtype = compute_dtype(params.compute_dtype, ctx)
         if dtype != torch.float32:  # mergekit's task_arithmetic in its config's dtype, step for step
@@ -87,7 +92,7 @@ class TaskArithmetic(Method[TaskArithmeticParams]):
         out = task_arithmetic(deltas, weights, self.resolved_scale(params, len(deltas)))
         return out.div_(self._divisor(weights)) if params.normalize else out
 
-    def card_notes(self, described, stats, n_inputs):
+    def card_notes(self, described: dict[str, Any], stats: dict[str, Any], n_inputs: int) -> list[str]:
         """The λ a default scale resolved to (1/N depends on the inputs: the card says which value was used)."""
         if described.get("scale") is not None:
             return []

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hubsoup.methods import Method, param, register
+
+if TYPE_CHECKING:
+    import torch
+
+    from hubsoup.methods import TensorContext
 
 
 @dataclass
@@ -22,8 +28,9 @@ class WiseFt(Method[WiseFtParams]):
     min_inputs = max_inputs = 1
     search_grid = {"gamma": [round(0.1 * i, 1) for i in range(0, 11)]}  # γ = 0..1, the paper's interpolation curve
 
-    def linear_coefficients(self, params, n_inputs):
+    def linear_coefficients(self, params: WiseFtParams, n_inputs: int) -> list[float] | None:
         return [params.gamma]
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: WiseFtParams,
+              ctx: TensorContext) -> torch.Tensor:
         return deltas[0] * params.gamma
