@@ -30,11 +30,15 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from hubsoup.methods import Method, register
 from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 SAMPLE = 1_000_000
 """Entries above which the quartiles come from a sample (with replacement), as mergekit takes them."""
@@ -59,7 +63,7 @@ def fusion_mask(scores: torch.Tensor, generator: torch.Generator) -> torch.Tenso
         flat = flat[torch.randint(flat.numel(), (SAMPLE,), generator=generator)]
     ordered = torch.sort(flat).values
     q1, median, q3 = ordered[(torch.tensor([0.25, 0.5, 0.75]) * (ordered.numel() - 1)).long()]
-    return scores >= median + 1.5 * (q3 - q1)
+    return cast(torch.Tensor, scores >= median + 1.5 * (q3 - q1))  # torch's stubs: a tensor unpacks to Any
 
 
 @register
@@ -71,11 +75,12 @@ class ArceeFusion(Method[ArceeFusionParams]):
     Params = ArceeFusionParams
     min_inputs = max_inputs = 1
 
-    def preserves_zero(self, params):
+    def preserves_zero(self, params: ArceeFusionParams) -> bool:
         # computed in a half dtype given by the config, an unchanged tensor comes out as the base rounded to it
         return params.compute_dtype in ("float32", "inputs")
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: ArceeFusionParams,
+              ctx: TensorContext) -> torch.Tensor:
         dtype = compute_dtype(params.compute_dtype, ctx)
         if dtype == torch.float32:
             tau = deltas[0]

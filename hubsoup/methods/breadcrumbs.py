@@ -13,12 +13,16 @@ mergekit (normalize false, rescale false, gamma 0.01).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._sparsify import (ComputeDtype, apply_mask_, compute_dtype, compute_dtype_param, gta_combine_,
                                       gta_in_dtype, outliers_mask, per_input)
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 
 @dataclass
@@ -49,7 +53,8 @@ class Breadcrumbs(Method[BreadcrumbsParams]):
     scale_param = "scale"
     consensus = False
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: BreadcrumbsParams,
+              ctx: TensorContext) -> torch.Tensor:
         n = len(deltas)
         dens, gammas = per_input(params.density, params.densities, n), per_input(params.gamma, params.gammas, n)
         dtype = compute_dtype(params.compute_dtype, ctx)

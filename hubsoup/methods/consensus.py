@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from hubsoup.errors import MethodError
 from hubsoup.methods import Method, param, register
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 
 def tall_mask_counts(deltas: torch.Tensor, lambdas: Sequence[float], strict: bool = False) -> torch.Tensor:
@@ -45,12 +48,13 @@ class Consensus(Method[ConsensusParams]):
                    "lambdas": [0.2, 0.3, 0.4, 0.5, 0.6]}
     scale_param = "scale"
 
-    def check_inputs(self, params, n_inputs):
+    def check_inputs(self, params: ConsensusParams, n_inputs: int) -> None:
         super().check_inputs(params, n_inputs)
         if len(params.lambdas) not in (1, n_inputs):
             raise MethodError(f"method 'consensus': give 1 or {n_inputs} lambdas, got {len(params.lambdas)}")
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: ConsensusParams,
+              ctx: TensorContext) -> torch.Tensor:
         if params.k == 0:
             return deltas.sum(dim=0).mul_(params.scale)
         lambdas = list(params.lambdas) * len(deltas) if len(params.lambdas) == 1 else list(params.lambdas)

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 
 def karcher_mean(tensors: list[torch.Tensor], alphas: list[float], max_iter: int = 10,
@@ -42,7 +46,7 @@ def karcher_mean(tensors: list[torch.Tensor], alphas: list[float], max_iter: int
     total = sum(alphas[i] for i in valid)
     a = [alphas[i] / total for i in valid]
     units = [x[i] / norms[i] for i in valid]
-    mean = sum(ai * u for ai, u in zip(a, units))
+    mean = cast(torch.Tensor, sum(ai * u for ai, u in zip(a, units)))  # a tensor: ``valid`` is not empty
     mn = float(torch.linalg.vector_norm(mean))
     mean = units[0].clone() if mn < tol else mean / mn
     for _ in range(max_iter):
@@ -79,7 +83,7 @@ def karcher_mean_in_dtype(tensors: list[torch.Tensor], alphas: list[float], max_
     """
     if len(tensors) == 1:
         return tensors[0].clone()
-    norms = [torch.linalg.vector_norm(t.to(torch.float32)) for t in tensors]  # float32 0-d tensors, kept as such
+    norms: list[torch.Tensor] = [torch.linalg.vector_norm(t.to(torch.float32)) for t in tensors]  # float32 0-d tensors, kept as such
     units = [torch.zeros_like(t) if float(nrm) == 0.0 else t / nrm for t, nrm in zip(tensors, norms)]
     valid = [i for i, nrm in enumerate(norms) if float(nrm) > tol]
     if not valid:
@@ -92,14 +96,15 @@ def karcher_mean_in_dtype(tensors: list[torch.Tensor], alphas: list[float], max_
         mean += ai * u
     mn = torch.linalg.vector_norm(mean.to(torch.float32))
     mean = units[0].clone() if float(mn) < tol else mean / mn
-    seen: dict[bytes, int] = {}
+    seen: dict[bytes, int] | None = {}
     k = 0
     while k < max_iter:
         # in half precision the iteration often ends in a cycle instead of converging (max_iter: 1200 is seen in
         # real configs): a step depends on the mean alone, so once a mean repeats, the rest of the cycle decides
         # the final one, and steps are skipped by whole cycles
         if seen is not None:
-            key = hashlib.blake2b(mean.contiguous().view(torch.int16).cpu().numpy(), digest_size=16).digest()
+            key = hashlib.blake2b(mean.contiguous().view(torch.int16).cpu().numpy(),  # type: ignore[arg-type]  # numpy stubs: __buffer__ on 3.12+ only
+                                  digest_size=16).digest()
             if key in seen:
                 period = k - seen[key]
                 k = max_iter - (max_iter - k) % period
@@ -143,10 +148,11 @@ class Karcher(Method[KarcherParams]):
     paper_url = "https://doi.org/10.1002/cpa.3160300502"
     Params = KarcherParams
 
-    def needs_base(self, params, n_inputs):
+    def needs_base(self, params: KarcherParams, n_inputs: int) -> bool:
         return False
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: KarcherParams,
+              ctx: TensorContext) -> torch.Tensor:
         n = len(deltas)
         experts = list(deltas.add_(base))
         dtype = compute_dtype(params.compute_dtype, ctx)

@@ -12,11 +12,15 @@ in magnitude the base is kept (t = 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 
 @dataclass
@@ -34,7 +38,8 @@ class ModelStock(Method[ModelStockParams]):
     Params = ModelStockParams
     min_inputs = 2
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: ModelStockParams,
+              ctx: TensorContext) -> torch.Tensor:
         n = len(deltas)
         shape = deltas.shape[1:]
         dtype = compute_dtype(params.compute_dtype, ctx)
@@ -81,5 +86,5 @@ def model_stock_in_dtype(base: torch.Tensor, deltas: torch.Tensor, dtype: torch.
     denom = 1 + (n - 1) * c
     singular = denom.abs() < 1e-6
     t = torch.where(singular, torch.zeros_like(c), (n * c) / torch.where(singular, torch.ones_like(denom), denom))
-    average = sum(ws) / n
+    average = cast(torch.Tensor, sum(ws)) / n  # a tensor: two inputs at least
     return (t * average + (1 - t) * w0).reshape(shape).to(torch.float32).sub_(base)

@@ -14,12 +14,16 @@ back to their weighted sum and more are an error. With ``compute_dtype`` (set fr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from hubsoup.errors import MethodError
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 
 @dataclass
@@ -41,10 +45,11 @@ class MultiSlerp(Method[MultiSlerpParams]):
     paper_url = "https://goddard.blog/posts/multislerp-wow-what-a-cool-idea"
     Params = MultiSlerpParams
 
-    def needs_base(self, params, n_inputs):
+    def needs_base(self, params: MultiSlerpParams, n_inputs: int) -> bool:
         return params.use_base
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: MultiSlerpParams,
+              ctx: TensorContext) -> torch.Tensor:
         weights = list(params.weights or [1.0] * len(deltas))
         dtype = compute_dtype(params.compute_dtype, ctx)
         if dtype != torch.float32:  # mergekit's arithmetic in its config's dtype: θᵢ, τᵢ and θ₀ + result rounded
@@ -76,10 +81,10 @@ def multislerp(v: torch.Tensor, weights: list[float], normalize_weights: bool = 
     w = torch.tensor(weights, dtype=flat.dtype, device=flat.device)
     if normalize_weights:
         w = w / w.sum()
-    norms = torch.linalg.vector_norm(flat, dim=-1, keepdim=True)
+    norms: torch.Tensor = torch.linalg.vector_norm(flat, dim=-1, keepdim=True)
     units = flat / (norms + eps)
     mean = (units * w.view(-1, 1)).sum(0)
-    mean_norm = torch.linalg.vector_norm(mean)
+    mean_norm: torch.Tensor = torch.linalg.vector_norm(mean)
     if mean_norm < eps:
         if n == 2:
             return (flat[0] * w[0] + flat[1] * w[1]).reshape(shape)
@@ -88,6 +93,6 @@ def multislerp(v: torch.Tensor, weights: list[float], normalize_weights: bool = 
     mean = mean / mean_norm
     tangent = units - (units * mean).sum(-1, keepdim=True) * mean
     g = (tangent * w.view(-1, 1)).sum(0)
-    gn = torch.linalg.vector_norm(g) + eps
+    gn: torch.Tensor = torch.linalg.vector_norm(g) + eps
     out = (mean * torch.cos(gn) + g * (torch.sin(gn) / gn)) * (norms.squeeze(-1) * w).sum()
     return out.reshape(shape)

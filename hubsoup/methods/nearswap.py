@@ -20,11 +20,15 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 
 def nearswap(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
@@ -53,7 +57,8 @@ class Nearswap(Method[NearswapParams]):
     zero_preserving = False  # w·θ₀ + (1 − w)·θ₀ rounds: an unchanged tensor is merged as mergekit merges it
     elementwise = True
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: NearswapParams,
+              ctx: TensorContext) -> torch.Tensor:
         dtype = compute_dtype(params.compute_dtype, ctx)
         a = base.to(dtype)
         out = nearswap(a, (base + deltas[0]).to(dtype), params.t)

@@ -10,12 +10,15 @@ task vectors. ``hubsoup sweep`` writes one model per preference vector.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hubsoup.errors import MethodError, ParameterError
 from hubsoup.methods import Method, TensorContext, param, register
 from hubsoup.methods._depth import DepthParams, depth_factor, schedule_note
 from hubsoup.methods._kernels import weighted_average
+
+if TYPE_CHECKING:
+    import torch
 
 SIMPLEX_TOL = 1e-6
 
@@ -50,20 +53,21 @@ class RewardedSoups(Method[RewardedSoupsParams]):
     Params = RewardedSoupsParams
     min_inputs = 2
 
-    def check_inputs(self, params, n_inputs):
+    def check_inputs(self, params: RewardedSoupsParams, n_inputs: int) -> None:
         super().check_inputs(params, n_inputs)
         if params.lambdas is not None and len(params.lambdas) != n_inputs:
             raise MethodError(f"method 'rewarded_soups': {len(params.lambdas)} lambdas given for {n_inputs} inputs")
 
     @staticmethod
-    def lambdas(params, n: int) -> list[float]:
+    def lambdas(params: RewardedSoupsParams, n: int) -> list[float]:
         return list(params.lambdas) if params.lambdas is not None else [1.0 / n] * n
 
-    def linear_coefficients(self, params, n_inputs):
+    def linear_coefficients(self, params: RewardedSoupsParams, n_inputs: int) -> list[float] | None:
         # LiNeS makes the coefficients depend on the tensor's depth: no single set, dense path
         return None if params.lines else self.lambdas(params, n_inputs)
 
-    def merge(self, base, deltas, params, ctx: TensorContext):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: RewardedSoupsParams,
+              ctx: TensorContext) -> torch.Tensor:
         out = weighted_average(deltas, self.lambdas(params, len(deltas)), normalize=False)
         if params.lines:
             out.mul_(depth_factor(ctx.block, params.alpha, params.beta, params, ctx.stats.get("plan.stacks")))

@@ -13,12 +13,16 @@ elected sign (sign of the sum, + at 0); the merged task vector is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._kernels import topk_mask
 from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 
 @dataclass
@@ -36,7 +40,8 @@ class Sce(Method[SceParams]):
     paper_url = "https://arxiv.org/abs/2408.07990"
     Params = SceParams
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: SceParams,
+              ctx: TensorContext) -> torch.Tensor:
         n = len(deltas)
         k_frac = params.select_topk
         dtype = compute_dtype(params.compute_dtype, ctx)
