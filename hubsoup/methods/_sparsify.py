@@ -42,13 +42,16 @@ differ, in distribution the same.)
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 import torch
 
 from hubsoup.linalg import block_sums
 from hubsoup.methods._kernels import cache_step, topk_mask
 from hubsoup.methods._params import param
+
+if TYPE_CHECKING:
+    from hubsoup.methods._base import TensorContext
 
 
 def magnitude_mask(x: torch.Tensor, density: float) -> torch.Tensor | None:
@@ -369,7 +372,7 @@ def compute_dtype_param(when: str = "") -> Any:
                  source="mergekit", recorded_when_set=True)
 
 
-def compute_dtype(name: str, ctx) -> torch.dtype:
+def compute_dtype(name: str, ctx: TensorContext) -> torch.dtype:
     """The dtype mergekit computes a tensor in: the config's ``dtype``, or with ``inputs`` the stored one."""
     if name == "inputs":
         return ctx.dtype if ctx.dtype in (torch.float16, torch.bfloat16) else torch.float32

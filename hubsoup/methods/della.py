@@ -20,6 +20,7 @@ in float32 for float16 (mergekit's ``della_magprune`` upcasts there), the rest i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +28,9 @@ from hubsoup.errors import ParameterError
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._sparsify import (ComputeDtype, apply_mask_, compute_dtype, compute_dtype_param, della_mask,
                                        gta_combine_, gta_in_dtype, per_input, random_work_dtype)
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 
 @dataclass
@@ -45,7 +49,7 @@ class DellaParams:
     seed: int = param(0, "extra seed mixed with the recipe and tensor name", source="ours")
     compute_dtype: ComputeDtype = compute_dtype_param()
 
-    def validate(self):
+    def validate(self) -> None:
         pairs = zip(self.densities or [self.density], self.epsilons or [self.epsilon])
         for d, e in pairs:
             if 0 < d < 1 and not (0 < d - e and d + e < 1):
@@ -61,11 +65,12 @@ class _Della(Method[DellaParams]):
     scale_param = "scale"
     consensus = True
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: DellaParams,
+              ctx: TensorContext) -> torch.Tensor:
         n = len(deltas)
         dens, eps = per_input(params.density, params.densities, n), per_input(params.epsilon, params.epsilons, n)
 
-        def mask_of(i, row):
+        def mask_of(i: int, row: torch.Tensor) -> torch.Tensor | None:
             if dens[i] >= 1:
                 return None
             return (row != row) if dens[i] <= 0 else della_mask(row, dens[i], eps[i],

@@ -14,12 +14,16 @@ mergekit config's ``dtype``) every step is computed in that dtype, as mergekit d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from hubsoup.errors import ParameterError
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 
 def nuslerp(t: float, a: torch.Tensor, b: torch.Tensor, *, flatten: bool = True, row_wise: bool = False,
@@ -58,7 +62,7 @@ class NuSlerpParams:
                                  "the models' own weights (without)", source="mergekit")
     compute_dtype: ComputeDtype = compute_dtype_param()
 
-    def validate(self):
+    def validate(self) -> None:
         if self.weights is not None and len(self.weights) != 2:
             raise ParameterError(f"parameter 'weights': nuslerp takes 2 weights, got {len(self.weights)}")
 
@@ -72,10 +76,11 @@ class NuSlerp(Method[NuSlerpParams]):
     Params = NuSlerpParams
     min_inputs = max_inputs = 2
 
-    def needs_base(self, params, n_inputs):
+    def needs_base(self, params: NuSlerpParams, n_inputs: int) -> bool:
         return params.use_base
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: NuSlerpParams,
+              ctx: TensorContext) -> torch.Tensor:
         w = params.weights or (1.0, 1.0)
         total = w[0] + w[1]
         t = 0.5 if abs(total) < 1e-6 else w[1] / total

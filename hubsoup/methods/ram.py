@@ -30,12 +30,15 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._sparsify import ComputeDtype, compute_dtype, compute_dtype_param
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 
 def _task_vectors(base: torch.Tensor, deltas: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -87,15 +90,19 @@ class RamplusParams:
     compute_dtype: ComputeDtype = compute_dtype_param()
 
 
-class _Ram(Method[Any]):
+_RamP = TypeVar("_RamP", RamParams, RamplusParams)  # RAM's and RAM+'s hooks each see their own params
+
+
+class _Ram(Method[_RamP]):
     paper = "Reinforced Agent Merging (arXiv 2601.13572), as mergekit 0.1.5 implements it"
     paper_url = "https://arxiv.org/abs/2601.13572"
 
-    def preserves_zero(self, params):
+    def preserves_zero(self, params: _RamP) -> bool:
         # computed in a half dtype given by the config, an unchanged tensor comes out as the base rounded to it
         return params.compute_dtype in ("float32", "inputs")
 
-    def _result(self, base, tv, merged, dtype):
+    def _result(self, base: torch.Tensor, tv: torch.Tensor, merged: torch.Tensor,
+                dtype: torch.dtype) -> torch.Tensor:
         """θ₀ + merged in mergekit's dtype (the half dtype, or float32 where the merge promoted to it), as the
         float32 task vector the engine adds to the base."""
         base_h = base.to(dtype)
@@ -103,25 +110,27 @@ class _Ram(Method[Any]):
 
 
 @register
-class Ram(_Ram):
+class Ram(_Ram[RamParams]):
     name = "ram"
     summary = "Keep entries one agent changed whole, average those several changed (Reinforced Agent Merging)."
     Params = RamParams
     elementwise = True
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: RamParams,
+              ctx: TensorContext) -> torch.Tensor:
         dtype = compute_dtype(params.compute_dtype, ctx)
         tv = _task_vectors(base, deltas, dtype)
         return self._result(base, tv, ram_combine(tv, params.epsilon), dtype)
 
 
 @register
-class RamplusTl(_Ram):
+class RamplusTl(_Ram[RamplusParams]):
     name = "ramplus_tl"
     summary = "RAM with each agent's unique entries amplified by its overlap ratio in the tensor (RAM+, tensor-local)."
     Params = RamplusParams
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: RamplusParams,
+              ctx: TensorContext) -> torch.Tensor:
         dtype = compute_dtype(params.compute_dtype, ctx)
         tv = _task_vectors(base, deltas, dtype)
         return self._result(base, tv, ramplus_tl_combine(tv, params.r, params.alpha, params.epsilon), dtype)

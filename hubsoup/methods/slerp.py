@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, MutableMapping
 
 import torch
 
 from hubsoup.linalg import DOT_BLOCK, block_sums
 from hubsoup.methods import Method, StatsPass, param, register
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 
 def slerp(a: torch.Tensor, b: torch.Tensor, t: float, eps: float = 1e-8, dot_threshold: float = 0.9995,
@@ -46,7 +50,7 @@ def slerp(a: torch.Tensor, b: torch.Tensor, t: float, eps: float = 1e-8, dot_thr
     return torch.add(a * (math.sin((1 - t) * omega) / so), b, alpha=math.sin(t * omega) / so)
 
 
-def _block_dots(a: torch.Tensor, b: torch.Tensor) -> tuple[list, list, list]:
+def _block_dots(a: torch.Tensor, b: torch.Tensor) -> tuple[list[float], list[float], list[float]]:
     """The block sums of a·a, b·b and a·b (:func:`hubsoup.linalg.block_sums`)."""
     return block_sums(a, a), block_sums(b, b), block_sums(a, b)
 
@@ -73,10 +77,10 @@ class _DotsPass(StatsPass):
 
     piecewise = True
 
-    def __init__(self):
-        self.blocks: tuple[list, list, list] = ([], [], [])
+    def __init__(self) -> None:
+        self.blocks: tuple[list[float], list[float], list[float]] = ([], [], [])
 
-    def update(self, ctx, base, deltas):
+    def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
         a, b = _ends(base, deltas)  # the sweep's buffers: this pass's to overwrite
         for acc, sums in zip(self.blocks, _block_dots(a, b)):
             acc += sums
@@ -88,7 +92,7 @@ class _DotsPass(StatsPass):
         for acc, theirs in zip(self.blocks, other.blocks):
             acc += theirs
 
-    def finish(self, stats):
+    def finish(self, stats: MutableMapping[str, Any]) -> None:
         stats[_DOTS] = tuple(math.fsum(acc) for acc in self.blocks)  # fsum: in any order, the same
 
 
@@ -107,16 +111,17 @@ class Slerp(Method[SlerpParams]):
     Params = SlerpParams
     min_inputs, max_inputs = 1, 2
 
-    def needs_base(self, params, n_inputs):
+    def needs_base(self, params: SlerpParams, n_inputs: int) -> bool:
         return n_inputs < 2
 
-    def tensor_passes(self, params, n_inputs):
+    def tensor_passes(self, params: SlerpParams, n_inputs: int) -> list[StatsPass] | None:
         """The ends' norms and dot product, summed over the pieces (the merge is element-wise)."""
         return [_DotsPass()]
 
-    def piece_multiple(self, params) -> int:
+    def piece_multiple(self, params: SlerpParams) -> int:
         return DOT_BLOCK  # pieces made of whole blocks of the dot products' sums
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: SlerpParams,
+              ctx: TensorContext) -> torch.Tensor:
         a, b = _ends(base, deltas)  # the method owns the task vectors' buffers
         return slerp(a, b, params.t, dots=ctx.stats.get(_DOTS)).sub_(base)
