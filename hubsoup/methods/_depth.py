@@ -10,6 +10,7 @@ schedule's shape as typed parameters that a method's ``Params`` inherits;
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from hubsoup.errors import ParameterError
 from hubsoup.methods import param
@@ -48,7 +49,7 @@ def _is_decoder(stack: str) -> bool:
     return "decoder" in stack.split(".")
 
 
-def stack_scaled(stack: str, spec: str, plan_stacks: dict | None) -> bool:
+def stack_scaled(stack: str, spec: str, plan_stacks: dict[str, int] | None) -> bool:
     """Whether blocks of ``stack`` follow the depth schedule under the ``stacks`` setting ``spec``.
 
     ``plan_stacks`` (stack → number of layers, which the engine puts in the stats as
@@ -65,7 +66,7 @@ def stack_scaled(stack: str, spec: str, plan_stacks: dict | None) -> bool:
 
 
 def depth_factor(block: BlockInfo | None, alpha: float, beta: float, sched: DepthParams,
-                 plan_stacks: dict | None = None) -> float:
+                 plan_stacks: dict[str, int] | None = None) -> float:
     """λ of a tensor: α + β·(b/(L−1))^p inside a scaled block, else the outside scale.
 
     A stack of one block (L = 1) gets α [ours: the paper's (ℓ−1)/(L−1) is undefined there].
@@ -76,7 +77,7 @@ def depth_factor(block: BlockInfo | None, alpha: float, beta: float, sched: Dept
         if sched.outside_scale == "alpha_plus_beta":
             return alpha + beta
         return float(sched.outside_scale)
-    return alpha + beta * block.depth ** sched.p
+    return alpha + beta * cast(float, block.depth ** sched.p)  # depth ≥ 0, p > 0: a real power
 
 
 def schedule_note(alpha: float, beta: float, why: str, sched: DepthParams, plan_stacks: dict[str, int]) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Literal, Sequence
+from typing import Callable, Iterator, Literal, Sequence, cast
 
 import torch
 
@@ -181,7 +181,7 @@ def kth_largest_abs_t(x: torch.Tensor, k: int) -> torch.Tensor:
         return _kth_largest_abs_topk(x, k)
     flat, dev = x.detach().reshape(-1), x.device
 
-    def chunks():
+    def chunks() -> Iterator[torch.Tensor]:
         for a in range(0, flat.numel(), SELECT_CHUNK):  # |x|'s bits: the sign bit is 0
             yield flat[a:a + SELECT_CHUNK].abs().float().contiguous().view(torch.int32)
 
@@ -307,7 +307,7 @@ def keep_topk_(x: torch.Tensor, k: int | None = None, *, ties: TieRule,
         below = torch.nextafter(t, torch.zeros((), dtype=torch.float32))
         return torch.hardshrink(x, float(below), out=x)
     if ties == "keep_ties":
-        return x.masked_fill_(x.abs() < threshold, 0.0)
+        return x.masked_fill_(x.abs() < cast("float | torch.Tensor", threshold), 0.0)  # set above when not given
     if _k(k) <= 0:
         return x.zero_()
     if _k(k) >= x.numel():
@@ -414,7 +414,8 @@ def disjoint_merge_(stacked: torch.Tensor, sign: torch.Tensor, mode: str = "mean
 
 
 def ties_combine_(stacked: torch.Tensor, weights: Sequence[float] | None, mode: str = "mean",
-                  majority: float | None = None, observe=None) -> torch.Tensor:
+                  majority: float | None = None,
+                  observe: Callable[[float, bool], None] | None = None) -> torch.Tensor:
     """Elect signs on the (already trimmed) rows, then weight them and merge disjointly.
 
     Signs are elected on the unweighted rows, as peft's ``merge_utils.ties`` does
@@ -442,7 +443,7 @@ def ties_combine_(stacked: torch.Tensor, weights: Sequence[float] | None, mode: 
         own, decided = float(sign.sum()), float(sign.abs().sum())  # decided: entries not summing to 0
         # entries with a non-zero row; a weight of 0 can zero a result, so counted before weighting
         touched = None if weights is None else float(stacked.abs().sum(0).sign_().sum())
-        _fill_ties_(sign, majority)
+        _fill_ties_(sign, cast(float, majority))  # observe comes with a provisional majority
     if weights is not None:
         for row, w in zip(stacked, weights):
             row.mul_(w)

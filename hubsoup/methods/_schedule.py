@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable, cast
 
 from hubsoup.errors import ParameterError
 from hubsoup.untrusted import load_yaml, short
@@ -239,5 +239,5 @@ def resolve_params(params: Any, tensor: str, t: float) -> Any:
     return out
 
 
-def _default(f: dataclasses.Field) -> Any:
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+def _default(f: dataclasses.Field[Any]) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else cast(Callable[[], Any], f.default_factory)()

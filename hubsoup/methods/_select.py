@@ -39,10 +39,11 @@ class KthLargestPass:
         return [_HighPass(self), _LowPass(self)]
 
 
-def _accumulate(hists: list, i: int, counts: torch.Tensor | None) -> None:
+def _accumulate(hists: list[torch.Tensor | None], i: int, counts: torch.Tensor | None) -> None:
     """``hists[i] += counts``, the first counts (ours to keep) standing for the histogram."""
     if counts is not None:  # (blocks on several devices: counted where the first was)
-        hists[i] = counts if hists[i] is None else hists[i].add_(counts.to(hists[i].device))
+        have = hists[i]  # (a local: mypy narrows no list item)
+        hists[i] = counts if have is None else have.add_(counts.to(have.device))
 
 
 class _HighPass(StatsPass):
@@ -70,7 +71,7 @@ class _HighPass(StatsPass):
 
     def finish(self, stats: MutableMapping[str, Any]) -> None:
         sel = self.sel
-        state = []
+        state: list[tuple[int, int] | None] = []
         for h, fraction in zip(self.hist, sel.fractions):
             # a positive density keeps at least one entry (as mergekit's magnitude pruning does)
             k = max(1, int(fraction * self.total)) if fraction > 0 else 0
@@ -93,15 +94,16 @@ class _LowPass(StatsPass):
         # temporaries would fragment the heap (measured: +4 GB RSS on a 1B model)
         self.held = [torch.empty(0, dtype=torch.int32) for _ in range(sel.n)]
         self.n_held = [0] * sel.n
-        self.high = None
+        self.high: list[tuple[int, int] | None] | None = None
 
     def update(self, ctx: TensorContext, base: torch.Tensor, deltas: torch.Tensor) -> None:
         if self.high is None:
             self.high = ctx.stats[self.sel.key + ".high"]
         for i, d in enumerate(deltas):
-            if self.high[i] is not None:
+            high = self.high[i]
+            if high is not None:
                 # the entries in the k-th largest's bin are few: held, then counted or ranked at once
-                self._hold(i, low_half_values(d, self.high[i][0]).cpu())
+                self._hold(i, low_half_values(d, high[0]).cpu())
 
     def _hold(self, i: int, values: torch.Tensor) -> None:
         held, n, m = self.held[i], self.n_held[i], values.numel()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, MutableMapping
 
 import torch
 
@@ -33,6 +33,9 @@ from hubsoup.methods._schedule import Schedule
 from hubsoup.methods._select import KthLargestPass
 from hubsoup.methods._sparsify import (ComputeDtype, apply_mask_, compute_dtype, compute_dtype_param, gta_combine_,
                                       gta_in_dtype, magnitude_mask, per_input)
+
+if TYPE_CHECKING:
+    from hubsoup.methods import TensorContext
 
 
 PAPER_SCALE = 0.7
@@ -64,7 +67,7 @@ class TiesParams:
                                  "convention=mergekit)", source="mergekit")
     compute_dtype: ComputeDtype = compute_dtype_param('convention=mergekit: ')
 
-    def validate(self):
+    def validate(self) -> None:
         if self.scope == "model" and self.convention == "paper" and (isinstance(self.density, Schedule) or self.densities is not None):
             raise ParameterError("parameter 'density': per-layer schedules and per-input densities need "
                                  "scope=tensor (scope=model ranks one threshold over the whole model)")
@@ -85,13 +88,13 @@ class Ties(Method[TiesParams]):
     scale_param = "scale"
 
     @staticmethod
-    def resolved_scale(params, n_inputs: int = 0) -> float:
+    def resolved_scale(params: TiesParams, n_inputs: int = 0) -> float:
         """λ of this merge: the given scale, else the convention's default (see ``scale``)."""
         if params.scale is not None:
             return params.scale
         return PAPER_SCALE if params.convention == "paper" else 1.0
 
-    def card_notes(self, described, stats, n_inputs):
+    def card_notes(self, described: dict[str, Any], stats: dict[str, Any], n_inputs: int) -> list[str]:
         """The λ a default scale resolved to (it depends on the convention)."""
         if described.get("scale") is not None or described.get("convention") != "paper":
             return []
@@ -100,35 +103,35 @@ class Ties(Method[TiesParams]):
                 "than the base model on single tasks with LoRA inputs). A λ searched on validation data can "
                 "recover more of the fine-tunes' gains."]
 
-    def passes(self, params, n_inputs):
+    def passes(self, params: TiesParams, n_inputs: int) -> list[StatsPass]:
         if params.scope == "model" and params.convention == "paper" and params.density < 1.0:
             return KthLargestPass("ties.threshold", n_inputs, params.density).passes()
         return []
 
-    def stats_key(self, params):
+    def stats_key(self, params: TiesParams) -> tuple[str, str, str, str]:
         """The whole-model threshold reads the densities only: a search over λ ranks the model once."""
         return (params.scope, params.convention, repr(params.density), repr(params.densities))
 
-    def workspace_bytes(self, shape, n_inputs, params, name=""):
+    def workspace_bytes(self, shape: tuple[int, ...], n_inputs: int, params: TiesParams, name: str = "") -> int:
         """Beyond the stack, the base and the result: 3.25 float32 copies of the tensor, when choosing a
         row's threshold (|τ|, its radix keys as int32 and ``torch.bincount``'s int64 copy of them, a
         mask; the result does not exist yet). Merging needs less (signs, counts, one row's mask:
         2.25). Measured: tests/test_memory_plan.py."""
         return 13 * math.prod(shape)
 
-    def tensor_passes(self, params, n_inputs):
+    def tensor_passes(self, params: TiesParams, n_inputs: int) -> list[StatsPass] | None:
         """Per tensor, in pieces: the k-th largest |τᵢ| (scope=tensor; radix select, two passes) and
         the majority sign of the elected signs; the mergekit convention ranks whole rows: None."""
         if params.convention != "paper":
             return None
         densities = per_input(params.density, params.densities, n_inputs)
-        out = []
+        out: list[StatsPass] = []
         if params.scope == "tensor" and any(d < 1.0 for d in densities):
             out += KthLargestPass(_TENSOR_THRESHOLD, n_inputs, densities).passes()
         return [*out, _MajorityPass()]
 
     @staticmethod
-    def thresholds(deltas: torch.Tensor, params, ctx) -> list[float]:
+    def thresholds(deltas: torch.Tensor, params: TiesParams, ctx: TensorContext) -> list[float]:
         densities = per_input(params.density, params.densities, len(deltas))
         if params.scope == "model":
             return ctx.stats["ties.threshold"] if params.density < 1.0 else [0.0] * len(deltas)
@@ -140,7 +143,8 @@ class Ties(Method[TiesParams]):
             out.append(0.0 if density >= 1.0 else kth_largest_abs(d, k))
         return out
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: TiesParams,
+              ctx: TensorContext) -> torch.Tensor:
         if params.convention == "mergekit":
             densities = per_input(params.density, params.densities, len(deltas))
             dtype = compute_dtype(params.compute_dtype, ctx)
@@ -193,10 +197,10 @@ class _MajorityPass(StatsPass):
     during_merge = True
     _GUESS = 1.0
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.total, self.flagged = 0.0, False
 
-    def begin(self, stats):
+    def begin(self, stats: MutableMapping[str, Any]) -> None:
         self.total, self.flagged = 0.0, False
         stats[_MAJORITY] = self._GUESS
         stats[_TALLY] = self
@@ -215,9 +219,9 @@ class _MajorityPass(StatsPass):
         flagged, self.flagged = self.flagged, False
         return flagged
 
-    def finish(self, stats):
+    def finish(self, stats: MutableMapping[str, Any]) -> None:
         stats.pop(_TALLY, None)
         stats[_MAJORITY] = 1.0 if self.total >= 0 else -1.0
 
-    def confirmed(self, stats):
-        return stats[_MAJORITY] == self._GUESS
+    def confirmed(self, stats: MutableMapping[str, Any]) -> bool:
+        return bool(stats[_MAJORITY] == self._GUESS)  # stats hold Any; a float compared is a bool
