@@ -77,7 +77,7 @@ class StatsPass:
     what it learned in ``stats``, which later passes and the merge read.
     """
 
-    piecewise: ClassVar[bool] = False
+    piecewise: bool = False
     """``update`` may see a tensor as several pieces of its flattened entries (the ``(N, k)`` stack over
     each) and learns the same (e.g. histograms): the engine then streams full fine-tunes in pieces."""
 
@@ -102,7 +102,7 @@ class StatsPass:
     # A per-tensor pass (Method.tensor_passes) may instead be learned by the merge sweep itself, when its
     # statistic changes the merge of a few entries only (TIES' majority sign: entries whose trimmed task
     # vectors sum to 0): one sweep over the pieces instead of two.
-    during_merge: ClassVar[bool] = False
+    during_merge: bool = False
     """True: no sweep of its own. The engine calls :meth:`begin` (a provisional value into ``stats``),
     merges every piece (the method reports to the pass through ``stats``), asks :meth:`piece_done`
     after each piece, calls :meth:`finish`, and merges again the pieces that used the provisional value

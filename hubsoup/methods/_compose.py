@@ -17,23 +17,31 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 from hubsoup.errors import ParameterError
 from hubsoup.methods import Method, StatsPass, TensorContext, get_method
 from hubsoup.methods import parse_params, to_dict
 
+if TYPE_CHECKING:
+    import torch
+
+    from hubsoup.methods import PrepareContext
+
+O = TypeVar("O")
+"""A modifier's own parameter dataclass: ``class Lines(Modifier[LinesParams])`` types ``params.own``."""
+
 
 @dataclass
-class Composed:
+class Composed(Generic[O]):
     """Parsed parameters of a modifier: its own, and the inner method with its own."""
 
-    own: Any
+    own: O
     inner: Method[Any]
     inner_params: Any
 
 
-class Modifier(Method[Any]):
+class Modifier(Method[Composed[O]]):
     """A method wrapping ``base_method``; subclasses declare ``base_method`` in ``Params``."""
 
     #: The modifier applies its own global scale (LiNeS' depth factors): the base method's declared
@@ -47,7 +55,7 @@ class Modifier(Method[Any]):
             return {leaf.scale_param: 1.0}
         return {}
 
-    def parse(self, given: dict[str, Any]) -> Composed:
+    def parse(self, given: dict[str, Any]) -> Composed[O]:
         if isinstance(given.get("base_params"), dict):  # the nested form a recipe stores
             given = given_from_description(given)
         own_names = _fields(self)
@@ -72,7 +80,7 @@ class Modifier(Method[Any]):
                                  "(`hubsoup methods NAME` lists each one's parameters)")
         # the modifiers' defaults for the base method at the end of the chain (the user's values win)
         leaf = methods[-1]
-        for mod in [self, *methods[:-1]]:
+        for mod in [self, *cast("list[Modifier[Any]]", methods[:-1])]:  # each checked above
             for k, v in mod.leaf_defaults(leaf).items():
                 if k in _fields(leaf) and k not in rest:
                     rest[k] = v
@@ -80,42 +88,43 @@ class Modifier(Method[Any]):
             rest["base_method"] = "+".join(chain[1:])
         return Composed(p, methods[0], methods[0].parse(rest))
 
-    def describe_params(self, params: Composed) -> dict[str, Any]:
+    def describe_params(self, params: Composed[O]) -> dict[str, Any]:
         return {**to_dict(params.own), "base_params": params.inner.describe_params(params.inner_params)}
 
-    def check_inputs(self, params: Composed, n_inputs: int) -> None:
-        super().check_inputs(params.own, n_inputs)
+    def check_inputs(self, params: Composed[O], n_inputs: int) -> None:
+        super().check_inputs(cast(Any, params.own), n_inputs)  # the input counts and the own per-input fields
         params.inner.check_inputs(params.inner_params, n_inputs)
 
-    def prepare(self, params: Composed, ctx) -> dict[str, Any]:
+    def prepare(self, params: Composed[O], ctx: PrepareContext) -> dict[str, Any]:
         return params.inner.prepare(params.inner_params, ctx)  # e.g. LiNeS over LOT: LOT's exemplar features
 
-    def finish(self, params: Composed, stats: dict[str, Any]) -> None:
+    def finish(self, params: Composed[O], stats: dict[str, Any]) -> None:
         params.inner.finish(params.inner_params, stats)
 
-    def workspace_bytes(self, shape, n_inputs, params: Composed, name=""):
+    def workspace_bytes(self, shape: tuple[int, ...], n_inputs: int, params: Composed[O], name: str = "") -> int:
         """The inner method's workspace (TIES' selection, SFTM's SVDs...) plus this modifier's own."""
         return params.inner.workspace_bytes(shape, n_inputs, params.inner_params, name) + \
             self.own_workspace_bytes(shape, n_inputs, params, name)
 
-    def own_workspace_bytes(self, shape, n_inputs, params: Composed, name="") -> int:
+    def own_workspace_bytes(self, shape: tuple[int, ...], n_inputs: int, params: Composed[O], name: str = "") -> int:
         """What the modifier itself needs for one tensor beyond the inner merge (default none)."""
         return 0
 
-    def inner_passes(self, params: Composed, n_inputs: int) -> list[StatsPass]:
+    def inner_passes(self, params: Composed[O], n_inputs: int) -> list[StatsPass]:
         return params.inner.passes(params.inner_params, n_inputs)
 
-    def tensor_passes(self, params: Composed, n_inputs: int) -> list[StatsPass] | None:
+    def tensor_passes(self, params: Composed[O], n_inputs: int) -> list[StatsPass] | None:
         """None: a modifier's merge is element-wise only where it says so (see LiNeS, LwPTV)."""
         return None
 
-    def inner_tensor_passes(self, params: Composed, n_inputs: int) -> list[StatsPass] | None:
+    def inner_tensor_passes(self, params: Composed[O], n_inputs: int) -> list[StatsPass] | None:
         return params.inner.tensor_passes(params.inner_params, n_inputs)
 
-    def piece_multiple(self, params: Composed) -> int:
+    def piece_multiple(self, params: Composed[O]) -> int:
         return params.inner.piece_multiple(params.inner_params)
 
-    def inner_merge(self, base, deltas, params: Composed, ctx: TensorContext):
+    def inner_merge(self, base: torch.Tensor, deltas: torch.Tensor, params: Composed[O],
+                    ctx: TensorContext) -> torch.Tensor:
         return params.inner.merge(base, deltas, params.inner_params, ctx)
 
     def card_notes(self, described: dict[str, Any], stats: dict[str, Any], n_inputs: int) -> list[str]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, MutableMapping
+from typing import Any, Literal, MutableMapping, Protocol, cast
 
 import torch
 
@@ -95,7 +95,7 @@ def _norm(x: torch.Tensor, kind: str) -> float:
 class _HeuristicPass(StatsPass):
     """Eq. 2 norms: ‖Σ_i τ_i‖ and ‖τ_MTL‖ over every merged tensor, in float64."""
 
-    def __init__(self, method: "Lines", params: Composed, n: int):
+    def __init__(self, method: "Lines", params: Composed[LinesParams], n: int) -> None:
         self.method, self.params, self.n = method, params, n
         self.kind = params.own.alpha_norm
         self.sum = self.mtl = 0.0
@@ -116,8 +116,14 @@ class _HeuristicPass(StatsPass):
         stats["lines.alpha"] = (s / m) / self.n  # exactly 1/N when the norms agree
 
 
+class _ResolvesScale(Protocol):
+    """A base method whose default scale depends on N and its other parameters (task arithmetic, TIES, DARE)."""
+
+    def resolved_scale(self, params: Any, n_inputs: int) -> float: ...
+
+
 @register
-class Lines(Modifier):
+class Lines(Modifier[LinesParams]):
     name = "lines"
     summary = ("LiNeS: scale the (merged) task vector by a factor rising linearly with block depth, "
                "α at the first block to α+β at the last, on top of a base method.")
@@ -128,34 +134,34 @@ class Lines(Modifier):
     search_grid = {"beta": [round(0.1 * i, 1) for i in range(1, 11)]}  # β = 0.1..1.0 (the paper's TA grid)
     replaces_scale = True  # the depth factors replace the base method's λ (its scale_param): 1 unless given
 
-    def check_inputs(self, params: Composed, n_inputs: int) -> None:
+    def check_inputs(self, params: Composed[LinesParams], n_inputs: int) -> None:
         super().check_inputs(params, n_inputs)
         if params.own.edit_gamma is not None and n_inputs != 1:
             raise MethodError(f"method 'lines': edit_gamma edits a single fine-tune; got {n_inputs} inputs")
 
     @staticmethod
-    def _ta_alpha(params: Composed, n: int) -> float | None:
+    def _ta_alpha(params: Composed[LinesParams], n: int) -> float | None:
         """Eq. 2 in closed form for unweighted task arithmetic at scale 1: exactly 1/N."""
         ip = params.inner_params
         if params.inner.name == "task_arithmetic" and ip.weights is None and ip.scale == 1.0:
             return 1.0 / n
         return None
 
-    def _needs_pass(self, params: Composed, n: int) -> bool:
+    def _needs_pass(self, params: Composed[LinesParams], n: int) -> bool:
         own = params.own
         return (own.alpha is None and own.edit_gamma is None and params.inner.name not in _FIXED_ALPHA
                 and self._ta_alpha(params, n) is None)
 
-    def stats_key(self, params: Composed):
+    def stats_key(self, params: Composed[LinesParams]) -> tuple[str, str, str]:
         """β only sets the depth factors of the merge itself; the base method's passes and the Eq. 2 pass
         (which runs the base merge) read everything else: a search over β prepares once."""
         return repr(dataclasses.replace(params.own, beta=None)), params.inner.name, repr(params.inner_params)
 
-    def passes(self, params: Composed, n_inputs: int) -> list[StatsPass]:
+    def passes(self, params: Composed[LinesParams], n_inputs: int) -> list[StatsPass]:
         inner = self.inner_passes(params, n_inputs)
         return inner + ([_HeuristicPass(self, params, n_inputs)] if self._needs_pass(params, n_inputs) else [])
 
-    def alpha_beta(self, params: Composed, ctx: TensorContext) -> tuple[float, float, str]:
+    def alpha_beta(self, params: Composed[LinesParams], ctx: TensorContext) -> tuple[float, float, str]:
         """α and β of this merge, and where α comes from."""
         own = params.own
         if own.edit_gamma is not None:
@@ -169,7 +175,7 @@ class Lines(Modifier):
         lam = self.base_scale(params, ctx.n_inputs)
         return alpha, _budget_beta(alpha, lam), f"{why}; β = λ − α with the base method's λ = {lam:g}"
 
-    def _alpha(self, params: Composed, ctx: TensorContext) -> tuple[float, str]:
+    def _alpha(self, params: Composed[LinesParams], ctx: TensorContext) -> tuple[float, str]:
         own = params.own
         if own.alpha is not None:
             return own.alpha, "α given"
@@ -183,7 +189,7 @@ class Lines(Modifier):
                                       f"/ ({ctx.n_inputs} · {stats['lines.norm_mtl']:.6g}), "
                                       f"{params.own.alpha_norm.upper()} norm")
 
-    def base_scale(self, params: Composed, n_inputs: int) -> float:
+    def base_scale(self, params: Composed[LinesParams], n_inputs: int) -> float:
         """λ the base method uses on its own by default (through any modifiers between); 1 when it
         has no scale. A scale the user gives multiplies the
         inner merge as before and does not move β, so a recipe re-runs to the same factors."""
@@ -193,27 +199,29 @@ class Lines(Modifier):
         name = leaf.scale_param
         if name is None:
             return 1.0
-        default = next(f.default for f in dataclasses.fields(leaf.Params) if f.name == name)
+        default: Any = next(f.default for f in dataclasses.fields(leaf.Params) if f.name == name)
         if default is None:  # a default that depends on N and other parameters (task arithmetic: 1/N)
-            default = leaf.resolved_scale(leaf.parse({k: v for k, v in leaf.describe_params(leaf_params).items()
+            default = cast(_ResolvesScale, leaf).resolved_scale(leaf.parse({k: v for k, v in leaf.describe_params(leaf_params).items()
                                                       if k != name}), n_inputs)
         return float(default)
 
-    def factor(self, params: Composed, ctx: TensorContext) -> float:
+    def factor(self, params: Composed[LinesParams], ctx: TensorContext) -> float:
         alpha, beta, _ = self.alpha_beta(params, ctx)
         return depth_factor(ctx.block, alpha, beta, params.own, ctx.stats.get("plan.stacks"))
 
-    def own_workspace_bytes(self, shape, n_inputs, params: Composed, name=""):
+    def own_workspace_bytes(self, shape: tuple[int, ...], n_inputs: int, params: Composed[LinesParams],
+                            name: str = "") -> int:
         """The Eq. 2 pass merges a copy of the stack (the inner merge may overwrite its input) next to
         the task vectors' sum: N + 1 float32 copies of the tensor, when that pass runs."""
         if not self._needs_pass(params, n_inputs):
             return 0
         return 4 * (n_inputs + 1) * math.prod(shape)
 
-    def tensor_passes(self, params: Composed, n_inputs: int):
+    def tensor_passes(self, params: Composed[LinesParams], n_inputs: int) -> list[StatsPass] | None:
         return self.inner_tensor_passes(params, n_inputs)  # a factor per tensor: element-wise as its base
 
-    def merge(self, base, deltas, params: Composed, ctx: TensorContext):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: Composed[LinesParams],
+              ctx: TensorContext) -> torch.Tensor:
         lam = self.factor(params, ctx)
         return self.inner_merge(base, deltas, params, ctx).mul_(lam)
 

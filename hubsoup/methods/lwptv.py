@@ -95,7 +95,7 @@ class _SaliencyPass(StatsPass):
 
     piecewise = True
 
-    def __init__(self, own: LwptvParams, n: int, order: list[str] | None = None):
+    def __init__(self, own: LwptvParams, n: int, order: list[str] | None = None) -> None:
         self.own, self.n = own, n
         self.units: dict[str, dict[str, Any]] = {}
         self.order = [] if order is None else order  # tensor names in stream order, shared with the forks
@@ -125,7 +125,7 @@ class _SaliencyPass(StatsPass):
     def fork(self) -> "_SaliencyPass":
         return _SaliencyPass(self.own, self.n, self.order)
 
-    def join(self, other: "_SaliencyPass") -> None:  # type: ignore[override]
+    def join(self, other: "_SaliencyPass") -> None:
         for unit, ou in other.units.items():
             u = self.units.setdefault(unit, {"abs": [[] for _ in range(self.n)], "numel": 0, "nonzero": False})
             for k in range(self.n):
@@ -167,7 +167,7 @@ class _SaliencyPass(StatsPass):
 class _MaskedPass(StatsPass):
     """An inner method's statistics pass, shown the masked task vectors."""
 
-    def __init__(self, inner: StatsPass, own: LwptvParams):
+    def __init__(self, inner: StatsPass, own: LwptvParams) -> None:
         self.inner, self.own = inner, own
         self.piecewise = inner.piecewise  # the mask is per tensor: a piece is masked as its tensor
         # learned in the merge sweep (TIES' majority sign): the merge masks the pieces itself
@@ -212,7 +212,7 @@ def masked(deltas: torch.Tensor, ctx: TensorContext, own: LwptvParams, copy: boo
 
 
 @register
-class Lwptv(Modifier):
+class Lwptv(Modifier[LwptvParams]):
     name = "lwptv"
     summary = ("LwPTV: reset to the base the layers whose task vectors deviate least from the tasks' mean "
                "(kept where any task ranks them in its top 1−η), then merge with a base method.")
@@ -225,20 +225,21 @@ class Lwptv(Modifier):
     # (--param merge=sum --param scale=0.3): measured at η = 0.3 it recovered 0.43-0.61 of the
     # fine-tunes' gain where TIES' mean at λ = 1 recovered 0.56-0.74 (benchmarks/results/defaults.md).
 
-    def check_inputs(self, params: Composed, n_inputs: int) -> None:
+    def check_inputs(self, params: Composed[LwptvParams], n_inputs: int) -> None:
         if n_inputs < 2:
             raise MethodError("method 'lwptv' needs at least 2 inputs: with one task every saliency is 0")
         super().check_inputs(params, n_inputs)
 
-    def passes(self, params: Composed, n_inputs: int) -> list[StatsPass]:
+    def passes(self, params: Composed[LwptvParams], n_inputs: int) -> list[StatsPass]:
         return [_SaliencyPass(params.own, n_inputs),
                 *(_MaskedPass(p, params.own) for p in self.inner_passes(params, n_inputs))]
 
-    def tensor_passes(self, params: Composed, n_inputs: int):
+    def tensor_passes(self, params: Composed[LwptvParams], n_inputs: int) -> list[StatsPass] | None:
         inner = self.inner_tensor_passes(params, n_inputs)  # a mask per tensor: element-wise as its base
         return None if inner is None else [_MaskedPass(p, params.own) for p in inner]
 
-    def merge(self, base, deltas, params: Composed, ctx: TensorContext):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: Composed[LwptvParams],
+              ctx: TensorContext) -> torch.Tensor:
         if not ctx.stats["lwptv.keep"][unit_of(ctx, params.own.unit)]:
             return torch.zeros_like(base)  # base + 0.0 is the base, bit for bit
         return self.inner_merge(base, masked(deltas, ctx, params.own, copy=False), params, ctx)
