@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal, cast
 
 import torch
 
@@ -36,6 +36,10 @@ from hubsoup.linalg import single_thread
 from hubsoup.exemplars import capture, match_tasks, parse_exemplar_specs
 from hubsoup.methods import Method, register
 from hubsoup.methods import param
+
+if TYPE_CHECKING:
+    from hubsoup.exemplars.capture import FeatureStore
+    from hubsoup.methods import PrepareContext, TensorContext
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +57,16 @@ def solve_right(B: torch.Tensor, A: torch.Tensor, *, eps: float = 1e-6, solver: 
         lam = eps * float(A.diagonal().mean())
         L = torch.linalg.cholesky(A + lam * torch.eye(A.shape[0], dtype=A.dtype, device=A.device))
         return torch.cholesky_solve(B.mT, L).mT
+    w: torch.Tensor
+    Q: torch.Tensor
     w, Q = torch.linalg.eigh(A)
     keep = w > eps * float(w.max())
     Qk = Q[:, keep]
     return ((B @ Qk) / w[keep]) @ Qk.mT
 
 
-def lot_linear(deltas: torch.Tensor, grams, *, eps: float = 1e-6, solver: str = "pinv") -> torch.Tensor:
+def lot_linear(deltas: torch.Tensor, grams: Iterable[torch.Tensor | None], *, eps: float = 1e-6,
+               solver: str = "pinv") -> torch.Tensor:
     """Δ* = (Σ_k Δ_k G_k)(Σ_k G_k)⁺ for task vectors ``deltas`` (T, out, in) and Grams (in, in).
 
     ``grams`` is a sequence (or iterator) of per-task Grams, None for a task whose exemplars
@@ -71,8 +78,9 @@ def lot_linear(deltas: torch.Tensor, grams, *, eps: float = 1e-6, solver: str = 
     return _lot_linear(deltas, grams, eps, solver)
 
 
-def _lot_linear(deltas: torch.Tensor, grams, eps: float, solver: str) -> torch.Tensor:
-    A = B = None
+def _lot_linear(deltas: torch.Tensor, grams: Iterable[torch.Tensor | None], eps: float, solver: str) -> torch.Tensor:
+    A: torch.Tensor | None = None
+    B: torch.Tensor | None = None
     for d, G in zip(deltas, grams):
         if G is None:
             continue
@@ -83,7 +91,7 @@ def _lot_linear(deltas: torch.Tensor, grams, eps: float, solver: str) -> torch.T
         del G, DG
     if A is None:
         return torch.zeros_like(deltas[0])
-    return solve_right(B, A, eps=eps, solver=solver).to(deltas.dtype)
+    return solve_right(cast(torch.Tensor, B), A, eps=eps, solver=solver).to(deltas.dtype)  # B is set with A
 
 
 def weighted_mean(deltas: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -126,7 +134,7 @@ class LotParams:
                                        "budget means more forward passes over the exemplars", range=(0.0, None),
                                   source="ours")
 
-    def validate(self):
+    def validate(self) -> None:
         parse_exemplar_specs(self.exemplars)  # TASK=PATH syntax, no task twice
 
 
@@ -143,35 +151,36 @@ class Lot(Method[LotParams]):
     Params = LotParams
     scale_param = "scale"  # θ_0 + λ·τ* on every merged tensor
 
-    def check_inputs(self, params, n_inputs):
+    def check_inputs(self, params: LotParams, n_inputs: int) -> None:
         super().check_inputs(params, n_inputs)
         if not params.exemplars:
             raise ParameterError("method 'lot' needs a few unlabelled exemplars per input model: "
                                  "--exemplars TASK=PATH_OR_DATASET (exemplars={...} in Python), one per input")
 
-    def parse(self, given: dict[str, Any]):
+    def parse(self, given: dict[str, Any]) -> LotParams:
         ex = given.get("exemplars")
         if isinstance(ex, dict):  # {task: path} from Python: the TASK=PATH strings the CLI gives
             given = {**given, "exemplars": [f"{k}={v}" for k, v in ex.items()]}
         return super().parse(given)
 
-    def stats_key(self, params):
+    def stats_key(self, params: LotParams) -> tuple[Any, ...]:
         """The capture reads these; λ (``scale``), ``eps``, ``solver`` and ``gram_reduction`` only act in the
         merge, so a search over them runs the experts on their exemplars once."""
         return (params.exemplars, params.n_exemplars, params.max_length, params.batch_size, params.seed,
                 params.text_column, params.gram_budget_gb)
 
-    def prepare(self, params, ctx) -> dict[str, Any]:
+    def prepare(self, params: LotParams, ctx: PrepareContext) -> dict[str, Any]:
         tasks = match_tasks(ctx.inputs, parse_exemplar_specs(params.exemplars))
         return {"lot.features": capture(ctx, params, tasks)}
 
-    def finish(self, params, stats: dict[str, Any]) -> None:
+    def finish(self, params: LotParams, stats: dict[str, Any]) -> None:
         store = stats.get("lot.features")
         if store is not None:
             store.close()  # the scratch folder of Grams
 
-    def merge(self, base, deltas, params, ctx):
-        store = ctx.stats["lot.features"]
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: LotParams,
+              ctx: TensorContext) -> torch.Tensor:
+        store: FeatureStore = ctx.stats["lot.features"]
         op = store.ops.get(ctx.name)
         T = deltas.shape[0]
         if op is None:
@@ -188,7 +197,7 @@ class Lot(Method[LotParams]):
             else:
                 D = deltas.reshape(T, base.shape[0], -1)
 
-            def grams():
+            def grams() -> Iterator[torch.Tensor | None]:
                 for k in range(T):
                     key = store.gram_key(k, op.key)
                     if key is None or not store.has(k, key):
@@ -207,7 +216,7 @@ class Lot(Method[LotParams]):
             for k in range(T):
                 if store.has(k, op.key):
                     v = store.tensor(k, op.key).to(deltas.device)
-                    n = rows(k, f"rows::{mod}")
+                    n: float | torch.Tensor = rows(k, f"rows::{mod}")  # a tensor below
                     w.append(v / n if per_task and n > 0 else v)
                 else:
                     w.append(torch.zeros(deltas.shape[1], dtype=torch.float64, device=deltas.device))

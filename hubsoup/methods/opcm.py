@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, MutableMapping, Sequence
 
 import torch
 
@@ -34,6 +34,9 @@ from hubsoup.linalg import single_thread, thin_svd_gram
 from hubsoup.methods import Method, StatsPass, TensorContext, register
 from hubsoup.arch import tensor_role
 from hubsoup.methods import param
+
+if TYPE_CHECKING:
+    from hubsoup.methods import PrepareContext
 
 PROJECTED_ROLES = ("linear", "head")
 """Projected tensors: 2-D projection weights and the untied output head (nn.Linear in the
@@ -106,7 +109,7 @@ def _projected(name: str, x: torch.Tensor) -> bool:
     return x.dim() == 2 and tensor_role(name, tuple(x.shape)) in PROJECTED_ROLES
 
 
-def opcm_update(S: torch.Tensor | None, tau: torch.Tensor, name: str, params: Any) -> torch.Tensor:
+def opcm_update(S: torch.Tensor | None, tau: torch.Tensor, name: str, params: OpcmParams) -> torch.Tensor:
     """S_t = S_{t−1} + P_{S_{t−1}}(τ_t) for projected tensors, S_{t−1} + τ_t otherwise (S_1 = τ_1)."""
     if S is None:
         return tau.clone()
@@ -133,7 +136,7 @@ def sq_norm(x: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(x.reshape(-1), dtype=torch.float64)) ** 2
 
 
-def sequential_update(deltas: torch.Tensor, name: str, params: Any) -> torch.Tensor:
+def sequential_update(deltas: torch.Tensor, name: str, params: OpcmParams) -> torch.Tensor:
     """S_T of the stack ``deltas`` (only read): :func:`opcm_update` step by step, S added to in place (the same
     bits as ``S + ...``, one copy of the tensor fewer at a time)."""
     S = deltas[0].clone()
@@ -154,7 +157,7 @@ class OpcmParams:
     rank_tol: float | None = param(None, "remove diagonal terms only for s_i > rank_tol·s_1 "
                                          "(default max(m,n)·eps)", range=(0.0, 1.0), source="ours")
 
-    def validate(self):
+    def validate(self) -> None:
         if not 0.0 <= self.alpha < 1.0:
             raise ParameterError(f"parameter 'alpha' = {self.alpha} must be in [0, 1): α ≥ 1 would mean "
                                  "no projected block, as α = 0 does in the authors' code")
@@ -163,7 +166,7 @@ class OpcmParams:
 class _NormPass(StatsPass):
     """‖τ_i‖² and ‖S_T‖² over the whole model (λ is global)."""
 
-    def __init__(self, params, n: int):
+    def __init__(self, params: OpcmParams, n: int) -> None:
         self.params = params
         self.sq_tau = [0.0] * n
         self.sq_S = 0.0
@@ -195,17 +198,18 @@ class Opcm(Method[OpcmParams]):
     paper_url = "https://github.com/tanganke/opcm"
     Params = OpcmParams
 
-    def passes(self, params, n_inputs):
+    def passes(self, params: OpcmParams, n_inputs: int) -> list[StatsPass]:
         return [_NormPass(params, n_inputs)] if self._two_sweeps(params, n_inputs) else []
 
     @staticmethod
-    def _two_sweeps(params, n_inputs: int) -> bool:
+    def _two_sweeps(params: OpcmParams, n_inputs: int) -> bool:
         return params.scaling == "adaptive" and n_inputs > 1
 
-    def prepare(self, params, ctx):
+    def prepare(self, params: OpcmParams, ctx: PrepareContext) -> dict[str, Any]:
         return {"opcm.kept": ctx.keep_tensors("opcm")} if self._two_sweeps(params, len(ctx.inputs)) else {}
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: OpcmParams,
+              ctx: TensorContext) -> torch.Tensor:
         lam = ctx.stats.get("opcm.lambda")
         if lam is None:
             lam = opcm_lambda(params.scaling, 0.0, [0.0] * ctx.n_inputs) if params.scaling == "sqrt" else 1.0
