@@ -122,6 +122,19 @@ def test_the_scale_parameter_and_the_stack(registry):
     assert merge_tensors("fn_scaled_max", taus, scale=0.5).tolist() == [-1.0, -1.5]
 
 
+def test_lines_over_a_method_whose_scale_defaults_to_none_says_what_it_needs(registry):
+    @hubsoup.method("fn_auto_scale", summary="the mean, its scale resolved by the method", elementwise=True)
+    def fn_auto_scale(deltas: torch.Tensor, ctx: hubsoup.methods.TensorContext, *,
+                      scale: float | None = None) -> torch.Tensor:
+        return deltas.mean(dim=0) * (1.0 if scale is None else scale)
+
+    taus = torch.tensor([[1.0, -3.0], [-2.0, 2.0]])
+    with pytest.raises(MethodError, match="lines over 'fn_auto_scale': its scale parameter 'scale' defaults to None"):
+        merge_tensors("lines", taus, base_method="fn_auto_scale", alpha=0.5)
+    got = merge_tensors("lines", taus, base_method="fn_auto_scale", alpha=0.5, beta=0.5)  # β given: no λ needed
+    assert torch.isfinite(got).all()
+
+
 def test_a_decorated_method_merges_real_checkpoints_as_its_math_says(registry, tmp_path):
     _define_weighted_mean()
     base = make_base("llama", str(tmp_path / "base"))

@@ -201,6 +201,10 @@ class Lines(Modifier[LinesParams]):
             return 1.0
         default: Any = next(f.default for f in dataclasses.fields(leaf.Params) if f.name == name)
         if default is None:  # a default that depends on N and other parameters (task arithmetic: 1/N)
+            if not callable(getattr(leaf, "resolved_scale", None)):  # a plug-in's: β needs the λ it resolves to
+                raise MethodError(f"lines over '{leaf.name}': its scale parameter '{name}' defaults to None, and "
+                                  f"LiNeS needs the value it stands for: give {name}= or beta=, or define "
+                                  f"{type(leaf).__name__}.resolved_scale(params, n_inputs)")
             default = cast(_ResolvesScale, leaf).resolved_scale(leaf.parse({k: v for k, v in leaf.describe_params(leaf_params).items()
                                                       if k != name}), n_inputs)
         return float(default)
