@@ -9,6 +9,7 @@ lm-eval's. Keys (``pip install 'hubsoup[lmeval]'``):
   ``dataset_kwargs.data_files`` paths are read as lm-eval reads them (relative to the working folder).
   In a ``hub_only`` run (a server) it is a Hub repo instead — ``org/name`` (a dataset),
   ``hf://datasets/org/name`` or ``hf://spaces/org/name``, ``@revision`` allowed — fetched with the run's token
+  (the ``token`` argument of :class:`Runner` / :meth:`TaskSpec.check`)
   into a fresh folder (inside its ``cache_dir``, or a temporary one) removed after the evaluation; never a
   folder of the host. Its Python (``!function`` tags, ``.py`` files) is refused unless the operator sets
   ``allow_task_code``; YAML tags other than those, an ``include:`` leaving the folder and data files that are
@@ -54,6 +55,7 @@ import yaml
 from hubsoup.errors import InputError, ParameterError
 from hubsoup.public import public_value
 from hubsoup.eval.tasks import TaskKind, TaskResult, TaskSpec, add_kind
+from hubsoup.hubclient import Token
 from hubsoup.sources.access import current, hub_only, is_hub_dataset, refusal, require_task_repo
 from hubsoup.sources.resolve import fetched_repo
 from hubsoup.untrusted import MAX_YAML_BYTES, label, load_yaml, short
@@ -272,11 +274,11 @@ def check_task_folder(folder: str, who: str, *, allow_code: bool) -> None:
 
 
 @contextmanager
-def task_folder(task) -> Iterator[str | None]:
+def task_folder(task, token: Token) -> Iterator[str | None]:
     """The folder of the task's ``task_dir`` for the time of the block (None: no ``task_dir``).
 
     Outside ``hub_only``: the local folder. In a ``hub_only`` run: the Hub repo it names (by its text alone;
-    anything else is refused without looking at the disk), fetched into a fresh folder with the run's token
+    anything else is refused without looking at the disk), fetched into a fresh folder with ``token`` (the run's)
     and checked by :func:`check_task_folder`; the folder is removed when the block ends.
     """
     if not task.extra.get("task_dir"):
@@ -287,7 +289,7 @@ def task_folder(task) -> Iterator[str | None]:
         return
     who = f"task {short(task.name)} task_dir {short(task.extra['task_dir'])}"
     kind, repo_id, revision = require_task_repo(task.extra["task_dir"], f"task {short(task.name)} task_dir")
-    with fetched_repo(kind, repo_id, revision, who) as folder:
+    with fetched_repo(kind, repo_id, revision, who, token=token) as folder:
         check_task_folder(folder, who, allow_code=current().allow_task_code)
         yield folder
 
@@ -345,10 +347,11 @@ def _unwritten_builtins(names: list[str]) -> list[str]:
     return [n for n in names if n.encode() not in words and n.encode() not in text]
 
 
-def check(task) -> None:
-    """lm-eval is installed, the task folder exists and every task name is known to lm-eval."""
+def check(task, token: Token) -> None:
+    """lm-eval is installed, the task folder exists and every task name is known to lm-eval (a ``hub_only`` run's
+    task repo fetched with ``token``)."""
     _import()
-    with task_folder(task) as task_dir:
+    with task_folder(task, token) as task_dir:
         names, keep = task_names(task), not hub_only()
         # a task_dir's own index is quick; it may include files from anywhere, the built-in ones only each other
         rest = [n for n in names if n not in _manager(task_dir, False, keep).all_tasks] if task_dir else names
@@ -369,7 +372,7 @@ _GUARD_LOCK = threading.Lock()
 
 def _guard_lm_eval() -> None:
     """What a ``hub_only`` run needs of lm-eval (installed once per process, a no-op for every other run): a task's
-    dataset is the Hub dataset of that name, asked with the run's token (never a folder of the working directory,
+    dataset is the Hub dataset of that name, asked with the token its :class:`Runner` lends (never a folder of the working directory,
     a packaged builder over local files, or remote code), and its Jinja prompts render in jinja2's sandbox."""
     import jinja2.sandbox  # lazy: only lm-eval's evaluation renders prompts
     import lm_eval.api.task  # lazy: optional extra (lm_eval)
@@ -388,12 +391,32 @@ def _guard_lm_eval() -> None:
 
 class _GuardedDatasets:
     """lm-eval's ``datasets`` module as its tasks see it: ``load_dataset`` held to the run's rules in a ``hub_only``
-    run, everything else (and every other run) the module's own."""
+    run, everything else (and every other run) the module's own.
+
+    lm-eval's tasks load their data from lm-eval's code, which no argument of hubsoup's reaches: the
+    :class:`Runner`, given the run's token as an argument, lends it (:meth:`lend`) to the loads its own calls into
+    lm-eval make on its thread, and only for those calls. A ``hub_only`` load with no token lent is refused: it
+    never falls back to the host's login (``HF_TOKEN``, the stored token: on a Space, the server's)."""
 
     _hubsoup_guard = True
 
     def __init__(self, module: Any):
         self._module = module
+        self._lent: dict[int, Token] = {}  # thread id → the token a Runner's call lent; read by that thread only
+
+    @contextmanager
+    def lend(self, token: Token) -> Iterator[None]:
+        """``token`` for the loads this thread makes inside the block (lm-eval building or running a Runner's tasks)."""
+        me = threading.get_ident()
+        nested, before = me in self._lent, self._lent.get(me)
+        self._lent[me] = token
+        try:
+            yield
+        finally:
+            if nested:
+                self._lent[me] = before
+            else:
+                del self._lent[me]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._module, name)
@@ -409,6 +432,10 @@ class _GuardedDatasets:
                 raise refusal(f"{role} {short(path)}", kwargs[key], "files on the Hub (hf://datasets/...)")
         for key in ("cache_dir", "token"):  # the run's own, never the task's
             kwargs.pop(key, None)
+        lent = self._lent.get(threading.get_ident(), _NOT_LENT)
+        if lent is _NOT_LENT:  # a load outside a Runner's call: no token of the run's reached it
+            raise InputError(f"{role} {short(path)}: loaded outside an evaluation that was given the run's token; "
+                             "it is not asked of the Hub with the host's login")
         acc = current()
         own = os.path.join(acc.cache_dir, "datasets") if acc.cache_dir else None
         import tempfile  # lazy: only a hub_only evaluation without a cache of its own
@@ -424,11 +451,22 @@ class _GuardedDatasets:
                 repo_id, _, revision = str(path).partition("@")
                 where = f"hf://datasets/{repo_id}"  # the Hub only: datasets skips its look for a local folder
                 kwargs.setdefault("revision", revision or None)
-            return self._module.load_dataset(where, name, cache_dir=cache, token=acc.token,
+            return self._module.load_dataset(where, name, cache_dir=cache, token=lent,
                                              keep_in_memory=own is None, **kwargs)
         finally:
             if own is None:
                 shutil.rmtree(cache, ignore_errors=True)
+
+
+_NOT_LENT: Any = object()
+
+
+def _lending(token: Token) -> contextlib.AbstractContextManager[None]:
+    """The run's ``token`` lent to lm-eval's data loads in the block (a ``hub_only`` run's guard), or nothing."""
+    import lm_eval.api.task  # lazy: optional extra (lm_eval)
+
+    guard = lm_eval.api.task.datasets
+    return guard.lend(token) if isinstance(guard, _GuardedDatasets) else contextlib.nullcontext()
 
 
 def _plain(value: Any, folder: str | None = None, repo: str | None = None) -> Any:
@@ -534,7 +572,7 @@ class Runner:
     ``TaskManager.load`` (before 0.4.10) gets ``simple_evaluate`` each time.
 
     In a ``hub_only`` run the task repo is fetched into a fresh folder and checked (:func:`task_folder`), lm-eval's
-    data loading guarded, and the folder kept until :meth:`close` (a ``with`` block closes it); lm-eval and its
+    data loading guarded (with ``token``, the run's, lent to it for the runner's own calls into lm-eval), and the folder kept until :meth:`close` (a ``with`` block closes it); lm-eval and its
     libraries print nothing (no bars, no warnings) unless the root logger is at DEBUG (``-v``) and ``quiet`` is off.
 
     Example:
@@ -544,9 +582,11 @@ class Runner:
         323.8477304254
     """
 
-    def __init__(self, task, tokenizer, *, limit: int | None, batch_size: int, device: str, quiet: bool = False):
+    def __init__(self, task, tokenizer, *, limit: int | None, batch_size: int, device: str, quiet: bool = False,
+                 token: Token = None):
         _import()
         self.task, self.tokenizer, self.device, self.quiet = task, tokenizer, device, quiet
+        self._token = token  # the run's: lent to lm-eval's data loads (_lending); never shown
         self.limit = limit if limit is not None else task.limit
         self.batch_size = task.extra.get("batch_size", batch_size)
         self._lm: Any = None
@@ -557,8 +597,8 @@ class Runner:
         if hub_only():
             _guard_lm_eval()
         try:
-            self.folder = self._stack.enter_context(task_folder(task))
-            with self._quieted():
+            self.folder = self._stack.enter_context(task_folder(task, token))
+            with self._quieted(), _lending(token):
                 self.manager = task_manager(task, self.folder)
                 unknown = [n for n in task_names(task) if n not in self.manager.all_tasks]
                 if unknown:  # never a "name" lm-eval would read as a file of the working folder
@@ -614,7 +654,7 @@ class Runner:
         import lm_eval  # lazy: optional extra (lm_eval)
 
         ex = self.task.extra
-        with self._quieted():
+        with self._quieted(), _lending(self._token):
             lm = self._wrapper(model)
             if self._loaded is None:  # an older lm-eval: its tasks built on every call
                 out = lm_eval.simple_evaluate(
@@ -652,10 +692,12 @@ def _bars(shown: bool):
         os.environ.pop("TQDM_DISABLE", None)
 
 
-def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, device: str, quiet: bool = True) -> list:
+def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, device: str, quiet: bool = True,
+             token: Token = None) -> list:
     """Run the lm-eval tasks of ``task`` on ``model`` (a causal LM instance) with ``tokenizer``; one
-    :class:`~hubsoup.eval.TaskResult` per lm-eval task (a :class:`Runner` used once)."""
-    with Runner(task, tokenizer, limit=limit, batch_size=batch_size, device=device, quiet=quiet) as runner:
+    :class:`~hubsoup.eval.TaskResult` per lm-eval task (a :class:`Runner` used once; ``token``: the run's)."""
+    with Runner(task, tokenizer, limit=limit, batch_size=batch_size, device=device, quiet=quiet,
+                token=token) as runner:
         return runner.evaluate(model)
 
 

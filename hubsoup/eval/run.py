@@ -15,6 +15,7 @@ from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.eval.heads import head_labels, load_head, mean_pool
 from hubsoup.eval import lmeval
 from hubsoup.eval.tasks import TaskResult, TaskSpec
+from hubsoup.hubclient import Token
 from hubsoup.public import looks_local, public_file_ref
 
 EVAL_FILE = "eval_results.json"
@@ -95,8 +96,10 @@ def to_eval_results(results: Sequence[TaskResult]):
 class _Models:
     """Loads each kind of model once per evaluation."""
 
-    def __init__(self, model: Any, device: str, tokenizer: str | None, quiet: bool = False, tok: Any = None):
+    def __init__(self, model: Any, device: str, tokenizer: str | None, quiet: bool = False, tok: Any = None,
+                 token: Token = None):
         self.device, self.tokenizer_path, self.quiet = device, tokenizer, quiet
+        self._token = token  # the run's, for a model or tokenizer named by Hub repo ID
         self._cache: dict[str, Any] = {} if tok is None else {"tok": tok}
         self.instance = None if isinstance(model, (str, os.PathLike)) else model
         self.path = str(model) if self.instance is None else (tokenizer or "the model in memory")
@@ -114,7 +117,7 @@ class _Models:
             if self.quiet:  # no "Loading weights" bar in a quiet run
                 transformers.utils.logging.disable_progress_bar()
             try:
-                model = cls.from_pretrained(self.path)
+                model = cls.from_pretrained(self.path, token=self._token)
             except (OSError, ValueError) as e:
                 raise HubsoupError(f"cannot load {self.path} as {cls.__name__}: {e}") from e
             finally:
@@ -129,7 +132,7 @@ class _Models:
             from transformers import AutoTokenizer
 
             try:
-                tok = AutoTokenizer.from_pretrained(self.tokenizer_path or self.path)
+                tok = AutoTokenizer.from_pretrained(self.tokenizer_path or self.path, token=self._token)
             except (OSError, ValueError) as e:
                 raise HubsoupError(f"no tokenizer for {self.path}; pass one (tokenizer=...): {e}") from e
             if tok.pad_token is None:
@@ -153,9 +156,9 @@ def _label_ids(values: list, names: list[str] | None, task: TaskSpec) -> list[in
 class _TaskData:
     """A task's examples and their encoding by a tokenizer, loaded once (for every model an evaluator scores)."""
 
-    def __init__(self, task: TaskSpec):
+    def __init__(self, task: TaskSpec, token: Token):
         self.task = task
-        self.ds = task.load()
+        self.ds = task.load(token)
         if len(self.ds) == 0:
             raise ParameterError(f"task '{task.name}': no examples in {task.data}")
         self._encoded: tuple[Any, Any] | None = None
@@ -262,7 +265,7 @@ def _perplexity(models: _Models, task: TaskSpec, data: _TaskData, batch_size: in
 
 def evaluate_model(model: Any, tasks: Sequence[TaskSpec], *, batch_size: int = 32, limit: int | None = None,
                    device: str = "cpu", tokenizer: str | None = None, quiet: bool = False,
-                   before_task: Callable[[int, TaskSpec], None] | None = None) -> list[TaskResult]:
+                   before_task: Callable[[int, TaskSpec], None] | None = None, token: Token = None) -> list[TaskResult]:
     """Evaluate ``model`` (a folder or Hub repo ID, or a ``transformers`` model in memory) on each task.
 
     Args:
@@ -271,11 +274,13 @@ def evaluate_model(model: Any, tasks: Sequence[TaskSpec], *, batch_size: int = 3
         limit: use at most this many examples per task (overrides a task's own ``limit``).
         tokenizer: where to take the tokenizer from (default: the model's).
         before_task: called with (index, task) before each task (progress reports, cancellation).
+        token: the run's Hub token, for every Hub dataset, lm-eval task repo, model or tokenizer the evaluation
+            reads (None: huggingface_hub's own, ``HF_TOKEN`` or the login). Never shown.
 
     Many models on the same tasks: :class:`Evaluator` (what does not depend on the model is built once).
     """
     with Evaluator(tasks, batch_size=batch_size, limit=limit, device=device, tokenizer=tokenizer,
-                   quiet=quiet) as ev:
+                   quiet=quiet, token=token) as ev:
         return ev.evaluate(model, before_task=before_task)
 
 
@@ -290,9 +295,10 @@ class Evaluator:
     """
 
     def __init__(self, tasks: Sequence[TaskSpec], *, batch_size: int = 32, limit: int | None = None,
-                 device: str = "cpu", tokenizer: str | None = None, quiet: bool = False):
+                 device: str = "cpu", tokenizer: str | None = None, quiet: bool = False, token: Token = None):
         self.tasks = [TaskSpec(**{**t.__dict__, "limit": limit}) if limit is not None else t for t in tasks]
         self.batch_size, self.device, self.tokenizer, self.quiet = batch_size, device, tokenizer, quiet
+        self._token = token  # the run's (see evaluate_model); never shown
         self._tok: Any = None  # the tokenizer of `tokenizer`, once loaded
         self._data: dict[int, _TaskData] = {}
         self._runners: dict[int, Any] = {}
@@ -300,7 +306,7 @@ class Evaluator:
     def prepare(self, model: Any = None) -> None:
         """Build now what :meth:`evaluate` would build on its first call: the tokenizer, each task's data, its
         encoding and metric modules, lm-eval's tasks (and its wrapper of ``model``, a model instance)."""
-        models = _Models(model, self.device, self.tokenizer, self.quiet, self._tok)
+        models = _Models(model, self.device, self.tokenizer, self.quiet, self._tok, self._token)
         for i, task in enumerate(self.tasks):
             if task.kind == "lm-eval":
                 runner = self._runner(i, task, models)
@@ -310,7 +316,7 @@ class Evaluator:
                     runner.close()
                 continue
             if i not in self._data:
-                self._data[i] = _TaskData(task)
+                self._data[i] = _TaskData(task, self._token)
             data, tok = self._data[i], models.tokenizer()
             pairs = data.column(task.text_pair) if task.kind == "classification" and task.text_pair else None
             data.encoded(tok, data.column(task.text), pairs)
@@ -322,7 +328,7 @@ class Evaluator:
     def evaluate(self, model: Any, *, before_task: Callable[[int, TaskSpec], None] | None = None
                  ) -> list[TaskResult]:
         """Evaluate ``model`` (a folder or Hub repo ID, or a model instance) on every task (see :func:`evaluate_model`)."""
-        models = _Models(model, self.device, self.tokenizer, self.quiet, self._tok)
+        models = _Models(model, self.device, self.tokenizer, self.quiet, self._tok, self._token)
         results = []
         for i, task in enumerate(self.tasks):
             if before_task is not None:
@@ -336,7 +342,7 @@ class Evaluator:
                         runner.close()
                 continue
             if i not in self._data:
-                self._data[i] = _TaskData(task)
+                self._data[i] = _TaskData(task, self._token)
             run = _classify if task.kind == "classification" else _perplexity
             results.append(run(models, task, self._data[i], self.batch_size, self.quiet))
         if self.tokenizer is not None and "tok" in models._cache:  # the same tokenizer for the next model
@@ -346,10 +352,11 @@ class Evaluator:
     def _runner(self, i: int, task: TaskSpec, models: _Models):
         if self.tokenizer is None:  # each model its own tokenizer: nothing lm-eval builds can be kept
             return lmeval.Runner(task, models.tokenizer(), limit=task.limit, batch_size=self.batch_size,
-                                 device=self.device, quiet=self.quiet)
+                                 device=self.device, quiet=self.quiet, token=self._token)
         if i not in self._runners:
             self._runners[i] = lmeval.Runner(task, models.tokenizer(), limit=task.limit,
-                                             batch_size=self.batch_size, device=self.device, quiet=self.quiet)
+                                             batch_size=self.batch_size, device=self.device, quiet=self.quiet,
+                                             token=self._token)
         return self._runners[i]
 
     def close(self) -> None:

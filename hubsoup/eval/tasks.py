@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from hubsoup.errors import InputError, ParameterError
 from hubsoup.eval.heads import load_head
+from hubsoup.hubclient import Token
 from hubsoup.sources.access import hub_only, load_hub_dataset, require_hub_dataset, require_task_repo
 
 
@@ -23,8 +24,9 @@ class TaskKind:
 
     parse: Callable[[str, str], "TaskSpec"] | None = None
     """``parse(spec, rest)``: the spec from the text after ``KIND:`` (None: ``DATA[,key=value...]``)."""
-    check: Callable[["TaskSpec"], None] | None = None
-    """``check(task)``: read what the task needs now, so that a bad task fails before a merge (None: its data)."""
+    check: Callable[["TaskSpec", Token], None] | None = None
+    """``check(task, token)``: read what the task needs now (from the Hub with ``token``, the run's), so that a bad
+    task fails before a merge (None: its data)."""
 
 
 KINDS: dict[str, TaskKind] = {"classification": TaskKind(), "perplexity": TaskKind()}
@@ -116,21 +118,22 @@ class TaskSpec:
             kw[k] = v
         return cls(kind=kind.strip(), data=parts[0], **kw)
 
-    def check(self) -> None:
+    def check(self, token: Token = None) -> None:
         """Read the data (and the head) now, so that a missing file or column fails before a merge, not after.
+        ``token``: the run's, for data on the Hub (None: huggingface_hub's own, ``HF_TOKEN`` or the login).
 
         Raises :class:`~hubsoup.errors.ParameterError` naming the task: data that cannot be
         loaded, a missing column, no examples, an unreadable ``head``.
         """
         own = KINDS[self.kind]
         if own.check is not None:
-            return own.check(self)
+            return own.check(self, token)
         import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only an evaluation's data needs it
 
         shown = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()  # a check, not the evaluation: no "Generating train split" bars
         try:
-            ds = self.load()
+            ds = self.load(token)
         finally:
             if shown:
                 datasets.enable_progress_bars()
@@ -141,8 +144,8 @@ class TaskSpec:
                 raise ParameterError(f"task '{self.name}': classifier head {self.head} not found")
             load_head(self.head)
 
-    def load(self):
-        """The task's examples as a ``datasets.Dataset``."""
+    def load(self, token: Token = None):
+        """The task's examples as a ``datasets.Dataset`` (a Hub dataset asked with ``token``, the run's)."""
         import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only an evaluation's data needs it
 
         try:
@@ -157,9 +160,9 @@ class TaskSpec:
             elif self.data.startswith((".", "/", "~")) or os.path.splitext(self.data)[1].lower() in _LOCAL_FORMATS:
                 raise ParameterError(f"task '{self.name}': data file {self.data} not found")
             elif hub_only():  # the Hub with this run's token and cache, never a folder of the host
-                ds = load_hub_dataset(self.data, "evaluation data", config=self.config, split=self.split)
+                ds = load_hub_dataset(self.data, "evaluation data", token=token, config=self.config, split=self.split)
             else:
-                ds = datasets.load_dataset(self.data, self.config, split=self.split)
+                ds = datasets.load_dataset(self.data, self.config, split=self.split, token=token)
         except (ParameterError, InputError):  # ours (a hub_only refusal): already one clear line
             raise
         except Exception as e:  # noqa: BLE001 - one clear line for the user

@@ -344,7 +344,7 @@ def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
     max_len = min(params.max_length, _max_positions(model.config))
     batches = {}
     for i, task, spec in tasks:  # load and tokenize every task first: bad exemplars fail before any forward
-        ds = load_exemplar_rows(spec, task, params.n_exemplars, params.seed)
+        ds = load_exemplar_rows(spec, task, params.n_exemplars, params.seed, token=ctx.token)
         batches[i] = make_batches(ds, task, spec, tokenizer=tokenizer, vocab_size=vocab, max_length=max_len,
                                   batch_size=params.batch_size, text_column=params.text_column)
     n = len(ctx.inputs)

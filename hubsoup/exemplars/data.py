@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from hubsoup.errors import ExemplarError, InputError, MethodError
+from hubsoup.hubclient import Token
 from hubsoup.sources.access import hub_only, load_hub_dataset, require_hub_dataset
 
 if TYPE_CHECKING:  # the method kit's types only: methods (LOT) import exemplars, not the reverse
@@ -44,8 +45,9 @@ def parse_exemplar_specs(specs: Sequence[str] | dict | None) -> dict[str, str]:
     return out
 
 
-def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0):
-    """Up to ``n`` rows (a ``datasets.Dataset``) from a local file/folder or a Hub dataset ID.
+def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0, *, token: Token):
+    """Up to ``n`` rows (a ``datasets.Dataset``) from a local file/folder or a Hub dataset ID (asked with ``token``,
+    the run's: :attr:`hubsoup.methods.PrepareContext.token`; no default, so a caller cannot forget it).
 
     ``org/name`` or ``org/name:split`` (default split ``train``); files by extension
     (json/jsonl/csv/tsv/parquet/txt/arrow); a folder saved with ``save_to_disk`` or of such
@@ -72,9 +74,9 @@ def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0):
         else:
             name, _, split = spec.partition(":")
             if hub_only():  # the Hub with this run's token and cache, never a folder of the host
-                ds = load_hub_dataset(name, f"exemplars for task '{task}'", split=split or "train")
+                ds = load_hub_dataset(name, f"exemplars for task '{task}'", token=token, split=split or "train")
             else:
-                ds = datasets.load_dataset(name, split=split or "train")
+                ds = datasets.load_dataset(name, split=split or "train", token=token)
     except InputError:  # ours (an ExemplarError, a hub_only refusal): already one clear line
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds; one clear line
