@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from huggingface_hub import EvalResult
@@ -24,7 +24,7 @@ _TASK_TYPES = {"classification": "text-classification", "perplexity": "text-gene
 
 
 @functools.lru_cache(maxsize=None)
-def load_metric(name: str):
+def load_metric(name: str) -> Any:
     """One of hubsoup's shipped metric modules (accuracy, macro_f1, perplexity), via ``evaluate.load`` (once per
     process: a module's ``compute`` holds no state between calls)."""
     import evaluate  # lazy: evaluate (with datasets) costs ~9 s to import here (torch ~6 s); only a metric needs it
@@ -71,7 +71,7 @@ def local_dataset_type(name: str | None) -> str:
     return name if name and not looks_local(name) else "custom"
 
 
-def to_eval_results(results: Sequence[TaskResult]):
+def to_eval_results(results: Sequence[TaskResult]) -> list[EvalResult]:
     """``huggingface_hub.EvalResult`` entries for a card's model-index.
 
     The metric ``type`` is exact (``macro_f1``, not ``f1``); a score computed through a frozen
@@ -104,7 +104,7 @@ class _Models:
         self.instance = None if isinstance(model, (str, os.PathLike)) else model
         self.path = str(model) if self.instance is None else (tokenizer or "the model in memory")
 
-    def get(self, kind: str):
+    def get(self, kind: str) -> Any:
         if self.instance is not None:  # a model held in memory (a search's candidate): used as given
             return self.instance.to(self.device).eval()
         if kind not in self._cache:
@@ -115,18 +115,18 @@ class _Models:
                    "causal": transformers.AutoModelForCausalLM}[kind]
             bar = transformers.utils.logging.is_progress_bar_enabled()
             if self.quiet:  # no "Loading weights" bar in a quiet run
-                transformers.utils.logging.disable_progress_bar()
+                transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers
             try:
                 model = cls.from_pretrained(self.path, token=self._token)
             except (OSError, ValueError) as e:
                 raise HubsoupError(f"cannot load {self.path} as {cls.__name__}: {e}") from e
             finally:
                 if self.quiet and bar:
-                    transformers.utils.logging.enable_progress_bar()
+                    transformers.utils.logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # as above
             self._cache[kind] = model.to(self.device).eval()
         return self._cache[kind]
 
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         if "tok" not in self._cache:
             # lazy: transformers costs ~4 s to import here (torch ~6 s); only an evaluation needs it
             from transformers import AutoTokenizer
@@ -141,7 +141,7 @@ class _Models:
         return self._cache["tok"]
 
 
-def _label_ids(values: list, names: list[str] | None, task: TaskSpec) -> list[int]:
+def _label_ids(values: list[Any], names: list[str] | None, task: TaskSpec) -> list[int]:
     if all(isinstance(v, (int,)) or (isinstance(v, float) and float(v).is_integer()) for v in values):
         return [int(v) for v in values]
     if names is None:
@@ -163,17 +163,17 @@ class _TaskData:
             raise ParameterError(f"task '{task.name}': no examples in {task.data}")
         self._encoded: tuple[Any, Any] | None = None
 
-    def column(self, name: str) -> list:
+    def column(self, name: str) -> list[Any]:
         return list(self.ds[name])
 
-    def encoded(self, tok, texts: list, pairs: list | None):
+    def encoded(self, tok: Any, texts: list[str], pairs: list[str] | None) -> Any:
         if self._encoded is None or self._encoded[0] is not tok:
             self._encoded = (tok, tok(texts, pairs, truncation=True, max_length=self.task.max_length))
         return self._encoded[1]
 
 
-def _batches(tok, task: TaskSpec, texts: list, pairs: list | None, batch_size: int, quiet: bool,
-             data: _TaskData | None = None):
+def _batches(tok: Any, task: TaskSpec, texts: list[str], pairs: list[str] | None, batch_size: int, quiet: bool,
+             data: _TaskData | None = None) -> Iterator[tuple[list[int], Any]]:
     """(indices, encoding) per batch, the examples taken shortest first.
 
     Batches of similar lengths pad little (a third less compute on the quality benchmark's
@@ -224,9 +224,10 @@ def _classify(models: _Models, task: TaskSpec, data: _TaskData, batch_size: int,
     return TaskResult(task, {"accuracy": acc["accuracy"], "macro_f1": f1["macro_f1"]}, len(refs), details)
 
 
-def pooled_logits(model, enc, weight, bias, pooling: str = "mean") -> torch.Tensor:
+def pooled_logits(model: Any, enc: Any, weight: torch.Tensor, bias: torch.Tensor,
+                  pooling: str = "mean") -> torch.Tensor:
     """Logits of a frozen linear head on the encoder's pooled output."""
-    hidden = model(**enc).last_hidden_state
+    hidden: torch.Tensor = model(**enc).last_hidden_state
     if pooling == "cls":
         pooled = hidden[:, 0]
     else:
@@ -301,7 +302,7 @@ class Evaluator:
         self._token = token  # the run's (see evaluate_model); never shown
         self._tok: Any = None  # the tokenizer of `tokenizer`, once loaded
         self._data: dict[int, _TaskData] = {}
-        self._runners: dict[int, Any] = {}
+        self._runners: dict[int, lmeval.Runner] = {}
 
     def prepare(self, model: Any = None) -> None:
         """Build now what :meth:`evaluate` would build on its first call: the tokenizer, each task's data, its
@@ -349,7 +350,7 @@ class Evaluator:
             self._tok = models._cache["tok"]
         return results
 
-    def _runner(self, i: int, task: TaskSpec, models: _Models):
+    def _runner(self, i: int, task: TaskSpec, models: _Models) -> lmeval.Runner:
         if self.tokenizer is None:  # each model its own tokenizer: nothing lm-eval builds can be kept
             return lmeval.Runner(task, models.tokenizer(), limit=task.limit, batch_size=self.batch_size,
                                  device=self.device, quiet=self.quiet, token=self._token)

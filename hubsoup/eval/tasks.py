@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from hubsoup.errors import InputError, ParameterError
 from hubsoup.eval.heads import load_head
 from hubsoup.hubclient import Token
 from hubsoup.sources.access import hub_only, load_hub_dataset, require_hub_dataset, require_task_repo
+
+if TYPE_CHECKING:  # for types only: datasets costs ~7 s to import (loaded lazily where data is read)
+    import datasets
 
 
 @dataclass(frozen=True)
@@ -64,9 +67,9 @@ class TaskSpec:
     pooling: str = "mean"
     max_length: int = 256
     limit: int | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ParameterError(f"task kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.pooling not in ("mean", "cls"):
@@ -101,7 +104,8 @@ class TaskSpec:
         if not parts:
             raise ParameterError(f"task spec {spec!r}: no data given")
         known = {f.name for f in fields(cls)} - {"kind", "data", "extra"}
-        kw: dict = {}
+        kw: dict[str, Any] = {}
+        v: str | int
         for part in parts[1:]:
             if "=" not in part:
                 raise ParameterError(f"task spec {spec!r}: expected key=value, got {part!r}")
@@ -144,7 +148,7 @@ class TaskSpec:
                 raise ParameterError(f"task '{self.name}': classifier head {self.head} not found")
             load_head(self.head)
 
-    def load(self, token: Token = None):
+    def load(self, token: Token = None) -> datasets.Dataset:
         """The task's examples as a ``datasets.Dataset`` (a Hub dataset asked with ``token``, the run's)."""
         import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only an evaluation's data needs it
 
