@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -14,6 +14,8 @@ from hubsoup.hubclient import Token
 from hubsoup.sources.access import hub_only, load_hub_dataset, require_hub_dataset
 
 if TYPE_CHECKING:  # the method kit's types only: methods (LOT) import exemplars, not the reverse
+    import datasets  # and datasets' (~7 s to import: loaded lazily where exemplars are read)
+
     from hubsoup.methods import InputInfo
 
 log = logging.getLogger(__name__)
@@ -25,7 +27,7 @@ _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv", ".
              ".txt": "text", ".arrow": "arrow"}
 
 
-def parse_exemplar_specs(specs: Sequence[str] | dict | None) -> dict[str, str]:
+def parse_exemplar_specs(specs: Sequence[str] | dict[Any, Any] | None) -> dict[str, str]:
     """``["task=path", ...]`` (or a dict) → ``{task: path}``."""
     if not specs:
         return {}
@@ -45,7 +47,7 @@ def parse_exemplar_specs(specs: Sequence[str] | dict | None) -> dict[str, str]:
     return out
 
 
-def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0, *, token: Token):
+def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0, *, token: Token) -> datasets.Dataset:
     """Up to ``n`` rows (a ``datasets.Dataset``) from a local file/folder or a Hub dataset ID (asked with ``token``,
     the run's: :attr:`hubsoup.methods.PrepareContext.token`; no default, so a caller cannot forget it).
 
@@ -93,14 +95,14 @@ def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0, *, token: To
     return ds
 
 
-def _text_column(ds, where: str, text_column: str | None) -> str:
+def _text_column(ds: datasets.Dataset, where: str, text_column: str | None) -> str:
     if text_column:
         if text_column not in ds.column_names:
             raise ExemplarError(f"{where}: no column {text_column!r} (columns: {', '.join(ds.column_names)})")
         return text_column
     if "text" in ds.column_names:
         return "text"
-    strings = [c for c, f in ds.features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
+    strings: list[str] = [c for c, f in ds.features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
     if len(strings) == 1:
         return strings[0]
     raise ExemplarError(
@@ -115,8 +117,8 @@ class Batch:
     """(B, S) bool: real (not padding) positions, for ops whose rows are token positions."""
 
 
-def make_batches(ds, task: str, spec: str, *, tokenizer, vocab_size: int | None, max_length: int,
-                 batch_size: int, text_column: str | None = None) -> list[Batch]:
+def make_batches(ds: datasets.Dataset, task: str, spec: str, *, tokenizer: Any, vocab_size: int | None,
+                 max_length: int, batch_size: int, text_column: str | None = None) -> list[Batch]:
     """Tokenised, right-padded batches (or ``pixel_values`` batches) of one task's exemplars."""
     where = f"exemplars for task '{task}' ({spec})"
     if "pixel_values" in ds.column_names:
