@@ -357,7 +357,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     if out is not None:
         check_output(out, opts.overwrite)
     for task in tasks:  # the eval data (file, columns, head) now: a typo must not cost a whole merge
-        task.check()
+        task.check(opts.token)
 
     # the lock on `out` (a second run fails at once, naming this one) and the temporary folder, before any work;
     # a push without a local copy works in a temporary folder of its own (locked per repo), removed at the end
@@ -515,7 +515,7 @@ def _evaluate(folder: str, tasks: list[Any], limit: int | None, opts: MergeOptio
         monitor.check()
 
     results: list[Any] = evaluate_model(folder, tasks, limit=limit, device=opts.device, quiet=opts.quiet,
-                                        before_task=before_task)
+                                        before_task=before_task, token=opts.token)
     monitor.step(f"evaluated {len(tasks)} task(s)")
     write_results(results, os.path.join(folder, EVAL_FILE))
     return results

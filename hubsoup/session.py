@@ -171,6 +171,7 @@ class Session:
         kw.setdefault("device_map", self.opts.device_map)
         kw.setdefault("max_memory", self.opts.max_memory)
         kw.setdefault("monitor", self.monitor)
+        kw.setdefault("token", self.opts.token)  # the run's, for a method's data on the Hub (LOT's exemplars)
         return Job(self.plan, self.base, self.sources, self.method, self.params,
                    self.recipe.hash if self.recipe is not None else "",
                    donors=self.layout.donors if self.layout is not None else (), resolved=self.resolved, **kw)

@@ -380,8 +380,8 @@ def test_hub_only_eval_data_follows_the_runs_token_not_the_datasets_cache(seeded
     from hubsoup.sources.access import scope
 
     mine = tmp_path / "alice-cache"
-    with scope(hub_only=True, token=hub.token("alice"), cache_dir=str(mine)):
-        assert TaskSpec.parse(spec).load()["text"][0] == "alice private text"
+    with scope(hub_only=True, cache_dir=str(mine)):
+        assert TaskSpec.parse(spec).load(hub.token("alice"))["text"][0] == "alice private text"
     assert os.path.isdir(mine / "datasets")
 
 

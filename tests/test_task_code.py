@@ -200,7 +200,8 @@ def test_a_fetched_task_repo_of_data_and_prompts_passes(tmp_path):
 def test_a_hub_only_evaluation_renders_prompts_in_the_sandbox_and_reads_data_from_the_hub_only(monkeypatch):
     """lm-eval renders a task's Jinja prompts with a plain environment (a template reaches Python's classes); once a
     hub_only evaluation ran, the process renders them in jinja2's sandbox, and a hub_only task's dataset is asked
-    of the Hub (hf://datasets/...) with the run's token: never a packaged builder over local files."""
+    of the Hub (hf://datasets/...) with the token its Runner lends: never a packaged builder over local files, never
+    the host's login (a load no Runner lent a token to is refused)."""
     import jinja2.exceptions
     import lm_eval.api.task
     import lm_eval.utils
@@ -215,11 +216,14 @@ def test_a_hub_only_evaluation_renders_prompts_in_the_sandbox_and_reads_data_fro
     asked = []
     monkeypatch.setattr(lm_eval.api.task.datasets._module, "load_dataset",
                         lambda path, name=None, **kw: asked.append((path, kw.get("token"))) or "ds")
-    with scope(hub_only=True, token="hf_runs_own"):
-        assert lm_eval.api.task.datasets.load_dataset(path="org/data", name=None) == "ds"
-        for bad in ({"path": "json", "data_files": "/etc/passwd"}, {"path": "./data"}, {"path": "csv"}):
-            with pytest.raises(InputError):
-                lm_eval.api.task.datasets.load_dataset(**bad)
+    with scope(hub_only=True):
+        with lm_eval.api.task.datasets.lend("hf_runs_own"):
+            assert lm_eval.api.task.datasets.load_dataset(path="org/data", name=None) == "ds"
+            for bad in ({"path": "json", "data_files": "/etc/passwd"}, {"path": "./data"}, {"path": "csv"}):
+                with pytest.raises(InputError):
+                    lm_eval.api.task.datasets.load_dataset(**bad)
+        with pytest.raises(InputError, match="host's login"):  # no token lent: refused, not the ambient login
+            lm_eval.api.task.datasets.load_dataset(path="org/data", name=None)
     assert asked == [("hf://datasets/org/data", "hf_runs_own")]
     lm_eval.api.task.datasets.load_dataset(path="json", data_files="x.json")  # other runs: lm-eval's own
     assert asked[-1] == ("json", None)

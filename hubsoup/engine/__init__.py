@@ -40,6 +40,7 @@ from hubsoup.engine import shared as shared_statistics
 from hubsoup.engine.lowrank import (Copy, Dense, LowRank, Outcome, Unchanged, Weights, decide, piece_size,
                                     reads_base, tensor_position)
 from hubsoup.errors import NonFiniteTensorError
+from hubsoup.hubclient import Token
 from hubsoup.methods import InputInfo, Method, PrepareContext, TensorContext
 from hubsoup.plan import Block, Plan, TensorEntry
 from hubsoup.progress import Monitor, shared_segment
@@ -93,6 +94,8 @@ class Job:
     resolved: Mapping[str, Any] | None = None
     """Every mergeable tensor's parameters, resolved once by the session (:func:`hubsoup.engine.lowrank.resolve_all`);
     None: each is resolved when the merge reaches it. Never changes a result."""
+    token: Token = field(default=None, repr=False)
+    """The run's Hub token, handed to :meth:`Method.prepare` (:attr:`PrepareContext.token`). Never shown."""
 
     @functools.cached_property
     def adapters(self) -> bool:
@@ -545,7 +548,7 @@ def prepare_context(job: Job) -> PrepareContext:
               for s in job.inputs]
     device = job.plan.blocks[0].device if job.plan.blocks else "cpu"
     return PrepareContext(job.base.folder, job.base.label, inputs, device, names, load_expert, job.quiet,
-                          device_map=job.device_map, max_memory=job.max_memory, scratch=job.scratch)
+                          device_map=job.device_map, max_memory=job.max_memory, scratch=job.scratch, token=job.token)
 
 
 def _reads_base(job: Job, sink: Sink) -> Callable[[TensorWork], bool] | None:
@@ -588,7 +591,8 @@ def run(job: Job, sink: Sink) -> dict[str, Any]:
         # one lane per worker: the devices' workers already keep the cores busy
         sub = Job(Plan(blocks), job.base, job.inputs, job.method, job.params, job.recipe_hash, quiet=True,
                   stats=job.stats, monitor=shared_segment(job.monitor), donors=job.donors, prefetch=job.prefetch,
-                  lanes=1, skip_output=job.skip_output, read_ahead=job.read_ahead, resolved=job.resolved)
+                  lanes=1, skip_output=job.skip_output, read_ahead=job.read_ahead, resolved=job.resolved,
+                  token=job.token)
         try:
             for work in stream(sub, skip=sub.skip_output, reads_base=reads_base):
                 if failed.is_set():  # another worker failed: stop at the next tensor

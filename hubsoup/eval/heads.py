@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from safetensors import safe_open
@@ -33,7 +33,7 @@ def save_head(path: str, weight: torch.Tensor, bias: torch.Tensor, labels: Seque
               metadata={"pooling": "mean", "labels": json.dumps(list(labels)), **{k: str(v) for k, v in meta.items()}})
 
 
-def load_head(path: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def load_head(path: str) -> tuple[torch.Tensor, torch.Tensor, dict[str, str]]:
     """A frozen classifier head: ``weight`` [C, H], ``bias`` [C] and metadata (labels, pooling)."""
     try:
         with safe_open(path, "pt") as f:
@@ -43,7 +43,7 @@ def load_head(path: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
         raise ParameterError(f"cannot read classifier head {path}: {e}") from e
 
 
-def head_labels(meta: dict) -> list[str] | None:
+def head_labels(meta: Mapping[str, str]) -> list[str] | None:
     """The class names stored in a head's metadata (from :func:`load_head`), or None when it has none."""
     return json.loads(meta["labels"]) if "labels" in meta else None
 

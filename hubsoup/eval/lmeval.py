@@ -9,6 +9,7 @@ lm-eval's. Keys (``pip install 'hubsoup[lmeval]'``):
   ``dataset_kwargs.data_files`` paths are read as lm-eval reads them (relative to the working folder).
   In a ``hub_only`` run (a server) it is a Hub repo instead — ``org/name`` (a dataset),
   ``hf://datasets/org/name`` or ``hf://spaces/org/name``, ``@revision`` allowed — fetched with the run's token
+  (the ``token`` argument of :class:`Runner` / :meth:`TaskSpec.check`)
   into a fresh folder (inside its ``cache_dir``, or a temporary one) removed after the evaluation; never a
   folder of the host. Its Python (``!function`` tags, ``.py`` files) is refused unless the operator sets
   ``allow_task_code``; YAML tags other than those, an ``include:`` leaving the folder and data files that are
@@ -46,7 +47,7 @@ import re
 import subprocess
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import numpy as np
 import yaml
@@ -54,6 +55,7 @@ import yaml
 from hubsoup.errors import InputError, ParameterError
 from hubsoup.public import public_value
 from hubsoup.eval.tasks import TaskKind, TaskResult, TaskSpec, add_kind
+from hubsoup.hubclient import Token
 from hubsoup.sources.access import current, hub_only, is_hub_dataset, refusal, require_task_repo
 from hubsoup.sources.resolve import fetched_repo
 from hubsoup.untrusted import MAX_YAML_BYTES, label, load_yaml, short
@@ -62,7 +64,7 @@ KIND = "lm-eval"
 _INT_KEYS = ("num_fewshot", "limit", "batch_size")
 _KEYS = ("task_dir", "num_fewshot", "limit", "batch_size", "metric", "apply_chat_template", "model_args",
          "gen_kwargs", "name")
-_MANAGERS: dict[tuple, Any] = {}
+_MANAGERS: dict[tuple[str | None, bool], Any] = {}
 _MANAGERS_LOCK = threading.Lock()
 
 
@@ -91,9 +93,10 @@ def _pairs(spec: str, key: str, text: Any) -> dict[str, Any]:
     return out
 
 
-def parse(spec: str, rest: str):
+def parse(spec: str, rest: str) -> TaskSpec:
     """The :class:`~hubsoup.eval.TaskSpec` of ``lm-eval:REST`` (see the module doc)."""
-    tasks, kw = [], {}
+    tasks: list[str] = []
+    kw: dict[str, Any] = {}
     for part in (p.strip() for p in rest.split(",")):
         if not part:
             continue
@@ -111,7 +114,7 @@ def parse(spec: str, rest: str):
     return from_options(spec, tasks, kw)
 
 
-def from_options(spec: str, tasks: list[str], kw: dict[str, Any]):
+def from_options(spec: str, tasks: list[str], kw: dict[str, Any]) -> TaskSpec:
     extra: dict[str, Any] = {}
     limit = None
     for k, v in kw.items():
@@ -157,11 +160,11 @@ def from_options(spec: str, tasks: list[str], kw: dict[str, Any]):
                     extra=extra)
 
 
-def task_names(task) -> list[str]:
+def task_names(task: TaskSpec) -> list[str]:
     return [t for t in task.data.split(",") if t]
 
 
-def _import():
+def _import() -> None:
     try:
         # lazy: optional extra (lm_eval)
         import lm_eval  # noqa: F401
@@ -171,9 +174,9 @@ def _import():
         raise ParameterError("lm-eval tasks need lm-evaluation-harness: pip install 'hubsoup[lmeval]'") from None
 
 
-def _local_task_dir(task) -> str | None:
+def _local_task_dir(task: TaskSpec) -> str | None:
     """The task's local ``task_dir``, absolute; a named folder that is not one is an error (never in hub_only)."""
-    task_dir = task.extra.get("task_dir")
+    task_dir: str | None = task.extra.get("task_dir")
     if not task_dir:
         return None
     task_dir = os.path.expanduser(task_dir)
@@ -272,11 +275,11 @@ def check_task_folder(folder: str, who: str, *, allow_code: bool) -> None:
 
 
 @contextmanager
-def task_folder(task) -> Iterator[str | None]:
+def task_folder(task: TaskSpec, token: Token) -> Iterator[str | None]:
     """The folder of the task's ``task_dir`` for the time of the block (None: no ``task_dir``).
 
     Outside ``hub_only``: the local folder. In a ``hub_only`` run: the Hub repo it names (by its text alone;
-    anything else is refused without looking at the disk), fetched into a fresh folder with the run's token
+    anything else is refused without looking at the disk), fetched into a fresh folder with ``token`` (the run's)
     and checked by :func:`check_task_folder`; the folder is removed when the block ends.
     """
     if not task.extra.get("task_dir"):
@@ -287,12 +290,12 @@ def task_folder(task) -> Iterator[str | None]:
         return
     who = f"task {short(task.name)} task_dir {short(task.extra['task_dir'])}"
     kind, repo_id, revision = require_task_repo(task.extra["task_dir"], f"task {short(task.name)} task_dir")
-    with fetched_repo(kind, repo_id, revision, who) as folder:
+    with fetched_repo(kind, repo_id, revision, who, token=token) as folder:
         check_task_folder(folder, who, allow_code=current().allow_task_code)
         yield folder
 
 
-def _manager(task_dir: str | None, defaults: bool, keep: bool = True):
+def _manager(task_dir: str | None, defaults: bool, keep: bool = True) -> Any:
     """lm-eval's ``TaskManager`` of ``task_dir``'s tasks, with its built-in ones or not (one per process and local
     folder; a fetched task repo's, ``keep=False``, is made for its run only: its folder goes with it)."""
     from lm_eval.tasks import TaskManager  # lazy: optional extra (lm_eval)
@@ -306,7 +309,7 @@ def _manager(task_dir: str | None, defaults: bool, keep: bool = True):
         return _MANAGERS[key]
 
 
-def task_manager(task, folder: str | None = None):
+def task_manager(task: TaskSpec, folder: str | None = None) -> Any:
     """lm-eval's ``TaskManager`` for the task's ``task_dir`` (``folder``: where :func:`task_folder` put it; one per
     process and local folder). Custom tasks alone when they are all in ``task_dir`` (indexing lm-eval's ~15k
     built-in tasks takes most of a minute)."""
@@ -345,10 +348,11 @@ def _unwritten_builtins(names: list[str]) -> list[str]:
     return [n for n in names if n.encode() not in words and n.encode() not in text]
 
 
-def check(task) -> None:
-    """lm-eval is installed, the task folder exists and every task name is known to lm-eval."""
+def check(task: TaskSpec, token: Token) -> None:
+    """lm-eval is installed, the task folder exists and every task name is known to lm-eval (a ``hub_only`` run's
+    task repo fetched with ``token``)."""
     _import()
-    with task_folder(task) as task_dir:
+    with task_folder(task, token) as task_dir:
         names, keep = task_names(task), not hub_only()
         # a task_dir's own index is quick; it may include files from anywhere, the built-in ones only each other
         rest = [n for n in names if n not in _manager(task_dir, False, keep).all_tasks] if task_dir else names
@@ -369,8 +373,9 @@ _GUARD_LOCK = threading.Lock()
 
 def _guard_lm_eval() -> None:
     """What a ``hub_only`` run needs of lm-eval (installed once per process, a no-op for every other run): a task's
-    dataset is the Hub dataset of that name, asked with the run's token (never a folder of the working directory,
-    a packaged builder over local files, or remote code), and its Jinja prompts render in jinja2's sandbox."""
+    dataset is the Hub dataset of that name, asked with the token its :class:`Runner` lends (never a folder of the
+    working directory, a packaged builder over local files, or remote code), and its Jinja prompts render in
+    jinja2's sandbox."""
     import jinja2.sandbox  # lazy: only lm-eval's evaluation renders prompts
     import lm_eval.api.task  # lazy: optional extra (lm_eval)
     import lm_eval.utils  # lazy: optional extra (lm_eval)
@@ -388,12 +393,32 @@ def _guard_lm_eval() -> None:
 
 class _GuardedDatasets:
     """lm-eval's ``datasets`` module as its tasks see it: ``load_dataset`` held to the run's rules in a ``hub_only``
-    run, everything else (and every other run) the module's own."""
+    run, everything else (and every other run) the module's own.
+
+    lm-eval's tasks load their data from lm-eval's code, which no argument of hubsoup's reaches: the
+    :class:`Runner`, given the run's token as an argument, lends it (:meth:`lend`) to the loads its own calls into
+    lm-eval make on its thread, and only for those calls. A ``hub_only`` load with no token lent is refused: it
+    never falls back to the host's login (``HF_TOKEN``, the stored token: on a Space, the server's)."""
 
     _hubsoup_guard = True
 
     def __init__(self, module: Any):
         self._module = module
+        self._lent: dict[int, Token] = {}  # thread id → the token a Runner's call lent; read by that thread only
+
+    @contextmanager
+    def lend(self, token: Token) -> Iterator[None]:
+        """``token`` for the loads this thread makes inside the block (lm-eval building or running a Runner's tasks)."""
+        me = threading.get_ident()
+        nested, before = me in self._lent, self._lent.get(me)
+        self._lent[me] = token
+        try:
+            yield
+        finally:
+            if nested:
+                self._lent[me] = before
+            else:
+                del self._lent[me]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._module, name)
@@ -409,6 +434,10 @@ class _GuardedDatasets:
                 raise refusal(f"{role} {short(path)}", kwargs[key], "files on the Hub (hf://datasets/...)")
         for key in ("cache_dir", "token"):  # the run's own, never the task's
             kwargs.pop(key, None)
+        lent = self._lent.get(threading.get_ident(), _NOT_LENT)
+        if lent is _NOT_LENT:  # a load outside a Runner's call: no token of the run's reached it
+            raise InputError(f"{role} {short(path)}: loaded outside an evaluation that was given the run's token; "
+                             "it is not asked of the Hub with the host's login")
         acc = current()
         own = os.path.join(acc.cache_dir, "datasets") if acc.cache_dir else None
         import tempfile  # lazy: only a hub_only evaluation without a cache of its own
@@ -424,11 +453,22 @@ class _GuardedDatasets:
                 repo_id, _, revision = str(path).partition("@")
                 where = f"hf://datasets/{repo_id}"  # the Hub only: datasets skips its look for a local folder
                 kwargs.setdefault("revision", revision or None)
-            return self._module.load_dataset(where, name, cache_dir=cache, token=acc.token,
+            return self._module.load_dataset(where, name, cache_dir=cache, token=lent,
                                              keep_in_memory=own is None, **kwargs)
         finally:
             if own is None:
                 shutil.rmtree(cache, ignore_errors=True)
+
+
+_NOT_LENT: Any = object()
+
+
+def _lending(token: Token) -> contextlib.AbstractContextManager[None]:
+    """The run's ``token`` lent to lm-eval's data loads in the block (a ``hub_only`` run's guard), or nothing."""
+    import lm_eval.api.task  # lazy: optional extra (lm_eval)
+
+    guard = lm_eval.api.task.datasets
+    return guard.lend(token) if isinstance(guard, _GuardedDatasets) else contextlib.nullcontext()
 
 
 def _plain(value: Any, folder: str | None = None, repo: str | None = None) -> Any:
@@ -452,7 +492,7 @@ def _metric_name(key: str) -> str:
     return metric if filt in ("", "none") else key
 
 
-def _git_hash_quietly():
+def _git_hash_quietly() -> str | None:
     """lm-eval's ``get_git_commit_hash`` (it records the working folder's commit in its output, which hubsoup does
     not keep) with git's stderr captured: outside a repository git says "fatal: not a git repository" once per
     evaluation, which reads as an error. The same answer otherwise (lm-eval's fallback included)."""
@@ -461,7 +501,7 @@ def _git_hash_quietly():
     try:
         return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
     except (subprocess.CalledProcessError, FileNotFoundError):
-        return get_commit_from_path(os.getcwd())
+        return get_commit_from_path(os.getcwd())  # type: ignore[no-any-return]  # lm-eval ships no type information
 
 
 def _quiet_git() -> None:
@@ -473,7 +513,7 @@ def _quiet_git() -> None:
 
 
 @contextlib.contextmanager
-def _quiet_libraries(quiet: bool):
+def _quiet_libraries(quiet: bool) -> Iterator[None]:
     """With ``quiet``: no progress bars or warnings from lm-eval, datasets and transformers while lm-eval runs
     (each turned back as it was); ``-v`` (``quiet=False``) shows them."""
     if not quiet:
@@ -486,8 +526,9 @@ def _quiet_libraries(quiet: bool):
     import transformers  # lazy: lm-eval imports it anyway; only an lm-eval task gets here
     from tqdm import tqdm  # lazy: as above
 
-    class _Hidden(tqdm):  # lm-eval's own bars (tokenizing, requests, building contexts) are plain tqdm
-        def __init__(self, *args: Any, **kwargs: Any):
+    # lm-eval's own bars (tokenizing, requests, building contexts) are plain tqdm
+    class _Hidden(tqdm):  # type: ignore[misc]  # tqdm ships no type information: tqdm is Any
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
             super().__init__(*args, **kwargs)
 
@@ -498,8 +539,8 @@ def _quiet_libraries(quiet: bool):
     bars = datasets.is_progress_bar_enabled(), transformers.utils.logging.is_progress_bar_enabled()
     tf_level = transformers.utils.logging.get_verbosity()
     datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
+    transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # as above
     for m in barred:
         m.tqdm = _Hidden
     for lg in loggers:
@@ -513,7 +554,7 @@ def _quiet_libraries(quiet: bool):
             m.tqdm = tqdm
         transformers.utils.logging.set_verbosity(tf_level)
         if bars[1]:
-            transformers.utils.logging.enable_progress_bar()
+            transformers.utils.logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # as above
         if bars[0]:
             datasets.enable_progress_bars()
 
@@ -521,7 +562,7 @@ def _quiet_libraries(quiet: bool):
 def public_config(config: dict[str, Any]) -> dict[str, Any]:
     """An lm-eval task config as it is kept and published: every local file or folder it names (a custom task's
     ``dataset_kwargs.data_files``, ``config_source``, a local ``dataset_path``) by name and content hash."""
-    return public_value(config)
+    return cast(dict[str, Any], public_value(config))  # a dict stays a dict (public_value maps values only)
 
 
 class Runner:
@@ -534,7 +575,8 @@ class Runner:
     ``TaskManager.load`` (before 0.4.10) gets ``simple_evaluate`` each time.
 
     In a ``hub_only`` run the task repo is fetched into a fresh folder and checked (:func:`task_folder`), lm-eval's
-    data loading guarded, and the folder kept until :meth:`close` (a ``with`` block closes it); lm-eval and its
+    data loading guarded (with ``token``, the run's, lent to it for the runner's own calls into lm-eval), and the
+    folder kept until :meth:`close` (a ``with`` block closes it); lm-eval and its
     libraries print nothing (no bars, no warnings) unless the root logger is at DEBUG (``-v``) and ``quiet`` is off.
 
     Example:
@@ -544,9 +586,11 @@ class Runner:
         323.8477304254
     """
 
-    def __init__(self, task, tokenizer, *, limit: int | None, batch_size: int, device: str, quiet: bool = False):
+    def __init__(self, task: TaskSpec, tokenizer: Any, *, limit: int | None, batch_size: int, device: str,
+                 quiet: bool = False, token: Token = None) -> None:
         _import()
         self.task, self.tokenizer, self.device, self.quiet = task, tokenizer, device, quiet
+        self._token = token  # the run's: lent to lm-eval's data loads (_lending); never shown
         self.limit = limit if limit is not None else task.limit
         self.batch_size = task.extra.get("batch_size", batch_size)
         self._lm: Any = None
@@ -557,8 +601,8 @@ class Runner:
         if hub_only():
             _guard_lm_eval()
         try:
-            self.folder = self._stack.enter_context(task_folder(task))
-            with self._quieted():
+            self.folder = self._stack.enter_context(task_folder(task, token))
+            with self._quieted(), _lending(token):
                 self.manager = task_manager(task, self.folder)
                 unknown = [n for n in task_names(task) if n not in self.manager.all_tasks]
                 if unknown:  # never a "name" lm-eval would read as a file of the working folder
@@ -586,7 +630,7 @@ class Runner:
                 obj.set_config(key="num_fewshot", value=0)
         self._fewshot_seed = DEFAULT_OTHER_SEED
 
-    def _quieted(self):
+    def _quieted(self) -> contextlib.AbstractContextManager[None]:
         # lm-eval's and its libraries' bars and warnings are third-party noise: shown only when debugging (-v)
         return _quiet_libraries(self.quiet or not logging.getLogger().isEnabledFor(logging.DEBUG))
 
@@ -600,7 +644,7 @@ class Runner:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _wrapper(self, model):
+    def _wrapper(self, model: Any) -> Any:
         if self._model is not model:
             from lm_eval.models.huggingface import HFLM  # lazy: optional extra (lm_eval)
 
@@ -609,12 +653,12 @@ class Runner:
             self._model = model
         return self._lm
 
-    def evaluate(self, model) -> list:
+    def evaluate(self, model: Any) -> list[TaskResult]:
         """The lm-eval tasks on ``model`` (a causal LM instance): one :class:`~hubsoup.eval.TaskResult` per task."""
         import lm_eval  # lazy: optional extra (lm_eval)
 
         ex = self.task.extra
-        with self._quieted():
+        with self._quieted(), _lending(self._token):
             lm = self._wrapper(model)
             if self._loaded is None:  # an older lm-eval: its tasks built on every call
                 out = lm_eval.simple_evaluate(
@@ -639,7 +683,7 @@ class Runner:
 
 
 @contextlib.contextmanager
-def _bars(shown: bool):
+def _bars(shown: bool) -> Iterator[None]:
     """lm-eval's progress bars, or none (tqdm's ``TQDM_DISABLE``): quiet, a search's trial prints nothing, and at
     batch size 1 lm-eval draws one bar per batch, each a write to the terminal."""
     if shown or os.environ.get("TQDM_DISABLE"):
@@ -652,14 +696,16 @@ def _bars(shown: bool):
         os.environ.pop("TQDM_DISABLE", None)
 
 
-def evaluate(model, tokenizer, task, *, limit: int | None, batch_size: int, device: str, quiet: bool = True) -> list:
+def evaluate(model: Any, tokenizer: Any, task: TaskSpec, *, limit: int | None, batch_size: int, device: str,
+             quiet: bool = True, token: Token = None) -> list[TaskResult]:
     """Run the lm-eval tasks of ``task`` on ``model`` (a causal LM instance) with ``tokenizer``; one
-    :class:`~hubsoup.eval.TaskResult` per lm-eval task (a :class:`Runner` used once)."""
-    with Runner(task, tokenizer, limit=limit, batch_size=batch_size, device=device, quiet=quiet) as runner:
+    :class:`~hubsoup.eval.TaskResult` per lm-eval task (a :class:`Runner` used once; ``token``: the run's)."""
+    with Runner(task, tokenizer, limit=limit, batch_size=batch_size, device=device, quiet=quiet,
+                token=token) as runner:
         return runner.evaluate(model)
 
 
-def _results(out: dict, task, folder: str | None = None) -> list:
+def _results(out: dict[str, Any], task: TaskSpec, folder: str | None = None) -> list[TaskResult]:
     """One :class:`~hubsoup.eval.TaskResult` per lm-eval task of ``task`` from lm-eval's output ``out`` (``folder``:
     where a ``hub_only`` run fetched the task repo; its path is never kept)."""
     ex = task.extra

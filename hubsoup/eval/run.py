@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from huggingface_hub import EvalResult
@@ -15,6 +15,7 @@ from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.eval.heads import head_labels, load_head, mean_pool
 from hubsoup.eval import lmeval
 from hubsoup.eval.tasks import TaskResult, TaskSpec
+from hubsoup.hubclient import Token
 from hubsoup.public import looks_local, public_file_ref
 
 EVAL_FILE = "eval_results.json"
@@ -23,7 +24,7 @@ _TASK_TYPES = {"classification": "text-classification", "perplexity": "text-gene
 
 
 @functools.lru_cache(maxsize=None)
-def load_metric(name: str):
+def load_metric(name: str) -> Any:
     """One of hubsoup's shipped metric modules (accuracy, macro_f1, perplexity), via ``evaluate.load`` (once per
     process: a module's ``compute`` holds no state between calls)."""
     import evaluate  # lazy: evaluate (with datasets) costs ~9 s to import here (torch ~6 s); only a metric needs it
@@ -70,7 +71,7 @@ def local_dataset_type(name: str | None) -> str:
     return name if name and not looks_local(name) else "custom"
 
 
-def to_eval_results(results: Sequence[TaskResult]):
+def to_eval_results(results: Sequence[TaskResult]) -> list[EvalResult]:
     """``huggingface_hub.EvalResult`` entries for a card's model-index.
 
     The metric ``type`` is exact (``macro_f1``, not ``f1``); a score computed through a frozen
@@ -95,13 +96,15 @@ def to_eval_results(results: Sequence[TaskResult]):
 class _Models:
     """Loads each kind of model once per evaluation."""
 
-    def __init__(self, model: Any, device: str, tokenizer: str | None, quiet: bool = False, tok: Any = None):
+    def __init__(self, model: Any, device: str, tokenizer: str | None, quiet: bool = False, tok: Any = None,
+                 token: Token = None):
         self.device, self.tokenizer_path, self.quiet = device, tokenizer, quiet
+        self._token = token  # the run's, for a model or tokenizer named by Hub repo ID
         self._cache: dict[str, Any] = {} if tok is None else {"tok": tok}
         self.instance = None if isinstance(model, (str, os.PathLike)) else model
         self.path = str(model) if self.instance is None else (tokenizer or "the model in memory")
 
-    def get(self, kind: str):
+    def get(self, kind: str) -> Any:
         if self.instance is not None:  # a model held in memory (a search's candidate): used as given
             return self.instance.to(self.device).eval()
         if kind not in self._cache:
@@ -112,24 +115,24 @@ class _Models:
                    "causal": transformers.AutoModelForCausalLM}[kind]
             bar = transformers.utils.logging.is_progress_bar_enabled()
             if self.quiet:  # no "Loading weights" bar in a quiet run
-                transformers.utils.logging.disable_progress_bar()
+                transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers
             try:
-                model = cls.from_pretrained(self.path)
+                model = cls.from_pretrained(self.path, token=self._token)
             except (OSError, ValueError) as e:
                 raise HubsoupError(f"cannot load {self.path} as {cls.__name__}: {e}") from e
             finally:
                 if self.quiet and bar:
-                    transformers.utils.logging.enable_progress_bar()
+                    transformers.utils.logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # as above
             self._cache[kind] = model.to(self.device).eval()
         return self._cache[kind]
 
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         if "tok" not in self._cache:
             # lazy: transformers costs ~4 s to import here (torch ~6 s); only an evaluation needs it
             from transformers import AutoTokenizer
 
             try:
-                tok = AutoTokenizer.from_pretrained(self.tokenizer_path or self.path)
+                tok = AutoTokenizer.from_pretrained(self.tokenizer_path or self.path, token=self._token)
             except (OSError, ValueError) as e:
                 raise HubsoupError(f"no tokenizer for {self.path}; pass one (tokenizer=...): {e}") from e
             if tok.pad_token is None:
@@ -138,7 +141,7 @@ class _Models:
         return self._cache["tok"]
 
 
-def _label_ids(values: list, names: list[str] | None, task: TaskSpec) -> list[int]:
+def _label_ids(values: list[Any], names: list[str] | None, task: TaskSpec) -> list[int]:
     if all(isinstance(v, (int,)) or (isinstance(v, float) and float(v).is_integer()) for v in values):
         return [int(v) for v in values]
     if names is None:
@@ -153,24 +156,24 @@ def _label_ids(values: list, names: list[str] | None, task: TaskSpec) -> list[in
 class _TaskData:
     """A task's examples and their encoding by a tokenizer, loaded once (for every model an evaluator scores)."""
 
-    def __init__(self, task: TaskSpec):
+    def __init__(self, task: TaskSpec, token: Token):
         self.task = task
-        self.ds = task.load()
+        self.ds = task.load(token)
         if len(self.ds) == 0:
             raise ParameterError(f"task '{task.name}': no examples in {task.data}")
         self._encoded: tuple[Any, Any] | None = None
 
-    def column(self, name: str) -> list:
+    def column(self, name: str) -> list[Any]:
         return list(self.ds[name])
 
-    def encoded(self, tok, texts: list, pairs: list | None):
+    def encoded(self, tok: Any, texts: list[str], pairs: list[str] | None) -> Any:
         if self._encoded is None or self._encoded[0] is not tok:
             self._encoded = (tok, tok(texts, pairs, truncation=True, max_length=self.task.max_length))
         return self._encoded[1]
 
 
-def _batches(tok, task: TaskSpec, texts: list, pairs: list | None, batch_size: int, quiet: bool,
-             data: _TaskData | None = None):
+def _batches(tok: Any, task: TaskSpec, texts: list[str], pairs: list[str] | None, batch_size: int, quiet: bool,
+             data: _TaskData | None = None) -> Iterator[tuple[list[int], Any]]:
     """(indices, encoding) per batch, the examples taken shortest first.
 
     Batches of similar lengths pad little (a third less compute on the quality benchmark's
@@ -221,9 +224,10 @@ def _classify(models: _Models, task: TaskSpec, data: _TaskData, batch_size: int,
     return TaskResult(task, {"accuracy": acc["accuracy"], "macro_f1": f1["macro_f1"]}, len(refs), details)
 
 
-def pooled_logits(model, enc, weight, bias, pooling: str = "mean") -> torch.Tensor:
+def pooled_logits(model: Any, enc: Any, weight: torch.Tensor, bias: torch.Tensor,
+                  pooling: str = "mean") -> torch.Tensor:
     """Logits of a frozen linear head on the encoder's pooled output."""
-    hidden = model(**enc).last_hidden_state
+    hidden: torch.Tensor = model(**enc).last_hidden_state
     if pooling == "cls":
         pooled = hidden[:, 0]
     else:
@@ -262,7 +266,7 @@ def _perplexity(models: _Models, task: TaskSpec, data: _TaskData, batch_size: in
 
 def evaluate_model(model: Any, tasks: Sequence[TaskSpec], *, batch_size: int = 32, limit: int | None = None,
                    device: str = "cpu", tokenizer: str | None = None, quiet: bool = False,
-                   before_task: Callable[[int, TaskSpec], None] | None = None) -> list[TaskResult]:
+                   before_task: Callable[[int, TaskSpec], None] | None = None, token: Token = None) -> list[TaskResult]:
     """Evaluate ``model`` (a folder or Hub repo ID, or a ``transformers`` model in memory) on each task.
 
     Args:
@@ -271,11 +275,13 @@ def evaluate_model(model: Any, tasks: Sequence[TaskSpec], *, batch_size: int = 3
         limit: use at most this many examples per task (overrides a task's own ``limit``).
         tokenizer: where to take the tokenizer from (default: the model's).
         before_task: called with (index, task) before each task (progress reports, cancellation).
+        token: the run's Hub token, for every Hub dataset, lm-eval task repo, model or tokenizer the evaluation
+            reads (None: huggingface_hub's own, ``HF_TOKEN`` or the login). Never shown.
 
     Many models on the same tasks: :class:`Evaluator` (what does not depend on the model is built once).
     """
     with Evaluator(tasks, batch_size=batch_size, limit=limit, device=device, tokenizer=tokenizer,
-                   quiet=quiet) as ev:
+                   quiet=quiet, token=token) as ev:
         return ev.evaluate(model, before_task=before_task)
 
 
@@ -290,17 +296,18 @@ class Evaluator:
     """
 
     def __init__(self, tasks: Sequence[TaskSpec], *, batch_size: int = 32, limit: int | None = None,
-                 device: str = "cpu", tokenizer: str | None = None, quiet: bool = False):
+                 device: str = "cpu", tokenizer: str | None = None, quiet: bool = False, token: Token = None):
         self.tasks = [TaskSpec(**{**t.__dict__, "limit": limit}) if limit is not None else t for t in tasks]
         self.batch_size, self.device, self.tokenizer, self.quiet = batch_size, device, tokenizer, quiet
+        self._token = token  # the run's (see evaluate_model); never shown
         self._tok: Any = None  # the tokenizer of `tokenizer`, once loaded
         self._data: dict[int, _TaskData] = {}
-        self._runners: dict[int, Any] = {}
+        self._runners: dict[int, lmeval.Runner] = {}
 
     def prepare(self, model: Any = None) -> None:
         """Build now what :meth:`evaluate` would build on its first call: the tokenizer, each task's data, its
         encoding and metric modules, lm-eval's tasks (and its wrapper of ``model``, a model instance)."""
-        models = _Models(model, self.device, self.tokenizer, self.quiet, self._tok)
+        models = _Models(model, self.device, self.tokenizer, self.quiet, self._tok, self._token)
         for i, task in enumerate(self.tasks):
             if task.kind == "lm-eval":
                 runner = self._runner(i, task, models)
@@ -310,7 +317,7 @@ class Evaluator:
                     runner.close()
                 continue
             if i not in self._data:
-                self._data[i] = _TaskData(task)
+                self._data[i] = _TaskData(task, self._token)
             data, tok = self._data[i], models.tokenizer()
             pairs = data.column(task.text_pair) if task.kind == "classification" and task.text_pair else None
             data.encoded(tok, data.column(task.text), pairs)
@@ -322,7 +329,7 @@ class Evaluator:
     def evaluate(self, model: Any, *, before_task: Callable[[int, TaskSpec], None] | None = None
                  ) -> list[TaskResult]:
         """Evaluate ``model`` (a folder or Hub repo ID, or a model instance) on every task (see :func:`evaluate_model`)."""
-        models = _Models(model, self.device, self.tokenizer, self.quiet, self._tok)
+        models = _Models(model, self.device, self.tokenizer, self.quiet, self._tok, self._token)
         results = []
         for i, task in enumerate(self.tasks):
             if before_task is not None:
@@ -336,20 +343,21 @@ class Evaluator:
                         runner.close()
                 continue
             if i not in self._data:
-                self._data[i] = _TaskData(task)
+                self._data[i] = _TaskData(task, self._token)
             run = _classify if task.kind == "classification" else _perplexity
             results.append(run(models, task, self._data[i], self.batch_size, self.quiet))
         if self.tokenizer is not None and "tok" in models._cache:  # the same tokenizer for the next model
             self._tok = models._cache["tok"]
         return results
 
-    def _runner(self, i: int, task: TaskSpec, models: _Models):
+    def _runner(self, i: int, task: TaskSpec, models: _Models) -> lmeval.Runner:
         if self.tokenizer is None:  # each model its own tokenizer: nothing lm-eval builds can be kept
             return lmeval.Runner(task, models.tokenizer(), limit=task.limit, batch_size=self.batch_size,
-                                 device=self.device, quiet=self.quiet)
+                                 device=self.device, quiet=self.quiet, token=self._token)
         if i not in self._runners:
             self._runners[i] = lmeval.Runner(task, models.tokenizer(), limit=task.limit,
-                                             batch_size=self.batch_size, device=self.device, quiet=self.quiet)
+                                             batch_size=self.batch_size, device=self.device, quiet=self.quiet,
+                                             token=self._token)
         return self._runners[i]
 
     def close(self) -> None:

@@ -10,11 +10,15 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from hubsoup.errors import InputError, ParameterError
 from hubsoup.eval.heads import load_head
+from hubsoup.hubclient import Token
 from hubsoup.sources.access import hub_only, load_hub_dataset, require_hub_dataset, require_task_repo
+
+if TYPE_CHECKING:  # for types only: datasets costs ~7 s to import (loaded lazily where data is read)
+    import datasets
 
 
 @dataclass(frozen=True)
@@ -23,8 +27,9 @@ class TaskKind:
 
     parse: Callable[[str, str], "TaskSpec"] | None = None
     """``parse(spec, rest)``: the spec from the text after ``KIND:`` (None: ``DATA[,key=value...]``)."""
-    check: Callable[["TaskSpec"], None] | None = None
-    """``check(task)``: read what the task needs now, so that a bad task fails before a merge (None: its data)."""
+    check: Callable[["TaskSpec", Token], None] | None = None
+    """``check(task, token)``: read what the task needs now (from the Hub with ``token``, the run's), so that a bad
+    task fails before a merge (None: its data)."""
 
 
 KINDS: dict[str, TaskKind] = {"classification": TaskKind(), "perplexity": TaskKind()}
@@ -62,9 +67,9 @@ class TaskSpec:
     pooling: str = "mean"
     max_length: int = 256
     limit: int | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ParameterError(f"task kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.pooling not in ("mean", "cls"):
@@ -99,7 +104,8 @@ class TaskSpec:
         if not parts:
             raise ParameterError(f"task spec {spec!r}: no data given")
         known = {f.name for f in fields(cls)} - {"kind", "data", "extra"}
-        kw: dict = {}
+        kw: dict[str, Any] = {}
+        v: str | int
         for part in parts[1:]:
             if "=" not in part:
                 raise ParameterError(f"task spec {spec!r}: expected key=value, got {part!r}")
@@ -116,21 +122,22 @@ class TaskSpec:
             kw[k] = v
         return cls(kind=kind.strip(), data=parts[0], **kw)
 
-    def check(self) -> None:
+    def check(self, token: Token = None) -> None:
         """Read the data (and the head) now, so that a missing file or column fails before a merge, not after.
+        ``token``: the run's, for data on the Hub (None: huggingface_hub's own, ``HF_TOKEN`` or the login).
 
         Raises :class:`~hubsoup.errors.ParameterError` naming the task: data that cannot be
         loaded, a missing column, no examples, an unreadable ``head``.
         """
         own = KINDS[self.kind]
         if own.check is not None:
-            return own.check(self)
+            return own.check(self, token)
         import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only an evaluation's data needs it
 
         shown = datasets.is_progress_bar_enabled()
         datasets.disable_progress_bars()  # a check, not the evaluation: no "Generating train split" bars
         try:
-            ds = self.load()
+            ds = self.load(token)
         finally:
             if shown:
                 datasets.enable_progress_bars()
@@ -141,8 +148,8 @@ class TaskSpec:
                 raise ParameterError(f"task '{self.name}': classifier head {self.head} not found")
             load_head(self.head)
 
-    def load(self):
-        """The task's examples as a ``datasets.Dataset``."""
+    def load(self, token: Token = None) -> datasets.Dataset:
+        """The task's examples as a ``datasets.Dataset`` (a Hub dataset asked with ``token``, the run's)."""
         import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only an evaluation's data needs it
 
         try:
@@ -157,9 +164,9 @@ class TaskSpec:
             elif self.data.startswith((".", "/", "~")) or os.path.splitext(self.data)[1].lower() in _LOCAL_FORMATS:
                 raise ParameterError(f"task '{self.name}': data file {self.data} not found")
             elif hub_only():  # the Hub with this run's token and cache, never a folder of the host
-                ds = load_hub_dataset(self.data, "evaluation data", config=self.config, split=self.split)
+                ds = load_hub_dataset(self.data, "evaluation data", token=token, config=self.config, split=self.split)
             else:
-                ds = datasets.load_dataset(self.data, self.config, split=self.split)
+                ds = datasets.load_dataset(self.data, self.config, split=self.split, token=token)
         except (ParameterError, InputError):  # ours (a hub_only refusal): already one clear line
             raise
         except Exception as e:  # noqa: BLE001 - one clear line for the user

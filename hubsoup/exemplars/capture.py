@@ -6,12 +6,13 @@ the engine (:class:`hubsoup.methods.PrepareContext.load_expert`), one block at a
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +27,12 @@ from hubsoup.exemplars.dispatch import DispatchedExperts
 
 if TYPE_CHECKING:  # the method kit's types only: methods (LOT) import exemplars, not the reverse
     from hubsoup.methods import PrepareContext
+    from hubsoup.methods.lot import LotParams
 
 log = logging.getLogger(__name__)
+
+_Hook = tuple[str, torch.nn.Module, str, Any, int]
+"""A hook to install: (module name, module, kind, extra, Gram bytes)."""
 
 
 # --- statistics --------------------------------------------------------------------------------
@@ -60,7 +65,7 @@ class FeatureStore:
         # read and unmap at once: a mapping kept open would keep every Gram read so far resident,
         # and the merge reads them all, one tensor at a time
         with safe_open(self.files[task][key], framework="pt", device="cpu") as h:
-            return h.get_tensor(key).clone()
+            return h.get_tensor(key).clone()  # type: ignore[no-any-return]  # safetensors: safe_open is untyped
 
     def has(self, task: int, key: str) -> bool:
         return key in self.files[task]
@@ -105,18 +110,18 @@ def _normalised(module: torch.nn.Module, h: torch.Tensor, kind: str) -> torch.Te
 class _Capture:
     """Hooks that turn one chunk of ops' inputs into statistics for the current task."""
 
-    def __init__(self, model, specs: list[tuple[str, torch.nn.Module, str, Any]]):
+    def __init__(self, model: torch.nn.Module, specs: list[tuple[str, torch.nn.Module, str, Any]]):
         self.specs = specs
         self.sums: dict[str, torch.Tensor] = {}
         self.rows: dict[str, float] = {}
         self.mask: torch.Tensor | None = None
         self.alias: dict[str, str] = {}  # module -> module whose identical input it shares
         self._last: tuple[Any, str] | None = None
-        self.handles = []
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
         for name, module, kind, extra in specs:
             self.handles.append(module.register_forward_hook(self._hook(name, module, kind, extra)))
 
-    def close(self):
+    def close(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
@@ -147,8 +152,9 @@ class _Capture:
             return float(m.sum())
         return float(x.numel() // max(x.shape[-1], 1)) if x.dim() else 1.0
 
-    def _hook(self, name, module, kind, extra):
-        def hook(mod, inputs, output):
+    def _hook(self, name: str, module: torch.nn.Module, kind: str, extra: Any
+              ) -> Callable[[Any, tuple[Any, ...], Any], None]:
+        def hook(mod: Any, inputs: tuple[Any, ...], output: Any) -> None:
             if not inputs or not torch.is_tensor(inputs[0]):
                 return
             x = inputs[0]
@@ -189,7 +195,7 @@ class _Capture:
         return hook
 
 
-def load_skeleton(base_folder: str, device):
+def load_skeleton(base_folder: str, device: str | torch.device) -> Any:
     """The base model as a float32 ``transformers`` model in eval mode (never remote code)."""
     # lazy: transformers costs ~4 s to import here (torch ~6 s); only LOT's exemplar capture needs it
     from transformers import AutoConfig
@@ -203,7 +209,7 @@ def load_skeleton(base_folder: str, device):
     return model.to(device).eval()
 
 
-def plan_ops(model, base_names: set[str]) -> tuple[dict[str, OpStat], list[tuple[str, torch.nn.Module, str, Any, int]]]:
+def plan_ops(model: torch.nn.Module, base_names: set[str]) -> tuple[dict[str, OpStat], list[_Hook]]:
     """Which op owns each mergeable tensor, and the hooks to install (name, module, kind, extra, gram bytes)."""
     # lazy: transformers' model classes cost ~13 s to import here (torch ~6 s); only LOT's exemplar capture needs them
     from transformers.pytorch_utils import Conv1D
@@ -212,17 +218,17 @@ def plan_ops(model, base_names: set[str]) -> tuple[dict[str, OpStat], list[tuple
     for pname, p in model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(p), []).append(pname)
 
-    def ckpt_name(p) -> str | None:
+    def ckpt_name(p: torch.Tensor) -> str | None:
         for n in names_of.get(id(p), []):
             if n in base_names:
                 return n
         return None
 
     ops: dict[str, OpStat] = {}
-    hooks = []
+    hooks: list[_Hook] = []
     priority: dict[str, int] = {}
 
-    def claim(p, stat: OpStat, prio: int) -> None:
+    def claim(p: torch.Tensor | None, stat: OpStat, prio: int) -> None:
         n = ckpt_name(p) if p is not None else None
         if n is None or p is None or not p.dtype.is_floating_point:
             return
@@ -235,12 +241,12 @@ def plan_ops(model, base_names: set[str]) -> tuple[dict[str, OpStat], list[tuple
             continue
         w, b = own.get("weight"), own.get("bias")
         if isinstance(mod, torch.nn.Linear) or isinstance(mod, Conv1D):
-            d_in = mod.in_features if isinstance(mod, torch.nn.Linear) else w.shape[0]
+            d_in = mod.in_features if isinstance(mod, torch.nn.Linear) else cast(torch.Tensor, w).shape[0]
             hooks.append((mname, mod, "linear", None, d_in * d_in * 8))
             claim(w, OpStat("linear", mname, "out_in" if isinstance(mod, torch.nn.Linear) else "in_out"), 2)
             claim(b, OpStat("add", f"rows::{mname}"), 2)
         elif isinstance(mod, torch.nn.Conv2d) and mod.groups == 1 and isinstance(mod.padding, tuple):
-            d_in = w.shape[1] * w.shape[2] * w.shape[3]
+            d_in = cast(torch.Tensor, w).shape[1] * cast(torch.Tensor, w).shape[2] * cast(torch.Tensor, w).shape[3]
             hooks.append((mname, mod, "conv", d_in, d_in * d_in * 8))
             claim(w, OpStat("linear", mname, "conv"), 2)
             claim(b, OpStat("add", f"rows::{mname}"), 2)
@@ -266,7 +272,8 @@ def plan_ops(model, base_names: set[str]) -> tuple[dict[str, OpStat], list[tuple
     return ops, hooks
 
 
-def _chunks(hooks, budget: int):
+def _chunks(hooks: list[_Hook], budget: int) -> list[list[_Hook]]:
+    cur: list[_Hook]
     out, cur, size = [], [], 0
     for h in hooks:
         if cur and size + h[4] > budget:
@@ -279,7 +286,7 @@ def _chunks(hooks, budget: int):
     return out
 
 
-def capture(ctx: PrepareContext, params, tasks: list[tuple[int, str, str]]) -> FeatureStore:
+def capture(ctx: PrepareContext, params: LotParams, tasks: list[tuple[int, str, str]]) -> FeatureStore:
     """Run each expert on its own exemplars and keep per-op statistics (see the module docstring).
 
     ``tasks``: (input index, task name, exemplar spec) for every input; the experts' weights
@@ -295,7 +302,7 @@ class _quiet_libraries:
     def __init__(self, quiet: bool):
         self.quiet = quiet
 
-    def __enter__(self):
+    def __enter__(self) -> _quiet_libraries:
         if not self.quiet:
             return self
         import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only LOT's exemplar capture needs it
@@ -306,11 +313,11 @@ class _quiet_libraries:
         self.tf_bar = transformers.utils.logging.is_progress_bar_enabled()
         self.tf_level = transformers.utils.logging.get_verbosity()
         datasets.disable_progress_bars()
-        transformers.utils.logging.disable_progress_bar()
-        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
+        transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # as above
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         if not self.quiet:
             return
         import datasets  # lazy: datasets costs ~7 s to import here (torch ~6 s); only LOT's exemplar capture needs it
@@ -320,11 +327,11 @@ class _quiet_libraries:
         if self.ds:
             datasets.enable_progress_bars()
         if self.tf_bar:
-            transformers.utils.logging.enable_progress_bar()
+            transformers.utils.logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # as above
         transformers.utils.logging.set_verbosity(self.tf_level)
 
 
-def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
+def _capture(ctx: PrepareContext, params: LotParams, tasks: list[tuple[int, str, str]]) -> FeatureStore:
     device = ctx.device
     experts = None
     if ctx.device_map is not None or ctx.max_memory is not None:
@@ -344,7 +351,7 @@ def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
     max_len = min(params.max_length, _max_positions(model.config))
     batches = {}
     for i, task, spec in tasks:  # load and tokenize every task first: bad exemplars fail before any forward
-        ds = load_exemplar_rows(spec, task, params.n_exemplars, params.seed)
+        ds = load_exemplar_rows(spec, task, params.n_exemplars, params.seed, token=ctx.token)
         batches[i] = make_batches(ds, task, spec, tokenizer=tokenizer, vocab_size=vocab, max_length=max_len,
                                   batch_size=params.batch_size, text_column=params.text_column)
     n = len(ctx.inputs)
@@ -359,7 +366,7 @@ def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
         if p is not None and p.dtype.is_floating_point:
             p.copy_(value.reshape(p.shape))
 
-    def run_task(model, chunks, i: int, task: str) -> None:
+    def run_task(model: Any, chunks: list[list[_Hook]], i: int, task: str) -> None:
         for c, chunk in enumerate(chunks):
             cap = _Capture(model, [(n_, m, k, x) for n_, m, k, x, _ in chunk])
             try:
@@ -387,7 +394,7 @@ def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
                 run_task(model, chunks, i, task)
                 continue
             # θ_0 + τ_i streamed the same way, into a model dispatched by accelerate (offloaded modules on disk)
-            with experts.load(lambda put, i=i: ctx.load_expert(i, put)) as expert:
+            with experts.load(functools.partial(ctx.load_expert, i)) as expert:
                 run_task(expert, _chunks(plan_ops(expert, set(ctx.names))[1], int(params.gram_budget_gb * 1e9)),
                          i, task)
     except BaseException:
@@ -398,10 +405,10 @@ def _capture(ctx: PrepareContext, params, tasks) -> FeatureStore:
     return store
 
 
-def _forward(model, inputs: dict[str, torch.Tensor]) -> None:
+def _forward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
     """One forward pass. Encoder-decoder models get the exemplar itself, shifted right, as
     decoder input (teacher forcing on the exemplar text) [ours: the papers do not say]."""
-    kw = dict(inputs)
+    kw: dict[str, Any] = dict(inputs)
     if getattr(model.config, "is_encoder_decoder", False) and "input_ids" in kw:
         shift = getattr(model, "_shift_right", None)
         kw["decoder_input_ids"] = shift(kw["input_ids"]) if shift is not None else kw["input_ids"]
@@ -412,7 +419,7 @@ def _forward(model, inputs: dict[str, torch.Tensor]) -> None:
     model(**kw)
 
 
-def _tokenizer(folder: str):
+def _tokenizer(folder: str) -> Any:
     try:
         # lazy: transformers costs ~4 s to import here (torch ~6 s); only LOT's exemplar capture needs it
         from transformers import AutoTokenizer
@@ -423,7 +430,7 @@ def _tokenizer(folder: str):
         return None
 
 
-def _max_positions(cfg) -> int:
+def _max_positions(cfg: Any) -> int:
     for k in ("max_position_embeddings", "n_positions", "max_seq_len"):
         v = getattr(cfg, k, None)
         if isinstance(v, int) and v > 0:

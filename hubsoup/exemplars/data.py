@@ -5,14 +5,17 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from hubsoup.errors import ExemplarError, InputError, MethodError
+from hubsoup.hubclient import Token
 from hubsoup.sources.access import hub_only, load_hub_dataset, require_hub_dataset
 
 if TYPE_CHECKING:  # the method kit's types only: methods (LOT) import exemplars, not the reverse
+    import datasets  # and datasets' (~7 s to import: loaded lazily where exemplars are read)
+
     from hubsoup.methods import InputInfo
 
 log = logging.getLogger(__name__)
@@ -24,7 +27,7 @@ _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv", ".
              ".txt": "text", ".arrow": "arrow"}
 
 
-def parse_exemplar_specs(specs: Sequence[str] | dict | None) -> dict[str, str]:
+def parse_exemplar_specs(specs: Sequence[str] | dict[Any, Any] | None) -> dict[str, str]:
     """``["task=path", ...]`` (or a dict) → ``{task: path}``."""
     if not specs:
         return {}
@@ -44,8 +47,9 @@ def parse_exemplar_specs(specs: Sequence[str] | dict | None) -> dict[str, str]:
     return out
 
 
-def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0):
-    """Up to ``n`` rows (a ``datasets.Dataset``) from a local file/folder or a Hub dataset ID.
+def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0, *, token: Token) -> datasets.Dataset:
+    """Up to ``n`` rows (a ``datasets.Dataset``) from a local file/folder or a Hub dataset ID (asked with ``token``,
+    the run's: :attr:`hubsoup.methods.PrepareContext.token`; no default, so a caller cannot forget it).
 
     ``org/name`` or ``org/name:split`` (default split ``train``); files by extension
     (json/jsonl/csv/tsv/parquet/txt/arrow); a folder saved with ``save_to_disk`` or of such
@@ -72,9 +76,9 @@ def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0):
         else:
             name, _, split = spec.partition(":")
             if hub_only():  # the Hub with this run's token and cache, never a folder of the host
-                ds = load_hub_dataset(name, f"exemplars for task '{task}'", split=split or "train")
+                ds = load_hub_dataset(name, f"exemplars for task '{task}'", token=token, split=split or "train")
             else:
-                ds = datasets.load_dataset(name, split=split or "train")
+                ds = datasets.load_dataset(name, split=split or "train", token=token)
     except InputError:  # ours (an ExemplarError, a hub_only refusal): already one clear line
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds; one clear line
@@ -91,14 +95,14 @@ def load_exemplar_rows(spec: str, task: str, n: int, seed: int = 0):
     return ds
 
 
-def _text_column(ds, where: str, text_column: str | None) -> str:
+def _text_column(ds: datasets.Dataset, where: str, text_column: str | None) -> str:
     if text_column:
         if text_column not in ds.column_names:
             raise ExemplarError(f"{where}: no column {text_column!r} (columns: {', '.join(ds.column_names)})")
         return text_column
     if "text" in ds.column_names:
         return "text"
-    strings = [c for c, f in ds.features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
+    strings: list[str] = [c for c, f in ds.features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
     if len(strings) == 1:
         return strings[0]
     raise ExemplarError(
@@ -113,8 +117,8 @@ class Batch:
     """(B, S) bool: real (not padding) positions, for ops whose rows are token positions."""
 
 
-def make_batches(ds, task: str, spec: str, *, tokenizer, vocab_size: int | None, max_length: int,
-                 batch_size: int, text_column: str | None = None) -> list[Batch]:
+def make_batches(ds: datasets.Dataset, task: str, spec: str, *, tokenizer: Any, vocab_size: int | None,
+                 max_length: int, batch_size: int, text_column: str | None = None) -> list[Batch]:
     """Tokenised, right-padded batches (or ``pixel_values`` batches) of one task's exemplars."""
     where = f"exemplars for task '{task}' ({spec})"
     if "pixel_values" in ds.column_names:

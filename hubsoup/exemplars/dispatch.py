@@ -25,7 +25,7 @@ from hubsoup.errors import HubsoupError, PlacementError
 from hubsoup.options import parse_device_map, parse_max_memory
 
 
-def meta_model(base_folder: str):
+def meta_model(base_folder: str) -> Any:
     """The base's architecture with empty (meta) weights, ties made, in eval mode; never remote code."""
     # lazy: accelerate and transformers' model code cost ~13 s to import here; only big experts (offload) need them
     from accelerate import init_empty_weights
@@ -54,7 +54,7 @@ def _accelerate_device(d: Any) -> int | str:
     return s
 
 
-def expert_device_map(model, device_map: Any, max_memory: Any) -> dict[str, int | str]:
+def expert_device_map(model: torch.nn.Module, device_map: Any, max_memory: Any) -> dict[str, int | str]:
     """Where each module of an expert goes (accelerate's device map), from the merge's options.
 
     The budgets are ``max_memory`` (``cpu:N`` entries pooled into ``cpu``: they are one host's
@@ -84,7 +84,7 @@ def expert_device_map(model, device_map: Any, max_memory: Any) -> dict[str, int 
     no_split = list(getattr(model, "_no_split_modules", None) or [])
     if dm in ("auto", "balanced") and sum(isinstance(k, int) for k in budget) > 1:
         budget = get_balanced_memory(model, max_memory=budget, no_split_module_classes=no_split, dtype=torch.float32)
-    return infer_auto_device_map(model, max_memory=budget, no_split_module_classes=no_split, dtype=torch.float32)
+    return infer_auto_device_map(model, max_memory=budget, no_split_module_classes=no_split, dtype=torch.float32)  # type: ignore[no-any-return]  # accelerate ships no types
 
 
 def _module_device(dm: dict[str, int | str], name: str) -> int | str:
@@ -134,10 +134,10 @@ def _torch(d: int | str) -> str:
 
 
 class _Loaded:
-    def __init__(self, experts: DispatchedExperts, stream):
+    def __init__(self, experts: DispatchedExperts, stream: Callable[[Callable[[str, torch.Tensor], None]], None]):
         self.experts, self.stream, self.model = experts, stream, None
 
-    def __enter__(self):
+    def __enter__(self) -> Any:
         # lazy: accelerate with transformers' model code costs ~13 s here; only big experts need it
         from accelerate import dispatch_model
         # lazy: accelerate with transformers' model code costs ~13 s here; only big experts need it
@@ -157,7 +157,7 @@ class _Loaded:
         params = dict(model.named_parameters(remove_duplicate=False))
         tensors = set(params) | {n for n, _ in model.named_buffers(remove_duplicate=False)}
         partners = {n: g for g in find_tied_parameters(model) for n in g}  # a tie's every name gets the value
-        index: dict[str, dict] = {}
+        index: dict[str, dict[str, Any]] = {}
         seen: set[str] = set()
 
         def assign(name: str, value: torch.Tensor) -> None:
@@ -197,7 +197,7 @@ class _Loaded:
             raise
         return self.model
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self._cleanup()
 
     def _cleanup(self) -> None:

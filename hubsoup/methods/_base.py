@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Hashable, Ma
 import torch
 
 from hubsoup.errors import MethodError
+from hubsoup.hubclient import Token
 from hubsoup.methods._kept import KeptTensors
 from hubsoup.methods._params import parse_params, to_dict
 from hubsoup.plan import BlockInfo
@@ -156,6 +157,9 @@ class PrepareContext:
     max_memory: Any = None
     scratch: str | None = None
     """A folder for large temporary files (offloaded weights) inside the output's temporary folder; None: the system's."""
+    token: Token = field(default=None, repr=False)
+    """The run's Hub token (``MergeOptions.token``), for data a method reads from the Hub (LOT's exemplars). Never
+    shown."""
 
     shared: bool = False
     """True inside a search (:mod:`hubsoup.engine.shared`): later merges that differ only in parameters the

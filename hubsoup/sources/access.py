@@ -114,9 +114,6 @@ class Access:
     cache_dir: str | None = None
     max_download: int | None = None
     spent: int = 0
-    token: Token = field(default=None, repr=False)
-    """The run's Hub token (None: ``HF_TOKEN`` or the stored login), for the Hub datasets and task repos a ``hub_only``
-    run opens from code no argument reaches (lm-eval's tasks, a method's exemplars). Never shown."""
     cache_inputs: bool = False
     """Hub inputs' weight files are downloaded into the cache (False: read in place, :mod:`hubsoup.sources.remote`)."""
     read_ahead: int | None = None
@@ -222,13 +219,15 @@ def hub_only() -> bool:
 @contextmanager
 def scope(options: Any = None, **kw: Any) -> Iterator[Access]:
     """Enter a run's rules (from :class:`~hubsoup.options.MergeOptions`' ``hub_only``, ``cache_dir`` and
-    ``max_download``, or keywords). A scope inside another (a recipe's run calling :func:`hubsoup.merge`)
+    ``max_download``, or keywords). The run's token is not one of them: it travels as an argument to every call
+    that asks the Hub (a path an argument missed must not fall back to the host's login). A scope inside another (a recipe's run calling :func:`hubsoup.merge`)
     keeps the outer one (its budget and cache); it can only make it stricter: ``hub_only`` added, a cache
     where it had none, a smaller limit (a new budget then)."""
+    if "token" in kw:  # one channel for the token: the argument of each call that asks the Hub
+        raise TypeError("scope() takes no token; pass it to the calls that ask the Hub")
     want_hub_only = bool(kw.get("hub_only", getattr(options, "hub_only", False)))
     cache_dir = kw.get("cache_dir", getattr(options, "cache_dir", None))
     limit = kw.get("max_download", getattr(options, "max_download_bytes", None))
-    token = kw.get("token", getattr(options, "token", None))
     cache_inputs = bool(kw.get("cache_inputs", getattr(options, "cache_inputs", False)))
     read_ahead = kw.get("read_ahead", getattr(options, "read_ahead_bytes", None))
     allow_code = bool(kw.get("allow_task_code", getattr(options, "allow_task_code", False)))
@@ -247,7 +246,6 @@ def scope(options: Any = None, **kw: Any) -> Iterator[Access]:
         if outer.max_download is not None and (limit is None or outer.max_download - outer.spent < limit):
             limit = outer.max_download - outer.spent
     access = Access(hub_only=want_hub_only, cache_dir=cache_dir, max_download=limit,
-                    token=outer.token if outer is not None and token is None else token,
                     cache_inputs=cache_inputs, read_ahead=read_ahead,
                     allow_task_code=outer.allow_task_code if outer is not None else allow_code)
     entered = _CURRENT.set(access)
@@ -288,14 +286,15 @@ def check_specs(*, inputs: Iterable[Any] = (), base: Any = None, soup: Any = Non
             require_hub_dataset(spec, "exemplars")
 
 
-def load_hub_dataset(name: str, role: str, *, config: str | None = None, split: str | None = "train"):
+def load_hub_dataset(name: str, role: str, *, token: Token, config: str | None = None, split: str | None = "train"):
     """A Hub dataset for a ``hub_only`` run, by its ID alone (``org/name[@revision]``): never a folder of the host
     that has the same name (``datasets.load_dataset`` looks for one first), never a packaged builder (``csv``,
     ``json``: they read files of the working folder), never a copy another token left in the shared datasets
-    cache (the Hub is asked with this run's token; the data goes to this run's ``cache_dir``, or to a
+    cache (the Hub is asked with ``token``, the run's, which every caller passes: no default, so a caller that
+    forgets it fails instead of asking with the host's login; the data goes to this run's ``cache_dir``, or to a
     temporary folder removed at once, the rows kept in memory).
 
-    >>> load_hub_dataset("csv", "evaluation data")
+    >>> load_hub_dataset("csv", "evaluation data", token=None)
     Traceback (most recent call last):
     ...
     hubsoup.errors.InputError: evaluation data 'csv': only Hub dataset IDs (org/name) are accepted here, not local paths
@@ -313,7 +312,7 @@ def load_hub_dataset(name: str, role: str, *, config: str | None = None, split: 
     cache = own or tempfile.mkdtemp(prefix="hubsoup-datasets-")
     try:  # hf://datasets/: the Hub only (datasets skips its look for a local folder of that name)
         return datasets.load_dataset(f"hf://datasets/{repo_id}", config, split=split, revision=revision or None,
-                                     cache_dir=cache, token=acc.token, keep_in_memory=own is None)
+                                     cache_dir=cache, token=token, keep_in_memory=own is None)
     finally:
         if own is None:
             shutil.rmtree(cache, ignore_errors=True)

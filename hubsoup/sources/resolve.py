@@ -415,9 +415,9 @@ MAX_REPO_FILES = 2000
 
 
 @contextmanager
-def fetched_repo(repo_type: str, repo_id: str, revision: str | None, who: str) -> Iterator[str]:
+def fetched_repo(repo_type: str, repo_id: str, revision: str | None, who: str, *, token: Token) -> Iterator[str]:
     """A Hub repo's files (an lm-eval task repo of a ``hub_only`` run) in a fresh folder, removed when the block
-    ends: asked of the Hub with the run's token, charged to its download budget, written inside the run's
+    ends: asked of the Hub with ``token`` (the run's; no default: a caller that forgets it fails), charged to its download budget, written inside the run's
     ``cache_dir`` (or a temporary folder), never a folder of the host nor the shared Hub cache.
 
     Raises :class:`~hubsoup.errors.InputError` (one line, ``who`` and the repo only) when the Hub refuses it.
@@ -431,7 +431,7 @@ def fetched_repo(repo_type: str, repo_id: str, revision: str | None, who: str) -
     folder = tempfile.mkdtemp(prefix="hubsoup-tasks-", dir=acc.cache_dir or None)
     try:
         try:
-            info = hub_api(acc.token).repo_info(repo_id, repo_type=repo_type, revision=revision,
+            info = hub_api(token).repo_info(repo_id, repo_type=repo_type, revision=revision,
                                                 timeout=hub_timeout(), files_metadata=True)
             siblings = info.siblings or []
             if len(siblings) > MAX_REPO_FILES:
@@ -439,12 +439,12 @@ def fetched_repo(repo_type: str, repo_id: str, revision: str | None, who: str) -
                                  "repo may hold")
             acc.charge(repo_id, info.sha, {f.rfilename: getattr(f, "size", None) for f in siblings}, None, who,
                        repo_type=repo_type)
-            snapshot_download(repo_id, repo_type=repo_type, revision=info.sha, token=acc.token, local_dir=folder,
+            snapshot_download(repo_id, repo_type=repo_type, revision=info.sha, token=token, local_dir=folder,
                               tqdm_class=silent_tqdm(Monitor(None, None)))
         except HubsoupError:
             raise
         except Exception as e:  # noqa: BLE001 - one clear line, naming the repo only
-            raise hub_failure(e, who, repo_id, revision, acc.token) from e
+            raise hub_failure(e, who, repo_id, revision, token) from e
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -41,6 +41,7 @@ from hubsoup.engine import shared
 from hubsoup.engine.shared import shared_statistics
 from hubsoup.errors import HubsoupError, MethodError, ParameterError
 from hubsoup.eval import TaskResult, evaluate_model
+from hubsoup.hubclient import Token
 from hubsoup.eval.run import EVAL_FILE, write_results
 from hubsoup.methods import get_method
 from hubsoup.options import MergeOptions
@@ -169,16 +170,18 @@ def _reference_key(ref, base, task, limit: int | None) -> tuple | None:
     return (who, base.public, _stamp(task.data), head, fields, limit)
 
 
-def reference_scores(inputs: Sequence[str], refs: Sequence, base, tasks: Sequence, limit: int | None) -> list[float]:
+def reference_scores(inputs: Sequence[str], refs: Sequence, base, tasks: Sequence, limit: int | None, *,
+                     token: Token = None) -> list[float]:
     """Each input's score on its own task (input ``i`` on task ``i``), from this process' earlier searches
-    where nothing they depend on changed. ``refs``: the inputs as the merge opened them (:class:`InputRef`)."""
+    where nothing they depend on changed. ``refs``: the inputs as the merge opened them (:class:`InputRef`);
+    ``token``: the run's, for the tasks' data on the Hub."""
     out = []
     for inp, ref, task in zip(inputs, refs, tasks):
         key = _reference_key(ref, base, task, limit)
         with _REFERENCES_LOCK:
             score = _REFERENCES.get(key) if key is not None else None
         if score is None:
-            score = evaluate_model(inp, [task], limit=limit, quiet=True)[0].score
+            score = evaluate_model(inp, [task], limit=limit, quiet=True, token=token)[0].score
             if key is not None:
                 with _REFERENCES_LOCK:
                     _REFERENCES[key] = score
@@ -258,7 +261,7 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
     for point in grid_points:  # every point's parameters are checked (nan, out of range) before any merge
         m.parse({**(params or {}), **point})
     for t in tasks or ():  # and the validation data exists
-        t.check()
+        t.check(opts.token)
     # the lock on `out` for the whole search; the points are merged inside its temporary folder
     folder = OutputFolder(out, overwrite=opts.overwrite)
     try:
@@ -303,7 +306,7 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
         if normalized and references is None:  # after the first merge: it pinned the inputs
             if monitor.reporting:
                 monitor.child(mid, mid)(0.0, "eval", "scoring the fine-tunes (references)")
-            references = reference_scores(inputs, res.inputs, res.base, tasks, limit)
+            references = reference_scores(inputs, res.inputs, res.base, tasks, limit, token=opts.token)
             seconds["references"] = round(time.perf_counter() - t1, 2)
             monitor.check()
             t1 = time.perf_counter()
@@ -313,7 +316,7 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
         if score_fn is not None:
             score = float(score_fn(point_dir))
         else:
-            evals = evaluate_model(point_dir, tasks, limit=limit, quiet=True)
+            evals = evaluate_model(point_dir, tasks, limit=limit, quiet=True, token=opts.token)
             score = normalized_score(evals, references)
             entry["metrics"] = {r.task.name: r.metrics for r in evals}
             res.evaluation = evals
@@ -380,7 +383,7 @@ def _search_remote(folder: OutputFolder, grid_points: list[dict[str, Any]], inpu
         t0 = time.perf_counter()
         if monitor.reporting:
             monitor.child(0.0, 0.0)(0.0, "eval", "scoring the fine-tunes (references)")
-        references = reference_scores(inputs, refs, base_ref, tasks, limit)
+        references = reference_scores(inputs, refs, base_ref, tasks, limit, token=opts.token)
         seconds["references"] = round(time.perf_counter() - t0, 2)
     wanted = {"cpus": 1, "gpus": 1 if str(opts.device).startswith("cuda") else 0, "memory": int(memory * 1.25),
               **(resources or {})}

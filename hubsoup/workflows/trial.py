@@ -127,7 +127,7 @@ class TrialSession:
         tasks = [TaskSpec.parse(t) if isinstance(t, str) else t for t in payload.get("tasks") or ()]
         self.evaluator = Evaluator(tasks, tokenizer=self.base_ckpt.folder, limit=payload.get("limit"),
                                    batch_size=int(payload.get("batch_size") or 32), device=self.opts.device,
-                                   quiet=True)
+                                   quiet=True, token=self.opts.token)
         self.evaluator.prepare(self.model)
 
     def _fits(self) -> bool:

@@ -184,7 +184,7 @@ class StateReader:
             self._handles[fname] = None
 
 
-def state_folder(soup: str, token: Token = None) -> tuple[str, str]:
+def state_folder(soup: str, token: Token) -> tuple[str, str]:
     """(local folder of the soup's state, a label) for a soup given as a folder or Hub repo ID."""
     expanded = os.path.expanduser(soup)
     if access.hub_only():  # a server's run: a Hub repo ID by its text alone, no folder of this machine

@@ -69,7 +69,7 @@ class Run:
         datasets progress bars ("Generating validation split"), which a dry run's plan is no place for."""
         for spec in self.tasks:
             if spec.kind == "lm-eval" or spec.is_local:  # lm-eval: its names (and a hub_only run's task repo,
-                spec.check()                               # fetched and checked for code) now
+                spec.check(self.token)                     # fetched and checked for code) now
 
     @property
     def eval_signature(self) -> str:

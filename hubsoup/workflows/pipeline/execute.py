@@ -39,7 +39,7 @@ def _run_config(run: Run, m: PlannedMerge, out: str | None, **push: Any):
         result = run_config(m.spec.text, out, pins=m.pins, **opts)
     if run.tasks and out is not None:
         result.evaluation = evaluate_model(out, run.tasks, limit=run.p.eval.limit if run.p.eval else None,
-                                           device=run.opts.device, quiet=True)
+                                           device=run.opts.device, quiet=True, token=run.token)
         write_results(result.evaluation, os.path.join(out, EVAL_FILE))
         result.write_card(out)
     return result

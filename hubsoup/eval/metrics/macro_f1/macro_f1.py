@@ -1,11 +1,13 @@
 """Macro-averaged F1 over the classes present in references or predictions (shipped with hubsoup)."""
 
+from typing import Any
+
 import datasets
 import evaluate
 
 
-class MacroF1(evaluate.Metric):
-    def _info(self):
+class MacroF1(evaluate.Metric):  # type: ignore[misc]  # evaluate ships no type information: Metric is Any
+    def _info(self) -> Any:  # evaluate.MetricInfo (evaluate ships no type information)
         return evaluate.MetricInfo(
             description="Unweighted mean of per-class F1 (a class absent from both sides is skipped).",
             citation="",
@@ -13,7 +15,7 @@ class MacroF1(evaluate.Metric):
             features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
         )
 
-    def _compute(self, predictions, references):
+    def _compute(self, predictions: list[int], references: list[int]) -> dict[str, float]:
         classes = sorted(set(references) | set(predictions))
         scores = []
         for c in classes:

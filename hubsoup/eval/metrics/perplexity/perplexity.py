@@ -4,13 +4,14 @@ exp(Σ nll / Σ tokens): the corpus-level perplexity, every token weighted equal
 """
 
 import math
+from typing import Any
 
 import datasets
 import evaluate
 
 
-class Perplexity(evaluate.Metric):
-    def _info(self):
+class Perplexity(evaluate.Metric):  # type: ignore[misc]  # evaluate ships no type information: Metric is Any
+    def _info(self) -> Any:  # evaluate.MetricInfo (evaluate ships no type information)
         return evaluate.MetricInfo(
             description="Corpus perplexity exp(sum of token NLLs / number of tokens).",
             citation="",
@@ -18,7 +19,7 @@ class Perplexity(evaluate.Metric):
             features=datasets.Features({"predictions": datasets.Value("float64"), "references": datasets.Value("int64")}),
         )
 
-    def _compute(self, predictions, references):
+    def _compute(self, predictions: list[float], references: list[int]) -> dict[str, float]:
         tokens = sum(references)
         if tokens <= 0:
             raise ValueError("perplexity needs at least one predicted token")
