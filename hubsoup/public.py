@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Callable, Iterator, Mapping, cast
+from typing import Any, Callable, Iterator, Mapping, TypeGuard, cast
 
 import yaml
 
@@ -24,7 +24,7 @@ from hubsoup.errors import ParameterError
 from hubsoup.untrusted import load_yaml
 
 
-def looks_local(value: Any) -> bool:
+def looks_local(value: Any) -> TypeGuard[str]:
     """Whether a string names a file or folder of this machine (not a Hub ID or a plain value)."""
     if not isinstance(value, str) or not value or "\n" in value:
         return False
