@@ -110,7 +110,8 @@ def save_tiny_tokenizer(folder: str, vocab: int = 128) -> None:
     words = specials + [f"w{i}" for i in range(vocab - len(specials))]
     tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tk,  # type: ignore[no-untyped-call]  # transformers: untyped __init__ pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+    # transformers: PreTrainedTokenizerFast.__init__ is unannotated
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",  # type: ignore[no-untyped-call]
                                    sep_token="[SEP]", eos_token="[EOS]")
     fast.save_pretrained(folder)
 
