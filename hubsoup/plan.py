@@ -18,12 +18,15 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Protocol, Sequence, cast
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence, cast
 
 import torch
 
-from hubsoup.arch import TensorHeader, before_blocks, tied_groups
+from hubsoup.arch import before_blocks, tied_groups
 from hubsoup.errors import IncompatibleInputError
+
+if TYPE_CHECKING:
+    from hubsoup.arch import TensorHeader
 
 log = logging.getLogger(__name__)
 
