@@ -52,10 +52,17 @@ _LAZY = {
 }
 
 
-if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
-    from hubsoup.api import MergeResult, merge, push_figures
-    from hubsoup.hub import PushTarget
-    from hubsoup.options import MergeOptions
+if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names (``X as X``: re-exported, for mypy --strict)
+    from hubsoup.api import MergeResult as MergeResult, merge as merge, push_figures as push_figures
+    from hubsoup.hub import PushTarget as PushTarget
+    from hubsoup.methods import list_methods as list_methods, method as method
+    from hubsoup.options import MergeOptions as MergeOptions
+    from hubsoup.workflows import continual as continual
+    from hubsoup.workflows.evolve import evolve as evolve
+    from hubsoup.workflows.rerun import run_recipe as run_recipe
+    from hubsoup.workflows.search import search as search
+    from hubsoup.workflows.soups import greedy_soup as greedy_soup, uniform_soup as uniform_soup
+    from hubsoup.workflows.sweep import sweep as sweep
 
 
 def __getattr__(name: str) -> object:

@@ -46,10 +46,13 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +146,18 @@ def _layout(folder: str, _mtime: float) -> Layout | None:
         return None
 
 
-def tied_groups(folder: str, keys: list[str], infos: dict | None = None, config: dict | None = None
-                ) -> list[list[str]]:
+class TensorHeader(Protocol):
+    """What a checkpoint's header says of a tensor (``hubsoup.sources.checkpoint.TensorInfo``)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+
+def tied_groups(folder: str, keys: list[str], infos: Mapping[str, TensorHeader] | None = None,
+                config: Mapping[str, Any] | None = None) -> list[list[str]]:
     """Groups of checkpoint keys that the architecture ties together.
 
     A tie matters only when two of its names are both in the checkpoint (``save_pretrained``
@@ -172,8 +185,8 @@ def tied_groups(folder: str, keys: list[str], infos: dict | None = None, config:
     return out
 
 
-def _may_tie(keys: list[str], infos: dict, config: dict) -> bool:
-    groups: dict[tuple, int] = {}
+def _may_tie(keys: list[str], infos: Mapping[str, TensorHeader], config: Mapping[str, Any]) -> bool:
+    groups: dict[tuple[tuple[int, ...], torch.dtype], int] = {}
     for k in keys:
         info = infos[k]
         if info.dtype.is_floating_point and tensor_role(k, tuple(info.shape)) in ("embedding", "head"):
@@ -200,7 +213,7 @@ def tie_heads(layout: Layout | None, base_keys: list[str]) -> dict[str, str]:
         return out
     order = {k: i for i, k in enumerate(base_keys)}
     for group in layout.ties:
-        present = sorted((n for n in group if n in order), key=order.get)
+        present = sorted((n for n in group if n in order), key=order.__getitem__)
         if present:
             for n in group:
                 if n != present[0]:
@@ -208,7 +221,7 @@ def tie_heads(layout: Layout | None, base_keys: list[str]) -> dict[str, str]:
     return out
 
 
-def model_class(config):
+def model_class(config: PreTrainedConfig) -> type[Any]:
     """The transformers class of ``config.architectures[0]`` (``AutoModel`` if it names none)."""
     # lazy: transformers costs ~4 s to import here (torch ~6 s); only the model class of a card's snippet needs it
     import transformers
@@ -240,7 +253,7 @@ _AUTO_CLASSES = (
 
 
 @functools.lru_cache(maxsize=1)
-def _auto_mappings() -> dict[str, dict]:
+def _auto_mappings() -> dict[str, dict[str, str]]:
     """transformers' ``MODEL_FOR_*_MAPPING_NAMES`` (model type → architecture names).
 
     They are literals in ``transformers/models/auto/modeling_auto.py``: read from its source
@@ -253,6 +266,8 @@ def _auto_mappings() -> dict[str, dict]:
     if loaded is None:
         try:
             spec = importlib.util.find_spec("transformers")  # finds the package without importing it
+            if spec is None or spec.origin is None:  # no source to read: the import below says what is wrong
+                raise ValueError("transformers not found")
             path = os.path.join(os.path.dirname(spec.origin), "models", "auto", "modeling_auto.py")
             with open(path, encoding="utf-8") as f:
                 tree = ast.parse(f.read())
@@ -280,7 +295,7 @@ class AutoClass:
     architecture: str | None = None
 
 
-def auto_class(config: dict | None) -> AutoClass:
+def auto_class(config: Mapping[str, Any] | None) -> AutoClass:
     """The Auto class that loads a model with ``config`` (a ``config.json`` dict), from ``architectures[0]``.
 
     An architecture transformers does not know (remote code) or a config naming none loads with
@@ -313,7 +328,7 @@ PEFT_TASK_TYPES = {"AutoModelForCausalLM": "CAUSAL_LM", "AutoModelForSequenceCla
                    "AutoModelForQuestionAnswering": "QUESTION_ANS", "AutoModel": "FEATURE_EXTRACTION"}
 
 
-def peft_task_type(config: dict | None) -> str | None:
+def peft_task_type(config: Mapping[str, Any] | None) -> str | None:
     """peft's ``task_type`` for a LoRA adapter of a model with ``config`` (None: peft names no task for it).
 
     Example:

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import re
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, cast
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData, constants, metadata_load
 
@@ -28,6 +28,10 @@ from hubsoup.public import looks_local, public_value
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.untrusted import read_json
 
+if TYPE_CHECKING:
+    from hubsoup.methods import Method
+    from hubsoup.sources.checkpoint import InputRef
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # installed wheels carry the templates inside the package; a source checkout has them at the top
 TEMPLATE_DIRS = [os.path.join(_HERE, "cards"), os.path.join(os.path.dirname(_HERE), "cards")]
@@ -41,7 +45,46 @@ def template_path(name: str = "merge.md") -> str:
     raise FileNotFoundError(f"card template {name} not found in {TEMPLATE_DIRS}")
 
 
-def _ref_view(ref) -> dict[str, Any]:
+class CardResult(Protocol):
+    """What the card reads of a merge result (:class:`hubsoup.MergeResult`), and :func:`write_card` sets."""
+
+    card_text: str | None
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def recipe(self) -> Recipe: ...
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def params(self) -> dict[str, Any]: ...
+
+    @property
+    def base(self) -> InputRef: ...
+
+    @property
+    def inputs(self) -> list[InputRef]: ...
+
+    @property
+    def stats(self) -> dict[str, Any]: ...
+
+    @property
+    def notes(self) -> list[str]: ...
+
+    @property
+    def sections(self) -> list[dict[str, str]]: ...
+
+    @property
+    def search(self) -> dict[str, Any] | None: ...
+
+    @property
+    def evaluation(self) -> list[Any]: ...
+
+
+def _ref_view(ref: InputRef) -> dict[str, Any]:
     """What the card shows of an input or the base: its repo ID and SHA, or a local folder's name and digest.
 
     Never a local path: the card is published (see :meth:`hubsoup.sources.InputRef.public`).
@@ -56,7 +99,7 @@ def _ref_view(ref) -> dict[str, Any]:
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def upstream_model(ref) -> str | None:
+def upstream_model(ref: InputRef) -> str | None:
     """The Hub model a base stands for: its repo ID, or, for a local folder, the one Hub ID its own card
     names as ``base_model`` (a local copy of a Hub model, e.g. the demo's all-MiniLM-L6-v2); else None."""
 
@@ -70,7 +113,7 @@ def upstream_model(ref) -> str | None:
     return None
 
 
-def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> list[EvalResult] | None:
+def _public_eval_results(eval_results: Sequence[EvalResult] | None) -> Sequence[EvalResult] | None:
     """Eval results as published: a ``dataset.type`` that is a local file (a caller's own ``EvalResult``) is the
     result's dataset name, as :func:`hubsoup.eval.run.dataset_type` makes it; the file is never named there."""
     if not eval_results:
@@ -96,7 +139,7 @@ _PEFT_TASK_AUTO = {"CAUSAL_LM": ("AutoModelForCausalLM", "text-generation"),
 _TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.txt", "tokenizer.model")
 
 
-def _load_view(result, folder: str | None, lora: bool) -> dict[str, Any]:
+def _load_view(result: CardResult, folder: str | None, lora: bool) -> dict[str, Any]:
     """How the "how to use" snippet loads the output: the Auto class of the architecture its
     ``config.json`` names (the base's, for a LoRA adapter), the card's ``pipeline_tag``, and
     whether there is a tokenizer to load."""
@@ -165,7 +208,7 @@ def _origin(row: dict[str, Any], value: Any) -> str:
     return _ORIGINS.get(row.get("source", "paper"), "default")
 
 
-def _param_rows(method, values: dict[str, Any], prefix: str = "") -> list[dict[str, Any]]:
+def _param_rows(method: Method[Any], values: dict[str, Any], prefix: str = "") -> list[dict[str, Any]]:
     """Hyperparameter table rows; a modifier's ``base_params`` become rows ``inner.name`` of the inner method."""
     info = {row["name"]: row for row in describe(method.Params)}
     rows = []
@@ -180,7 +223,7 @@ def _param_rows(method, values: dict[str, Any], prefix: str = "") -> list[dict[s
     return rows
 
 
-def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalResult] | None = None,
+def render(result: CardResult, *, repo_id: str | None = None, eval_results: Sequence[EvalResult] | None = None,
            template: str | None = None, license: str | None = None, notes: Sequence[str] = (),
            folder: str | None = None) -> ModelCard:
     """Render the model card of a merge result.
@@ -242,7 +285,7 @@ def render(result, *, repo_id: str | None = None, eval_results: Sequence[EvalRes
     notes = [*method_notes, *result.notes, *notes]
     if template is not None and not os.path.isfile(template):
         raise ParameterError(f"card template '{template}' not found; give the path of a Jinja markdown file")
-    card = ModelCard.from_template(
+    card: ModelCard = ModelCard.from_template(
         data,
         template_path=template or template_path(),
         model_name=model_name,
@@ -284,13 +327,13 @@ def card_title(where: str) -> str:
     return os.path.basename(os.path.normpath(where.rstrip("/\\"))) or where
 
 
-def base_load_id(ref) -> str:
+def base_load_id(ref: InputRef) -> str:
     """How a published card (and adapter) names the base to load: its repo ID, the Hub model a local copy
     stands for (:func:`upstream_model`), or a local folder's name (its path is never published)."""
     return upstream_model(ref) or ref.public_name
 
 
-def _recipe_base(folder: str):
+def _recipe_base(folder: str) -> InputRef | None:
     """The base :class:`~hubsoup.sources.InputRef` of the hubsoup recipe in ``folder`` (None: no readable recipe)."""
 
     try:
@@ -331,8 +374,9 @@ def retarget_text(text: str, folder: str, repo_id: str) -> str:
         new = head + sep + body
         if sep and "model-index" in head:
             card = ModelCard(new)
-            if card.data.model_name == old_title:
-                card.data.model_name = title
+            data = cast(ModelCardData, card.data)  # a ModelCard's data: ModelCardData (typed as its base class)
+            if data.model_name == old_title:
+                data.model_name = title
                 new = str(card)
     return new
 
@@ -353,7 +397,7 @@ def public_adapter_config(text: str, folder: str) -> str:
     return text
 
 
-def _card_meta(ref) -> dict[str, Any] | None:
+def _card_meta(ref: InputRef) -> dict[str, Any] | None:
     """Card metadata of an input or base (its README.md, local or in the Hub cache); None if unknown."""
     if not (ref.path or ref.spec):  # read back from a published recipe: nothing local to read
         return None
@@ -366,7 +410,7 @@ def _card_meta(ref) -> dict[str, Any] | None:
         return {}
 
 
-def inherited_license(result) -> dict[str, Any]:
+def inherited_license(result: CardResult) -> dict[str, Any]:
     """The license the merge inherits: the base card's, when no input's card names another one.
 
     Inputs whose card is silent about the license do not block it (fine-tunes often omit
@@ -399,7 +443,7 @@ def inherited_license(result) -> dict[str, Any]:
     return out
 
 
-def _lora_view(result) -> dict[str, Any] | None:
+def _lora_view(result: CardResult) -> dict[str, Any] | None:
     """The LoRA output's report, trimmed for the card (the full one is ``hubsoup_lora_report.json``)."""
     report = getattr(result, "lora", None)
     if not report:
@@ -408,7 +452,7 @@ def _lora_view(result) -> dict[str, Any] | None:
     return {**{k: v for k, v in report.items() if k != "modules"}, "worst": worst}
 
 
-def write_card(result, folder: str, **kwargs: Any) -> str:
+def write_card(result: CardResult, folder: str, **kwargs: Any) -> str:
     path = os.path.join(folder, "README.md")
     kwargs.setdefault("folder", folder)
     card = render(result, **kwargs)

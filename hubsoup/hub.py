@@ -38,11 +38,11 @@ import shlex
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterator, Sequence
 
 from huggingface_hub import CommitOperationAdd, constants
 from huggingface_hub.lfs import UploadInfo, post_lfs_batch_info
-from huggingface_hub.utils import (
+from huggingface_hub.utils import (  # type: ignore[attr-defined]  # huggingface_hub.utils: re-exports mypy cannot see
     are_progress_bars_disabled, disable_progress_bars, enable_progress_bars, filter_repo_objects,
 )
 from huggingface_hub.utils._runtime import is_xet_available
@@ -58,6 +58,9 @@ from hubsoup.hubclient import (
 )
 from hubsoup.recipe import RECIPE_FILE, Recipe, public_recipe_yaml
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
+
+if TYPE_CHECKING:
+    from huggingface_hub import CommitInfo, HfApi
 
 log = logging.getLogger(__name__)
 
@@ -294,8 +297,13 @@ def restricted_inputs(folder: str, token: Token = None, recipe: Recipe | None = 
     config = recipe.mergekit.get("config") if isinstance(recipe.mergekit, dict) else None
     if isinstance(config, str):
         named: list[str] = []
+
+        def note(r: str) -> str:  # each model the config names, kept as it is
+            named.extend(str(r).split("+"))
+            return r
+
         try:
-            map_models(load_yaml(config, "mergekit config"), lambda r: named.extend(str(r).split("+")) or r)
+            map_models(load_yaml(config, "mergekit config"), note)
         except Exception:  # noqa: BLE001
             pass
         repos |= {parse_spec(n)[0] for n in named if is_hub_id(n)}
@@ -315,7 +323,7 @@ def restricted_inputs(folder: str, token: Token = None, recipe: Recipe | None = 
     return out
 
 
-def _goes_public(api, repo_id: str, private: bool | None) -> bool:
+def _goes_public(api: HfApi, repo_id: str, private: bool | None) -> bool:
     """Whether a push to ``repo_id`` is readable by everyone (an existing repo keeps its own visibility)."""
     if private:
         return False
@@ -330,7 +338,7 @@ def _goes_public(api, repo_id: str, private: bool | None) -> bool:
 def push_folder(folder: str, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
                 commit_message: str | None = None, token: Token = None,
                 commit_description: str | None = None, monitor: Any = None, allow_private_inputs: bool = False,
-                card_writer: Callable[[str, str, list[dict[str, str]]], None] | None = None):
+                card_writer: Callable[[str, str, list[dict[str, str]]], None] | None = None) -> CommitInfo:
     """Create ``repo_id`` if needed and upload ``folder`` to it in one commit.
 
     The same push as a merge streamed to the Hub (:class:`HubPush`), with every shard already complete:
@@ -479,7 +487,7 @@ class HubPush:
         self.what = what or f"push to {repo_id}"
         self.after = after
         """What a failure's message ends with (how to retry)."""
-        self.api = hub_api(token)
+        self.api: HfApi = hub_api(token)
         self.created = False
         self.restricted: list[dict[str, str]] = []
         self.shards: dict[str, CommitOperationAdd] = {}
@@ -491,7 +499,7 @@ class HubPush:
         self._rules: _PublishRules | None = None
         self._record: _ResumeRecord | None = None
         self._names: dict[str, tuple[str, ...]] = {}
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue[tuple[str, str, Callable[[], None]] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._busy = 0
@@ -548,7 +556,8 @@ class HubPush:
         """Which of these LFS objects (sha256 → size) the repo holds: the batch API answers them without actions."""
         infos = [UploadInfo(size=n, sample=b"", sha256=bytes.fromhex(oid)) for oid, n in objects.items()]
         try:
-            actions, _, _ = post_lfs_batch_info(upload_infos=infos, token=self.token, repo_type="model",
+            # huggingface_hub annotates its token str | None; it hands it to build_hf_headers, which takes False too
+            actions, _, _ = post_lfs_batch_info(upload_infos=infos, token=self.token, repo_type="model",  # type: ignore[arg-type]
                                                 repo_id=self.repo_id, revision=None if self.create_pr else "main",
                                                 endpoint=self.api.endpoint)
         except Exception as e:  # noqa: BLE001 - resuming saves work; without an answer the shards are made again
@@ -625,7 +634,7 @@ class HubPush:
         if self._error is not None:
             raise self._error
 
-    def commit(self, folder: str, *, segment: bool = True):
+    def commit(self, folder: str, *, segment: bool = True) -> CommitInfo:
         """Wait for the shards, then commit them with the rest of ``folder`` (its public form) in one commit.
 
         Returns ``huggingface_hub.CommitInfo``; removes the resume record. ``segment``: the push's files are a
@@ -777,7 +786,7 @@ _BARS_USERS = 0
 
 
 @contextmanager
-def _no_xet_bars(quiet: bool):
+def _no_xet_bars(quiet: bool) -> Iterator[None]:
     """huggingface_hub's xet uploads show progress unless progress bars are off *process-wide*: unlike
     downloads (``tqdm_class``) and plain LFS uploads (a file object has no bar), there is no per-call
     switch. So, only when xet is in use, bars are turned off while at least one silent push runs and

@@ -22,9 +22,12 @@ import re
 import threading
 import time
 import warnings
-from typing import Any, Iterator, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar, Union
 
 from hubsoup.errors import InputError, PushError
+
+if TYPE_CHECKING:
+    import httpx
 
 Token = Union[str, bool, None]
 """A Hub token, as huggingface_hub takes it: the token itself, False (send none), or None (the usual sources:
@@ -49,7 +52,7 @@ def hub_timeout() -> float:
     return value if value > 0 else DEFAULT_TIMEOUT
 
 
-def _timeout_hook(request) -> None:
+def _timeout_hook(request: httpx.Request) -> None:
     """Give a request that would wait forever (no timeout set, by the client or the call) hubsoup's timeout."""
     current = request.extensions.get("timeout") or {}
     if all(v is None for v in current.values()):
@@ -57,7 +60,7 @@ def _timeout_hook(request) -> None:
         request.extensions["timeout"] = {"connect": t, "read": t, "write": t, "pool": t}
 
 
-def _add_timeout_hook(client) -> None:
+def _add_timeout_hook(client: Any) -> None:  # an httpx.Client, marked with an attribute of ours
     if getattr(client, "_hubsoup_timeouts", False):
         return
     hooks = dict(client.event_hooks)
@@ -75,11 +78,12 @@ def ensure_timeouts() -> None:
     the caller or the user's own client set are kept. Installed on the current shared client and,
     through the client factory, on any client created later in the process.
     """
-    from huggingface_hub.utils import _http, get_session  # lazy: keeps hubsoup --help free of huggingface_hub
+    # lazy: keeps hubsoup --help free of huggingface_hub
+    from huggingface_hub.utils import _http, get_session  # type: ignore[attr-defined]  # huggingface_hub.utils: re-exports mypy cannot see
 
     factory = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None)
     if factory is not None and not getattr(factory, "_hubsoup", False):
-        def with_timeouts(inner=factory):
+        def with_timeouts(inner: Callable[[], Any] = factory) -> Any:
             client = inner()
             _add_timeout_hook(client)
             return client
@@ -262,7 +266,7 @@ def scrub_secrets(text: Any, token: Token = None) -> str:
 class SecretFilter:
     """A logging filter that removes tokens from every record (message, arguments, exception text)."""
 
-    def filter(self, record) -> bool:
+    def filter(self, record: logging.LogRecord) -> bool:
         try:
             msg = record.getMessage()
         except Exception:  # noqa: BLE001 - a broken record is logging's problem, not ours
@@ -290,7 +294,7 @@ def install_log_scrubber() -> None:
         return
     scrub = SecretFilter()
 
-    def scrubbed_record(*args, **kwargs):
+    def scrubbed_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = factory(*args, **kwargs)
         scrub.filter(record)
         return record
@@ -299,7 +303,8 @@ def install_log_scrubber() -> None:
     logging.setLogRecordFactory(scrubbed_record)
     shown = warnings.formatwarning  # Python's warnings are printed, not logged: scrubbed as they are formatted
     if not getattr(shown, "_hubsoup", False):
-        def scrubbed_warning(message, category, filename, lineno, line=None):
+        def scrubbed_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                             line: str | None = None) -> str:
             return scrub_secrets(shown(message, category, filename, lineno, line))
 
         scrubbed_warning._hubsoup = True  # type: ignore[attr-defined]
@@ -449,7 +454,8 @@ def check_repo_id(repo_id: str) -> str:
     ...
     hubsoup.errors.PushError: push target 'my-org/soup\n' is not a Hub repo ID (letters, digits, '-', '_' and '.' only); use NAMESPACE/NAME, e.g. my-org/my-soup
     """
-    from huggingface_hub.utils import HFValidationError, validate_repo_id  # lazy: keeps --help free of huggingface_hub
+    # lazy: keeps --help free of huggingface_hub
+    from huggingface_hub.utils import HFValidationError, validate_repo_id  # type: ignore[attr-defined]  # as in ensure_timeouts
 
     def refuse(why: str) -> PushError:
         shown = repr(repo_id) if isinstance(repo_id, str) and len(repo_id) <= 120 else \
@@ -539,8 +545,8 @@ def _push_words(e: BaseException, repo_id: str) -> str:
     status = error_status(e)
     detail = server_detail(e)
     if isinstance(e, ValueError) and "metadata" in str(e).lower():
-        first = str(e).strip().splitlines()
-        why = "; ".join(s.lstrip("- ").strip() for s in first[1:] if s.strip()) or first[0]
+        lines = str(e).strip().splitlines()
+        why = "; ".join(s.lstrip("- ").strip() for s in lines[1:] if s.strip()) or lines[0]
         return f"the Hub refused the model card's metadata (README.md): {why}"
     if constants.HF_HUB_OFFLINE and not isinstance(e, HfHubHTTPError):
         return "offline mode is on (HF_HUB_OFFLINE=1); unset it to push"

@@ -18,12 +18,15 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence, cast
 
 import torch
 
 from hubsoup.arch import before_blocks, tied_groups
 from hubsoup.errors import IncompatibleInputError
+
+if TYPE_CHECKING:
+    from hubsoup.arch import TensorHeader
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +41,12 @@ def block_of(name: str) -> tuple[str, int] | None:
     return (m.group("stack"), int(m.group("idx"))) if m else None
 
 
-def num_layers_for(stack: str, config: dict) -> int | None:
+def num_layers_for(stack: str, config: Mapping[str, Any]) -> int | None:
     """Number of blocks of ``stack`` according to the model config."""
-    def first(cfg: dict, *keys: str) -> int | None:
+    def first(cfg: Mapping[str, Any], *keys: str) -> int | None:
         for k in keys:
             if isinstance(cfg.get(k), int):
-                return cfg[k]
+                return cast(int, cfg[k])
         return None
 
     sub = config
@@ -120,6 +123,19 @@ class Block:
     """The engine's worker that merges it (one per device of a device map; blocks of one worker run in order)."""
 
 
+class PlannedCheckpoint(Protocol):
+    """What :meth:`Plan.of` reads of a checkpoint (``hubsoup.sources.checkpoint.Checkpoint``)."""
+
+    folder: str
+
+    @property
+    def config(self) -> dict[str, Any]: ...
+
+    def keys(self) -> list[str]: ...
+
+    def info(self, name: str) -> TensorHeader: ...
+
+
 @dataclass
 class Plan:
     blocks: list[Block]
@@ -139,7 +155,7 @@ class Plan:
         return out
 
     @classmethod
-    def of(cls, ckpt, device: str = "cpu") -> "Plan":
+    def of(cls, ckpt: PlannedCheckpoint, device: str = "cpu") -> "Plan":
         """The plan of a checkpoint (its keys, header infos, config and architecture's ties)."""
         keys = ckpt.keys()
         infos = {k: ckpt.info(k) for k in keys}
@@ -155,8 +171,8 @@ class Plan:
         return "\n".join(lines)
 
 
-def build_plan(keys: list[str], infos: dict, config: dict, *, ties: list[list[str]] = (),
-               device: str = "cpu") -> Plan:
+def build_plan(keys: list[str], infos: Mapping[str, TensorHeader], config: Mapping[str, Any], *,
+               ties: Sequence[Sequence[str]] = (), device: str = "cpu") -> Plan:
     """Group the base's tensors into blocks in forward order.
 
     ``infos`` maps each key to an object with ``shape`` and ``dtype``.
@@ -166,8 +182,8 @@ def build_plan(keys: list[str], infos: dict, config: dict, *, ties: list[list[st
         for other in group[1:]:
             alias_of[other] = group[0]
     aliases: dict[str, list[str]] = {}
-    for other, head in alias_of.items():
-        aliases.setdefault(head, []).append(other)
+    for other, kept in alias_of.items():
+        aliases.setdefault(kept, []).append(other)
 
     stacks: dict[str, dict[int, Block]] = {}
     head: list[TensorEntry] = []
@@ -215,8 +231,8 @@ def build_plan(keys: list[str], infos: dict, config: dict, *, ties: list[list[st
     return Plan(blocks)
 
 
-def layout_plan(sources: dict[str, TensorSource], infos: dict, config: dict, *, ties: list[list[str]] = (),
-                device: str = "cpu") -> Plan:
+def layout_plan(sources: dict[str, TensorSource], infos: Mapping[str, TensorHeader], config: Mapping[str, Any], *,
+                ties: Sequence[Sequence[str]] = (), device: str = "cpu") -> Plan:
     """The plan of an output whose tensors come from elsewhere (``sources``: output name → :class:`TensorSource`).
 
     ``infos`` maps each output name to its shape and dtype; ``config`` is the output's config

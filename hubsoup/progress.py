@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import io
 import threading
-from typing import Any, Callable, Protocol, Sequence, Union
+from typing import Any, Callable, Iterator, Literal, Protocol, Sequence, Union, cast
 
 from hubsoup.errors import MergeCancelled, ParameterError
 
@@ -62,7 +62,7 @@ def _cancel_check(cancel: Cancel | None) -> Callable[[], bool] | None:
         return None
     is_set = getattr(cancel, "is_set", None)  # threading.Event, multiprocessing.Event, asyncio.Event
     if callable(is_set):
-        return is_set
+        return cast(Callable[[], bool], is_set)  # a CancelEvent's is_set()
     if callable(cancel):
         return cancel
 
@@ -199,7 +199,7 @@ class Monitor:
             self._progress(done, self.stage_name, message)
 
 
-def silent_tqdm(monitor: Monitor):
+def silent_tqdm(monitor: Monitor) -> type[Any]:
     """A ``tqdm_class`` for huggingface_hub's downloads that shows nothing, checks ``cancel`` on every
     update (each chunk and each finished file) and reports finished files as steps of ``monitor``.
 
@@ -208,9 +208,9 @@ def silent_tqdm(monitor: Monitor):
     """
 
     class _Silent:
-        format_dict: dict = {}
+        format_dict: dict[str, Any] = {}
 
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             self.n = kwargs.get("initial") or 0
             self.total = kwargs.get("total")
             self.desc = str(kwargs.get("desc") or "")
@@ -219,22 +219,22 @@ def silent_tqdm(monitor: Monitor):
             if self._files:
                 monitor.segment(int(self.total or 1), self.desc.lower())
 
-        def update(self, n=1):
+        def update(self, n: int | None = 1) -> None:
             monitor.check("while downloading")
             self.n += n or 0
             if self._files and n:
                 monitor.step("downloaded a file", int(n))
 
-        def __enter__(self):
+        def __enter__(self) -> _Silent:
             return self
 
-        def __exit__(self, *exc):
+        def __exit__(self, *exc: object) -> Literal[False]:
             return False
 
-        def __iter__(self):
+        def __iter__(self) -> Iterator[Any]:
             return iter(())
 
-        def __getattr__(self, name):  # refresh, close, set_description, set_postfix_str, ...: nothing to show
+        def __getattr__(self, name: str) -> Callable[..., None]:  # refresh, close, set_description, set_postfix_str, ...: nothing to show
             if name.startswith("__"):
                 raise AttributeError(name)
             return lambda *a, **k: None
@@ -246,7 +246,7 @@ class ReadReport(io.BufferedIOBase):
     """A file object as an upload reads it: each read checks ``cancel`` and reports, as steps of ``monitor``'s
     segment, the bytes newly reached (the furthest point read: a retried upload is not counted twice)."""
 
-    def __init__(self, raw: Any, monitor: Monitor, name: str):
+    def __init__(self, raw: io.BufferedIOBase, monitor: Monitor, name: str):
         super().__init__()
         self._raw, self._monitor, self._name, self.reached = raw, monitor, name, 0
 
@@ -304,7 +304,7 @@ class _SegmentView:
     def segment(self, total: int, message: str = "") -> None:
         pass
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._monitor, name)
 
 

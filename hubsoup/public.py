@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Mapping, TypeGuard, cast
 
 import yaml
 
@@ -24,7 +24,7 @@ from hubsoup.errors import ParameterError
 from hubsoup.untrusted import load_yaml
 
 
-def looks_local(value: Any) -> bool:
+def looks_local(value: Any) -> TypeGuard[str]:
     """Whether a string names a file or folder of this machine (not a Hub ID or a plain value)."""
     if not isinstance(value, str) or not value or "\n" in value:
         return False
@@ -107,7 +107,7 @@ def local_paths_in_text(text: str) -> list[str]:
     return found
 
 
-def _strings(value: Any):
+def _strings(value: Any) -> Iterator[str]:
     """Every string value of parsed JSON (not the keys: a tokenizer's vocabulary is keys)."""
     if isinstance(value, str):
         yield value
@@ -166,7 +166,7 @@ def public_config_text(text: str) -> str:
     return dump_config(pub)
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(yaml.SafeDumper):  # type: ignore[misc]  # PyYAML ships no stubs (types-PyYAML not installed)
     """mergekit's layout: lists of numbers (layer ranges, gradients) in flow style."""
 
 
@@ -174,9 +174,9 @@ _Dumper.add_representer(list, lambda d, v: d.represent_sequence(
     "tag:yaml.org,2002:seq", v, flow_style=all(isinstance(e, (int, float)) for e in v)))
 
 
-def dump_config(data: dict) -> str:
+def dump_config(data: Mapping[str, Any]) -> str:
     """A config as YAML, in the layout mergekit itself writes."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+    return cast(str, yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True))  # no stream: the text
 
 
 def map_models(data: Any, fn: Callable[[str], str]) -> Any:
@@ -201,7 +201,7 @@ def map_models(data: Any, fn: Callable[[str], str]) -> Any:
     return out
 
 
-def _map_tokenizer_models(section: dict, fn: Callable[[str], str]) -> dict:
+def _map_tokenizer_models(section: dict[str, Any], fn: Callable[[str], str]) -> dict[str, Any]:
     out = dict(section)
     if isinstance(out.get("source"), str) and out["source"] not in ("base", "union"):
         out["source"] = fn(out["source"])
@@ -227,5 +227,5 @@ def resign_state_json(text: str) -> str:
     return json.dumps(d, indent=2)
 
 
-def json_digest(d: dict) -> str:
+def json_digest(d: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()

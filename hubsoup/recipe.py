@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import yaml
 
@@ -57,13 +57,13 @@ class Recipe:
     each (:func:`hubsoup.methods.plugin_distributions`; outside the hash). ``hubsoup run`` on a machine without
     the package names the one to install."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.base = _ref(self.base)
         self.inputs = [_ref(r) for r in self.inputs]
 
     def identity(self) -> dict[str, Any]:
         """What the hash covers: method, parameters, exact inputs (by SHA when on the Hub), dtype, options."""
-        def pin(ref: InputRef) -> dict:
+        def pin(ref: InputRef) -> dict[str, Any]:
             d = ref.to_dict()
             return {k: d.get(k) for k in ("repo_id", "sha", "path", "kind") if d.get(k) is not None}
         ident = {"method": self.method, "params": self.params, "base": pin(self.base),
@@ -89,7 +89,7 @@ class Recipe:
         return d
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+        return cast(str, yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True))  # no stream: the text
 
     def public_dict(self) -> dict[str, Any]:
         """:meth:`to_dict` as it may be published: nothing local.
@@ -111,7 +111,7 @@ class Recipe:
         return d
 
     def public_yaml(self) -> str:
-        return yaml.safe_dump(self.public_dict(), sort_keys=False, allow_unicode=True)
+        return cast(str, yaml.safe_dump(self.public_dict(), sort_keys=False, allow_unicode=True))  # as to_yaml
 
     def metadata(self) -> dict[str, str]:
         """The safetensors ``__metadata__`` of an output: the public recipe (no shard rewrite at push time)."""
@@ -208,7 +208,8 @@ class Recipe:
             if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in ("distribution", "version")):
                 raise ParameterError(f"recipe: 'extra.plugins' entry {short(name)} must name a package: "
                                      f"{{distribution: NAME, version: VERSION}}, got {short(rec)}")
-        recipe = cls(**d, **{k: extra.get(k) or {} for k in _EXTRA})
+        extras: dict[str, Any] = {k: extra.get(k) or {} for k in _EXTRA}
+        recipe = cls(**d, **extras)
         if verify:
             recipe.verify(recorded)
         return recipe
@@ -290,7 +291,7 @@ def recipe_for(method: str, params: dict[str, Any], base: InputRef, inputs: Sequ
                   output=output or {}, continual=continual or {}, plugins=plugin_distributions(method, params))
 
 
-def _ref(r: InputRef | dict) -> InputRef:
+def _ref(r: InputRef | dict[str, Any]) -> InputRef:
     if isinstance(r, InputRef):
         return r
     if not isinstance(r, dict):

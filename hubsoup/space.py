@@ -33,11 +33,14 @@ import sys
 import tempfile
 import zipfile
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hubsoup import REPOSITORY, __version__
 from hubsoup.errors import ParameterError, PushError
 from hubsoup.hubclient import Token, check_repo_id, hub_api, scrub_secrets, server_detail
+
+if TYPE_CHECKING:
+    from huggingface_hub import CommitInfo, HfApi
 
 HARDWARE_CPU = ("cpu-basic", "cpu-upgrade")
 HARDWARE_ZERO = ("zero-a10g",)
@@ -212,7 +215,8 @@ def readme(repo_id: str, hardware: str, template: str, private: bool) -> str:
 
     with open(template_path("space.md"), encoding="utf-8") as f:
         source = f.read()
-    return jinja2.Template(source, keep_trailing_newline=True).render(
+    page: jinja2.Template = jinja2.Template(source, keep_trailing_newline=True)  # jinja2 types Template() as Any
+    return page.render(
         title=repo_id.split("/")[-1], repo_id=repo_id, sdk_version=_version("gradio") or GRADIO_VERSION,
         python_version=python_version(hardware), hardware=hardware, repository=repository_url(),
         scopes=SCOPES, template=template, template_help=TEMPLATES[template], zerogpu=hardware in HARDWARE_ZERO,
@@ -285,7 +289,7 @@ def write_space(folder: str, repo_id: str, **kwargs: Any) -> str:
 
 
 def create_space(repo_id: str, *, hardware: str = "cpu-basic", template: str = "gradio", private: bool = False,
-                 token: Token = None, exist_ok: bool = False):
+                 token: Token = None, exist_ok: bool = False) -> CommitInfo:
     """Create the Space repo (``space_sdk="gradio"``) and upload its files in one commit.
 
     Returns:
@@ -298,12 +302,13 @@ def create_space(repo_id: str, *, hardware: str = "cpu-basic", template: str = "
     from huggingface_hub.errors import HfHubHTTPError  # lazy: keeps hubsoup --help free of huggingface_hub
 
     files = space_files(repo_id, hardware=hardware, template=template, private=private)
-    api = hub_api(token)
+    api: HfApi = hub_api(token)
     try:
         if api.repo_exists(repo_id, repo_type="space") and not exist_ok:
             raise PushError(f"Space {repo_id} already exists; pass --update to upload the app to it again")
         api.create_repo(repo_id, repo_type="space", space_sdk="gradio", private=private, exist_ok=True,
-                        space_hardware=None if hardware == "cpu-basic" else hardware)
+                        # huggingface_hub types it as its SpaceHardware (a str enum); the Hub takes the name
+                        space_hardware=None if hardware == "cpu-basic" else hardware)  # type: ignore[arg-type]
         ops = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=data) for name, data in sorted(files.items())]
         return api.create_commit(repo_id, ops, repo_type="space",
                                  commit_message=f"hubsoup {__version__} Space ({template}, {hardware})")

@@ -10,6 +10,7 @@ It imports nothing of hubsoup.
 import os
 import signal
 import sys
+from types import FrameType
 
 SIGNALS: list[int] = []
 """SIGINT / SIGTERM received by the ``hubsoup`` command (:mod:`hubsoup.cli.signals` records there too)."""
@@ -25,7 +26,7 @@ def the_command() -> bool:
     return os.path.basename(script) in ("hubsoup", "hubsoup.exe", "hubsoup-script.py")
 
 
-def _record(signum, frame) -> None:
+def _record(signum: int, frame: FrameType | None) -> None:
     SIGNALS.append(signum)
 
 

@@ -24,13 +24,15 @@ from transformers import PreTrainedTokenizerFast
 from hubsoup.methods import TensorContext, get_method
 
 if TYPE_CHECKING:
+    from peft import PeftConfig
+
     from hubsoup.methods import Method
     from hubsoup.plan import BlockInfo
 
 ARCHS = ("llama", "mistral", "qwen2", "gpt2", "bert", "t5", "clip_vision")
 
 
-def tiny_model(arch: str, *, layers: int = 2, hidden: int = 32, vocab: int = 128, seed: int = 0):
+def tiny_model(arch: str, *, layers: int = 2, hidden: int = 32, vocab: int = 128, seed: int = 0) -> tf.PreTrainedModel:
     """A randomly initialised transformers model of architecture ``arch`` (2-4 layers)."""
     torch.manual_seed(seed)
     heads = 4
@@ -48,7 +50,8 @@ def tiny_model(arch: str, *, layers: int = 2, hidden: int = 32, vocab: int = 128
                             intermediate_size=hidden * 2, max_position_embeddings=64)
         model_cls = tf.BertModel
     elif arch == "t5":
-        cfg = tf.T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=hidden * 2, num_layers=layers,
+        # transformers' T5Config takes decoder_start_token_id through PreTrainedConfig's **kwargs, unlike its typing
+        cfg = tf.T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=hidden * 2, num_layers=layers,  # type: ignore[call-arg]
                           num_decoder_layers=layers, num_heads=heads, decoder_start_token_id=0)
         model_cls = tf.T5ForConditionalGeneration
     elif arch == "clip_vision":
@@ -57,16 +60,16 @@ def tiny_model(arch: str, *, layers: int = 2, hidden: int = 32, vocab: int = 128
         model_cls = tf.CLIPVisionModel
     else:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose from {ARCHS}")
-    model = model_cls(cfg)
-    model.eval()
+    model: tf.PreTrainedModel = model_cls(cfg)
+    model.eval()  # type: ignore[no-untyped-call]  # transformers overrides PreTrainedModel.eval untyped
     return model
 
 
-def make_base(arch: str, folder: str, *, seed: int = 0, dtype: torch.dtype | None = None, **kw) -> str:
+def make_base(arch: str, folder: str, *, seed: int = 0, dtype: torch.dtype | None = None, **kw: Any) -> str:
     """Save a tiny pre-trained stand-in of ``arch`` to ``folder``; returns the folder."""
     model = tiny_model(arch, seed=seed, **kw)
     if dtype is not None:
-        model = model.to(dtype)
+        model = model.to(dtype)  # type: ignore[arg-type]  # transformers' PreTrainedModel.to: a functools.wraps wrapper, typed wrong
     model.save_pretrained(folder)
     return folder
 
@@ -97,7 +100,7 @@ def make_finetune(base: str, folder: str, *, seed: int, scale: float = 0.02, bas
     return folder
 
 
-def write_card_metadata(folder: str, **metadata) -> None:
+def write_card_metadata(folder: str, **metadata: Any) -> None:
     ModelCard.from_template(ModelCardData(**metadata)).save(os.path.join(folder, "README.md"))
 
 
@@ -107,7 +110,8 @@ def save_tiny_tokenizer(folder: str, vocab: int = 128) -> None:
     words = specials + [f"w{i}" for i in range(vocab - len(specials))]
     tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+    # transformers: PreTrainedTokenizerFast.__init__ is unannotated
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",  # type: ignore[no-untyped-call]
                                    sep_token="[SEP]", eos_token="[EOS]")
     fast.save_pretrained(folder)
 
@@ -193,8 +197,8 @@ def merge_tensors(method: str | Method[Any], taus: Sequence[torch.Tensor] | torc
     return m.merge(base, stacked.clone(), p, ctx)
 
 
-def make_adapter(folder, arch: str = "llama", seed: int = 1, model_kw: dict | None = None,
-                 model_cls: str | None = None, config_cls=None, **cfg) -> str:
+def make_adapter(folder: str | os.PathLike[str], arch: str = "llama", seed: int = 1, model_kw: dict[str, Any] | None = None,
+                 model_cls: str | None = None, config_cls: type[PeftConfig] | None = None, **cfg: Any) -> str:
     """A peft LoRA adapter of the tiny ``arch`` base with every trainable tensor randomised.
 
     peft initialises lora_B (and lora_embedding_A) to zero, so without this the update would be 0.

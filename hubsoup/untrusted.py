@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any
+from typing import Any, Callable, TypeVar, cast
 
 import yaml
 
@@ -44,6 +44,7 @@ SHORT = 64
 MAX_LABEL = 100
 """The longest label (:func:`label`)."""
 _LABEL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.()-]*$")
+_T = TypeVar("_T")
 
 
 def short(value: Any, limit: int = SHORT) -> str:
@@ -108,7 +109,7 @@ def label(text: Any, what: str) -> str:
     why = _why_not_label(text)
     if why is not None:
         raise ParameterError(f"{what} {short(text)} {why}: a name in a config is a label, never a path")
-    return text
+    return cast(str, text)  # _why_not_label refuses anything but text
 
 
 def owned_path(root: str, name: str, *, prefix: str = "", what: str = "name") -> str:
@@ -130,7 +131,7 @@ def owned_path(root: str, name: str, *, prefix: str = "", what: str = "name") ->
     return path
 
 
-class _Counting(yaml.SafeLoader):
+class _Counting(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no stubs (types-PyYAML not installed)
     """A safe loader that counts the nodes the document stands for, aliases as the size of their anchor's node."""
 
     def __init__(self, stream: str, max_nodes: int):
@@ -138,13 +139,13 @@ class _Counting(yaml.SafeLoader):
         self._max_nodes = max_nodes
         self._sizes: dict[int, int] = {}
 
-    def compose_document(self):  # noqa: D102 - yaml's hook: the whole tree, then its size
+    def compose_document(self) -> Any:  # noqa: D102 - yaml's hook: the whole tree, then its size
         node = super().compose_document()
         self._sizes = {}  # nodes are known by id(): a finished document's may be reused by this one's
         self._weigh(node)
         return node
 
-    def _weigh(self, node, depth: int = 0) -> int:
+    def _weigh(self, node: Any, depth: int = 0) -> int:
         key = id(node)
         if key in self._sizes:  # an alias (or a repeated anchor): it costs what it repeats, again
             size = self._sizes[key]
@@ -223,7 +224,7 @@ def load_yaml_all(text: str | bytes, what: str, *, max_bytes: int = MAX_YAML_BYT
     >>> load_yaml_all("a: 1\n---\nb: 2\n", "config")
     [{'a': 1}, {'b': 2}]
     """
-    def every(loader) -> list[Any]:
+    def every(loader: Any) -> list[Any]:
         docs = []
         while loader.check_data():
             docs.append(loader.get_data())
@@ -232,7 +233,8 @@ def load_yaml_all(text: str | bytes, what: str, *, max_bytes: int = MAX_YAML_BYT
     return _load(text, what, max_bytes, max_nodes, every)
 
 
-def _load(text: str | bytes, what: str, max_bytes: int, max_nodes: int, read: Any, loader_class: Any = None) -> Any:
+def _load(text: str | bytes, what: str, max_bytes: int, max_nodes: int, read: Callable[[Any], _T],
+          loader_class: Any = None) -> _T:
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
     if not isinstance(text, str):

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import traceback
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from hubsoup import __version__
 from hubsoup.cli import evolve, export_config, manners, signals, space
@@ -22,8 +23,14 @@ from hubsoup.cli.options import add_merge_options, add_output_format, add_params
 from hubsoup.errors import HubsoupError, OutputExistsError, ParameterError
 from hubsoup.hubclient import check_repo_id, install_log_scrubber, pushed_line, quiet_retries, scrub_secrets
 
+if TYPE_CHECKING:
+    from hubsoup.api import MergeResult
+    from hubsoup.hub import PushTarget
+    from hubsoup.options import MergeOptions
+    from hubsoup.sources.checkpoint import Checkpoint
 
-def _push_prepare(args) -> str | None:
+
+def _push_prepare(args: argparse.Namespace) -> str | None:
     """Check --push / --card-template before any merging; the output folder: --out, or with --push none (the output
     is streamed to the Hub, nothing stays on disk), but ``./NAME`` for a --search (its points are merged locally)."""
     if not args.push and (args.private or args.create_pr or args.commit_message):
@@ -47,7 +54,7 @@ def _push_prepare(args) -> str | None:
     return out
 
 
-def _push_target(args):
+def _push_target(args: argparse.Namespace) -> PushTarget | None:
     """--push and its options as the merge's streamed push (None without --push)."""
     if not args.push:
         return None
@@ -57,16 +64,19 @@ def _push_target(args):
                       commit_message=args.commit_message)
 
 
-def _card_hook(args):
+def _card_hook(args: argparse.Namespace) -> Callable[[MergeResult, str], None] | None:
     """--card-template for a streamed push: the card rendered from it before the commit that publishes it."""
     if not args.card_template:
         return None
     from hubsoup.card import write_card  # lazy: keeps hubsoup --help free of torch
 
-    return lambda result, folder: write_card(result, folder, template=args.card_template, repo_id=args.push)
+    def hook(result: MergeResult, folder: str) -> None:
+        write_card(result, folder, template=args.card_template, repo_id=args.push)
+
+    return hook
 
 
-def range_text(bounds) -> str:
+def range_text(bounds: Sequence[Any] | None) -> str:
     """A parameter's range as ``hubsoup methods`` shows it: an open end is not shown (it is no bound at all).
 
     >>> range_text([0.0, 1.0]), range_text([0.0, None]), range_text([None, 2]), range_text([None, None])
@@ -78,7 +88,7 @@ def range_text(bounds) -> str:
     return f" ≥ {lo}" if lo is not None else (f" ≤ {hi}" if hi is not None else "")
 
 
-def _push_finish(args, result) -> None:
+def _push_finish(args: argparse.Namespace, result: MergeResult) -> None:
     """--card-template, then --push: upload the output in one commit (a merge streamed to the Hub is committed
     already) and print the commit URL."""
     if args.card_template and result.pushed is None:
@@ -96,7 +106,7 @@ def _push_finish(args, result) -> None:
         print(f"pull request: {info.pr_url}")
 
 
-def cmd_merge(args) -> int:
+def cmd_merge(args: argparse.Namespace) -> int:
     from hubsoup.api import merge  # lazy: keeps hubsoup --help free of torch
 
     args.out = _push_prepare(args)
@@ -129,7 +139,7 @@ def cmd_merge(args) -> int:
     return 0
 
 
-def cmd_methods(args) -> int:
+def cmd_methods(args: argparse.Namespace) -> int:
     from hubsoup.methods import list_methods  # lazy: keeps hubsoup --help free of torch
 
     for m in list_methods():  # the same description apps get
@@ -154,7 +164,7 @@ def cmd_methods(args) -> int:
     return 0
 
 
-def measured_lines(found: dict[str, list[dict]]) -> list[str]:
+def measured_lines(found: Mapping[str, list[dict[str, Any]]]) -> list[str]:
     """``hubsoup methods``' lines on what the quality benchmarks measured of a method at its defaults: the share
     of the fine-tunes' gain per setting, and a caveat for every task the defaults made worse than the base
     (``harms``, issue 46) and every failure of the defaults guard (``guard``).
@@ -179,7 +189,7 @@ def measured_lines(found: dict[str, list[dict]]) -> list[str]:
         for e in entries:
             tuned = f" ({e['tuned']:.2f} at {e['tuned_values']})" if e.get("tuned") is not None else ""
             cells.append(f"{e['setting']} {e['defaults']:.2f}{tuned}")
-            inputs = f"{e.get('n_inputs')} {_KINDS.get(e.get('kind'), 'inputs')}"
+            inputs = f"{e.get('n_inputs')} {_KINDS.get(e.get('kind', ''), 'inputs')}"
             for h in e.get("harms", []):
                 how = "so does the method tuned" if h.get("tuned_too") else "tuning avoids it"
                 caveats.append(f"caveat, {row} at {inputs} ({e['setting']}): {h['task']} {h['size']} worse than the "
@@ -193,7 +203,7 @@ def measured_lines(found: dict[str, list[dict]]) -> list[str]:
 _KINDS = {"lora": "LoRA adapters", "full": "full fine-tunes"}
 
 
-def cmd_plan(args) -> int:
+def cmd_plan(args: argparse.Namespace) -> int:
     from hubsoup.sources.access import check_specs, scope  # lazy: keeps hubsoup --help free of torch
 
     opts = merge_options(args)
@@ -202,13 +212,13 @@ def cmd_plan(args) -> int:
         return _cmd_plan(args, opts)
 
 
-def _cmd_plan(args, opts) -> int:
+def _cmd_plan(args: argparse.Namespace, opts: MergeOptions) -> int:
     from hubsoup.plan import Plan  # lazy: keeps hubsoup --help free of torch
     from hubsoup.sources import open_input  # lazy: keeps hubsoup --help free of torch
 
     from hubsoup.sources.resolve import download_size  # lazy: keeps hubsoup --help free of torch
 
-    def downloads(ckpts) -> None:  # Hub models were read from their headers: what a merge would fetch
+    def downloads(ckpts: Sequence[Checkpoint | None]) -> None:  # Hub models were read from their headers: what a merge would fetch
         for c in filter(None, ckpts):
             size = download_size(c, opts.token)
             if size is not None:
@@ -254,7 +264,7 @@ def _cmd_plan(args, opts) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     from hubsoup.demo import run_demo  # lazy: keeps hubsoup --help free of torch
 
     run_demo(args.out, quiet=args.quiet)
@@ -359,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         pushes = hub.PUSHED[pushed:] if hub is not None else []
         # a command that makes no output (push) or keeps state on purpose (an evolve study) says its own: a line,
         # or a function giving it (None: nothing to add)
-        note = getattr(args, "interrupted_note", None)
+        note: str | Callable[[], str | None] | None = getattr(args, "interrupted_note", None)
         note = note() if callable(note) else note
         if note and not pushes:
             return note
@@ -397,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise KeyboardInterrupt
         install_log_scrubber()  # no Hub token in any log line or message
         quiet_retries(show=args.verbose)  # a dropped connection: one error line, not a warning per retried request (-v shows them)
-        rc = args.func(args)
+        rc: int = args.func(args)
     except BaseException as e:
         # a signal first: it may arrive as another error (see hubsoup.cli.signals)
         sig = signals.received(mark, e)

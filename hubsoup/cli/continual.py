@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from hubsoup.cli.options import add_merge_options, add_params, merge_options, params
 from hubsoup.hubclient import check_repo_id, pushed_line
 
+if TYPE_CHECKING:
+    from hubsoup.api import MergeResult
 
-def _check_push(args) -> None:
+
+def _check_push(args: argparse.Namespace) -> None:
     if getattr(args, "push", None):
         check_repo_id(args.push)  # before any merging
 
 
-def _push(args, res) -> None:
+def _push(args: argparse.Namespace, res: MergeResult) -> None:
     if getattr(args, "push", None):
         info = res.push_to_hub(args.push)  # the whole folder: weights, card and continual_state/
         print(pushed_line(args.push, info))
 
 
-def cmd_init(args) -> int:
+def cmd_init(args: argparse.Namespace) -> int:
     from hubsoup import continual  # lazy: keeps hubsoup --help free of torch
 
     _check_push(args)
@@ -29,7 +33,7 @@ def cmd_init(args) -> int:
     return 0
 
 
-def _report(args, res) -> None:
+def _report(args: argparse.Namespace, res: MergeResult) -> None:
     """Print the soup and its state, then push if asked."""
     from hubsoup import continual  # lazy: keeps hubsoup --help free of torch
 
@@ -39,7 +43,7 @@ def _report(args, res) -> None:
     _push(args, res)
 
 
-def cmd_add(args) -> int:
+def cmd_add(args: argparse.Namespace) -> int:
     from hubsoup import continual  # lazy: keeps hubsoup --help free of torch
 
     _check_push(args)
@@ -48,7 +52,7 @@ def cmd_add(args) -> int:
     return 0
 
 
-def cmd_export(args) -> int:
+def cmd_export(args: argparse.Namespace) -> int:
     from hubsoup import continual  # lazy: keeps hubsoup --help free of torch
 
     res = continual.export(args.soup, out=args.out, base=args.base, options=merge_options(args))
@@ -56,7 +60,7 @@ def cmd_export(args) -> int:
     return 0
 
 
-def cmd_show(args) -> int:
+def cmd_show(args: argparse.Namespace) -> int:
     from hubsoup import continual  # lazy: keeps hubsoup --help free of torch
 
     st = continual.load_state(args.soup)
@@ -78,7 +82,7 @@ def _push_arg(p: argparse.ArgumentParser) -> None:
                    help="upload the new soup, its continual_state/ included, to this Hub repo in one commit")
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = sub.add_parser("continual", help="continual merging (OPCM): add models to a soup one at a time",
                        description="Continual merging (OPCM). The soup keeps its merge state in continual_state/, "
                                    "so that a model can be added later without the earlier ones.")

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def run(args) -> int:
+if TYPE_CHECKING:
+    import argparse
+
+
+def run(args: argparse.Namespace) -> int:
     from hubsoup.eval import TaskSpec, evaluate_model  # lazy: keeps hubsoup --help free of torch
     from hubsoup.eval.run import write_results  # lazy: keeps hubsoup --help free of torch
 
@@ -21,7 +26,7 @@ def run(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("eval", help="evaluate a model on classification / perplexity tasks",
                        description="Evaluate a model folder or Hub repo. TASK: KIND:DATA[,key=value...], e.g. "
                                    "classification:val.csv,text=sentence,label=label or perplexity:test.jsonl,text=text")

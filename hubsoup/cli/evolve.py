@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import shlex
+from typing import TYPE_CHECKING
 
 from hubsoup.errors import ParameterError
 
+if TYPE_CHECKING:
+    import argparse
 
-def cmd_evolve(args) -> int:
+
+def cmd_evolve(args: argparse.Namespace) -> int:
     from hubsoup.workflows.evolve import evolve  # lazy: keeps hubsoup --help free of torch
 
     if not args.push and args.private:
@@ -34,7 +38,7 @@ def cmd_evolve(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("evolve", help="evolutionary search over merge recipes (CMA-ES/TPE/random; local or Ray)",
                        description="Search a merge's parameters (ranges, choices, per-input x per-layer-group "
                                    "gradients) with Optuna, scoring each candidate in memory on the config's eval "

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 from hubsoup.errors import ParameterError
 
+if TYPE_CHECKING:
+    import argparse
 
-def export(args) -> int:
+
+def export(args: argparse.Namespace) -> int:
     from hubsoup.formats.mergekit import export_config  # lazy: keeps hubsoup --help free of torch
     from hubsoup.recipe import RECIPE_FILE, Recipe  # lazy: keeps hubsoup --help free of torch
 
@@ -40,7 +44,7 @@ def export(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("export-config", help="write the mergekit config equivalent of a hubsoup recipe",
                        description="Print (or write with -o) the mergekit YAML config that reproduces a hubsoup "
                                    "merge: RECIPE is a hubsoup_recipe.yaml or an output folder holding one. A merge "

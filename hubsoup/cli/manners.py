@@ -68,7 +68,7 @@ EXAMPLES: dict[str, str] = {
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's formatter, but an ``examples:`` epilog keeps its lines (descriptions are still wrapped)."""
 
-    def _fill_text(self, text, width, indent):
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
         if text.startswith("examples:\n"):
             return "\n".join(indent + line for line in text.splitlines())
         return super()._fill_text(text, width, indent)
@@ -115,7 +115,9 @@ def polish(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> None:
 
 def _options(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, list[str]], list[str]]:
     """(every option string, option -> its choices, options that take a file or folder)."""
-    flags, choices, paths = [], {}, []
+    flags: list[str] = []
+    choices: dict[str, list[str]] = {}
+    paths: list[str] = []
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             continue
@@ -184,7 +186,7 @@ complete -o default -F _hubsoup hubsoup
 """
 
 
-def cmd_completion(args, parser: argparse.ArgumentParser) -> int:
+def cmd_completion(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Print the completion script of ``parser`` (the whole ``hubsoup`` parser)."""
     from hubsoup.methods import list_methods  # lazy: keeps hubsoup --help free of torch
 
@@ -192,7 +194,7 @@ def cmd_completion(args, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def register(sub, parser: argparse.ArgumentParser) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], parser: argparse.ArgumentParser) -> None:
     """The ``completion`` command, which describes ``parser`` (the root parser, complete once it is built)."""
     p = sub.add_parser("completion", help="print the shell completion script (bash)",
                        description="Print a bash completion script for hubsoup: commands, options, their choices, "

@@ -45,7 +45,7 @@ def add_output_format(p: argparse.ArgumentParser, *, energy: bool = True) -> Non
                                                     "fraction of the squared Frobenius norm")
 
 
-def output_format(args: argparse.Namespace) -> dict:
+def output_format(args: argparse.Namespace) -> dict[str, Any]:
     """``output_format``/``rank``/``energy`` keyword arguments, only those given."""
     out = {}
     if getattr(args, "output_format", "full") != "full":

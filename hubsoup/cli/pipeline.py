@@ -5,12 +5,18 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from hubsoup.cli import signals
 from hubsoup.errors import ParameterError
 
+if TYPE_CHECKING:
+    import argparse
 
-def cmd_pipeline(args) -> int:
+    from hubsoup.workflows.pipeline.report import PlannedMerge
+
+
+def cmd_pipeline(args: argparse.Namespace) -> int:
     from hubsoup.workflows.pipeline import run_pipeline  # lazy: keeps hubsoup --help free of torch
 
     token = None
@@ -21,7 +27,7 @@ def cmd_pipeline(args) -> int:
     done: list[str] = []
     pushing: list[str] = []
 
-    def on_event(kind: str, m) -> None:
+    def on_event(kind: str, m: PlannedMerge) -> None:
         if kind == "pushing":
             pushing[:] = [m.repo_id]
         elif kind in ("pushed", "failed"):
@@ -62,7 +68,7 @@ def interrupted_message(sigterm: bool, pushed: list[str], pushing: str | None) -
     return "; ".join(parts)
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "pipeline", help="run an unattended merge -> eval -> push pipeline (candidates from a list or a Hub query)",
         description="Run the pipeline file: find candidates (a list and/or a Hub query), plan the merges, skip those "

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from hubsoup.hubclient import check_repo_id, pushed_line
 
+if TYPE_CHECKING:
+    import argparse
 
-def cmd_push(args) -> int:
+
+def cmd_push(args: argparse.Namespace) -> int:
     from hubsoup.api import note_restricted_inputs  # lazy: keeps hubsoup --help free of torch
     from hubsoup.hub import push_folder, retarget_card  # lazy: keeps hubsoup --help free of torch
 
@@ -26,7 +30,7 @@ def cmd_push(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "push", help="upload an output folder to a Hub repo (created if needed) in one commit",
         description="Upload FOLDER (weights, config, tokenizer, model card, recipe) to the Hub repo ORG/NAME in one "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any, Sequence
 
 from hubsoup.errors import ParameterError
 from hubsoup.hubclient import pushed_line
@@ -43,7 +44,7 @@ def _parse_params(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a parameter count: {text!r} (e.g. 5B, 500M)") from None
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     out = args.out or args.out_path
     if not out and not args.push:
         raise ParameterError("give the output folder: hubsoup run RECIPE OUT (or --out OUT), or a Hub repo to "
@@ -91,7 +92,7 @@ def run(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="repeat a merge from its hubsoup_recipe.yaml, or run a mergekit config",
                        description="Merge again exactly as a recipe says (Hub inputs pinned to the recorded SHAs). "
                                    "RECIPE is a hubsoup_recipe.yaml or an output folder holding one, or a mergekit "
@@ -142,7 +143,9 @@ def register(sub) -> None:
 class _Ignored(argparse.Action):
     """A mergekit-yaml flag hubsoup accepts and ignores (warned about when the command runs)."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        assert option_string is not None  # only flags take this action: argparse passes the flag
         ignored = getattr(namespace, "mergekit_ignored", None) or []
         name = option_string if option_string in _IGNORED else "--" + option_string[len("--no-"):]
         namespace.mergekit_ignored = [*ignored, name]

@@ -27,12 +27,13 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from types import FrameType
+from typing import Callable, Iterator, NoReturn
 
 from hubsoup import startup
 from hubsoup.startup import SIGNALS as _RECEIVED  # the same list the package's first-instant handlers record into
 
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
 """What a shell reports for a process its signal ended: 128 + the signal's number."""
 
 _STARTED: list[bool] = []
@@ -43,12 +44,12 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread: it unwinds through the same cleanup as Ctrl-C."""
 
 
-def _on_sigint(signum, frame):
+def _on_sigint(signum: int, frame: FrameType | None) -> NoReturn:
     _RECEIVED.append(signal.SIGINT)
     raise KeyboardInterrupt()
 
 
-def _on_sigterm(signum, frame):
+def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
     _RECEIVED.append(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
     raise Terminated()
@@ -84,7 +85,7 @@ def catch() -> Callable[[], None]:
     previous = {s: signal.signal(s, h) for s, h in ((signal.SIGINT, _on_sigint), (signal.SIGTERM, _on_sigterm))}
     mark, hook = mark_now(), sys.unraisablehook
 
-    def unraisable(u) -> None:  # a handler's exception the garbage collector could not raise: already recorded
+    def unraisable(u: sys.UnraisableHookArgs) -> None:  # a handler's exception the garbage collector could not raise: already recorded
         if not (isinstance(u.exc_value, KeyboardInterrupt) and len(_RECEIVED) > mark):
             hook(u)
 
@@ -115,7 +116,7 @@ def recorded() -> Iterator[None]:
         yield
         return
 
-    def record(signum, frame) -> None:
+    def record(signum: int, frame: FrameType | None) -> None:
         _RECEIVED.append(signum)
 
     previous = {s: signal.signal(s, record) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -19,7 +19,7 @@ def hardware_arg(value: str) -> str:
     return value
 
 
-def cmd_space_create(args) -> int:
+def cmd_space_create(args: argparse.Namespace) -> int:
     if args.dry_run:
         folder = space.write_space(args.dry_run, args.repo_id, hardware=args.hardware, template=args.template,
                                    private=args.private)
@@ -36,7 +36,7 @@ def cmd_space_create(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("space", help="create a Hugging Face Space running hubsoup's merge app",
                        description="Hugging Face Spaces that run hubsoup's Gradio app.")
     ssub = p.add_subparsers(dest="space_command", required=True)

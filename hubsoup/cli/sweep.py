@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
 from hubsoup.cli.options import add_merge_options, add_output_format, add_params, merge_options, output_format, params
 
+if TYPE_CHECKING:
+    import argparse
 
-def cmd_sweep(args) -> int:
+
+def cmd_sweep(args: argparse.Namespace) -> int:
     from hubsoup.workflows.sweep import sweep  # lazy: keeps hubsoup --help free of torch
 
     res = sweep(args.inputs, args.method, args.out, args.grid, param=args.sweep_param, base=args.base,
@@ -17,7 +21,7 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "sweep", help="merge once per grid point (preference vectors for a Pareto front, or one parameter)",
         description="Write one merged model per grid point into OUT/<param>-<value>/ plus OUT/sweep.json. "

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -37,6 +37,9 @@ from hubsoup.demo import data, train
 from hubsoup.eval import TaskSpec, evaluate_model
 from hubsoup.eval.heads import load_head
 from hubsoup.eval.run import EVAL_FILE, write_results
+
+if TYPE_CHECKING:
+    from hubsoup.eval import TaskResult
 
 SEED = 0
 UPSTREAM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -54,7 +57,7 @@ HEAD_PER_CLASS = 16
 FT_STEPS, FT_BATCH, FT_LR = 50, 16, 1.5e-4
 
 
-def _examples(which: str):
+def _examples(which: str) -> list[data.Example]:
     if which == "tweets":
         return data.tweets()
     return data.stdlib_docstrings(data.PYDOC_TOPICS if which == "topics" else data.PYDOC_TOOLS)
@@ -121,7 +124,7 @@ def _finetunes(out: str, base_dir: str, tasks: dict[str, data.TaskData], head_pa
     return fts
 
 
-def _merge(fts: list[str], merged_dir: str, say: Say):
+def _merge(fts: list[str], merged_dir: str, say: Say) -> hubsoup.MergeResult:
     """Stage 5: TIES merge of the fine-tunes into ``merged_dir``; returns the ``MergeResult``."""
     say(f"merging {len(fts)} fine-tunes with TIES (base resolved from their model cards) ...")
     return hubsoup.merge(fts, method="ties", out=merged_dir, overwrite=True, quiet=True,
@@ -129,7 +132,7 @@ def _merge(fts: list[str], merged_dir: str, say: Say):
 
 
 def _evaluate(out: str, base_dir: str, tasks: dict[str, data.TaskData], head_paths: dict[str, str], fts: list[str],
-              merged_dir: str, say: Say) -> tuple[dict[str, list[float]], list]:
+              merged_dir: str, say: Say) -> tuple[dict[str, list[float]], list[TaskResult]]:
     """Stage 6: accuracy of every model on every task's test split; returns model label -> accuracies,
     and the merged model's results."""
     specs = [TaskSpec(kind="classification", data=os.path.join(out, "data", n, "test.csv"), name=n, split="test",
@@ -138,7 +141,7 @@ def _evaluate(out: str, base_dir: str, tasks: dict[str, data.TaskData], head_pat
     rows = [("base (zero-shot)", base_dir)] + [(f"fine-tune {n}", d) for n, d in zip(tasks, fts)] + \
         [("merged (TIES)", merged_dir)]
     table = {}
-    merged_results = None
+    merged_results: list[TaskResult] = []  # the merged model is one of the rows
     for label, path in rows:
         res = evaluate_model(path, specs, batch_size=64, quiet=True)
         table[label] = [r.metrics["accuracy"] for r in res]
@@ -147,7 +150,7 @@ def _evaluate(out: str, base_dir: str, tasks: dict[str, data.TaskData], head_pat
     return table, merged_results
 
 
-def _print_table(names: list[str], table: dict[str, list[float]], result) -> None:
+def _print_table(names: list[str], table: dict[str, list[float]], result: hubsoup.MergeResult) -> None:
     width = max(len(n) for n in names) + 2
     print("\naccuracy on each task's test split (frozen per-task heads; higher is better)")
     print(f"{'model':<24}" + "".join(f"{n:>{width}}" for n in names) + f"{'mean':>{width}}")

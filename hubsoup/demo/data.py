@@ -25,7 +25,7 @@ import random
 import re
 import sysconfig
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from hubsoup.errors import HubsoupError
 
@@ -136,7 +136,7 @@ _SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib
               "turtledemo", "__phello__"}
 
 
-def stdlib_docstrings(families: dict[str, Sequence[str]], min_words: int = 6) -> list[Example]:
+def stdlib_docstrings(families: Mapping[str, Sequence[str]], min_words: int = 6) -> list[Example]:
     """Docstrings (module, class, function) of the standard library, labelled by module family.
 
     ``families`` maps a label to top-level module names (``email``, ``asyncio``, ...); each
@@ -191,7 +191,7 @@ class TaskData:
     labels: list[str]
     splits: dict[str, list[Example]]
     source: str = ""
-    stats: dict = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
 
     def texts(self, split: str) -> list[str]:
         return [t for t, _ in self.splits[split]]

@@ -20,7 +20,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 from huggingface_hub import ModelCard, ModelCardData
@@ -30,23 +30,26 @@ from transformers.utils import logging as hf_logging
 from hubsoup.demo.data import TaskData
 from hubsoup.eval.heads import mean_pool, save_head
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 # --------------------------------------------------------------------------------------------
 # Encoder, pooled features, heads
 # --------------------------------------------------------------------------------------------
 
 
 def quiet_transformers() -> None:
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers.utils.logging: unannotated
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # as above
 
 
-def load_encoder(path: str):
+def load_encoder(path: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     quiet_transformers()
     return AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 
 @torch.no_grad()
-def embed(model, tok, texts: Sequence[str], *, max_length: int = 64, batch_size: int = 64) -> torch.Tensor:
+def embed(model: torch.nn.Module, tok: PreTrainedTokenizerBase, texts: Sequence[str], *, max_length: int = 64, batch_size: int = 64) -> torch.Tensor:
     """Mean-pooled encoder features [N, H] (float32), model in eval mode."""
     model.eval()
     out = []
@@ -62,19 +65,19 @@ def _fit_logreg(x: torch.Tensor, y: torch.Tensor, n_classes: int, l2: float, ite
     b = torch.zeros(n_classes, requires_grad=True)
     opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=iters, history_size=20, line_search_fn="strong_wolfe")
 
-    def closure():
+    def closure() -> torch.Tensor:
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(x @ w.T + b, y) + l2 * (w * w).sum()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
         return loss
 
-    opt.step(closure)
+    opt.step(closure)  # type: ignore[no-untyped-call]  # torch: LBFGS.step is unannotated
     return w.detach(), b.detach()
 
 
 def train_head(x_train: torch.Tensor, y_train: Sequence[int], x_val: torch.Tensor, y_val: Sequence[int],
                n_classes: int, *, l2_grid: Sequence[float] = (1e-3, 1e-2, 1e-1, 1.0), iters: int = 300,
-               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
+               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """Multinomial logistic regression on standardised features, L2 chosen on validation accuracy.
 
     The standardisation is folded back into the returned ``weight`` [C, H] / ``bias`` [C], which
@@ -84,7 +87,7 @@ def train_head(x_train: torch.Tensor, y_train: Sequence[int], x_val: torch.Tenso
     mu, sd = x_train.mean(0), x_train.std(0).clamp(min=1e-6)
     zt, zv = (x_train - mu) / sd, (x_val - mu) / sd
     yt, yv = torch.tensor(list(y_train)), torch.tensor(list(y_val))
-    best = None
+    best: tuple[float, float, torch.Tensor, torch.Tensor] | None = None
     scores = {}
     for l2 in l2_grid:
         w, b = _fit_logreg(zt, yt, n_classes, l2, iters)
@@ -92,6 +95,7 @@ def train_head(x_train: torch.Tensor, y_train: Sequence[int], x_val: torch.Tenso
         scores[l2] = acc
         if best is None or acc > best[0] + 1e-9:
             best = (acc, l2, w, b)
+    assert best is not None  # l2_grid holds at least one value
     acc, l2, w, b = best
     weight = w / sd
     bias = b - weight @ mu
@@ -115,7 +119,7 @@ def few_shot(task: TaskData, per_class: int, split: str = "train") -> tuple[list
 
 def train_heads(base_dir: str, tasks: Mapping[str, TaskData], paths: Mapping[str, str], *, per_class: int,
                 max_length: int, tag: bool = False, log: Callable[[str], None] | None = None,
-                source: str | None = None) -> dict[str, dict]:
+                source: str | None = None) -> dict[str, dict[str, Any]]:
     """One frozen linear head per task on the frozen encoder at ``base_dir``, written to ``paths[task]``.
 
     Each head is trained (:func:`train_head`) on the pooled features of the first ``per_class``
@@ -169,7 +173,7 @@ class FinetuneConfig:
 
 
 def finetune(base_dir: str, out_dir: str, texts: Sequence[str], labels: Sequence[int], weight: torch.Tensor,
-             bias: torch.Tensor, cfg: FinetuneConfig, *, log: Callable[[str], None] | None = None) -> dict:
+             bias: torch.Tensor, cfg: FinetuneConfig, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fine-tune the encoder at ``base_dir`` under the frozen head (``weight``, ``bias``).
 
     Cross-entropy of ``head(mean_pool(encoder(x)))``; AdamW, linear warm-up then linear decay;
@@ -177,6 +181,7 @@ def finetune(base_dir: str, out_dir: str, texts: Sequence[str], labels: Sequence
     ``save_pretrained`` encoder (full) or a PEFT adapter (``cfg.lora``) plus the tokenizer to
     ``out_dir``. Returns training statistics.
     """
+    model: Any  # the encoder, or peft's model around it: its modules are reached by name (BertModel's embeddings)
     model, tok = load_encoder(base_dir)
     torch.manual_seed(cfg.seed)
     if cfg.lora:
@@ -207,7 +212,7 @@ def finetune(base_dir: str, out_dir: str, texts: Sequence[str], labels: Sequence
         hidden = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).last_hidden_state
         logits = mean_pool(hidden, padded["attention_mask"]) @ w.T + b
         loss = torch.nn.functional.cross_entropy(logits, y[batch])
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch: Tensor.backward is unannotated
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
@@ -248,7 +253,7 @@ def save_base(src: str, out_dir: str, *, base_model: str | None = None) -> str:
     return out_dir
 
 
-def metadata_update_local(path: str, **metadata) -> None:
+def metadata_update_local(path: str, **metadata: Any) -> None:
     """Set metadata keys of the model card at ``path`` (a local file), keeping its body."""
     card = ModelCard.load(path)
     for k, v in metadata.items():
@@ -256,7 +261,7 @@ def metadata_update_local(path: str, **metadata) -> None:
     card.save(path)
 
 
-def write_card(folder: str, **metadata) -> None:
+def write_card(folder: str, **metadata: Any) -> None:
     """A minimal model card holding ``metadata`` (e.g. ``base_model``) and a one-line body."""
     body = metadata.pop("body", "")
     card = ModelCard.from_template(ModelCardData(**metadata))
