@@ -75,3 +75,16 @@ def test_the_length_check_can_fail():
            f"def explained():  # long: one table, read as one\n{body}{body}"
            f'def explained_below():\n    """Doc."""\n    # long: as above\n{body}{body}')
     assert long_functions(src, limit=8) == [("long", 11)]
+
+
+MERGE_LINES = 70
+"""``api.merge`` without its docstring (127 lines on main 70881c6, 69 after issue 47's item 1 was finished)."""
+
+
+def test_api_merge_is_only_its_orchestration():
+    """Issue 47 item 1: ``hubsoup.merge`` reads as its steps (validate, session, engine, output, card and push,
+    result), each block in the module that owns it; it must not grow back into a room of its own."""
+    with open(os.path.join(ROOT, "hubsoup", "api.py"), encoding="utf-8") as f:
+        lengths = dict(long_functions(f.read(), "hubsoup/api.py", limit=0))
+    assert lengths["merge"] <= MERGE_LINES, (f"api.merge is {lengths['merge']} lines (docstring left out), over "
+                                             f"{MERGE_LINES}: move the new block into the module that owns it")
