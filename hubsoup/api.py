@@ -13,28 +13,27 @@ from typing import Any, Callable, Mapping, ParamSpec, Sequence, TypeVar, cast
 
 import torch
 
-from hubsoup.arch import peft_task_type
 from hubsoup.card import write_card
 from hubsoup.engine import remote_bytes
 from hubsoup.engine.lowrank import reads_base as lowrank_reads_base
 from hubsoup.engine.placement import start_device
 from hubsoup.errors import MergeCancelled, ParameterError, PushError
-from hubsoup.eval import TaskSpec, evaluate_model
+from hubsoup.eval import TaskSpec
 from hubsoup.footprint import Footprint, on_disk
-from hubsoup.eval.run import EVAL_FILE, read_results, write_results
-from hubsoup.hub import HubPush, PushTarget, push_folder, retarget_card, retry_command
+from hubsoup.eval.run import EVAL_FILE, evaluate_output, read_results
+from hubsoup.hub import HubPush, PushTarget, push_folder, retarget_card
 from hubsoup.hubclient import Token, check_repo_id
 from hubsoup.methods import Method, TensorContext
 from hubsoup.options import MergeOptions
 from hubsoup.output import OutputFolder, check_output
-from hubsoup.output.checkpoint import BASE_FILES, CheckpointSink, copy_base_files
+from hubsoup.output.checkpoint import BASE_FILES, CheckpointSink
 from hubsoup.output.lora import LoraOptions, LoraSink
 from hubsoup.output.shards import SHARDS_IN_FLIGHT, shard_layout
 from hubsoup.plan import OutputLayout, Plan
 from hubsoup.progress import Cancel, Monitor, Progress
 from hubsoup.recipe import RECIPE_FILE, Recipe
 from hubsoup.sources import InputRef
-from hubsoup.sources.access import check_specs, current, scope
+from hubsoup.sources.access import Access, check_specs, current, scope
 from hubsoup.sources.compat import is_local
 from hubsoup.session import Session, parse_method
 from hubsoup.untrusted import read_json
@@ -334,92 +333,50 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     target = PushTarget.of(push) if push is not None else None
     if out is None and target is None:
         raise ParameterError("give the output folder (out=), a Hub repo to stream the output to (push=), or both")
-    keep_local = out is not None
-    acc = current()
-    counted = (acc.fetched, acc.needed, len(acc.verified), len(acc.unverified))  # the run's share of the scope's
+    network = _NetworkShare.start()  # the run's share of the scope's counters
     opts, extra = MergeOptions.split(kwargs, options)
-    if progress is not None or cancel is not None:
-        opts = opts.replace(**{k: v for k, v in (("progress", progress), ("cancel", cancel)) if v is not None})
-    if opts.progress is not None and not opts.quiet:  # the callback replaces every bar and print
-        opts = opts.replace(quiet=True)
+    opts = opts.watched(progress, cancel)  # a progress callback replaces every bar and print
     monitor = opts.monitor()
     monitor.check("before the merge")
     start_device(opts.device, opts.device_map)  # CUDA's context comes up while the inputs are opened
     m, p = parse_method(method, {**(params or {}), **extra})
     tasks = _tasks(evaluate)
-    if not inputs:
-        raise ParameterError("no input models given")
-    check_specs(inputs=inputs, base=base, tasks=tasks, exemplars=getattr(p, "exemplars", None))
-    sink_options = _lora_options(output_format, rank, energy, opts)
-    if layout is not None and sink_options is not None:
-        raise ParameterError("a mergekit config's merge is written as a full checkpoint, not a LoRA adapter")
-    m.check_inputs(p, len(inputs))
-    if out is not None:
-        check_output(out, opts.overwrite)
-    for task in tasks:  # the eval data (file, columns, head) now: a typo must not cost a whole merge
-        task.check(opts.token)
-
+    lora = _check_request(inputs, base, out, opts, m, p, tasks, layout, output_format=output_format, rank=rank,
+                          energy=energy)
+    keep_files = out is not None or bool(tasks)  # a streamed push's shards stay on disk: kept, or evaluated
     # the lock on `out` (a second run fails at once, naming this one) and the temporary folder, before any work;
     # a push without a local copy works in a temporary folder of its own (locked per repo), removed at the end
     folder = (OutputFolder(out, overwrite=opts.overwrite) if out is not None
-              else OutputFolder(_push_scratch(target), overwrite=True, what="push"))  # type: ignore[arg-type]
+              else OutputFolder(target.scratch_dir(), overwrite=True, what="push"))  # type: ignore[union-attr]
     sink: LoraSink | CheckpointSink | None = None
     hub_push: HubPush | None = None
     try:
         monitor.plan(_stage_weights(m, p, inputs, base, tasks, push=target is not None))
         # open, plan, place and the recipe, once (Hub models from their safetensors headers: the fit check below
         # runs before any weight moves)
-        lora_out = {"format": "lora", "rank": rank, "energy": energy} if sink_options is not None else {}
         session = Session.open(inputs, m, p, opts, base=base, layout=layout, monitor=monitor, out=out,
-                               lora_output=sink_options is not None, name=method, output=lora_out)
-        base_ckpt, sources, plan, recipe = session.base, session.sources, session.plan, session.recipe
-        assert recipe is not None
-        metadata = recipe.metadata()  # the public recipe: no local path in what may be pushed
-        # the run's disk and network from its plan, before any weight moves: --max-disk, then the download budget
-        # (a streamed push without a local copy holds SHARDS_IN_FLIGHT + 1 shards; evaluation keeps them all)
-        predicted = footprint(session, lora_output=sink_options is not None, push=target is not None,
-                              local_copy=keep_local or bool(tasks), metadata=metadata)
-        predicted.check(opts.max_disk_bytes)
-        if current().limited:
-            current().check_total(predicted.network_in - predicted.already_read)
+                               lora_output=lora is not None, name=method,
+                               output={"format": "lora", "rank": rank, "energy": energy} if lora is not None else {})
+        predicted = _check_footprint(session, lora_output=lora is not None, push=target is not None,
+                                     local_copy=keep_files)
         session.fetch()  # the fit check passed: download
         if target is not None:  # before the first upload: the checks, then the repo (created if needed)
-            hub_push = _hub_push(target, opts, monitor, keep_files=keep_local or bool(tasks))
-            hub_push.prepare(folder.path, recipe)
+            hub_push = target.stream(token=opts.token, allow_private_inputs=opts.allow_private_inputs,
+                                     monitor=monitor, keep_files=keep_files, card_writer=note_restricted_inputs)
+            hub_push.prepare(folder.path, session.recipe)
             hub_push.begin()
+        sink = _sink(session, folder.path, lora, hub_push)
         job = session.job(quiet=opts.quiet, prefetch=opts.prefetch, scratch=folder.path,
-                          read_ahead=opts.read_ahead_bytes)
-        if sink_options is not None:
-            # the base's architecture says which AutoPeftModelFor* loads the output; else the adapters' own
-            task_types = {s.config.get("task_type") for s in sources if s.kind == "lora"}
-            sink = LoraSink(base_ckpt, base_ckpt.keys(), sink_options, folder.path, metadata,
-                            peft_task_type(base_ckpt.config) or (task_types.pop() if len(task_types) == 1 else None))
-            copy_base_files(base_ckpt, folder.path, tokenizer_only=True)
-        else:
-            sink = CheckpointSink(folder.path, plan, base_ckpt, dtype=opts.dtype, shard_size=opts.shard_bytes,
-                                  metadata=metadata, handoff=hub_push)
-            if hub_push is not None:  # a rerun after an interruption: shards the Hub holds are not made again
-                sink.writer.mark_remote(hub_push.resume(sink.writer.layout, _push_key(recipe.hash, opts)))
-                job.skip_output = sink.unneeded()
+                          read_ahead=opts.read_ahead_bytes, skip_output=_resumed(session, sink, hub_push))
         stats = session.run(sink, job)
         lora_report = sink.close()
-        if layout is not None:
-            layout.finish(folder.path)  # the output config's layer count, tokenizer_source, chat_template
-        with open(os.path.join(folder.path, RECIPE_FILE), "w", encoding="utf-8") as f:
-            f.write(recipe.to_yaml())
-        result = MergeResult(folder.target if keep_local else "", recipe, method, m.describe_params(p), base_ckpt.ref,
-                             [s.ref for s in sources], plan, _jsonable(stats), time.perf_counter() - t0,
-                             output_format, lora_report, repo_id=target.repo_id if target is not None else None)
-        result.restricted = _restricted([base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
-                                         *(layout.reads if layout is not None else ())])
-        result.network = {"fetched": acc.fetched - counted[0], "needed": acc.needed - counted[1],
-                          "verified": acc.verified[counted[2]:], "unverified": acc.unverified[counted[3]:],
-                          "predicted": dataclasses.asdict(predicted)}
-        result.allow_private_inputs = opts.allow_private_inputs
-        if layout is not None:
-            result.sections.append(layout.card_section())  # e.g. the mergekit config, as YAML
+        session.finish(folder.path)  # the layout's files and the recipe
+        result = _result(session, folder.target if out is not None else "", method, output_format, stats,
+                         time.perf_counter() - t0, lora_report, network.since(predicted),
+                         repo_id=target.repo_id if target is not None else None)
         if tasks:
-            result.evaluation = _evaluate(folder.path, tasks, eval_limit, opts, monitor)
+            result.evaluation = evaluate_output(folder.path, tasks, limit=eval_limit, device=opts.device,
+                                                quiet=opts.quiet, monitor=monitor, token=opts.token)
         result.write_card(folder.path, **({"repo_id": target.repo_id} if target is not None else {}))
         monitor.check("before the output was committed")
         if hub_push is None:
@@ -427,29 +384,114 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
         else:
             if before_push is not None:
                 before_push(result, folder.path)
-            monitor.stage("push", f"pushing to {hub_push.repo_id}")
-            hub_push.wait()  # every shard uploaded
-            if keep_local:  # the local output first: a failed commit then leaves it whole, for `hubsoup push`
-                folder.commit()
-                hub_push.what = f"push of '{folder.target}' to {hub_push.repo_id}"
-                hub_push.after = ("The local output is intact; retry with: "
-                                  + retry_command(folder.target, hub_push.repo_id, private=hub_push.private,
-                                                  create_pr=hub_push.create_pr,
-                                                  commit_message=hub_push.commit_message))
-                result.pushed = hub_push.commit(folder.target)
-            else:
-                result.pushed = hub_push.commit(folder.path)
-                folder.abort()  # nothing stays: the output is on the Hub
+            result.pushed = hub_push.publish(folder, keep_local=out is not None)
     except BaseException as e:
-        if hub_push is not None:  # first: no shard the writer still completes goes up; nothing is committed, and
-            hub_push.abort(cancelled=isinstance(e, MergeCancelled))  # a cancel deletes the repo the push created
-        if sink is not None:
-            sink.abort()
-        raise folder.fail(e)  # temporary folder removed, lock released; disk full / read-only → one line
+        raise _failed(e, folder, sink, hub_push)
     result.seconds = time.perf_counter() - t0
     result.hub_only = opts.hub_only or current().hub_only
     if monitor.reporting:
         monitor.finish(f"pushed to {target.repo_id}" if target is not None else f"merged into {folder.target}")
+    return result
+
+
+class _NetworkShare:
+    """A run's share of its scope's Hub counters (:func:`hubsoup.sources.access.current`: one scope may hold many
+    runs, a sweep's), counted from :meth:`start`."""
+
+    def __init__(self, acc: Access) -> None:
+        self.acc = acc
+        self.counted = (acc.fetched, acc.needed, len(acc.verified), len(acc.unverified))
+
+    @classmethod
+    def start(cls) -> "_NetworkShare":
+        return cls(current())
+
+    def since(self, predicted: Footprint) -> dict[str, Any]:
+        """:attr:`MergeResult.network`: what was read since :meth:`start`, and the ``predicted`` footprint."""
+        acc, counted = self.acc, self.counted
+        return {"fetched": acc.fetched - counted[0], "needed": acc.needed - counted[1],
+                "verified": acc.verified[counted[2]:], "unverified": acc.unverified[counted[3]:],
+                "predicted": dataclasses.asdict(predicted)}
+
+
+def _check_request(inputs: Sequence[str], base: str | None, out: str | None, opts: MergeOptions, m: Method[Any],
+                   p: Any, tasks: list[Any], layout: OutputLayout | None, *, output_format: str, rank: int | None,
+                   energy: float | None) -> LoraOptions | None:
+    """What :func:`merge` checks before any work (no folder made yet): the inputs' specs, the output's format and
+    folder, the eval tasks' data. Returns the LoRA output's options (None: a full checkpoint)."""
+    if not inputs:
+        raise ParameterError("no input models given")
+    check_specs(inputs=inputs, base=base, tasks=tasks, exemplars=getattr(p, "exemplars", None))
+    lora = _lora_options(output_format, rank, energy, opts)
+    if layout is not None and lora is not None:
+        raise ParameterError("a mergekit config's merge is written as a full checkpoint, not a LoRA adapter")
+    m.check_inputs(p, len(inputs))
+    if out is not None:
+        check_output(out, opts.overwrite)
+    for task in tasks:  # the eval data (file, columns, head) now: a typo must not cost a whole merge
+        task.check(opts.token)
+    return lora
+
+
+def _failed(e: BaseException, folder: OutputFolder, sink: LoraSink | CheckpointSink | None,
+            hub_push: HubPush | None) -> BaseException:
+    """What a failed merge raises (``e``, or one line for a full or read-only disk), once it has left nothing: the
+    push stopped first (no shard the writer still completes goes up; nothing committed; a cancel deletes the repo
+    the push created), the sink's files closed, the temporary folder removed and the lock released."""
+    if hub_push is not None:
+        hub_push.abort(cancelled=isinstance(e, MergeCancelled))
+    if sink is not None:
+        sink.abort()
+    return folder.fail(e)
+
+
+def _check_footprint(session: Session, *, lora_output: bool, push: bool, local_copy: bool) -> Footprint:
+    """The run's disk and network from its plan, before any weight moves (:func:`footprint`), checked: ``max_disk``,
+    then the download budget (a streamed push without a local copy holds ``SHARDS_IN_FLIGHT + 1`` shards;
+    evaluation keeps them all)."""
+    predicted = footprint(session, lora_output=lora_output, push=push, local_copy=local_copy)
+    predicted.check(session.opts.max_disk_bytes)
+    if current().limited:
+        current().check_total(predicted.network_in - predicted.already_read)
+    return predicted
+
+
+def _sink(session: Session, folder: str, lora: LoraOptions | None, hub_push: HubPush | None
+          ) -> LoraSink | CheckpointSink:
+    """What the engine writes the output into, in ``folder``: a LoRA adapter (``lora``), else a checkpoint, each
+    complete shard handed to ``hub_push`` (a push streamed to the Hub). Every shard's header holds the public
+    recipe."""
+    assert session.recipe is not None, "a merge's sink needs its recipe (the shards' headers)"
+    metadata = session.recipe.metadata()  # the public recipe: no local path in what may be pushed
+    if lora is not None:
+        return LoraSink.of_merge(session.base, session.sources, lora, folder, metadata)
+    return CheckpointSink(folder, session.plan, session.base, dtype=session.opts.dtype,
+                          shard_size=session.opts.shard_bytes, metadata=metadata, handoff=hub_push)
+
+
+def _resumed(session: Session, sink: LoraSink | CheckpointSink, hub_push: HubPush | None) -> frozenset[str]:
+    """The plan entries the engine need not compute: on a rerun after an interrupted push, those whose shards the
+    Hub already holds (:meth:`hubsoup.hub.HubPush.resume`; they are not written either)."""
+    if hub_push is None or not isinstance(sink, CheckpointSink):
+        return frozenset()
+    assert session.recipe is not None, "a resumed push is keyed by the merge's recipe"
+    sink.writer.mark_remote(hub_push.resume(sink.writer.layout, _push_key(session.recipe.hash, session.opts)))
+    return sink.unneeded()
+
+
+def _result(session: Session, path: str, method: str, output_format: str, stats: dict[str, Any], seconds: float,
+            lora_report: dict[str, Any] | None, network: dict[str, Any], *, repo_id: str | None) -> MergeResult:
+    """The :class:`MergeResult` of a merge's session, its output at ``path`` ('': pushed without a local copy)."""
+    assert session.recipe is not None, "a merge's result holds its recipe"
+    m, p, base_ckpt, sources, layout = session.method, session.params, session.base, session.sources, session.layout
+    result = MergeResult(path, session.recipe, method, m.describe_params(p), base_ckpt.ref, [s.ref for s in sources],
+                         session.plan, _jsonable(stats), seconds, output_format, lora_report, repo_id=repo_id)
+    result.restricted = _restricted([base_ckpt, *(getattr(s, "ckpt", None) for s in sources),
+                                     *(layout.reads if layout is not None else ())])
+    result.network = network
+    result.allow_private_inputs = session.opts.allow_private_inputs
+    if layout is not None:
+        result.sections.append(layout.card_section())  # e.g. the mergekit config, as YAML
     return result
 
 
@@ -504,45 +546,11 @@ _CARD_ALLOWANCE = 12 * 1024
 """Disk counted for the card and the recipe an output holds beside the base's files (a few kB each)."""
 
 
-def _evaluate(folder: str, tasks: list[Any], limit: int | None, opts: MergeOptions, monitor: Monitor) -> list[Any]:
-    """The output in ``folder`` evaluated on ``tasks`` (stage ``eval``), the results written beside it."""
-    monitor.stage("eval", f"evaluating {len(tasks)} task(s)")
-    monitor.segment(len(tasks))
-
-    def before_task(i: int, task: Any) -> None:  # one report and one cancel check per task
-        if i:
-            monitor.step(f"evaluated {i}/{len(tasks)} task(s)")
-        monitor.check()
-
-    results: list[Any] = evaluate_model(folder, tasks, limit=limit, device=opts.device, quiet=opts.quiet,
-                                        before_task=before_task, token=opts.token)
-    monitor.step(f"evaluated {len(tasks)} task(s)")
-    write_results(results, os.path.join(folder, EVAL_FILE))
-    return results
-
-
-def _push_scratch(target: PushTarget) -> str:
-    """Where a push without a local copy works: ``.hubsoup-push-ORG--NAME`` (never created: its temporary folder
-    ``..hubsoup-push-ORG--NAME.partial-*`` is, and removed at the end) in ``target.work_dir`` or the working
-    directory. One run per repo and folder at a time (its lock)."""
-    return os.path.join(os.path.abspath(target.work_dir or "."), ".hubsoup-push-" + target.repo_id.replace("/", "--"))
-
-
 def _push_key(recipe_hash: str, opts: MergeOptions) -> str:
     """What makes a merge's shards' bytes, for a resumed push: the recipe, and the devices that compute them."""
     return json.dumps([recipe_hash, str(opts.device), repr(opts.device_map)])
 
 
-def _hub_push(target: PushTarget, opts: MergeOptions, monitor: Monitor, *, keep_files: bool) -> HubPush:
-    """The push of a merge streamed to ``target`` (its options, else the merge's token and private-input rule)."""
-    allow = opts.allow_private_inputs if target.allow_private_inputs is None else target.allow_private_inputs
-    return HubPush(target.repo_id, private=target.private, create_pr=target.create_pr,
-                   commit_message=target.commit_message, commit_description=target.commit_description,
-                   token=target.token if target.token is not None else opts.token, monitor=monitor,
-                   allow_private_inputs=allow, card_writer=note_restricted_inputs, keep_files=keep_files,
-                   what=f"push to {target.repo_id}",
-                   after="Nothing was committed; run the same merge again: it resumes (the shards already on the "
-                         "Hub are neither merged nor uploaded again)")
 def footprint(session: Session, *, lora_output: bool = False, push: bool = False, local_copy: bool = True,
               metadata: Mapping[str, str] | None = None) -> Footprint:
     """The run's predicted peak local disk and network (:class:`hubsoup.footprint.Footprint`), from its plan and

@@ -49,6 +49,7 @@ from huggingface_hub.utils._runtime import is_xet_available
 
 from hubsoup.card import public_adapter_config, retarget_text
 from hubsoup.errors import MergeCancelled, ParameterError, PrivateInputsError, PushError
+from hubsoup.output.folder import OutputFolder
 from hubsoup.output.shards import ShardLayout
 from hubsoup.progress import Monitor, upload_steps
 from hubsoup.public import local_path_in_file, looks_local, map_models, public_file_ref, resign_state_json
@@ -452,6 +453,25 @@ class PushTarget:
             return cls(check_repo_id(value))
         raise ParameterError(f"push must be a Hub repo ID (org/name) or a PushTarget, got {type(value).__name__}")
 
+    def scratch_dir(self) -> str:
+        """Where a push without a local copy works: ``.hubsoup-push-ORG--NAME`` (never created: its temporary folder
+        ``..hubsoup-push-ORG--NAME.partial-*`` is, and removed at the end) in :attr:`work_dir` or the working
+        directory. One run per repo and folder at a time (its lock)."""
+        return os.path.join(os.path.abspath(self.work_dir or "."), ".hubsoup-push-" + self.repo_id.replace("/", "--"))
+
+    def stream(self, *, token: Token, allow_private_inputs: bool, monitor: Monitor, keep_files: bool,
+               card_writer: Callable[[str, str, list[dict[str, str]]], None] | None = None) -> "HubPush":
+        """The push of a merge streamed here: this target's options, else the merge's ``token`` and
+        ``allow_private_inputs`` (:meth:`HubPush.prepare` and :meth:`HubPush.begin` start it)."""
+        allow = allow_private_inputs if self.allow_private_inputs is None else self.allow_private_inputs
+        return HubPush(self.repo_id, private=self.private, create_pr=self.create_pr,
+                       commit_message=self.commit_message, commit_description=self.commit_description,
+                       token=self.token if self.token is not None else token, monitor=monitor,
+                       allow_private_inputs=allow, card_writer=card_writer, keep_files=keep_files,
+                       what=f"push to {self.repo_id}",
+                       after="Nothing was committed; run the same merge again: it resumes (the shards already on the "
+                             "Hub are neither merged nor uploaded again)")
+
 
 class HubPush:
     """One push to the Hub, streamed: each shard uploaded as soon as it is complete, the rest in one commit.
@@ -467,7 +487,8 @@ class HubPush:
 
     Order: :meth:`prepare` (the checks before anything is sent: private or gated inputs to a public repo, what
     must not be published), :meth:`begin` (the repo, created if needed, and the upload thread), optionally
-    :meth:`resume`, shards, :meth:`commit`.
+    :meth:`resume`, shards, :meth:`commit` (a merge's output folder: :meth:`publish`). A merge makes its push with
+    :meth:`PushTarget.stream`.
     """
 
     def __init__(self, repo_id: str, *, private: bool | None = None, create_pr: bool = False,
@@ -623,6 +644,24 @@ class HubPush:
             os.remove(path)
 
     # --- the commit ----------------------------------------------------------------------------------------
+
+    def publish(self, folder: OutputFolder, *, keep_local: bool) -> Any:
+        """The end of a merge streamed here, its output complete in ``folder`` (card rendered): stage ``push``, every
+        shard uploaded, then the commit. ``keep_local``: the local output is committed first (a failed push then
+        leaves it whole, and the error says how to retry with ``hubsoup push``); else ``folder`` is removed once the
+        output is on the Hub. Returns the commit (``huggingface_hub.CommitInfo``)."""
+        self.monitor.stage("push", f"pushing to {self.repo_id}")
+        self.wait()  # every shard uploaded
+        if not keep_local:
+            info = self.commit(folder.path)
+            folder.abort()  # nothing stays: the output is on the Hub
+            return info
+        folder.commit()
+        self.what = f"push of '{folder.target}' to {self.repo_id}"
+        self.after = ("The local output is intact; retry with: "
+                      + retry_command(folder.target, self.repo_id, private=self.private, create_pr=self.create_pr,
+                                      commit_message=self.commit_message))
+        return self.commit(folder.target)
 
     def wait(self) -> None:
         """Until every shard handed in is uploaded; raises the first failure (and ``cancel``, checked meanwhile)."""

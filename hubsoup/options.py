@@ -252,6 +252,16 @@ class MergeOptions:
         """No progress bars and no prints: ``quiet``, or a ``progress`` callback takes their place."""
         return self.quiet or self.progress is not None
 
+    def watched(self, progress: Progress | None = None, cancel: Cancel | None = None) -> "MergeOptions":
+        """These options with ``progress`` and ``cancel`` set when given (a run's own keywords), made quiet when a
+        ``progress`` callback reports: it replaces every bar and print."""
+        opts = self
+        if progress is not None or cancel is not None:
+            opts = opts.replace(**{k: v for k, v in (("progress", progress), ("cancel", cancel)) if v is not None})
+        if opts.progress is not None and not opts.quiet:
+            opts = opts.replace(quiet=True)
+        return opts
+
     def monitor(self) -> Monitor:
         """A new :class:`hubsoup.progress.Monitor` for one run with these options' ``progress`` and ``cancel``."""
         return Monitor(self.progress, self.cancel)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -39,7 +40,7 @@ from hubsoup.methods import Method, get_method
 from hubsoup.options import MergeOptions
 from hubsoup.plan import Plan
 from hubsoup.progress import Monitor
-from hubsoup.recipe import Recipe, recipe_for
+from hubsoup.recipe import RECIPE_FILE, Recipe, recipe_for
 from hubsoup.sources import InputRef
 from hubsoup.sources.compat import check_out_is_no_input, open_models
 
@@ -175,6 +176,16 @@ class Session:
         return Job(self.plan, self.base, self.sources, self.method, self.params,
                    self.recipe.hash if self.recipe is not None else "",
                    donors=self.layout.donors if self.layout is not None else (), resolved=self.resolved, **kw)
+
+    def finish(self, folder: str) -> None:
+        """The output's last files, once the engine has written it into ``folder``: the layout's own (a mergekit
+        config's output config layer count, tokenizer_source, chat_template), then the recipe
+        (:data:`hubsoup.recipe.RECIPE_FILE`, with its local paths: ``hubsoup run`` reads it)."""
+        assert self.recipe is not None, "finish writes the session's recipe: open it with recipe=True"
+        if self.layout is not None:
+            self.layout.finish(folder)
+        with open(os.path.join(folder, RECIPE_FILE), "w", encoding="utf-8") as f:
+            f.write(self.recipe.to_yaml())
 
     def run(self, sink: Any, job: Job | None = None, **kw: Any) -> dict[str, Any]:
         """Merge into ``sink`` (``job``: one :meth:`job` made, else one with ``kw``); the method's statistics are

@@ -16,6 +16,7 @@ from hubsoup.eval.heads import head_labels, load_head, mean_pool
 from hubsoup.eval import lmeval
 from hubsoup.eval.tasks import TaskResult, TaskSpec
 from hubsoup.hubclient import Token
+from hubsoup.progress import Monitor
 from hubsoup.public import looks_local, public_file_ref
 
 EVAL_FILE = "eval_results.json"
@@ -283,6 +284,25 @@ def evaluate_model(model: Any, tasks: Sequence[TaskSpec], *, batch_size: int = 3
     with Evaluator(tasks, batch_size=batch_size, limit=limit, device=device, tokenizer=tokenizer,
                    quiet=quiet, token=token) as ev:
         return ev.evaluate(model, before_task=before_task)
+
+
+def evaluate_output(folder: str, tasks: Sequence[TaskSpec], *, limit: int | None, device: str, quiet: bool,
+                    monitor: Monitor, token: Token = None) -> list[TaskResult]:
+    """A merge's output in ``folder`` evaluated on ``tasks`` before it is committed (stage ``eval`` of ``monitor``:
+    one report and one cancel check per task), the results written beside it (:data:`EVAL_FILE`)."""
+    monitor.stage("eval", f"evaluating {len(tasks)} task(s)")
+    monitor.segment(len(tasks))
+
+    def before_task(i: int, task: TaskSpec) -> None:  # one report and one cancel check per task
+        if i:
+            monitor.step(f"evaluated {i}/{len(tasks)} task(s)")
+        monitor.check()
+
+    results = evaluate_model(folder, tasks, limit=limit, device=device, quiet=quiet, before_task=before_task,
+                             token=token)
+    monitor.step(f"evaluated {len(tasks)} task(s)")
+    write_results(results, os.path.join(folder, EVAL_FILE))
+    return results
 
 
 class Evaluator:

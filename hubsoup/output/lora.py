@@ -34,15 +34,15 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
-from hubsoup.arch import Layout, model_layout, module_kind
+from hubsoup.arch import Layout, model_layout, module_kind, peft_task_type
 from hubsoup.engine import Copy, Dense, LowRank, Outcome, TensorWork, Unchanged
 from hubsoup.errors import ParameterError
 from hubsoup.output.shards import ShardedWriter
-from hubsoup.output.checkpoint import check_output_tensor
+from hubsoup.output.checkpoint import check_output_tensor, copy_base_files
 from hubsoup.linalg import gram_chunked, mm_chunked, mm_t_chunked, single_thread, sq_norm_chunked, svd_of_product
 from hubsoup.plan import TensorEntry
 from hubsoup.sources.checkpoint import Checkpoint
@@ -124,6 +124,18 @@ class LoraSink:
     def __post_init__(self):
         if self.layout is None:
             self.layout = model_layout(os.path.abspath(self.base.folder))
+
+    @classmethod
+    def of_merge(cls, base: Checkpoint, inputs: Sequence[Any], options: LoraOptions, folder: str,
+                 metadata: dict[str, str]) -> "LoraSink":
+        """The adapter of a merge of ``inputs`` (task vectors) onto ``base``, written into ``folder`` with the base's
+        tokenizer files. Its ``task_type`` (which ``AutoPeftModelFor*`` loads it) is the base architecture's, else the
+        LoRA inputs' own when they agree on one."""
+        task_types = {s.config.get("task_type") for s in inputs if s.kind == "lora"}
+        sink = cls(base, base.keys(), options, folder, metadata,
+                   peft_task_type(base.config) or (task_types.pop() if len(task_types) == 1 else None))
+        copy_base_files(base, folder, tokenizer_only=True)
+        return sink
 
     # --- the engine's side ------------------------------------------------------------------
     def accepts_lowrank(self, entry: TensorEntry) -> bool:
