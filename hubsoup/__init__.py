@@ -53,9 +53,9 @@ _LAZY = {
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see of the lazy names
-    from hubsoup.api import MergeResult, merge, push_figures
-    from hubsoup.hub import PushTarget
-    from hubsoup.options import MergeOptions
+    from hubsoup.api import MergeResult as MergeResult, merge as merge, push_figures as push_figures
+    from hubsoup.hub import PushTarget as PushTarget
+    from hubsoup.options import MergeOptions as MergeOptions
 
 
 def __getattr__(name: str) -> object:
