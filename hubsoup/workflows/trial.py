@@ -76,8 +76,9 @@ def _fetch(base_ckpt: Checkpoint, sources: Sequence[TaskVector]) -> None:
             ckpt.fetch()
 
 
-def _merge(base_ckpt: Checkpoint, sources: Sequence[TaskVector], method: str, params: dict[str, Any], opts: Any, sink: Any, *, cancel: Any = None,
-           scratch: str | None = None, prefetch: bool | None = None) -> Recipe:
+def _merge(base_ckpt: Checkpoint, sources: Sequence[TaskVector], method: str, params: dict[str, Any],
+           opts: MergeOptions, sink: MemorySink, *, cancel: Any = None, scratch: str | None = None,
+           prefetch: bool | None = None) -> Recipe:
     """One candidate by the engine into ``sink``, the inputs opened (validation, plan, placement and the recipe hash
     as :func:`hubsoup.merge` has them); returns its recipe."""
     if cancel is not None:
