@@ -185,11 +185,11 @@ def _merge_streamed(run: Run, m: PlannedMerge) -> str | None:
         return None
     run.emit("pushing", m)
     message = f"Upload {m.spec.method} merge made with a hubsoup pipeline (recipe {m.recipe_hash[:12]})"
-    work_dir = os.path.join(run.work, "merges")
     target = StreamTarget(m.repo_id, private=run.p.push.private or None, token=run.token,
                           commit_message=message, allow_private_inputs=run.p.allow_private_inputs,
-                          work_dir=work_dir)
-    os.makedirs(work_dir, exist_ok=True)
+                          work_dir=os.path.join(run.work, "merges"))
+    assert target.work_dir is not None  # given just above
+    os.makedirs(target.work_dir, exist_ok=True)
 
     def card(result: MergeResult, folder: str) -> None:
         publish.write_card(run, m, result, folder)
