@@ -247,3 +247,21 @@ def test_pipeline_failures_through_an_executor_are_the_local_ones(hub, zoo, tmp_
     far = pipeline_round(hub, tmp_path, "exec", LocalExecutor(), **changes)
     assert local[0] == 1 and "bob/ft-broken" in local[4]
     assert_same_pipeline(local, far)
+
+
+def test_no_executor_named_is_the_local_one():
+    """``executor=None`` is the default everywhere (``is_local``): make_executor makes the local executor of it, as it
+    does of ``"local"`` (it used to hand None back, which an evolve run then called ``run`` on)."""
+    from hubsoup.workflows.executors import make_executor
+
+    for spec in (None, "local"):
+        exe = make_executor(spec)
+        try:
+            assert isinstance(exe, LocalExecutor)
+        finally:
+            exe.close()
+    mine = LocalExecutor()
+    try:
+        assert make_executor(mine) is mine  # an executor object: returned as it is
+    finally:
+        mine.close()

@@ -328,3 +328,12 @@ def test_a_lines_beta_search_prepares_once_and_equals_separate_merges(llama, tmp
                                                    quiet=True, base_method="ties", beta=beta).path,
                                      "model.safetensors"))
         assert all(torch.equal(seen[i][k], ref[k]) for k in ref)
+
+
+def test_a_grid_with_no_point_is_refused_before_anything_is_written(tmp_path):
+    """``grid={"scale": []}`` (the Python API; the CLI's parse_grid refuses it already): one line, not an
+    AttributeError after the empty loop, and no output folder."""
+    with pytest.raises(ParameterError, match="no point"):
+        search([str(tmp_path / "a")], "task_arithmetic", base=str(tmp_path / "base"), out=str(tmp_path / "soup"),
+               grid={"scale": []}, score_fn=lambda folder: 0.0, quiet=True)
+    assert os.listdir(tmp_path) == []

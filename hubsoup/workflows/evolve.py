@@ -46,7 +46,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jinja2
 
@@ -67,6 +67,15 @@ from hubsoup.workflows.executors import make_executor
 from hubsoup.workflows.proposals import MIN_POPULATION, propose, trial_sampler
 from hubsoup.workflows.study_lease import StudyLease
 from hubsoup.workflows.trial import pin_inputs
+
+if TYPE_CHECKING:
+    from optuna import Study
+    from optuna.distributions import BaseDistribution
+    from optuna.samplers import BaseSampler
+    from optuna.storages import RDBStorage
+    from optuna.trial import FrozenTrial
+
+    from hubsoup.api import MergeResult
 
 OPTIMIZERS = ("cmaes", "tpe", "random")
 SEARCH_FILE = "hubsoup_search.json"
@@ -95,7 +104,7 @@ class Dimension:
     high: float | None = None
     log: bool = False
     step: float | None = None
-    choices: tuple = ()
+    choices: tuple[Any, ...] = ()
     per_input: bool = False
     layer_groups: int = 1
 
@@ -164,11 +173,12 @@ class Dimension:
         grs = [f".g{g}" for g in range(self.layer_groups)] if self.layer_groups > 1 else [""]
         return [f"{self.key}{i}{g}" for i in ins for g in grs]
 
-    def distribution(self):
+    def distribution(self) -> BaseDistribution:
         import optuna.distributions as d  # lazy: optional extra (optuna)
 
         if self.kind == "choice":
             return d.CategoricalDistribution(list(self.choices))
+        assert self.low is not None and self.high is not None  # a range (parse)
         if self.kind == "int":
             return d.IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
         return d.FloatDistribution(self.low, self.high, log=self.log, step=self.step)
@@ -399,11 +409,12 @@ def param_names(cfg: EvolveConfig) -> dict[str, str]:
     return out
 
 
-def make_sampler(cfg: EvolveConfig, number: int, study: Any = None):
+def make_sampler(cfg: EvolveConfig, number: int, study: Any = None) -> BaseSampler:
     """The sampler that proposes trial ``number``, seeded from ``(seed, number)``: what it proposes depends only
     on the seed, the number and the finished trials, never on this process' history (resumption, executors).
     ``cmaes`` proposes from the study's finished trials (:mod:`hubsoup.workflows.proposals`): pass ``study``."""
-    return trial_sampler(cfg.optimizer, cfg.distributions(), cfg.population, cfg.seed, number, study)
+    sampler: BaseSampler = trial_sampler(cfg.optimizer, cfg.distributions(), cfg.population, cfg.seed, number, study)
+    return sampler
 
 
 @dataclass
@@ -430,7 +441,7 @@ class EvolveResult:
     """Writing the best model (one merge to disk, its evaluation and card) and the plot."""
 
 
-def _gene_point(trial) -> dict[str, Any]:
+def _gene_point(trial: FrozenTrial) -> dict[str, Any]:
     return dict(trial.params)
 
 
@@ -460,13 +471,13 @@ def _check_dir(out: str, cfg: "EvolveConfig") -> None:
                          f"hubsoup made; a file named {SEARCH_FILE} is not one); choose an empty or new folder")
 
 
-def _pin_inputs(cfg: EvolveConfig, opts, point: dict[str, Any]) -> tuple[list[str], str | None, int]:
+def _pin_inputs(cfg: EvolveConfig, opts: MergeOptions, point: dict[str, Any]) -> tuple[list[str], str | None, int]:
     """The inputs and base pinned once on the driver, and the memory a trial needs (:func:`trial.pin_inputs`)."""
     inputs, base, memory, _, _ = pin_inputs(cfg.models, cfg.base, cfg.method, point, opts, cfg.dtype, keep=True)
     return inputs, base, memory
 
 
-def _storage(cfg: EvolveConfig, out: str):
+def _storage(cfg: EvolveConfig, out: str) -> RDBStorage:
     import optuna  # lazy: optional extra (optuna)
 
     url = cfg.storage or f"sqlite:///{os.path.abspath(os.path.join(out, STUDY_FILE))}"
@@ -488,7 +499,7 @@ def _public_url(url: str) -> str:
     return scrub_url_credentials(url)
 
 
-def _ask(study, cfg: EvolveConfig, dists: dict[str, Any], names: dict[str, str], number: int) -> None:
+def _ask(study: Study, cfg: EvolveConfig, dists: dict[str, Any], names: dict[str, str], number: int) -> None:
     """Add trial ``number`` to the study: CMA-ES's point written at once (one transaction, with the method parameters
     it means), the other samplers' through ``study.ask`` (one write per gene)."""
     import optuna  # lazy: optional extra (optuna)
@@ -503,7 +514,7 @@ def _ask(study, cfg: EvolveConfig, dists: dict[str, Any], names: dict[str, str],
                                               distributions=dists, user_attrs={"params": params}))
 
 
-def _tell(study, trial, r: dict[str, Any]) -> None:
+def _tell(study: Study, trial: FrozenTrial, r: dict[str, Any]) -> None:
     """Record trial ``r``'s result (metrics, a failure's reason) and tell the study (its timings are this run's:
     in :attr:`EvolveResult.seconds`, not in the study)."""
     import optuna  # lazy: optional extra (optuna)
@@ -518,7 +529,7 @@ def _tell(study, trial, r: dict[str, Any]) -> None:
         study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
 
 
-def _trial_row(t, n_inputs: int, names: dict[str, str], cfg: EvolveConfig) -> dict[str, Any]:
+def _trial_row(t: FrozenTrial, n_inputs: int, names: dict[str, str], cfg: EvolveConfig) -> dict[str, Any]:
     ua = t.user_attrs
     row = {"number": t.number, "generation": t.number // cfg.population, "state": t.state.name.lower(),
            "params": ua.get("params") or cfg.method_params(_gene_point(t), names),
@@ -837,7 +848,7 @@ def _plot(out: str, table: list[dict[str, Any]]) -> None:
     os.replace(tmp, os.path.join(out, PLOT_FILE))
 
 
-def _card_in_place(res: Any, out: str) -> Any:
+def _card_in_place(res: MergeResult, out: str) -> MergeResult:
     """The best model's card, rendered where the model now is: titled (and its model-index named) by ``out``'s
     name, its "How to use" loading ``out``; a push then retitles it by the repo and loads the repo ID. Never the
     temporary folder the merge was written to (``.hubsoup-best-XXXX/model``)."""
@@ -848,7 +859,7 @@ def _card_in_place(res: Any, out: str) -> Any:
 
 
 def _write_best(out: str, cfg: EvolveConfig, inputs: list[str], base: str | None, best: dict[str, Any],
-                summary: dict[str, Any], quiet: bool):
+                summary: dict[str, Any], quiet: bool) -> MergeResult:
     """Merge the best trial once into a temporary folder inside ``out`` (with evaluation and card), then move its
     files into ``out``, replacing an earlier best model's; the study's own files stay."""
     tmp = tempfile.mkdtemp(prefix=".hubsoup-best-", dir=out)

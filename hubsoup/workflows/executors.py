@@ -29,7 +29,7 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, cast
 
 import torch
 
@@ -39,6 +39,18 @@ from hubsoup.errors import ParameterError
 from hubsoup.sources.access import current, hub_only
 from hubsoup.untrusted import short
 from hubsoup.workflows.trial import TrialSessions, run_trial
+
+
+class Executor(Protocol):
+    """What the workflows ask of an executor (:class:`LocalExecutor`, :class:`RayExecutor`, or an object of the
+    caller's with the same two methods)."""
+
+    def run(self, payloads: Sequence[dict[str, Any]], *, on_result: Callable[[dict[str, Any]], None] | None = None,
+            monitor: Any = None) -> list[dict[str, Any]]:
+        """Each payload's trial; the results in the payloads' order, ``on_result`` called as each arrives."""
+
+    def close(self) -> None:
+        """Free what the trials kept (sessions, a cluster connection)."""
 
 
 class LocalExecutor:
@@ -95,12 +107,13 @@ def _worker_shared_statistics() -> None:
     """A Ray worker process keeps one shared-statistics block for its life, as the local executor does for the
     study: consecutive trials on it whose preparation is the same share it (finished when the process exits)."""
     if shared.current() is None:
-        block = shared.SharedStatistics(scratch=tempfile.mkdtemp(prefix=".hubsoup-worker-"))
+        scratch = tempfile.mkdtemp(prefix=".hubsoup-worker-")
+        block = shared.SharedStatistics(scratch=scratch)
         shared._CURRENT.set(block)
 
         def close() -> None:
             block.close()
-            shutil.rmtree(block.scratch, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
 
         atexit.register(close)
 
@@ -267,17 +280,17 @@ def is_local(spec: Any) -> bool:
     return spec is None or spec == "local"
 
 
-def make_executor(spec: Any, cfg: Any = None, *, resources: dict[str, Any] | None = None):
+def make_executor(spec: Any, cfg: Any = None, *, resources: dict[str, Any] | None = None) -> Executor:
     """``"local"``, ``"ray"``, ``"ray://HOST:PORT"`` (or an executor object, returned as it is).
 
     ``resources`` (or ``cfg.resources``): per candidate, ``cpus`` (default 1), ``gpus`` (default 0) and
     ``memory`` (bytes) that each Ray task requests.
     """
     check_executor(spec)
-    if not isinstance(spec, str):
-        return spec
-    if spec == "local":
+    if spec is None or spec == "local":  # None: the default (is_local), not an executor object
         return LocalExecutor()
+    if not isinstance(spec, str):
+        return cast(Executor, spec)  # an object with run() (check_executor)
     res = resources if resources is not None else (getattr(cfg, "resources", {}) or {})
     return RayExecutor(None if spec == "ray" else spec, cpus=int(res.get("cpus") or 1),
                        gpus=float(res.get("gpus") or 0), memory=res.get("memory"))

@@ -80,13 +80,13 @@ def decode(dist: Any, u: float) -> float | int:
     return float(min(max(v, dist.low), dist.high))
 
 
-_CACHE: "collections.OrderedDict[tuple, tuple[Any, list[np.ndarray]]]" = collections.OrderedDict()
+_CACHE: "collections.OrderedDict[tuple[Any, ...], tuple[Any, list[np.ndarray]]]" = collections.OrderedDict()
 """Replays done in this process: (space, seed, results told so far) -> (CMA-ES after telling them, the next
 generation's points). The key holds every input, and a continued replay performs the same operations as one from
 scratch, so it never changes a proposal (``tests/test_evolve_proposals.py`` compares them bit for bit)."""
 
 
-def _told(by_number: dict[int, Any], g: int, population: int) -> tuple:
+def _told(by_number: dict[int, Any], g: int, population: int) -> tuple[tuple[str, float | None], ...]:
     out = []
     for k in range(population):
         t = by_number.get(g * population + k)
@@ -96,12 +96,12 @@ def _told(by_number: dict[int, Any], g: int, population: int) -> tuple:
     return tuple(out)
 
 
-def _tell(cma: Any, xs: list[np.ndarray], told: tuple) -> None:
-    done = [-v for state, v in told if state == "COMPLETE"]  # cmaes minimises
+def _tell(cma: Any, xs: list[np.ndarray], told: tuple[tuple[str, float | None], ...]) -> None:
+    done = [-v for state, v in told if state == "COMPLETE" and v is not None]  # cmaes minimises (COMPLETE: a value)
     if not done:
         return  # every trial failed: nothing learnt
     worst = max(done) + 1.0  # a failed trial ranks below every completed one
-    cma.tell([(x, -v if state == "COMPLETE" else worst) for x, (state, v) in zip(xs, told)])
+    cma.tell([(x, -v if state == "COMPLETE" and v is not None else worst) for x, (state, v) in zip(xs, told)])
 
 
 def cma_points(dists: dict[str, Any], population: int, seed: int, trials: Sequence[Any], generation: int

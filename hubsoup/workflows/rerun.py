@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hubsoup.api import merge, scoped
 from hubsoup.errors import HubsoupError, OutputExistsError, ParameterError
@@ -31,8 +31,11 @@ from hubsoup.sources.access import check_specs, hub_only
 from hubsoup.sources.resolve import open_input
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml, owned_path, short
 
+if TYPE_CHECKING:
+    from hubsoup.api import MergeResult
 
-def recipe_merge_args(recipe) -> tuple[list[str], dict[str, Any]]:
+
+def recipe_merge_args(recipe: Recipe) -> tuple[list[str], dict[str, Any]]:
     """The ``hubsoup.merge`` arguments that repeat ``recipe`` exactly (Hub inputs pinned to their SHAs)."""
     kwargs: dict[str, Any] = {"method": recipe.method, "base": recipe.base.pinned_spec,
                               "params": dict(recipe.params), "dtype": recipe.dtype}
@@ -50,7 +53,7 @@ def recipe_merge_args(recipe) -> tuple[list[str], dict[str, Any]]:
 
 
 @scoped
-def run_recipe(path: str, out: str | None, **overrides: Any):
+def run_recipe(path: str, out: str | None, **overrides: Any) -> MergeResult:
     """Merge again from a recipe file (or an output folder holding one); returns the MergeResult.
 
     ``push=ORG/NAME`` (or a :class:`hubsoup.hub.PushTarget`) streams the output to the Hub as
@@ -65,8 +68,8 @@ def run_recipe(path: str, out: str | None, **overrides: Any):
     model it names must be a Hub repo ID. mergekit-yaml's options (``copy_tokenizer``, ``random_seed``,
     ``out_shard_params``, ``intermediate_dir``) apply to mergekit configs only.
     """
-    mk = {k: overrides.pop(k) for k in ("copy_tokenizer", "random_seed", "out_shard_params", "intermediate_dir")
-          if k in overrides}
+    mk: dict[str, Any] = {k: overrides.pop(k) for k in ("copy_tokenizer", "random_seed", "out_shard_params",
+                                                        "intermediate_dir") if k in overrides}
     mk = {k: v for k, v in mk.items() if v is not None and not (k == "copy_tokenizer" and v is True)}
     if hub_only():  # a server's run: the text itself; nothing on the disk is read or probed
         if not isinstance(path, str):
@@ -131,7 +134,8 @@ def check_digests(recipe: "Recipe", *, allow_pickle: bool = False) -> None:
                                      f"{short(r.digest)}; merge again instead of rerunning it")
 
 
-def _rerun(recipe: "Recipe", out: str | None, overrides: dict[str, Any], mk: dict[str, Any] | None = None):
+def _rerun(recipe: "Recipe", out: str | None, overrides: dict[str, Any], mk: dict[str, Any] | None = None
+           ) -> MergeResult:
     check_digests(recipe, allow_pickle=bool(overrides.get("allow_pickle")))
     if recipe.mergekit.get("config"):  # repeat the mergekit config, its Hub models pinned to the recorded SHAs
         refs = [*(recipe.base, *recipe.inputs), *(r.adapter for r in (recipe.base, *recipe.inputs) if r.adapter)]
@@ -148,7 +152,7 @@ def _rerun(recipe: "Recipe", out: str | None, overrides: dict[str, Any], mk: dic
 
 @scoped
 def run_config(source: str, out: str | None, *, pins: dict[str, str] | None = None, copy_tokenizer: bool = True,
-               random_seed: int | None = None, out_shard_params: int | None = None, **options: Any):
+               random_seed: int | None = None, out_shard_params: int | None = None, **options: Any) -> MergeResult:
     """Run a mergekit config with hubsoup; returns the :class:`hubsoup.MergeResult`.
 
     ``source``: the YAML text or a file (with ``hub_only``: always the text, never a path);
@@ -176,7 +180,7 @@ def run_config(source: str, out: str | None, *, pins: dict[str, str] | None = No
     token, allow_pickle = options.get("token"), bool(options.get("allow_pickle"))
     shard_size, dtype = options.get("shard_size"), options.pop("dtype", None)
 
-    def one(config: str, target: str, module: Any = None, referenced: Any = None, **opts: Any):
+    def one(config: str, target: str | None, module: Any = None, referenced: Any = None, **opts: Any) -> MergeResult:
         m = read_config(config, token=token, allow_pickle=allow_pickle, module=module)
         m.text = text  # the card and recipe carry the whole config (a module's merge included)
         if referenced is not None and m.vocab is not None:  # a module's merge: the vocabulary of every module's models
@@ -199,9 +203,10 @@ def run_config(source: str, out: str | None, *, pins: dict[str, str] | None = No
         if options.get("push") is not None or out is None:
             raise ParameterError("a modules: config is assembled from one merge per module: give an output folder "
                                  "(--out), then push it with `hubsoup push OUT ORG/NAME`")
-        return run_modules(text, data, out, lambda config, module, target, referenced: one(
+        assembled: MergeResult = run_modules(text, data, out, lambda config, module, target, referenced: one(
             config, target, module, referenced, **{**options, "overwrite": False}),
             overwrite=bool(options.get("overwrite")), token=token, allow_pickle=allow_pickle)
+        return assembled
     return one(text, out, **options)
 
 
@@ -231,10 +236,14 @@ def _check_stage_targets(stages: list[Stage], paths: dict[str, str], out: str, i
                              "replaces: choose another --intermediate-dir")
     names = {s.name for s in stages if s.name is not None}
     local: list[str] = []
+
+    def note(ref: str) -> str:
+        local.extend(p for p in str(ref).split("+")
+                     if p.split("@")[0] not in names and os.path.isdir(os.path.expanduser(p)))
+        return ref
+
     for st in stages:  # the models the stages read that are folders here (never a stage's own output)
-        map_models(st.data, lambda ref: local.extend(
-            p for p in str(ref).split("+") if p.split("@")[0] not in names and os.path.isdir(os.path.expanduser(p)))
-            or ref)
+        map_models(st.data, note)
     for name, target in paths.items():
         if target != out:
             why = replace_problem(target, True, kind="stage", legacy=False)  # an earlier run's stage: replaced
@@ -250,7 +259,7 @@ def _check_stage_targets(stages: list[Stage], paths: dict[str, str], out: str, i
                                      f"model '{ref}', which a stage reads; choose another --intermediate-dir or --out")
 
 
-def run_stages(text: str, out: str | None, *, intermediate_dir: str | None = None, **options: Any):
+def run_stages(text: str, out: str | None, *, intermediate_dir: str | None = None, **options: Any) -> MergeResult:
     """Merge every stage of a multi-stage config; returns the final stage's :class:`hubsoup.MergeResult`.
 
     ``intermediate_dir``: where named stages are written (default: ``.NAME.stages`` beside ``out``);
@@ -292,6 +301,7 @@ def run_stages(text: str, out: str | None, *, intermediate_dir: str | None = Non
     for st in stages:
         config = dump_config(map_models(st.data, patch))
         if st is not final:  # checked above: a stage's folder; a later run replaces it without --overwrite (only it)
+            assert st.name is not None  # only the final stage may be unnamed (read_stages)
             result = run_config(config, paths[st.name], **{**options, "overwrite": True})
             write_marker(paths[st.name], "stage", stage=st.name)
             done.append((st, result, config))

@@ -33,7 +33,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence, cast
 
 import hubsoup
 from hubsoup.api import keeps_inputs, scoped
@@ -50,6 +50,11 @@ from hubsoup.sources.access import check_specs
 from hubsoup.workflows.executors import check_executor, is_local, make_executor
 from hubsoup.workflows.trial import pin_inputs
 
+if TYPE_CHECKING:
+    from hubsoup.eval import TaskSpec
+    from hubsoup.progress import Monitor
+    from hubsoup.sources.checkpoint import InputRef
+
 
 def frange(lo: float, hi: float, step: float) -> list[float]:
     if not all(math.isfinite(v) for v in (lo, hi, step)):
@@ -60,7 +65,7 @@ def frange(lo: float, hi: float, step: float) -> list[float]:
     return [round(lo + i * step, 10) for i in range(n + 1)]
 
 
-def _paper_grid(method: str | None) -> dict[str, list]:
+def _paper_grid(method: str | None) -> dict[str, list[Any]]:
     """The method's paper grids (its ``search_grid``); none for an unknown method, which the merge reports."""
     try:
         return get_method(method).search_grid if method else {}
@@ -68,9 +73,9 @@ def _paper_grid(method: str | None) -> dict[str, list]:
         return {}
 
 
-def parse_grid(*specs: str, method: str | None = None) -> dict[str, list]:
+def parse_grid(*specs: str, method: str | None = None) -> dict[str, list[Any]]:
     """``KEY=lo:hi:step``, ``KEY=a,b,c`` or a bare ``KEY`` (the method's paper grid)."""
-    grid: dict[str, list] = {}
+    grid: dict[str, list[Any]] = {}
     for spec in specs:
         key, _, values = spec.partition("=")
         key = key.strip()
@@ -92,7 +97,7 @@ def parse_grid(*specs: str, method: str | None = None) -> dict[str, list]:
     return grid
 
 
-def points(grid: dict[str, list]) -> list[dict[str, Any]]:
+def points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     keys = list(grid)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
@@ -111,9 +116,9 @@ def merge_order(grid_points: list[dict[str, Any]], method: str, params: dict[str
     m = get_method(method)
     keys = [m.stats_key(m.parse({**(params or {}), **p})) for p in grid_points]
     block = shared.current()
-    held = block.key if block is not None else None
+    held = cast("tuple[Any, ...] | None", block.key) if block is not None else None  # engine._stats_key's tuple
     ahead = held[1] if held is not None and held[0] == m.name else None  # the method's own key
-    first = {}  # key -> grid index of its first point: the groups in order of first appearance
+    first: dict[Hashable, int] = {}  # key -> grid index of its first point: the groups in order of first appearance
     for i, k in enumerate(keys):
         first.setdefault(k, i)
     return sorted(range(len(keys)), key=lambda i: (keys[i] != ahead, first[keys[i]], i))
@@ -137,12 +142,12 @@ class SearchResult:
 
 
 # the fine-tunes' reference scores of earlier searches in this process (key: see _reference_key)
-_REFERENCES: "OrderedDict[tuple, float]" = OrderedDict()
+_REFERENCES: "OrderedDict[tuple[Any, ...], float]" = OrderedDict()
 _REFERENCES_MAX = 512
 _REFERENCES_LOCK = threading.Lock()
 
 
-def _stamp(path: str) -> tuple:
+def _stamp(path: str) -> tuple[Any, ...]:
     """A file's or folder's identity as far as a cache may trust it: path, and size and mtime of each file."""
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.isdir(path):
@@ -152,13 +157,13 @@ def _stamp(path: str) -> tuple:
     return (path, st.st_size, st.st_mtime_ns)
 
 
-def _reference_key(ref, base, task, limit: int | None) -> tuple | None:
+def _reference_key(ref: InputRef, base: InputRef, task: TaskSpec, limit: int | None) -> tuple[Any, ...] | None:
     """What a fine-tune's score on ``task`` depends on; None where something cannot be pinned (an input
     without its commit, data or a head that is not a local file): that score is not kept."""
     if ref.repo_id:
         if not ref.sha:
             return None
-        who: tuple = (ref.repo_id, ref.sha)
+        who: tuple[Any, ...] = (ref.repo_id, ref.sha)
     elif ref.path or ref.spec:
         who = _stamp(ref.path or ref.spec)
     else:
@@ -170,8 +175,8 @@ def _reference_key(ref, base, task, limit: int | None) -> tuple | None:
     return (who, base.public, _stamp(task.data), head, fields, limit)
 
 
-def reference_scores(inputs: Sequence[str], refs: Sequence, base, tasks: Sequence, limit: int | None, *,
-                     token: Token = None) -> list[float]:
+def reference_scores(inputs: Sequence[str], refs: Sequence[InputRef], base: InputRef, tasks: Sequence[TaskSpec],
+                     limit: int | None, *, token: Token = None) -> list[float]:
     """Each input's score on its own task (input ``i`` on task ``i``), from this process' earlier searches
     where nothing they depend on changed. ``refs``: the inputs as the merge opened them (:class:`InputRef`);
     ``token``: the run's, for the tasks' data on the Hub."""
@@ -191,7 +196,7 @@ def reference_scores(inputs: Sequence[str], refs: Sequence, base, tasks: Sequenc
     return out
 
 
-def normalized_score(results, references: Sequence[float] | None) -> float:
+def normalized_score(results: Sequence[TaskResult], references: Sequence[float] | None) -> float:
     """Mean of each task's score, divided by its reference (fine-tune) score when given."""
     vals = []
     for i, r in enumerate(results):
@@ -205,8 +210,8 @@ def normalized_score(results, references: Sequence[float] | None) -> float:
 
 @scoped  # hub_only: the inputs' text alone decides, before anything local is looked at
 @keeps_inputs  # every point merges the same inputs: downloaded once into the Hub cache
-def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list], base: str | None = None,
-           tasks: Sequence | None = None, score_fn: Callable[[str], float] | None = None,
+def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list[Any]], base: str | None = None,
+           tasks: Sequence[TaskSpec] | None = None, score_fn: Callable[[str], float] | None = None,
            params: dict[str, Any] | None = None, normalize: bool = True, limit: int | None = None,
            options: MergeOptions | None = None, executor: Any = None, resources: dict[str, Any] | None = None,
            **kwargs: Any) -> SearchResult:
@@ -257,6 +262,8 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
         merge_kwargs = {}
     check_output(out, opts.overwrite)
     grid_points = points(grid)
+    if not grid_points:
+        raise ParameterError(f"search grid {grid}: no point (a parameter with no values)")
     m = get_method(method)
     for point in grid_points:  # every point's parameters are checked (nan, out of range) before any merge
         m.parse({**(params or {}), **point})
@@ -266,6 +273,7 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
     folder = OutputFolder(out, overwrite=opts.overwrite)
     try:
         if not is_local(executor):
+            assert tasks is not None  # a remote search scores with tasks (checked above)
             return _search_remote(folder, grid_points, inputs, method, base, tasks, params, normalize, limit, opts,
                                   executor, resources)
 
@@ -279,7 +287,7 @@ def search(inputs: Sequence[str], method: str, *, out: str, grid: dict[str, list
 
 
 def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Sequence[str], method: str,
-            base: str | None, tasks: list | None, score_fn: Callable[[str], float] | None,
+            base: str | None, tasks: list[TaskSpec] | None, score_fn: Callable[[str], float] | None,
             params: dict[str, Any] | None, normalize: bool, limit: int | None, opts: MergeOptions,
             merge_kwargs: dict[str, Any]) -> SearchResult:
     monitor = opts.monitor()
@@ -306,6 +314,7 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
         if normalized and references is None:  # after the first merge: it pinned the inputs
             if monitor.reporting:
                 monitor.child(mid, mid)(0.0, "eval", "scoring the fine-tunes (references)")
+            assert tasks is not None  # normalized: scored with tasks
             references = reference_scores(inputs, res.inputs, res.base, tasks, limit, token=opts.token)
             seconds["references"] = round(time.perf_counter() - t1, 2)
             monitor.check()
@@ -316,6 +325,7 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
         if score_fn is not None:
             score = float(score_fn(point_dir))
         else:
+            assert tasks is not None  # either tasks or a score function (checked by search)
             evals = evaluate_model(point_dir, tasks, limit=limit, quiet=True, token=opts.token)
             score = normalized_score(evals, references)
             entry["metrics"] = {r.task.name: r.metrics for r in evals}
@@ -334,13 +344,14 @@ def _search(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Seq
         else:
             shutil.rmtree(point_dir, ignore_errors=True)
     best_dir = os.path.join(folder.path, f"point-{best_i:03d}")
+    assert best_res is not None  # the grid has a point (checked by search)
     if best_res.evaluation:
         write_results(best_res.evaluation, os.path.join(best_dir, EVAL_FILE))
     found = SearchResult(grid_points[best_i], best_score, scores, selection, best_res, seconds)
     return _keep(folder, best_dir, found, monitor)
 
 
-def _selection(inputs: Sequence[str], tasks: list | None, normalize: bool) -> tuple[str, bool]:
+def _selection(inputs: Sequence[str], tasks: list[TaskSpec] | None, normalize: bool) -> tuple[str, bool]:
     """What the search maximises (its name) and whether it is normalized by the fine-tunes' own scores."""
     if tasks is None:
         return "score_fn", False
@@ -349,7 +360,7 @@ def _selection(inputs: Sequence[str], tasks: list | None, normalize: bool) -> tu
     return ("mean accuracy" if any(t.kind == "classification" for t in tasks) else "mean of -log(perplexity)"), False
 
 
-def _keep(folder: OutputFolder, best_dir: str, found: SearchResult, monitor) -> SearchResult:
+def _keep(folder: OutputFolder, best_dir: str, found: SearchResult, monitor: Monitor) -> SearchResult:
     """The chosen point's card and ``hubsoup_search.json`` record the grid and every score; then it becomes ``out``."""
     best_res = found.result
     best_res.path = folder.target
@@ -365,7 +376,7 @@ def _keep(folder: OutputFolder, best_dir: str, found: SearchResult, monitor) -> 
 
 
 def _search_remote(folder: OutputFolder, grid_points: list[dict[str, Any]], inputs: Sequence[str], method: str,
-                   base: str | None, tasks: list, params: dict[str, Any] | None, normalize: bool,
+                   base: str | None, tasks: list[TaskSpec], params: dict[str, Any] | None, normalize: bool,
                    limit: int | None, opts: MergeOptions, executor: Any,
                    resources: dict[str, Any] | None) -> SearchResult:
     """Each point a task of ``executor`` (merged in memory and scored where it runs: :func:`run_trial`); the
@@ -429,6 +440,7 @@ def _search_remote(folder: OutputFolder, grid_points: list[dict[str, Any]], inpu
                              params={**(params or {}), **grid_points[best_i]},
                              options=opts.replace(quiet=True, overwrite=False, progress=None))
     seconds["write"] = round(time.perf_counter() - t0, 2)
+    assert best_rows is not None  # the grid has a point (checked by search)
     best_res.evaluation = [TaskResult.from_dict(row) for row in best_rows]
     with open(os.path.join(best_dir, EVAL_FILE), "w", encoding="utf-8") as f:
         json.dump(best_rows, f, indent=2)  # the scored candidate's results, as write_results writes them

@@ -114,7 +114,8 @@ def greedy_soup(inputs: Sequence[str], score_fn: Callable[[str], float], *, out:
 
 
 def _greedy_soup(inputs: list[str], score_fn: Callable[[str], float], out: str, base: str | None, strict: bool,
-                 method: str, params: dict[str, Any] | None, individual_scores, work_dir: str | None,
+                 method: str, params: dict[str, Any] | None,
+                 individual_scores: Mapping[str, float] | Sequence[float] | None, work_dir: str | None,
                  opts: MergeOptions, merge_kwargs: dict[str, Any]) -> GreedySoupResult:
     parent = work_dir or os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)

@@ -24,9 +24,12 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hubsoup.errors import StudyLockedError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Row
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ class StudyLease:
         self._thread: threading.Thread | None = None
         self.lost = False
 
-    def _row(self, conn) -> Any:
+    def _row(self, conn: Connection) -> Row[Any] | None:
         t = self.table
         return conn.execute(t.select().where(t.c.study == self.name)).first()
 
@@ -109,7 +112,7 @@ class StudyLease:
         self._thread = threading.Thread(target=self._beat, name="hubsoup-study-lease", daemon=True)
         self._thread.start()
 
-    def _stale(self, row) -> str | None:
+    def _stale(self, row: Row[Any]) -> str | None:
         """Why the holder of ``row`` is gone (None: it may be alive)."""
         if row.host == self.host and isinstance(row.pid, int) and row.pid != self.pid and not _alive(row.pid):
             return "its process is gone"

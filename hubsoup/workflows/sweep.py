@@ -52,6 +52,7 @@ def parse_grid(spec: str | Sequence[float]) -> list[float]:
             start = None
         if start is None:
             raise ParameterError(f"grid {spec!r}: expected START:STOP:STEP, e.g. 0:1:0.1")
+        assert stop is not None and step is not None  # set with start
         if step <= 0 or stop < start:
             raise ParameterError(f"grid {spec!r}: need STEP > 0 and STOP ≥ START")
         values = frange(start, stop, step)
@@ -133,7 +134,7 @@ def sweep(inputs: Sequence[str], method: str, out_dir: str, grid: str | Sequence
     d = _decimals([x for p in points for x in (p if isinstance(p, tuple) else (p,))])
     prefix = "lambda" if param == "lambdas" else param
 
-    def folder_name(p) -> str:
+    def folder_name(p: float | tuple[float, ...]) -> str:
         return prefix + "-" + "-".join(f"{x:.{d}f}" for x in (p if isinstance(p, tuple) else (p,)))
 
     check_output(out_dir, opts.overwrite)

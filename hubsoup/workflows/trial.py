@@ -24,7 +24,7 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -38,6 +38,10 @@ from hubsoup.session import Session, open_inputs, parse_method
 from hubsoup.sources.access import scope
 from hubsoup.sources.taskvector import checkpoints_of
 
+if TYPE_CHECKING:
+    from hubsoup.sources.checkpoint import Checkpoint, InputRef
+    from hubsoup.sources.taskvector import TaskVector
+
 _OPTION_KEYS = ("device", "dtype", "allow_pickle", "ignore_extra", "shape_mismatch", "token")
 
 
@@ -47,7 +51,8 @@ memory available when it opens them; above it they are read from their files (th
 
 
 def merge_in_memory(inputs: Sequence[str], method: str, *, base: str | None, params: dict[str, Any],
-                    options: Any = None, cancel: Any = None, scratch: str | None = None):
+                    options: Any = None, cancel: Any = None, scratch: str | None = None
+                    ) -> tuple[MemorySink, Checkpoint, Recipe]:
     """Merge like :func:`hubsoup.merge` (same validation, plan, placement and recipe hash) into memory.
 
     Returns ``(sink, base_checkpoint, recipe)``: ``sink.tensors`` are the output tensors (the dtype a
@@ -64,15 +69,16 @@ def merge_in_memory(inputs: Sequence[str], method: str, *, base: str | None, par
     return sink, base_ckpt, recipe
 
 
-def _fetch(base_ckpt, sources) -> None:
+def _fetch(base_ckpt: Checkpoint, sources: Sequence[TaskVector]) -> None:
     """The weights of Hub inputs opened from their headers, downloaded now (after the fit check)."""
     for ckpt in (base_ckpt, *(getattr(s, "ckpt", None) for s in sources)):
         if ckpt is not None:
             ckpt.fetch()
 
 
-def _merge(base_ckpt, sources, method: str, params: dict[str, Any], opts: Any, sink: Any, *, cancel: Any = None,
-           scratch: str | None = None, prefetch: bool | None = None) -> Recipe:
+def _merge(base_ckpt: Checkpoint, sources: Sequence[TaskVector], method: str, params: dict[str, Any],
+           opts: MergeOptions, sink: MemorySink, *, cancel: Any = None, scratch: str | None = None,
+           prefetch: bool | None = None) -> Recipe:
     """One candidate by the engine into ``sink``, the inputs opened (validation, plan, placement and the recipe hash
     as :func:`hubsoup.merge` has them); returns its recipe."""
     if cancel is not None:
@@ -137,7 +143,7 @@ class TrialSession:
         dtype = DTYPES[self.opts.dtype] if self.opts.dtype else None
         model = sum(math.prod(e.shape) * (dtype if dtype and e.mergeable else e.dtype).itemsize
                     for _, e in Plan.of(self.base_ckpt, "cpu").entries())
-        return stored + model <= KEEP_FRACTION * psutil.virtual_memory().available
+        return bool(stored + model <= KEEP_FRACTION * psutil.virtual_memory().available)  # psutil: untyped
 
     def merge(self, payload: dict[str, Any]) -> Any:
         """The payload's candidate merged into this session's model, in place; returns the model."""
@@ -156,7 +162,7 @@ class TrialSession:
             ckpt.release()
 
 
-def session_key(payload: dict[str, Any]) -> tuple:
+def session_key(payload: dict[str, Any]) -> tuple[Any, ...]:
     """What a :class:`TrialSession` depends on: trials with the same key share one."""
     return (tuple(payload["inputs"]), payload.get("base"), payload["method"],
             tuple(sorted((k, repr(v)) for k, v in (payload.get("options") or {}).items())),
@@ -189,7 +195,8 @@ def _options(payload: dict[str, Any]) -> MergeOptions:
 
 
 def pin_inputs(models: Sequence[str], base: str | None, method: str, params: dict[str, Any], options: Any,
-               dtype: str | None = None, *, keep: bool = False):
+               dtype: str | None = None, *, keep: bool = False
+               ) -> tuple[list[str], str, int, InputRef, list[InputRef]]:
     """The inputs and base pinned once on the driver (Hub IDs -> ``org/name@SHA``), checked against each other
     from their headers, and the memory one candidate needs as the planner predicts it: the merge's peak working
     set plus the merged model held in memory (Ray's memory request); with ``keep``, plus the inputs' and base's

@@ -40,7 +40,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -72,6 +72,10 @@ from hubsoup.workflows.continual.state import (
     tensor_sha256,
 )
 
+if TYPE_CHECKING:
+    from hubsoup.methods.opcm import OpcmParams
+    from hubsoup.sources.taskvector import TaskVector
+
 log = logging.getLogger(__name__)
 
 METHOD = "opcm"
@@ -82,7 +86,7 @@ METHOD = "opcm"
 class _Setup:
     base: Checkpoint
     plan: Plan
-    sources: list
+    sources: list[TaskVector]
     """The new models' task vectors, in merge order."""
     options: MergeOptions
     dtype: str | None
@@ -93,7 +97,7 @@ class _Setup:
     """The merge's session (None for an export: the state alone, no new model)."""
 
 
-def _setup(models: Sequence[str], base: str | Checkpoint, options: MergeOptions, params: Any,
+def _setup(models: Sequence[str], base: str | Checkpoint | None, options: MergeOptions, params: Any,
            prev: StateReader | None = None, monitor: Monitor | None = None) -> _Setup:
     # the merge's session: the state, when there is one, is the job's first input (placed with the new models, as
     # _advance streams them); headers only: with --cache-inputs nothing is downloaded before --max-disk is checked
@@ -121,8 +125,8 @@ def _plan(base_ckpt: Checkpoint, state: StateReader, params: Any, options: Merge
     return Session.over(base_ckpt, [], get_method(METHOD), params, options, state=state, recipe=False).plan
 
 
-def _advance(setup: _Setup, prev: StateReader | None, params, folder: str
-             ) -> tuple[list[float], float, dict[str, str], dict[str, dict]]:
+def _advance(setup: _Setup, prev: StateReader | None, params: OpcmParams, folder: str
+             ) -> tuple[list[float], float, dict[str, str], dict[str, dict[str, Any]]]:
     """Pass 1: S ← S + P_S(τ) for every new model, tensor by tensor; S written to ``folder``."""
     mergeable = [e for _, e in setup.plan.entries() if e.mergeable]
     if prev is not None:
@@ -157,6 +161,7 @@ def _advance(setup: _Setup, prev: StateReader | None, params, folder: str
                 work.delta_into(i, tau)
                 sq_tau[i - first_new] += sq_norm(tau)
                 S = opcm_update(S, tau, work.name, params)
+            assert S is not None  # every run adds at least one model (init and add check)
             sq_S += sq_norm(S)
             writer.write(work.name, S)
             del S, tau
@@ -198,7 +203,7 @@ def _write_state(folder: str, state: ContinualState) -> None:
     os.replace(tmp, os.path.join(folder, STATE_FILE))
 
 
-def _result(setup: _Setup, folder: OutputFolder, state: ContinualState, recipe: Recipe, t0: float):
+def _result(setup: _Setup, folder: OutputFolder, state: ContinualState, recipe: Recipe, t0: float) -> MergeResult:
     refs = [InputRef.from_dict(d) for d in state.models]
     result = MergeResult(folder.target, recipe, METHOD, dict(state.params), setup.base.ref, refs, setup.plan,
                          {"opcm.lambda": state.lam, "opcm.task_norms": state.task_norms, "opcm.s_norm": state.s_norm,
@@ -213,14 +218,15 @@ def _result(setup: _Setup, folder: OutputFolder, state: ContinualState, recipe: 
     return result
 
 
-def _ref_label(d: dict) -> str:
+def _ref_label(d: dict[str, Any]) -> str:
     if d.get("repo_id"):
         return f"{d['repo_id']}" + (f" @ `{d['sha']}`" if d.get("sha") else "")
     ref = InputRef.from_dict(d)  # a card is published: a local folder by its name and digest, never its path
     return f"`{ref.public_name}`" + (f" `sha256:{ref.digest}`" if ref.digest else "") + " (local folder)"
 
 
-def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, folder: OutputFolder, t0: float):
+def _run(setup: _Setup, prev: StateReader | None, params: OpcmParams, state_base: dict[str, Any], *,
+         folder: OutputFolder, t0: float) -> MergeResult:
     """Both passes into ``folder`` (locked and created by the caller, who aborts it on failure), then commit."""
     m = get_method(METHOD)
     prev_state = prev.state if prev is not None else None
@@ -246,7 +252,8 @@ def _run(setup: _Setup, prev: StateReader | None, params, state_base: dict, *, f
                            shape_mismatch=opts.shape_mismatch, ignore_extra=opts.ignore_extra,
                            hubsoup_version=__version__)
     _write_state(sdir, state)
-    recipe = make_recipe(METHOD, state.params, state_base, state.models, dtype=setup.dtype,
+    recipe = make_recipe(METHOD, state.params, InputRef.from_dict(state_base),
+                         [InputRef.from_dict(d) for d in state.models], dtype=setup.dtype,
                         continual={"count": state.count, "lambda": lam})
     _materialize(setup, StateReader(sdir, verify=False), lam, folder.path, recipe)
     result = _result(setup, folder, state, recipe, t0)
@@ -275,7 +282,7 @@ def _lock_soup(soup: str) -> OutputLock | None:
 
 @scoped
 def init(models: Sequence[str], *, base: str | None = None, out: str, params: dict[str, Any] | None = None,
-         options: MergeOptions | None = None, **kwargs: Any):
+         options: MergeOptions | None = None, **kwargs: Any) -> MergeResult:
     """Start a continual soup: merge ``models`` in order with OPCM and save the state beside the output.
 
     Options as :func:`hubsoup.merge` (``options=`` or their names as keywords); OPCM's parameters
@@ -306,7 +313,7 @@ def init(models: Sequence[str], *, base: str | None = None, out: str, params: di
 
 @scoped
 def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base: str | None = None,
-        options: MergeOptions | None = None, **kwargs: Any):
+        options: MergeOptions | None = None, **kwargs: Any) -> MergeResult:
     """Add ``models`` (in order) to a continual soup, reading only its state, the base and the new models.
 
     Args:
@@ -357,7 +364,7 @@ def add(soup: str, models: Sequence[str] | str, *, out: str | None = None, base:
 
 
 def _add(soup: str, models: Sequence[str], folder: OutputFolder, base: str | None, opts: MergeOptions, t0: float,
-         monitor: Monitor | None = None):
+         monitor: Monitor | None = None) -> MergeResult:
     sdir, label = state_folder(soup, opts.token)
     prev = StateReader(sdir, label)
     st = prev.state
@@ -387,7 +394,8 @@ def _add(soup: str, models: Sequence[str], folder: OutputFolder, base: str | Non
 
 
 @scoped
-def export(soup: str, *, out: str, base: str | None = None, options: MergeOptions | None = None, **kwargs: Any):
+def export(soup: str, *, out: str, base: str | None = None, options: MergeOptions | None = None,
+           **kwargs: Any) -> MergeResult:
     """Write the merged model θ_0 + S/λ of a soup's state to ``out`` (without the state).
 
     Reads the state and the base only; ``dtype``/``shard_size`` may differ from the soup's.
@@ -410,7 +418,7 @@ def export(soup: str, *, out: str, base: str | None = None, options: MergeOption
             soup_lock.release()
 
 
-def _export(soup: str, folder: OutputFolder, base: str | None, opts: MergeOptions, t0: float):
+def _export(soup: str, folder: OutputFolder, base: str | None, opts: MergeOptions, t0: float) -> MergeResult:
     sdir, label = state_folder(soup, opts.token)
     reader = StateReader(sdir, label)
     st = reader.state
@@ -423,7 +431,8 @@ def _export(soup: str, folder: OutputFolder, base: str | None, opts: MergeOption
             raise ContinualStateError(f"base '{base_ckpt.label}': tensor '{e.name}' differs from the base the "
                                       "continual state was made with")
     base_ckpt.release()
-    recipe = make_recipe(METHOD, st.params, st.base, st.models, dtype=opts.dtype,
+    recipe = make_recipe(METHOD, st.params, InputRef.from_dict(st.base), [InputRef.from_dict(d) for d in st.models],
+                         dtype=opts.dtype,
                         continual={"count": st.count, "lambda": st.lam})
     _materialize(setup, reader, st.lam, folder.path, recipe)
     result = _result(setup, folder, st, recipe, t0)

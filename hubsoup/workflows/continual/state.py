@@ -119,7 +119,7 @@ class StateReader:
                 "`hubsoup continual init`")
         with open(path, encoding="utf-8") as f:
             self.state = ContinualState.from_json(f.read(), where)
-        self._handles = {}
+        self._handles: dict[str, Any] = {}  # file -> safetensors' handle (untyped), None once released
         try:
             self._open(folder, where, verify)
         except (AttributeError, TypeError, KeyError, ValueError) as e:  # fields of the wrong type
@@ -141,7 +141,7 @@ class StateReader:
             except SafetensorError as e:
                 raise ContinualStateError(f"continual state {where}: {fname} is not a valid safetensors file: {e}") from e
         for name, info in self.state.tensors.items():
-            h = self._handles.get(info.get("file"))
+            h = self._handles.get(info.get("file", ""))  # no file name: no handle
             if h is None or name not in h.keys():
                 raise ContinualStateError(f"continual state {where}: tensor '{name}' is not in its file; "
                                           "the state is corrupt")
@@ -151,7 +151,8 @@ class StateReader:
         fname = info["file"]
         if self._handles[fname] is None:  # released: map the file again
             self._handles[fname] = safe_open(os.path.join(self.folder, fname), framework="pt", device="cpu")
-        return self._handles[fname].get_tensor(name).to(torch.float32)
+        t: torch.Tensor = self._handles[fname].get_tensor(name)  # safetensors' handle: untyped
+        return t.to(torch.float32)
 
     # --- as a task-vector source: the accumulated (unscaled) update S, streamed by the engine ---
     kind = "state"
@@ -197,7 +198,7 @@ def state_folder(soup: str, token: Token) -> tuple[str, str]:
     repo_id, revision = parse_spec(soup)
     acc = access.current()
     access.check_offline(f"soup '{soup}'")
-    cache = {"cache_dir": acc.cache_dir} if acc.cache_dir else {}
+    cache: dict[str, Any] = {"cache_dir": acc.cache_dir} if acc.cache_dir else {}
     patterns = [f"{STATE_DIR}/*"]
     try:
         if not constants.HF_HUB_OFFLINE:  # asked with this run's token (and sizes for its budget) first

@@ -21,7 +21,7 @@ import os
 import string
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable, TypeVar
 
 from hubsoup.errors import ParameterError
 from hubsoup.eval import TaskSpec
@@ -31,6 +31,11 @@ from hubsoup.hubclient import check_repo_id, parse_spec
 from hubsoup.methods import get_method
 from hubsoup.sources.access import hub_only
 from hubsoup.untrusted import MAX_YAML_BYTES, label, load_yaml, short
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_D = TypeVar("_D", bound="DataclassInstance")
 
 COMBINATIONS = ("all", "pairs", "each", "with")
 """How a merge spec combines the candidates: ``all`` (one merge of every candidate), ``pairs``
@@ -179,7 +184,7 @@ _OPTION_KEYS = ("dtype", "device", "device_map", "max_memory", "shard_size", "ig
                 "allow_pickle")
 
 
-def load_pipeline(source: str | os.PathLike | dict[str, Any]) -> Pipeline:
+def load_pipeline(source: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
     """Read and check a pipeline (a YAML file's path or the mapping it holds).
 
     Raises:
@@ -221,7 +226,7 @@ def _refuse_mergekit_config(text: str, where: str, path: str) -> None:
                          "or name it in a pipeline's merges as {config: FILE}")
 
 
-def _build(cls, data: Any, where: str, key: str):
+def _build(cls: type[_D], data: Any, where: str, key: str) -> _D:
     """A dataclass from a mapping: unknown keys, missing keys and wrong types are one line naming the key."""
     if cls is MergeSpec and isinstance(data, dict):
         data = _merge_spec_input(data, where, key)
@@ -239,14 +244,14 @@ def _build(cls, data: Any, where: str, key: str):
     for name, f in known.items():
         full = f"{key}.{name}" if key else name
         if name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise ParameterError(f"{where}: '{full}' is missing")
             continue
         kwargs[name] = _value(hints[name], data[name], where, full)
     return cls(**kwargs)
 
 
-def _merge_spec_input(data: dict, where: str, key: str) -> dict:
+def _merge_spec_input(data: dict[str, Any], where: str, key: str) -> dict[str, Any]:
     """``combine: {with: org/model}`` → ``combine: with`` + ``partner``."""
     data = dict(data)
     combine = data.get("combine")
@@ -257,7 +262,7 @@ def _merge_spec_input(data: dict, where: str, key: str) -> dict:
     return data
 
 
-def _value(tp, value: Any, where: str, key: str):
+def _value(tp: Any, value: Any, where: str, key: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", typing.Union)):
@@ -265,7 +270,7 @@ def _value(tp, value: Any, where: str, key: str):
             return None
         inner = [a for a in args if a is not type(None)]
         return _value(inner[0], value, where, key)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a hint: the class itself
         return _build(tp, value, where, key)
     if origin is list:
         if isinstance(value, (str, dict)) or not isinstance(value, list):
@@ -298,7 +303,7 @@ def _value(tp, value: Any, where: str, key: str):
     return value
 
 
-def _close(name: str, known) -> str | None:
+def _close(name: str, known: Iterable[str]) -> str | None:
     hits = difflib.get_close_matches(name, list(known), n=1, cutoff=0.7)
     return hits[0] if hits else None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from huggingface_hub import HfApi, constants
 
@@ -19,6 +19,9 @@ from hubsoup.workflows.executors import is_local
 from hubsoup.workflows.pipeline.config import Pipeline
 from hubsoup.workflows.pipeline.hubio import Published, RepoInfo
 from hubsoup.workflows.pipeline.report import FAILED, PlannedMerge
+
+if TYPE_CHECKING:
+    from hubsoup.workflows.executors import Executor
 
 
 class Run:
@@ -37,14 +40,14 @@ class Run:
         self.tasks = self._tasks()
         self.published: dict[str, Published] = {}
         self.repo_hash: dict[str, str] = {}
-        self.previous: dict[str, dict] = {}
+        self.previous: dict[str, dict[str, Any]] = {}
         self.executor: Any = None
         self.resources: dict[str, Any] | None = None
         self.scored: dict[str, dict[str, Any]] = {}  # recipe hash -> an executor's result, not yet used
-        self.exe: Any = None
+        self.exe: Executor | None = None
         """The executor serving the whole run (its cluster connection, its workers), once one is made."""
 
-    def _tasks(self) -> list:
+    def _tasks(self) -> list[TaskSpec]:
         if self.p.eval is None:
             return []
 

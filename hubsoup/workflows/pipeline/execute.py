@@ -27,7 +27,7 @@ from hubsoup.workflows.trial import pin_inputs
 log = logging.getLogger(__name__)
 
 
-def _run_config(run: Run, m: PlannedMerge, out: str | None, **push: Any):
+def _run_config(run: Run, m: PlannedMerge, out: str | None, **push: Any) -> MergeResult:
     """Run a ``config:`` merge's mergekit config (pinned) into ``out`` (or streamed: ``push``, ``before_push``),
     then evaluate it as any merge."""
     opts = {**run.p.options, "token": run.token, "quiet": True, "overwrite": True, **push}
@@ -97,6 +97,7 @@ def _execute(run: Run, report: PipelineReport) -> None:
 def _select(run: Run, report: PipelineReport) -> None:
     """Top-k / threshold over this run's merges, the published ones and those the Hub's leaderboard rejected."""
     sel = run.p.select
+    assert sel is not None  # _execute calls it for a pipeline with select:
     for m in report.merges:
         if m.status == PUBLISHED and not m.scores and m.action.startswith("skipped"):
             pub = run.published.get(m.recipe_hash)
@@ -107,7 +108,7 @@ def _select(run: Run, report: PipelineReport) -> None:
             m.score = select.score(run.p.select, m.scores)
     pool = [m for m in report.merges if m.status in (PUBLISHED, NOT_SELECTED)
             or (m.status == PLANNED and (m.path or m.deferred or m.results is not None))]
-    sign = 1 if select.goal(run.p.select) == "max" else -1
+    sign = 1 if select.goal(sel) == "max" else -1
     ranked = sorted(pool, key=lambda m: (m.score is None, -sign * (m.score or 0.0), m.recipe_hash))
     top = {id(m) for m in (ranked[:sel.top_k] if sel.top_k is not None else ranked)}
     for m in ranked:
@@ -161,7 +162,8 @@ def _merge(run: Run, m: PlannedMerge) -> str | None:
         m.scores = hubio.flatten_scores(read_json(os.path.join(out, hubio.EVAL_FILE)) or [])
     except ValueError:
         m.scores = {}
-    return _scored(run, m)
+    _scored(run, m)
+    return None
 
 
 def _streams(run: Run, m: PlannedMerge) -> bool:
@@ -186,6 +188,7 @@ def _merge_streamed(run: Run, m: PlannedMerge) -> str | None:
     target = StreamTarget(m.repo_id, private=run.p.push.private or None, token=run.token,
                           commit_message=message, allow_private_inputs=run.p.allow_private_inputs,
                           work_dir=os.path.join(run.work, "merges"))
+    assert target.work_dir is not None  # given just above
     os.makedirs(target.work_dir, exist_ok=True)
 
     def card(result: MergeResult, folder: str) -> None:
@@ -238,7 +241,7 @@ def _scored(run: Run, m: PlannedMerge) -> None:
     return None
 
 
-def _cached(run: Run, m: PlannedMerge, report_stale: bool = False):
+def _cached(run: Run, m: PlannedMerge, report_stale: bool = False) -> MergeResult | None:
     """The merge in the work folder when it is exactly this one (recipe and manifest), else None."""
     out = workfolder.out_path(run, m)
     if not os.path.isfile(os.path.join(out, hubio.RECIPE_FILE)):
@@ -305,4 +308,5 @@ def _merge_remote(run: Run, m: PlannedMerge) -> str | None:
         m.scores = hubio.flatten_scores(r["results"])
     except ValueError:
         m.scores = {}
-    return _scored(run, m)
+    _scored(run, m)
+    return None

@@ -10,6 +10,7 @@ commits, whole merges whose downloads failed), bounded.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -17,11 +18,12 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from huggingface_hub import CommitOperationAdd, constants, hf_hub_download, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError, RepositoryNotFoundError
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+from huggingface_hub.utils import (  # type: ignore[attr-defined]  # huggingface_hub.utils: a computed __all__
+    build_hf_headers, get_session, hf_raise_for_status)
 
 from hubsoup.errors import HubsoupError, InputError
 from hubsoup.hubclient import (RETRY_STATUS, Token, ensure_timeouts, error_response, error_status, hub_failure,
@@ -30,6 +32,10 @@ from hubsoup.public import local_path_in_file
 from hubsoup.untrusted import MAX_YAML_BYTES, load_yaml
 from hubsoup.workflows.pipeline.config import Query, RetryConfig
 from hubsoup.workflows.pipeline.licenses import read
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoSibling
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -123,7 +129,7 @@ class RepoInfo:
         return total
 
 
-def _weight_files(siblings) -> dict[str, int]:
+def _weight_files(siblings: Iterable[RepoSibling] | None) -> dict[str, int]:
     """What ``hubsoup.sources.resolve`` would download: the adapter, ``model.safetensors``, or the top-level shards."""
     files = {s.rfilename: (s.size or 0) for s in siblings or []}
     top = {n: s for n, s in files.items() if "/" not in n}
@@ -134,7 +140,7 @@ def _weight_files(siblings) -> dict[str, int]:
     return {n: s for n, s in top.items() if n.endswith(".safetensors")}
 
 
-def repo_info(api, spec: str, policy: RetryConfig, token: Token = None, role: str = "candidate") -> RepoInfo:
+def repo_info(api: HfApi, spec: str, policy: RetryConfig, token: Token = None, role: str = "candidate") -> RepoInfo:
     """Resolve ``org/name[@rev]`` to its commit, kind, license and weight sizes (``model_info(files_metadata=True)``)."""
     repo_id, revision = parse_spec(spec)
     ensure_timeouts()
@@ -143,18 +149,21 @@ def repo_info(api, spec: str, policy: RetryConfig, token: Token = None, role: st
                                                  timeout=hub_timeout()), f"model info of {spec}", policy)
     except Exception as e:  # noqa: BLE001 - one line naming the repo
         raise hub_failure(e, f"{role} '{spec}'", repo_id, revision, token) from e
-    card = info.card_data.to_dict() if info.card_data is not None else {}
+    card = (info.card_data.to_dict()  # type: ignore[no-untyped-call]  # huggingface_hub: CardData.to_dict untyped
+            if info.card_data is not None else {})
     base_model = card.get("base_model") or []
     siblings = info.siblings or []
     kind = "lora" if any(s.rfilename == "adapter_config.json" for s in siblings) else "full"
     terms = read(card)
+    if not info.sha:  # a Hub that names no commit: nothing to pin the candidate to
+        raise InputError(f"{role} '{spec}': the Hub named no commit for it, so it cannot be pinned")
     bases = [base_model] if isinstance(base_model, str) else [b for b in base_model if isinstance(b, str)] \
         if isinstance(base_model, list) else []
     return RepoInfo(repo_id, revision, info.sha, kind, " + ".join(terms.ids) if terms.ids else None, bases,
                     _weight_files(siblings), bool(info.private), info.gated or False, terms)
 
 
-def query_candidates(api, q: Query, base_repo: str, policy: RetryConfig, token: Token = None) -> list[str]:
+def query_candidates(api: HfApi, q: Query, base_repo: str, policy: RetryConfig, token: Token = None) -> list[str]:
     """Repo IDs of the Hub query's models (fine-tunes of ``q.base_model``, default the pipeline's base)."""
     filters = [f"base_model:{q.base_model or base_repo}", *q.tags]
     kwargs: dict[str, Any] = {"filter": filters, "limit": q.limit, "token": token}
@@ -176,7 +185,7 @@ class Published:
     scores: dict[str, float] = field(default_factory=dict)
 
 
-def published_recipes(api, namespace: str, policy: RetryConfig, token: Token = None) -> dict[str, Published]:
+def published_recipes(api: HfApi, namespace: str, policy: RetryConfig, token: Token = None) -> dict[str, Published]:
     """Recipe hash → the repo of ``namespace`` holding that merge, read from each hubsoup repo's
     ``hubsoup_recipe.yaml`` on the Hub (repos tagged ``hubsoup``; one without a readable recipe is ignored)."""
     repos = with_retry(lambda: [(m.id, m.sha) for m in api.list_models(author=namespace, filter="hubsoup",
@@ -241,7 +250,8 @@ def non_finite(scores: dict[str, float]) -> list[str]:
 _STATUSES = ("published", "not selected", "refused", "failed", "planned")
 
 
-def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig, token: Token = None) -> list[dict]:
+def previous_leaderboard(api: HfApi, repo_id: str, repo_type: str, policy: RetryConfig, token: Token = None
+                         ) -> list[dict[str, Any]]:
     """The rows of the leaderboard last published to ``repo_id`` (empty when there is none yet).
 
     Raises:
@@ -268,7 +278,7 @@ def previous_leaderboard(api, repo_id: str, repo_type: str, policy: RetryConfig,
     return [check_row(r, f"{where}: merges[{i}]") for i, r in enumerate(data["merges"])]
 
 
-def check_row(r: Any, where: str) -> dict:
+def check_row(r: Any, where: str) -> dict[str, Any]:
     """One leaderboard row, checked key by key (an earlier run's file is untrusted input)."""
     def bad(key: str, what: str, value: Any) -> InputError:
         text = repr(value)
@@ -320,7 +330,7 @@ def fetch_file(repo_id: str, filename: str, repo_type: str = "model", token: Tok
     return resp.content
 
 
-def push_files(api, repo_id: str, files: dict[str, bytes], message: str, policy: RetryConfig, *,
+def push_files(api: HfApi, repo_id: str, files: dict[str, bytes], message: str, policy: RetryConfig, *,
                repo_type: str = "dataset", private: bool | None = None, token: Token = None) -> str | None:
     """Upload ``files`` to ``repo_id`` in one commit; returns the commit URL, or None when nothing changed.
 
@@ -329,7 +339,7 @@ def push_files(api, repo_id: str, files: dict[str, bytes], message: str, policy:
     """
     ensure_timeouts()
     try:
-        now = {n: with_retry(lambda n=n: fetch_file(repo_id, n, repo_type, token), f"{n} of {repo_id}", policy)
+        now = {n: with_retry(functools.partial(fetch_file, repo_id, n, repo_type, token), f"{n} of {repo_id}", policy)
                for n in files}
     except RepositoryNotFoundError:
         now = {}
@@ -341,7 +351,8 @@ def push_files(api, repo_id: str, files: dict[str, bytes], message: str, policy:
             raise HubsoupError(f"{n} for {repo_id} holds a local path ({leak}), which must not be published")
     with_retry(lambda: api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True),
                f"create {repo_id}", policy)
-    ops = lambda: [CommitOperationAdd(path_in_repo=n, path_or_fileobj=b) for n, b in changed.items()]  # noqa: E731
+    ops: Callable[[], list[CommitOperationAdd]] = lambda: [  # noqa: E731
+        CommitOperationAdd(path_in_repo=n, path_or_fileobj=b) for n, b in changed.items()]
     info = with_retry(lambda: api.create_commit(repo_id, ops(), commit_message=message, repo_type=repo_type),
                       f"push to {repo_id}", policy)
     return getattr(info, "commit_url", None)

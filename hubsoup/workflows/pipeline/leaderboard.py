@@ -23,6 +23,7 @@ def leaderboard(run: Run, report: PipelineReport) -> None:
     ordered = sorted(rows.values(), key=lambda r: (r.get("status") != PUBLISHED, r.get("score") is None,
                                                    -(r.get("score") or 0.0) * (1 if _goal_or_max(run) == "max" else -1),
                                                    r.get("repo_id") or "", r["recipe_hash"]))
+    data: dict[str, Any]
     data = {"pipeline": p.name, "base": report.base.pinned, "namespace": p.push.namespace,
             "select": None if p.select is None else {"metric": p.select.metric, "goal": select.goal(p.select),
                                                      "top_k": p.select.top_k, "threshold": p.select.threshold},
@@ -73,7 +74,7 @@ def _cell(v: Any) -> str:
     return "n/a" if v is None else ""
 
 
-def render_leaderboard(data: dict) -> str:
+def render_leaderboard(data: dict[str, Any]) -> str:
     """The leaderboard as markdown (the JSON's content, one row per merge)."""
     lines = [f"# {data['pipeline']}: leaderboard", "",
              f"Merges of fine-tunes of `{data['base']}` made with hubsoup, published under `{data['namespace']}`.", ""]

@@ -97,9 +97,10 @@ def read(card: dict[str, Any] | None) -> License:
             return License(error=f"the license list holds {_short(v)}, not a license ID")
         lic = v.strip().lower()
         if lic == "other":
-            if not (name or link):
+            other = name or link
+            if not other:
                 return License(error="the license is 'other' without license_name or license_link")
-            lic = f"other:{(name or link).lower()}"
+            lic = f"other:{other.lower()}"
         elif lic in _UNREADABLE_IDS:
             return License(error=f"the license is '{lic}'")
         ids.append(lic)

@@ -8,6 +8,7 @@ import hashlib
 import itertools
 import json
 import re
+from typing import Any
 
 from hubsoup import __version__
 from hubsoup.errors import HubsoupError, ParameterError
@@ -16,7 +17,7 @@ from hubsoup.hubclient import check_repo_id, parse_spec
 from hubsoup.options import MergeOptions
 from hubsoup.public import map_models
 from hubsoup.session import make_recipe, parse_method
-from hubsoup.sources import InputRef, open_input
+from hubsoup.sources import Checkpoint, InputRef, open_input
 from hubsoup.sources.compat import check_config
 from hubsoup.untrusted import load_yaml
 from hubsoup.workflows.pipeline import hubio
@@ -64,12 +65,12 @@ def plan(run: Run) -> PipelineReport:
     return report
 
 
-def _open_config(run: Run, pinned: str, role: str):
+def _open_config(run: Run, pinned: str, role: str) -> Checkpoint:
     """The repo's metadata (config, card), no weights; its architecture is checked against the base's."""
     return with_retry(lambda: open_input(pinned, token=run.token, role=role), f"metadata of {pinned}", run.retry)
 
 
-def _candidates(run: Run, base: RepoInfo, base_ckpt) -> list[Candidate]:
+def _candidates(run: Run, base: RepoInfo, base_ckpt: Checkpoint) -> list[Candidate]:
     p = run.p
     specs: dict[str, str] = {}
     for s in p.candidates.models:
@@ -110,13 +111,15 @@ def _restricted(run: Run, info: RepoInfo) -> str | None:
             "or push.private: true)")
 
 
-def _combinations(run: Run, spec: MergeSpec, good: list[RepoInfo], candidates: list[Candidate], i: int):
+def _combinations(run: Run, spec: MergeSpec, good: list[RepoInfo], candidates: list[Candidate], i: int
+                  ) -> list[list[RepoInfo]]:
     if spec.combine == "all":
         return [good] if good else []
     if spec.combine == "pairs":
         return [list(c) for c in itertools.combinations(good, 2)]
     if spec.combine == "each":
         return [[g] for g in good]
+    assert spec.partner is not None  # combine: with (the config's check)
     partner_id = spec.partner.split("@")[0]
     partner = next((g for g in good if g.repo_id == partner_id), None)
     if partner is None:
@@ -217,7 +220,7 @@ def _plan_config(run: Run, i: int, spec: MergeSpec, base: RepoInfo) -> PlannedMe
     return m
 
 
-def _predict(run: Run, spec: MergeSpec, base: RepoInfo, inputs: list[RepoInfo]) -> tuple[str, dict]:
+def _predict(run: Run, spec: MergeSpec, base: RepoInfo, inputs: list[RepoInfo]) -> tuple[str, dict[str, Any]]:
     """The recipe hash the merge will have (checked against the merge's own afterwards)."""
     m, params = parse_method(spec.method, dict(spec.params))
     m.check_inputs(params, len(inputs))

@@ -54,6 +54,7 @@ def push(run: Run, m: PlannedMerge) -> None:
     run.emit("pushing", m)
     message = f"Upload {m.spec.method} merge made with a hubsoup pipeline (recipe {m.recipe_hash[:12]})"
     try:
+        assert m.path is not None  # verified above
         result = MergeResult.from_folder(m.path)
         write_card(run, m, result)
         info = with_retry(lambda: result.push_to_hub(m.repo_id, private=run.p.push.private or None,

@@ -53,7 +53,7 @@ class PlannedMerge:
     path: str | None = None
     deferred: bool = False
     """Listed as not selected on the Hub's leaderboard: merged again only if now selected."""
-    results: list | None = field(default=None, repr=False)
+    results: list[dict[str, Any]] | None = field(default=None, repr=False)
     """Scored by an executor's task (merged in memory there): its ``eval_results.json`` rows; written here
     (:attr:`path`) only when it is to be pushed."""
     work_key: str = ""
@@ -113,7 +113,7 @@ def print_plan(report: PipelineReport, out: TextIO) -> None:
     """The dry run's plan: candidates, merges to do and skipped (and why), bytes to download."""
     p = report.pipeline
 
-    def w(s=""):
+    def w(s: str = "") -> None:
         print(s, file=out)
 
     b = report.base
@@ -128,6 +128,7 @@ def print_plan(report: PipelineReport, out: TextIO) -> None:
         elif c.skipped:
             w(f"  left out   {c.spec}: {c.skipped}")
         else:
+            assert c.info is not None  # neither failing nor left out: its repo was read
             w(f"  ok         {c.info.pinned} ({c.info.kind}, license {c.info.license}, "
               f"{fmt(sum(c.info.weight_files.values()))})")
     todo = [m for m in report.merges if m.status == PLANNED and not m.deferred]

@@ -63,7 +63,7 @@ from hubsoup.workflows.pipeline.plan import plan
 from hubsoup.workflows.pipeline.report import PipelineReport, PlannedMerge, print_plan, print_summary
 
 
-def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_run: bool = False,
+def run_pipeline(source: str | os.PathLike[str] | dict[str, Any] | Pipeline, *, dry_run: bool = False,
                  token: Token = None, work_dir: str | None = None, stream: TextIO | None = None,
                  on_event: Callable[[str, PlannedMerge], None] | None = None, hub_only: bool = False,
                  executor: Any = None, resources: dict[str, Any] | None = None,
@@ -108,7 +108,10 @@ def run_pipeline(source: str | os.PathLike | dict[str, Any] | Pipeline, *, dry_r
         return _run_pipeline(source, dry_run, token, work_dir, stream, on_event, executor, resources)
 
 
-def _run_pipeline(source, dry_run, token, work_dir, stream, on_event, executor=None, resources=None) -> PipelineReport:
+def _run_pipeline(source: str | os.PathLike[str] | dict[str, Any] | Pipeline, dry_run: bool, token: Token,
+                  work_dir: str | None, stream: TextIO | None,
+                  on_event: Callable[[str, PlannedMerge], None] | None, executor: Any = None,
+                  resources: dict[str, Any] | None = None) -> PipelineReport:
     p = source if isinstance(source, Pipeline) else load_pipeline(source)
     out = stream or sys.stdout
     emit = on_event or (lambda kind, m: None)
