@@ -140,8 +140,7 @@ class ModelSink(MemorySink):
                 target.copy_(out)
 
 
-def empty_model(config_folder: str, plan: Plan, *, dtype: str | None = None,
-                kind: str = "causal") -> transformers.PreTrainedModel:
+def empty_model(config_folder: str, plan: Plan, *, dtype: str | None = None, kind: str = "causal") -> torch.nn.Module:
     """The model a merge of ``plan`` fills in place (:class:`ModelSink`): built from ``config_folder``'s config without
     initialisation, each tensor the merge writes allocated as a checkpoint of the merge holds it (``dtype``, the
     merge's output dtype, for merged tensors; the stored dtype for the others), so it is the model
