@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from hubsoup.engine import Copy, LowRank, Outcome, TensorWork, Unchanged, Weights
-from hubsoup.engine.hostfeed import LOG_ENV, Pending, log_record
+from hubsoup.engine.hostfeed import LOG_ENV, log_record
 from hubsoup.errors import NonFiniteTensorError
 from hubsoup.options import DTYPES
 from hubsoup.output.shards import ShardedWriter, ShardHandoff
 from hubsoup.plan import Plan, TensorEntry
 from hubsoup.sources.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    from hubsoup.engine.hostfeed import Pending
 
 BASE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt",

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from hubsoup.errors import InputError
 from hubsoup.sources.checkpoint import Checkpoint, InputRef
-from hubsoup.sources.lora import LoraDelta, lora_source
+from hubsoup.sources.lora import lora_source
+
+if TYPE_CHECKING:
+    from hubsoup.sources.lora import LoraDelta
 
 log = logging.getLogger(__name__)
 

@@ -14,16 +14,19 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from hubsoup.errors import BaseModelError, BaseNotNamedError, IncompatibleInputError, ParameterError
 from hubsoup.hubclient import Token, parse_spec
-from hubsoup.progress import Monitor
 from hubsoup.sources.access import hub_only
 from hubsoup.sources.adapted import open_adapted
-from hubsoup.sources.checkpoint import Checkpoint, TensorInfo
-from hubsoup.sources.lora import LoraDelta, lora_source
+from hubsoup.sources.checkpoint import Checkpoint
+from hubsoup.sources.lora import lora_source
 from hubsoup.sources.resolve import REPO_ID, open_input
 from hubsoup.sources.taskvector import FullDelta, shape_message
 
 if TYPE_CHECKING:
     import torch
+
+    from hubsoup.progress import Monitor
+    from hubsoup.sources.checkpoint import TensorInfo
+    from hubsoup.sources.lora import LoraDelta
 
 log = logging.getLogger(__name__)
 

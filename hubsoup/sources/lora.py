@@ -36,7 +36,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 import torch
 
@@ -48,8 +48,11 @@ from hubsoup.errors import (
     UnsupportedAdapterError,
 )
 from hubsoup.arch import model_layout, module_kind, tie_heads
-from hubsoup.sources.checkpoint import ADAPTER_CONFIG, Checkpoint, InputRef, TensorInfo
+from hubsoup.sources.checkpoint import ADAPTER_CONFIG, Checkpoint
 from hubsoup.sources.taskvector import all_finite
+
+if TYPE_CHECKING:
+    from hubsoup.sources.checkpoint import InputRef, TensorInfo
 
 log = logging.getLogger(__name__)
 

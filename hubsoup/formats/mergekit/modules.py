@@ -61,16 +61,16 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.formats.mergekit.config import check_keys, model_ref, params_map
-from hubsoup.hubclient import Token
 from hubsoup.output.folder import OutputFolder
 from hubsoup.public import dump_config
 from hubsoup.recipe import RECIPE_FILE
-from hubsoup.sources.checkpoint import Checkpoint
 from hubsoup.sources.resolve import open_input
 from hubsoup.untrusted import owned_path
 
 if TYPE_CHECKING:
     from hubsoup.api import MergeResult
+    from hubsoup.hubclient import Token
+    from hubsoup.sources.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
 

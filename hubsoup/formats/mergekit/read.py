@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hubsoup.errors import ParameterError
 from hubsoup.formats import chat_template
@@ -19,11 +19,14 @@ from hubsoup.formats.mergekit.config import (DTYPES, IGNORED_SLICE_KEYS, TOP_KEY
                                              params_map)
 from hubsoup.formats.mergekit.layout import MergekitLayout
 from hubsoup.formats.mergekit.methods import METHODS, REQUIRED, MkMethod, MkParam
-from hubsoup.formats.mergekit.modules import Module, module_config
+from hubsoup.formats.mergekit.modules import module_config
 from hubsoup.formats.mergekit.vocab import VocabSpec, parse_vocab
 from hubsoup.hubclient import Token
 from hubsoup.methods import available, get_method
 from hubsoup.untrusted import load_yaml, short
+
+if TYPE_CHECKING:
+    from hubsoup.formats.mergekit.modules import Module
 
 log = logging.getLogger(__name__)
 
