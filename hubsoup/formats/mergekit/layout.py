@@ -131,7 +131,7 @@ class MergekitLayout:
                for r in dict.fromkeys(refs)}
         return self._ties(raw)
 
-    def open_inputs(self, inputs: Sequence[str], base: str, opts: MergeOptions,
+    def open_inputs(self, inputs: Sequence[str], base: str | None, opts: MergeOptions,
                     monitor: Monitor | None = None) -> tuple[Checkpoint, list[Any]]:
         """The base and the inputs' task vectors, every model seen through the merged vocabulary (re-mapped
         rows) and with a module's tied tensors it does not store (:meth:`_ties`)."""
@@ -142,6 +142,7 @@ class MergekitLayout:
         specs = [views.get(i, i) for i in inputs]  # a LoRA (base+adapter) input: the adapter, as is
         if self._vocab is not None:  # ... unless it changes the embeddings: then the base with the adapter
             specs = [self._adapted_view(i, views) or s for i, s in zip(inputs, specs)]  # applied, re-mapped
+        assert base is not None  # a mergekit method's merge always has one (base_model, else its first model)
         base_ckpt, sources = open_models(specs, base=views[base], allow_pickle=opts.allow_pickle,
                                          ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch,
                                          token=opts.token, headers_only=True,
