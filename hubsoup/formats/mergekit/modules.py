@@ -57,7 +57,7 @@ import re
 import shutil
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.formats.mergekit.config import check_keys, model_ref, params_map
@@ -68,9 +68,9 @@ from hubsoup.sources.resolve import open_input
 from hubsoup.untrusted import owned_path
 
 if TYPE_CHECKING:
-    from hubsoup.api import MergeResult
     from hubsoup.hubclient import Token
-    from hubsoup.sources.checkpoint import Checkpoint
+    from hubsoup.recipe import Recipe
+    from hubsoup.sources.checkpoint import Checkpoint, InputRef
 
 log = logging.getLogger(__name__)
 
@@ -309,9 +309,23 @@ def architecture_modules(data: dict[str, Any], token: Token = None,
     return mods, ckpt
 
 
-def run_modules(text: str, data: dict[str, Any], out: str,
-                run_module: Callable[[str, Module, str, list[str]], MergeResult], *, overwrite: bool = False,
-                token: Token = None, allow_pickle: bool = False) -> MergeResult:
+class ModuleResult(Protocol):
+    """What :func:`run_modules` reads and sets of a module's merge result (a :class:`hubsoup.MergeResult`)."""
+
+    path: str
+    recipe: Recipe
+    inputs: list[InputRef]
+    notes: list[str]
+    restricted: list[dict[str, str]]
+
+    def write_card(self, folder: str) -> object: ...
+
+
+R = TypeVar("R", bound=ModuleResult)
+
+
+def run_modules(text: str, data: dict[str, Any], out: str, run_module: Callable[[str, Module, str, list[str]], R], *,
+                overwrite: bool = False, token: Token = None, allow_pickle: bool = False) -> R:
     """Merge every module of a ``modules:`` config and assemble one output; returns the first module's
     :class:`hubsoup.MergeResult`, pointing at the assembled output.
 
@@ -370,7 +384,7 @@ def _referenced(data: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(model_ref(r, ["modules"]) for r in refs))
 
 
-def _whole(results: list[MergeResult], names: list[str]) -> MergeResult:
+def _whole(results: list[R], names: list[str]) -> R:
     """The first module's result as the whole merge's: every module's inputs (once each) and restricted inputs;
     its recipe's hash covering every module's (each module's recipe hash in its options)."""
     result = results[0]
