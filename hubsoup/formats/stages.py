@@ -82,13 +82,18 @@ def read_stages(text: str) -> list[Stage]:
     names = {n for n in stages if n is not None}
     for st in stages.values():
         seen: list[str] = []
-        map_models(st.data, lambda ref: seen.append(_model_name(ref)) or ref)
+
+        def note(ref: str) -> str:  # every model reference, unchanged
+            seen.append(_model_name(ref))
+            return ref
+
+        map_models(st.data, note)
         st.needs = list(dict.fromkeys(n for n in seen if n in names))
 
     order: list[Stage] = []
     state: dict[str | None, str] = {}
 
-    def visit(name: str | None, path: list) -> None:
+    def visit(name: str | None, path: list[str | None]) -> None:
         if state.get(name) == "done":
             return
         if state.get(name) == "visiting":

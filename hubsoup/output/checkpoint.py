@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -15,6 +16,9 @@ from hubsoup.options import DTYPES
 from hubsoup.output.shards import ShardedWriter, ShardHandoff
 from hubsoup.plan import Plan, TensorEntry
 from hubsoup.sources.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    from hubsoup.engine.hostfeed import Pending
 
 BASE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                    "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt",
@@ -79,7 +83,7 @@ def check_output_tensor(name: str, out: torch.Tensor, merged: torch.Tensor) -> N
         "the merge overflowed float32 or divided by zero); nothing was written")
 
 
-def _deferred_check(name: str, out: torch.Tensor, merged: torch.Tensor, bad: torch.Tensor):
+def _deferred_check(name: str, out: torch.Tensor, merged: torch.Tensor, bad: torch.Tensor) -> Callable[[], None]:
     """:func:`check_output_tensor` for a device's output, from a flag computed on the device: read when the
     output is written (the tensors are kept until then, for the message)."""
 
@@ -121,7 +125,7 @@ class CheckpointSink:
         # with a hand-off (a push streamed to the Hub) each shard goes on as soon as it is complete
         self.writer = ShardedWriter(folder, entries, shard_size, metadata=metadata, handoff=handoff)
         self.plan = plan
-        self._pending: tuple[tuple[str, ...], object] | None = None  # names, Pending: a device's output on its way
+        self._pending: tuple[tuple[str, ...], Pending] | None = None  # names, Pending: a device's output on its way
         copied = copy_base_files(base, folder)
         if dtype is not None and "config.json" in copied:
             set_config_dtype(os.path.join(folder, "config.json"), dtype)

@@ -49,6 +49,8 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Callable, Iterator, Literal
 
 from hubsoup.errors import DiskFullError, HubsoupError, OutputExistsError, OutputLockedError, OutputNotWritableError
 
@@ -81,7 +83,7 @@ def write_marker(folder: str, kind: str, **extra: object) -> None:
         f.write("\n")
 
 
-def read_marker(folder: str) -> dict | None:
+def read_marker(folder: str) -> dict[str, Any] | None:
     """The marker of a folder hubsoup made (a regular file, not a link: a JSON object saying ``made_by:
     hubsoup``), else None."""
     path = os.path.join(folder, MARKER)
@@ -97,7 +99,7 @@ def read_marker(folder: str) -> dict | None:
 
 def _legacy_output(folder: str) -> bool:
     """An output of a hubsoup older than the marker: its recipe *and* its weights (or continual state)."""
-    has = lambda name: os.path.isfile(os.path.join(folder, name)) and not os.path.islink(os.path.join(folder, name))  # noqa: E731
+    has: Callable[[str], bool] = lambda name: os.path.isfile(os.path.join(folder, name)) and not os.path.islink(os.path.join(folder, name))  # noqa: E731
     return has(_LEGACY_RECIPE) and any(has(n) for n in _LEGACY_WEIGHTS)
 
 
@@ -199,7 +201,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _describe(info: dict | None) -> str:
+def _describe(info: dict[str, Any] | None) -> str:
     if not info:
         return "another hubsoup run (it is just starting)"
     started = info.get("started")
@@ -208,7 +210,7 @@ def _describe(info: dict | None) -> str:
             f"`{info.get('command', '?')}`")
 
 
-def _stale(info: dict | None) -> bool:
+def _stale(info: dict[str, Any] | None) -> bool:
     """Its holder's pid is gone on this host (never said of another host's pid: that cannot be checked)."""
     if not info or info.get("host") != socket.gethostname():
         return False
@@ -216,7 +218,7 @@ def _stale(info: dict | None) -> bool:
     return isinstance(pid, int) and pid != os.getpid() and not _alive(pid)
 
 
-def _parse(raw: bytes) -> dict | None:
+def _parse(raw: bytes) -> dict[str, Any] | None:
     try:
         info = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
@@ -224,14 +226,14 @@ def _parse(raw: bytes) -> dict | None:
     return info if isinstance(info, dict) else None
 
 
-def _read_fd(fd: int) -> dict | None:
+def _read_fd(fd: int) -> dict[str, Any] | None:
     try:
         return _parse(os.pread(fd, 4096, 0))
     except OSError:
         return None
 
 
-def _read_path(path: str) -> dict | None:
+def _read_path(path: str) -> dict[str, Any] | None:
     try:
         with open(path, "rb") as f:
             return _parse(f.read(4096))
@@ -316,7 +318,7 @@ class OutputLock:
         self.acquire()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
     # --- taking it -------------------------------------------------------------------------
@@ -324,11 +326,11 @@ class OutputLock:
         return (json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3),
                             "command": _command(), "target": self.target}) + "\n").encode("utf-8")
 
-    def _busy(self, info: dict | None) -> str:
+    def _busy(self, info: dict[str, Any] | None) -> str:
         return (f"{self.what} '{self.target}' is in use by {_describe(info)}; wait for it to finish "
                 f"(lock file {self.path})")
 
-    def _take_over(self, info: dict | None, why: str) -> None:
+    def _take_over(self, info: dict[str, Any] | None, why: str) -> None:
         log.warning("taking over the lock on '%s' left by %s: %s", self.target, _describe(info), why)
 
     def _take(self) -> int | None:
@@ -348,7 +350,8 @@ class OutputLock:
             except OSError as e:
                 os.close(fd)
                 if e.errno in _NO_FLOCK:
-                    return self._take_exclusive()
+                    self._take_exclusive()
+                    return None
                 raise
             try:
                 st, now = os.fstat(fd), _stat(self.path)
@@ -394,7 +397,7 @@ class OutputLock:
         raise OutputLockedError(self._busy(_read_path(self.path)))
 
 
-def _stat(path: str):
+def _stat(path: str) -> os.stat_result | None:
     try:
         return os.stat(path)
     except FileNotFoundError:
@@ -550,7 +553,7 @@ def umask() -> int:
 
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
-_renameat2 = None
+_renameat2: Callable[..., int] | Literal[False] | None = None  # libc's (False: it has none; None: not looked up)
 
 
 def exchange(a: str, b: str) -> bool:
@@ -596,7 +599,7 @@ or pushes) must not be reported as having left nothing behind (the CLI reads thi
 
 
 @contextmanager
-def _signals_held():
+def _signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM held (delivered at the end) in the main thread; elsewhere nothing to hold.
 
     Masking holds the signals that arrive during the block; one that arrived just before it, whose Python
@@ -702,7 +705,8 @@ class OutputFolder:
     def __enter__(self) -> "OutputFolder":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc is None:
             if not self.committed:
                 self.abort()

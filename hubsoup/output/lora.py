@@ -121,7 +121,7 @@ class LoraSink:
     """The engine's hint (:func:`hubsoup.engine.run`): this sink reads a base tensor only for a dense outcome, so the
     base's bytes of a tensor merged from LoRA factors are never fetched from the Hub."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.layout is None:
             self.layout = model_layout(os.path.abspath(self.base.folder))
 
@@ -189,6 +189,7 @@ class LoraSink:
     def add_factors(self, entry: TensorEntry, p: torch.Tensor, q: torch.Tensor) -> None:
         """τ = p @ q (base orientation); SVD through QR, never the dense matrix."""
         kind = self.lora_kind(entry)
+        assert kind is not None  # the engine hands factors only where accepts_lowrank
         check_output_tensor(entry.name, p, p)  # before the SVD, which NaN would derail (one reduction each)
         check_output_tensor(entry.name, q, q)
         if kind != "linear":  # stored (in, out): the LoRA factorises τᵀ
@@ -228,7 +229,8 @@ class LoraSink:
             a = root[:, None] * basis[:, :r].T
         self._store(entry, kind, b, a, r, total, float(s2[:r].sum()), "dense")
 
-    def _add_svd(self, entry, kind, u, s, vh, path) -> None:
+    def _add_svd(self, entry: TensorEntry, kind: str, u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor,
+                 path: str) -> None:
         s2 = s.double() ** 2
         total = float(s2.sum())
         r = self._rank(s2, total, _numerical_rank(s2))
@@ -249,7 +251,8 @@ class LoraSink:
             r = min(r, self.options.rank)
         return max(1, min(r, available))
 
-    def _store(self, entry, kind, b, a, r, total, kept, path) -> None:
+    def _store(self, entry: TensorEntry, kind: str, b: torch.Tensor, a: torch.Tensor, r: int, total: float, kept: float,
+               path: str) -> None:
         module = entry.name[: -len(".weight")]
         rel = math.sqrt(max(total - kept, 0.0) / total)
         b = b.to(torch.float32).cpu()
@@ -323,7 +326,7 @@ class LoraSink:
         r = self.options.rank or (max(ranks) if ranks else 1)
         pattern = {re.escape(m): k for m, k in self.ranks.items() if k != r}
         has_base_layer_bias = any(".base_layer." in k for k in self.tensors)
-        config = {
+        config: dict[str, Any] = {
             "peft_type": "LORA",
             "task_type": task_type,
             "base_model_name_or_path": base_name,

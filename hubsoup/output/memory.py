@@ -16,6 +16,9 @@ Example:
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+from typing import Any
+
 import torch
 import transformers
 
@@ -79,7 +82,7 @@ class MemorySink:
     def abort(self) -> None:
         self.tensors.clear()
 
-    def model(self, config_folder: str, kind: str = "causal"):
+    def model(self, config_folder: str, kind: str = "causal") -> transformers.PreTrainedModel:
         """The merged model (``transformers``) from the base's ``config.json`` and these tensors, in eval mode.
 
         Built without random initialisation (every weight is assigned from the merge); a tensor the
@@ -92,7 +95,7 @@ class MemorySink:
         dtype = self.out_dtype or next((t.dtype for t in self.tensors.values() if t.is_floating_point()),
                                        torch.float32)
         with _no_init_weights():
-            model = cls.from_config(config, dtype=dtype)
+            model: transformers.PreTrainedModel = cls.from_config(config, dtype=dtype)
         state = model.state_dict()
         missing = [k for k in state if k not in self.tensors]
         tied = _tied_names(model)
@@ -103,7 +106,7 @@ class MemorySink:
             raise HubsoupError(f"the merged model (in memory) {what} for {cls.__name__}")
         model.load_state_dict({k: v for k, v in self.tensors.items() if k in state}, strict=False, assign=True)
         model.tie_weights()
-        return model.eval()
+        return model.eval()  # type: ignore[no-untyped-call, no-any-return]  # transformers: its eval is untyped
 
 
 class ModelSink(MemorySink):
@@ -137,7 +140,7 @@ class ModelSink(MemorySink):
                 target.copy_(out)
 
 
-def empty_model(config_folder: str, plan: Plan, *, dtype: str | None = None, kind: str = "causal"):
+def empty_model(config_folder: str, plan: Plan, *, dtype: str | None = None, kind: str = "causal") -> torch.nn.Module:
     """The model a merge of ``plan`` fills in place (:class:`ModelSink`): built from ``config_folder``'s config without
     initialisation, each tensor the merge writes allocated as a checkpoint of the merge holds it (``dtype``, the
     merge's output dtype, for merged tensors; the stored dtype for the others), so it is the model
@@ -151,7 +154,7 @@ def empty_model(config_folder: str, plan: Plan, *, dtype: str | None = None, kin
     entries = {n: e for _, e in plan.entries() for n in (e.name, *e.aliases)}
     first = out_dtype or next((e.dtype for e in entries.values() if e.dtype.is_floating_point), torch.float32)
     with _no_init_weights():
-        model = cls.from_config(config, dtype=first)
+        model: transformers.PreTrainedModel = cls.from_config(config, dtype=first)
     state = model.state_dict()
     tied = _tied_names(model)
     missing = [k for k in state if k not in entries and k not in tied]
@@ -169,26 +172,26 @@ def empty_model(config_folder: str, plan: Plan, *, dtype: str | None = None, kin
                 held.data = torch.empty(held.shape, dtype=want)  # the same parameter object: ties stay
             else:
                 setattr(owner, leaf, torch.empty(held.shape, dtype=want))
-    return model.eval()
+    return model.eval()  # type: ignore[no-untyped-call, no-any-return]  # transformers: its eval is untyped
 
 
-def _model_class(kind: str):
+def _model_class(kind: str) -> Any:  # a transformers auto class
     return {"causal": transformers.AutoModelForCausalLM, "encoder": transformers.AutoModel,
             "seqcls": transformers.AutoModelForSequenceClassification}[kind]
 
 
-def _no_init_weights():
+def _no_init_weights() -> AbstractContextManager[Any]:
     """transformers' context that skips random initialisation (``transformers.initialization`` from 5.0)."""
     try:
         # lazy: which module holds it depends on transformers' version (tried in turn)
         from transformers.initialization import no_init_weights
     except ImportError:  # transformers 4
         # lazy: which module holds it depends on transformers' version (tried in turn)
-        from transformers.modeling_utils import no_init_weights
+        from transformers.modeling_utils import no_init_weights  # type: ignore[attr-defined, no-redef]  # transformers 4's
     return no_init_weights()
 
 
-def _tied_names(model) -> set[str]:
+def _tied_names(model: transformers.PreTrainedModel) -> set[str]:
     """Parameter names tied to another (the output embedding of a model with tied embeddings)."""
     keys = getattr(model, "_tied_weights_keys", None) or ()
     if isinstance(keys, dict):

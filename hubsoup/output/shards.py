@@ -43,13 +43,16 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Collection, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Collection, Protocol
 
 import torch
 
 from hubsoup.errors import DiskFullError
 from hubsoup.output.folder import final_path
 from hubsoup.sources.checkpoint import ST_DTYPES
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
@@ -98,7 +101,7 @@ class _Slot:
     dtype: torch.dtype
 
 
-def _writeback_starter():
+def _writeback_starter() -> Callable[[int, int, int], None] | None:
     """``start(fd, offset, nbytes)``: begin writing that range to disk without waiting (Linux
     ``sync_file_range(SYNC_FILE_RANGE_WRITE)``); None where libc lacks it."""
     import ctypes  # lazy: platform-specific (Linux sync_file_range through libc)
@@ -153,7 +156,7 @@ def _lay_out(entries: list[tuple[str, tuple[int, ...], torch.dtype]], max_shard_
     slots: dict[str, _Slot] = {}
     total = 0
     for i, shard in enumerate(shards):
-        header: dict = {"__metadata__": metadata}
+        header: dict[str, Any] = {"__metadata__": metadata}
         offset = 0
         for name, shape, dtype, nbytes in shard:
             header[name] = {"dtype": _DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
@@ -194,7 +197,7 @@ class ShardedWriter:
         """``layout``: every shard's file name, header bytes, length and tensors (fixed before anything is written)."""
         n = len(self.layout)
         self.files = [shard.file for shard in self.layout]
-        self.handles: list = [None] * n  # a shard's open file (None: not created yet, or handed off)
+        self.handles: list[Any] = [None] * n  # a shard's open file (None: not created yet, or handed off)
         self.remote: set[int] = set()
         """Shards already where they go (:meth:`mark_remote`): never created nor written."""
         self.file_bytes = sum(shard.size for shard in self.layout)
@@ -206,17 +209,17 @@ class ShardedWriter:
             self._left[slot.shard] += slot.nbytes
         self.depth = 1
         """Writes queued before :meth:`write` waits (a device's merge hands its own pinned buffers: deeper)."""
-        self._queued: deque[Future] = deque()  # writes not yet waited for
+        self._queued: deque[Future[None]] = deque()  # writes not yet waited for
         self.wait_s = self.close_s = 0.0
         """Time the caller waited for a queued write, and :meth:`close` for the last writes and syncs."""
-        self._syncs: dict[int, Future] = {}  # shard -> its started sync (and hand-off)
+        self._syncs: dict[int, Future[None]] = {}  # shard -> its started sync (and hand-off)
         self._created: set[int] = set()
         self._durable = _FSYNC and (handoff is None or handoff.keeps_files)  # a shard only uploaded: no fsync
         self._held = 0  # shards created and not released by the hand-off
         self._room = threading.Condition()
         self._aborted = False
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="hubsoup-write")
-        self._syncer = ThreadPoolExecutor(1, thread_name_prefix="hubsoup-fsync")
+        self._writer: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="hubsoup-write")
+        self._syncer: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="hubsoup-fsync")
         if handoff is None:
             for i in range(n):
                 try:
@@ -225,7 +228,7 @@ class ShardedWriter:
                     self.abort()
                     raise
 
-    def _open(self, i: int):
+    def _open(self, i: int) -> Any:  # the shard's open file
         """Shard ``i``'s file, created (header written, length set) the first time; with a hand-off, once fewer
         than :data:`SHARDS_IN_FLIGHT` complete shards wait in it."""
         if i in self._created:
@@ -313,24 +316,27 @@ class ShardedWriter:
         while len(self._queued) >= self.depth:  # the merge runs at most `depth` tensors ahead of the disk
             self._queued.popleft().result()  # a failed write fails here
         self.wait_s += time.perf_counter() - t
+        assert self._writer is not None  # until close (_stop)
         self._queued.append(self._writer.submit(self._put, slot, data))
 
-    def _put(self, slot: _Slot, data) -> None:
+    def _put(self, slot: _Slot, data: np.ndarray) -> None:
         """Write one tensor's bytes at their place; the shard's last bytes start its sync (and hand-off)."""
         if slot.nbytes:
             fd = self._open(slot.shard).fileno()
-            view, pos = memoryview(data), slot.start
+            view, pos = memoryview(data), slot.start  # type: ignore[arg-type]  # numpy's stub: __buffer__ on 3.12+ only
             try:
                 while view:
                     n = os.pwrite(fd, view, pos)
                     view, pos = view[n:], pos + n
             except OSError as e:
                 raise self._disk_full(e, self.files[slot.shard])
+            assert self._syncer is not None  # until close (_stop), which waits for every write first
             if _START_WRITEBACK is not None and self._durable:  # on the sync thread: it may wait for the disk
                 self._syncer.submit(_START_WRITEBACK, fd, slot.start, slot.nbytes)
             self._left[slot.shard] -= slot.nbytes
         if self._left[slot.shard] == 0 and slot.shard not in self._syncs:
             self._open(slot.shard)  # a shard of empty tensors has its file too
+            assert self._syncer is not None  # until close (_stop), which waits for every write first
             self._syncs[slot.shard] = self._syncer.submit(self._sync, slot.shard)
 
     def _sync(self, shard: int) -> None:
@@ -372,6 +378,7 @@ class ShardedWriter:
                     if i not in self._syncs and i not in self.remote:
                         file = self.files[i]
                         self._open(i)
+                        assert self._syncer is not None  # until _stop, below
                         self._syncs[i] = self._syncer.submit(self._sync, i)
                 self._drain()
             for i in range(len(self.handles)):

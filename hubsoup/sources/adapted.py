@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from hubsoup.errors import InputError
 from hubsoup.sources.checkpoint import Checkpoint, InputRef
 from hubsoup.sources.lora import lora_source
+
+if TYPE_CHECKING:
+    from hubsoup.sources.lora import LoraDelta
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ def split_adapter(spec: str) -> tuple[str, str | None]:
 class AdaptedCheckpoint:
     """``model`` with ``adapter`` applied on read; otherwise the model's checkpoint (see the module's docs)."""
 
-    def __init__(self, model: Checkpoint, adapter: Checkpoint, delta: Any):
+    def __init__(self, model: Checkpoint, adapter: Checkpoint, delta: LoraDelta) -> None:
         self.model, self.adapter, self.delta = model, adapter, delta
 
     def __getattr__(self, name: str) -> Any:  # config, keys, info, folder, read_json, ...: the model's
@@ -84,8 +87,11 @@ class AdaptedCheckpoint:
         self.adapter.release()
 
 
-def open_adapted(spec: str, open_input, **kwargs: Any):
+def open_adapted(spec: str, open_input: Callable[..., Checkpoint], **kwargs: Any) -> Any:
     """Open ``spec``; a ``model+adapter`` reference as an :class:`AdaptedCheckpoint`.
+
+    Returns a :class:`Checkpoint`, or an :class:`AdaptedCheckpoint` (the model's attributes passed through:
+    used as a checkpoint everywhere, hence ``Any``).
 
     ``open_input``: :func:`hubsoup.sources.resolve.open_input` (passed in: this module sits below it),
     called with ``kwargs`` for the model and, without the tokenizer, for the adapter.

@@ -13,13 +13,16 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from huggingface_hub import metadata_load
 from safetensors import SafetensorError, safe_open
 
 from hubsoup.errors import CorruptCheckpointError, InputError, PickleRefusedError, UnsafePathError
+
+if TYPE_CHECKING:
+    from hubsoup.sources.remote import RemoteFile
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
@@ -94,7 +97,7 @@ class InputRef:
         return f"{self.public_name} (sha256:{self.digest})" if self.digest else self.public_name
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"spec": self.spec, "kind": self.kind}
+        d: dict[str, Any] = {"spec": self.spec, "kind": self.kind}
         if self.repo_id:
             d.update(repo_id=self.repo_id, revision=self.revision, sha=self.sha)
         elif self.path or self.spec:
@@ -219,11 +222,11 @@ class Checkpoint:
     _infos: dict[str, TensorInfo] = field(default_factory=dict, repr=False)
     _handles: dict[str, Any] = field(default_factory=dict, repr=False)
     _paths: dict[str, str] = field(default_factory=dict, repr=False)  # file -> checked path
-    _pickled: dict[str, dict] = field(default_factory=dict, repr=False)
+    _pickled: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
     _opened: bool = field(default=False, repr=False)
     _extents: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict, repr=False)  # file -> data extents
     _from_headers: bool = field(default=False, repr=False)  # _infos came from remote_headers, nothing opened
-    _remote: dict[str, Any] = field(default_factory=dict, repr=False)  # file -> RemoteFile (read in place)
+    _remote: dict[str, RemoteFile] = field(default_factory=dict, repr=False)  # file -> RemoteFile (read in place)
     metadata_bytes: int = 0
     """A Hub input: the disk its metadata (and tokenizer) files take in the Hub cache, from the Hub's sizes."""
     metadata_files: dict[str, int] = field(default_factory=dict, repr=False)
@@ -282,28 +285,29 @@ class Checkpoint:
         index = self.read_json(name)
         if not index or not isinstance(index.get("weight_map"), dict):
             raise CorruptCheckpointError(f"{self.role} '{self.label}': {name} has no weight_map")
-        wm = index["weight_map"]
+        wm: dict[str, str] = index["weight_map"]  # checked below: every value a file of the folder
         for tensor, fname in wm.items():
             self.file(fname, named_by=f"{name} (tensor {tensor!r})")
         return wm
 
-    def read_json(self, name: str) -> dict | None:
+    def read_json(self, name: str) -> dict[str, Any] | None:
         path = os.path.join(self.folder, name)
         if not os.path.isfile(path):
             return None
         path = self.file(name)
         try:
             with open(path, encoding="utf-8") as f:
-                return json.load(f)
+                data: dict[str, Any] | None = json.load(f)  # a JSON object: config, index, adapter config
+                return data
         except (OSError, json.JSONDecodeError) as e:
             raise InputError(f"input '{self.label}': cannot read {name}: {e}") from e
 
     @property
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         cfg = self.read_json("config.json")
         return cfg or {}
 
-    def card_metadata(self) -> dict:
+    def card_metadata(self) -> dict[str, Any]:
         """YAML front matter of the input's README.md (empty if none)."""
         path = os.path.join(self.folder, "README.md")
         if not os.path.isfile(path):
@@ -450,7 +454,7 @@ class Checkpoint:
         if not os.path.isfile(path):
             raise CorruptCheckpointError(f"input '{self.label}': weight file {fname} is missing")
         try:
-            handle = safe_open(path, framework="pt", device="cpu")
+            handle: Any = safe_open(path, framework="pt", device="cpu")  # safetensors' stub: untyped methods
             names = list(handle.keys())
             for name in names:
                 sl = handle.get_slice(name)
@@ -566,7 +570,7 @@ class Checkpoint:
             handle = self._handles[fname]
             if handle is None:  # released: map the file again
                 handle = self._handles[fname] = safe_open(self._paths[fname], framework="pt", device="cpu")
-            return handle.get_tensor(name)
+            return handle.get_tensor(name)  # type: ignore[no-any-return]  # safetensors' stub: get_tensor untyped
         except SafetensorError as e:
             raise CorruptCheckpointError(
                 f"input '{self.label}': cannot read tensor '{name}' from {fname}: {e}"

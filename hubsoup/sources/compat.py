@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from hubsoup.errors import BaseModelError, BaseNotNamedError, IncompatibleInputError, ParameterError
 from hubsoup.hubclient import Token, parse_spec
@@ -20,6 +20,13 @@ from hubsoup.sources.checkpoint import Checkpoint
 from hubsoup.sources.lora import lora_source
 from hubsoup.sources.resolve import REPO_ID, open_input
 from hubsoup.sources.taskvector import FullDelta, shape_message
+
+if TYPE_CHECKING:
+    import torch
+
+    from hubsoup.progress import Monitor
+    from hubsoup.sources.checkpoint import TensorInfo
+    from hubsoup.sources.lora import LoraDelta
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +38,7 @@ _ARCH_FIELDS = {
     "attention heads": ("num_attention_heads", "n_head", "num_heads"),
     "intermediate size": ("intermediate_size", "n_inner", "d_ff", "ffn_dim"),
 }
-def _pick(cfg: dict, keys: Sequence[str]) -> Any:
+def _pick(cfg: dict[str, Any], keys: Sequence[str]) -> Any:
     for k in keys:
         if k in cfg:
             return cfg[k]
@@ -162,8 +169,8 @@ def align_names(base_keys: list[str], ckpt: Checkpoint, ignore_extra: bool) -> d
     return name_map
 
 
-def task_vector(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos: dict, *,
-                 ignore_extra: bool = False, shape_mismatch: str = "error"):
+def task_vector(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos: dict[str, TensorInfo], *,
+                 ignore_extra: bool = False, shape_mismatch: str = "error") -> FullDelta | LoraDelta:
     """The task-vector source for one input, after checking its tensors against the base.
 
     A full checkpoint gives a :class:`FullDelta`; a PEFT LoRA adapter (``adapter_config.json``)
@@ -184,7 +191,7 @@ def task_vector(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos:
     return FullDelta(ckpt, name_map, shape_mismatch)
 
 
-def check_dtype(label: str, name: str, dtype, base_dtype) -> None:
+def check_dtype(label: str, name: str, dtype: torch.dtype, base_dtype: torch.dtype) -> None:
     """Refuse an integer (quantized) tensor where the base's is floating point: its values are not weights."""
     if base_dtype.is_floating_point and not dtype.is_floating_point:
         raise IncompatibleInputError(
@@ -194,7 +201,7 @@ def check_dtype(label: str, name: str, dtype, base_dtype) -> None:
 
 
 def open_models(specs: Sequence[str], *, base: str | Checkpoint | None, allow_pickle: bool = False, ignore_extra: bool = False,
-                shape_mismatch: str = "error", token: Token = None, monitor: Any = None,
+                shape_mismatch: str = "error", token: Token = None, monitor: Monitor | None = None,
                 headers_only: bool = False) -> tuple[Checkpoint, list[Any]]:
     """Open the base and the inputs, check every input against the base, and return their task vectors.
 
@@ -238,7 +245,7 @@ def is_local(spec: Any) -> bool:
 
 def warn_duplicates(ckpts: Sequence[Checkpoint]) -> None:
     """Warn when one model is given twice (same repo and commit, or same folder): it counts twice."""
-    seen: dict[tuple, str] = {}
+    seen: dict[tuple[str | None, ...], str] = {}
     for c in ckpts:
         key = ("hub", c.ref.repo_id.lower(), c.ref.sha) if c.ref.repo_id else ("local", os.path.realpath(c.folder))
         if key in seen:
@@ -249,14 +256,15 @@ def warn_duplicates(ckpts: Sequence[Checkpoint]) -> None:
 
 
 def open_base(spec: str, *, allow_pickle: bool = False, token: Token = None,
-              hub_only: bool = False, monitor: Any = None, headers_only: bool = False) -> Checkpoint:
+              hub_only: bool = False, monitor: Monitor | None = None, headers_only: bool = False) -> Checkpoint:
     """The base model (with its tokenizer files); an adapter is refused.
 
     ``hub_only``: the base was named by a Hub input's card or adapter config, so it is opened
     from the Hub only (never a local folder, see :func:`resolve_base`).
     """
-    ckpt = open_adapted(spec, open_input, allow_pickle=allow_pickle, token=token, with_tokenizer=True,
-                        hub_only=hub_only, role="base", monitor=monitor, headers_only=headers_only)
+    # a Checkpoint, or for model+adapter an AdaptedCheckpoint (the model's attributes, passed through)
+    ckpt: Checkpoint = open_adapted(spec, open_input, allow_pickle=allow_pickle, token=token, with_tokenizer=True,
+                                    hub_only=hub_only, role="base", monitor=monitor, headers_only=headers_only)
     if ckpt.ref.kind != "full":
         raise BaseModelError(f"base '{ckpt.label}' is an adapter, not a full model")
     return ckpt

@@ -36,7 +36,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 import torch
 
@@ -50,6 +50,9 @@ from hubsoup.errors import (
 from hubsoup.arch import model_layout, module_kind, tie_heads
 from hubsoup.sources.checkpoint import ADAPTER_CONFIG, Checkpoint
 from hubsoup.sources.taskvector import all_finite
+
+if TYPE_CHECKING:
+    from hubsoup.sources.checkpoint import InputRef, TensorInfo
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +81,7 @@ _BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
 # --------------------------------------------------------------------------------------------
 # The adapter
 # --------------------------------------------------------------------------------------------
-def _pattern_value(patterns: dict, module: str, default):
+def _pattern_value(patterns: Any, module: str, default: Any) -> Any:  # patterns: the config's JSON (or None)
     """peft's ``get_pattern_key``: the first key ``k`` with ``re.match(rf"(.*\\.)?({k})$", module)``."""
     for key in patterns or {}:
         if re.match(rf"(.*\.)?({key})$", module):
@@ -118,7 +121,7 @@ class LoraDelta:
 
     kind = "lora"
 
-    def __init__(self, ckpt: Checkpoint, config: dict, modules: dict[str, list[LoraModule]],
+    def __init__(self, ckpt: Checkpoint, config: dict[str, Any], modules: dict[str, list[LoraModule]],
                  bias: dict[str, LoraModule], replace: dict[str, str], rows: dict[str, tuple[str, list[int]]]):
         self.ckpt, self.config = ckpt, config
         self.modules = modules  # base tensor -> LoRA modules updating it (two when tied names are both adapted)
@@ -131,7 +134,7 @@ class LoraDelta:
         return self.ckpt.label
 
     @property
-    def ref(self):
+    def ref(self) -> InputRef:
         return self.ckpt.ref
 
     def release(self) -> None:
@@ -148,7 +151,7 @@ class LoraDelta:
         """Where the adapter tensors τ for base tensor ``name`` is built from lie on disk (read-ahead hint)."""
         keys = [k for m in self.modules.get(name, []) for k in (m.a_key, m.b_key, m.magnitude_key) if k]
         if name in self.bias:
-            keys.append(self.bias[name].bias_key)
+            keys.append(cast(str, self.bias[name].bias_key))  # a bias module's: set (_lora_modules)
         if name in self.replace:
             keys.append(self.replace[name])
         if name in self.rows:
@@ -204,6 +207,7 @@ class LoraDelta:
         mods = self.modules.get(name, [])
         if any(m.dora for m in mods):
             (m,) = mods  # checked when the adapter was opened
+            assert m.magnitude_key is not None  # a DoRA module's
             new = _dora_weight(weight, self._delta(m, dev), self._t(m.magnitude_key).to(dev), m.transpose)
             torch.sub(new, base, out=out)
         else:
@@ -225,13 +229,14 @@ class LoraDelta:
                     out.add_(d)
         if name in self.bias:
             m = self.bias[name]
+            assert m.bias_key is not None  # a bias module's (_lora_modules)
             out.add_(self._t(m.bias_key).to(dev) * m.scale)
         if not all_finite(out):
             raise NonFiniteTensorError(
                 f"adapter '{self.label}': the update of '{name}' has NaN/inf values; the adapter is broken "
                 "(diverged training?) and cannot be merged")
 
-    def _delta(self, m: LoraModule, dev) -> torch.Tensor:
+    def _delta(self, m: LoraModule, dev: torch.device) -> torch.Tensor:
         """peft's ``get_delta_weight``: ``transpose(B @ A, fan_in_fan_out) * scaling``."""
         a, b = self._t(m.a_key).to(dev), self._t(m.b_key).to(dev)
         d = b @ a
@@ -244,7 +249,7 @@ def _dora_weight(weight: torch.Tensor, delta: torch.Tensor, magnitude: torch.Ten
     """peft's DoRA merge: ``m / ‖W + ΔW‖ · (W + ΔW)``, the norm per output feature."""
     lin_w = weight.T if transpose else weight
     lin_d = delta.T if transpose else delta
-    norm = torch.linalg.norm(lin_w + 1 * lin_d, dim=1).to(weight.dtype)
+    norm: torch.Tensor = torch.linalg.norm(lin_w + 1 * lin_d, dim=1).to(weight.dtype)
     factor = (magnitude / norm).view(-1, 1)
     if transpose:
         factor = factor.T
@@ -254,14 +259,14 @@ def _dora_weight(weight: torch.Tensor, delta: torch.Tensor, magnitude: torch.Ten
 # --------------------------------------------------------------------------------------------
 # Checks and construction
 # --------------------------------------------------------------------------------------------
-def adapter_config(ckpt: Checkpoint) -> dict:
+def adapter_config(ckpt: Checkpoint) -> dict[str, Any]:
     cfg = ckpt.read_json(ADAPTER_CONFIG)
     if cfg is None:
         raise InputError(f"input '{ckpt.label}': no {ADAPTER_CONFIG}; is it a PEFT adapter?")
     return cfg
 
 
-def check_supported(ckpt: Checkpoint, cfg: dict) -> None:
+def check_supported(ckpt: Checkpoint, cfg: dict[str, Any]) -> None:
     """Refuse adapter types and options whose weights are not plain (Do)LoRA updates."""
     ptype = str(cfg.get("peft_type", "")).upper()
     if ptype != "LORA":
@@ -283,15 +288,15 @@ def check_supported(ckpt: Checkpoint, cfg: dict) -> None:
             "path_initial_model_for_weight_conversion to get a plain LoRA, and merge that")
 
 
-def _positive_int(v) -> bool:
+def _positive_int(v: Any) -> bool:
     return not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer())) and v > 0
 
 
-def _finite_number(v) -> bool:
+def _finite_number(v: Any) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
-def check_config_values(ckpt: Checkpoint, cfg: dict) -> None:
+def check_config_values(ckpt: Checkpoint, cfg: dict[str, Any]) -> None:
     """Refuse a config whose ``r``/``lora_alpha`` (or their per-module patterns) are not usable numbers.
 
     The scale ``lora_alpha / r`` multiplies every update: a string, a rank ≤ 0 or a NaN alpha
@@ -318,7 +323,7 @@ def check_config_values(ckpt: Checkpoint, cfg: dict) -> None:
                 raise InputError(f"{where} has {key} key {k!r}, not a valid module pattern ({e})") from None
 
 
-def check_base_claim(ckpt: Checkpoint, cfg: dict, base: Checkpoint, strict: bool = True) -> None:
+def check_base_claim(ckpt: Checkpoint, cfg: dict[str, Any], base: Checkpoint, strict: bool = True) -> None:
     """Compare the adapter's ``base_model_name_or_path`` with the merge's base.
 
     The rule: both Hub IDs (the base opened from the Hub, or a local folder inside the
@@ -383,17 +388,21 @@ def _split_key(key: str) -> tuple[str, str | None]:
     return key, None
 
 
-def _prefix_maps(names: list[str], base_keys: set[str]):
+def _prefix_maps(names: list[str], base_keys: set[str]) -> Iterator[Callable[[str], str]]:
     """Candidate renamings adapter name → base name: as is, or one leading component dropped/added."""
     yield lambda n: n
     firsts = sorted({n.split(".", 1)[0] for n in names if "." in n})
     for p in firsts:
-        yield lambda n, p=p: n[len(p) + 1:] if n.startswith(p + ".") else n
+        def dropped(n: str, p: str = p) -> str:
+            return n[len(p) + 1:] if n.startswith(p + ".") else n
+        yield dropped
     for p in sorted({k.split(".", 1)[0] for k in base_keys if "." in k}):
-        yield lambda n, p=p: f"{p}.{n}"
+        def added(n: str, p: str = p) -> str:
+            return f"{p}.{n}"
+        yield added
 
 
-def lora_source(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos: dict, *,
+def lora_source(ckpt: Checkpoint, base: Checkpoint, base_keys: list[str], infos: dict[str, TensorInfo], *,
                 ignore_extra: bool = False, base_claim: str = "check") -> LoraDelta:
     """Open a LoRA adapter as a task-vector source, after checking it against the base.
 
@@ -452,9 +461,9 @@ class _OnBase:
     """An adapter read against its base: what each step of :func:`lora_source` checks with."""
 
     ckpt: Checkpoint
-    cfg: dict
+    cfg: dict[str, Any]
     base: Checkpoint
-    infos: dict
+    infos: dict[str, TensorInfo]
     layout: Any
     ties: dict[str, str]
     have: set[str]
@@ -474,6 +483,7 @@ class _OnBase:
 
     def choose_renaming(self, targets: list[str]) -> None:
         """The renaming under which most of ``targets`` exist in the base (the first that finds them all)."""
+        best: Callable[[str], str] | None
         best, best_hits = None, -1
         for f in _prefix_maps(targets, self.have):
             hits = sum(self.resolve(n, f) is not None for n in targets)
@@ -481,6 +491,7 @@ class _OnBase:
                 best, best_hits = f, hits
             if hits == len(targets):
                 break
+        assert best is not None  # the first candidate (names as they are) is always taken
         self.rename = best
 
     def missing(self, what: str, name: str) -> None:

@@ -24,17 +24,32 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
 from hubsoup.sources.checkpoint import TensorInfo
 
 
+class TensorStore(Protocol):
+    """What a view reads of the checkpoint it wraps (a :class:`~hubsoup.sources.checkpoint.Checkpoint`, or
+    another view); every other attribute is passed through as is."""
+
+    def keys(self) -> list[str]: ...
+
+    def info(self, name: str) -> TensorInfo: ...
+
+    def has(self, name: str) -> bool: ...
+
+    def tensor(self, name: str) -> torch.Tensor: ...
+
+    def byte_ranges(self, names: list[str]) -> list[tuple[str, int, int]]: ...
+
+
 class RemappedCheckpoint:
     """``ckpt`` with the tensors of ``infos`` replaced by ``make(name)`` (see the module's docstring)."""
 
-    def __init__(self, ckpt: Any, infos: dict[str, TensorInfo], make: Callable[[str], torch.Tensor]):
+    def __init__(self, ckpt: TensorStore, infos: dict[str, TensorInfo], make: Callable[[str], torch.Tensor]) -> None:
         self.wrapped = ckpt
         self._remapped = dict(infos)
         self._make = make
@@ -88,7 +103,7 @@ class AliasedCheckpoint:
         (['shared.weight', 'encoder.embed_tokens.weight'], True, torch.Size([4, 2]))
     """
 
-    def __init__(self, ckpt: Any, aliases: dict[str, str], keep: Callable[[str], bool] | None = None):
+    def __init__(self, ckpt: TensorStore, aliases: dict[str, str], keep: Callable[[str], bool] | None = None) -> None:
         self.wrapped = ckpt
         self.tie_aliases = dict(aliases)
         self._keep = keep

@@ -150,6 +150,7 @@ class RemoteFile:
     def tensor(self, name: str) -> torch.Tensor:
         """Tensor ``name`` in its stored dtype and shape, from this thread's window or fetched now."""
         dtype, shape, off, n = self.tensors[name]
+        buf: torch.Tensor | None
         if self.in_prefix(off, n):  # came with the header read
             buf = torch.frombuffer(bytearray(self.prefix[off:off + n]), dtype=torch.uint8) if n else torch.empty(0)
             if self.access is not None:
@@ -207,7 +208,7 @@ def open_file(repo_id: str, sha: str, name: str, *, size: int | None, token: Any
     JSON, a tensor outside the file, a length that does not match its shape and dtype).
     """
     from huggingface_hub import hf_hub_url  # lazy: keeps hubsoup --help free of huggingface_hub
-    from huggingface_hub.utils import build_hf_headers  # lazy: as above
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]  # hf_hub's stub: not re-exported; lazy
 
     headers = build_hf_headers(token=token)
     headers["Accept-Encoding"] = "identity"  # the bytes as stored: ranges are offsets into them
@@ -270,17 +271,17 @@ def open_file(repo_id: str, sha: str, name: str, *, size: int | None, token: Any
 # --- one range --------------------------------------------------------------------------------------------------
 
 def fetch_into(rf: RemoteFile, start: int, out: torch.Tensor | np.ndarray, stop: threading.Event | None = None,
-               active: set | None = None, tries: int = 6) -> int | None:
+               active: set[Any] | None = None, tries: int = 6) -> int | None:
     """Bytes ``[start, start + len(out))`` of ``rf`` into ``out`` (uint8, contiguous: a tensor, or a numpy array
     as the background fetches use: they never touch torch, see :class:`Window`); returns the file's size as the
     server gave it (``Content-Range``). See the module doc for the retries; ``stop`` ends it early
     (:class:`_Stopped`); ``active`` holds the open response, so a closing window may close it."""
     from huggingface_hub import get_session  # lazy: keeps hubsoup --help free of huggingface_hub
-    from huggingface_hub.utils import hf_raise_for_status  # lazy: as above
+    from huggingface_hub.utils import hf_raise_for_status  # type: ignore[attr-defined]  # hf_hub's stub: not re-exported; lazy
 
     arr = out.numpy() if isinstance(out, torch.Tensor) else out
     n = arr.size
-    view = memoryview(arr) if n else memoryview(b"")
+    view = memoryview(arr) if n else memoryview(b"")  # type: ignore[arg-type]  # numpy's stub: __buffer__ on 3.12+ only
     pos, failures, wait, total, failed_at = 0, 0, 1.0, None, -1
     while pos < n:
         if stop is not None and stop.is_set():
@@ -538,7 +539,7 @@ class Window:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._n_threads = max(1, threads)
-        self._active: set = set()
+        self._active: set[Any] = set()  # open HTTP responses
         self._owner = threading.get_ident()
         _WINDOWS.add(self)
         files = {sp.rf.key: sp.rf for sp in self.spans}
@@ -641,6 +642,7 @@ class Window:
 
     def finish(self) -> None:
         """The stream ended: raise if a file fetched whole did not match its sha256; record what was checked."""
+        v: _Verifier | None
         for key, v in self.verifiers.items():
             if v.error is not None:
                 raise v.error
@@ -697,7 +699,7 @@ class Window:
                 fetch_into(sp.rf, part.start, piece, self._stop, self._active)
                 v = self.verifiers.get(sp.rf.key)
                 if v is not None:
-                    v.add(part.start, memoryview(piece))
+                    v.add(part.start, memoryview(piece))  # type: ignore[arg-type]  # numpy's stub: __buffer__ on 3.12+
             except _Stopped:
                 return
             except BaseException as e:  # noqa: BLE001 - handed to the engine when it takes these bytes

@@ -24,12 +24,12 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
 
 from hubsoup.errors import (CorruptCheckpointError, DiskFullError, HubsoupError, InputError, MergeCancelled,
-                            PickleRefusedError)
+                            ParameterError, PickleRefusedError)
 from hubsoup.footprint import on_disk
 from hubsoup.hubclient import (Token, caused_by, causes, ensure_timeouts, error_status, hub_api, hub_failure,
                                hub_timeout, parse_spec, transient)
@@ -58,6 +58,7 @@ TOKENIZER_FILES = [
     "preprocessor_config.json",
 ]
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
@@ -127,7 +128,8 @@ def _disk_full(e: BaseException) -> OSError | None:
                 None)
 
 
-def _hub(spec, repo_id, revision, allow_pickle, token, with_tokenizer, role="input",
+def _hub(spec: str, repo_id: str, revision: str | None, allow_pickle: bool, token: Token, with_tokenizer: bool,
+         role: str = "input",
          monitor: Monitor | None = None, headers_only: bool = False) -> Checkpoint:
     """A Hub input as a :class:`Checkpoint`: its metadata files fetched, its weights downloaded or read in place when
     the merge asks (:class:`_HubInput`)."""
@@ -150,11 +152,11 @@ class _HubInput:
         self.spec, self.repo_id, self.revision, self.allow_pickle, self.token, self.role = (
             spec, repo_id, revision, allow_pickle, token, role)
         self.acc = access.current()  # this run's cache and download budget
-        self.cache = {"cache_dir": self.acc.cache_dir} if self.acc.cache_dir else {}
+        self.cache: dict[str, Any] = {"cache_dir": self.acc.cache_dir} if self.acc.cache_dir else {}
         self.who = f"{role} '{spec}'"
         self.mon = monitor or Monitor()
         # an app's run (progress or cancel given): this call's bars are silent, and each update checks cancel
-        self.bars = {"tqdm_class": silent_tqdm(self.mon)} if self.mon.active else {}
+        self.bars: dict[str, Any] = {"tqdm_class": silent_tqdm(self.mon)} if self.mon.active else {}
         self.files: list[str] = []
         self.sizes: dict[str, int | None] = {}
         self.sha256s: dict[str, str] = {}
@@ -450,7 +452,8 @@ def fetched_repo(repo_type: str, repo_id: str, revision: str | None, who: str, *
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def with_backoff(call, monitor: Monitor | None = None, *, tries: int = 6, first: float = 1.0, most: float = 8.0):
+def with_backoff(call: Callable[[], T], monitor: Monitor | None = None, *, tries: int = 6, first: float = 1.0,
+                 most: float = 8.0) -> T:
     """``call()``, tried again after 1, 2, 4, 8, 8 s on a transient Hub answer (a 5xx, 408, 429) or a dropped
     connection, as huggingface_hub retries its downloads; a timeout is not retried (every request already
     waited ``HUBSOUP_HUB_TIMEOUT``). A cancel is checked before each new try."""
@@ -466,6 +469,7 @@ def with_backoff(call, monitor: Monitor | None = None, *, tries: int = 6, first:
             monitor.check("before trying the Hub again")
         _sleep(wait)
         wait = min(wait * 2, most)
+    raise ParameterError(f"with_backoff: tries must be at least 1, got {tries}")  # the last try returns or raises
 
 
 def download_size(ckpt: Checkpoint, token: Token = None) -> tuple[int, int] | None:

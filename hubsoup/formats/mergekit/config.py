@@ -66,7 +66,7 @@ def load_text(path: str) -> str:
         return f.read()
 
 
-def key_path(path: list) -> str:
+def key_path(path: list[Any]) -> str:
     """A key's place in the config as messages name it (``slices[0].sources[1]``)."""
     out = ""
     for p in path:
@@ -74,8 +74,8 @@ def key_path(path: list) -> str:
     return out
 
 
-def check_keys(d: Any, allowed: set[str], where: list, dropped: list[str],
-               unsupported: dict[str, str] | None = None) -> dict:
+def check_keys(d: Any, allowed: set[str], where: list[Any], dropped: list[str],
+               unsupported: dict[str, str] | None = None) -> dict[str, Any]:
     """``d`` as a mapping; a key mergekit does not know is dropped (mergekit's config classes drop it too) and
     recorded in ``dropped`` for the warning; a key mergekit uses and hubsoup cannot reproduce is refused."""
     if not isinstance(d, dict):
@@ -88,7 +88,7 @@ def check_keys(d: Any, allowed: set[str], where: list, dropped: list[str],
     return {k: v for k, v in d.items() if k in allowed}
 
 
-def model_ref(value: Any, where: list) -> str:
+def model_ref(value: object, where: list[Any]) -> str:
     """The model reference at ``where`` (``org/name[@revision]``, a folder, ``model+adapter``), stripped."""
     if not isinstance(value, str) or not value.strip():
         raise ParameterError(f"mergekit config: '{key_path(where)}' must be a model reference (org/name[@revision] "
@@ -99,7 +99,7 @@ def model_ref(value: Any, where: list) -> str:
     return value
 
 
-def params_map(d: Any, where: list) -> dict[str, Any]:
+def params_map(d: Any, where: list[Any]) -> dict[str, Any]:
     """The ``parameters`` mapping at ``where`` (none: ``{}``), its keys parameter names."""
     if d is None:
         return {}

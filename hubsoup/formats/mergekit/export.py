@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from hubsoup.errors import ParameterError
 from hubsoup.formats.mergekit.config import DTYPES
@@ -12,7 +12,10 @@ from hubsoup.formats.mergekit.methods import METHODS
 from hubsoup.methods.task_arithmetic import default_scale
 from hubsoup.public import dump_config
 
-def _scale_of(p: dict) -> float:
+if TYPE_CHECKING:
+    from hubsoup.recipe import Recipe
+
+def _scale_of(p: dict[str, Any]) -> float:
     """The λ a recipe merged with (a DARE scale left at None resolves to mergekit's lambda, 1)."""
     return 1.0 if p.get("scale") is None else p["scale"]
 
@@ -184,7 +187,7 @@ EXPORTS: dict[str, Callable[[_Export], None]] = {
 mergekit has, instead of a chain of conditions on method names; a method not here has no mergekit equivalent."""
 
 
-def export_config(recipe, out_dtype: str | None = None) -> str:
+def export_config(recipe: Recipe, out_dtype: str | None = None) -> str:
     """The mergekit config equivalent of a hubsoup :class:`~hubsoup.recipe.Recipe`.
 
     A recipe made from a mergekit config gives that config back. Otherwise the method and
@@ -196,7 +199,8 @@ def export_config(recipe, out_dtype: str | None = None) -> str:
     knows it).
     """
     if recipe.mergekit.get("config"):
-        return recipe.mergekit["config"]
+        config: str = recipe.mergekit["config"]  # the config's YAML text (Recipe.mergekit)
+        return config
     if recipe.options.get("shape_mismatch") not in (None, "error"):
         raise ParameterError("recipe option 'shape_mismatch' has no mergekit equivalent")
     method = recipe.method

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 from hubsoup.arch import before_blocks, tied_groups
 from hubsoup.errors import ParameterError
@@ -25,7 +25,11 @@ from hubsoup.sources.resolve import open_input
 from hubsoup.untrusted import load_yaml, short
 
 if TYPE_CHECKING:
+    from hubsoup.formats.mergekit.modules import Module
     from hubsoup.formats.mergekit.read import MergekitMerge
+    from hubsoup.options import MergeOptions
+    from hubsoup.progress import Monitor
+    from hubsoup.sources.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +42,15 @@ class MergekitLayout:
     from, ``finish()`` fixes the output folder (layer count, tokenizer, chat template).
     """
 
-    def __init__(self, merge: MergekitMerge):
+    def __init__(self, merge: MergekitMerge) -> None:
         self.merge = merge
-        self.donors: list = []
+        self.donors: list[Any] = []
         self.copy_tokenizer = True
         """False (``--no-copy-tokenizer``): the output holds no tokenizer files, as with mergekit-yaml."""
         self._num_layers: int | None = None
         self._vocab = self._vocab_layout() if merge.vocab is not None else None
         self._views: dict[str, Any] = {}
-        self._base_config: dict | None = None
+        self._base_config: dict[str, Any] | None = None
         """The models as :meth:`open_inputs` opened them (re-mapped, tied tensors aliased), by reference."""
 
     # --- the merged vocabulary (tokenizer_source / tokenizer): hubsoup.formats.mergekit.vocab ---------
@@ -54,6 +58,7 @@ class MergekitLayout:
     def _vocab_layout(self) -> VocabLayout:
         merge = self.merge
         spec = merge.vocab
+        assert spec is not None  # only made for a config with a merged vocabulary (__init__)
         if merge.slices is None:  # mergekit: the models, then base_model when it is not one of them
             sources = [s.model for s in merge.models_mode_sources]
             first = last = sources + ([spec.base_model] if spec.base_model and spec.base_model not in sources else [])
@@ -77,7 +82,7 @@ class MergekitLayout:
         return VocabLayout(merge, spec, order, group)
 
     @property
-    def reads(self) -> list:
+    def reads(self) -> list[Any]:
         """Every checkpoint the output is made from beyond the inputs and the base: the models slices copy
         from and a tokenizer source (never to be overwritten by the output, pinned like the inputs)."""
         tok = self._vocab.source_ckpt if self._vocab is not None else None
@@ -116,7 +121,7 @@ class MergekitLayout:
                          r, ", ".join(a), ", ".join(dict.fromkeys(a.values())))
         return {r: AliasedCheckpoint(c, aliases[r], module.holds) for r, c in raw.items()}
 
-    def _open_tied(self, opts, monitor=None) -> dict[str, Any]:
+    def _open_tied(self, opts: MergeOptions, monitor: Monitor | None = None) -> dict[str, Any]:
         """Every model of a module's merge opened (headers only), seen as the module (:meth:`_ties`)."""
         merge = self.merge
         refs = [merge.base] if merge.base else []
@@ -126,7 +131,8 @@ class MergekitLayout:
                for r in dict.fromkeys(refs)}
         return self._ties(raw)
 
-    def open_inputs(self, inputs, base, opts, monitor=None):
+    def open_inputs(self, inputs: Sequence[str], base: str | None, opts: MergeOptions,
+                    monitor: Monitor | None = None) -> tuple[Checkpoint, list[Any]]:
         """The base and the inputs' task vectors, every model seen through the merged vocabulary (re-mapped
         rows) and with a module's tied tensors it does not store (:meth:`_ties`)."""
 
@@ -136,6 +142,7 @@ class MergekitLayout:
         specs = [views.get(i, i) for i in inputs]  # a LoRA (base+adapter) input: the adapter, as is
         if self._vocab is not None:  # ... unless it changes the embeddings: then the base with the adapter
             specs = [self._adapted_view(i, views) or s for i, s in zip(inputs, specs)]  # applied, re-mapped
+        assert base is not None  # a mergekit method's merge always has one (base_model, else its first model)
         base_ckpt, sources = open_models(specs, base=views[base], allow_pickle=opts.allow_pickle,
                                          ignore_extra=opts.ignore_extra, shape_mismatch=opts.shape_mismatch,
                                          token=opts.token, headers_only=True,
@@ -161,7 +168,8 @@ class MergekitLayout:
         """What the recipe hash must cover beyond method, parameters and inputs."""
         out: dict[str, Any] = {}
         if self.merge.slices is not None and not self._trivial_slices():
-            out["layout"] = [[[s.model, *s.layer_range] for s in sl.sources] for sl in self.merge.slices]
+            out["layout"] = [[[s.model, *cast("tuple[int, int]", s.layer_range)] for s in sl.sources]  # a slice's: set
+                             for sl in self.merge.slices]
             # the models a slice copies from without merging: pinned (Hub SHA, or folder) like the inputs
             out["donors"] = [{k: v for k, v in c.ref.to_dict().items() if k in ("repo_id", "sha", "path") and v}
                              for c in self.donors]
@@ -183,7 +191,8 @@ class MergekitLayout:
         return (len(sl) == 1 and len(sl[0].sources) > 1 and n is not None
                 and all(s.layer_range == (0, n) for s in sl[0].sources))
 
-    def check_sources(self, token: Token = None, allow_pickle: bool = False) -> tuple | None:
+    def check_sources(self, token: Token = None,
+                      allow_pickle: bool = False) -> tuple[str, list[str], list[str], list[str]] | None:
         """Read the sliced models' configs (layer ranges within each model's depth); returns their naming.
 
         The naming: ``(stack, layer suffixes, names before the layers, names after)`` of the
@@ -197,6 +206,7 @@ class MergekitLayout:
             for j, s in enumerate(sl.sources):
                 ckpt = open_input(s.model.split("+")[0], allow_pickle=allow_pickle, token=token)
                 n = _depth(ckpt, self.merge.module)
+                assert s.layer_range is not None  # a slice's sources have their layer ranges (read._read_slices)
                 if n is not None and s.layer_range[1] > n:
                     raise ParameterError(f"mergekit config: 'slices[{i}].sources[{j}].layer_range' = "
                                          f"{list(s.layer_range)} but '{s.model}' has {n} layers")
@@ -204,7 +214,7 @@ class MergekitLayout:
                     naming = _naming(ckpt, self.merge.module)
         return naming
 
-    def plan(self, base, sources, opts):
+    def plan(self, base: Any, sources: Sequence[Any], opts: MergeOptions) -> Plan:
         """The plan of the output (the base's own for ``models``), with every donor checkpoint opened."""
 
         if self.merge.chat_template == "auto":
@@ -218,8 +228,9 @@ class MergekitLayout:
             return _module_plan(base, module, opts.device)
         return self._slice_plan(base, sources, opts)
 
-    def _slice_plan(self, base, sources, opts):
+    def _slice_plan(self, base: Any, sources: Sequence[Any], opts: MergeOptions) -> Plan:
         merge = self.merge
+        assert merge.slices is not None  # planned by slices only where there are (plan)
         ref_model = merge.inputs[0] if merge.merge_method == "passthrough" else (merge.base or merge.inputs[0])
         keys = [k for k in base.keys() if merge.module is None or merge.module.holds(k)]
         stack, suffixes, pre, post = _naming(base, merge.module)
@@ -227,18 +238,19 @@ class MergekitLayout:
         origin = self._open_donors(ref_model, opts)
         n_in = len(merge.inputs)
 
-        def ckpt_of(model: str):
+        def ckpt_of(model: str) -> Any:
             return base if origin[model] < 0 else self.donors[origin[model]]
 
         out: dict[str, TensorSource] = {}
         infos: dict[str, Any] = {}
         have = {id(c): set(c.keys()) for c in (base, *self.donors)}
 
-        def checked(s: Source, tensor: str, name: str):
+        def checked(s: Source, tensor: str, name: str) -> Any:
             """The tensor a slice takes from ``s.model``: it exists, and has the shape of the output's (the
             base's) tensor in its place — models of another size cannot be stacked, whatever their configs say."""
             ckpt = ckpt_of(s.model)
             if tensor not in have[id(ckpt)]:
+                assert s.layer_range is not None  # a slice's sources have their layer ranges
                 raise ParameterError(f"mergekit config: a slice takes {short(tensor)} from {short(s.model)}, which "
                                      f"has no such tensor (layer_range {list(s.layer_range)} beyond its layers?)")
             info = ckpt.info(tensor)
@@ -255,7 +267,8 @@ class MergekitLayout:
 
         def add(name: str, sl: Slice, offset: int | None, position: float | None) -> None:
             def src_name(s: Source) -> str:
-                return name if offset is None else f"{stack}.{s.layer_range[0] + offset}.{name}"
+                lr = cast("tuple[int, int]", s.layer_range)  # a slice's sources have their layer ranges
+                return name if offset is None else f"{stack}.{lr[0] + offset}.{name}"
 
             out_name = name if offset is None else f"{stack}.{k_out}.{name}"
             if len(sl.sources) == 1 or merge.merge_method == "passthrough":
@@ -274,19 +287,20 @@ class MergekitLayout:
 
         # a layer tensor some of the base's own layers lack (T5's relative_attention_bias, layer 0's only) is
         # written only where some model of the slice holds it
-        depth = {b[1] for k in keys if (b := block_of(k)) and b[0] == stack}
+        depth = {bl[1] for k in keys if (bl := block_of(k)) and bl[0] == stack}
         optional = {suf for suf in suffixes if any(f"{stack}.{i}.{suf}" not in have[id(base)] for i in depth)}
         k_out = 0
         for k in pre:
             add(k, merge.slices[0], None, None)
         for sl in merge.slices:
-            a, b = sl.sources[0].layer_range
+            a, b = cast("tuple[int, int]", sl.sources[0].layer_range)  # a slice's sources have their layer ranges
             n = b - a
             for j in range(n):
                 t = j / (n - 1) if n > 1 else 1.0
                 for suf in suffixes:
-                    if suf in optional and not any(f"{stack}.{s.layer_range[0] + j}.{suf}" in have[id(ckpt_of(s.model))]
-                                                   for s in sl.sources):
+                    if suf in optional and not any(
+                            f"{stack}.{cast('tuple[int, int]', s.layer_range)[0] + j}.{suf}" in have[id(ckpt_of(s.model))]
+                            for s in sl.sources):
                         continue
                     add(suf, sl, j, t)
                 k_out += 1
@@ -295,11 +309,11 @@ class MergekitLayout:
         self._num_layers = k_out
         return _renumbered_plan(base, keys, out, infos, k_out, opts.device)
 
-    def _open_donors(self, ref_model: str, opts) -> dict[str, int]:
+    def _open_donors(self, ref_model: str, opts: MergeOptions) -> dict[str, int]:
         """The checkpoints θ₀ may come from, by model: the base (-1) or a donor (every other model named by a
         slice, opened now and kept in :attr:`donors`)."""
         origin: dict[str, int] = {ref_model: -1}
-        for sl in self.merge.slices:
+        for sl in self.merge.slices or []:  # called with slices only (_slice_plan)
             for s in sl.sources:
                 if s.model not in origin:
                     ckpt = self._views.get(s.model) or \
@@ -308,7 +322,7 @@ class MergekitLayout:
                     self.donors.append(ckpt)
         return origin
 
-    def _auto_chat_template(self, base, opts) -> str | None:
+    def _auto_chat_template(self, base: Any, opts: MergeOptions) -> str | None:
         """``chat_template: auto``: the template most of the config's models carry (config order breaks ties)."""
 
         refs = [r.split("+")[0] for r in _referenced(self.merge)]
@@ -385,7 +399,7 @@ class MergekitLayout:
                                      if self.merge.ignored else "")}
 
 
-def _renumbered_plan(base, keys: list[str], out: dict[str, TensorSource], infos: dict[str, Any], layers: int,
+def _renumbered_plan(base: Any, keys: list[str], out: dict[str, TensorSource], infos: dict[str, Any], layers: int,
                      device: str) -> Plan:
     """The plan of a sliced output: its tensors (``out``), its config with ``layers`` layers, the base's tied groups
     that it holds whole."""
@@ -416,12 +430,12 @@ def _referenced(merge: MergekitMerge) -> list[str]:
     return list(dict.fromkeys(r for r in refs if isinstance(r, str)))
 
 
-def _naming(ckpt, module: Any = None) -> tuple[str, list[str], list[str], list[str]]:
+def _naming(ckpt: Any, module: Module | None = None) -> tuple[str, list[str], list[str], list[str]]:
     """``(stack, layer suffixes, names before the layers, names after)`` of a checkpoint (or of one of its
     modules) with one stack of layers."""
 
     keys = [k for k in ckpt.keys() if module is None or module.holds(k)]
-    stacks = {block_of(k)[0] for k in keys if block_of(k)}
+    stacks = {b[0] for k in keys if (b := block_of(k))}
     if len(stacks) != 1:
         raise ParameterError(f"mergekit config: slices need a model with one stack of layers; "
                              f"'{ckpt.label}' has {len(stacks)} ({', '.join(sorted(stacks))})")
@@ -437,14 +451,14 @@ def _before(name: str) -> bool:
     return before_blocks(name)
 
 
-def _layers(config: dict) -> int | None:
+def _layers(config: dict[str, Any]) -> int | None:
     for k in ("num_hidden_layers", "n_layer", "num_layers"):
-        if isinstance(config.get(k), int):
-            return config[k]
+        if isinstance(n := config.get(k), int):
+            return n
     return None
 
 
-def _depth(ckpt, module: Any = None) -> int | None:
+def _depth(ckpt: Any, module: Module | None = None) -> int | None:
     """The model's (or module's) layer count: its config's, or (a config without one) counted from its tensors' names."""
     n = _layers(ckpt.config) if module is None else _config_value(ckpt.config, module.layers_key)
     if isinstance(n, int) and not isinstance(n, bool):
@@ -454,7 +468,7 @@ def _depth(ckpt, module: Any = None) -> int | None:
     return max(indices) + 1 if indices else None
 
 
-def _config_value(config: dict, key: str | None) -> Any:
+def _config_value(config: dict[str, Any], key: str | None) -> Any:
     """A dotted key's value in a config (``text_config.num_hidden_layers``), or None."""
     node: Any = config
     for part in (key or "").split(".") if key else []:
@@ -462,7 +476,7 @@ def _config_value(config: dict, key: str | None) -> Any:
     return node if key else None
 
 
-def _module_plan(base, module: Any, device: str):
+def _module_plan(base: Any, module: Module, device: str) -> Plan:
     """The plan of one module of ``base``: its tensors, laid out as in the base."""
     keys = [k for k in base.keys() if module.holds(k)]
     infos = {k: base.info(k) for k in keys}
@@ -472,13 +486,13 @@ def _module_plan(base, module: Any, device: str):
     return build_plan(keys, infos, base.config, ties=ties, device=device)
 
 
-def _stored_keys(ckpt) -> list[str]:
+def _stored_keys(ckpt: Any) -> list[str]:
     """The tensors a checkpoint stores (not those a view reads from a tie source: :class:`AliasedCheckpoint`)."""
     aliased = getattr(ckpt, "tie_aliases", None) or {}
     return [k for k in ckpt.keys() if k not in aliased]
 
 
-def _set_layers(config: dict, n: int) -> None:
+def _set_layers(config: dict[str, Any], n: int) -> None:
     for k in ("num_hidden_layers", "n_layer", "num_layers"):
         if k in config:
             config[k] = n

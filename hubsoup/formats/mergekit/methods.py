@@ -49,8 +49,8 @@ class MkMethod:
     which mergekit then stores when the config has no ``out_dtype``."""
 
 
-def _gta(hub: str, fixed: dict, normalize: bool, rescale: bool, *, normalize_as: str = "normalize",
-         extra: dict | None = None, sparsify: bool = True) -> MkMethod:
+def _gta(hub: str, fixed: dict[str, Any], normalize: bool, rescale: bool, *, normalize_as: str = "normalize",
+         extra: dict[str, MkParam] | None = None, sparsify: bool = True) -> MkMethod:
     conv = _mean_or_sum if normalize_as == "merge" else None
     params = {"weight": MkParam("weights", True),
               "density": MkParam("densities" if sparsify else None, True, 1.0),

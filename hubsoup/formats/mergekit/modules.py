@@ -57,7 +57,7 @@ import re
 import shutil
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from hubsoup.errors import HubsoupError, ParameterError
 from hubsoup.formats.mergekit.config import check_keys, model_ref, params_map
@@ -66,6 +66,11 @@ from hubsoup.public import dump_config
 from hubsoup.recipe import RECIPE_FILE
 from hubsoup.sources.resolve import open_input
 from hubsoup.untrusted import owned_path
+
+if TYPE_CHECKING:
+    from hubsoup.hubclient import Token
+    from hubsoup.recipe import Recipe
+    from hubsoup.sources.checkpoint import Checkpoint, InputRef
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +113,7 @@ class Module:
     """Dotted ``config.json`` key of the model's vocabulary size (mergekit's ``vocab_size_config_key``)."""
 
     @functools.cached_property
-    def _pattern(self) -> re.Pattern | None:
+    def _pattern(self) -> re.Pattern[str] | None:
         if not self.weights:
             return None
         return re.compile("|".join(re.escape(w.name).replace(re.escape("${layer_index}"), r"\d+")
@@ -202,7 +207,7 @@ def several_modules(data: Any) -> bool:
     return isinstance(mods, dict) and bool(mods) and set(mods) != {"default"}
 
 
-def plain_as_modules(data: Any, token: Any = None, allow_pickle: bool = False) -> dict | None:
+def plain_as_modules(data: Any, token: Token = None, allow_pickle: bool = False) -> dict[str, Any] | None:
     """A plain config (``models:`` or ``slices:``) over a model mergekit defines by several modules (T5,
     Whisper, a vision-language model) as the ``modules:`` config mergekit reads it as (its
     ``normalize_config``): every module merged with the same ``models``, each of mergekit's listed tensors
@@ -238,10 +243,10 @@ def plain_as_modules(data: Any, token: Any = None, allow_pickle: bool = False) -
     return out
 
 
-def module_config(data: dict, name: str, dropped: list[str]) -> dict:
+def module_config(data: dict[str, Any], name: str, dropped: list[str]) -> dict[str, Any]:
     """The single-module config of module ``name``: its ``models``/``slices`` at the top level, its
     ``parameters`` before the top level's (each parameter's module entries first: mergekit's precedence)."""
-    mods = data.get("modules")
+    mods: Any = data.get("modules")  # parsed YAML
     if data.get("models") is not None or data.get("slices") is not None:
         raise ParameterError("mergekit config: give exactly one of 'models', 'slices' and 'modules'")
     mod = check_keys(mods[name], {"slices", "models", "parameters"}, ["modules", name], dropped)
@@ -264,13 +269,14 @@ def module_config(data: dict, name: str, dropped: list[str]) -> dict:
     return out
 
 
-def _as_entries(v: Any) -> list:
+def _as_entries(v: Any) -> list[Any]:
     if isinstance(v, list) and v and all(isinstance(e, dict) for e in v):
         return list(v)
     return [v] if isinstance(v, dict) else [{"value": v}]
 
 
-def architecture_modules(data: dict, token: Any = None, allow_pickle: bool = False) -> tuple[dict[str, Module], Any]:
+def architecture_modules(data: dict[str, Any], token: Token = None,
+                         allow_pickle: bool = False) -> tuple[dict[str, Module], Checkpoint]:
     """The modules of the architecture the config merges (from its base model, else its first model's config)
     and that model's opened checkpoint (headers only); refuses a module the architecture does not have."""
     ref = data.get("base_model")
@@ -303,8 +309,23 @@ def architecture_modules(data: dict, token: Any = None, allow_pickle: bool = Fal
     return mods, ckpt
 
 
-def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: bool = False,
-                token: Any = None, allow_pickle: bool = False):
+class ModuleResult(Protocol):
+    """What :func:`run_modules` reads and sets of a module's merge result (a :class:`hubsoup.MergeResult`)."""
+
+    path: str
+    recipe: Recipe
+    inputs: list[InputRef]
+    notes: list[str]
+    restricted: list[dict[str, str]]
+
+    def write_card(self, folder: str) -> object: ...
+
+
+R = TypeVar("R", bound=ModuleResult)
+
+
+def run_modules(text: str, data: dict[str, Any], out: str, run_module: Callable[[str, Module, str, list[str]], R], *,
+                overwrite: bool = False, token: Token = None, allow_pickle: bool = False) -> R:
     """Merge every module of a ``modules:`` config and assemble one output; returns the first module's
     :class:`hubsoup.MergeResult`, pointing at the assembled output.
 
@@ -351,7 +372,7 @@ def run_modules(text: str, data: dict, out: str, run_module: Any, *, overwrite: 
     return result
 
 
-def _referenced(data: dict) -> list[str]:
+def _referenced(data: dict[str, Any]) -> list[str]:
     """Every model a ``modules:`` config names, once each: ``base_model``, then the modules' models in the
     config's order (mergekit's ``referenced_models``, in the order hubsoup builds a merged vocabulary)."""
     refs = [data["base_model"]] if data.get("base_model") is not None else []
@@ -363,7 +384,7 @@ def _referenced(data: dict) -> list[str]:
     return list(dict.fromkeys(model_ref(r, ["modules"]) for r in refs))
 
 
-def _whole(results: list, names: list[str]):
+def _whole(results: list[R], names: list[str]) -> R:
     """The first module's result as the whole merge's: every module's inputs (once each) and restricted inputs;
     its recipe's hash covering every module's (each module's recipe hash in its options)."""
     result = results[0]
@@ -395,7 +416,7 @@ def _weight_files(folder: str) -> list[tuple[str, list[str], int]]:
     return out
 
 
-def _assemble(folder: str, parts: list[tuple[str, str]], configs: dict[str, dict], mods: dict[str, Module]) -> None:
+def _assemble(folder: str, parts: list[tuple[str, str]], configs: dict[str, dict[str, Any]], mods: dict[str, Module]) -> None:
     """The modules' outputs (``parts``: name, folder) as one checkpoint in ``folder``: shards renamed and
     indexed, the first module's other files (config, tokenizer, recipe), each sliced module's layer count."""
     files = [(part, fn, names, size) for _, part in parts for fn, names, size in _weight_files(part)]

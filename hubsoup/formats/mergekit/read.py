@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hubsoup.errors import ParameterError
 from hubsoup.formats import chat_template
@@ -24,6 +24,9 @@ from hubsoup.formats.mergekit.vocab import VocabSpec, parse_vocab
 from hubsoup.hubclient import Token
 from hubsoup.methods import available, get_method
 from hubsoup.untrusted import load_yaml, short
+
+if TYPE_CHECKING:
+    from hubsoup.formats.mergekit.modules import Module
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ class MergekitMerge:
     config_dtype: str | None = None
     """The dtype the output's ``config.json`` names when it is not the stored one (``base``: the base's own):
     mergekit stores a float32 result (:attr:`MkMethod.result_dtype`) under the config's ``dtype``."""
-    module: Any = None
+    module: Module | None = None
     """One module of a modular model (:class:`hubsoup.formats.mergekit.modules.Module`): the merge covers
     its tensors only, its layers counted alone (None: the whole model)."""
 
@@ -68,7 +71,7 @@ class MergekitMerge:
 
 
 def read_config(source: str, *, resolve: bool = True, token: Token = None, allow_pickle: bool = False,
-                module: Any = None) -> MergekitMerge:
+                module: Module | None = None) -> MergekitMerge:
     """The hubsoup merge a mergekit config means.
 
     Args:
@@ -120,6 +123,7 @@ def read_config(source: str, *, resolve: bool = True, token: Token = None, allow
     if resolve:
         naming = MergekitLayout(merge).check_sources(token=token, allow_pickle=allow_pickle)
         if merge.guarded:
+            assert naming is not None  # per-slice parameters are guarded only where there are slices
             _guard_params(merge, METHODS[mk_name], *naming)
     elif merge.guarded:
         raise ParameterError(f"mergekit config: per-slice parameters ({', '.join(merge.guarded)}) need the models "
@@ -127,7 +131,7 @@ def read_config(source: str, *, resolve: bool = True, token: Token = None, allow
     return merge
 
 
-def _read_models(data: dict, dropped: list[str]) -> list[Source]:
+def _read_models(data: dict[str, Any], dropped: list[str]) -> list[Source]:
     """``models:``: every model with its parameters (every layer of each)."""
     models: list[Source] = []
     if not isinstance(data["models"], list) or not data["models"]:
@@ -143,7 +147,7 @@ def _read_models(data: dict, dropped: list[str]) -> list[Source]:
     return models
 
 
-def _read_slices(data: dict, dropped: list[str]) -> list[Slice]:
+def _read_slices(data: dict[str, Any], dropped: list[str]) -> list[Slice]:
     """``slices:``: each slice's sources (a model and its layer range) and parameters."""
     if not isinstance(data["slices"], list) or not data["slices"]:
         raise ParameterError("mergekit config: 'slices' must be a non-empty list")
@@ -170,7 +174,7 @@ def _read_slices(data: dict, dropped: list[str]) -> list[Slice]:
         if dup is not None:
             raise ParameterError(f"mergekit config: '{key_path(w + ['sources'])}' names '{dup[:80]}' twice; "
                                  "mergekit refuses duplicate merge inputs")
-        lengths = {b - a for a, b in (x.layer_range for x in srcs)}
+        lengths = {lr[1] - lr[0] for lr in (x.layer_range for x in srcs) if lr is not None}  # all set above
         if len(lengths) > 1:
             raise ParameterError(f"mergekit config: '{key_path(w)}': all sources of a slice must have the same "
                                  f"number of layers, got {sorted(lengths)}")
@@ -178,7 +182,7 @@ def _read_slices(data: dict, dropped: list[str]) -> list[Slice]:
     return slices
 
 
-def _read_dtype(data: dict, mk_name: str) -> tuple[str | None, str | None]:
+def _read_dtype(data: dict[str, Any], mk_name: str) -> tuple[str | None, str | None]:
     """``(the stored dtype, the dtype config.json names when it differs)`` from ``dtype`` / ``out_dtype``."""
     dtype = None
     for key in ("dtype", "out_dtype"):  # out_dtype (the stored one) wins over dtype (mergekit's compute dtype)
@@ -197,7 +201,7 @@ def _read_dtype(data: dict, mk_name: str) -> tuple[str | None, str | None]:
     return dtype, config_dtype
 
 
-def _hoist_default_module(data: dict, dropped: list[str]) -> dict:
+def _hoist_default_module(data: dict[str, Any], dropped: list[str]) -> dict[str, Any]:
     """``modules: {default: {...}}`` as the plain config it is for a model of one module (a text model).
 
     mergekit reads a module's ``slices`` or ``models`` as the top level's and its ``parameters``
@@ -228,7 +232,7 @@ def _lora_input(ref: str, base_ref: str | None, where: str) -> str:
     return ref
 
 
-def _build(text: str, mk_name: str, base_ref: str | None, top: dict, models: list[Source],
+def _build(text: str, mk_name: str, base_ref: str | None, top: dict[str, Any], models: list[Source],
            slices: list[Slice] | None, dtype: str | None, dropped: list[str]) -> MergekitMerge:
     spec = METHODS.get(mk_name)
     if spec is None:
@@ -290,7 +294,8 @@ def _build(text: str, mk_name: str, base_ref: str | None, top: dict, models: lis
     return merge
 
 
-def _build_native(text, name, base_ref, top, models, slices, dtype) -> MergekitMerge:
+def _build_native(text: str, name: str, base_ref: str | None, top: dict[str, Any], models: list[Source],
+                  slices: list[Slice] | None, dtype: str | None) -> MergekitMerge:
     """A hubsoup method from a mergekit-shaped config: its own parameters, ``weight`` per model if it has ``weights``."""
 
     methods = available()
@@ -320,7 +325,7 @@ def _build_native(text, name, base_ref, top, models, slices, dtype) -> MergekitM
                          dtype, None, models_mode_sources=models)
 
 
-def _entries(setting: Any, where: str) -> list[dict]:
+def _entries(setting: Any, where: str) -> list[dict[str, Any]]:
     """A mergekit ParameterSetting as ``[{filter?, value}]`` entries (a scalar or gradient: one unfiltered entry)."""
     if setting is None:
         return []
@@ -378,9 +383,9 @@ def _typed_setting(setting: Any, p: MkParam, where: str, dropped: list[str]) -> 
     return value(setting)
 
 
-def _chain(parts: list[tuple[Any, str]], p: MkParam, name: str) -> list[dict]:
+def _chain(parts: list[tuple[Any, str]], p: MkParam, name: str) -> list[dict[str, Any]]:
     """mergekit's precedence: the first scope's entries, then the next's...; cut after an unfiltered entry."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     for setting, where in parts:
         for e in _entries(setting, where):
             out.append(e)
@@ -393,7 +398,7 @@ def _chain(parts: list[tuple[Any, str]], p: MkParam, name: str) -> list[dict]:
     return out
 
 
-def _value(entries: list[dict], p: MkParam, name: str) -> Any:
+def _value(entries: list[dict[str, Any]], p: MkParam, name: str) -> Any:
     """hubsoup's value for a resolved chain: a plain value, a gradient list, or schedule entries."""
     if len(entries) == 1 and not isinstance(entries[0]["value"], list):
         v = entries[0]["value"]
@@ -418,14 +423,15 @@ def _bool(v: Any, name: str) -> bool:
     raise ParameterError(f"mergekit config: parameter '{name}' must be true or false, got {short(v)}")
 
 
-def _fill_params(merge: MergekitMerge, spec: MkMethod, top: dict, dropped: list[str]) -> None:
+def _fill_params(merge: MergekitMerge, spec: MkMethod, top: dict[str, Any], dropped: list[str]) -> None:
     """Every mergekit parameter of the config, resolved to hubsoup's (single-scope chains; slices: per slice later).
 
     A parameter the method does not declare, or a whole-merge parameter given for one model, is
     dropped into ``dropped``: mergekit resolves only the parameters a method declares, each at the
     scopes it is looked up at, and never reads the others."""
     known = set(spec.params)
-    scopes: list[tuple[dict, str, bool]] = [(top, "parameters", False)]
+    src: Source | None  # a source of the config (None: an input no slice names)
+    scopes: list[tuple[dict[str, Any], str, bool]] = [(top, "parameters", False)]
     for i, s in enumerate(merge.models_mode_sources):
         scopes.append((s.parameters, f"models[{i}].parameters", True))
     for i, sl in enumerate(merge.slices or []):
@@ -444,7 +450,7 @@ def _fill_params(merge: MergekitMerge, spec: MkMethod, top: dict, dropped: list[
         if p.hub is None:
             continue
         if not p.per_input:
-            if multi and any(name in sl.parameters for sl in merge.slices):
+            if multi and any(name in sl.parameters for sl in merge.slices or []):
                 merge.guarded.append(name)  # per-slice values: resolved with the models' tensor names
             sl0 = merge.slices[0].parameters if merge.slices else {}
             merge.params[p.hub] = _value(_chain([(sl0.get(name), "slices[0].parameters"), (top.get(name), "parameters")],
@@ -469,7 +475,7 @@ def _fill_params(merge: MergekitMerge, spec: MkMethod, top: dict, dropped: list[
                 parts.append((merge.slices[0].parameters.get(name), "slices[0].parameters"))
             parts.append((top.get(name), "parameters"))
             values.append(_value(_chain(parts, p, name), p, name))
-        if multi and any(name in x for sl in merge.slices for x in (sl.parameters, *(s.parameters for s in sl.sources))):
+        if multi and any(name in x for sl in merge.slices or [] for x in (sl.parameters, *(s.parameters for s in sl.sources))):
             merge.guarded.append(name)  # per-slice values: resolved with the models' tensor names
         merge.params[p.hub] = values[0] if merge.merge_method == "passthrough" else values
 
@@ -484,10 +490,13 @@ def _guard_params(merge: MergekitMerge, spec: MkMethod, stack: str, suffixes: li
     The top-level parameters follow, unguarded: mergekit's precedence, tensor by tensor.
     """
     slices = merge.slices
+    assert slices is not None  # parameters are guarded per slice only where there are several slices
     groups: list[list[str]] = []
     k = 0
     for i, sl in enumerate(slices):
-        n = sl.sources[0].layer_range[1] - sl.sources[0].layer_range[0]
+        lr = sl.sources[0].layer_range
+        assert lr is not None  # a slice's sources have their layer ranges (_read_slices)
+        n = lr[1] - lr[0]
         prefixes = [f"{stack}.{k + j}." for j in range(n)]
         k += n
         names = ([*pre] if i == 0 else []) + ([*post] if i == len(slices) - 1 else [])
@@ -498,11 +507,12 @@ def _guard_params(merge: MergekitMerge, spec: MkMethod, stack: str, suffixes: li
 
     for name in merge.guarded:
         p = spec.params[name]
+        assert p.hub is not None  # guarded only when hubsoup has the parameter (_fill_params)
         per_model = p.per_input and merge.merge_method != "passthrough"
         owners = merge.inputs if per_model else [None]
         values = []
         for inp in owners:
-            entries: list[dict] = []
+            entries: list[dict[str, Any]] = []
             covered = True
             for i, sl in enumerate(slices):
                 if merge.merge_method == "passthrough":
@@ -510,7 +520,7 @@ def _guard_params(merge: MergekitMerge, spec: MkMethod, stack: str, suffixes: li
                 else:
                     parts = [s.parameters.get(name) for s in sl.sources if per_model and s.model == inp and len(sl.sources) > 1]
                 parts.append(sl.parameters.get(name))
-                chain: list[dict] = []
+                chain: list[dict[str, Any]] = []
                 for setting in parts:
                     for e in _entries(setting, f"slices[{i}].parameters.{name}"):
                         chain.append(e)

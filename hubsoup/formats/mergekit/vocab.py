@@ -74,7 +74,7 @@ import os
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -86,6 +86,11 @@ from hubsoup.sources.compat import is_local
 from hubsoup.sources.remap import RemappedCheckpoint
 from hubsoup.sources.resolve import open_input
 from hubsoup.untrusted import short
+
+if TYPE_CHECKING:
+    from hubsoup.formats.mergekit.read import MergekitMerge
+    from hubsoup.options import MergeOptions
+    from hubsoup.progress import Monitor
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +184,7 @@ LEGACY_MODEL_PREFIX = "model:"
 reference there and takes ``model:org/name`` for a model of that name (which it then fails to find)."""
 
 
-def _ref(value: Any, where: str) -> str:
+def _ref(value: object, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ParameterError(f"mergekit config: '{where}' must be a model reference (org/name[@revision] or a "
                              f"folder), got {short(value)}")
@@ -235,7 +240,7 @@ def _token_source(value: Any, where: str) -> TokenSource | None:
                          f"token: T | token_id: N}} or {{kind: zero}}, got {short(value)}")
 
 
-def parse_vocab(data: dict) -> VocabSpec | None:
+def parse_vocab(data: dict[str, Any]) -> VocabSpec | None:
     """The merged vocabulary a parsed mergekit config asks for (None: the base's tokenizer files, copied).
 
     ``tokenizer_source: X`` and ``tokenizer: {source: X}`` are the same; a section without
@@ -249,7 +254,7 @@ def parse_vocab(data: dict) -> VocabSpec | None:
         raise ParameterError("mergekit config: give 'tokenizer_source' or a 'tokenizer' section, not both "
                              "(mergekit refuses both too)")
     dtype = data.get("dtype") if isinstance(data.get("dtype"), str) and data.get("dtype") in _DTYPES else None
-    base = data.get("base_model").strip() if isinstance(data.get("base_model"), str) else None
+    base = b.strip() if isinstance(b := data.get("base_model"), str) else None
     if src is not None:
         return VocabSpec(src if src in ("union", "base") else _ref(src, "tokenizer_source"), compute_dtype=dtype,
                          base_model=base)
@@ -296,16 +301,16 @@ def parse_vocab(data: dict) -> VocabSpec | None:
 
 # --- the output vocabulary (mergekit's tokenizer/build.py) -----------------------------------------
 
-def config_vocab_size(config: dict) -> int | None:
+def config_vocab_size(config: dict[str, Any]) -> int | None:
     """A model's ``vocab_size`` from its config (a multimodal model's text config), if it says."""
-    for cfg in (config, config.get("text_config") if isinstance(config.get("text_config"), dict) else {}):
+    for cfg in (config, tc if isinstance(tc := config.get("text_config"), dict) else {}):
         v = cfg.get("vocab_size")
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             return v
     return None
 
 
-def _load_tokenizer(folder: str, label: str, **kw: Any):
+def _load_tokenizer(folder: str, label: str, **kw: Any) -> Any:  # a transformers tokenizer
     # lazy: transformers costs ~4 s to import here (torch ~6 s); only a config's tokenizer source needs it
     from transformers import AutoTokenizer
 
@@ -328,7 +333,7 @@ def _sized(tok: Any, label: str) -> Any:
     return tok
 
 
-def stripped_tokenizer(folder: str, label: str, vocab_size: int | None):
+def stripped_tokenizer(folder: str, label: str, vocab_size: int | None) -> Any:
     """The tokenizer without the tokens at ids ``>= vocab_size`` (mergekit's ``get_stripped_tokenizer``)."""
     import tokenizers  # lazy: tokenizers comes with transformers (~4 s here); only a tokenizer source needs it
 
@@ -365,7 +370,7 @@ def stripped_tokenizer(folder: str, label: str, vocab_size: int | None):
     return tok
 
 
-def union_tokenizer(base_tok, toks: dict[str, Any], sizes: dict[str, int | None]):
+def union_tokenizer(base_tok: Any, toks: dict[str, Any], sizes: dict[str, int | None]) -> Any:
     """The union of the tokenizers (mergekit's ``build_union_tokenizer``), starting from the base's."""
     # lazy: transformers costs ~4 s to import here (torch ~6 s); only a config's tokenizer source needs it
     from transformers import AutoTokenizer
@@ -424,7 +429,7 @@ class VocabMerge:
     """
 
     def __init__(self, spec: VocabSpec, base: str, models: Sequence[str], folders: dict[str, str],
-                 configs: dict[str, dict], source_folder: str | None = None, prefer: str | None = None):
+                 configs: dict[str, dict[str, Any]], source_folder: str | None = None, prefer: str | None = None):
         self.spec = spec
         self.prefer = prefer
         """The config's ``base_model`` (None if it names none): its row wins for a token several models have."""
@@ -445,6 +450,7 @@ class VocabMerge:
         elif spec.source == "union":
             out = union_tokenizer(toks[base], toks, sizes)
         else:
+            assert source_folder is not None  # a model source: its folder (VocabLayout.open)
             out = _sized(_load_tokenizer(source_folder, spec.source), spec.source)
         have = out.get_vocab()
         new = [t for t in spec.tokens if t not in have]
@@ -481,7 +487,7 @@ class VocabMerge:
                 p[i] = j
             self.perms[m] = torch.tensor(p, dtype=torch.long)
         self.sizes = sizes
-        self._rows: dict[tuple, _Defaults] = {}
+        self._rows: dict[tuple[str, tuple[str, ...]], _Defaults] = {}
         self._lock = threading.Lock()
         self._tokens: dict[int, str] | None = None
 
@@ -546,7 +552,7 @@ class VocabMerge:
 
 def _examples(tokens: Any, k: int = 3) -> str:
     """A few tokens of a long list, quoted, for a one-line summary."""
-    out = []
+    out: list[str] = []
     for t in tokens:
         if len(out) == k:
             out.append("...")
@@ -678,7 +684,7 @@ class VocabLayout:
     merged into vocabulary tensor ``name``, in the config's order.
     """
 
-    def __init__(self, merge: Any, spec: VocabSpec, order: list[str], groups: Callable[[str], list[str]],
+    def __init__(self, merge: MergekitMerge, spec: VocabSpec, order: list[str], groups: Callable[[str], list[str]],
                  names: Callable[[str], bool] | None = None, vocab_key: str | None = None):
         self.merge, self.spec, self.order, self.groups = merge, spec, order, groups
         self.is_vocab = names or VOCAB_TENSORS.__contains__
@@ -690,7 +696,8 @@ class VocabLayout:
         self.vm: VocabMerge | None = None
         self.source_ckpt: Any = None
 
-    def open(self, opts: Any, monitor: Any = None, wrap: Callable[[dict], dict] | None = None) -> dict[str, Any]:
+    def open(self, opts: MergeOptions, monitor: Monitor | None = None,
+             wrap: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
         """Every model of the config opened (headers only) and wrapped as re-mapped; returns ref → checkpoint.
 
         ``wrap``: applied to the opened models (ref → checkpoint) before they are re-mapped (a module's
@@ -727,7 +734,7 @@ class VocabLayout:
                     raise ParameterError(f"mergekit config: {self.vm.holes[m]}; mergekit 0.1.5 fails on it "
                                          f"(KeyError, merging '{name}')")
             if all(raw[m].has(name) for m in group):  # every default row can be made: checked on
-                info = lambda m: raw[m].info(name)  # noqa: E731 - meta tensors, no weight read
+                info: Callable[[str], TensorInfo] = lambda m: raw[m].info(name)  # noqa: E731 - meta tensors, no weight read
                 self.vm.defaults(name, group, lambda m: torch.empty(info(m).shape, dtype=info(m).dtype, device="meta"),
                                  lambda m: info(m).dtype, quiet=True)
         for r in physical:
@@ -739,6 +746,7 @@ class VocabLayout:
 
     def _maker(self, ref: str, raw: dict[str, Any]) -> Callable[[str], torch.Tensor]:
         def make(name: str) -> torch.Tensor:
+            assert self.vm is not None  # made by open, before any tensor is read
             group = self.groups(name)
             # a model outside this tensor's group (nothing reads it there): as if merged alone
             members = [ref] if ref in group else []  # a model+adapter reference: the model with it applied
@@ -771,6 +779,7 @@ class VocabLayout:
                 p = os.path.join(folder, fname)
                 if os.path.isfile(p):
                     os.remove(p)
+        assert self.vm is not None  # made by open, before the output is written
         self.vm.tokenizer.save_pretrained(folder, safe_serialization=True)
         path = os.path.join(folder, "config.json")
         if os.path.isfile(path):
