@@ -22,7 +22,7 @@ import re
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar, Union
+from typing import Any, Callable, Iterator, TYPE_CHECKING, TypeGuard, TypeVar, Union
 
 from hubsoup.errors import InputError, PushError
 
@@ -408,7 +408,7 @@ _HUB_ID = re.compile(rf"^{_NAME}(/{_NAME})?$")
 _REVISION = re.compile(r"^[\w.\-]+(/[\w.\-]+)*$")  # a branch, tag, sha or refs/pr/N
 
 
-def is_hub_id(spec: Any) -> bool:
+def is_hub_id(spec: Any) -> TypeGuard[str]:
     """Whether ``spec`` is a Hub repo ID (``name``, ``org/name``, optionally ``@revision``), by its text alone.
 
     >>> is_hub_id("org/model@v1.0"), is_hub_id("./org/model"), is_hub_id("org/../x")

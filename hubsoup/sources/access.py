@@ -31,7 +31,7 @@ import tempfile
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, TypeGuard
 
 from huggingface_hub import constants, try_to_load_from_cache
 
@@ -42,7 +42,7 @@ from hubsoup.untrusted import short
 _DATA_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet", ".txt", ".arrow")
 
 
-def is_hub_dataset(spec: Any) -> bool:
+def is_hub_dataset(spec: Any) -> TypeGuard[str]:
     """A Hub dataset ID (``org/name``, optionally ``:split`` or ``@revision``), never a file name or a path."""
     if not isinstance(spec, str):
         return False
@@ -122,15 +122,15 @@ class Access:
     """Bytes of weight files received from the Hub by range requests in this run (headers included)."""
     needed: int = 0
     """Of those, the bytes the run asked for: its tensors' (each once per pass) and the files' headers."""
-    verified: list = field(default_factory=list, repr=False)
+    verified: list[str] = field(default_factory=list, repr=False)
     """``repo@sha/file`` of every file read whole and found equal to the Hub's sha256 of it."""
-    unverified: list = field(default_factory=list, repr=False)
+    unverified: list[tuple[str, str]] = field(default_factory=list, repr=False)
     """``(repo@sha/file, why)`` of files read in place that could not be checked against a sha256."""
-    remote_files: dict = field(default_factory=dict, repr=False)
+    remote_files: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
     """``{(repo, sha, file, token): RemoteFile}``: the Hub files this run reads in place, opened once."""
     allow_task_code: bool = False
     """In a ``hub_only`` run: the operator lets an lm-eval task repo's Python (``!function``, ``.py`` files) run."""
-    _charged: set = field(default_factory=set, repr=False)
+    _charged: set[tuple[str, str, str, str]] = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def spend(self, n: int, who: str) -> None:
@@ -138,7 +138,7 @@ class Access:
         (what the plan predicted was checked before; this is the hard stop)."""
         with self._lock:
             self.fetched += n
-            if self.limited and self.spent + n > self.max_download:
+            if self.max_download is not None and self.spent + n > self.max_download:
                 raise InputError(f"{who}: this run may download at most {_fmt(self.max_download)}, and reading on "
                                  f"would bring it to {_fmt(self.spent + n)}; stopped")
             self.spent += n
@@ -157,7 +157,8 @@ class Access:
         """Charge the files of ``repo_id@sha`` that ``patterns`` select (all when None) to the budget, before
         they are downloaded; files already charged or already in this run's cache cost nothing. Raises
         :class:`InputError` (nothing downloaded) when the budget would be exceeded or the Hub gave no size."""
-        if not self.limited:
+        limit = self.max_download
+        if limit is None:
             return 0
         pats = list(patterns) if patterns is not None else None
         names = [n for n in sizes if pats is None or any(fnmatch.fnmatch(n, p) for p in pats)]
@@ -173,8 +174,8 @@ class Access:
             new[name] = int(size)
         with self._lock:
             total = self.spent + sum(new.values())
-            if total > self.max_download:
-                raise InputError(f"{who}: this run may download at most {_fmt(self.max_download)}, and its files "
+            if total > limit:
+                raise InputError(f"{who}: this run may download at most {_fmt(limit)}, and its files "
                                  f"would bring it to {_fmt(total)} (sizes from the Hub); nothing more was downloaded")
             self.spent = total
             self._charged.update((repo_type, repo_id, sha, n) for n in new)
@@ -182,7 +183,7 @@ class Access:
 
     def check_total(self, planned: int, who: str = "the inputs") -> None:
         """Refuse early when ``planned`` more bytes would exceed the budget (before any weight is downloaded)."""
-        if self.limited and self.spent + planned > self.max_download:
+        if self.max_download is not None and self.spent + planned > self.max_download:
             raise InputError(f"{who}: this run may download at most {_fmt(self.max_download)}, and the weights "
                              f"would bring it to {_fmt(self.spent + planned)} (sizes from the Hub); nothing was "
                              "downloaded")
@@ -286,7 +287,8 @@ def check_specs(*, inputs: Iterable[Any] = (), base: Any = None, soup: Any = Non
             require_hub_dataset(spec, "exemplars")
 
 
-def load_hub_dataset(name: str, role: str, *, token: Token, config: str | None = None, split: str | None = "train"):
+def load_hub_dataset(name: str, role: str, *, token: Token, config: str | None = None,
+                     split: str | None = "train") -> Any:  # a datasets.Dataset (datasets is imported lazily)
     """A Hub dataset for a ``hub_only`` run, by its ID alone (``org/name[@revision]``): never a folder of the host
     that has the same name (``datasets.load_dataset`` looks for one first), never a packaged builder (``csv``,
     ``json``: they read files of the working folder), never a copy another token left in the shared datasets
