@@ -16,7 +16,7 @@ do the same, on a Llama-shaped model at several depths with the SAME tensor size
   budget 11 MB (~3 layers' float64 Grams at the default shape, so the Grams held at once are
   bounded at every depth): runs each expert θ0+τ with forward hooks, then merges.
 
-How (as ``tests/test_memory_depth.py``, which asserts the same bound at 12 vs 24 layers):
+How (as ``tests/engine/test_memory_depth.py``, which asserts the same bound at 12 vs 24 layers):
 everything is built by this process under ``benchmarks/.work/memory`` (git-ignored, cached). A
 server interpreter (``tests/rss_server.py``, the tests' own) imports torch, transformers, hubsoup (and peft, datasets) once; each
 measurement is a fork of it (as fresh as ``python -c`` after its imports), which runs the same
@@ -66,7 +66,7 @@ from rss_server import MMAP_THRESHOLD  # noqa: E402  (glibc's initial threshold;
 
 MB = 1024 * 1024
 WARMUP_LAYERS = 2
-RATIO, SLACK_MIB = 1.25, 8.0  # the flatness bound, as in tests/test_memory_depth.py
+RATIO, SLACK_MIB = 1.25, 8.0  # the flatness bound, as in tests/engine/test_memory_depth.py
 HELD_MODELS = {"lot": 1}  # model copies a path holds by design (taken off before judging flatness)
 LORA_INPUT_RANK, LORA_OUTPUT_RANK = 128, 8  # inputs: 2 MiB per layer per adapter at the default shape
 LOT_PARAMS = {"n_exemplars": 4, "max_length": 16, "batch_size": 4, "gram_budget_gb": 0.011}
@@ -278,7 +278,7 @@ def write_report(res: dict, out_dir: str, name: str) -> str:
           "2-layer model (imports, caches) and then reset its peak with `/proc/self/clear_refs`. Anon / file = peak "
           "growth of anonymous / file-backed (mmapped inputs) RSS, sampled from outside every 5 ms (may miss short "
           f"peaks). Flat = growth({hi}) <= {RATIO} x growth({lo}) + {SLACK_MIB:.0f} MiB (the assertion of "
-          "`tests/test_memory_depth.py`)"
+          "`tests/engine/test_memory_depth.py`)"
           + (f"; {rep} rounds, each with its own server (its own address-space layout): the smallest growth, "
              "the largest in brackets." if rep > 1 else "."), ""]
     notes = {

@@ -2,7 +2,7 @@
 """hubsoup vs mergekit on the largest real community configs: wall time and peak RSS, side by side, same run.
 
 The configs are those of ``tests/fixtures/mergekit_real/`` (written by the community; see
-``tests/test_mergekit_real.py``); the models are the same stand-ins as the fixtures' (the right
+``tests/formats/test_mergekit_real.py``); the models are the same stand-ins as the fixtures' (the right
 architecture and depth for each config: 40-layer Mistral-Nemo, 80-layer Llama-3-70B, ...), built
 at a larger hidden size (256 by default) under ``benchmarks/.work/mergekit_real`` (git-ignored).
 Every merge runs in its own process, measured by ``bench_merge.measure`` (wall time, ``ru_maxrss``

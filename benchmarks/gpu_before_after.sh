@@ -93,7 +93,7 @@ PYTHONPATH="$AFTER_PATH" step "$A_S" "$PY" benchmarks/bench_gpu.py "${DEV_ARGS[@
 T_S=$(( $(left) - 45 ))
 [ "$T_S" -gt 150 ] && T_S=150
 PYTHONPATH="$AFTER_PATH" step "$T_S" "$PY" -m pytest -m gpu -q -rfE -p no:cacheprovider -o addopts="" \
-  tests/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
+  tests/engine/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1
 tail -25 "$OUT/pytest_gpu.txt" 2>/dev/null
 
 # where one TIES merge's time goes: callers of torch.empty and of the CUDA device count, AFTER then BEFORE

@@ -78,7 +78,7 @@ echo "== bench rc=$? after $((SECONDS - START)) s"
 TESTS_S="${TESTS_S:-$(( $(left) - 45 ))}"
 if [ "$TESTS_S" -gt 30 ]; then
   echo "== $(date -u +%T) pytest -m gpu (timeout ${TESTS_S}s)"
-  timeout "$TESTS_S" python3 -m pytest -m gpu -q -x -p no:cacheprovider -o addopts="" tests/test_gpu.py
+  timeout "$TESTS_S" python3 -m pytest -m gpu -q -x -p no:cacheprovider -o addopts="" tests/engine/test_gpu.py
   echo "== pytest rc=$? after $((SECONDS - START)) s"
 else
   echo "== no time left for pytest -m gpu ($TESTS_S s)"

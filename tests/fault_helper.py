@@ -1,4 +1,4 @@
-"""Run the hubsoup CLI with a fault injected, for tests/test_faults.py (never imported by the library).
+"""Run the hubsoup CLI with a fault injected, for tests/output/test_faults.py (never imported by the library).
 
     python tests/fault_helper.py [hubsoup CLI arguments ...]
 

@@ -1,4 +1,4 @@
-"""Run the hubsoup CLI for tests/test_kill_loop.py, ready to be signalled at any moment (never imported by the library).
+"""Run the hubsoup CLI for tests/cli/test_kill_loop.py, ready to be signalled at any moment (never imported by the library).
 
     KILL_LOOP_READY=MARKER python tests/kill_loop_helper.py [hubsoup CLI arguments ...]
 

@@ -1,4 +1,4 @@
-"""Run a pipeline and kill this process part-way, for tests/test_pipeline*.py.
+"""Run a pipeline and kill this process part-way, for tests/workflows/pipeline/test_pipeline*.py.
 
     python tests/pipeline_kill_helper.py PIPELINE.yml MARKER [merge|push]
 

@@ -1,6 +1,6 @@
 """Peak-RSS measurements of hubsoup calls in fresh processes: the one measuring server.
 
-Used by ``tests/test_memory_depth.py``, ``tests/test_memory_plan.py`` and
+Used by ``tests/engine/test_memory_depth.py``, ``tests/test_memory_plan.py`` and
 ``benchmarks/bench_memory.py`` (which puts this folder on ``sys.path``). It lives with the
 tests, not the benchmarks: the tests are what must run everywhere, and a test importing
 from ``benchmarks/`` would make the suite depend on optional tooling.

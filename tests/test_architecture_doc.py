@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import ROOT
 
 
 def _named(doc: str, rel: str) -> bool:

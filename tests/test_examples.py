@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from safetensors.torch import load_file
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+from paths import ROOT
 EXAMPLES = sorted(p for p in glob.glob(os.path.join(ROOT, "examples", "*.py"))
                   if not os.path.basename(p).startswith("_"))
 SLOW = {"lines_ties_search", "rewarded_soups_sweep"}  # they fine-tune small models first

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import ROOT
 MAX_LINES = 80
 MARK = "# long:"
 

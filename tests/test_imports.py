@@ -30,7 +30,7 @@ from __future__ import annotations
 import ast
 import os
 
-from test_layers import PKG, ROOT, _facade_out, module_edges, modules, sccs
+from tests.test_layers import PKG, ROOT, _facade_out, module_edges, modules, sccs
 
 PENDING: dict[tuple[str, str, str], str] = {}
 """Private imports known and planned away, each with why it is still here; an entry that is gone fails the test."""

@@ -4,7 +4,7 @@
 * ``--out`` equal to a mergekit ``tokenizer_source`` folder is refused, even with ``--overwrite``;
 * a slice beyond the layers of a model whose config has no layer count is a clear error (no KeyError);
 * passthrough slices of models with different hidden sizes are refused before anything is written.
-(The commit's atomic exchange, which leaves ``--out`` in place through a crash, is in tests/test_faults.py.)
+(The commit's atomic exchange, which leaves ``--out`` in place through a crash, is in tests/output/test_faults.py.)
 """
 
 from __future__ import annotations

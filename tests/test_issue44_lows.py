@@ -3,9 +3,9 @@
 * a database URL's credentials (an evolve ``storage:``) are never printed, logged or put in an error;
 * Ray: ``ray://`` works (the ``[ray]`` extra brings ``ray[client]``); a ``RAY_ADDRESS`` (or executor) that is
   garbage, refused, or not a Ray server is one line within a bounded time, never Ray's minutes of retries;
-* (the evolve config's ``step: .nan``, ``layer_groups: 1000000``, ``resources`` are in tests/test_evolve.py,
-  ``hubsoup eval``'s task-name check and ``model_args=batch_size=2`` in tests/test_lmeval.py, the
-  tokenizer section's limits and a 300k-token union in tests/test_mergekit_vocab.py.)
+* (the evolve config's ``step: .nan``, ``layer_groups: 1000000``, ``resources`` are in tests/workflows/test_evolve.py,
+  ``hubsoup eval``'s task-name check and ``model_args=batch_size=2`` in tests/eval/test_lmeval.py, the
+  tokenizer section's limits and a 300k-token union in tests/formats/test_mergekit_vocab.py.)
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import yaml
 from method_helpers import tiny_lm_zoo  # tests/ is on sys.path
 
 from hubsoup.errors import EvolveError, ParameterError
+import paths  # tests/paths.py: the repository's root, wherever a test module sits
 
 SECRET = "hunter2-Zq81"
 
@@ -165,7 +166,7 @@ def test_the_ray_extra_brings_rays_client():
     """``pip install hubsoup[ray]`` installs ``ray[client]`` (grpcio): ``ray://`` needs it."""
     import tomllib
 
-    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "pyproject.toml"), "rb") as f:
+    with open(os.path.join(paths.ROOT, "pyproject.toml"), "rb") as f:
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     assert any(r.startswith("ray[client]") for r in extras["ray"]), extras["ray"]
 

@@ -27,7 +27,7 @@ from hubsoup.errors import ParameterError
 from hubsoup.output.folder import MARKER, read_marker
 from hubsoup.untrusted import label, owned_path
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import ROOT as REPO
 
 # the probe's stage names (the absolute one is made per test: a folder the test owns)
 PROBES = {"dotdot": "..", "absolute": None, "parent": "../x", "deep": "../../../..", "nested": "a/b", "nul": "\x00"}

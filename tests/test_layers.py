@@ -23,7 +23,7 @@ import os
 import sys
 from collections import defaultdict
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import ROOT
 PKG = os.path.join(ROOT, "hubsoup")
 
 # Bottom first. A node may import nodes of its own layer or below; an import of a node above is a back edge.

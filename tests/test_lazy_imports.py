@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import ROOT
 PKG = os.path.join(ROOT, "hubsoup")
 MARK = "# lazy:"
 

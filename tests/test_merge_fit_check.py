@@ -55,7 +55,7 @@ def test_merge_of_hub_inputs_refuses_a_block_that_fits_nowhere_before_downloadin
     assert not os.path.exists(out) and _leftovers(out) == []
 
     # with room enough the same merge downloads the weights (cache_inputs: by default they are read in place,
-    # tests/test_hub_stream.py) and writes the same output
+    # tests/sources/test_hub_stream.py) and writes the same output
     res = hubsoup.merge(["fitcheck/ft1", "fitcheck/ft2"], method="task_arithmetic", out=out, quiet=True,
                         device_map="sequential", max_memory={"cpu": "1GiB"}, cache_inputs=True)
     bodies = [c for c in _weight_gets(hub) if not c["range"]]

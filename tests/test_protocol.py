@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import ROOT as REPO
 sys.path.insert(0, REPO)
 
 from benchmarks import protocol as P  # noqa: E402

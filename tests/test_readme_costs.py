@@ -12,7 +12,7 @@ import importlib.util
 import json
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import ROOT
 
 
 def _bench():

@@ -12,7 +12,7 @@ import hubsoup
 from hubsoup.engine import lowrank
 from hubsoup.testing import make_base, make_finetune
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import ROOT
 
 
 @pytest.fixture(scope="module")

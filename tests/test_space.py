@@ -27,8 +27,9 @@ from safetensors.torch import load_file
 
 import hubsoup
 from hubsoup.testing import make_base, make_finetune
+import paths  # tests/paths.py: the repository's root, wherever a test module sits
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(paths.ROOT)
 APP = ROOT / "examples" / "space" / "app.py"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's packages, never a downloaded browser
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"

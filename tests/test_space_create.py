@@ -32,8 +32,9 @@ import hubsoup
 from hubsoup import space
 from hubsoup.cli import main
 from hubsoup.errors import ParameterError
+import paths  # tests/paths.py: the repository's root, wherever a test module sits
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(paths.ROOT)
 
 
 def _front_matter(text: str) -> dict:
@@ -330,7 +331,7 @@ def test_space_installs_in_a_fresh_venv_and_merges_a_mergekit_config_in_a_browse
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    from test_space import (CHROME_ARGS, CHROMEDRIVER, CHROMIUM, PERCENT, build_zoo, css, free_port,
+    from tests.test_space import (CHROME_ARGS, CHROMEDRIVER, CHROMIUM, PERCENT, build_zoo, css, free_port,
                             require_browser, seen, status, wait_for, watch_status)
 
     require_browser()

@@ -24,10 +24,11 @@ import pytest
 from hubsoup.errors import HubsoupError, InputError, MergeCancelled
 from hubsoup.footprint import fmt
 from hubsoup.testing import make_base, make_finetune
+import paths  # tests/paths.py: the repository's root, wherever a test module sits
 
 pytestmark = pytest.mark.slow  # importing gradio takes seconds
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(paths.ROOT)
 APP = ROOT / "examples" / "space" / "app.py"
 
 
@@ -166,7 +167,7 @@ def test_the_mergekit_tabs_valid_check_refuses_tokenizer_bombs(app):
     """The "Valid" check reads the config as a merge does, under the same limits (issue 44: it said "Valid" for
     ``pad_to_multiple_of: 1e12``, a MemoryError, and a 20,000-token section cost minutes, now linear)."""
     head = app.EXAMPLE_CONFIG.rstrip("\n") + "\n"
-    # (the limit of tokenizer.tokens, read by the same function, is tests/test_mergekit_vocab.py's: a YAML of
+    # (the limit of tokenizer.tokens, read by the same function, is tests/formats/test_mergekit_vocab.py's: a YAML of
     # 65,537 entries takes seconds to parse)
     for extra, why in [("tokenizer: {pad_to_multiple_of: 1.0e+12}\n", "at most 1024"),
                        ("tokenizer: {pad_to_multiple_of: 2048}\n", "at most 1024")]:

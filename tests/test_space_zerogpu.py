@@ -25,11 +25,12 @@ import yaml
 
 from hubsoup import space
 from hubsoup.testing import make_base, make_finetune
+import paths  # tests/paths.py: the repository's root, wherever a test module sits
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
-HELPER = Path(__file__).resolve().parent / "zerogpu_space.py"
+ROOT = Path(paths.ROOT)
+HELPER = Path(paths.TESTS) / "zerogpu_space.py"
 
 
 def test_zerogpu_space_merges_reports_and_cancels_through_the_spaces_worker(hub, tmp_path):

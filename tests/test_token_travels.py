@@ -19,8 +19,9 @@ import pytest
 
 import hubsoup
 from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer, write_card_metadata
+import paths  # tests/paths.py: the repository's root, wherever a test module sits
 
-PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hubsoup")
+PKG = os.path.join(paths.ROOT, "hubsoup")
 
 TASK = """task: toy_token
 dataset_path: bob/mc

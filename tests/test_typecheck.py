@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import ROOT
 STRICT = ["hubsoup/api.py", "hubsoup/session.py", "hubsoup/options.py", "hubsoup/methods/_base.py", "hubsoup/methods/_easy.py",
           "hubsoup/methods/_kept.py", "hubsoup/engine"]
 

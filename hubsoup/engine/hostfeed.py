@@ -23,7 +23,7 @@ On the CPU there is no feed (:func:`for_device` returns None): the engine reads 
 it always has, so CPU outputs are what they were, byte for byte. On a device other than CUDA
 (``mps``, ``meta``) the stored tensor is handed with a plain ``.to(device)``: still the stored
 dtype, no staging. Tests instrument a feed with ``transfer`` (what moves a staged tensor to the
-device) to prove the host hands only stored bytes (``tests/test_hostfeed.py``).
+device) to prove the host hands only stored bytes (``tests/engine/test_hostfeed.py``).
 
 Example:
     >>> f = Feed("meta")

@@ -330,7 +330,7 @@ def _unwritten_builtins(names: list[str]) -> list[str]:
     folder or in a file one of them includes (which need not end in ``.yaml``, and lies in that folder too), so
     such a name is certainly not built in. A read of the folder's bytes (~0.6 s for its ~16k files, 15 MB)
     instead of lm-eval's index of it (most of a minute), so that a misspelt name is reported at once; a name
-    found somewhere is left to the index (``tests/test_lmeval.py`` checks the names lm-eval's own index finds
+    found somewhere is left to the index (``tests/eval/test_lmeval.py`` checks the names lm-eval's own index finds
     in half its folders, the templated ones among them)."""
     import lm_eval.tasks  # lazy: optional extra (lm_eval)
 
@@ -569,7 +569,7 @@ class Runner:
     """lm-eval's tasks of ``task`` built once (lm-eval's ``TaskManager.load``, with the overrides ``simple_evaluate``
     applies), then run on any number of models: each :meth:`evaluate` is ``lm_eval.evaluator.evaluate`` with
     ``simple_evaluate``'s seeds set again, so each model gets the numbers ``simple_evaluate`` would give it
-    (``tests/test_lmeval.py`` compares them), without rebuilding the tasks and their datasets, without the run's
+    (``tests/eval/test_lmeval.py`` compares them), without rebuilding the tasks and their datasets, without the run's
     environment report (a ``pip list`` subprocess) and git probe. The ``HFLM`` wrapper is built once per model
     instance (a search's candidate model has its weights replaced in place). An lm-eval without
     ``TaskManager.load`` (before 0.4.10) gets ``simple_evaluate`` each time.

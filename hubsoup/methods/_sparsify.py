@@ -118,7 +118,7 @@ def _shift_xor_(x: torch.Tensor, tmp: torch.Tensor, k: int) -> None:
 def _lowbias32_(x: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
     """In place on 32-bit words held as int32: C. Wellons' ``lowbias32`` mixer (a bijection of 32-bit words).
     int32 arithmetic: ~3.5x faster on the CPU than the same words in int64 (native 32-bit multiplies, half the
-    bytes), and the same bits (``tests/test_mergekit_methods.py`` holds it to a Python reference)."""
+    bytes), and the same bits (``tests/methods/test_mergekit_methods.py`` holds it to a Python reference)."""
     _shift_xor_(x, tmp, 16)
     x.mul_(_int32(0x7FEB352D))  # wraps modulo 2³²: the low 32 bits of the product, exact
     _shift_xor_(x, tmp, 15)
@@ -205,7 +205,7 @@ _IOTA: list[torch.Tensor] = []
 def counter_keep_(x: torch.Tensor, density: float, seed: int, offset: int = 0) -> torch.Tensor:
     """In place, on the CPU: the entries of the contiguous ``x`` (entries ``offset`` … of the flattened tensor) that
     :func:`counter_mask` drops set to +0.0, the others left as they are (``masked_fill_`` with the mask's
-    complement, bit for bit; ``tests/test_device_kernels.py`` holds them equal). ~3x cheaper: one block at a time
+    complement, bit for bit; ``tests/methods/test_device_kernels.py`` holds them equal). ~3x cheaper: one block at a time
     (its int32 temporaries stay in a core's L2 cache while the hash's ~15 passes run), the entries' t a cached
     0, 1, 2, …, and the decision a word of all ones or all zeros (the sign of bits − T, T = round(density·2²⁴))
     ANDed into the float's bits: no boolean tensor (``masked_fill_`` with one takes ~1.8 ns an entry).

@@ -17,7 +17,7 @@ mergekit config without ``out_dtype`` stores float32 (:mod:`hubsoup.formats.merg
 
 The threshold is a comparison of computed values: an importance within a rounding of the threshold can
 fall either way from one CPU's kernels to another's (AVX2 and AVX-512 sum a softmax in different orders),
-as it does in mergekit; ``tests/test_mergekit_real.py`` tells such entries apart from any other difference.
+as it does in mergekit; ``tests/formats/test_mergekit_real.py`` tells such entries apart from any other difference.
 
 Example:
     >>> import torch

@@ -139,14 +139,14 @@ measurement aid, ``benchmarks/bench_seed_methods.py``). The environment variable
 
 FLOAT32_SVD_TOL = 5e-5
 """Relative Frobenius error of a merged matrix from float32 SVDs against float64 ones that tests allow
-(``tests/test_sftm.py``, trimmed random task matrices, 2-4 correlated tasks, up to 1024×512: measured
+(``tests/methods/test_sftm.py``, trimmed random task matrices, 2-4 correlated tasks, up to 1024×512: measured
 3e-6 to 7e-6 on the CPU)."""
 
 
 F32_GRAM_KAPPA = 2.0
 """κ(G) up to which :func:`superpose_eigh` keeps the Gram matrix's blocks from float32 products (twice as fast as
 float64): each entry is then off by float32 rounding (~1e-7 relative), and β = G⁻¹σ by at most κ times that.
-Measured (``tests/test_sftm.py``): κ 1.0-1.05 moved the merged matrix by ~1e-7 (Frobenius, relative), κ = 332 by
+Measured (``tests/methods/test_sftm.py``): κ 1.0-1.05 moved the merged matrix by ~1e-7 (Frobenius, relative), κ = 332 by
 1.4e-6; above this κ the blocks are recomputed in float64."""
 
 CG_KAPPA = 1e4
@@ -167,7 +167,7 @@ class _EighTriplets:
 
     Accuracy: squaring costs σ's below ~1e-8·σ_max, far under the rank cut-off (max(m, n)·eps of float32: the
     triplets dropped and kept are a float64 SVD's), and the kept triplets are a float64 SVD's to ~1e-12
-    (``tests/test_sftm.py``). A float64 matrix (this package's exact tests) takes :func:`singular_features`: its
+    (``tests/methods/test_sftm.py``). A float64 matrix (this package's exact tests) takes :func:`singular_features`: its
     cut (max(m, n)·eps of float64) lies below what squaring resolves. Cost on one core of the 1B benchmark's
     machine, 2048 × 5632: 3.2 s against 6.8 s for the float64 SVD (``syevd`` 1.8 s, each product 0.6-0.8 s)."""
 

@@ -83,7 +83,7 @@ def decode(dist: Any, u: float) -> float | int:
 _CACHE: "collections.OrderedDict[tuple[Any, ...], tuple[Any, list[np.ndarray]]]" = collections.OrderedDict()
 """Replays done in this process: (space, seed, results told so far) -> (CMA-ES after telling them, the next
 generation's points). The key holds every input, and a continued replay performs the same operations as one from
-scratch, so it never changes a proposal (``tests/test_evolve_proposals.py`` compares them bit for bit)."""
+scratch, so it never changes a proposal (``tests/workflows/test_evolve_proposals.py`` compares them bit for bit)."""
 
 
 def _told(by_number: dict[int, Any], g: int, population: int) -> tuple[tuple[str, float | None], ...]:

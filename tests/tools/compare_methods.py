@@ -5,7 +5,7 @@ byte (issue 33: a refactoring that moves code must not change a single output bi
 
 Each merge runs in its own process with ``PYTHONPATH=<tree>`` (so each tree's own code is imported), on the same
 input folders; a method is merged with three inputs, or two or one where it takes no more (SLERP, ...), and LOT
-with the char tokenizer and exemplars of tests/test_lot.py. Compared: every ``*.safetensors`` file's tensor bytes
+with the char tokenizer and exemplars of tests/methods/test_lot.py. Compared: every ``*.safetensors`` file's tensor bytes
 and header metadata (the public recipe, hash included), and ``hubsoup_recipe.yaml`` with the output's own path
 left out. Exit status 1 when any output differs.
 """
@@ -71,9 +71,9 @@ def main() -> int:
     ap.add_argument("--methods", default="")
     args = ap.parse_args()
     old, new = os.path.abspath(args.old), os.path.abspath(args.new)
-    sys.path[:0] = [TESTS, new]
+    sys.path[:0] = [TESTS, new, os.path.dirname(TESTS)]
     from hubsoup.testing import make_base, make_finetune
-    from test_lot import add_char_tokenizer, write_exemplars
+    from tests.methods.test_lot import add_char_tokenizer, write_exemplars
 
     names = sorted(set(_methods(old)) & set(_methods(new)))
     if args.methods:

@@ -1,6 +1,6 @@
 """Build the mergekit compatibility fixtures: tiny Llama inputs, configs, and mergekit's outputs.
 
-``tests/test_mergekit_compat.py`` runs hubsoup on every config of :data:`CONFIGS` and compares its
+``tests/formats/test_mergekit_compat.py`` runs hubsoup on every config of :data:`CONFIGS` and compares its
 output with the output the real mergekit produced from the same inputs, checked in under
 ``tests/fixtures/mergekit/`` (``<name>.yml``: the config as a model card carries it;
 ``<name>.safetensors``: mergekit's output tensors; ``manifest.json``: mergekit's version and
@@ -519,7 +519,7 @@ merge_method: task_arithmetic
 base_model: tiny-llama/base
 dtype: float16
 """),
-    # what `hubsoup export-config` writes for two hubsoup merges (tests/test_mergekit_compat.py
+    # what `hubsoup export-config` writes for two hubsoup merges (tests/formats/test_mergekit_compat.py
     # test_export_config_computes_in_float32 checks it writes exactly these): mergekit must reproduce them
     "exported_ties_bfloat16": ("exact", """\
 # mergekit config written by hubsoup export-config

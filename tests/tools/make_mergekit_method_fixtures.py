@@ -1,4 +1,4 @@
-"""Generate the mergekit reference fixtures of tests/test_mergekit_methods.py (run once, by hand).
+"""Generate the mergekit reference fixtures of tests/methods/test_mergekit_methods.py (run once, by hand).
 
 Runs mergekit's own merge-method kernels (mergekit 0.1.5, installed in a separate venv that
 hubsoup never imports) on small seeded tensors and saves inputs and outputs:
@@ -168,7 +168,7 @@ def last_methods():
 
 def registry_snapshot() -> dict:
     """Every merge method mergekit registers: its name, parameters (default, or none when required), input
-    contract; what tests/test_mergekit_methods.py holds hubsoup's method table to."""
+    contract; what tests/methods/test_mergekit_methods.py holds hubsoup's method table to."""
     from importlib.metadata import version
 
     methods = {}

@@ -14,7 +14,7 @@ The stand-ins are :mod:`make_mergekit_modules_fixtures`'s (Mistral3, T5, Whisper
 ``tests/fixtures/mergekit_modules_extra/*.yml`` are the configs; for each, mergekit 0.1.5's output
 tensors (``<name>.safetensors``) and, in ``manifest.json``, its ``config.json`` (vocabulary size at
 its key, layer counts, dtype) and tokenizer files, or, for a config mergekit refuses, its error.
-``tests/test_mergekit_modules_extra.py`` compares hubsoup with them.
+``tests/formats/test_mergekit_modules_extra.py`` compares hubsoup with them.
 
 Regenerate from the repository root (``--only NAME``, repeatable: those configs only)::
 

@@ -4,7 +4,7 @@ mergekit 0.1.5 defines some multimodal architectures by modules (``mergekit/_dat
 mistral3.json``: ``text_decoder`` under ``language_model.``, ``vision_tower`` under ``vision_tower.``,
 ``multi_modal_projector``), and a config may merge each module its own way (``modules: {NAME:
 {models|slices, parameters}}``). ``tests/fixtures/mergekit_modules/*.yml`` are such configs;
-``tests/test_mergekit_modules.py`` runs hubsoup on each and compares with mergekit's output stored
+``tests/formats/test_mergekit_modules.py`` runs hubsoup on each and compares with mergekit's output stored
 here (``<name>.safetensors`` and ``manifest.json``: the output's ``config.json`` and the stand-ins'
 digests). The stand-ins are rebuilt bit-identically by :func:`build_models` (seeded): text decoder
 hidden 8, 4 layers; vision tower hidden 8, 3 layers; vocabulary 32; bfloat16.

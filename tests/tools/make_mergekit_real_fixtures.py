@@ -2,7 +2,7 @@
 
 ``tests/fixtures/mergekit_real/*.yml`` are mergekit configs written by the community (mergekit's own
 examples and docs, model cards of published merges), each unchanged but for a ``# source:`` comment
-naming where it comes from. ``tests/test_mergekit_real.py`` runs hubsoup on every one and compares
+naming where it comes from. ``tests/formats/test_mergekit_real.py`` runs hubsoup on every one and compares
 with what mergekit 0.1.5 made of the same config on the same stand-ins, checked in here:
 
 * ``<name>.safetensors``: mergekit's output tensors (the final stage's, for a mergekit-multi stream);

@@ -1,6 +1,6 @@
 """Build the merged-vocabulary fixtures: tiny Llamas whose tokenizers differ, configs, mergekit's outputs.
 
-``tests/test_mergekit_vocab.py`` runs hubsoup on every config of :data:`CONFIGS` (``tokenizer_source:
+``tests/formats/test_mergekit_vocab.py`` runs hubsoup on every config of :data:`CONFIGS` (``tokenizer_source:
 union | base | <model>`` and ``tokenizer:`` sections) and compares its output with what the real
 mergekit 0.1.5 wrote from the same inputs, checked in under ``tests/fixtures/mergekit_vocab/``:
 ``<name>.safetensors`` (every output tensor), ``<name>.json`` (the output's ``config.json``
