@@ -167,16 +167,18 @@ CG_MIN_RANK = 1024
 
 class _EighTriplets:
     """One task matrix's kept singular triplets from the float64 eigen-decomposition of its smaller Gram matrix
-    (:func:`hubsoup.linalg.thin_svd_gram`), in three steps that :func:`superpose_eigh` runs as separate jobs:
-    ``gram`` (X Xᵀ, X the matrix or its transpose with the short side first), ``eigen`` (LAPACK's ``syevd``;
-    σ = √λ, the rank cut of :func:`singular_features` on σ in the matrix's dtype) and ``other`` (the other side's
-    vectors, Xᵀ W Σ⁻¹, in float64).
+    (:func:`hubsoup.linalg.thin_svd_gram`), in steps that :func:`superpose_eigh` runs as separate jobs:
+    ``gram`` (X Xᵀ by BLAS's ``syrk``, X the matrix or its transpose with the short side first), ``eigen``
+    (LAPACK's ``syevd`` as numpy ships it: OpenBLAS's takes 1.3 CPU-s at 2048 × 2048 where torch's MKL takes 2.0
+    on this AMD machine; σ = √λ, the rank cut of :func:`singular_features` on σ in the matrix's dtype), ``other``
+    (the other side's vectors, Xᵀ W Σ⁻¹, in float64; two jobs of half the rows each) and ``finish``.
 
     Accuracy: squaring costs σ's below ~1e-8·σ_max, far under the rank cut-off (max(m, n)·eps of float32: the
     triplets dropped and kept are a float64 SVD's), and the kept triplets are a float64 SVD's to ~1e-12
     (``tests/test_sftm.py``). A float64 matrix (this package's exact tests) takes :func:`singular_features`: its
     cut (max(m, n)·eps of float64) lies below what squaring resolves. Cost on one core of the 1B benchmark's
-    machine, 2048 × 5632: 3.2 s against 6.8 s for the float64 SVD (``syevd`` 1.8 s, each product 0.6-0.8 s)."""
+    machine, 2048 × 5632: 2.6 s against 6.8 s for the float64 SVD (``syrk`` 0.5 s, ``syevd`` 1.3 s, the other
+    side 0.85 s)."""
 
     def __init__(self, A: torch.Tensor, rank_tol: float | None):
         self.A, self.rank_tol = A, rank_tol
@@ -240,12 +242,13 @@ def _superpose_eigh(mats: torch.Tensor, *, rank_tol: float | None = None, ridge:
     - triplets: :class:`_EighTriplets` (float64 Gram eigen-decompositions: half an SVD's time);
     - the Gram system: the blocks between tasks from float32 products when κ(G) ≤ :data:`F32_GRAM_KAPPA`, else
       float64; solved by conjugate gradients (:func:`hubsoup.linalg.cg_solve`: nearly orthogonal tasks make
-      G ≈ I, a few r² iterations instead of an r³/3 factor) when it converges with κ ≤ :data:`CG_KAPPA`, else by
-      :func:`solve_gram` as before;
+      G ≈ I, a few r² iterations instead of an r³/3 factor; on the blocks, G never formed) when it converges with
+      κ ≤ :data:`CG_KAPPA`, else by :func:`solve_gram` as before;
     - M = Σᵢ Uᵢ diag(βᵢ) Vᵢᵀ in ``mats``' dtype, in two fixed halves of rows;
-    - the independent steps (trims, Grams, eigen-decompositions, the products of each pair of tasks, the halves
-      of M) side by side on ``threads`` (default: torch's), each on one LAPACK thread
-      (:func:`hubsoup.linalg.run_jobs`): the result does not depend on the thread count.
+    - the independent steps (trims, Grams, eigen-decompositions, halves of the other sides, halves of the rows of
+      the products of each pair of tasks, the halves of M) side by side on ``threads`` (default: torch's), each on
+      one BLAS/LAPACK thread (:func:`hubsoup.linalg.run_jobs`, numpy's OpenBLAS held at one thread by
+      :func:`hubsoup.linalg.blas_one_thread`): the result does not depend on the thread count.
     """
     T, m, n = mats.shape
     dtype = mats.dtype
