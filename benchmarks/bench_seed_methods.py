@@ -80,10 +80,12 @@ WHY = {
     "sftm": "its linear algebra, by design (no cheaper exact route exists): per linear weight and input a float64 "
             "eigen-decomposition of the p × p Gram matrix (p = min(m, n)) and two float64 products; per weight a "
             "Gram system of r = T·p unknowns (blocks between tasks: T(T−1)/2 products over the long side), solved "
-            "by conjugate gradients, and M = U diag(β) Vᵀ (m·n·r multiply-adds). At the 1.1B shape that is "
-            "~65 CPU-seconds per layer, 40 % of it in LAPACK's `syevd`, where task arithmetic spends ~0.3. Memory: "
-            "whole-tensor stacks (the trim needs the whole tensor: the embedding and head stacks, 3 × 262 MB at "
-            "1.1B, are the largest), the float64 Gram matrix (r² · 8 B: 302 MB at r = 6144) and the concatenated "
+            "by conjugate gradients on its blocks, and M = U diag(β) Vᵀ (m·n·r multiply-adds). At the 1.1B shape "
+            "that is ~50 CPU-seconds per layer (~64 before OpenBLAS's `syevd` and `syrk`; both under load 15), "
+            "37 % of it in `syevd` (1.3 CPU-s per 2048 × 2048 Gram matrix, MKL's took 2.0), where task "
+            "arithmetic spends ~0.3. Memory: whole-tensor stacks (the trim needs the whole tensor: the embedding and "
+            "head stacks, 3 × 262 MB at 1.1B, are the largest), the blocks between tasks in float64 (3 × 34 MB at "
+            "p = 2048; G itself, r² · 8 B = 302 MB at r = 6144, is formed only for a direct solve) and the "
             "singular vectors (189 MB for a 5632 × 2048 weight).",
     SFTM_BEFORE: "as SFTM, with one float64 SVD per task matrix (twice the eigen-decomposition's time), a Cholesky "
                  "factor of G and LAPACK on torch's threads (which spin on a loaded machine).",

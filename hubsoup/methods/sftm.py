@@ -33,18 +33,24 @@ plain mean of the τ_i, without γ.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Literal, Sequence
 
 import torch
 
 from hubsoup.arch import tensor_role
-from hubsoup.linalg import Job, cg_solve, eigh_descending, other_side, run_jobs, single_thread, small_gram
+from hubsoup.linalg import (GRAM_CHUNK, Job, blas_one_thread, cg_solve, eigh_descending, other_side, run_jobs,
+                            single_thread, small_gram)
 from hubsoup.methods import Method, param, register
 from hubsoup.methods._kernels import keep_topk_
+
+if TYPE_CHECKING:
+    from hubsoup.methods import PrepareContext, TensorContext
+    from hubsoup.methods._kept import KeptTensors
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +81,8 @@ class Features:
     V: torch.Tensor  # (n, r)
 
 
-def _drop_small(U, s, V, shape, rank_tol: float | None) -> Features:
+def _drop_small(U: torch.Tensor, s: torch.Tensor, V: torch.Tensor, shape: Sequence[int],
+                rank_tol: float | None) -> Features:
     if s.numel() == 0 or float(s[0]) == 0.0:
         return Features(U[:, :0], s[:0], V[:, :0])
     tol = rank_tol if rank_tol is not None else max(shape) * torch.finfo(s.dtype).eps
@@ -160,16 +167,18 @@ CG_MIN_RANK = 1024
 
 class _EighTriplets:
     """One task matrix's kept singular triplets from the float64 eigen-decomposition of its smaller Gram matrix
-    (:func:`hubsoup.linalg.thin_svd_gram`), in three steps that :func:`superpose_eigh` runs as separate jobs:
-    ``gram`` (X Xᵀ, X the matrix or its transpose with the short side first), ``eigen`` (LAPACK's ``syevd``;
-    σ = √λ, the rank cut of :func:`singular_features` on σ in the matrix's dtype) and ``other`` (the other side's
-    vectors, Xᵀ W Σ⁻¹, in float64).
+    (:func:`hubsoup.linalg.thin_svd_gram`), in steps that :func:`superpose_eigh` runs as separate jobs:
+    ``gram`` (X Xᵀ by BLAS's ``syrk``, X the matrix or its transpose with the short side first), ``eigen``
+    (LAPACK's ``syevd`` as numpy ships it: OpenBLAS's takes 1.3 CPU-s at 2048 × 2048 where torch's MKL takes 2.0
+    on this AMD machine; σ = √λ, the rank cut of :func:`singular_features` on σ in the matrix's dtype), ``other``
+    (the other side's vectors, Xᵀ W Σ⁻¹, in float64; two jobs of half the rows each) and ``finish``.
 
     Accuracy: squaring costs σ's below ~1e-8·σ_max, far under the rank cut-off (max(m, n)·eps of float32: the
     triplets dropped and kept are a float64 SVD's), and the kept triplets are a float64 SVD's to ~1e-12
     (``tests/methods/test_sftm.py``). A float64 matrix (this package's exact tests) takes :func:`singular_features`: its
     cut (max(m, n)·eps of float64) lies below what squaring resolves. Cost on one core of the 1B benchmark's
-    machine, 2048 × 5632: 3.2 s against 6.8 s for the float64 SVD (``syevd`` 1.8 s, each product 0.6-0.8 s)."""
+    machine, 2048 × 5632: 2.6 s against 6.8 s for the float64 SVD (``syrk`` 0.5 s, ``syevd`` 1.3 s, the other
+    side 0.85 s)."""
 
     def __init__(self, A: torch.Tensor, rank_tol: float | None):
         self.A, self.rank_tol = A, rank_tol
@@ -179,14 +188,14 @@ class _EighTriplets:
 
     def gram(self) -> None:
         if self.A.dtype != torch.float64:
-            self.K = small_gram(self.X)
+            self.K = small_gram(self.X, syrk=True)
 
     def eigen(self) -> None:
         dtype = self.A.dtype
         if dtype == torch.float64:
             self.features = singular_features(self.A, self.rank_tol)
             return
-        s64, W = eigh_descending(self.K)
+        s64, W = eigh_descending(self.K, openblas=True)
         del self.K
         s = s64.to(dtype)
         if s.numel() == 0 or float(s[0]) == 0.0:
@@ -196,20 +205,36 @@ class _EighTriplets:
             keep = s > tol * s[0]
         self.W = W[:, keep]
         self.s64, self.s = s64[keep], s[keep]
+        self.O = torch.empty(self.X.shape[1], self.W.shape[1], dtype=dtype)
 
-    def other(self) -> None:
+    def other(self, top: bool) -> None:
+        """The first or second half of the other side's rows, split at a chunk of :func:`other_side`: two jobs
+        (the last task's would otherwise run alone), the same values as one call."""
         if self.features is not None:
             return
-        dtype = self.A.dtype
-        O = other_side(self.X, self.W, self.s64, dtype)
-        Wd = self.W.to(dtype)
-        U, V = (Wd, O) if self.wide else (O, Wd)
+        q = self.X.shape[1]
+        mid = min(q, (-(-q // GRAM_CHUNK) + 1) // 2 * GRAM_CHUNK)
+        other_side(self.X, self.W, self.s64, self.A.dtype, out=self.O, start=0 if top else mid,
+                   stop=mid if top else q)
+
+    def finish(self) -> None:
+        if self.features is not None:
+            return
+        Wd = self.W.to(self.A.dtype)
+        U, V = (Wd, self.O) if self.wide else (self.O, Wd)
         self.features = Features(U, self.s, V)
-        del self.W
+        del self.W, self.O
 
 
 def superpose_eigh(mats: torch.Tensor, *, rank_tol: float | None = None, ridge: float = 0.0, rcond: float = 1e-10,
-                   eta: float | None = None, threads: int | None = None) -> tuple[torch.Tensor, dict]:
+                   eta: float | None = None, threads: int | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """:func:`_superpose_eigh` with numpy's OpenBLAS (its eigen-decompositions) on one thread per job."""
+    with blas_one_thread():
+        return _superpose_eigh(mats, rank_tol=rank_tol, ridge=ridge, rcond=rcond, eta=eta, threads=threads)
+
+
+def _superpose_eigh(mats: torch.Tensor, *, rank_tol: float | None = None, ridge: float = 0.0, rcond: float = 1e-10,
+                    eta: float | None = None, threads: int | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """The CPU's :func:`superpose` of the ``(T, m, n)`` task matrices ``mats`` (trimmed here first, in place, when
     ``eta`` is given): the same merged matrix as the float64 SVDs' (:func:`singular_features`) to float32 rounding,
     the cheapest exact way found for each step (``benchmarks/results/seed_methods_cpu.md``):
@@ -217,12 +242,13 @@ def superpose_eigh(mats: torch.Tensor, *, rank_tol: float | None = None, ridge: 
     - triplets: :class:`_EighTriplets` (float64 Gram eigen-decompositions: half an SVD's time);
     - the Gram system: the blocks between tasks from float32 products when κ(G) ≤ :data:`F32_GRAM_KAPPA`, else
       float64; solved by conjugate gradients (:func:`hubsoup.linalg.cg_solve`: nearly orthogonal tasks make
-      G ≈ I, a few r² iterations instead of an r³/3 factor) when it converges with κ ≤ :data:`CG_KAPPA`, else by
-      :func:`solve_gram` as before;
+      G ≈ I, a few r² iterations instead of an r³/3 factor; on the blocks, G never formed) when it converges with
+      κ ≤ :data:`CG_KAPPA`, else by :func:`solve_gram` as before;
     - M = Σᵢ Uᵢ diag(βᵢ) Vᵢᵀ in ``mats``' dtype, in two fixed halves of rows;
-    - the independent steps (trims, Grams, eigen-decompositions, the products of each pair of tasks, the halves
-      of M) side by side on ``threads`` (default: torch's), each on one LAPACK thread
-      (:func:`hubsoup.linalg.run_jobs`): the result does not depend on the thread count.
+    - the independent steps (trims, Grams, eigen-decompositions, halves of the other sides, halves of the rows of
+      the products of each pair of tasks, the halves of M) side by side on ``threads`` (default: torch's), each on
+      one BLAS/LAPACK thread (:func:`hubsoup.linalg.run_jobs`, numpy's OpenBLAS held at one thread by
+      :func:`hubsoup.linalg.blas_one_thread`): the result does not depend on the thread count.
     """
     T, m, n = mats.shape
     dtype = mats.dtype
@@ -230,11 +256,13 @@ def superpose_eigh(mats: torch.Tensor, *, rank_tol: float | None = None, ridge: 
     tasks = [_EighTriplets(mats[i], rank_tol) for i in range(T)]
     jobs: list[Job] = []
     if eta is not None:
-        jobs += [Job(lambda i=i: trim_topk_(mats[i], eta)) for i in range(T)]
+        jobs += [Job(functools.partial(trim_topk_, mats[i], eta)) for i in range(T)]
     base = len(jobs)
     jobs += [Job(t.gram, after=(i,) if eta is not None else ()) for i, t in enumerate(tasks)]
     jobs += [Job(t.eigen, after=(base + i,)) for i, t in enumerate(tasks)]
-    jobs += [Job(t.other, after=(base + T + i,)) for i, t in enumerate(tasks)]
+    jobs += [Job(functools.partial(t.other, top), after=(base + T + i,)) for i, t in enumerate(tasks)
+             for top in (True, False)]
+    jobs += [Job(t.finish, after=(base + 2 * T + 2 * i, base + 2 * T + 2 * i + 1)) for i, t in enumerate(tasks)]
     pairs = [(i, j) for i in range(T) for j in range(i + 1, T)]
     work_dtype = torch.float64 if exact else torch.float32
 
@@ -245,11 +273,23 @@ def superpose_eigh(mats: torch.Tensor, *, rank_tol: float | None = None, ridge: 
             return None
         return (fi.U.to(wd).mT @ fj.U.to(wd)).mul_(fi.V.to(wd).mT @ fj.V.to(wd))
 
-    jobs += [Job(lambda i=i, j=j: block(i, j, work_dtype), after=(base + 2 * T + i, base + 2 * T + j))
-             for i, j in pairs]
-    blocks = run_jobs(jobs, threads)[len(jobs) - len(pairs):]
-    feats = [t.features for t in tasks]
-    assert all(f is not None for f in feats)
+    def block_rows(i: int, j: int, wd: torch.dtype, top: bool) -> torch.Tensor | None:
+        """The top or bottom half of :func:`block`'s rows: T(T-1) equal jobs, no lane idle at the end."""
+        fi, fj = tasks[i].features, tasks[j].features
+        assert fi is not None and fj is not None
+        if not fi.s.numel() or not fj.s.numel():
+            return None
+        h = fi.s.numel() // 2
+        rows = slice(0, h) if top else slice(h, None)
+        return (fi.U[:, rows].to(wd).mT @ fj.U.to(wd)).mul_(fi.V[:, rows].to(wd).mT @ fj.V.to(wd))
+
+    jobs += [Job(functools.partial(block_rows, i, j, work_dtype, top), after=(base + 4 * T + i, base + 4 * T + j))
+             for i, j in pairs for top in (True, False)]
+    halves = run_jobs(jobs, threads)[len(jobs) - 2 * len(pairs):]
+    blocks = [None if a is None or b is None else torch.cat([a, b]) for a, b in zip(halves[::2], halves[1::2])]
+    del halves
+    feats = [f for f in (t.features for t in tasks) if f is not None]
+    assert len(feats) == T
     sizes = [f.s.numel() for f in feats]
     r = sum(sizes)
     if r == 0:
@@ -257,7 +297,7 @@ def superpose_eigh(mats: torch.Tensor, *, rank_tol: float | None = None, ridge: 
     starts = [sum(sizes[:i]) for i in range(T)]
     s = torch.cat([f.s for f in feats]).double()
 
-    def assemble(blks) -> torch.Tensor:
+    def assemble(blks: Sequence[torch.Tensor | None]) -> torch.Tensor:
         G = torch.eye(r, dtype=torch.float64)
         for (i, j), blk in zip(pairs, blks):
             if blk is not None:
@@ -265,18 +305,29 @@ def superpose_eigh(mats: torch.Tensor, *, rank_tol: float | None = None, ridge: 
                 G[starts[j]:starts[j] + sizes[j], starts[i]:starts[i] + sizes[i]] = blk.mT
         return G
 
-    G = assemble(blocks)
-    del blocks
-    info: dict = {"rank": r}
+    def gram_op(blks: list[torch.Tensor | None]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """v ↦ G v from the blocks between tasks (the diagonal blocks are identities): G is never formed."""
+        def apply(v: torch.Tensor) -> torch.Tensor:
+            out = v.clone()
+            for (i, j), blk in zip(pairs, blks):
+                if blk is not None:
+                    si, sj = slice(starts[i], starts[i] + sizes[i]), slice(starts[j], starts[j] + sizes[j])
+                    out[si].addmv_(blk, v[sj])
+                    out[sj].addmv_(blk.mT, v[si])
+            return out
+        return apply
+
+    blocks = [None if b is None else b.double() for b in blocks]  # float32 products are exact in float64
+    info: dict[str, Any] = {"rank": r}
     beta = None
     if r >= CG_MIN_RANK:
         with single_thread():
-            x, cg = cg_solve(G, s, ridge=ridge)
+            x, cg = cg_solve(gram_op(blocks), s, ridge=ridge)
         if not exact and not (cg["converged"] and cg["kappa"] <= F32_GRAM_KAPPA):  # the float64 products
-            del G
-            G = assemble(run_jobs([Job(lambda i=i, j=j: block(i, j, torch.float64)) for i, j in pairs], threads))
+            del blocks
+            blocks = run_jobs([Job(functools.partial(block, i, j, torch.float64)) for i, j in pairs], threads)
             with single_thread():
-                x, cg = cg_solve(G, s, ridge=ridge)
+                x, cg = cg_solve(gram_op(blocks), s, ridge=ridge)
             info["gram"] = "float64"
         else:
             info["gram"] = "float64" if exact else "float32"
@@ -284,20 +335,27 @@ def superpose_eigh(mats: torch.Tensor, *, rank_tol: float | None = None, ridge: 
             beta = x
             info.update(solver="cg", cond=cg["kappa"], iterations=cg["iterations"])
     elif not exact:  # a direct solve: the float64 products, as superpose takes them
-        G = assemble(run_jobs([Job(lambda i=i, j=j: block(i, j, torch.float64)) for i, j in pairs], threads))
+        del blocks
+        blocks = run_jobs([Job(functools.partial(block, i, j, torch.float64)) for i, j in pairs], threads)
     if beta is None:
+        G = assemble(blocks)
+        del blocks
         beta, solved = solve_gram(G, s, ridge=ridge, rcond=rcond)
         info.update(solved)
-    del G
-    U = torch.cat([f.U for f in feats], dim=1).mul_(beta.to(dtype))  # one product over every triplet, as
+        del G
+    else:
+        del blocks
+    b = beta.to(dtype)
     V = torch.cat([f.V for f in feats], dim=1)  # superpose takes it: its rounding, not a sum of T products
-    del feats
-    for t in tasks:  # the per-task copies, now in U and V
+    for t in tasks:  # the per-task copies: feats holds them until M is made
         t.features = None
     M = torch.empty(m, n, dtype=dtype)
     half = m // 2  # fixed halves: the same products whatever the thread count
-    run_jobs([Job(lambda: torch.mm(U[:half], V.mT, out=M[:half])),
-              Job(lambda: torch.mm(U[half:], V.mT, out=M[half:]))], threads)
+
+    def rows(a: int, z: int) -> None:  # U diag(β) (one product over every triplet, as superpose takes it)
+        torch.mm(torch.cat([f.U[a:z] for f in feats], dim=1).mul_(b), V.mT, out=M[a:z])
+
+    run_jobs([Job(lambda: rows(0, half)), Job(lambda: rows(half, m))], threads)
     return M, info
 
 
@@ -315,7 +373,7 @@ def lora_features(B: torch.Tensor, A: torch.Tensor, scale: float = 1.0,
 
 
 def solve_gram(G: torch.Tensor, rhs: torch.Tensor, *, ridge: float = 0.0,
-               rcond: float = 1e-10) -> tuple[torch.Tensor, dict]:
+               rcond: float = 1e-10) -> tuple[torch.Tensor, dict[str, Any]]:
     """Solve the symmetric PSD system (G + ridge·I) x = rhs in float64, stably.
 
     Cholesky first; the eigen pseudo-inverse (eigenvalues < rcond·λ_max dropped,
@@ -370,7 +428,7 @@ def gram(features: Sequence[Features]) -> torch.Tensor:
 
 
 def superpose(features: Sequence[Features], *, ridge: float = 0.0, rcond: float = 1e-10,
-              out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, dict]:
+              out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """Merged task matrix M = Σ_a β_a u_a v_aᵀ with G β = σ (Alg. 1, symmetric form).
 
     ``features``: each task's kept triplets with orthonormal U and V, as
@@ -425,11 +483,11 @@ class Sftm(Method[SftmParams]):
     Params = SftmParams
 
     @staticmethod
-    def _is_matrix(name: str, shape, params) -> bool:
+    def _is_matrix(name: str, shape: Sequence[int], params: SftmParams) -> bool:
         role = tensor_role(name, tuple(shape))
         return role in ("linear", "conv") or (role == "head" and params.lm_head == "sftm")
 
-    def workspace_bytes(self, shape, n_inputs, params, name=""):
+    def workspace_bytes(self, shape: tuple[int, ...], n_inputs: int, params: SftmParams, name: str = "") -> int:
         """Beyond the stack: per task matrix (m × n, r = min(m, n)) its kept triplets, and the worst of
         the float64 SVD (the input's copy, LAPACK's own copy, U and Vᵀ) and the superposition (every
         task's U, V concatenated, their float64 copies, two (N·r)² Grams). Other tensors: the trim's
@@ -449,7 +507,8 @@ class Sftm(Method[SftmParams]):
         superpose = 12 * n_inputs * r * (m + n) + 16 * (n_inputs * r) ** 2  # cat, its float64 copy, Grams
         return max(trim, (n_inputs - 1) * triplets + svd + triplets, n_inputs * triplets + superpose)
 
-    def merge_factors(self, shape, factors, params, ctx):
+    def merge_factors(self, shape: tuple[int, ...], factors: list[tuple[torch.Tensor, torch.Tensor] | None],
+                      params: SftmParams, ctx: TensorContext) -> torch.Tensor | None:
         """The low-rank path (every input a plain LoRA for this tensor, τᵢ = PᵢQᵢ): SVD from the factors
         (two thin QRs and a ρ×ρ SVD per input), never forming ΔW. None: take the dense path."""
         if params.lora_trim or not self._is_matrix(ctx.name, shape, params):
@@ -466,13 +525,13 @@ class Sftm(Method[SftmParams]):
         return M.mul_(self.resolved_gamma(params, ctx))
 
     @staticmethod
-    def resolved_gamma(params, ctx) -> float:
+    def resolved_gamma(params: SftmParams, ctx: TensorContext) -> float:
         """γ of this merge: the given one, else 0.3 for LoRA adapters and 0.6 for full fine-tunes (see ``gamma``)."""
         if params.gamma is not None:
             return params.gamma
         return LORA_GAMMA if ctx.adapters else FULL_GAMMA
 
-    def card_notes(self, described, stats, n_inputs):
+    def card_notes(self, described: dict[str, Any], stats: dict[str, Any], n_inputs: int) -> list[str]:
         """Which γ a default resolves to (it depends on the inputs' kind, which the card's inputs list shows)."""
         if described.get("gamma") is not None:
             return []
@@ -481,17 +540,18 @@ class Sftm(Method[SftmParams]):
                 "task by task: the largest gain that left no task worse than the base). "
                 "A γ searched on validation data can recover more of the fine-tunes' gains."]
 
-    def stats_key(self, params):
+    def stats_key(self, params: SftmParams) -> Hashable:
         """γ scales the merged matrices last: points of a search over γ alone share their superpositions."""
         return repr(dataclasses.replace(params, gamma=None))
 
-    def prepare(self, params, ctx):
+    def prepare(self, params: SftmParams, ctx: PrepareContext) -> dict[str, Any]:
         return {"sftm.kept": ctx.keep_tensors("sftm")} if ctx.shared else {}
 
-    def merge(self, base, deltas, params, ctx):
+    def merge(self, base: torch.Tensor, deltas: torch.Tensor, params: SftmParams,
+              ctx: TensorContext) -> torch.Tensor:
         role = tensor_role(ctx.name, tuple(base.shape))
         if self._is_matrix(ctx.name, base.shape, params):
-            kept = ctx.stats.get("sftm.kept")
+            kept: KeptTensors | None = ctx.stats.get("sftm.kept")
             M = kept.get(ctx.name, deltas.device) if kept is not None else None
             if M is None:
                 M = self._superposed(base, deltas, params, ctx.name)
@@ -505,7 +565,7 @@ class Sftm(Method[SftmParams]):
         return deltas.sum(dim=0).mul_(self.resolved_gamma(params, ctx))
 
     @staticmethod
-    def _superposed(base, deltas, params, name: str) -> torch.Tensor:
+    def _superposed(base: torch.Tensor, deltas: torch.Tensor, params: SftmParams, name: str) -> torch.Tensor:
         """The unscaled merged matrix: trim each task matrix, its singular features, their superposition."""
         mats = deltas.reshape(deltas.shape[0], base.shape[0], -1)  # conv [out, in, kh, kw] -> [out, in·kh·kw]
         if mats.device.type == "cpu" and CPU_PATH == "eigh":  # trims, triplets and products side by side

@@ -162,10 +162,13 @@ def test_a_search_over_sftm_gamma_superposes_once_and_equals_separate_merges(lla
     """γ scales SFTM's merged matrices last: a γ search keeps each matrix's superposition from its first point
     (one set of SVDs for the whole grid), and every point is the separate merge, bit for bit."""
     base, fts = llama
-    # the decompositions: SVDs, or on the CPU the float64 eigen-decompositions of the Gram matrices
-    real_svd, real_eigh, svds = torch.linalg.svd, torch.linalg.eigh, []
+    # the decompositions: SVDs, or on the CPU the float64 eigen-decompositions of the Gram matrices (numpy's)
+    import numpy as np
+
+    real_svd, real_eigh, real_np_eigh, svds = torch.linalg.svd, torch.linalg.eigh, np.linalg.eigh, []
     monkeypatch.setattr(torch.linalg, "svd", lambda *a, **k: svds.append(1) or real_svd(*a, **k))
     monkeypatch.setattr(torch.linalg, "eigh", lambda *a, **k: svds.append(1) or real_eigh(*a, **k))
+    monkeypatch.setattr(np.linalg, "eigh", lambda *a, **k: svds.append(1) or real_np_eigh(*a, **k))
     one = hubsoup.merge(fts, method="sftm", base=base, out=str(tmp_path / "one"), quiet=True)
     per_merge = len(svds)
     assert per_merge > 0
