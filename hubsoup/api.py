@@ -346,8 +346,7 @@ def merge(inputs: Sequence[str], method: str, *, base: str | None = None, out: s
     keep_files = out is not None or bool(tasks)  # a streamed push's shards stay on disk: kept, or evaluated
     # the lock on `out` (a second run fails at once, naming this one) and the temporary folder, before any work;
     # a push without a local copy works in a temporary folder of its own (locked per repo), removed at the end
-    folder = (OutputFolder(out, overwrite=opts.overwrite) if out is not None
-              else OutputFolder(target.scratch_dir(), overwrite=True, what="push"))  # type: ignore[union-attr]
+    folder = _output_folder(out, target, opts)
     sink: LoraSink | CheckpointSink | None = None
     hub_push: HubPush | None = None
     try:
@@ -412,6 +411,14 @@ class _NetworkShare:
         return {"fetched": acc.fetched - counted[0], "needed": acc.needed - counted[1],
                 "verified": acc.verified[counted[2]:], "unverified": acc.unverified[counted[3]:],
                 "predicted": dataclasses.asdict(predicted)}
+
+
+def _output_folder(out: str | None, target: PushTarget | None, opts: MergeOptions) -> OutputFolder:
+    """``out``'s folder, or the scratch folder of a push without a local copy (locked per repo, removed at the end)."""
+    if out is not None:
+        return OutputFolder(out, overwrite=opts.overwrite)
+    assert target is not None  # neither `out` nor a push target is refused at merge's start
+    return OutputFolder(target.scratch_dir(), overwrite=True, what="push")
 
 
 def _check_request(inputs: Sequence[str], base: str | None, out: str | None, opts: MergeOptions, m: Method[Any],

@@ -250,6 +250,8 @@ def _superpose_eigh(mats: torch.Tensor, *, rank_tol: float | None = None, ridge:
       one BLAS/LAPACK thread (:func:`hubsoup.linalg.run_jobs`, numpy's OpenBLAS held at one thread by
       :func:`hubsoup.linalg.blas_one_thread`): the result does not depend on the thread count.
     """
+    # long: one job graph over the tasks' steps (trims, Grams, eigen, other sides, blocks, solve, M); the closures
+    # share its indices and the tasks' triplets, and split apart they would pass a dozen arguments each
     T, m, n = mats.shape
     dtype = mats.dtype
     exact = dtype == torch.float64  # float64 task matrices (tests): every product in float64
