@@ -22,7 +22,7 @@ from hubsoup import startup as _startup  # noqa: I001 - before anything else of 
 
 _startup.record_signals()
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 """The one place the version is written (``pyproject.toml`` reads it); ``CHANGELOG.md`` dates each one."""
 REPOSITORY = "https://github.com/hubsoup/hubsoup"
 """hubsoup's source repository (``pyproject.toml``'s ``Repository`` URL): where cards and Spaces link to."""
