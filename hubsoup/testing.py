@@ -122,6 +122,45 @@ def save_tiny_tokenizer(folder: str, vocab: int = 128) -> None:
 LLAMA_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+CHOICE_TASK = """task: {task}
+dataset_path: {path}
+{data}output_type: multiple_choice
+{extra}doc_to_text: "{{{{query}}}}"
+doc_to_choice: choices
+doc_to_target: gold
+metric_list:
+{metrics}"""
+
+
+def choice_task_yaml(task: str, data: str, *, hub_dataset: bool = False, metrics: Sequence[str] = ("acc",),
+                     extra: str = "") -> str:
+    """A custom lm-evaluation-harness task (lm-eval's own YAML) of multiple choice over rows ``{"query", "choices",
+    "gold"}`` (:func:`choice_rows`): ``data`` is a JSON-lines file, read by lm-eval's ``json`` builder as the
+    validation split, or with ``hub_dataset`` a Hub dataset ID (its train split). ``extra``: more YAML lines
+    (``process_docs: ...``).
+
+    >>> print(choice_task_yaml("toy", "org/data", hub_dataset=True).splitlines()[1:3])
+    ['dataset_path: org/data', 'validation_split: train']
+    """
+    if hub_dataset:
+        path, where = data, "validation_split: train\n"
+    else:
+        path, where = "json", f"dataset_kwargs:\n  data_files:\n    validation: {data}\nvalidation_split: validation\n"
+    rows = "".join(f"  - metric: {m}\n    aggregation: mean\n    higher_is_better: true\n" for m in metrics)
+    return CHOICE_TASK.format(task=task, path=path, data=where, extra=extra, metrics=rows)
+
+
+def choice_rows(n: int = 6, *, seed: int = 0, words: int = 100) -> str:
+    """``n`` JSON lines of :func:`choice_task_yaml`'s rows: a 5-word query of ``w0``..``w{words-1}`` (the words of
+    :func:`save_tiny_tokenizer`), three 2-word choices, the index of the gold one; fixed by ``seed``."""
+    import random
+
+    rng = random.Random(seed)
+    return "".join(json.dumps({"query": " ".join(f"w{rng.randrange(words)}" for _ in range(5)),
+                               "choices": [f"w{rng.randrange(words)} w{rng.randrange(words)}" for _ in range(3)],
+                               "gold": rng.randrange(3)}) + "\n" for _ in range(n))
+
+
 def write_adapter(folder: str, base: str, *, seed: int, r: int, targets: Sequence[str] = LLAMA_LINEAR) -> str:
     """A peft LoRA adapter of the checkpoint in ``base`` (every ``targets`` linear of every layer), float32.
 

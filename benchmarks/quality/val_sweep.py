@@ -44,19 +44,24 @@ def analyse(out: dict) -> dict:
     ``protocol.gain``) and each task's change against the base, with paired-bootstrap 95 % intervals
     (``protocol.interval``) on the validation examples; ``harms``: the tasks whose interval lies below 0
     (the guard's (b), here on validation)."""
-    from benchmarks import protocol
-
     from benchmarks.quality.run import to_scores
 
     def scores(evals):  # the benchmark's scoring; validation splits are balanced: plain accuracy
         return to_scores(evals, {})
 
+    return point_table(out, scores, lambda name: f"{name.split('-')[0]} fine-tunes")
+
+
+def point_table(out: dict, scores, fine_tunes_of) -> dict:
+    """:func:`analyse`'s table for any benchmark: ``scores`` turns a stored evaluation into per-example scores,
+    ``fine_tunes_of(setting)`` names the references entry of that setting's fine-tunes (the LM sweep uses it too)."""
+    from benchmarks import protocol
+
     refs = out["references"]
     base = scores(refs["base"])
-    table = {}
+    table: dict = {}
     for name, setting in out["settings"].items():
-        kind = name.split("-")[0]
-        fts = {t: {t: s} for t, s in scores(refs[f"{kind} fine-tunes"]).items()}
+        fts = {t: {t: s} for t, s in scores(refs[fine_tunes_of(name)]).items()}
         for label, row in setting.items():
             for v, evals in row["points"].items():
                 m = scores(evals)

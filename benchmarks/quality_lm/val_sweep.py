@@ -44,25 +44,12 @@ GRIDS = {
 def analyse(out: dict) -> dict:
     """Per setting, row and grid point: the share of the fine-tunes' gain (pooled over the domains, as
     ``protocol.gain``) and each domain's change against the base in −log perplexity, with paired-bootstrap 95 %
-    intervals over the validation sequences; ``harms``: the domains whose interval lies below 0."""
-    from benchmarks import protocol
+    intervals over the validation sequences; ``harms``: the domains whose interval lies below 0 (the encoder
+    sweep's table, :func:`benchmarks.quality.val_sweep.point_table`)."""
+    from benchmarks.quality.val_sweep import point_table
     from benchmarks.quality_lm.run import to_scores
 
-    refs = out["references"]
-    base = to_scores(refs["base"])
-    table = {}
-    for name, setting in out["settings"].items():
-        fts = {t: {t: s} for t, s in to_scores(refs[f"{name} fine-tunes"]).items()}
-        for label, row in setting.items():
-            for v, evals in row["points"].items():
-                m = to_scores(evals)
-                tasks = list(evals)
-                n = protocol.sizes(base, tasks)
-                g = protocol.interval(protocol.gain(m, base, fts, tasks), n)
-                per = {t: protocol.interval(protocol.change(m, base, [t]), {t: n[t]}) for t in tasks}
-                table.setdefault(name, {}).setdefault(label, {})[v] = {
-                    "gain": g, "per_task": per, "harms": [t for t, d in per.items() if d["hi"] < 0]}
-    return table
+    return point_table(out, to_scores, lambda name: f"{name} fine-tunes")
 
 
 def render(out: dict, table: dict) -> str:

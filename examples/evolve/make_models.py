@@ -17,25 +17,9 @@ import argparse
 import os
 import shutil
 
-from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
+from hubsoup.testing import choice_task_yaml, make_base, make_finetune, save_tiny_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TASK = """# written by make_models.py: a custom lm-eval task (lm-eval's own YAML format) over choices.jsonl
-task: toy_choices
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    validation: {data}
-validation_split: validation
-output_type: multiple_choice
-doc_to_text: "{{{{query}}}}"
-doc_to_choice: choices
-doc_to_target: gold
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         save_tiny_tokenizer(make_finetune(base, os.path.join(models, name), seed=seed, scale=0.05))
     os.makedirs(tasks)
     with open(os.path.join(tasks, "choices.yaml"), "w", encoding="utf-8") as f:
-        f.write(TASK.format(data=os.path.join(HERE, "choices.jsonl")))
+        f.write("# written by make_models.py: a custom lm-eval task (lm-eval's own YAML format) over choices.jsonl\n"
+                + choice_task_yaml("toy_choices", os.path.join(HERE, "choices.jsonl")))
     print(f"models: {', '.join(sorted(os.listdir(models)))} in {models}")
     print(f"lm-eval task: toy_choices in {tasks} (over {os.path.join(HERE, 'choices.jsonl')})")
     print("next: hubsoup evolve examples/evolve.yml --out ./evolved")

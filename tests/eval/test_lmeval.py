@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 
 import pytest
 import yaml
@@ -47,7 +46,7 @@ lm_eval = pytest.importorskip("lm_eval", reason="hubsoup[lmeval] is not installe
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     """A tiny Llama base with a tokenizer, two fine-tunes, and an offline lm-eval multiple-choice task."""
-    from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer
+    from hubsoup.testing import choice_rows, choice_task_yaml, make_base, make_finetune, save_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("lmeval")
     base = make_base("llama", str(root / "base"))
@@ -57,30 +56,8 @@ def toy(tmp_path_factory):
         save_tiny_tokenizer(ft)
     tasks = root / "tasks"
     tasks.mkdir()
-    rng = random.Random(0)
-    with open(tasks / "toy.jsonl", "w") as f:
-        for _ in range(6):
-            f.write(json.dumps({"query": " ".join(f"w{rng.randrange(100)}" for _ in range(5)),
-                                "choices": [f"w{rng.randrange(100)} w{rng.randrange(100)}" for _ in range(3)],
-                                "gold": rng.randrange(3)}) + "\n")
-    (tasks / "toy.yaml").write_text(f"""task: toy_choice
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    validation: {tasks / 'toy.jsonl'}
-validation_split: validation
-output_type: multiple_choice
-doc_to_text: "{{{{query}}}}"
-doc_to_choice: choices
-doc_to_target: gold
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-  - metric: acc_norm
-    aggregation: mean
-    higher_is_better: true
-""")
+    (tasks / "toy.jsonl").write_text(choice_rows(6))
+    (tasks / "toy.yaml").write_text(choice_task_yaml("toy_choice", str(tasks / "toy.jsonl"), metrics=("acc", "acc_norm")))
     return base, fts, f"lm-eval:toy_choice,task_dir={tasks},batch_size=4"
 
 

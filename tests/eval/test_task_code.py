@@ -10,9 +10,7 @@ it never does. On the test Hub (``tests/hub_server.py``).
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import shutil
 
 import pytest
@@ -23,24 +21,13 @@ from hubsoup.cli import main
 from hubsoup.errors import HubsoupError, InputError
 from hubsoup.eval import TaskSpec
 from hubsoup.eval.lmeval import check_task_folder
-from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer, write_card_metadata
+from hubsoup.testing import (choice_rows, choice_task_yaml, make_base, make_finetune, save_tiny_tokenizer,
+                             write_card_metadata)
 
 pytest.importorskip("lm_eval", reason="hubsoup[lmeval] is not installed")
 
 MARK = "PLANTEDMARK"  # every planted path holds it: a probe of one is seen
-TASK = """task: toy_hub
-dataset_path: {data}
-validation_split: train
-output_type: multiple_choice
-process_docs: !function utils.proc
-doc_to_text: "{{{{query}}}}"
-doc_to_choice: choices
-doc_to_target: gold
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
+TASK = choice_task_yaml("toy_hub", "org/data", hub_dataset=True, extra="process_docs: !function utils.proc\n")
 UTILS = """import os
 
 
@@ -62,10 +49,7 @@ def lm_zoo(tmp_path_factory):
         ft = make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.05, base_model="alice/base")
         save_tiny_tokenizer(ft)
         fts.append(ft)
-    rng = random.Random(0)
-    rows = "".join(json.dumps({"query": " ".join(f"w{rng.randrange(100)}" for _ in range(5)),
-                               "choices": [f"w{rng.randrange(100)} w{rng.randrange(100)}" for _ in range(3)],
-                               "gold": rng.randrange(3)}) + "\n" for _ in range(6))
+    rows = choice_rows(6)
     return {"base": base, "ft-a": fts[0], "ft-b": fts[1], "rows": rows}
 
 
@@ -79,7 +63,7 @@ def server(hub, lm_zoo, tmp_path, monkeypatch):
     work = tmp_path / f"{MARK}-cwd"
     planted = work / "org" / "tasks"
     planted.mkdir(parents=True)
-    (planted / "toy.yaml").write_text(TASK.format(data="org/data"))
+    (planted / "toy.yaml").write_text(TASK)
     (planted / "utils.py").write_text(UTILS.format(who="cwd"))
     (work / "org" / "data").mkdir()  # and a folder named like the data: two rows, where the Hub's dataset has six
     (work / "org" / "data" / "data.jsonl").write_text("".join(lm_zoo["rows"].splitlines(True)[:2]))
@@ -116,7 +100,7 @@ def test_a_repo_named_task_dir_is_never_the_working_folders_and_its_python_never
 @pytest.mark.parametrize("task_dir", ["org/tasks", "hf://datasets/org/tasks", "hf://spaces/org/tasks"])
 def test_a_task_repos_python_is_refused_unless_the_operator_allows_it(server, task_dir, probes):
     repo_type = "space" if "spaces" in task_dir else "dataset"
-    server["hub"].seed("org/tasks", {"toy.yaml": TASK.format(data="org/data"), "utils.py": UTILS.format(who="hub")},
+    server["hub"].seed("org/tasks", {"toy.yaml": TASK, "utils.py": UTILS.format(who="hub")},
                        repo_type=repo_type)
     probes.clear()
     with pytest.raises(InputError) as e:
@@ -130,7 +114,7 @@ def test_a_task_repos_python_is_refused_unless_the_operator_allows_it(server, ta
     # the !function tag alone, and a .py file alone, are each refused
     folder = server["work"].parent / "repo-copy"
     folder.mkdir()
-    (folder / "toy.yaml").write_text(TASK.format(data="org/data"))
+    (folder / "toy.yaml").write_text(TASK)
     with pytest.raises(InputError, match="uses the YAML tag '!function'"):
         check_task_folder(str(folder), "task_dir 'org/tasks'", allow_code=False)
     (folder / "toy.yaml").write_text("task: toy\n")
@@ -143,7 +127,7 @@ def test_a_task_repos_python_is_refused_unless_the_operator_allows_it(server, ta
 
 @pytest.mark.slow  # a merge evaluated with lm-eval
 def test_with_allow_task_code_the_repos_own_python_runs_never_the_working_folders(server):
-    server["hub"].seed("org/tasks", {"toy.yaml": TASK.format(data="org/data"), "utils.py": UTILS.format(who="hub")},
+    server["hub"].seed("org/tasks", {"toy.yaml": TASK, "utils.py": UTILS.format(who="hub")},
                        repo_type="dataset")
     res = merge(server, "org/tasks", allow_task_code=True, quiet=True)
     [r] = res.evaluation
