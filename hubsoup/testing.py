@@ -122,6 +122,21 @@ def save_tiny_tokenizer(folder: str, vocab: int = 128) -> None:
 LLAMA_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def tiny_lm_family(root: str, *, base_model: str, n: int = 2) -> tuple[str, list[str]]:
+    """A tiny Llama base in ``root/base`` with a word-level tokenizer and an apache-2.0 card, and ``n`` fine-tunes of
+    it (``root/ft1``..: seeds 1..n, noise 0.05, each with the tokenizer) whose cards name ``base_model`` (the base's
+    Hub ID where the tests seed it). Returns the base's folder and the fine-tunes'."""
+    base = make_base("llama", os.path.join(root, "base"))
+    save_tiny_tokenizer(base)
+    write_card_metadata(base, license="apache-2.0")
+    fts = []
+    for i in range(1, n + 1):
+        ft = make_finetune(base, os.path.join(root, f"ft{i}"), seed=i, scale=0.05, base_model=base_model)
+        save_tiny_tokenizer(ft)
+        fts.append(ft)
+    return base, fts
+
+
 CHOICE_TASK = """task: {task}
 dataset_path: {path}
 {data}output_type: multiple_choice

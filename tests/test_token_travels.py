@@ -18,7 +18,7 @@ import random
 import pytest
 
 import hubsoup
-from hubsoup.testing import make_base, make_finetune, save_tiny_tokenizer, write_card_metadata
+from hubsoup.testing import tiny_lm_family
 import paths  # tests/paths.py: the repository's root, wherever a test module sits
 
 PKG = os.path.join(paths.ROOT, "hubsoup")
@@ -41,14 +41,7 @@ metric_list:
 def zoo(tmp_path_factory):
     """A tiny Llama base with a tokenizer, two fine-tunes, and the rows of every dataset the run reads."""
     root = tmp_path_factory.mktemp("token-zoo")
-    base = make_base("llama", str(root / "base"))
-    save_tiny_tokenizer(base)
-    write_card_metadata(base, license="apache-2.0")
-    fts = []
-    for i in (1, 2):
-        ft = make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.05, base_model="bob/base")
-        save_tiny_tokenizer(ft)
-        fts.append(ft)
+    base, fts = tiny_lm_family(str(root), base_model="bob/base")
     rng = random.Random(0)
 
     def words(n: int) -> str:

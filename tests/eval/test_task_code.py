@@ -21,8 +21,7 @@ from hubsoup.cli import main
 from hubsoup.errors import HubsoupError, InputError
 from hubsoup.eval import TaskSpec
 from hubsoup.eval.lmeval import check_task_folder
-from hubsoup.testing import (choice_rows, choice_task_yaml, make_base, make_finetune, save_tiny_tokenizer,
-                             write_card_metadata)
+from hubsoup.testing import choice_rows, choice_task_yaml, tiny_lm_family
 
 pytest.importorskip("lm_eval", reason="hubsoup[lmeval] is not installed")
 
@@ -41,14 +40,7 @@ def proc(dataset):
 def lm_zoo(tmp_path_factory):
     """A tiny Llama base with a tokenizer and two fine-tunes, and a multiple-choice dataset for it."""
     root = tmp_path_factory.mktemp(f"{MARK}-zoo")
-    base = make_base("llama", str(root / "base"))
-    save_tiny_tokenizer(base)
-    write_card_metadata(base, license="apache-2.0")
-    fts = []
-    for i in (1, 2):
-        ft = make_finetune(base, str(root / f"ft{i}"), seed=i, scale=0.05, base_model="alice/base")
-        save_tiny_tokenizer(ft)
-        fts.append(ft)
+    base, fts = tiny_lm_family(str(root), base_model="alice/base")
     rows = choice_rows(6)
     return {"base": base, "ft-a": fts[0], "ft-b": fts[1], "rows": rows}
 
