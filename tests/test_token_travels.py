@@ -18,23 +18,12 @@ import random
 import pytest
 
 import hubsoup
-from hubsoup.testing import tiny_lm_family
+from hubsoup.testing import choice_task_yaml, tiny_lm_family
 import paths  # tests/paths.py: the repository's root, wherever a test module sits
 
 PKG = os.path.join(paths.ROOT, "hubsoup")
 
-TASK = """task: toy_token
-dataset_path: bob/mc
-validation_split: train
-output_type: multiple_choice
-doc_to_text: "{{query}}"
-doc_to_choice: choices
-doc_to_target: gold
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
+TASK = choice_task_yaml("toy_token", "bob/mc", hub_dataset=True)
 
 
 @pytest.fixture(scope="module")
