@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+from threadpoolctl import ThreadpoolController
 
 
 def svd_of_product(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -195,8 +196,6 @@ def blas_one_thread() -> Iterator[None]:
     jobs each starting OpenBLAS's threads would contend for the same cores."""
     global _BLAS_CONTROLLER
     if _BLAS_CONTROLLER is None:  # the loaded libraries, scanned once (numpy's OpenBLAS is loaded with numpy)
-        from threadpoolctl import ThreadpoolController
-
         _BLAS_CONTROLLER = ThreadpoolController()
     with _BLAS_CONTROLLER.limit(limits=1, user_api="blas"):
         yield

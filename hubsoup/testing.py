@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -168,8 +169,6 @@ def choice_task_yaml(task: str, data: str, *, hub_dataset: bool = False, metrics
 def choice_rows(n: int = 6, *, seed: int = 0, words: int = 100) -> str:
     """``n`` JSON lines of :func:`choice_task_yaml`'s rows: a 5-word query of ``w0``..``w{words-1}`` (the words of
     :func:`save_tiny_tokenizer`), three 2-word choices, the index of the gold one; fixed by ``seed``."""
-    import random
-
     rng = random.Random(seed)
     return "".join(json.dumps({"query": " ".join(f"w{rng.randrange(words)}" for _ in range(5)),
                                "choices": [f"w{rng.randrange(words)} w{rng.randrange(words)}" for _ in range(3)],
