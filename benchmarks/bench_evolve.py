@@ -56,6 +56,7 @@ SIZE = dict(vocab_size=12000, hidden_size=512, intermediate_size=1392, num_hidde
 EVALS = {"standard": (24, 96), "light": (8, 32)}
 """The lm-eval task's texts: (how many, words each). Both tools evaluate at batch 1 on one thread: the forward passes
 are the same work for both, so the lighter the evaluation, the more the rest of a trial shows."""
+IDLE_LOAD = 1.5  # 1-minute load average at most this on 2 cores: only the benchmark ran (its one thread)
 TRIALS, POPULATION, MAX_FEVALS = 9, 4, 5  # mergekit: generations of 4 while evaluations < 5, then the mean: 4, 4, 1
 
 SITECUSTOMIZE = '''"""mergekit-evolve 0.1.5 on a CPU-only machine: workarounds applied as the modules they patch are imported
@@ -560,9 +561,11 @@ def report(res: dict) -> str:
     rows, fixed = res["runs"], res["fixed_merge"]
     m = res["model"]
     L = [f"# hubsoup evolve vs mergekit-evolve at equal work\n",
-         f"`{res['command']}` ({res['date']}; {res['machine']}, shared: 1-minute load average "
-         f"{', '.join(str(round(x, 1)) for x in res['load_average_1min'])} over the run, so absolute times are "
-         "several times an idle machine's; the ratio of each interleaved pair is the robust number).\n",
+         f"`{res['command']}` ({res['date']}; {res['machine']}, 1-minute load average "
+         f"{', '.join(str(round(x, 1)) for x in res['load_average_1min'])} over the run, "
+         + ("the benchmark's own processes: an idle machine" if max(res["load_average_1min"]) <= IDLE_LOAD else
+            "shared with other work, so absolute times are several times an idle machine's")
+         + "; the ratio of each interleaved pair is the robust number).\n",
          f"Work: a Llama of {m['params_m']}M parameters ({m['num_hidden_layers']} layers, hidden {m['hidden_size']}, "
          f"vocabulary {m['vocab_size']}, {m['dtype']}, random weights), 2 fine-tunes, task arithmetic over 8 genes "
          f"(4 layer groups x 2 models, weights in [0, 1] from 0.5, CMA-ES step 1/6), {TRIALS} trials in generations of "
@@ -595,7 +598,9 @@ def report(res: dict) -> str:
                      f"{', '.join(str(h['eval_s']) for h, _ in pairs)} s (hubsoup's); the rest of the trial takes "
                      f"hubsoup {', '.join(str(a) for a, _ in rest)} s and mergekit "
                      f"{', '.join(str(b) for _, b in rest)} s (its merge, and `simple_evaluate` building its tasks "
-                     "again and reporting its environment).")
+                     "again and reporting its environment). Were the rest of hubsoup's trial free, its rate would "
+                     "be at most mergekit's trial over hubsoup's evaluation: "
+                     f"{', '.join(str(round(m['trial_s'] / h['eval_s'], 2)) for h, m in pairs)}x mergekit's.")
         if r["trials_per_hour"]:
             L.append(f"\n**{label} evaluation, hubsoup / mergekit-evolve per interleaved pair: trials per hour "
                      f"{', '.join(map(str, r['trials_per_hour']))} (target >= 3); after the first trial "
