@@ -14,13 +14,8 @@
 #   DRY=1 bash benchmarks/gpu_before_after.sh      # print each step's command, run nothing
 #   DEVICE=cpu LAYERS=1 bash benchmarks/gpu_before_after.sh   # no GPU: every step for real at tiny sizes (the
 #                                                  # bench's --device cpu dry run; pytest -m gpu then skips)
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/gpu-out}"
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log") 2>&1
-START=$SECONDS
 TOTAL_S="${TOTAL_S:-480}"
+source "$(dirname "$0")/gpu_common.sh"
 LAYERS="${LAYERS:-16}"
 METHODS="${METHODS:-task_arithmetic ties dare_ties slerp sftm}"
 ROOT="$PWD"
@@ -28,7 +23,6 @@ BEFORE="$ROOT/_before"
 BENCH="${BENCH:-/tmp/hubsoup-gpu-bench}"
 PY="${PY:-python3}"
 DEVICE="${DEVICE:-cuda}"
-left() { echo $(( TOTAL_S - (SECONDS - START) )); }
 # step SECONDS CMD...: run under `timeout` (at most what is left, less a margin for the steps after); DRY=1 prints
 step() {
   local t="$1"; shift
@@ -43,16 +37,7 @@ step() {
   return $rc
 }
 
-echo "== $(date -u) gpu_before_after.sh in $ROOT, git $(git rev-parse --short HEAD 2>/dev/null || echo '?') + $(git status --short 2>/dev/null | wc -l) changed file(s)"
-SITE=""
-if compgen -G ".whl/*.whl" > /dev/null; then
-  echo "== the carried wheels: $(ls .whl | tr '\n' ' ')"
-  step 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl || echo "!! wheel install failed"
-  SITE="/tmp/site"
-else
-  echo "!! no .whl/*.whl: mergekit must be importable already (else its rows fail)"
-fi
+install_wheels step 120
 AFTER_PATH="${SITE:+$SITE:}$ROOT"
 BEFORE_PATH="$BEFORE${SITE:+:$SITE}"  # never $ROOT: BEFORE's hubsoup must be the only one on its path
 # BEFORE: `git archive <main's commit> hubsoup cards | tar -x -C _before` (the card templates live beside the package)
@@ -63,8 +48,7 @@ if [ "$HAVE_BEFORE" = 1 ] && [ ! -d "$BEFORE/cards" ] && [ ! -d "$BEFORE/hubsoup
   echo "!! $BEFORE/cards missing: this tree's card templates copied there (they do not change merge times)"
   [ "${DRY:-0}" = 1 ] || cp -r "$ROOT/cards" "$BEFORE/cards"
 fi
-echo "PYTHONDONTWRITEBYTECODE was ${PYTHONDONTWRITEBYTECODE-unset}"; unset PYTHONDONTWRITEBYTECODE
-# both trees and the wheels compiled once, before anything is timed (as an installed package is)
+# both trees and the wheels compiled once, before anything is timed
 step 60 "$PY" -m compileall -q -j 0 hubsoup $( [ "$HAVE_BEFORE" = 1 ] && echo "$BEFORE/hubsoup" ) $SITE > /dev/null \
   || echo "!! compileall incomplete"
 PYTHONPATH="$AFTER_PATH" step 60 "$PY" -c "import torch, hubsoup.api, hubsoup.cli, mergekit.merge, mergekit.scripts.run_yaml

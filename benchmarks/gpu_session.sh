@@ -5,28 +5,11 @@
 # benchmarks/results/ afterwards). Each step has a timeout; the whole stays under 10 minutes.
 #
 #   bash benchmarks/gpu_session.sh     # PROBE=0, METHODS, VARIANTS, LAYERS, TESTS_S, BENCH_S, TOTAL_S override the defaults
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT="${OUT:-/tmp/gpu-out}"
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log") 2>&1
-START=$SECONDS
 TOTAL_S="${TOTAL_S:-560}"
-left() { echo $(( TOTAL_S - (SECONDS - START) )); }
-
-echo "== $(date -u) gpu_session.sh in $PWD, git $(git rev-parse --short HEAD 2>/dev/null || echo '?') + $(git status --short 2>/dev/null | wc -l) changed file(s)"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  echo "== installing the carried wheels: $(ls .whl | tr '\n' ' ')"
-  timeout 150 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || echo "!! wheel install failed (rc=$?)"
-  export PYTHONPATH="/tmp/site:$PWD"
-else
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
+source "$(dirname "$0")/gpu_common.sh"
+install_wheels timeout 150
+export PYTHONPATH="${SITE:+$SITE:}$PWD${PYTHONPATH:+:$PYTHONPATH}"
 echo "PYTHONPATH=$PYTHONPATH"
-# modules compiled once, as an installed package's are (the image may set PYTHONDONTWRITEBYTECODE: every process
-# then compiles what it imports, ~2.5 s of each run's start; mergekit's runs and hubsoup's alike)
-echo "PYTHONDONTWRITEBYTECODE was ${PYTHONDONTWRITEBYTECODE-unset}"; unset PYTHONDONTWRITEBYTECODE
 timeout 60 python3 -m compileall -q -j 0 hubsoup ${PYTHONPATH%%:*} > /dev/null 2>&1 || echo "!! compileall incomplete"
 timeout 90 python3 -c "import hubsoup.api, hubsoup.cli, mergekit.merge, mergekit.scripts.run_yaml" \
   || echo "!! warm-up imports failed"  # both tools' modules compiled before either is timed
