@@ -56,6 +56,8 @@ SIZE = dict(vocab_size=12000, hidden_size=512, intermediate_size=1392, num_hidde
 EVALS = {"standard": (24, 96), "light": (8, 32)}
 """The lm-eval task's texts: (how many, words each). Both tools evaluate at batch 1 on one thread: the forward passes
 are the same work for both, so the lighter the evaluation, the more the rest of a trial shows."""
+HUBSOUP_TREE = ROOT
+"""The folder whose ``hubsoup`` package is timed (``--tree``: an older commit's, from ``git archive``)."""
 IDLE_LOAD = 1.5  # 1-minute load average at most this on 2 cores: only the benchmark ran (its one thread)
 TRIALS, POPULATION, MAX_FEVALS = 9, 4, 5  # mergekit: generations of 4 while evaluations < 5, then the mean: 4, 4, 1
 
@@ -318,7 +320,7 @@ def versions(py: str, names: list[str]) -> dict:
 def env(extra: dict | None = None, *, mergekit: bool = False) -> dict:
     e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     e.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
-             HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=PATCHES if mergekit else ROOT)
+             HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=PATCHES if mergekit else HUBSOUP_TREE)
     e.update(extra or {})
     return e
 
@@ -486,11 +488,19 @@ def main() -> None:
     ap.add_argument("--no-mergekit", action="store_true", help="hubsoup alone")
     ap.add_argument("--evals", default="standard,light", help=f"evaluation sizes, of {', '.join(EVALS)}")
     ap.add_argument("--report", action="store_true", help="write the .md again from the .json, run nothing")
+    ap.add_argument("--tree", help="time the hubsoup package in this folder (`git archive SHA hubsoup cards | tar -x "
+                    "-C DIR`), e.g. the code before a change, against the same mergekit runs")
+    ap.add_argument("--batch-probe", action="store_true",
+                    help="only lm-eval's evaluation of the base at batch sizes 1-24 on one thread, each size's task "
+                         "(results/evolve_eval_batch.md): what evaluation batching can save")
+    ap.add_argument("--name", default="evolve_bench", help="result files: results/NAME.md and .json")
     args = ap.parse_args()
+    global HUBSOUP_TREE
+    HUBSOUP_TREE = os.path.abspath(args.tree) if args.tree else ROOT
     if args.report:
-        with open(os.path.join(RESULTS, "evolve_bench.json")) as f:
+        with open(os.path.join(RESULTS, f"{args.name}.json")) as f:
             res = json.load(f)
-        with open(os.path.join(RESULTS, "evolve_bench.md"), "w") as f:
+        with open(os.path.join(RESULTS, f"{args.name}.md"), "w") as f:
             f.write(report(res))
         return
     sys.path.insert(0, ROOT)
@@ -498,6 +508,8 @@ def main() -> None:
     load = [os.getloadavg()[0]]
     log("building the models ...")
     models = build(os.path.join(WORK, "evolve-bench", "models"))
+    if args.batch_probe:
+        return batch_probe(models, load)
     mk_cfg = os.path.join(WORK, "evolve-bench", "mergekit-evolve.yml")
     with open(mk_cfg, "w") as f:
         json.dump({"genome": {"models": models["fts"], "merge_method": "task_arithmetic", "base_model": models["base"],
@@ -542,7 +554,8 @@ def main() -> None:
             "peak_rss": [round(h["peak_rss_mb"] / m["peak_rss_mb"], 2) for h, m in zip(hs, mk)]}
     res = {"date": time.strftime("%Y-%m-%d %H:%M"), "command": "python benchmarks/bench_evolve.py " +
            " ".join(sys.argv[1:]), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-           "load_average_1min": load, "model": {**SIZE, "params_m": models["params_m"], "dtype": "bfloat16"},
+           "load_average_1min": load, "hubsoup_tree": os.path.basename(HUBSOUP_TREE) if args.tree else None,
+           "model": {**SIZE, "params_m": models["params_m"], "dtype": "bfloat16"},
            "evals": {k: {"docs": d, "words": w} for k, (d, w) in EVALS.items()}, "batch_size": 1, "threads": 1,
            "fixed_merge": fixed, "runs": rows, "ratios": ratios, "versions": {"hubsoup venv": versions(sys.executable, [
                "torch", "transformers", "lm_eval", "optuna", "cmaes"])}}
@@ -550,17 +563,61 @@ def main() -> None:
         res["versions"]["mergekit venv"] = versions(py_mk, ["mergekit", "torch", "transformers", "lm_eval", "cma",
                                                             "ray"])
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "evolve_bench.json"), "w") as f:
+    with open(os.path.join(RESULTS, f"{args.name}.json"), "w") as f:
         json.dump(res, f, indent=2)
-    with open(os.path.join(RESULTS, "evolve_bench.md"), "w") as f:
+    with open(os.path.join(RESULTS, f"{args.name}.md"), "w") as f:
         f.write(report(res))
     log(report(res))
+
+
+BATCHES = (1, 4, 8, 16, 24)
+
+
+def batch_probe(models: dict, load: list[float]) -> None:
+    """lm-eval's ``evaluate`` of the base (one model, tasks built once, one thread), best of 3 per batch size."""
+    import torch
+    import transformers as tf
+    from lm_eval.evaluator import evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    torch.set_num_threads(1)
+    model = tf.AutoModelForCausalLM.from_pretrained(models["base"], dtype=torch.bfloat16).eval()
+    tok = tf.AutoTokenizer.from_pretrained(models["base"])
+    rows = []
+    for label, folder in models["tasks"].items():
+        tasks = get_task_dict(["wordppl"], TaskManager(include_path=folder))
+        for bs in BATCHES:
+            lm = HFLM(pretrained=model, tokenizer=tok, batch_size=bs)
+            times, score = [], None
+            for _ in range(3):
+                t = time.perf_counter()
+                score = evaluate(lm, tasks, verbosity="ERROR")["results"]["wordppl"]["word_perplexity,none"]
+                times.append(time.perf_counter() - t)
+            rows.append({"eval": label, "batch_size": bs, "seconds": round(min(times), 3), "word_perplexity": score})
+            log(f"  {label} batch {bs}: {rows[-1]['seconds']} s")
+    load.append(os.getloadavg()[0])
+    L = ["# lm-eval's evaluation by batch size (what batching can save a trial)\n",
+         f"`python benchmarks/bench_evolve.py --batch-probe` ({time.strftime('%Y-%m-%d %H:%M')}; {platform.machine()}, "
+         f"{os.cpu_count()} cores, 1-minute load average {', '.join(str(round(x, 1)) for x in load)}). The base of "
+         "bench_evolve's work (37.79M-parameter bf16 Llama), one thread, lm-eval's `evaluate` on tasks built once, "
+         "best of 3.\n", "| evaluation | batch size | seconds | x batch 1 | word perplexity |", "|---|---|---|---|---|"]
+    for r in rows:
+        one = next(x for x in rows if x["eval"] == r["eval"] and x["batch_size"] == 1)["seconds"]
+        L.append(f"| {r['eval']} | {r['batch_size']} | {r['seconds']} | {round(r['seconds'] / one, 2)} | "
+                 f"{r['word_perplexity']!r} |")
+    with open(os.path.join(RESULTS, "evolve_eval_batch.json"), "w") as f:
+        json.dump({"rows": rows, "load_average_1min": load}, f, indent=2)
+    with open(os.path.join(RESULTS, "evolve_eval_batch.md"), "w") as f:
+        f.write("\n".join(L) + "\n")
 
 
 def report(res: dict) -> str:
     rows, fixed = res["runs"], res["fixed_merge"]
     m = res["model"]
     L = [f"# hubsoup evolve vs mergekit-evolve at equal work\n",
+         *([f"hubsoup timed from `{res['hubsoup_tree']}` (`--tree`: an older commit's package), not this checkout.\n"]
+           if res.get("hubsoup_tree") else []),
          f"`{res['command']}` ({res['date']}; {res['machine']}, 1-minute load average "
          f"{', '.join(str(round(x, 1)) for x in res['load_average_1min'])} over the run, "
          + ("the benchmark's own processes: an idle machine" if max(res["load_average_1min"]) <= IDLE_LOAD else
@@ -594,7 +651,9 @@ def report(res: dict) -> str:
                          [x for x in rows if x["tool"] == "mergekit-evolve" and x["eval"] == label]))
         if pairs:  # the rest of a trial: beyond the evaluation hubsoup runs (lm-eval's evaluate on tasks built once)
             rest = [(round(h["trial_s"] - h["eval_s"], 3), round(m["trial_s"] - h["eval_s"], 3)) for h, m in pairs]
-            L.append(f"\n{label} evaluation: of a later trial, lm-eval's evaluation on prebuilt tasks takes "
+            what = ("hubsoup's evaluation, as that commit ran it," if res.get("hubsoup_tree") else
+                    "lm-eval's evaluation on prebuilt tasks")
+            L.append(f"\n{label} evaluation: of a later trial, {what} takes "
                      f"{', '.join(str(h['eval_s']) for h, _ in pairs)} s (hubsoup's); the rest of the trial takes "
                      f"hubsoup {', '.join(str(a) for a, _ in rest)} s and mergekit "
                      f"{', '.join(str(b) for _, b in rest)} s (its merge, and `simple_evaluate` building its tasks "
