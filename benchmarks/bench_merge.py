@@ -84,18 +84,13 @@ def build_models(root: str, size: dict, layers: int, log, dtype: str = "float32"
     from hubsoup.testing import make_finetune
 
     folder = os.path.join(root, f"L{layers}")
-    stamp = os.path.join(folder, "built.json")
     want = {"version": BUILD_VERSION, "size": size, "layers": layers, "noise": NOISE, "seeds": list(SEEDS),
             "shard_bytes": SHARD_BYTES}
     if dtype != "float32":
         want["dtype"] = dtype
     base, fts = os.path.join(folder, "base"), [os.path.join(folder, f"ft{s}") for s in SEEDS]
-    if os.path.isfile(stamp):
-        with open(stamp) as f:
-            if json.load(f) == want:
-                return base, fts
-    shutil.rmtree(folder, ignore_errors=True)
-    os.makedirs(folder)
+    if built(folder, want):
+        return base, fts
     t0 = time.perf_counter()
     import transformers as tf
 
@@ -109,9 +104,26 @@ def build_models(root: str, size: dict, layers: int, log, dtype: str = "float32"
         t1 = time.perf_counter()
         make_finetune(base, ft, seed=s, scale=NOISE)  # one shard in memory at a time
         log(f"  built {os.path.basename(ft)} L{layers} in {time.perf_counter() - t1:.1f}s")
-    with open(stamp, "w") as f:
-        json.dump(want, f)
+    stamp(folder, want)
     return base, fts
+
+
+def built(folder: str, want: dict) -> bool:
+    """True when ``folder`` holds a build whose recipe (its ``built.json``) is ``want``: reuse it. Else the folder
+    is emptied for a new build, which :func:`stamp` marks done once complete (a killed build is never reused)."""
+    path = os.path.join(folder, "built.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            if json.load(f) == want:
+                return True
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    return False
+
+
+def stamp(folder: str, want: dict) -> None:
+    with open(os.path.join(folder, "built.json"), "w") as f:
+        json.dump(want, f)
 
 
 def shard_files(folder: str) -> list[str]:

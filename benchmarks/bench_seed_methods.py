@@ -130,22 +130,15 @@ def build(work: str, size: str, log) -> tuple[str, list[str], dict]:
 
 
 def build_mistral(root: str, shape: dict, log) -> tuple[str, list[str]]:
-    import shutil
-
     import torch
     import transformers as tf
 
     from hubsoup.testing import make_finetune
 
-    stamp = os.path.join(root, "built.json")
     want = {"version": 1, "arch": "mistral", "shape": shape, "noise": bm.NOISE, "seeds": list(bm.SEEDS)}
     base, fts = os.path.join(root, "base"), [os.path.join(root, f"ft{s}") for s in bm.SEEDS]
-    if os.path.isfile(stamp):
-        with open(stamp) as f:
-            if json.load(f) == want:
-                return base, fts
-    shutil.rmtree(root, ignore_errors=True)
-    os.makedirs(root)
+    if bm.built(root, want):
+        return base, fts
     torch.manual_seed(0)
     cfg = tf.MistralConfig(**shape, max_position_embeddings=2048, tie_word_embeddings=False, dtype="bfloat16")
     model = tf.MistralForCausalLM(cfg).to(torch.bfloat16)
@@ -154,8 +147,7 @@ def build_mistral(root: str, shape: dict, log) -> tuple[str, list[str]]:
     del model
     for s, ft in zip(bm.SEEDS, fts):
         make_finetune(base, ft, seed=s, scale=bm.NOISE)
-    with open(stamp, "w") as f:
-        json.dump(want, f)
+    bm.stamp(root, want)
     return base, fts
 
 
