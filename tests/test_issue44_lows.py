@@ -180,7 +180,11 @@ def test_ray_client_address_runs_trials_in_the_cluster(tmp_path):
                                        "[ray] extra")
     gcs, client = _closed_port(), _closed_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_agent_register_timeout_ms": "180000",
-           "RAY_worker_register_timeout_seconds": "180"}
+           "RAY_worker_register_timeout_seconds": "180",
+           # the head's client proxy forks a server per client while its own gRPC threads run; with gRPC's fork
+           # support on, that server died at start in 3 of 10 joins here ("Starting Ray client server failed"), 0 of
+           # 12 with it off (2026-11-28, this `ray start` on 2 idle cores; CI failed on it once)
+           "GRPC_ENABLE_FORK_SUPPORT": "false"}
     short_tmp = f"/tmp/hs44-{os.getpid()}"  # Ray's socket paths must stay short
     head = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
                              f"--port={gcs}", f"--ray-client-server-port={client}", "--num-cpus=1",

@@ -118,6 +118,21 @@ def _worker_shared_statistics() -> None:
         atexit.register(close)
 
 
+def ray_reason(e: BaseException) -> str:
+    """One line for why Ray refused: its message's first line, and where that only introduces what follows (Ray
+    Client's "Initialization failure from server:" over the server's traceback), the last line too: the reason.
+
+    Example:
+        >>> ray_reason(ConnectionAbortedError("Initialization failure from server:\\nTraceback (most recent call "
+        ...            "last):\\n  File ...\\nRuntimeError: Proxy failed to Connect to backend!"))
+        'Initialization failure from server: RuntimeError: Proxy failed to Connect to backend!'
+    """
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    return f"{lines[0]} {lines[-1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+
+
 class RayExecutor:
     """Each trial a Ray task with the config's resource requests; results collected as they finish."""
 
@@ -144,9 +159,8 @@ class RayExecutor:
             try:
                 ray.init(address=address, **kwargs)
             except Exception as e:  # noqa: BLE001 - Ray raises many kinds (ConnectionError, ValueError, RuntimeError)
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise ParameterError(f"cannot join the Ray cluster at {short(address) if address else '(a new local one)'}"
-                                     f": {first[:200]}") from None
+                                     f": {ray_reason(e)[:300]}") from None
             self._owns = True
         opts: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus, "max_retries": max_retries}
         if memory:

@@ -266,3 +266,23 @@ def test_no_executor_named_is_the_local_one():
         assert make_executor(mine) is mine  # an executor object: returned as it is
     finally:
         mine.close()
+
+
+def test_a_refused_ray_join_names_the_servers_reason(monkeypatch):
+    """Ray Client's refusal is "Initialization failure from server:" over the server's traceback: the error keeps the
+    traceback's last line (the reason), not only the line that introduces it (what a failed CI run showed)."""
+    import types
+
+    from hubsoup.workflows import executors
+
+    def init(address=None, **kwargs):
+        raise ConnectionAbortedError("Initialization failure from server:\nTraceback (most recent call last):\n"
+                                     "  File \"proxier.py\", line 777, in Datapath\nRuntimeError: Proxy failed to "
+                                     "Connect to backend! Check `ray_client_server.err`")
+
+    monkeypatch.setitem(__import__("sys").modules, "ray", types.SimpleNamespace(is_initialized=lambda: False, init=init))
+    monkeypatch.setattr(executors, "check_ray_address", lambda address, where: None)  # as if its client server answered
+    with pytest.raises(ParameterError) as e:
+        executors.RayExecutor("ray://head:10001")
+    assert str(e.value) == ("cannot join the Ray cluster at 'ray://head:10001': Initialization failure from server: "
+                            "RuntimeError: Proxy failed to Connect to backend! Check `ray_client_server.err`")
